@@ -1,0 +1,206 @@
+"""Running schedules in W processes: the local CPU runner (spawned processes over gloo).
+
+The parent spawns one process per rank; each rank runs every schedule in turn (fresh random
+inputs, poisoned outputs), verifies its part of the result, and rank 0 sends one merged
+result per schedule back, so the parent can show progress and record as it goes. A schedule
+that raises is recorded with its failure kind and the run goes on; a process that dies or
+hangs past the timeout ends the run with the remaining schedules marked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+
+from ficco.execute.verify import Verdict
+from ficco.problem import Problem
+from ficco.space import Schedule
+
+#: transfer tags of schedule i start at i * TAG_STRIDE, so a message left over from a failed
+#: schedule can never be matched by a later one
+TAG_STRIDE = 1 << 18
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleResult:
+    schedule: str
+    verdict: Verdict
+    max_abs_err: float = float("nan")
+    tolerance: float = float("nan")
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict is Verdict.OK
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["verdict"] = self.verdict.value
+        return d
+
+
+def classify_failure(err: BaseException) -> Verdict:
+    text = f"{type(err).__name__}: {err}".lower()
+    if "out of memory" in text:
+        return Verdict.OOM
+    if "timed out" in text or "timeout" in text:
+        return Verdict.TIMEOUT
+    if "unavailable" in text or "not supported" in text:
+        return Verdict.UNAVAILABLE
+    if "cuda" in text or "triton" in text or "launch" in text:
+        return Verdict.LAUNCH
+    return Verdict.ERROR
+
+
+def _cpu_worker(
+    rank: int,
+    world: int,
+    init_file: str,
+    problem_json: str,
+    schedules: list[str],
+    seed: int,
+    timeout_s: float,
+    results,
+) -> None:
+    # The Triton interpreter must be chosen before Triton is first imported.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from ficco.execute import cpu
+    from ficco.execute.buffers import allocate, reference_output
+    from ficco.execute.verify import check_output
+    from ficco.plan import build_plan
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    problem = Problem.from_dict(json.loads(problem_json))
+    try:
+        for index, text in enumerate(schedules):
+            schedule = Schedule.parse(text)
+            run_seed = seed + index
+            local: dict
+            try:
+                plan = build_plan(problem, schedule, rank)
+                tensors = allocate(plan, run_seed)
+                dist.barrier()
+                cpu.execute_plan(plan, tensors, tag_base=index * TAG_STRIDE)
+                exact, plain = reference_output(problem, rank, run_seed)
+                check = check_output(tensors[plan.output], exact, plain, problem, schedule)
+                local = {
+                    "verdict": Verdict.OK if check.ok else Verdict.INCORRECT,
+                    "err": check.max_abs_err,
+                    "tol": check.tolerance,
+                    "detail": "",
+                }
+            except Exception as err:  # recorded, the run goes on
+                local = {
+                    "verdict": classify_failure(err),
+                    "err": float("nan"),
+                    "tol": float("nan"),
+                    "detail": f"rank {rank}: {type(err).__name__}: {err}",
+                }
+                if os.environ.get("FICCO_DEBUG"):
+                    traceback.print_exc()
+            gathered: list = [None] * world
+            dist.all_gather_object(gathered, local)
+            if rank == 0:
+                results.put(merge_rank_results(text, gathered))
+    finally:
+        dist.destroy_process_group()
+
+
+def merge_rank_results(schedule: str, per_rank: list[dict]) -> ScheduleResult:
+    """One verdict for a schedule: ok only if every rank verified its part."""
+    failed = [r for r in per_rank if r["verdict"] is not Verdict.OK]
+    errs = [r["err"] for r in per_rank]
+    tols = [r["tol"] for r in per_rank]
+    worst = max(errs, key=lambda e: (e != e, e))  # NaN counts as worst
+    if not failed:
+        return ScheduleResult(schedule, Verdict.OK, worst, min(tols))
+    first = next((r for r in failed if r["verdict"] is not Verdict.INCORRECT), failed[0])
+    return ScheduleResult(schedule, first["verdict"], worst, min(tols), first["detail"])
+
+
+def run_cpu(
+    problem: Problem,
+    schedules: Iterable[Schedule],
+    *,
+    seed: int = 0,
+    timeout_s: float = 120.0,
+    on_result: Callable[[ScheduleResult], None] | None = None,
+) -> list[ScheduleResult]:
+    """Run and verify ``schedules`` of ``problem`` in ``problem.world`` CPU processes."""
+    import torch.multiprocessing as mp
+
+    texts = [str(s) for s in schedules]
+    ctx = mp.get_context("spawn")
+    results_q = ctx.Queue()
+    out: list[ScheduleResult] = []
+    with tempfile.TemporaryDirectory(prefix="ficco-gloo-") as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        procs = [
+            ctx.Process(
+                target=_cpu_worker,
+                args=(
+                    rank,
+                    problem.world,
+                    init_file,
+                    json.dumps(problem.to_dict()),
+                    texts,
+                    seed,
+                    timeout_s,
+                    results_q,
+                ),
+                daemon=True,
+            )
+            for rank in range(problem.world)
+        ]
+        for proc in procs:
+            proc.start()
+        last_progress = time.monotonic()
+        try:
+            while len(out) < len(texts):
+                try:
+                    result = results_q.get(timeout=1.0)
+                except queue.Empty:
+                    dead = [p for p in procs if p.exitcode not in (None, 0)]
+                    stalled = time.monotonic() - last_progress > 2 * timeout_s + 60
+                    if dead or stalled or all(p.exitcode is not None for p in procs):
+                        why = (
+                            f"rank process exited with code {dead[0].exitcode}"
+                            if dead
+                            else "no progress past the timeout"
+                        )
+                        kind = Verdict.ERROR if dead else Verdict.TIMEOUT
+                        for text in texts[len(out) :]:
+                            result = ScheduleResult(text, kind, detail=why)
+                            out.append(result)
+                            if on_result:
+                                on_result(result)
+                        break
+                    continue
+                last_progress = time.monotonic()
+                out.append(result)
+                if on_result:
+                    on_result(result)
+        finally:
+            for proc in procs:
+                proc.join(timeout=10)
+                if proc.is_alive():
+                    proc.terminate()
+    return out

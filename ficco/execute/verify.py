@@ -1,0 +1,63 @@
+"""Verdicts: is a schedule's output the GEMM+collective it claims to be?
+
+The tolerance comes from the data: the plain computation in the working dtype (serial
+collective, one matmul) differs from the float64 result by ``plain_err``; a schedule may add
+one rounding per extra partial sum it keeps in the working dtype (K-split accumulation,
+reduce-scatter partials). ``tol = (2 + extra_roundings) * max(plain_err, eps * max|exact|)``.
+A wrong chunk, a missed chunk or an unwritten element is off by O(|C|), far above that.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from ficco.problem import Pattern, Problem
+from ficco.space import Schedule, Split
+
+
+class Verdict(enum.StrEnum):
+    OK = "ok"
+    INCORRECT = "incorrect"  # ran, wrong result: can never be selected
+    OOM = "oom"
+    LAUNCH = "launch"  # a kernel or runtime error
+    TIMEOUT = "timeout"  # a hang past the timeout
+    UNAVAILABLE = "unavailable"  # the transport or kernel does not exist on this machine
+    ERROR = "error"  # anything else
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    max_abs_err: float
+    tolerance: float
+    ok: bool
+
+
+def extra_roundings(problem: Problem, schedule: Schedule) -> int:
+    extra = 0
+    if schedule.split is Split.K:
+        extra += schedule.chunks - 1
+    if problem.pattern is Pattern.GEMM_RS:
+        extra += problem.world - 1
+    return extra
+
+
+def check_output(
+    out: torch.Tensor,
+    exact: torch.Tensor,
+    plain: torch.Tensor,
+    problem: Problem,
+    schedule: Schedule,
+) -> Check:
+    exact = exact.to(out.device, torch.float64)
+    if out.shape != exact.shape:
+        return Check(float("inf"), 0.0, False)
+    eps = torch.finfo(out.dtype).eps
+    scale = exact.abs().max().item() if exact.numel() else 0.0
+    plain_err = (plain.to(out.device).double() - exact).abs().max().item() if exact.numel() else 0.0
+    tol = (2 + extra_roundings(problem, schedule)) * max(plain_err, eps * scale, 1e-30)
+    err = (out.double() - exact).abs().max().item() if exact.numel() else 0.0
+    finite = bool(torch.isfinite(out).all()) if out.numel() else True
+    return Check(err if finite else float("nan"), tol, finite and err <= tol)

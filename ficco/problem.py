@@ -1,0 +1,260 @@
+"""Problems: one GEMM glued to one collective, on W ranks.
+
+Shapes are global unless named ``_shard``. The four patterns (rank r of W):
+
+``ag_gemm``   holds ``a_shard [M/W, K]`` and ``b [K, N]``; produces ``c = all_gather(a) @ b [M, N]``.
+``gemm_rs``   holds ``a [M, K]`` and ``b [K, N]`` (K is this rank's slice of the reduced
+              dimension); produces ``reduce_scatter(a @ b)``, this rank's rows ``[M/W, N]``.
+``a2a_gemm``  MoE dispatch + expert GEMM. Each rank holds its tokens ``x [T_r, K]`` sorted by
+              expert; ``experts`` experts, ``experts/W`` per rank, expert ``e`` owned by rank
+              ``e // (experts/W)`` with weight ``b_e [K, N]``. Each rank receives the tokens routed
+              to its experts and produces ``y [R_r, N]``, rows ordered (local expert, source rank).
+``gemm_a2a``  MoE expert GEMM + combine, the mirror: each rank holds the received tokens
+              ``x [R_r, K]`` (same order), computes ``x_e @ b_e`` and returns every row to its
+              source rank, which ends with ``y [T_r, N]`` in its original expert-sorted order.
+
+For the all-to-all patterns ``m`` is the global number of routed tokens and ``routing[s][e]`` the
+tokens rank ``s`` sends to expert ``e`` (uniform routing spreads ``m/W`` tokens per rank evenly).
+
+Torch is never imported here: problems are pure values, so enumerating and recommending never
+touch CUDA.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Pattern(enum.StrEnum):
+    AG_GEMM = "ag_gemm"
+    GEMM_RS = "gemm_rs"
+    A2A_GEMM = "a2a_gemm"
+    GEMM_A2A = "gemm_a2a"
+
+    @property
+    def is_all_to_all(self) -> bool:
+        return self in (Pattern.A2A_GEMM, Pattern.GEMM_A2A)
+
+
+#: element size in bytes of each supported dtype name
+DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+_DTYPE_ALIASES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+}
+
+
+def canonical_dtype(name: str) -> str:
+    """``'bfloat16'`` -> ``'bf16'``; raises ValueError naming the field for unknown dtypes."""
+    key = str(name).lower().removeprefix("torch.")
+    key = _DTYPE_ALIASES.get(key, key)
+    if key not in DTYPE_BYTES:
+        raise ValueError(f"dtype: unknown dtype {name!r}; expected one of {sorted(DTYPE_BYTES)}")
+    return key
+
+
+def torch_dtype(name: str):
+    """The torch dtype of a dtype name (imports torch: call only where tensors are made)."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
+        canonical_dtype(name)
+    ]
+
+
+def parse_pattern(value: str | Pattern) -> Pattern:
+    try:
+        return Pattern(str(value))
+    except ValueError:
+        names = ", ".join(p.value for p in Pattern)
+        raise ValueError(f"pattern: unknown pattern {value!r}; expected one of {names}") from None
+
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    """``total`` items into ``parts`` counts differing by at most one, larger counts first."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Problem:
+    """One GEMM + collective pair on ``world`` ranks (global shapes)."""
+
+    pattern: Pattern
+    """Which collective surrounds the GEMM (see the module docstring)."""
+    m: int
+    """Rows of the global GEMM (tokens); for all-to-all patterns, all routed tokens."""
+    n: int
+    """Output columns of the GEMM."""
+    k: int
+    """Reduction dimension of the GEMM as each rank computes it."""
+    world: int
+    """Number of ranks W (one GPU each); at least 2."""
+    dtype: str = "bf16"
+    """Element type of inputs and outputs: bf16, fp16 or fp32."""
+    experts: int | None = None
+    """All-to-all patterns only: total experts, a multiple of ``world``."""
+    routing: tuple[tuple[int, ...], ...] | None = None
+    """All-to-all patterns only: ``routing[s][e]`` tokens rank s sends to expert e; None = uniform."""
+    name: str = field(default="", compare=False)
+    """Optional label (e.g. ``l3-70b.fc1``); not part of the problem's identity."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pattern", parse_pattern(self.pattern))
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        for fname in ("m", "n", "k", "world"):
+            value = getattr(self, fname)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{fname}: must be an integer, got {value!r}")
+            if value <= 0:
+                raise ValueError(f"{fname}: must be positive, got {value}")
+        if self.world < 2:
+            raise ValueError(f"world: needs at least 2 ranks to communicate, got {self.world}")
+        if self.pattern.is_all_to_all:
+            self._validate_all_to_all()
+        else:
+            if self.experts is not None or self.routing is not None:
+                raise ValueError(
+                    f"experts/routing: only the all-to-all patterns take them, not {self.pattern}"
+                )
+            if self.m % self.world:
+                raise ValueError(
+                    f"m: {self.pattern} gives every rank M/W rows, so m must be divisible by "
+                    f"world; got m={self.m}, world={self.world}"
+                )
+
+    def _validate_all_to_all(self) -> None:
+        if self.experts is None:
+            raise ValueError(f"experts: {self.pattern} needs the number of experts")
+        if isinstance(self.experts, bool) or not isinstance(self.experts, int):
+            raise ValueError(f"experts: must be an integer, got {self.experts!r}")
+        if self.experts <= 0 or self.experts % self.world:
+            raise ValueError(
+                f"experts: must be a positive multiple of world={self.world} (each rank owns "
+                f"experts/W of them); got {self.experts}"
+            )
+        if self.routing is None:
+            if self.m % self.world:
+                raise ValueError(
+                    f"m: uniform routing gives every rank M/W tokens, so m must be divisible by "
+                    f"world; got m={self.m}, world={self.world}"
+                )
+            return
+        try:
+            routing = tuple(tuple(int(c) for c in row) for row in self.routing)
+        except (TypeError, ValueError):
+            raise ValueError("routing: must be a W x experts table of token counts") from None
+        object.__setattr__(self, "routing", routing)
+        if len(routing) != self.world or any(len(row) != self.experts for row in routing):
+            raise ValueError(
+                f"routing: must have world={self.world} rows of experts={self.experts} counts"
+            )
+        if any(c < 0 for row in routing for c in row):
+            raise ValueError("routing: token counts must be >= 0")
+        if sum(map(sum, routing)) != self.m:
+            raise ValueError(
+                f"routing: counts must sum to m={self.m}, they sum to {sum(map(sum, routing))}"
+            )
+
+    # --- derived sizes -------------------------------------------------------------------
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def m_shard(self) -> int:
+        """Rows each rank holds (ag_gemm) or owns after the reduce-scatter (gemm_rs)."""
+        return self.m // self.world
+
+    @property
+    def experts_per_rank(self) -> int:
+        assert self.experts is not None
+        return self.experts // self.world
+
+    def routing_table(self) -> tuple[tuple[int, ...], ...]:
+        """``[s][e]`` tokens rank s sends to expert e (the uniform table when none was given)."""
+        if self.routing is not None:
+            return self.routing
+        assert self.experts is not None
+        return tuple(
+            tuple(split_evenly(self.m // self.world, self.experts)) for _ in range(self.world)
+        )
+
+    def tokens_between(self) -> list[list[list[int]]]:
+        """``[src][dst][j]``: tokens rank src sends to rank dst's j-th local expert."""
+        table, epr = self.routing_table(), self.experts_per_rank
+        return [
+            [[table[s][d * epr + j] for j in range(epr)] for d in range(self.world)]
+            for s in range(self.world)
+        ]
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds x 2 of the whole GEMM across all ranks."""
+        if self.pattern is Pattern.GEMM_RS:
+            return 2 * self.m * self.n * self.k * self.world
+        return 2 * self.m * self.n * self.k
+
+    def comm_bytes_per_rank(self) -> int:
+        """Bytes the busiest rank receives."""
+        w, b = self.world, self.dtype_bytes
+        if self.pattern is Pattern.AG_GEMM:
+            return (w - 1) * self.m_shard * self.k * b
+        if self.pattern is Pattern.GEMM_RS:
+            return (w - 1) * self.m_shard * self.n * b
+        between = self.tokens_between()
+        cols = self.k if self.pattern is Pattern.A2A_GEMM else self.n
+        if self.pattern is Pattern.A2A_GEMM:
+            recv = [sum(sum(between[s][d]) for s in range(w) if s != d) for d in range(w)]
+        else:
+            recv = [sum(sum(between[s][d]) for d in range(w) if d != s) for s in range(w)]
+        return max(recv) * cols * b
+
+    # --- identity ------------------------------------------------------------------------
+
+    @property
+    def key(self) -> str:
+        """Stable string identity, used as a key in profiles and tables."""
+        base = f"{self.pattern}:m{self.m}:n{self.n}:k{self.k}:w{self.world}:{self.dtype}"
+        if self.pattern.is_all_to_all:
+            base += f":e{self.experts}"
+            if self.routing is not None:
+                base += ":r" + "/".join(",".join(map(str, row)) for row in self.routing)
+        return base
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "pattern": self.pattern.value,
+            "m": self.m,
+            "n": self.n,
+            "k": self.k,
+            "world": self.world,
+            "dtype": self.dtype,
+        }
+        if self.pattern.is_all_to_all:
+            out["experts"] = self.experts
+            out["routing"] = [list(r) for r in self.routing] if self.routing else None
+        if self.name:
+            out["name"] = self.name
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Problem:
+        known = {"pattern", "m", "n", "k", "world", "dtype", "experts", "routing", "name"}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"problem: unknown field(s) {sorted(unknown)}")
+        data = dict(data)
+        if data.get("routing") is not None:
+            data["routing"] = tuple(tuple(r) for r in data["routing"])
+        return cls(**data)
+
+    def __str__(self) -> str:
+        return json.dumps(self.to_dict())

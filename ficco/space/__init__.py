@@ -1,0 +1,87 @@
+"""The schedule space: pure Python, never touches CUDA."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ficco.problem import Problem
+from ficco.space.rules import RULES, check_legal, is_legal, violations
+from ficco.space.schedule import (
+    Compute,
+    Gemm,
+    Granularity,
+    Order,
+    Priority,
+    Schedule,
+    Split,
+    Transport,
+)
+
+__all__ = [
+    "RULES",
+    "Compute",
+    "Gemm",
+    "Granularity",
+    "Order",
+    "Priority",
+    "Schedule",
+    "SpaceOptions",
+    "Split",
+    "Transport",
+    "check_legal",
+    "enumerate_schedules",
+    "is_legal",
+    "violations",
+]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SpaceOptions:
+    """Which values of the open-ended axes the enumerator tries."""
+
+    chunk_counts: tuple[int, ...] = (2, 4, 8, 16)
+    """Chunks per shard for finer schedules."""
+    sm_reserves: tuple[int, ...] = (0, 16, 32)
+    """SMs kept free of the Triton GEMM (only with SM-based transports)."""
+    transports: tuple[Transport, ...] = tuple(Transport)
+    gemms: tuple[Gemm, ...] = tuple(Gemm)
+
+
+def enumerate_schedules(
+    problem: Problem, options: SpaceOptions | None = None
+) -> Iterator[Schedule]:
+    """Every legal schedule of ``problem``, serial ones first, in a stable order."""
+    opts = options or SpaceOptions()
+    shapes = [(Granularity.SERIAL, 1), (Granularity.SHARD, 1)] + [
+        (Granularity.FINER, c) for c in opts.chunk_counts
+    ]
+    seen: set[Schedule] = set()
+    for (
+        granularity,
+        chunks,
+    ), split, transport, order, compute, gemm, reserve, prio in itertools.product(
+        shapes,
+        Split,
+        opts.transports,
+        Order,
+        Compute,
+        opts.gemms,
+        opts.sm_reserves,
+        Priority,
+    ):
+        schedule = Schedule(
+            granularity=granularity,
+            chunks=chunks,
+            split=split,
+            transport=transport,
+            order=order,
+            compute=compute,
+            gemm=gemm,
+            sm_reserve=reserve,
+            comm_priority=prio,
+        )
+        if schedule not in seen and is_legal(problem, schedule):
+            seen.add(schedule)
+            yield schedule

@@ -1,0 +1,170 @@
+"""Legality rules: one named predicate per constraint.
+
+Each rule takes ``(problem, schedule)`` and returns ``None`` when the schedule obeys it, or a
+sentence saying why not. Enumeration, parsing checks and the sweep's pruning all call
+``violations``, so there is one definition of "legal".
+
+Chunk sizes that don't divide evenly are handled exactly: chunks differ by at most one row
+(``m`` splits) or one alignment quantum (``n``/``k`` splits); the rule ``chunks_fit_extent``
+excludes cuts that would leave a chunk empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ficco.problem import Pattern, Problem
+from ficco.space.schedule import (
+    Compute,
+    Gemm,
+    Granularity,
+    Order,
+    Priority,
+    Schedule,
+    Split,
+    Transport,
+)
+
+Rule = Callable[[Problem, Schedule], "str | None"]
+
+#: Which dimension each pattern may cut. ag_gemm's collective moves A, so N cannot cut it;
+#: gemm_rs's moves C, so K cannot; the all-to-alls move whole token rows.
+SPLITS_BY_PATTERN: dict[Pattern, tuple[Split, ...]] = {
+    Pattern.AG_GEMM: (Split.M, Split.K),
+    Pattern.GEMM_RS: (Split.M, Split.N),
+    Pattern.A2A_GEMM: (Split.M,),
+    Pattern.GEMM_A2A: (Split.M,),
+}
+
+#: Column chunks are cut on multiples of this many elements, so strided slices keep the
+#: 16-byte alignment that TMA descriptors and vectorized copies need.
+COLUMN_ALIGN = 8
+
+
+def split_extent(problem: Problem, split: Split) -> int:
+    """Length of the dimension a schedule's chunks cut, per shard (largest block for a2a)."""
+    if split is Split.M:
+        if problem.pattern.is_all_to_all:
+            between = problem.tokens_between()
+            return max(
+                sum(between[s][d]) for s in range(problem.world) for d in range(problem.world)
+            )
+        return problem.m_shard
+    return problem.n if split is Split.N else problem.k
+
+
+def granularity_fixes_chunks(p: Problem, s: Schedule) -> str | None:
+    if s.granularity is Granularity.FINER:
+        if s.chunks < 2:
+            return "finer granularity cuts each shard into chunks >= 2 (use 'shard' for 1)"
+    elif s.chunks != 1 or s.split is not Split.M:
+        return f"{s.granularity.value} granularity has one chunk per shard and no split"
+    return None
+
+
+def split_applies_to_pattern(p: Problem, s: Schedule) -> str | None:
+    allowed = SPLITS_BY_PATTERN[p.pattern]
+    if s.split not in allowed:
+        names = ", ".join(x.value for x in allowed)
+        return (
+            f"{p.pattern} can only split {names}: split {s.split.value} does not cut its collective"
+        )
+    return None
+
+
+def chunks_fit_extent(p: Problem, s: Schedule) -> str | None:
+    extent = split_extent(p, s.split)
+    quantum = 1 if s.split is Split.M else COLUMN_ALIGN
+    if s.chunks * quantum > extent:
+        return (
+            f"{s.chunks} chunks of at least {quantum} along {s.split.value} need an extent of "
+            f"{s.chunks * quantum}, the shard has {extent}"
+        )
+    return None
+
+
+def copy_engine_needs_contiguous_chunks(p: Problem, s: Schedule) -> str | None:
+    # A strided slice makes copy_ launch an SM kernel, which defeats the copy engine.
+    if s.transport in (Transport.CE, Transport.NCCL_CE) and s.split is not Split.M:
+        return f"{s.transport.value} moves contiguous row chunks only; split {s.split.value} is strided"
+    return None
+
+
+def copy_engine_cannot_reduce(p: Problem, s: Schedule) -> str | None:
+    # NCCL's zero-CTA collectives have no reductions; ficco's own CE plans reduce locally.
+    if (
+        s.transport is Transport.NCCL_CE
+        and p.pattern is Pattern.GEMM_RS
+        and s.granularity is Granularity.SERIAL
+    ):
+        return "nccl_ce has no reduce-scatter (copy engines do not reduce)"
+    return None
+
+
+def order_needs_two_peers(p: Problem, s: Schedule) -> str | None:
+    if s.order is Order.ALL_PEERS and (p.world < 3 or not s.overlapped):
+        return "all_peers differs from the ring only in overlapped schedules with W >= 3"
+    return None
+
+
+def merged_needs_finer(p: Problem, s: Schedule) -> str | None:
+    if s.compute is Compute.MERGED and s.granularity is not Granularity.FINER:
+        return (
+            "merged compute regroups finer chunks; serial and shard already have one GEMM per shard"
+        )
+    return None
+
+
+def sm_reserve_needs_triton(p: Problem, s: Schedule) -> str | None:
+    if s.sm_reserve and s.gemm is not Gemm.TRITON:
+        return "an SM reserve needs the Triton GEMM (cuBLAS takes no SM budget)"
+    return None
+
+
+def sm_reserve_needs_sm_comm(p: Problem, s: Schedule) -> str | None:
+    if s.sm_reserve and (s.transport is not Transport.NCCL or not s.overlapped):
+        return "an SM reserve only helps SM-based communication (nccl) running beside the GEMM"
+    return None
+
+
+def priority_needs_overlap(p: Problem, s: Schedule) -> str | None:
+    if s.comm_priority is Priority.HIGH and not s.overlapped:
+        return "stream priority only matters when communication overlaps compute"
+    return None
+
+
+RULES: tuple[Rule, ...] = (
+    granularity_fixes_chunks,
+    split_applies_to_pattern,
+    chunks_fit_extent,
+    copy_engine_needs_contiguous_chunks,
+    copy_engine_cannot_reduce,
+    order_needs_two_peers,
+    merged_needs_finer,
+    sm_reserve_needs_triton,
+    sm_reserve_needs_sm_comm,
+    priority_needs_overlap,
+)
+
+
+def violations(problem: Problem, schedule: Schedule) -> list[tuple[str, str]]:
+    """``[(rule name, reason), ...]`` for every rule the schedule breaks (empty: legal)."""
+    out = []
+    for rule in RULES:
+        reason = rule(problem, schedule)
+        if reason is not None:
+            out.append((rule.__name__, reason))
+    return out
+
+
+def is_legal(problem: Problem, schedule: Schedule) -> bool:
+    return not violations(problem, schedule)
+
+
+def check_legal(problem: Problem, schedule: Schedule) -> Schedule:
+    """Return the schedule, or raise ValueError naming every broken rule."""
+    broken = violations(problem, schedule)
+    if broken:
+        reasons = "; ".join(f"{name}: {why}" for name, why in broken)
+        raise ValueError(f"schedule {schedule} is illegal for {problem.key}: {reasons}")
+    return schedule

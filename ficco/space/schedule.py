@@ -1,0 +1,184 @@
+"""The Schedule value and its stable string form.
+
+A schedule is written ``GRANULARITY/TRANSPORT/GEMM[+OPTION...]``:
+
+``serial/nccl/cublas``            whole collective, then the whole GEMM
+``shard/ce/triton``               one step per peer shard, copy-engine transfers
+``finer-c4-m/ce/cublas+hi``       each shard cut into 4 row chunks, comm stream at high priority
+``finer-c8-k/nccl/triton+merged+all_peers+sm16``
+
+Options (each omitted when at its default): ``merged`` (one GEMM per shard after its chunks
+arrive, instead of one per chunk), ``all_peers`` (every peer's chunk in flight at once instead
+of the ring rotation), ``smR`` (R SMs kept free of the Triton GEMM for SM-based
+communication), ``hi`` (communication stream at high priority).
+
+The string is the schedule's key everywhere (profiles, tables): ``Schedule.parse(str(s)) == s``.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+
+class Granularity(enum.StrEnum):
+    SERIAL = "serial"  # whole collective, then whole GEMM: "don't overlap" is always legal
+    SHARD = "shard"  # one step per peer shard (PyTorch async-TP, TE ring-exchange)
+    FINER = "finer"  # each shard cut again into `chunks` (FiCCO)
+
+
+class Split(enum.StrEnum):
+    M = "m"  # rows: contiguous chunks
+    N = "n"  # output columns: strided chunks
+    K = "k"  # reduction columns: strided chunks, partial sums accumulate
+
+
+class Transport(enum.StrEnum):
+    CE = "ce"  # copy engines through symmetric memory (pull for gathers, push for scatters)
+    NCCL = "nccl"  # NCCL kernels on SMs
+    NCCL_CE = "nccl_ce"  # NCCL zero-CTA (copy-engine) collectives, where the build has them
+
+
+class Order(enum.StrEnum):
+    RING = "ring"  # one peer per step, rotated; the local shard where it needs no wait
+    ALL_PEERS = "all_peers"  # every peer's chunk in flight at once
+
+
+class Compute(enum.StrEnum):
+    PER_CHUNK = "per_chunk"  # one GEMM launch per arrived chunk
+    MERGED = "merged"  # one GEMM per shard once all its chunks arrived
+
+
+class Gemm(enum.StrEnum):
+    TRITON = "triton"  # ficco's persistent Triton GEMM (takes an SM budget)
+    CUBLAS = "cublas"  # torch.matmul (on CPU: torch's CPU matmul stands in)
+
+
+class Priority(enum.StrEnum):
+    NORMAL = "normal"
+    HIGH = "high"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Schedule:
+    """One point of the schedule space. Legality for a problem is checked by ``space.rules``."""
+
+    granularity: Granularity = Granularity.SERIAL
+    chunks: int = 1
+    """Chunks per shard; 1 unless granularity is finer."""
+    split: Split = Split.M
+    """Dimension the chunks cut; m unless granularity is finer."""
+    transport: Transport = Transport.NCCL
+    order: Order = Order.RING
+    compute: Compute = Compute.PER_CHUNK
+    gemm: Gemm = Gemm.CUBLAS
+    sm_reserve: int = 0
+    """SMs kept free of the Triton GEMM, for SM-based communication (0: the GEMM uses all)."""
+    comm_priority: Priority = Priority.NORMAL
+
+    def __post_init__(self) -> None:
+        for fname, kind in (
+            ("granularity", Granularity),
+            ("split", Split),
+            ("transport", Transport),
+            ("order", Order),
+            ("compute", Compute),
+            ("gemm", Gemm),
+            ("comm_priority", Priority),
+        ):
+            value = getattr(self, fname)
+            try:
+                object.__setattr__(self, fname, kind(value))
+            except ValueError:
+                allowed = ", ".join(v.value for v in kind)
+                raise ValueError(
+                    f"{fname}: unknown value {value!r}; expected one of {allowed}"
+                ) from None
+        for fname in ("chunks", "sm_reserve"):
+            value = getattr(self, fname)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{fname}: must be an integer, got {value!r}")
+        if self.chunks < 1:
+            raise ValueError(f"chunks: must be >= 1, got {self.chunks}")
+        if self.sm_reserve < 0:
+            raise ValueError(f"sm_reserve: must be >= 0, got {self.sm_reserve}")
+
+    @property
+    def overlapped(self) -> bool:
+        return self.granularity is not Granularity.SERIAL
+
+    def __str__(self) -> str:
+        head = self.granularity.value
+        if self.granularity is Granularity.FINER:
+            head += f"-c{self.chunks}-{self.split.value}"
+        text = f"{head}/{self.transport.value}/{self.gemm.value}"
+        if self.compute is Compute.MERGED:
+            text += "+merged"
+        if self.order is Order.ALL_PEERS:
+            text += "+all_peers"
+        if self.sm_reserve:
+            text += f"+sm{self.sm_reserve}"
+        if self.comm_priority is Priority.HIGH:
+            text += "+hi"
+        return text
+
+    @property
+    def complexity(self) -> int:
+        """Rank used to break ties within noise toward the simpler schedule (lower is simpler)."""
+        return (
+            ["serial", "shard", "finer"].index(self.granularity.value) * 100
+            + self.chunks
+            + (self.compute is Compute.MERGED)
+            + (self.order is Order.ALL_PEERS)
+            + (self.sm_reserve > 0)
+            + (self.comm_priority is Priority.HIGH)
+            + 2 * (self.gemm is Gemm.TRITON)
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> Schedule:
+        """Inverse of ``str``. Raises ValueError naming the part that does not parse."""
+        parts = str(text).strip().split("+")
+        core, options = parts[0], parts[1:]
+        fields = core.split("/")
+        if len(fields) != 3:
+            raise ValueError(
+                f"schedule {text!r}: expected GRANULARITY/TRANSPORT/GEMM[+OPTION...], "
+                "e.g. 'finer-c4-m/ce/triton+hi'"
+            )
+        head, transport, gemm = fields
+        kwargs: dict[str, object] = {"transport": transport, "gemm": gemm}
+        match = re.fullmatch(r"finer-c(\d+)-([a-z]+)", head)
+        if match:
+            kwargs.update(granularity="finer", chunks=int(match[1]), split=match[2])
+        elif head in ("serial", "shard"):
+            kwargs["granularity"] = head
+        else:
+            raise ValueError(
+                f"schedule {text!r}: granularity part {head!r} must be 'serial', 'shard' or "
+                "'finer-c<chunks>-<m|n|k>'"
+            )
+        for opt in options:
+            if opt == "merged":
+                kwargs["compute"] = Compute.MERGED
+            elif opt == "all_peers":
+                kwargs["order"] = Order.ALL_PEERS
+            elif opt == "hi":
+                kwargs["comm_priority"] = Priority.HIGH
+            elif re.fullmatch(r"sm\d+", opt):
+                kwargs["sm_reserve"] = int(opt[2:])
+            else:
+                raise ValueError(
+                    f"schedule {text!r}: unknown option {opt!r}; options are merged, all_peers, "
+                    "smN, hi"
+                )
+        try:
+            schedule = cls(**kwargs)  # type: ignore[arg-type]
+        except ValueError as err:
+            raise ValueError(f"schedule {text!r}: {err}") from None
+        if str(schedule) != str(text).strip():
+            raise ValueError(
+                f"schedule {text!r}: not in canonical form; write it as {str(schedule)!r}"
+            )
+        return schedule
