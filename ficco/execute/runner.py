@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
 from ficco.execute.verify import Verdict
+from ficco.plan import Plan
 from ficco.problem import Problem
 from ficco.space import Schedule
 
@@ -45,7 +46,13 @@ class ScheduleResult:
         return d
 
 
+class Unavailable(RuntimeError):
+    """The schedule cannot run on this backend (recorded as ``unavailable``)."""
+
+
 def classify_failure(err: BaseException) -> Verdict:
+    if isinstance(err, Unavailable):
+        return Verdict.UNAVAILABLE
     text = f"{type(err).__name__}: {err}".lower()
     if "out of memory" in text:
         return Verdict.OOM
@@ -58,6 +65,13 @@ def classify_failure(err: BaseException) -> Verdict:
     return Verdict.ERROR
 
 
+def cpu_capability(problem: Problem, schedule: Schedule) -> str | None:
+    """Why the CPU backend cannot run ``schedule`` faithfully, or None."""
+    if schedule.gemm.value == "triton" and problem.dtype == "bf16":
+        return "Triton's CPU interpreter computes bf16 dot products wrongly; use fp32 or fp16"
+    return None
+
+
 def _cpu_worker(
     rank: int,
     world: int,
@@ -67,6 +81,7 @@ def _cpu_worker(
     seed: int,
     timeout_s: float,
     results,
+    plan_hook,
 ) -> None:
     # The Triton interpreter must be chosen before Triton is first imported.
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -95,7 +110,12 @@ def _cpu_worker(
             run_seed = seed + index
             local: dict
             try:
+                reason = cpu_capability(problem, schedule)
+                if reason:
+                    raise Unavailable(reason)
                 plan = build_plan(problem, schedule, rank)
+                if plan_hook is not None:
+                    plan = plan_hook(plan)
                 tensors = allocate(plan, run_seed)
                 dist.barrier()
                 cpu.execute_plan(plan, tensors, tag_base=index * TAG_STRIDE)
@@ -143,8 +163,12 @@ def run_cpu(
     seed: int = 0,
     timeout_s: float = 120.0,
     on_result: Callable[[ScheduleResult], None] | None = None,
+    plan_hook: Callable[[Plan], Plan] | None = None,
 ) -> list[ScheduleResult]:
-    """Run and verify ``schedules`` of ``problem`` in ``problem.world`` CPU processes."""
+    """Run and verify ``schedules`` of ``problem`` in ``problem.world`` CPU processes.
+
+    ``plan_hook`` (a module-level function, so it pickles) rewrites each rank's plan before it
+    runs: fault injection for tests of the verifier."""
     import torch.multiprocessing as mp
 
     texts = [str(s) for s in schedules]
@@ -165,6 +189,7 @@ def run_cpu(
                     seed,
                     timeout_s,
                     results_q,
+                    plan_hook,
                 ),
                 daemon=True,
             )
