@@ -1,0 +1,40 @@
+"""The public Python surface. The CLI calls only these functions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from ficco.problem import Problem
+from ficco.space import Schedule, SpaceOptions, check_legal, enumerate_schedules
+
+BACKENDS = ("cpu",)
+
+
+def schedules(problem: Problem, options: SpaceOptions | None = None) -> list[Schedule]:
+    """Every legal schedule of ``problem`` (serial first)."""
+    return list(enumerate_schedules(problem, options))
+
+
+def parse_schedules(problem: Problem, texts: Iterable[str]) -> list[Schedule]:
+    """Parse schedule strings and check each is legal for ``problem`` (ValueError otherwise)."""
+    return [check_legal(problem, Schedule.parse(text)) for text in texts]
+
+
+def run(
+    problem: Problem,
+    to_run: Iterable[Schedule] | None = None,
+    *,
+    backend: str = "cpu",
+    seed: int = 0,
+    timeout_s: float = 120.0,
+    on_result: Callable | None = None,
+):
+    """Run and verify schedules of ``problem`` (all legal ones when ``to_run`` is None).
+
+    Returns one :class:`ficco.execute.ScheduleResult` per schedule, in order."""
+    chosen = schedules(problem) if to_run is None else [check_legal(problem, s) for s in to_run]
+    if backend == "cpu":
+        from ficco.execute.runner import run_cpu
+
+        return run_cpu(problem, chosen, seed=seed, timeout_s=timeout_s, on_result=on_result)
+    raise ValueError(f"backend: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")

@@ -1,0 +1,120 @@
+"""Structural invariants of every plan, for every pattern and schedule (no execution)."""
+
+import numpy as np
+import pytest
+
+from ficco.plan import (
+    CollectiveOp,
+    GemmOp,
+    LocalCopyOp,
+    ReduceOp,
+    TransferOp,
+    build_plan,
+    chunk_bounds,
+)
+from ficco.problem import Problem
+from ficco.space import Schedule, enumerate_schedules
+
+PROBLEMS = [
+    Problem(pattern="ag_gemm", m=96, n=80, k=72, world=2),
+    Problem(pattern="ag_gemm", m=96, n=80, k=72, world=3),
+    Problem(pattern="gemm_rs", m=96, n=80, k=72, world=4),
+    Problem(pattern="a2a_gemm", m=96, n=80, k=72, world=3, experts=6),
+    Problem(
+        pattern="gemm_a2a",
+        m=40,
+        n=16,
+        k=16,
+        world=2,
+        experts=4,
+        routing=((9, 0, 5, 6), (1, 7, 0, 12)),
+    ),
+]
+
+
+def test_chunk_bounds_ragged_and_aligned():
+    assert chunk_bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
+    assert chunk_bounds(80, 3, quantum=8) == [(0, 32), (32, 56), (56, 80)]
+    assert chunk_bounds(3, 8) == [(0, 1), (1, 2), (2, 3)]
+    assert chunk_bounds(0, 4) == []
+
+
+def _written_once(plan, shapes):
+    """Count non-accumulating writes per element of the output buffer."""
+    out = plan.output
+    count = np.zeros(shapes[out], dtype=int)
+    for task in plan.tasks:
+        op = task.op
+        region = None
+        if isinstance(op, GemmOp) and not op.accumulate:
+            region = op.out
+        elif isinstance(op, ReduceOp):
+            region = op.out
+        elif isinstance(op, LocalCopyOp):
+            region = op.dst
+        elif isinstance(op, TransferOp) and op.direction == "recv":
+            region = op.local
+        elif isinstance(op, CollectiveOp) and op.dst == out:
+            count += 1
+            continue
+        if region is not None and region.buffer == out:
+            count[region.rows[0] : region.rows[1], region.cols[0] : region.cols[1]] += 1
+    return count
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.key)
+def test_every_plan_is_consistent_across_ranks(problem):
+    for schedule in enumerate_schedules(problem):
+        plans = [build_plan(problem, schedule, r) for r in range(problem.world)]
+        for plan in plans:
+            shapes = {b.name: b.shape for b in plan.buffers}
+            for task in plan.tasks:
+                assert all(d < task.id for d in task.deps), (schedule, task)
+                op = task.op
+                if isinstance(op, GemmOp):
+                    (m, k), (k2, n), (m2, n2) = op.a.shape, op.b.shape, op.out.shape
+                    assert (k, m, n) == (k2, m2, n2), (schedule, op)
+                    assert m > 0 and n > 0 and k > 0
+                if isinstance(op, TransferOp):
+                    # the peer lists the other half with the same tag and swapped regions
+                    peer_ops = [
+                        t.op
+                        for t in plans[op.peer].tasks
+                        if isinstance(t.op, TransferOp)
+                        and t.op.tag == op.tag
+                        and t.op.peer == plan.rank
+                    ]
+                    want = "send" if op.direction == "recv" else "recv"
+                    match = [o for o in peer_ops if o.direction == want]
+                    assert len(match) == 1, (str(schedule), plan.rank, op)
+                    assert match[0].local == op.remote and match[0].remote == op.local
+            written = _written_once(plan, shapes)
+            assert (written == 1).all(), (str(schedule), plan.rank, written)
+
+
+def test_serial_nccl_uses_one_collective_and_ce_uses_transfers():
+    p = PROBLEMS[0]
+    nccl = build_plan(p, Schedule.parse("serial/nccl/cublas"), 0)
+    assert [type(t.op).__name__ for t in nccl.tasks] == ["CollectiveOp", "GemmOp"]
+    ce = build_plan(p, Schedule.parse("serial/ce/cublas"), 0)
+    assert ce.needs_start_barrier and len(ce.transfers()) == 2 and len(ce.gemms()) == 1
+
+
+def test_local_shard_gemm_comes_first_without_waiting():
+    p = PROBLEMS[1]
+    plan = build_plan(p, Schedule.parse("finer-c4-m/ce/cublas"), 1)
+    gemms = [t for t in plan.tasks if isinstance(t.op, GemmOp)]
+    assert gemms[0].op.a.buffer == "a_shard" and gemms[0].deps == ()
+    assert len(gemms) == 3 * 4
+    # each peer chunk's GEMM waits on exactly its own transfer
+    for t in gemms[4:]:
+        (dep,) = t.deps
+        assert isinstance(plan.tasks[dep].op, TransferOp) and plan.tasks[dep].chunk == t.chunk
+
+
+def test_reduce_scatter_computes_local_block_last():
+    p = PROBLEMS[2]
+    plan = build_plan(p, Schedule.parse("shard/ce/cublas"), 2)
+    gemms = plan.gemms()
+    assert gemms[-1].out.rows == (2 * 24, 3 * 24)  # own rows last: they need no transfer
+    assert isinstance(plan.tasks[-1].op, ReduceOp) and len(plan.tasks[-1].op.inputs) == 4

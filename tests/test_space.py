@@ -1,0 +1,105 @@
+import pytest
+
+from ficco.problem import Problem
+from ficco.space import (
+    RULES,
+    Gemm,
+    Granularity,
+    Schedule,
+    Split,
+    Transport,
+    check_legal,
+    enumerate_schedules,
+    violations,
+)
+
+AG = Problem(pattern="ag_gemm", m=8192, n=8192, k=8192, world=2)
+
+
+def problems():
+    yield AG
+    yield Problem(pattern="gemm_rs", m=96, n=80, k=72, world=4)
+    yield Problem(pattern="a2a_gemm", m=96, n=80, k=72, world=3, experts=6)
+    yield Problem(
+        pattern="gemm_a2a", m=64, n=32, k=32, world=2, experts=2, routing=((30, 2), (16, 16))
+    )
+
+
+@pytest.mark.parametrize("problem", list(problems()), ids=lambda p: p.key)
+def test_enumeration_is_legal_unique_parseable_and_has_serial(problem):
+    found = list(enumerate_schedules(problem))
+    assert len(found) == len(set(found)) >= 12
+    assert found[0].granularity is Granularity.SERIAL
+    for s in found:
+        assert Schedule.parse(str(s)) == s
+        assert violations(problem, s) == []
+
+
+def test_enumeration_covers_every_axis_value_that_applies():
+    found = list(enumerate_schedules(AG))
+    assert {s.transport for s in found} == set(Transport)
+    assert {s.split for s in found} == {Split.M, Split.K}  # N cannot cut an all-gather
+    assert {s.chunks for s in found} == {1, 2, 4, 8, 16}
+    assert {s.gemm for s in found} == set(Gemm)
+    assert {s.sm_reserve for s in found} == {0, 16, 32}
+    w3 = Problem(pattern="ag_gemm", m=96, n=80, k=72, world=3)
+    assert any(s.order.value == "all_peers" for s in enumerate_schedules(w3))
+
+
+def test_every_rule_excludes_something_named():
+    names = {rule.__name__ for rule in RULES}
+    hits = set()
+    problem = Problem(pattern="gemm_rs", m=8, n=16, k=16, world=2)
+    for text in [
+        "finer-c16-m/nccl/cublas",  # 16 chunks of 4 rows
+        "finer-c2-k/nccl/cublas",  # k cannot cut a reduce-scatter
+        "finer-c2-n/ce/cublas",  # strided chunks on the copy engine
+        "serial/nccl_ce/cublas",  # no reductions on copy engines
+        "shard/nccl/cublas+all_peers",  # one peer only
+        "shard/nccl/cublas+merged",
+        "shard/nccl/cublas+sm16",
+        "shard/ce/triton+sm16",
+        "serial/nccl/cublas+hi",
+    ]:
+        hits |= {name for name, _ in violations(problem, Schedule.parse(text))}
+    hits |= {name for name, _ in violations(problem, Schedule(granularity="finer", chunks=1))}
+    assert hits == names
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("serial/nccl", "GRANULARITY/TRANSPORT/GEMM"),
+        ("finer-4-m/ce/cublas", "granularity part"),
+        ("shard/ib/cublas", "transport: unknown value 'ib'"),
+        ("shard/ce/cutlass", "gemm: unknown value"),
+        ("shard/ce/cublas+fast", "unknown option 'fast'"),
+        ("shard/ce/cublas+hi+merged", "canonical form"),
+        ("finer-c0-m/ce/cublas", "chunks: must be >= 1"),
+    ],
+)
+def test_parse_errors_say_what_is_wrong(text, needle):
+    with pytest.raises(ValueError, match="schedule") as err:
+        Schedule.parse(text)
+    assert needle in str(err.value)
+
+
+def test_check_legal_names_the_rule():
+    with pytest.raises(ValueError, match="copy_engine_needs_contiguous_chunks"):
+        check_legal(AG, Schedule.parse("finer-c2-k/ce/cublas"))
+
+
+def test_string_form_examples():
+    s = Schedule(
+        granularity="finer",
+        chunks=8,
+        split="k",
+        transport="nccl",
+        gemm="triton",
+        compute="merged",
+        order="all_peers",
+        sm_reserve=16,
+        comm_priority="high",
+    )
+    assert str(s) == "finer-c8-k/nccl/triton+merged+all_peers+sm16+hi"
+    assert str(Schedule()) == "serial/nccl/cublas"
