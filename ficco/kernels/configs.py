@@ -1,0 +1,185 @@
+"""GEMM kernel configurations: the one place where the tuning space is stated.
+
+A `GemmConfig` is a frozen value (block shape, pipeline depth, warps, grouping); enumerating
+the space and pruning it per shape never touches CUDA or Triton, so this module is plain
+Python. Each pruning rule is one predicate, used by `candidate_configs`:
+
+- `fits_shared_memory`: the pipelined A/B tiles plus the epilogue's staging tile must fit the
+  device's opt-in shared memory per block (232,448 bytes on H100/H200).
+- `suits_shape`: a block far larger than the problem only computes padding.
+
+Where the space came from (leads, each re-measured by the tuner on the device):
+- Triton's persistent-matmul tutorial settles on 128x256x64, 4 stages, 8 warps, with the
+  epilogue split in two halves (frees 32 KiB of shared memory for the 4th stage) on Hopper.
+- A plain tiled Triton GEMM autotuned over 12 configurations (blocks 64-256, 2-5 stages,
+  4 or 8 warps) reached 0.92x cuBLAS on chunk shapes of 256-4096 rows on an H200; the best
+  configuration moved with the shape, so small-M (64-row) and square 128x128 tiles stay in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+# Opt-in shared memory per block on sm_90 (H100, H200): 227 KiB.
+HOPPER_SHARED_MEMORY_BYTES = 232_448
+
+
+def _is_power_of_two(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One point of the GEMM tuning space."""
+
+    block_m: int
+    """Rows of C computed by one tile (power of two, 16-256)."""
+    block_n: int
+    """Columns of C computed by one tile (power of two, 16-256)."""
+    block_k: int
+    """Depth of one K step (power of two, 16-256)."""
+    group_m: int = 8
+    """Tiles along M visited together before moving along N (L2 reuse of B's columns)."""
+    num_stages: int = 3
+    """Software-pipeline depth (shared-memory buffers for A/B tiles)."""
+    num_warps: int = 8
+    """Warps per persistent program (4 = one warpgroup, 8 = two)."""
+    epilogue_subtile: bool = False
+    """Store C in two [block_m, block_n / 2] halves: halves the epilogue's staging tile."""
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if not (_is_power_of_two(value) and 16 <= value <= 256):
+                raise ValueError(
+                    f"GemmConfig.{name} must be a power of two in [16, 256], got {value}"
+                )
+        if not (_is_power_of_two(self.group_m) and self.group_m <= 64):
+            raise ValueError(f"GemmConfig.group_m must be a power of two <= 64, got {self.group_m}")
+        if not 1 <= self.num_stages <= 8:
+            raise ValueError(f"GemmConfig.num_stages must be in [1, 8], got {self.num_stages}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(
+                f"GemmConfig.num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps}"
+            )
+        if self.epilogue_subtile and self.block_n < 32:
+            raise ValueError("GemmConfig.epilogue_subtile needs block_n >= 32")
+
+    @property
+    def name(self) -> str:
+        """Stable short form, e.g. `128x256x64_g8_s4_w8_sub`."""
+        sub = "_sub" if self.epilogue_subtile else ""
+        return (
+            f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}"
+            f"_s{self.num_stages}_w{self.num_warps}{sub}"
+        )
+
+    def to_dict(self) -> dict[str, int | bool]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> GemmConfig:
+        """Inverse of `to_dict`; raises ValueError on unknown or missing fields."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a GemmConfig entry must be a JSON object, got {type(d).__name__}")
+        try:
+            return cls(**d)
+        except TypeError as exc:  # unknown or missing keys
+            raise ValueError(f"bad GemmConfig fields {sorted(d)}: {exc}") from exc
+
+    def shared_memory_bytes(self, in_bytes: int, out_bytes: int) -> int:
+        """Upper estimate: `num_stages` A [BM, BK] + B [BK, BN] buffers, plus C's staging tile."""
+        ab = (
+            self.num_stages * (self.block_m * self.block_k + self.block_k * self.block_n) * in_bytes
+        )
+        c_cols = self.block_n // 2 if self.epilogue_subtile else self.block_n
+        return ab + self.block_m * c_cols * out_bytes
+
+
+def _c(bm, bn, bk, stages, warps, group=8, sub=False) -> GemmConfig:
+    return GemmConfig(bm, bn, bk, group, stages, warps, sub)
+
+
+# The GPU tuning space (bf16/fp16 on Hopper), 18 points. Big tiles first (large GEMMs), then
+# square 128x128, then 64-row tiles for chunk shapes whose M or tile count is small.
+GPU_CONFIGS: tuple[GemmConfig, ...] = (
+    _c(128, 256, 64, 4, 8, sub=True),  # the tutorial's Hopper choice
+    _c(128, 256, 64, 3, 8),
+    _c(128, 256, 64, 3, 8, group=16),
+    _c(256, 128, 64, 4, 8, sub=True),
+    _c(256, 128, 64, 3, 8),
+    _c(128, 128, 64, 4, 8),
+    _c(128, 128, 64, 5, 8, sub=True),
+    _c(128, 128, 64, 4, 4),
+    _c(128, 128, 128, 3, 8),
+    _c(128, 128, 128, 3, 4),
+    _c(128, 64, 64, 5, 4),
+    _c(64, 256, 64, 4, 4),
+    _c(64, 256, 64, 4, 8, sub=True),
+    _c(64, 128, 64, 5, 4),
+    _c(64, 128, 128, 4, 4),
+    _c(64, 64, 128, 4, 4),
+    _c(64, 64, 64, 6, 4),
+    _c(128, 256, 32, 6, 8, sub=True),
+)
+
+# The CPU interpreter (TRITON_INTERPRET=1) runs every program serially in NumPy: small blocks
+# keep tests fast, and timing there says nothing about a GPU.
+INTERPRETER_CONFIGS: tuple[GemmConfig, ...] = (
+    _c(16, 16, 16, 1, 4, group=4),
+    _c(32, 32, 32, 1, 4, group=4),
+    _c(32, 64, 32, 1, 4, group=4, sub=True),
+)
+
+# Safe for the pointer path on any CUDA GPU of the last decade (small shared memory).
+FALLBACK_CONFIG = GemmConfig(64, 64, 32, group_m=8, num_stages=3, num_warps=4)
+
+
+def _next_power_of_two(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def fits_shared_memory(cfg: GemmConfig, in_bytes: int, out_bytes: int, limit_bytes: int) -> bool:
+    """The config's pipelined tiles and epilogue staging fit the per-block shared memory."""
+    return cfg.shared_memory_bytes(in_bytes, out_bytes) <= limit_bytes
+
+
+def suits_shape(cfg: GemmConfig, m: int, n: int, k: int) -> bool:
+    """No block dimension is more than needed to cover the problem (min 64 rows/cols, 32 K)."""
+    return (
+        cfg.block_m <= max(64, _next_power_of_two(m))
+        and cfg.block_n <= max(64, _next_power_of_two(n))
+        and cfg.block_k <= max(32, _next_power_of_two(k))
+    )
+
+
+def candidate_configs(
+    m: int,
+    n: int,
+    k: int,
+    in_bytes: int,
+    out_bytes: int,
+    *,
+    interpreter: bool = False,
+    shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
+) -> list[GemmConfig]:
+    """The configurations worth timing for one GEMM shape, in the space's order."""
+    space = INTERPRETER_CONFIGS if interpreter else GPU_CONFIGS
+    kept = [
+        cfg
+        for cfg in space
+        if suits_shape(cfg, m, n, k)
+        and (interpreter or fits_shared_memory(cfg, in_bytes, out_bytes, shared_memory_bytes))
+    ]
+    return kept or [space[0] if interpreter else FALLBACK_CONFIG]
+
+
+def heuristic_config(m: int, n: int, k: int, *, interpreter: bool = False) -> GemmConfig:
+    """An untuned default: the big Hopper tile for large problems, 64-row tiles for small M."""
+    if interpreter:
+        return INTERPRETER_CONFIGS[0]
+    if m <= 512:
+        return _c(64, 128, 64, 5, 4)
+    if m * n <= 2048 * 4096:
+        return _c(128, 128, 64, 4, 8)
+    return GPU_CONFIGS[0]

@@ -1,0 +1,125 @@
+"""`matmul`: the persistent Triton GEMM with an SM budget, for overlap schedules.
+
+`out (+)= a @ b` with a [M, K], b [K, N], out [M, N]; fp32 accumulation for bf16/fp16 (and
+fp32, computed in full fp32). Any operand may be a strided view: a row slice `c[r0:r1]` or a
+column slice `c[:, n0:n1]` of a larger output is written only inside the slice, and b may be a
+transposed view of a [N, K] weight. `accumulate=True` adds into `out` (schedules that split K).
+
+The grid is `min(sm_budget, tiles)` persistent programs (default: every SM), so a schedule can
+leave SMs to communication kernels. Without an explicit `config`, the configuration comes from
+the per-shape tuning cache (`ficco.kernels.tuning`), tuning on first use of a shape on CUDA.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ficco.kernels.configs import GemmConfig, heuristic_config
+from ficco.kernels.persistent import INTERPRETER, default_sm_budget, launch, select_path
+from ficco.kernels.tuning import config_for
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check_2d(name: str, t: object, dims: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D {dims}, got shape {tuple(t.shape)}")
+    if any(s == 0 for s, n in zip(t.stride(), t.shape, strict=True) if n > 1):
+        raise ValueError(
+            f"{name} must not have a zero stride on a dimension of size > 1 "
+            f"(an expanded view), got strides {t.stride()}"
+        )
+
+
+def _validate(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor | None,
+    accumulate: bool,
+    sm_budget: int | None,
+    config: GemmConfig | None,
+) -> None:
+    _check_2d("a", a, "[M, K]")
+    _check_2d("b", b, "[K, N]")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(
+            f"a [M, K] and b [K, N] must agree on K: a is {tuple(a.shape)}, b is {tuple(b.shape)}"
+        )
+    if a.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"a.dtype must be one of bfloat16, float16, float32, got {a.dtype}")
+    if b.dtype != a.dtype:
+        raise ValueError(f"b.dtype must equal a.dtype ({a.dtype}), got {b.dtype}")
+    if b.device != a.device:
+        raise ValueError(f"b must be on a's device ({a.device}), got {b.device}")
+    if a.device.type != "cuda" and not (a.device.type == "cpu" and INTERPRETER):
+        raise ValueError(
+            f"a must be on a CUDA device (or on the CPU with TRITON_INTERPRET=1 set before "
+            f"importing ficco.kernels), got {a.device}"
+        )
+    if out is not None:
+        _check_2d("out", out, "[M, N]")
+        if tuple(out.shape) != (a.shape[0], b.shape[1]):
+            raise ValueError(
+                f"out must have shape [M, N] = {(a.shape[0], b.shape[1])}, got {tuple(out.shape)}"
+            )
+        if out.dtype not in (a.dtype, torch.float32):
+            raise ValueError(f"out.dtype must be a.dtype ({a.dtype}) or float32, got {out.dtype}")
+        if out.device != a.device:
+            raise ValueError(f"out must be on a's device ({a.device}), got {out.device}")
+    elif accumulate:
+        raise ValueError("accumulate=True needs out: it computes out += a @ b")
+    if sm_budget is not None and (
+        isinstance(sm_budget, bool) or not isinstance(sm_budget, int) or sm_budget < 1
+    ):
+        raise ValueError(
+            f"sm_budget must be a positive int (persistent programs), got {sm_budget!r}"
+        )
+    if config is not None and not isinstance(config, GemmConfig):
+        raise ValueError(f"config must be a GemmConfig, got {type(config).__name__}")
+
+
+def matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    accumulate: bool = False,
+    sm_budget: int | None = None,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """`out = a @ b` (or `out += a @ b` with `accumulate=True`); returns `out`.
+
+    a [M, K] and b [K, N] share a dtype (bfloat16, float16 or float32) and a device; out
+    [M, N] is allocated in a's dtype when not given, else written in place (its dtype may be
+    a's or float32). `sm_budget` is the number of persistent programs (default: the device's
+    SM count); `config` overrides the tuned configuration. `out` must not overlap a or b.
+    """
+    _validate(a, b, out, accumulate, sm_budget, config)
+    m, k = a.shape
+    n = b.shape[1]
+    if out is None:
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        if not accumulate:
+            out.zero_()
+        return out
+    budget = sm_budget if sm_budget is not None else default_sm_budget(a.device)
+    if config is None:
+        if INTERPRETER and a.device.type == "cpu":
+            config = heuristic_config(m, n, k, interpreter=True)
+        else:
+            config = config_for(m, n, k, a.dtype, budget, a.device)
+    launch(
+        a,
+        b,
+        out,
+        accumulate=accumulate,
+        sm_budget=budget,
+        config=config,
+        path=select_path(a, b, out),
+    )
+    return out

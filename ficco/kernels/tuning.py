@@ -1,0 +1,350 @@
+"""Per-shape GEMM autotuning with a persistent on-disk cache.
+
+`tune(m, n, k, dtype, sm_budget, device)` times every configuration that `candidate_configs`
+keeps for the shape (random inputs, never zeros; `triton.testing.do_bench` median, which
+flushes the L2 between runs), checks each one's result against `torch.matmul` first (a
+configuration that computes a wrong result is never chosen), and returns the fastest.
+
+The cache is one JSON file, `$FICCO_CACHE_DIR/gemm_tuning.json` (default
+`~/.cache/ficco/gemm_tuning.json`):
+
+    {"format": 1, "entries": {"<key>": {"config": {...}, "ms": ..., "timings_ms": {...}, ...}}}
+
+keyed by device name, Triton version, dtype, M, N, K and SM budget (`TuningKey`). Writes go to
+a temporary file in the same folder, then `os.replace` (atomic on POSIX), after re-reading and
+merging the file so that concurrent ranks lose no one else's entries. A file that does not
+parse, or an entry that does not describe a valid config, is reported with a warning and
+ignored: a cache must never stop a run.
+
+Tuning cost on an H200 (measured by scripts/bench_gemm.py, see profiles/h200/NOTES_gemm.md):
+compile is ~1-2 s per configuration (once per process; shapes share compiled kernels since
+M, N, K are runtime values) and timing is ~0.1 s per configuration and shape.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+import triton
+
+from ficco.kernels.configs import GemmConfig, candidate_configs, heuristic_config
+from ficco.kernels.persistent import INTERPRETER, default_sm_budget, launch, select_path
+
+CACHE_DIR_ENV = "FICCO_CACHE_DIR"
+AUTOTUNE_ENV = "FICCO_GEMM_AUTOTUNE"
+CACHE_FILENAME = "gemm_tuning.json"
+CACHE_FORMAT = 1
+
+# do_bench arguments are milliseconds of warm-up and of timed repeats.
+TUNE_WARMUP_MS = 5
+TUNE_REP_MS = 30
+
+# Largest accepted ||out - ref|| / ||ref|| against torch.matmul in the same dtype: two
+# roundings of the output plus accumulation-order differences.
+_CHECK_TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-4}
+
+Timer = Callable[[Callable[[], object]], float]
+
+
+def cache_path() -> Path:
+    """The tuning cache file: `$FICCO_CACHE_DIR/gemm_tuning.json`, default under ~/.cache/ficco."""
+    root = os.environ.get(CACHE_DIR_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "ficco")
+    return Path(root) / CACHE_FILENAME
+
+
+def device_name(device: torch.device | str) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu-interpreter" if INTERPRETER else device.type
+
+
+@dataclass(frozen=True)
+class TuningKey:
+    """What a tuned configuration is valid for."""
+
+    device_name: str
+    triton_version: str
+    dtype: str
+    m: int
+    n: int
+    k: int
+    sm_budget: int
+
+    def __str__(self) -> str:
+        return (
+            f"{self.device_name}|triton={self.triton_version}|{self.dtype}"
+            f"|m={self.m},n={self.n},k={self.k}|sm={self.sm_budget}"
+        )
+
+    @classmethod
+    def for_problem(
+        cls, m: int, n: int, k: int, dtype: torch.dtype, sm_budget: int, device: torch.device
+    ) -> TuningKey:
+        return cls(
+            device_name(device),
+            triton.__version__,
+            str(dtype).removeprefix("torch."),
+            int(m),
+            int(n),
+            int(k),
+            int(sm_budget),
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache file
+
+
+def _read_entries(path: Path) -> dict[str, dict]:
+    """The file's entries; a missing file is empty, a corrupt one is reported and ignored."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        warnings.warn(f"ignoring unreadable GEMM tuning cache {path}: {exc}", stacklevel=3)
+        return {}
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT:
+            raise ValueError(f"expected an object with format {CACHE_FORMAT}")
+        entries = data["entries"]
+        if not isinstance(entries, dict):
+            raise ValueError("'entries' must be an object")
+    except (ValueError, KeyError) as exc:
+        warnings.warn(f"ignoring corrupt GEMM tuning cache {path}: {exc}", stacklevel=3)
+        return {}
+    return entries
+
+
+def _write_entries(path: Path, entries: dict[str, dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"format": CACHE_FORMAT, "entries": entries}, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# In-process layer: path -> key -> config, so a hot loop never touches the file system.
+_memory: dict[Path, dict[str, GemmConfig]] = {}
+
+
+def _config_of(key: str, entry: object, path: Path) -> GemmConfig | None:
+    try:
+        if not isinstance(entry, dict):
+            raise ValueError("entry must be an object")
+        return GemmConfig.from_dict(entry["config"])
+    except (KeyError, ValueError) as exc:
+        warnings.warn(
+            f"ignoring bad entry {key!r} in GEMM tuning cache {path}: {exc}", stacklevel=4
+        )
+        return None
+
+
+def cached_config(key: TuningKey) -> GemmConfig | None:
+    """The cached configuration for `key`, or None."""
+    path = cache_path()
+    table = _memory.get(path)
+    if table is None:
+        table = {}
+        for k, entry in _read_entries(path).items():
+            cfg = _config_of(k, entry, path)
+            if cfg is not None:
+                table[k] = cfg
+        _memory[path] = table
+    return table.get(str(key))
+
+
+def cache_entry(key: TuningKey) -> dict | None:
+    """The full cached record for `key` (timings of every candidate, failures, when), or None."""
+    entry = _read_entries(cache_path()).get(str(key))
+    return entry if isinstance(entry, dict) else None
+
+
+def store(key: TuningKey, entry: dict) -> None:
+    """Record a tuning result: merge into the file (atomic replace) and the in-process layer."""
+    GemmConfig.from_dict(entry["config"])  # refuse to write what could not be read back
+    path = cache_path()
+    entries = _read_entries(path)
+    entries[str(key)] = entry
+    _write_entries(path, entries)
+    _memory.setdefault(path, {})[str(key)] = GemmConfig.from_dict(entry["config"])
+
+
+def clear_memory() -> None:
+    """Forget the in-process layer (the next lookup re-reads the file)."""
+    _memory.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# Tuning
+
+
+def do_bench_timer(fn: Callable[[], object]) -> float:
+    """Median milliseconds from `triton.testing.do_bench` (CUDA events, L2 flushed per run)."""
+    return triton.testing.do_bench(fn, warmup=TUNE_WARMUP_MS, rep=TUNE_REP_MS, return_mode="median")
+
+
+def wall_clock_timer(fn: Callable[[], object], repeats: int = 3) -> float:
+    """Median host milliseconds: only for the CPU interpreter, where nothing is asynchronous."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def _relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    diff = torch.linalg.vector_norm((out.float() - ref.float()).flatten())
+    return float(diff / torch.linalg.vector_norm(ref.float().flatten()).clamp_min(1e-30))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def tune(
+    m: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype = torch.bfloat16,
+    sm_budget: int | None = None,
+    device: torch.device | str | None = None,
+    *,
+    configs: Sequence[GemmConfig] | None = None,
+    timer: Timer | None = None,
+    read_cache: bool = True,
+    write_cache: bool = True,
+) -> GemmConfig:
+    """The fastest correct configuration for `[m, k] @ [k, n]` in `dtype` at `sm_budget`.
+
+    Returns the cached answer when there is one (and `read_cache`); otherwise times
+    `configs` (default: `candidate_configs` for the shape) with `timer` (default: do_bench
+    median on CUDA, host wall clock under the CPU interpreter) on contiguous random inputs,
+    and records the result in the cache (when `write_cache`). `read_cache=False` re-tunes.
+    """
+    if min(m, n, k) < 1:
+        raise ValueError(f"m, n, k must be positive, got {(m, n, k)}")
+    if dtype not in _CHECK_TOLERANCE:
+        raise ValueError(f"dtype must be one of bfloat16, float16, float32, got {dtype}")
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device.type != "cuda" and not INTERPRETER:
+        raise ValueError(f"device must be CUDA (or CPU with TRITON_INTERPRET=1), got {device}")
+    budget = default_sm_budget(device) if sm_budget is None else int(sm_budget)
+    if budget < 1:
+        raise ValueError(f"sm_budget must be a positive int, got {sm_budget}")
+    key = TuningKey.for_problem(m, n, k, dtype, budget, device)
+    if read_cache:
+        hit = cached_config(key)
+        if hit is not None:
+            return hit
+
+    elem = torch.empty((), dtype=dtype).element_size()
+    if configs is None:
+        smem = _shared_memory_limit(device)
+        configs = candidate_configs(
+            m, n, k, elem, elem, interpreter=device.type != "cuda", shared_memory_bytes=smem
+        )
+    if timer is None:
+        timer = do_bench_timer if device.type == "cuda" else wall_clock_timer
+
+    t_start = time.perf_counter()
+    gen = torch.Generator(device=device).manual_seed(m * 1_000_003 + n * 1_009 + k)
+    a = torch.randn((m, k), device=device, dtype=torch.float32, generator=gen).to(dtype)
+    b = torch.randn((k, n), device=device, dtype=torch.float32, generator=gen).to(dtype)
+    out = torch.empty((m, n), device=device, dtype=dtype)
+    ref = torch.matmul(a, b)
+    path = select_path(a, b, out)
+
+    timings: dict[str, float] = {}
+    failures: dict[str, str] = {}
+    by_name: dict[str, GemmConfig] = {}
+    for cfg in configs:
+
+        def run(cfg: GemmConfig = cfg) -> None:
+            launch(a, b, out, accumulate=False, sm_budget=budget, config=cfg, path=path)
+
+        out.fill_(float("nan"))  # every element must be written
+        try:
+            run()
+            _sync(device)
+        except triton.runtime.errors.OutOfResources as exc:
+            failures[cfg.name] = f"resources: {exc}"[:200]
+            continue
+        except Exception as exc:  # compile errors surface as several exception types
+            failures[cfg.name] = f"compile: {type(exc).__name__}: {exc}"[:200]
+            continue
+        err = _relative_error(out, ref)
+        if not err <= _CHECK_TOLERANCE[dtype]:  # NaN fails too
+            failures[cfg.name] = f"incorrect: relative error {err:.3g}"
+            continue
+        timings[cfg.name] = float(timer(run))
+        by_name[cfg.name] = cfg
+    if not timings:
+        raise RuntimeError(f"no GEMM configuration ran correctly for {key}: {failures}")
+
+    best_name = min(timings, key=timings.__getitem__)
+    best = by_name[best_name]
+    best_ms = timings[best_name]
+    entry = {
+        "config": best.to_dict(),
+        "name": best_name,
+        "ms": best_ms,
+        "tflops": 2.0 * m * n * k / (best_ms * 1e-3) / 1e12 if best_ms > 0 else math.nan,
+        "path": path,
+        "timings_ms": timings,
+        "failures": failures,
+        "tune_s": round(time.perf_counter() - t_start, 3),
+        "tuned_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    if write_cache:
+        store(key, entry)
+    return best
+
+
+def _shared_memory_limit(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1 << 30
+    props = torch.cuda.get_device_properties(device)
+    return int(getattr(props, "shared_memory_per_block_optin", 232_448))
+
+
+def config_for(
+    m: int, n: int, k: int, dtype: torch.dtype, sm_budget: int, device: torch.device
+) -> GemmConfig:
+    """The configuration `matmul` uses: cached, else tuned now (unless FICCO_GEMM_AUTOTUNE=0,
+    which takes an untuned heuristic instead)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = TuningKey.for_problem(m, n, k, dtype, sm_budget, device)
+    hit = cached_config(key)
+    if hit is not None:
+        return hit
+    if os.environ.get(AUTOTUNE_ENV, "1") == "0":
+        return heuristic_config(m, n, k, interpreter=device.type != "cuda")
+    return tune(m, n, k, dtype, sm_budget, device)

@@ -1,0 +1,146 @@
+"""ficco.kernels on a CUDA GPU: bf16 numerics with tuned configurations, and the TMA path.
+
+Skipped without CUDA. Tolerances come from the data: the relative error of torch.matmul in
+the same dtype against an fp32 reference, times two, and never above the 1e-2 bar.
+"""
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from ficco.kernels import (  # noqa: E402
+    GPU_CONFIGS,
+    GemmConfig,
+    cached_config,
+    default_sm_budget,
+    matmul,
+    select_path,
+    tma_available,
+    tune,
+)
+from ficco.kernels import persistent as kernel_paths  # noqa: E402
+from ficco.kernels import tuning as tuning_mod  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+DEV = torch.device("cuda", torch.cuda.current_device())
+HOPPER = tma_available(DEV)
+# A few configurations of the space keep compile time (~1 s each) small here; the full space
+# is exercised by scripts/bench_gemm.py.
+TUNE_CONFIGS = [GPU_CONFIGS[0], GemmConfig(128, 128, 64, 8, 4, 8), GemmConfig(64, 128, 64, 8, 5, 4)]
+
+
+@pytest.fixture(autouse=True)
+def tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FICCO_CACHE_DIR", str(tmp_path))
+    tuning_mod.clear_memory()
+    yield
+    tuning_mod.clear_memory()
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator(device=DEV).manual_seed(7)
+
+
+def _rand(*shape, gen, dtype=torch.bfloat16):
+    return torch.randn(*shape, generator=gen, device=DEV, dtype=torch.float32).to(dtype)
+
+
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.float() - ref).norm() / ref.norm())
+
+
+def _check(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, add=None) -> float:
+    ref = a.float() @ b.float()
+    base = a @ b
+    if add is not None:
+        ref = ref + add.float()
+        base = base + add
+    tol = min(2 * _rel(base, ref) + 1e-4, 1e-2)
+    err = _rel(out, ref)
+    assert err <= tol, f"relative error {err:.3g} > {tol:.3g} (torch: {_rel(base, ref):.3g})"
+    return err
+
+
+def _launches(path: str) -> int:
+    return kernel_paths.LAUNCH_COUNTS[path]
+
+
+@pytest.mark.parametrize("mnk", [(1024, 3072, 4096), (256, 4096, 2048), (1000, 3000, 520)])
+def test_bf16_tuned(mnk, gen):
+    m, n, k = mnk
+    cfg = tune(m, n, k, torch.bfloat16, None, DEV, configs=TUNE_CONFIGS)
+    assert cfg in TUNE_CONFIGS
+    budget = default_sm_budget(DEV)
+    key = tuning_mod.TuningKey.for_problem(m, n, k, torch.bfloat16, budget, DEV)
+    assert cached_config(key) == cfg
+    a, b = _rand(m, k, gen=gen), _rand(k, n, gen=gen)
+    out = torch.full((m, n), float("nan"), device=DEV, dtype=torch.bfloat16)
+    before = _launches("tma")
+    matmul(a, b, out)  # the tuned configuration, from the cache
+    _check(out, a, b)
+    if HOPPER:
+        assert select_path(a, b, out) == "tma"
+        assert _launches("tma") == before + 1, "the TMA kernel did not run"
+
+
+@pytest.mark.skipif(not HOPPER, reason="TMA needs sm_90+ and Triton host tensor descriptors")
+def test_tma_kernel_uses_tma_and_wgmma(gen):
+    a, b = _rand(512, 512, gen=gen), _rand(512, 1024, gen=gen)
+    matmul(a, b, config=GPU_CONFIGS[0])
+    ttgir = kernel_paths.LAST_COMPILED["tma"].asm["ttgir"]
+    assert "async_tma_copy_global_to_local" in ttgir  # TMA loads
+    assert "async_tma_copy_local_to_global" in ttgir  # TMA stores
+    assert "warp_group_dot" in ttgir  # wgmma
+
+
+@pytest.mark.parametrize("path", ["tma", "ptr"])
+@pytest.mark.parametrize("cfg", [GPU_CONFIGS[0], GemmConfig(64, 128, 64, 8, 5, 4)], ids=str)
+def test_views_accumulate_and_transposed_b(path, cfg, gen):
+    if path == "tma" and not HOPPER:
+        pytest.skip("no TMA here")
+    m, n, k = 777, 1000, 1096
+    a = _rand(m, k, gen=gen)
+    w = _rand(n, k, gen=gen)  # b = w^T [K, N], column-major
+    big = torch.full((m + 64, 2048), float("nan"), device=DEV, dtype=torch.bfloat16)
+    view = big[32 : 32 + m, 512 : 512 + n]  # row and column slice; 16-byte aligned
+    kernel_paths.launch(a, w.t(), view, accumulate=False, sm_budget=132, config=cfg, path=path)
+    _check(view, a, w.t())
+    outside = big.clone()
+    outside[32 : 32 + m, 512 : 512 + n] = 0
+    assert outside.isnan().sum().item() == big.numel() - m * n
+    before = view.clone()
+    kernel_paths.launch(a, w.t(), view, accumulate=True, sm_budget=132, config=cfg, path=path)
+    _check(view, a, w.t(), add=before)
+
+
+@pytest.mark.parametrize("sm_budget", [1, 7, 66, 132, 100_000])
+def test_sm_budgets(sm_budget, gen):
+    a, b = _rand(640, 1536, gen=gen), _rand(1536, 768, gen=gen)
+    out = matmul(a, b, sm_budget=sm_budget, config=GemmConfig(128, 128, 64, 8, 4, 8))
+    _check(out, a, b)
+
+
+def test_misaligned_view_falls_back_with_a_warning(gen):
+    a = _rand(257, 65, gen=gen)  # 130-byte rows: TMA cannot describe them
+    b = _rand(65, 33, gen=gen)
+    kernel_paths._warned.clear()
+    before = _launches("ptr")
+    with pytest.warns(RuntimeWarning, match="pointer kernel"):
+        out = matmul(a, b, config=GemmConfig(64, 64, 32, 8, 3, 4))
+    assert _launches("ptr") == before + 1
+    _check(out, a, b)
+
+
+def test_fp16_and_fp32_output(gen):
+    a, b = (
+        _rand(512, 384, gen=gen, dtype=torch.float16),
+        _rand(384, 640, gen=gen, dtype=torch.float16),
+    )
+    _check(matmul(a, b, config=GemmConfig(128, 128, 64, 8, 4, 8)), a, b)
+    out32 = torch.zeros(512, 640, device=DEV)
+    matmul(a, b, out32, accumulate=True, config=GemmConfig(128, 128, 64, 8, 4, 8))
+    assert _rel(out32, a.float() @ b.float()) < 1e-5
