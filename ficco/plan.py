@@ -635,14 +635,14 @@ def _plan_a2a_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
             deps = []
             for step, (src, dst) in enumerate(_peer_steps(rank, w, False)):
                 n_rows = sum(between[src][rank])
-                if not n_rows:
-                    continue
                 dst_rows = (recv_off[src][0], recv_off[src][0] + n_rows)
                 src_rows = (
                     _a2a_layout(p, src)[1][rank][0],
                     _a2a_layout(p, src)[1][rank][0] + n_rows,
                 )
-                if src == rank:
+                if not n_rows:
+                    pass  # nothing to receive from src this step; the send below may still go
+                elif src == rank:
                     deps.append(
                         bld.add(
                             LocalCopyOp(

@@ -15,11 +15,15 @@ from ficco.plan import (
 from ficco.problem import Problem
 from ficco.space import Schedule, enumerate_schedules
 
+# rows: source rank; columns: experts. Empty blocks in both directions.
+SKEWED = ((20, 0, 7, 1), (0, 0, 30, 2), (4, 4, 4, 4), (0, 0, 0, 20))
+
 PROBLEMS = [
     Problem(pattern="ag_gemm", m=96, n=80, k=72, world=2),
     Problem(pattern="ag_gemm", m=96, n=80, k=72, world=3),
     Problem(pattern="gemm_rs", m=96, n=80, k=72, world=4),
     Problem(pattern="a2a_gemm", m=96, n=80, k=72, world=3, experts=6),
+    Problem(pattern="a2a_gemm", m=96, n=24, k=16, world=4, experts=4, routing=SKEWED),
     Problem(
         pattern="gemm_a2a",
         m=40,
