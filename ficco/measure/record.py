@@ -1,0 +1,106 @@
+"""Measurements and inefficiency signatures (pure Python: no torch).
+
+One :class:`Measurement` per (problem, schedule or baseline, run). Times are milliseconds,
+per iteration the max across ranks, summarized as the median over interleaved rounds with
+the spread ``p90 - p10``.
+
+Signature (DESIGN section 6), for problem P and schedule S, times isolated unless named:
+
+=====================  ======================================================================
+``t_gemm``, ``t_comm``  the undecomposed GEMM (cuBLAS) and collective (NCCL), each alone
+``serial``              ``t_gemm + t_comm``; ``ideal`` = ``max(t_gemm, t_comm)``
+``gemm_decomp_loss``    (S's GEMM chunks run alone, back to back) / ``t_gemm`` - 1
+``comm_decomp_loss``    (S's comm chunks run alone) / ``t_comm`` - 1
+``gemm_contention``     S's GEMM chunks inside the overlapped run / alone - 1
+``comm_contention``     same for the comm chunks
+``speedup``             ``serial`` / t(S)
+``pct_ideal``           (``speedup`` - 1) / (``serial``/``ideal`` - 1)
+=====================  ======================================================================
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: Names of the baselines every benchmark measures beside the schedules.
+BASELINE_GEMM = "gemm_alone"  # undecomposed cuBLAS GEMM, isolated: t_gemm
+BASELINE_COMM = "comm_alone"  # undecomposed NCCL collective, isolated: t_comm
+BASELINE_ASYNC_TP = "async_tp"  # torch.ops.symm_mem fused_all_gather_matmul / fused_matmul_reduce_scatter
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    median_ms: float
+    spread_ms: float  # p90 - p10
+    samples: int
+
+    @classmethod
+    def of(cls, samples_ms: list[float]) -> Summary:
+        if not samples_ms:
+            return cls(math.nan, math.nan, 0)
+        ordered = sorted(samples_ms)
+        if len(ordered) == 1:
+            return cls(ordered[0], 0.0, 1)
+        deciles = statistics.quantiles(ordered, n=10, method="inclusive")
+        return cls(statistics.median(ordered), deciles[-1] - deciles[0], len(ordered))
+
+
+@dataclass(slots=True)
+class Measurement:
+    """One timed, verified run of a schedule (``kind='schedule'``) or a baseline."""
+
+    problem: dict[str, Any]
+    """``Problem.to_dict()``."""
+    name: str
+    """The schedule's string form, or a baseline name."""
+    kind: str = "schedule"  # "schedule" | "baseline"
+    verdict: str = "ok"  # ficco.execute.Verdict values
+    median_ms: float = math.nan
+    spread_ms: float = math.nan
+    samples: int = 0
+    max_abs_err: float = math.nan
+    tolerance: float = math.nan
+    gemm_chunks_alone_ms: float = math.nan
+    """Sum of the schedule's GEMM tasks run alone, back to back (median)."""
+    comm_chunks_alone_ms: float = math.nan
+    """Sum of the schedule's communication tasks run alone (median)."""
+    gemm_in_overlap_ms: float = math.nan
+    """Sum of the GEMM tasks' durations inside the overlapped run (per-task events, median)."""
+    comm_in_overlap_ms: float = math.nan
+    detail: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measurement:
+        return cls(**data)
+
+
+def signature(m: Measurement, t_gemm_ms: float, t_comm_ms: float) -> dict[str, float]:
+    """The inefficiency signature of a schedule's measurement given the problem's isolated
+    GEMM and collective times. Quantities that were not measured come out NaN."""
+
+    def ratio(num: float, den: float) -> float:
+        return num / den - 1 if den and not math.isnan(num) and not math.isnan(den) else math.nan
+
+    serial = t_gemm_ms + t_comm_ms
+    ideal = max(t_gemm_ms, t_comm_ms)
+    speedup = serial / m.median_ms if m.median_ms and not math.isnan(m.median_ms) else math.nan
+    headroom = serial / ideal - 1 if ideal else math.nan
+    return {
+        "t_gemm_ms": t_gemm_ms,
+        "t_comm_ms": t_comm_ms,
+        "serial_ms": serial,
+        "ideal_ms": ideal,
+        "gemm_decomp_loss": ratio(m.gemm_chunks_alone_ms, t_gemm_ms),
+        "comm_decomp_loss": ratio(m.comm_chunks_alone_ms, t_comm_ms),
+        "gemm_contention": ratio(m.gemm_in_overlap_ms, m.gemm_chunks_alone_ms),
+        "comm_contention": ratio(m.comm_in_overlap_ms, m.comm_chunks_alone_ms),
+        "speedup": speedup,
+        "pct_ideal": (speedup - 1) / headroom if headroom and headroom > 0 else math.nan,
+    }
