@@ -28,7 +28,9 @@ from typing import Any
 #: Names of the baselines every benchmark measures beside the schedules.
 BASELINE_GEMM = "gemm_alone"  # undecomposed cuBLAS GEMM, isolated: t_gemm
 BASELINE_COMM = "comm_alone"  # undecomposed NCCL collective, isolated: t_comm
-BASELINE_ASYNC_TP = "async_tp"  # torch.ops.symm_mem fused_all_gather_matmul / fused_matmul_reduce_scatter
+BASELINE_ASYNC_TP = (
+    "async_tp"  # torch.ops.symm_mem fused_all_gather_matmul / fused_matmul_reduce_scatter
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,109 @@
+"""Environment fingerprint recorded with every measurement: which machine and software."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+#: Fields that identify a machine + software stack; a profile store refuses records whose
+#: identity differs from its header. Dates and commits vary run to run and are kept aside.
+IDENTITY_FIELDS = (
+    "backend",
+    "gpu",
+    "gpu_count",
+    "sm_count",
+    "driver",
+    "cuda",
+    "torch",
+    "triton",
+    "nccl",
+)
+
+
+def git_commit(path: str | Path | None = None) -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=path or Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=path or Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        commit = out.stdout.strip()
+        return f"{commit}{'-dirty' if dirty.stdout.strip() else ''}" if commit else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def fingerprint(backend: str = "cuda") -> dict[str, Any]:
+    """Describe this machine. Imports torch (and Triton if installed) lazily."""
+    import torch
+
+    from ficco import __version__
+
+    info: dict[str, Any] = {
+        "backend": backend,
+        "gpu": None,
+        "gpu_count": 0,
+        "sm_count": None,
+        "driver": None,
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "triton": None,
+        "nccl": None,
+        "python": platform.python_version(),
+        "host_cpu": platform.processor() or platform.machine(),
+        "ficco": __version__,
+        "git_commit": git_commit(),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if backend == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(
+            gpu=props.name,
+            gpu_count=torch.cuda.device_count(),
+            sm_count=props.multi_processor_count,
+        )
+        try:
+            info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # noqa: BLE001 - some builds have no NCCL
+            pass
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+            info["driver"] = out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return info
+
+
+def identity(fp: dict[str, Any]) -> dict[str, Any]:
+    return {k: fp.get(k) for k in IDENTITY_FIELDS}
+
+
+def fingerprint_id(fp: dict[str, Any]) -> str:
+    """Short stable hash of the identity fields."""
+    blob = json.dumps(identity(fp), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
