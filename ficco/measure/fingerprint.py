@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -82,10 +83,8 @@ def fingerprint(backend: str = "cuda") -> dict[str, Any]:
             gpu_count=torch.cuda.device_count(),
             sm_count=props.multi_processor_count,
         )
-        try:
+        with contextlib.suppress(Exception):  # some builds have no NCCL
             info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:  # noqa: BLE001 - some builds have no NCCL
-            pass
         try:
             out = subprocess.run(
                 ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
