@@ -1,0 +1,887 @@
+"""The CUDA executor: runs plans on GPUs, one process per GPU, verified, then timed.
+
+Streams. The GEMMs, reductions and local copies run on the process's current stream
+(``compute``); transfers and collectives on a side stream (``comm``, normal or high priority);
+waits for pushed data on a third stream (``signal``) so a wait never holds back an outgoing
+copy. Every task records an event; a task waits only on the events of its own dependencies
+on other streams.
+
+Transports. ``ce``: peer-visible buffers live in PyTorch symmetric memory; a transfer is a
+contiguous ``copy_`` between the local tensor and the peer's buffer, a ``cudaMemcpyAsync`` that
+the copy engine moves. Gathers pull (one start barrier makes peers' inputs visible); scatters
+push into the owner's staging buffer and then ``put_signal``; the owner's ``wait_signal`` on
+the signal stream gates the reduction. ``nccl``: each (step, chunk) is one grouped
+``batch_isend_irecv`` (both directions in one group, so the ring cannot deadlock); serial
+schedules call the collective itself. A second NCCL group with high-priority streams serves
+``+hi`` schedules. ``nccl_ce``: NCCL's zero-CTA copy-engine policy, probed once; where the
+build or driver refuses it, its schedules are recorded ``unavailable``.
+
+Protocol (DESIGN section 6). Each candidate is verified first on fresh random inputs with
+NaN-poisoned outputs against an fp32 reference (serial NCCL collective + fp32 matmul). Then:
+warm-up; interleaved rounds (A B C A B C ...); before each timed iteration the L2 is flushed
+(a 256 MiB write) and the ranks meet at a device-side barrier, so both GPUs start within
+microseconds; CUDA events around the op; per iteration the max across ranks; median and
+p90 - p10 spread. The host never synchronizes inside a round: Python's issue cost is paid as
+it would be in a runtime that runs ahead of the GPU, and shows where it exceeds GPU time.
+
+Traps met on the way: a peer ``copy_`` between two devices in one process makes both current
+streams wait on each other (serializes); a strided slice makes ``copy_`` an SM kernel (the
+space excludes strided copy-engine chunks); zeros as inputs run faster than random data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import queue
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from ficco.measure.record import (
+    BASELINE_ASYNC_TP,
+    BASELINE_COMM,
+    BASELINE_GEMM,
+    Measurement,
+    Summary,
+)
+from ficco.problem import Pattern, Problem
+from ficco.space import Schedule
+
+#: baseline: serial NCCL collective then cuBLAS, issued the plain eager way
+BASELINE_SERIAL_EAGER = "serial_eager"
+FLUSH_BYTES = 256 << 20
+
+
+@dataclass(kw_only=True, slots=True)
+class TimingOptions:
+    """How candidates are timed."""
+
+    warmup: int = 3
+    """Untimed runs of each candidate before the rounds."""
+    rounds: int = 20
+    """Interleaved rounds; each times every candidate once."""
+    signatures: bool = False
+    """Also time each schedule's GEMM tasks alone, comm tasks alone, and per-task durations
+    inside the overlapped run (the inefficiency signature)."""
+    signature_rounds: int = 5
+    flush_l2: bool = True
+
+
+# --- per-rank context -------------------------------------------------------------------
+
+
+@dataclass
+class RankContext:
+    rank: int
+    world: int
+    device: object
+    group: object  # default NCCL group
+    group_hi: object  # NCCL group with high-priority internal streams
+    comm: dict  # priority name -> stream
+    signal: dict
+    sm_count: int
+    fence: object = None  # symmetric-memory handle used for device-side barriers
+    nccl_ce_group: object = None
+    nccl_ce_error: str | None = None
+    has_signals: bool = True
+    flush: object = None
+
+
+def _init_rank(rank: int, world: int, init_file: str, timeout_s: float) -> RankContext:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank)
+    dist.init_process_group(
+        "nccl",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
+        device_id=device,
+    )
+    group = dist.group.WORLD
+    opts = dist.ProcessGroupNCCL.Options()
+    opts.is_high_priority_stream = True
+    group_hi = dist.new_group(list(range(world)), backend="nccl", pg_options=opts)
+    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must be fp32
+    ctx = RankContext(
+        rank=rank,
+        world=world,
+        device=device,
+        group=group,
+        group_hi=group_hi,
+        comm={
+            "normal": torch.cuda.Stream(device),
+            "high": torch.cuda.Stream(device, priority=-1),
+        },
+        signal={
+            "normal": torch.cuda.Stream(device),
+            "high": torch.cuda.Stream(device, priority=-1),
+        },
+        sm_count=torch.cuda.get_device_properties(device).multi_processor_count,
+    )
+    with contextlib.suppress(Exception):  # older torch needs this; newer ones deprecate it
+        symm_mem.enable_symm_mem_for_group(group.group_name)
+    fence_buf = symm_mem.empty(16, dtype=torch.int32, device=device)
+    ctx.fence = symm_mem.rendezvous(fence_buf, group.group_name)
+    ctx._fence_buf = fence_buf  # keep alive
+    ctx.has_signals = hasattr(ctx.fence, "put_signal") and hasattr(ctx.fence, "wait_signal")
+    ctx.flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+    _probe_nccl_ce(ctx)
+    return ctx
+
+
+def _probe_nccl_ce(ctx: RankContext) -> None:
+    """Try NCCL's zero-CTA (copy-engine) policy once; remember why it is unavailable."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        opts = dist.ProcessGroupNCCL.Options()
+        policy = getattr(getattr(opts, "config", None), "cta_policy", None)
+        if policy is None:
+            raise RuntimeError("this torch exposes no NCCL cta_policy")
+        opts.config.cta_policy = getattr(dist.ProcessGroupNCCL, "NCCL_CTA_POLICY_ZERO", 2)
+        group = dist.new_group(list(range(ctx.world)), backend="nccl", pg_options=opts)
+        x = torch.randn(1 << 20, device=ctx.device, dtype=torch.bfloat16)
+        out = torch.empty(ctx.world << 20, device=ctx.device, dtype=torch.bfloat16)
+        dist.all_gather_into_tensor(out, x, group=group)
+        torch.cuda.synchronize()
+        ctx.nccl_ce_group = group
+    except Exception as err:  # recorded per schedule as unavailable
+        ctx.nccl_ce_error = f"nccl_ce unavailable: {type(err).__name__}: {str(err)[:200]}"
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize()
+
+
+# --- buffers and references -----------------------------------------------------------------
+
+
+@dataclass
+class ProblemBuffers:
+    tensors: dict
+    handles: dict  # buffer name -> symmetric-memory handle (peer-visible buffers)
+    keep: list = field(default_factory=list)
+
+
+def allocate_buffers(ctx: RankContext, problem: Problem, seed: int) -> ProblemBuffers:
+    """One set of buffers per problem, shared by all its schedules (same names and shapes
+    for every schedule of a pattern). Peer-visible buffers live in symmetric memory."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    from ficco.execute.buffers import allocate
+    from ficco.plan import build_plan
+
+    plan = build_plan(problem, Schedule(), ctx.rank)
+    made = []
+
+    def symm_empty(shape, dtype, device):
+        t = symm_mem.empty(shape, dtype=dtype, device=device)
+        made.append(t)
+        return t
+
+    tensors = allocate(plan, seed, device=ctx.device, peer_visible_empty=symm_empty)
+    handles = {}
+    for spec in plan.buffers:
+        if spec.peer_visible:
+            handles[spec.name] = symm_mem.rendezvous(tensors[spec.name], ctx.group.group_name)
+    return ProblemBuffers(tensors, handles, made)
+
+
+def reference(ctx: RankContext, problem: Problem, tensors: dict):
+    """(exact fp32, plain in the working dtype) for this rank's output, from NCCL + matmul."""
+    import torch
+    import torch.distributed as dist
+
+    if problem.pattern is Pattern.AG_GEMM:
+        a_shard, b = tensors["a_shard"], tensors["b"]
+        a_full = torch.empty((problem.m, problem.k), dtype=a_shard.dtype, device=ctx.device)
+        dist.all_gather_into_tensor(a_full, a_shard.contiguous())
+        exact = a_full.float() @ b.float()
+        return exact, a_full @ b
+    if problem.pattern is Pattern.GEMM_RS:
+        a, b = tensors["a"], tensors["b"]
+        partial = a.float() @ b.float()
+        exact = torch.empty((problem.m_shard, problem.n), dtype=torch.float32, device=ctx.device)
+        dist.reduce_scatter_tensor(exact, partial)
+        plain_partial = a @ b
+        plain = torch.empty((problem.m_shard, problem.n), dtype=a.dtype, device=ctx.device)
+        dist.reduce_scatter_tensor(plain, plain_partial)
+        return exact, plain
+    raise Unavailable(
+        f"the cuda backend verifies ag_gemm and gemm_rs; {problem.pattern} is not supported yet"
+    )
+
+
+class Unavailable(RuntimeError):
+    pass
+
+
+# --- running one plan ------------------------------------------------------------------------
+
+
+class PlanRunner:
+    """Issues one execution of a plan onto the streams. Built once per schedule; called
+    many times. ``mode``: 'full', 'gemm' (compute tasks only, back to back) or 'comm'."""
+
+    def __init__(self, ctx: RankContext, plan, bufs: ProblemBuffers):
+        import torch
+
+        from ficco.plan import CollectiveOp, GemmOp, LocalCopyOp, ReduceOp, Stream, TransferOp
+        from ficco.space import Gemm, Transport
+
+        self.ctx, self.plan, self.bufs = ctx, plan, bufs
+        s = plan.schedule
+        prio = "high" if s.comm_priority.value == "high" else "normal"
+        self.compute = None  # the current stream at call time
+        self.comm = ctx.comm[prio]
+        self.signal = ctx.signal[prio]
+        self.transport = s.transport
+        if s.transport is Transport.NCCL_CE:
+            if ctx.nccl_ce_group is None:
+                raise Unavailable(ctx.nccl_ce_error or "nccl_ce unavailable")
+            self.group = ctx.nccl_ce_group
+        else:
+            self.group = ctx.group_hi if prio == "high" else ctx.group
+        if (
+            s.transport is Transport.CE
+            and not ctx.has_signals
+            and plan.problem.pattern is Pattern.GEMM_RS
+        ):
+            raise Unavailable("this torch's symmetric memory has no put_signal/wait_signal")
+        self.sm_budget = max(1, ctx.sm_count - s.sm_reserve)
+        self.use_triton = s.gemm is Gemm.TRITON
+        if self.use_triton:
+            from ficco.kernels import matmul as triton_matmul
+
+            self.triton_matmul = triton_matmul
+        self.events = [torch.cuda.Event() for _ in plan.tasks]
+        self.timing_events = None
+        self._types = (CollectiveOp, GemmOp, LocalCopyOp, ReduceOp, Stream, TransferOp)
+        self.stream_of = []
+        for task in plan.tasks:
+            op = task.op
+            if isinstance(op, TransferOp):
+                ours = op.initiator == ("receiver" if op.direction == "recv" else "sender")
+                if s.transport is Transport.CE and not ours:
+                    # push receivers wait on the signal stream; pull senders do nothing
+                    self.stream_of.append("signal" if op.direction == "recv" else None)
+                else:
+                    self.stream_of.append("comm")
+            else:
+                self.stream_of.append("comm" if task.stream is Stream.COMM else "compute")
+        # NCCL: group consecutive transfers that share a tag into one batch (both halves of a
+        # step go together, so no rank can block its peer's matching operation).
+        self.batches: dict[int, list[int]] = {}
+        if s.transport is not Transport.CE:
+            lead = None
+            for task in plan.tasks:
+                if isinstance(task.op, TransferOp):
+                    if (
+                        lead is not None
+                        and plan.tasks[lead].op.tag == task.op.tag
+                        and lead + len(self.batches[lead]) == task.id
+                    ):
+                        self.batches[lead].append(task.id)
+                        continue
+                    lead = task.id
+                    self.batches[lead] = [task.id]
+                else:
+                    lead = None
+        self.channel_of: dict[int, int] = {}
+        if s.transport is Transport.CE:
+            # a channel per (step, chunk) so signals of different chunks never alias
+            tags = sorted({t.op.tag for t in plan.tasks if isinstance(t.op, TransferOp)})
+            self.channel_of = {tag: i for i, tag in enumerate(tags)}
+
+    def view(self, region):
+        from ficco.execute.buffers import view
+
+        return view(self.bufs.tensors, region)
+
+    def peer_view(self, name: str, peer: int, region):
+        t = self.bufs.tensors[name]
+        whole = self.bufs.handles[name].get_buffer(peer, tuple(t.shape), t.dtype)
+        if region.index is not None:
+            whole = whole[region.index]
+        return whole[region.rows[0] : region.rows[1], region.cols[0] : region.cols[1]]
+
+    def __call__(self, mode: str = "full", trace: list | None = None) -> None:
+        import torch
+        import torch.distributed as dist
+
+        from ficco.space import Transport
+
+        CollectiveOp, GemmOp, LocalCopyOp, ReduceOp, Stream, TransferOp = self._types
+        compute = torch.cuda.current_stream()
+        streams = {"compute": compute, "comm": self.comm, "signal": self.signal}
+        ce = self.transport is Transport.CE
+        self.comm.wait_stream(compute)
+        self.signal.wait_stream(compute)
+        if ce and mode != "gemm":
+            # all ranks are past their previous use of peer-visible buffers and have written
+            # their inputs before anyone reads or writes a peer's buffer
+            with torch.cuda.stream(self.comm):
+                self.ctx.fence.barrier(channel=1)
+            self.signal.wait_stream(self.comm)
+        last_on = {}
+        skipped = set()
+        tasks = self.plan.tasks
+        for task in tasks:
+            op = task.op
+            is_comm = isinstance(op, TransferOp | CollectiveOp)
+            if (mode == "gemm" and is_comm) or (mode == "comm" and not is_comm):
+                skipped.add(task.id)
+                continue
+            where = self.stream_of[task.id]
+            if where is None:
+                skipped.add(task.id)
+                continue
+            if isinstance(op, TransferOp) and not ce and task.id not in self.batches:
+                continue  # issued with its batch leader
+            stream = streams[where]
+            members = self.batches.get(task.id, (task.id,)) if not ce else (task.id,)
+            for dep in {d for i in members for d in tasks[i].deps}:
+                if dep not in skipped and self.stream_of[dep] != where:
+                    stream.wait_event(self.events[dep])
+            with torch.cuda.stream(stream):
+                if trace is not None:
+                    start = torch.cuda.Event(enable_timing=True)
+                    start.record(stream)
+                if isinstance(op, GemmOp):
+                    a, b, out = self.view(op.a), self.view(op.b), self.view(op.out)
+                    if self.use_triton:
+                        self.triton_matmul(
+                            a, b, out=out, accumulate=op.accumulate, sm_budget=self.sm_budget
+                        )
+                    elif op.accumulate:
+                        out.addmm_(a, b)
+                    elif out.is_contiguous():
+                        torch.mm(a, b, out=out)
+                    else:
+                        out.copy_(a @ b)
+                elif isinstance(op, ReduceOp):
+                    views = [self.view(r) for r in op.inputs]
+                    out = self.view(op.out)
+                    if len(views) == 2:
+                        torch.add(views[0], views[1], out=out)
+                    else:
+                        total = views[0].float()
+                        for v in views[1:]:
+                            total.add_(v)
+                        out.copy_(total)
+                elif isinstance(op, LocalCopyOp):
+                    self.view(op.dst).copy_(self.view(op.src))
+                elif isinstance(op, CollectiveOp):
+                    self._collective(op)
+                elif ce:
+                    self._ce_transfer(op)
+                else:
+                    batch = [tasks[i].op for i in self.batches[task.id]]
+                    ops = []
+                    for t in batch:
+                        local = self.view(t.local)
+                        if t.direction == "send":
+                            ops.append(
+                                dist.P2POp(
+                                    dist.isend,
+                                    local.contiguous() if not local.is_contiguous() else local,
+                                    t.peer,
+                                    self.group,
+                                )
+                            )
+                        else:
+                            buf = (
+                                local
+                                if local.is_contiguous()
+                                else torch.empty_like(local, memory_format=torch.contiguous_format)
+                            )
+                            ops.append(dist.P2POp(dist.irecv, buf, t.peer, self.group))
+                    for work in dist.batch_isend_irecv(ops):
+                        work.wait()
+                    for t, p2p in zip(batch, ops, strict=True):
+                        if (
+                            t.direction == "recv"
+                            and p2p.tensor.data_ptr() != self.view(t.local).data_ptr()
+                        ):
+                            self.view(t.local).copy_(p2p.tensor)
+                if trace is not None:
+                    end = torch.cuda.Event(enable_timing=True)
+                    end.record(stream)
+                    trace.append((task.id, is_comm, start, end))
+            self.events[task.id].record(stream)
+            for i in self.batches.get(task.id, ())[1:]:
+                self.events[i].record(stream)
+            last_on[where] = task.id
+        for where in ("comm", "signal"):
+            if where in last_on:
+                compute.wait_stream(streams[where])
+
+    def _ce_transfer(self, op) -> None:
+        """One side of a copy-engine transfer (the side that acts)."""
+        name_remote = op.remote.buffer
+        channel = self.channel_of[op.tag]
+        if op.direction == "recv" and op.initiator == "receiver":  # pull
+            self.view(op.local).copy_(self.peer_view(name_remote, op.peer, op.remote))
+        elif op.direction == "send" and op.initiator == "sender":  # push, then signal
+            self.peer_view(name_remote, op.peer, op.remote).copy_(self.view(op.local))
+            self.bufs.handles[name_remote].put_signal(op.peer, channel=channel)
+        elif op.direction == "recv":  # pushed to us: wait for the sender's signal
+            self.bufs.handles[op.local.buffer].wait_signal(op.peer, channel=channel)
+
+    def _collective(self, op) -> None:
+        import torch
+        import torch.distributed as dist
+
+        t = self.bufs.tensors
+        if op.kind == "all_gather":
+            dist.all_gather_into_tensor(t[op.dst], t[op.src], group=self.group)
+        elif op.kind == "reduce_scatter":
+            dist.reduce_scatter_tensor(t[op.dst], t[op.src], group=self.group)
+        elif op.kind == "all_to_all":
+            dist.all_to_all_single(
+                t[op.dst], t[op.src], list(op.recv_rows), list(op.send_rows), group=self.group
+            )
+        else:
+            raise ValueError(f"collective: unknown kind {op.kind!r}")
+        del torch
+
+
+# --- baselines -------------------------------------------------------------------------------
+
+
+def baseline_runners(
+    ctx: RankContext, problem: Problem, bufs: ProblemBuffers
+) -> dict[str, Callable]:
+    """name -> callable issuing the baseline on the current stream; plus the output tensor
+    each writes (for verification), as attribute ``out`` of the callable where it has one."""
+    import torch
+    import torch.distributed as dist
+
+    t = bufs.tensors
+    group_name = ctx.group.group_name
+    runners: dict[str, Callable] = {}
+    if problem.pattern is Pattern.AG_GEMM:
+        a_shard, b = t["a_shard"], t["b"]
+        a_full = torch.empty((problem.m, problem.k), dtype=a_shard.dtype, device=ctx.device)
+        c = torch.empty((problem.m, problem.n), dtype=a_shard.dtype, device=ctx.device)
+
+        def gemm_alone():
+            torch.mm(a_full, b, out=c)
+
+        def comm_alone():
+            dist.all_gather_into_tensor(a_full, a_shard)
+
+        def serial_eager():
+            dist.all_gather_into_tensor(a_full, a_shard)
+            torch.mm(a_full, b, out=c)
+
+        def async_tp():
+            _, (out,) = torch.ops.symm_mem.fused_all_gather_matmul(
+                a_shard, [b], gather_dim=0, group_name=group_name
+            )
+            async_tp.out = out
+
+        serial_eager.out = c
+    else:
+        a, b = t["a"], t["b"]
+        partial = torch.empty((problem.m, problem.n), dtype=a.dtype, device=ctx.device)
+        c_shard = torch.empty((problem.m_shard, problem.n), dtype=a.dtype, device=ctx.device)
+
+        def gemm_alone():
+            torch.mm(a, b, out=partial)
+
+        def comm_alone():
+            dist.reduce_scatter_tensor(c_shard, partial)
+
+        def serial_eager():
+            torch.mm(a, b, out=partial)
+            dist.reduce_scatter_tensor(c_shard, partial)
+
+        def async_tp():
+            async_tp.out = torch.ops.symm_mem.fused_matmul_reduce_scatter(
+                a, b, "sum", scatter_dim=0, group_name=group_name
+            )
+
+        serial_eager.out = c_shard
+    async_tp.out = None
+    runners[BASELINE_GEMM] = gemm_alone
+    runners[BASELINE_COMM] = comm_alone
+    runners[BASELINE_SERIAL_EAGER] = serial_eager
+    runners[BASELINE_ASYNC_TP] = async_tp
+    return runners
+
+
+# --- the worker --------------------------------------------------------------------------------
+
+
+def _poison(plan, bufs: ProblemBuffers) -> None:
+    for spec in plan.buffers:
+        if spec.role != "input":
+            bufs.tensors[spec.name].fill_(float("nan"))
+
+
+def _time_rounds(
+    ctx: RankContext, candidates: dict[str, Callable], opts: TimingOptions
+) -> dict[str, list[float]]:
+    """Interleaved rounds; returns per-candidate per-iteration times (max across ranks)."""
+    import torch
+    import torch.distributed as dist
+
+    names = list(candidates)
+    for _ in range(opts.warmup):
+        for name in names:
+            candidates[name]()
+    torch.cuda.synchronize()
+    events = {name: [] for name in names}
+    for _ in range(opts.rounds):
+        for name in names:
+            if opts.flush_l2:
+                ctx.flush.zero_()
+            ctx.fence.barrier(channel=0)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            candidates[name]()
+            end.record()
+            events[name].append((start, end))
+    torch.cuda.synchronize()
+    local = torch.tensor(
+        [[s.elapsed_time(e) for s, e in events[name]] for name in names], device=ctx.device
+    )
+    dist.all_reduce(local, op=dist.ReduceOp.MAX)
+    return {name: local[i].tolist() for i, name in enumerate(names)}
+
+
+def measure_problem(
+    ctx: RankContext,
+    problem: Problem,
+    schedules: list[Schedule],
+    seed: int,
+    opts: TimingOptions,
+    report: Callable[[dict], None],
+) -> list[Measurement]:
+    """Verify, then time every schedule and the baselines of one problem (collective: every
+    rank calls it with the same arguments). Returns rank-merged measurements on every rank."""
+    import torch
+    import torch.distributed as dist
+
+    from ficco.execute.runner import classify_failure
+    from ficco.execute.verify import Verdict, check_output
+    from ficco.plan import build_plan
+
+    pdict = problem.to_dict()
+    bufs = allocate_buffers(ctx, problem, seed)
+    exact, plain = reference(ctx, problem, bufs.tensors)
+    results: dict[str, Measurement] = {}
+    runners: dict[str, Callable] = {}
+
+    codes = list(Verdict)
+
+    def verdict_of(
+        ok: bool, err: float, tol: float, failure: str, detail: str, name: str, kind: str
+    ):
+        # every rank shares its verdict code and error; the worst verdict wins
+        local = Verdict(failure) if failure else (Verdict.OK if ok else Verdict.INCORRECT)
+        flags = torch.tensor(
+            [float(codes.index(local)), err if err == err else 1e30], device=ctx.device
+        )
+        gathered = [torch.empty_like(flags) for _ in range(ctx.world)]
+        dist.all_gather(gathered, flags)
+        verdicts = [codes[int(g[0].item())] for g in gathered]
+        worst = max(g[1].item() for g in gathered)
+        failed = [v for v in verdicts if v is not Verdict.OK]
+        # a failure kind (oom, launch, ...) explains more than "incorrect" on another rank
+        verdict = next(
+            (v for v in failed if v is not Verdict.INCORRECT), failed[0] if failed else Verdict.OK
+        )
+        return Measurement(
+            problem=pdict,
+            name=name,
+            kind=kind,
+            verdict=verdict.value,
+            max_abs_err=worst,
+            tolerance=tol,
+            detail=detail,
+        )
+
+    _pretune(ctx, problem, schedules)
+    for schedule in schedules:
+        name = str(schedule)
+        failure, detail, ok, err, tol = "", "", False, math.nan, math.nan
+        try:
+            plan = build_plan(problem, schedule, ctx.rank)
+            runner = PlanRunner(ctx, plan, bufs)
+            _poison(plan, bufs)
+            runner()
+            torch.cuda.synchronize()
+            check = check_output(bufs.tensors[plan.output], exact, plain, problem, schedule)
+            ok, err, tol = check.ok, check.max_abs_err, check.tolerance
+            if ok:
+                runners[name] = runner
+        except Exception as e:  # recorded; the run goes on
+            failure = (
+                classify_failure(e).value
+                if not isinstance(e, Unavailable)
+                else Verdict.UNAVAILABLE.value
+            )
+            detail = f"rank {ctx.rank}: {type(e).__name__}: {str(e)[:300]}"
+            if os.environ.get("FICCO_DEBUG"):
+                traceback.print_exc()
+            with contextlib.suppress(Exception):
+                torch.cuda.synchronize()
+        m = verdict_of(ok, err, tol, failure, detail, name, "schedule")
+        if m.verdict != "ok":
+            runners.pop(name, None)
+        results[name] = m
+        report({"phase": "verified", "name": name, "verdict": m.verdict})
+
+    # baselines: verify the ones that produce the op's output
+    base = baseline_runners(ctx, problem, bufs)
+    for name, fn in base.items():
+        failure, detail, ok, err, tol = "", "", True, math.nan, math.nan
+        try:
+            fn()
+            torch.cuda.synchronize()
+            out = getattr(fn, "out", None)
+            if out is not None:
+                sched = Schedule()
+                check = check_output(out, exact, plain, problem, sched)
+                ok, err, tol = check.ok, check.max_abs_err, check.tolerance
+        except Exception as e:
+            failure = classify_failure(e).value
+            detail = f"rank {ctx.rank}: {type(e).__name__}: {str(e)[:300]}"
+        m = verdict_of(ok, err, tol, failure, detail, name, "baseline")
+        results[name] = m
+        if m.verdict == "ok":
+            runners[name] = fn
+
+    del exact, plain
+    times = _time_rounds(ctx, runners, opts)
+    for name, samples in times.items():
+        summary = Summary.of(samples)
+        m = results[name]
+        m.median_ms, m.spread_ms, m.samples = summary.median_ms, summary.spread_ms, summary.samples
+        m.extra["times_ms"] = [round(x, 5) for x in samples]
+
+    if opts.signatures:
+        _signatures(ctx, results, runners, opts)
+    return [results[str(s)] for s in schedules] + [results[n] for n in base]
+
+
+def _pretune(ctx: RankContext, problem: Problem, schedules: list[Schedule]) -> None:
+    """Tune the Triton GEMM for every chunk shape before anything overlaps, so tuning never
+    times a kernel beside running communication (a cache hit costs nothing)."""
+    import torch
+
+    from ficco.plan import build_plan
+    from ficco.problem import torch_dtype
+    from ficco.space import Gemm
+
+    shapes = set()
+    for schedule in schedules:
+        if schedule.gemm is not Gemm.TRITON:
+            continue
+        try:
+            plan = build_plan(problem, schedule, ctx.rank)
+        except ValueError:
+            continue
+        budget = max(1, ctx.sm_count - schedule.sm_reserve)
+        for op in plan.gemms():
+            shapes.add((op.a.shape[0], op.b.shape[1], op.a.shape[1], budget))
+    if not shapes:
+        return
+    from ficco.kernels.tuning import config_for
+
+    for m, n, k, budget in sorted(shapes):
+        config_for(m, n, k, torch_dtype(problem.dtype), budget, ctx.device)
+    torch.cuda.synchronize()
+
+
+def _signatures(ctx: RankContext, results: dict, runners: dict, opts: TimingOptions) -> None:
+    """GEMM tasks alone, comm tasks alone, and per-task durations inside the overlapped run."""
+    import torch
+    import torch.distributed as dist
+
+    for name, runner in runners.items():
+        if not isinstance(runner, PlanRunner):
+            continue
+        alone = _time_rounds(
+            ctx,
+            {"gemm": lambda r=runner: r("gemm"), "comm": lambda r=runner: r("comm")},
+            TimingOptions(warmup=1, rounds=opts.signature_rounds, flush_l2=opts.flush_l2),
+        )
+        gemm_in, comm_in = [], []
+        for _ in range(opts.signature_rounds):
+            trace: list = []
+            ctx.flush.zero_()
+            ctx.fence.barrier(channel=0)
+            runner("full", trace)
+            torch.cuda.synchronize()
+            gemm_in.append(sum(s.elapsed_time(e) for _, is_comm, s, e in trace if not is_comm))
+            comm_in.append(sum(s.elapsed_time(e) for _, is_comm, s, e in trace if is_comm))
+        local = torch.tensor([gemm_in, comm_in], device=ctx.device)
+        dist.all_reduce(local, op=dist.ReduceOp.MAX)
+        m = results[name]
+        m.gemm_chunks_alone_ms = Summary.of(alone["gemm"]).median_ms
+        m.comm_chunks_alone_ms = Summary.of(alone["comm"]).median_ms
+        m.gemm_in_overlap_ms = Summary.of(local[0].tolist()).median_ms
+        m.comm_in_overlap_ms = Summary.of(local[1].tolist()).median_ms
+
+
+def _cuda_worker(
+    rank: int,
+    world: int,
+    init_file: str,
+    jobs_json: str,
+    seed: int,
+    timeout_s: float,
+    opts_json: str,
+    results,
+) -> None:
+    import torch.distributed as dist
+
+    ctx = _init_rank(rank, world, init_file, timeout_s)
+    opts = TimingOptions(**json.loads(opts_json))
+    jobs = json.loads(jobs_json)
+    try:
+        for index, job in enumerate(jobs):
+            problem = Problem.from_dict(job["problem"])
+            schedules = [Schedule.parse(s) for s in job["schedules"]]
+            report = (
+                (lambda msg, i=index: results.put(("progress", i, msg)))
+                if rank == 0
+                else (lambda msg: None)
+            )
+            try:
+                measured = measure_problem(ctx, problem, schedules, seed + index, opts, report)
+                if rank == 0:
+                    results.put(("done", index, [m.to_dict() for m in measured]))
+            except Exception as err:
+                if rank == 0:
+                    results.put(("failed", index, f"{type(err).__name__}: {str(err)[:500]}"))
+                if os.environ.get("FICCO_DEBUG"):
+                    traceback.print_exc()
+            import torch
+
+            torch.cuda.empty_cache()
+    finally:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def run_cuda_jobs(
+    jobs: list[tuple[Problem, list[Schedule]]],
+    *,
+    seed: int = 0,
+    timeout_s: float = 300.0,
+    options: TimingOptions | None = None,
+    on_result: Callable[[int, list[Measurement]], None] | None = None,
+    on_progress: Callable[[int, dict], None] | None = None,
+) -> list[list[Measurement] | str]:
+    """Measure several problems in one set of W GPU processes (W = the problems' world).
+
+    Returns, per job, its measurements or the error that ended it."""
+    import torch
+    import torch.multiprocessing as mp
+
+    if not jobs:
+        return []
+    world = jobs[0][0].world
+    if any(p.world != world for p, _ in jobs):
+        raise ValueError("world: every problem of one run must have the same world size")
+    if torch.cuda.device_count() < world:
+        raise RuntimeError(
+            f"the cuda backend needs {world} GPUs, this machine has {torch.cuda.device_count()}"
+        )
+    import tempfile
+
+    opts = options or TimingOptions()
+    payload = json.dumps(
+        [{"problem": p.to_dict(), "schedules": [str(s) for s in ss]} for p, ss in jobs]
+    )
+    opts_json = json.dumps({f: getattr(opts, f) for f in TimingOptions.__slots__})
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    out: list = [None] * len(jobs)
+    with tempfile.TemporaryDirectory(prefix="ficco-nccl-") as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        procs = [
+            ctx.Process(
+                target=_cuda_worker,
+                args=(r, world, init_file, payload, seed, timeout_s, opts_json, q),
+                daemon=True,
+            )
+            for r in range(world)
+        ]
+        for p in procs:
+            p.start()
+        last = time.monotonic()
+        try:
+            while any(o is None for o in out):
+                try:
+                    kind, index, body = q.get(timeout=2.0)
+                except queue.Empty:
+                    dead = [p for p in procs if p.exitcode not in (None, 0)]
+                    if (
+                        dead
+                        or time.monotonic() - last > timeout_s
+                        or all(p.exitcode is not None for p in procs)
+                    ):
+                        why = (
+                            f"rank process exited with code {dead[0].exitcode}"
+                            if dead
+                            else "timeout: no progress"
+                        )
+                        for i, o in enumerate(out):
+                            if o is None:
+                                out[i] = why
+                        break
+                    continue
+                last = time.monotonic()
+                if kind == "progress":
+                    if on_progress:
+                        on_progress(index, body)
+                    continue
+                if kind == "done":
+                    out[index] = [Measurement.from_dict(d) for d in body]
+                    if on_result:
+                        on_result(index, out[index])
+                else:
+                    out[index] = body
+        finally:
+            for p in procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.terminate()
+    return out
+
+
+def run_cuda(
+    problem: Problem,
+    schedules: Iterable[Schedule],
+    *,
+    seed: int = 0,
+    timeout_s: float = 300.0,
+    options: TimingOptions | None = None,
+    on_result: Callable[[Measurement], None] | None = None,
+) -> list[Measurement]:
+    """Verify and time ``schedules`` of one problem plus its baselines on ``problem.world``
+    GPUs. Raises RuntimeError if the run failed as a whole."""
+    (result,) = run_cuda_jobs(
+        [(problem, list(schedules))], seed=seed, timeout_s=timeout_s, options=options
+    )
+    if isinstance(result, str):
+        raise RuntimeError(f"cuda run of {problem.key} failed: {result}")
+    if on_result:
+        for m in result:
+            on_result(m)
+    return result

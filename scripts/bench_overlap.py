@@ -1,0 +1,239 @@
+"""AG+GEMM and GEMM+RS on W GPUs: ficco's schedules against every baseline, in one run.
+
+Protocol (ficco/execute/cuda.py states it in full): every candidate is verified against an
+fp32 reference before it is timed; candidates are timed in interleaved rounds with the L2
+flushed and the ranks aligned by a device-side barrier before each iteration; per iteration
+the max across ranks; median and p90-p10 spread.
+
+Baselines, side by side: serial NCCL + cuBLAS issued the eager way (``serial_eager``), ficco's
+own serial schedules (``serial/nccl/cublas``, ``serial/nccl/triton``), PyTorch async-TP
+(``fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``), NCCL copy-engine collectives
+where the build has them (``serial/nccl_ce/cublas``), and ``ideal`` = max(isolated cuBLAS
+GEMM, isolated NCCL collective).
+
+Summary per pattern: ``best_vs_serial_geomean`` (serial_eager / best), ``best_vs_asynctp_geomean``
+(async-TP / best), ``best_vs_ideal_geomean`` (best / ideal: lower is better), ``serial_wins``
+(shapes where no overlapped schedule beats serial_eager). "best" is the oracle: the fastest
+verified ficco schedule of the shape. Differences inside the spread are noise.
+
+Usage (2 GPUs): python scripts/bench_overlap.py [--quick] [--out FILE]
+Writes $OUT/bench_overlap.json when $OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ficco.problem import Problem  # noqa: E402
+from ficco.space import Schedule, check_legal  # noqa: E402
+
+#: (pattern, name, K, N) of the suite; N and K as each rank computes them at W = 2
+SUITE = [
+    ("ag_gemm", "l3-8b.qkv", 4096, 3072),
+    ("ag_gemm", "l3-8b.fc1", 4096, 14336),
+    ("ag_gemm", "l3-70b.qkv", 8192, 5120),
+    ("ag_gemm", "l3-70b.fc1", 8192, 28672),
+    ("gemm_rs", "l3-8b.out", 2048, 4096),
+    ("gemm_rs", "l3-8b.fc2", 7168, 4096),
+    ("gemm_rs", "l3-70b.out", 4096, 8192),
+    ("gemm_rs", "l3-70b.fc2", 14336, 8192),
+]
+TOKENS = (1024, 2048, 4096, 8192, 16384)
+
+CANDIDATES = {
+    "ag_gemm": [
+        "serial/nccl/cublas",
+        "serial/nccl/triton",
+        "serial/ce/cublas",
+        "serial/nccl_ce/cublas",
+        "shard/ce/cublas",
+        "shard/ce/cublas+hi",
+        "finer-c2-m/ce/cublas",
+        "finer-c4-m/ce/cublas",
+        "finer-c8-m/ce/cublas",
+        "shard/ce/triton",
+        "finer-c2-m/ce/triton",
+        "finer-c4-m/ce/triton",
+        "finer-c2-m/ce/cublas+merged",
+        "shard/nccl/cublas",
+        "finer-c2-m/nccl/triton+sm16",
+    ],
+    "gemm_rs": [
+        "serial/nccl/cublas",
+        "serial/nccl/triton",
+        "serial/ce/cublas",
+        "shard/ce/cublas",
+        "shard/ce/cublas+hi",
+        "finer-c2-m/ce/cublas",
+        "finer-c4-m/ce/cublas",
+        "finer-c8-m/ce/cublas",
+        "shard/ce/triton",
+        "finer-c2-m/ce/triton",
+        "finer-c4-m/ce/triton",
+        "finer-c2-m/ce/cublas+merged",
+        "shard/nccl/cublas",
+        "finer-c2-m/nccl/triton+sm16",
+    ],
+}
+
+
+def geomean(values: list[float]) -> float:
+    values = [v for v in values if v and not math.isnan(v)]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else math.nan
+
+
+def shape_row(problem: Problem, measured) -> dict:
+    by = {m.name: m for m in measured}
+    ok = {m.name: m for m in measured if m.verdict == "ok"}
+    sched = [m for m in measured if m.kind == "schedule" and m.verdict == "ok"]
+    best = min(sched, key=lambda m: m.median_ms) if sched else None
+    overlapped = [m for m in sched if not m.name.startswith("serial/")]
+    best_overlap = min(overlapped, key=lambda m: m.median_ms) if overlapped else None
+
+    def t(name):
+        return ok[name].median_ms if name in ok else math.nan
+
+    ideal = max(t("gemm_alone"), t("comm_alone"))
+    serial = t("serial_eager")
+    return {
+        "name": problem.name,
+        "problem": problem.to_dict(),
+        "key": problem.key,
+        "ideal_ms": ideal,
+        "serial_ms": serial,
+        "async_tp_ms": t("async_tp"),
+        "best": best.name if best else None,
+        "best_ms": best.median_ms if best else math.nan,
+        "best_spread_ms": best.spread_ms if best else math.nan,
+        "best_overlapped": best_overlap.name if best_overlap else None,
+        "best_overlapped_ms": best_overlap.median_ms if best_overlap else math.nan,
+        "best_vs_serial": serial / best.median_ms if best else math.nan,
+        "best_vs_asynctp": t("async_tp") / best.median_ms if best else math.nan,
+        "best_vs_ideal": best.median_ms / ideal if best else math.nan,
+        "serial_wins": bool(best_overlap is None or best_overlap.median_ms >= serial),
+        "candidates": {
+            name: {
+                "kind": m.kind,
+                "verdict": m.verdict,
+                "median_ms": m.median_ms,
+                "spread_ms": m.spread_ms,
+                "samples": m.samples,
+                "max_abs_err": m.max_abs_err,
+                "tolerance": m.tolerance,
+                "detail": m.detail,
+            }
+            for name, m in by.items()
+        },
+    }
+
+
+def summarize(rows: list[dict]) -> dict:
+    out = {}
+    for pattern in ("ag_gemm", "gemm_rs"):
+        mine = [r for r in rows if r["problem"]["pattern"] == pattern]
+        if not mine:
+            continue
+        rel_spread = [
+            r["best_spread_ms"] / r["best_ms"] for r in mine if r["best_ms"] == r["best_ms"]
+        ]
+        out[pattern] = {
+            "shapes": len(mine),
+            "best_vs_serial_geomean": geomean([r["best_vs_serial"] for r in mine]),
+            "best_vs_asynctp_geomean": geomean([r["best_vs_asynctp"] for r in mine]),
+            "best_vs_ideal_geomean": geomean([r["best_vs_ideal"] for r in mine]),
+            "serial_wins": sum(r["serial_wins"] for r in mine),
+            "incorrect": sum(
+                c["verdict"] == "incorrect" for r in mine for c in r["candidates"].values()
+            ),
+            "median_relative_spread_of_best": sorted(rel_spread)[len(rel_spread) // 2]
+            if rel_spread
+            else math.nan,
+            "best_schedules": {
+                name: sum(r["best"] == name for r in mine) for name in {r["best"] for r in mine}
+            },
+        }
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="two shapes per pattern, 5 rounds")
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--signatures", action="store_true", help="also measure signatures")
+    parser.add_argument("--out", default=None, help="output JSON (default $OUT/bench_overlap.json)")
+    args = parser.parse_args()
+
+    from ficco.execute.cuda import TimingOptions, run_cuda_jobs
+    from ficco.measure.fingerprint import fingerprint
+
+    tokens = (2048, 8192) if args.quick else TOKENS
+    suite = [SUITE[0], SUITE[4]] if args.quick else SUITE
+    jobs = []
+    for pattern, name, k, n in suite:
+        for m in tokens:
+            problem = Problem(pattern=pattern, m=m, n=n, k=k, world=args.world, name=name)
+            schedules = [check_legal(problem, Schedule.parse(s)) for s in CANDIDATES[pattern]]
+            jobs.append((problem, schedules))
+    opts = TimingOptions(rounds=5 if args.quick else args.rounds, signatures=args.signatures)
+    started = time.time()
+
+    def progress(index, msg):
+        if msg.get("verdict") not in ("ok", None):
+            print(
+                f"  {jobs[index][0].name} m={jobs[index][0].m}: {msg['name']} -> {msg['verdict']}",
+                flush=True,
+            )
+
+    def done(index, measured):
+        p = jobs[index][0]
+        print(f"[{time.time() - started:6.1f}s] {p.name:12s} m={p.m:<6d} done", flush=True)
+
+    results = run_cuda_jobs(jobs, options=opts, on_result=done, on_progress=progress, timeout_s=600)
+    rows, failures = [], []
+    for (problem, _), res in zip(jobs, results, strict=True):
+        if isinstance(res, str):
+            failures.append({"key": problem.key, "name": problem.name, "error": res})
+        else:
+            rows.append(shape_row(problem, res))
+    report = {
+        "fingerprint": fingerprint("cuda"),
+        "protocol": {
+            "rounds": opts.rounds,
+            "warmup": opts.warmup,
+            "flush_l2": opts.flush_l2,
+            "statistic": "median over rounds of the per-iteration max across ranks; spread p90-p10",
+        },
+        "summary": summarize(rows),
+        "failures": failures,
+        "shapes": rows,
+        "wall_s": time.time() - started,
+    }
+    out = args.out or os.path.join(os.environ.get("OUT", "."), "bench_overlap.json")
+    Path(out).write_text(json.dumps(report, indent=1, default=float))
+
+    print(
+        f"\n{'shape':14s} {'M':>6s} {'serial':>8s} {'asyncTP':>8s} {'ideal':>8s} {'best':>8s}  best schedule"
+    )
+    for r in rows:
+        print(
+            f"{r['name']:14s} {r['problem']['m']:6d} {r['serial_ms']:8.3f} {r['async_tp_ms']:8.3f} "
+            f"{r['ideal_ms']:8.3f} {r['best_ms']:8.3f}  {r['best']}"
+        )
+    for f in failures:
+        print(f"FAILED {f['name']} {f['key']}: {f['error']}")
+    print(json.dumps(report["summary"], indent=1))
+    return 1 if failures or any(s["incorrect"] for s in report["summary"].values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
