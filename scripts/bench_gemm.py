@@ -44,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -53,6 +54,7 @@ sys.path.insert(0, str(REPO))
 
 from ficco.kernels import matmul, tune  # noqa: E402
 from ficco.kernels import persistent as kernel_paths  # noqa: E402
+from ficco.kernels.configs import split_plan  # noqa: E402
 from ficco.kernels.tuning import TuningKey, cache_entry  # noqa: E402
 
 LAYERS = [
@@ -250,6 +252,14 @@ def _verify(m, n, k, dtype, cfg, budget, gen) -> tuple[float, float, str]:
     return err_triton, err_cublas, path
 
 
+def _plan_of(cfg, m, n, k, budget) -> dict | None:
+    if not cfg.split_tail:
+        return None
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    plan = split_plan(tiles, budget, -(-k // cfg.block_k))
+    return None if plan is None else {**asdict(plan), "units": plan.units}
+
+
 def bench_shape(m, n, k, dtype, timer, args, gen, budget) -> dict:
     cfg, entry, tune_s = _tune(m, n, k, dtype, budget, args.reuse_tuning)
     err_t, err_c, path = _verify(m, n, k, dtype, cfg, budget, gen)
@@ -282,6 +292,7 @@ def bench_shape(m, n, k, dtype, timer, args, gen, budget) -> dict:
         "self_ratio": t2_ms / t_ms,
         "config": cfg.name,
         "config_fields": cfg.to_dict(),
+        "split_plan": _plan_of(cfg, m, n, k, budget),
         "path": path,
         "rel_error": err_t,
         "cublas_rel_error": err_c,
@@ -359,6 +370,30 @@ def host_launch_us(dtype, timer) -> dict:
         result[name] = (time.perf_counter() - t0) / 50 * 1e6
         torch.cuda.synchronize()
     return result
+
+
+def host_profile(dtype, calls: int = 300, top: int = 18) -> str:
+    """Where the host time of `matmul` goes (cProfile, by own time), GPU kept busy meanwhile."""
+    import cProfile
+    import io
+    import pstats
+
+    m, n, k = 1024, 3072, 4096
+    a = torch.randn((m, k), device="cuda").to(dtype)
+    b = torch.randn((k, n), device="cuda").to(dtype)
+    c = torch.empty((m, n), device="cuda", dtype=dtype)
+    matmul(a, b, c)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # ~0.1 s: the launch queue never blocks the host
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        matmul(a, b, c)
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -463,7 +498,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{time.perf_counter() - t_start:6.1f}s] budgets {m}x{n}x{k} done", flush=True)
             save()
     result["host_launch_us"] = host_launch_us(dtype, timer)
+    result["host_profile"] = host_profile(dtype)
     save()
+    print("\n".join(line[:150] for line in result["host_profile"].splitlines()[:40]))
     print_table(result)
     return 0
 

@@ -16,6 +16,7 @@ if not torch.cuda.is_available():
 import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -32,8 +33,14 @@ from ficco.kernels import (  # noqa: E402
     select_path,
     tune,
 )
+from ficco.kernels import persistent as kernel_paths  # noqa: E402
 from ficco.kernels import tuning as tuning_mod  # noqa: E402
-from ficco.kernels.configs import HOPPER_SHARED_MEMORY_BYTES, suits_shape  # noqa: E402
+from ficco.kernels.configs import (  # noqa: E402
+    HOPPER_SHARED_MEMORY_BYTES,
+    SplitPlan,
+    split_plan,
+    suits_shape,
+)
 from ficco.kernels.persistent import INTERPRETER, launch  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -165,6 +172,52 @@ def test_sm_budget(sm_budget, gen):
     _assert_close(out, a, b)
 
 
+@pytest.mark.parametrize(
+    "tiles, programs, k_steps, expected",
+    [
+        (24, 132, 64, SplitPlan(0, 24, 5, 13)),  # one short wave: 24 tiles x 5 K ranges
+        (160, 132, 128, SplitPlan(132, 28, 4, 32)),  # a full wave, then 28 tiles x 4
+        (264, 132, 64, None),  # whole waves only
+        (200, 132, 64, None),  # last wave 68/132 full: nothing to gain
+        (10, 132, 6, None),  # too few K steps to split
+        (3, 100, 100, SplitPlan(0, 3, 8, 13)),  # at most 8 ranges
+    ],
+)
+def test_split_plan(tiles, programs, k_steps, expected):
+    plan = split_plan(tiles, programs, k_steps)
+    assert plan == expected
+    if plan is not None:
+        assert plan.units <= (tiles // programs) * programs + programs
+        assert (plan.split - 1) * plan.k_per_split < k_steps <= plan.split * plan.k_per_split
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("sm_budget", [4, 16])  # a full wave + split tail; one split wave
+def test_split_tail(sm_budget, accumulate, gen):
+    m, n, k = 40, 64, 160  # 16x32 tiles: 3 x 2 = 6 tiles, 10 K steps
+    cfg = (
+        INTERPRETER_CONFIGS[3]
+        if DEVICE == "cpu"
+        else GemmConfig(64, 64, 32, 8, 3, 4, split_tail=True)
+    )
+    assert cfg.split_tail
+    a, b = _rand(m, k, dtype=torch.float32, gen=gen), _rand(k, n, dtype=torch.float32, gen=gen)
+    big = torch.full((m, 80), float("nan"), device=DEVICE)
+    if accumulate:
+        big[:, 8:72] = _rand(m, n, dtype=torch.float32, gen=gen)
+    before = big[:, 8:72].clone()
+    view = big[:, 8:72]
+    runs = []
+    for _ in range(2):
+        view.copy_(before)
+        launch(a, b, view, accumulate=accumulate, sm_budget=sm_budget, config=cfg, path="tma")
+        runs.append(view.clone())
+    _assert_close(view, a, b, add=before if accumulate else None)
+    assert torch.equal(runs[0], runs[1])  # fixed summation order: deterministic
+    assert big[:, :8].isnan().all() and big[:, 72:].isnan().all()
+    assert all(int(buf.abs().sum()) == 0 for buf in kernel_paths._locks.values())
+
+
 def test_empty_and_zero_k(gen):
     a, b = _rand(0, 8, dtype=torch.float32, gen=gen), _rand(8, 4, dtype=torch.float32, gen=gen)
     assert matmul(a, b).shape == (0, 4)
@@ -262,7 +315,11 @@ def test_pruning():
     small_m = candidate_configs(64, 4096, 4096, 2, 2)
     assert small_m and all(cfg.block_m <= 64 for cfg in small_m)
     big = candidate_configs(8192, 8192, 8192, 2, 2)
-    assert len(big) == len(GPU_CONFIGS)
+    assert [cfg for cfg in big if not cfg.split_tail] == list(GPU_CONFIGS)
+    # 128x256 tiles: 2048 tiles on 132 programs leave 68 in the last wave, too many to split;
+    # 128x128: 4096 tiles leave 4, split 8 ways
+    assert replace(GPU_CONFIGS[0], split_tail=True) not in big
+    assert GemmConfig(128, 128, 64, 8, 4, 8, split_tail=True) in big
     # fp32 operands double the tiles: the biggest configs no longer fit
     assert len(candidate_configs(8192, 8192, 8192, 4, 4)) < len(big)
     assert not suits_shape(GemmConfig(256, 128, 64), 100, 4096, 4096)

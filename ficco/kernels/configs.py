@@ -18,7 +18,7 @@ Where the space came from (leads, each re-measured by the tuner on the device):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 # Opt-in shared memory per block on sm_90 (H100, H200): 227 KiB.
 HOPPER_SHARED_MEMORY_BYTES = 232_448
@@ -46,6 +46,9 @@ class GemmConfig:
     """Warps per persistent program (4 = one warpgroup, 8 = two)."""
     epilogue_subtile: bool = False
     """Store C in two [block_m, block_n / 2] halves: halves the epilogue's staging tile."""
+    split_tail: bool = False
+    """Split the tiles of the last, partly filled wave along K across the idle programs
+    (stream-K's data-parallel + split tail); see `split_plan`. TMA kernel only."""
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -69,9 +72,10 @@ class GemmConfig:
     def name(self) -> str:
         """Stable short form, e.g. `128x256x64_g8_s4_w8_sub`."""
         sub = "_sub" if self.epilogue_subtile else ""
+        split = "_splittail" if self.split_tail else ""
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}"
-            f"_s{self.num_stages}_w{self.num_warps}{sub}"
+            f"_s{self.num_stages}_w{self.num_warps}{sub}{split}"
         )
 
     def to_dict(self) -> dict[str, int | bool]:
@@ -96,8 +100,8 @@ class GemmConfig:
         return ab + self.block_m * c_cols * out_bytes
 
 
-def _c(bm, bn, bk, stages, warps, group=8, sub=False) -> GemmConfig:
-    return GemmConfig(bm, bn, bk, group, stages, warps, sub)
+def _c(bm, bn, bk, stages, warps, group=8, sub=False, split=False) -> GemmConfig:
+    return GemmConfig(bm, bn, bk, group, stages, warps, sub, split)
 
 
 # The GPU tuning space (bf16/fp16 on Hopper), 18 points. Big tiles first (large GEMMs), then
@@ -129,7 +133,50 @@ INTERPRETER_CONFIGS: tuple[GemmConfig, ...] = (
     _c(16, 16, 16, 1, 4, group=4),
     _c(32, 32, 32, 1, 4, group=4),
     _c(32, 64, 32, 1, 4, group=4, sub=True),
+    _c(16, 32, 16, 1, 4, group=4, split=True),
 )
+
+# A split K range is at least this many BLOCK_K steps (a few pipeline stages deep), and a tile
+# is split at most this many ways (its last arriver reads every partial back).
+MIN_K_STEPS_PER_SPLIT = 4
+MAX_SPLIT = 8
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """How a launch with `split_tail` distributes work over `programs` persistent programs."""
+
+    dp_tiles: int
+    """Tiles computed whole: the full waves."""
+    tail_tiles: int
+    """Tiles of the last, partly filled wave, each split along K."""
+    split: int
+    """K ranges per tail tile."""
+    k_per_split: int
+    """BLOCK_K steps per K range (the last may be shorter)."""
+
+    @property
+    def units(self) -> int:
+        return self.dp_tiles + self.tail_tiles * self.split
+
+
+def split_plan(num_tiles: int, programs: int, k_steps: int) -> SplitPlan | None:
+    """The split of the last wave, or None where splitting would not fill idle programs.
+
+    With T tiles on P programs the last wave holds T mod P tiles (all T when T < P) and leaves
+    the rest of the programs idle; splitting each of its tiles `split = P // tail` ways along K
+    fills them, when every range keeps >= MIN_K_STEPS_PER_SPLIT steps.
+    """
+    tail = num_tiles % programs if num_tiles >= programs else num_tiles
+    if tail == 0:
+        return None
+    split = min(programs // tail, k_steps // MIN_K_STEPS_PER_SPLIT, MAX_SPLIT)
+    if split < 2:
+        return None
+    k_per_split = -(-k_steps // split)
+    split = -(-k_steps // k_per_split)  # no empty ranges
+    return SplitPlan(num_tiles - tail, tail, split, k_per_split)
+
 
 # Safe for the pointer path on any CUDA GPU of the last decade (small shared memory).
 FALLBACK_CONFIG = GemmConfig(64, 64, 32, group_m=8, num_stages=3, num_warps=4)
@@ -153,6 +200,12 @@ def suits_shape(cfg: GemmConfig, m: int, n: int, k: int) -> bool:
     )
 
 
+def splits_here(cfg: GemmConfig, m: int, n: int, k: int, sm_budget: int) -> bool:
+    """`split_tail` changes this launch: the last wave is short enough to split."""
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    return split_plan(tiles, sm_budget, -(-k // cfg.block_k)) is not None
+
+
 def candidate_configs(
     m: int,
     n: int,
@@ -160,17 +213,28 @@ def candidate_configs(
     in_bytes: int,
     out_bytes: int,
     *,
+    sm_budget: int = 132,
     interpreter: bool = False,
     shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
 ) -> list[GemmConfig]:
-    """The configurations worth timing for one GEMM shape, in the space's order."""
+    """The configurations worth timing for one GEMM shape, in the space's order.
+
+    Each kept configuration also comes with `split_tail=True` where that changes the launch.
+    """
     space = INTERPRETER_CONFIGS if interpreter else GPU_CONFIGS
-    kept = [
-        cfg
-        for cfg in space
-        if suits_shape(cfg, m, n, k)
-        and (interpreter or fits_shared_memory(cfg, in_bytes, out_bytes, shared_memory_bytes))
-    ]
+    kept = []
+    for cfg in space:
+        if not suits_shape(cfg, m, n, k):
+            continue
+        if not interpreter and not fits_shared_memory(
+            cfg, in_bytes, out_bytes, shared_memory_bytes
+        ):
+            continue
+        if not cfg.split_tail:
+            kept.append(cfg)
+        if splits_here(cfg, m, n, k, sm_budget):
+            kept.append(replace(cfg, split_tail=True))
+    kept = list(dict.fromkeys(kept))  # the interpreter space lists a split config itself
     return kept or [space[0] if interpreter else FALLBACK_CONFIG]
 
 

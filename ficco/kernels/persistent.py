@@ -25,16 +25,23 @@ independent in the flattened loop.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from collections import Counter
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 import triton
 import triton.language as tl
 
-from ficco.kernels.configs import FALLBACK_CONFIG, GemmConfig
+from ficco.kernels.configs import (
+    FALLBACK_CONFIG,
+    HOPPER_SHARED_MEMORY_BYTES,
+    GemmConfig,
+    split_plan,
+)
 
 try:  # Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -67,13 +74,31 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _unit_coords(unit, dp_tiles, split, k_per_split, k_tiles):
+    # Units [0, dp_tiles) are whole tiles; each later tile is `split` units, one K range each.
+    is_split = unit >= dp_tiles
+    split_unit = tl.maximum(unit - dp_tiles, 0)
+    tile_id = tl.where(is_split, dp_tiles + split_unit // split, unit)
+    part = split_unit % split
+    k_lo = tl.where(is_split, part * k_per_split, 0)
+    k_hi = tl.where(is_split, tl.minimum(k_lo + k_per_split, k_tiles), k_tiles)
+    return tile_id, is_split, part, k_lo, k_hi
+
+
+@triton.jit
 def _matmul_tma_kernel(
     a_desc,  # A [M, K], or A^T [K, M] when A_COL_MAJOR
     b_desc,  # B [K, N], or B^T [N, K] when B_COL_MAJOR
     c_desc,  # C [M, N] (any row stride), blocks [BLOCK_M, BLOCK_N or BLOCK_N / 2]
+    ws_ptr,  # fp32 partial tiles [tail tiles, split, BLOCK_M, BLOCK_N] (SPLIT_TAIL only)
+    lock_ptr,  # int32 arrival counters [tail tiles], zero on entry and left zero (SPLIT_TAIL)
     M,
     N,
     K,
+    num_units,
+    dp_tiles,
+    split,
+    k_per_split,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -82,6 +107,7 @@ def _matmul_tma_kernel(
     B_COL_MAJOR: tl.constexpr,
     ACCUMULATE: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
+    SPLIT_TAIL: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
     start_pid = tl.program_id(axis=0)
@@ -89,37 +115,91 @@ def _matmul_tma_kernel(
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    num_tiles = num_pid_m * num_pid_n
-    tile_id_c = start_pid - num_programs
+    if not SPLIT_TAIL:
+        num_units = num_pid_m * num_pid_n
+    unit_c = start_pid - num_programs
 
-    for tile_id in tl.range(start_pid, num_tiles, num_programs, flatten=True):
+    for unit in tl.range(start_pid, num_units, num_programs, flatten=True):
+        if SPLIT_TAIL:
+            tile_id, _, _, k_lo, k_hi = _unit_coords(unit, dp_tiles, split, k_per_split, k_tiles)
+        else:
+            tile_id = unit
+            k_lo = 0
+            k_hi = k_tiles
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         offs_m = pid_m * BLOCK_M
         offs_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_tiles):
+        for ki in range(k_lo, k_hi):
             offs_k = ki * BLOCK_K
             a = a_desc.load([offs_k, offs_m]).T if A_COL_MAJOR else a_desc.load([offs_m, offs_k])
             b = b_desc.load([offs_n, offs_k]).T if B_COL_MAJOR else b_desc.load([offs_k, offs_n])
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
-        tile_id_c += num_programs
-        pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
-        offs_cm = pid_m * BLOCK_M
-        offs_cn = pid_n * BLOCK_N
-        if EPILOGUE_SUBTILE:
-            # Two [BLOCK_M, BLOCK_N / 2] stores: half the staging buffer, one more A/B stage.
-            acc3 = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-            acc0, acc1 = tl.split(acc3)
-            if ACCUMULATE:
-                acc0 += c_desc.load([offs_cm, offs_cn]).to(tl.float32)
-                acc1 += c_desc.load([offs_cm, offs_cn + BLOCK_N // 2]).to(tl.float32)
-            c_desc.store([offs_cm, offs_cn], acc0.to(c_desc.dtype))
-            c_desc.store([offs_cm, offs_cn + BLOCK_N // 2], acc1.to(c_desc.dtype))
+        # The epilogue recomputes its coordinates from its own counter (as the tutorial does),
+        # keeping it independent of the flattened loop's prologue.
+        unit_c += num_programs
+        if SPLIT_TAIL:
+            tile_c, is_split, part, _, _ = _unit_coords(
+                unit_c, dp_tiles, split, k_per_split, k_tiles
+            )
+            pid_m, pid_n = _tile_coords(tile_c, num_pid_m, num_pid_n, GROUP_M)
+            if is_split:
+                # Every K range stores its partial; the last to arrive sums them in a fixed
+                # order (deterministic) and writes C. Stores, then a CTA barrier, then a
+                # gpu-scope release: the partials are visible to whoever takes the last ticket.
+                tail_idx = tile_c - dp_tiles
+                offs_tile = (
+                    tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+                )
+                slots = ws_ptr + (tail_idx * split).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs_tile
+                tl.store(slots + part * (BLOCK_M * BLOCK_N), acc)
+                tl.debug_barrier()
+                ticket = tl.atomic_add(lock_ptr + tail_idx, 1, sem="acq_rel", scope="gpu")
+                if ticket == split - 1:
+                    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                    for p in range(split):
+                        acc += tl.load(slots + p * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
+                    tl.store(lock_ptr + tail_idx, 0)  # ready for the next launch on this stream
+                    _store_c_tile(
+                        c_desc, acc, pid_m, pid_n, BLOCK_M, BLOCK_N, ACCUMULATE, EPILOGUE_SUBTILE
+                    )
+            else:
+                _store_c_tile(
+                    c_desc, acc, pid_m, pid_n, BLOCK_M, BLOCK_N, ACCUMULATE, EPILOGUE_SUBTILE
+                )
         else:
-            if ACCUMULATE:
-                acc += c_desc.load([offs_cm, offs_cn]).to(tl.float32)
-            c_desc.store([offs_cm, offs_cn], acc.to(c_desc.dtype))
+            pid_m, pid_n = _tile_coords(unit_c, num_pid_m, num_pid_n, GROUP_M)
+            _store_c_tile(c_desc, acc, pid_m, pid_n, BLOCK_M, BLOCK_N, ACCUMULATE, EPILOGUE_SUBTILE)
+
+
+@triton.jit
+def _store_c_tile(
+    c_desc,
+    acc,
+    pid_m,
+    pid_n,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr,
+):
+    # C[pid_m, pid_n] (+)= acc [BLOCK_M, BLOCK_N] fp32, through the TMA descriptor.
+    offs_cm = pid_m * BLOCK_M
+    offs_cn = pid_n * BLOCK_N
+    if EPILOGUE_SUBTILE:
+        # Two [BLOCK_M, BLOCK_N / 2] stores: half the staging buffer, one more A/B stage.
+        acc3 = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+        acc0, acc1 = tl.split(acc3)
+        if ACCUMULATE:
+            acc0 += c_desc.load([offs_cm, offs_cn]).to(tl.float32)
+            acc1 += c_desc.load([offs_cm, offs_cn + BLOCK_N // 2]).to(tl.float32)
+        c_desc.store([offs_cm, offs_cn], acc0.to(c_desc.dtype))
+        c_desc.store([offs_cm, offs_cn + BLOCK_N // 2], acc1.to(c_desc.dtype))
+    else:
+        if ACCUMULATE:
+            acc += c_desc.load([offs_cm, offs_cn]).to(tl.float32)
+        c_desc.store([offs_cm, offs_cn], acc.to(c_desc.dtype))
 
 
 @triton.jit
@@ -180,7 +260,31 @@ def _matmul_ptr_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# Path selection
+# Devices and path selection
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str
+    sm_count: int
+    capability: tuple[int, int]
+    shared_memory_bytes: int
+
+
+@functools.cache
+def _cuda_device_info(index: int) -> DeviceInfo:
+    props = torch.cuda.get_device_properties(index)
+    smem = int(getattr(props, "shared_memory_per_block_optin", HOPPER_SHARED_MEMORY_BYTES))
+    return DeviceInfo(props.name, props.multi_processor_count, (props.major, props.minor), smem)
+
+
+def device_info(device: torch.device) -> DeviceInfo:
+    """Name, SM count, capability and opt-in shared memory, read once per device."""
+    if device.type == "cuda":
+        index = torch.cuda.current_device() if device.index is None else device.index
+        return _cuda_device_info(index)
+    name = "cpu-interpreter" if INTERPRETER else device.type
+    return DeviceInfo(name, 4, (0, 0), 1 << 30)
 
 
 def default_sm_budget(device: torch.device | str) -> int:
@@ -189,10 +293,7 @@ def default_sm_budget(device: torch.device | str) -> int:
     Under the CPU interpreter programs run one after another, so any small number works; 4
     keeps several programs (and so the persistent tile loop) exercised.
     """
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
+    return device_info(torch.device(device)).sm_count
 
 
 def _tma_operand(t: torch.Tensor) -> tuple[list[int], list[int], bool] | None:
@@ -226,17 +327,15 @@ def tma_available(device: torch.device) -> bool:
         return False
     if INTERPRETER:
         return True
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return device.type == "cuda" and device_info(device).capability[0] >= 9
 
 
 def select_path(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Path:
     """The kernel `matmul` uses for these operands: 'tma' where every view allows it, else 'ptr'."""
     if not tma_available(a.device):
         return "ptr"
-    a_ok = _tma_operand(a) is not None
-    b_ok = _tma_operand(b) is not None
     c = _tma_operand(out)
-    if a_ok and b_ok and c is not None and not c[2]:
+    if c is not None and not c[2] and _tma_operand(a) is not None and _tma_operand(b) is not None:
         return "tma"
     if not INTERPRETER:
         _warn_once(
@@ -260,6 +359,29 @@ def _warn_once(message: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # Launch
 
+# Arrival counters for split tiles, per (device, stream): zero between launches (the last
+# arriver resets its counter), so kernels queued on one stream can share them without a memset.
+_locks: dict[tuple[str, int | None, int], torch.Tensor] = {}
+
+
+def _lock_buffer(device: torch.device, count: int) -> torch.Tensor:
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.type, device.index, stream)
+    buf = _locks.get(key)
+    if buf is None or buf.numel() < count:
+        buf = torch.zeros(max(count, 256), dtype=torch.int32, device=device)
+        _locks[key] = buf
+    return buf
+
+
+@functools.lru_cache(maxsize=256)
+def _fit_accumulate(config: GemmConfig, in_bytes: int, out_bytes: int, limit: int) -> GemmConfig:
+    # accumulate=True also stages the C tile it reads: drop pipeline stages until it fits.
+    cfg = config
+    while cfg.num_stages > 2 and cfg.shared_memory_bytes(in_bytes, out_bytes, True) > limit:
+        cfg = replace(cfg, num_stages=cfg.num_stages - 1)
+    return cfg
+
 
 def launch(
     a: torch.Tensor,
@@ -274,55 +396,88 @@ def launch(
     """Run one kernel on validated operands: `out (+)= a @ b`, a [M, K], b [K, N], out [M, N]."""
     m, k = a.shape
     n = b.shape[1]
-    num_tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
-    grid = (max(1, min(sm_budget, num_tiles)),)
     precision = _TORCH_TO_TL_PRECISION[a.dtype]
-    if path == "tma":
-        a_shape, a_strides, a_col = _tma_operand(a)
-        b_shape, b_strides, b_col = _tma_operand(b)
-        c_shape, c_strides, _ = _tma_operand(out)
-        a_block = [config.block_k, config.block_m] if a_col else [config.block_m, config.block_k]
-        b_block = [config.block_n, config.block_k] if b_col else [config.block_k, config.block_n]
-        c_cols = config.block_n // 2 if config.epilogue_subtile else config.block_n
-        LAST_COMPILED["tma"] = _matmul_tma_kernel[grid](
-            TensorDescriptor(a, a_shape, a_strides, a_block),
-            TensorDescriptor(b, b_shape, b_strides, b_block),
-            TensorDescriptor(out, c_shape, c_strides, [config.block_m, c_cols]),
-            m,
-            n,
-            k,
-            BLOCK_M=config.block_m,
-            BLOCK_N=config.block_n,
-            BLOCK_K=config.block_k,
-            GROUP_M=config.group_m,
-            A_COL_MAJOR=a_col,
-            B_COL_MAJOR=b_col,
-            ACCUMULATE=accumulate,
-            EPILOGUE_SUBTILE=config.epilogue_subtile,
-            INPUT_PRECISION=precision,
-            num_warps=config.num_warps,
-            num_stages=config.num_stages,
-        )
-        LAUNCH_COUNTS["tma"] += 1
+    if path == "ptr":
+        _launch_ptr(a, b, out, accumulate, sm_budget, config, precision)
         return out
+    if accumulate:
+        limit = device_info(out.device).shared_memory_bytes
+        config = _fit_accumulate(config, a.element_size(), out.element_size(), limit)
+    num_tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    plan = (
+        split_plan(num_tiles, sm_budget, triton.cdiv(k, config.block_k))
+        if config.split_tail
+        else None
+    )
+    if plan is None:
+        units, dp_tiles, split, k_per_split = num_tiles, num_tiles, 1, 1
+        lock = ws = _lock_buffer(out.device, 1)
+    else:
+        units, dp_tiles, split, k_per_split = (
+            plan.units,
+            plan.dp_tiles,
+            plan.split,
+            plan.k_per_split,
+        )
+        lock = _lock_buffer(out.device, plan.tail_tiles)
+        ws = torch.empty(
+            plan.tail_tiles * split * config.block_m * config.block_n,
+            dtype=torch.float32,
+            device=out.device,
+        )
+    a_shape, a_strides, a_col = _tma_operand(a)
+    b_shape, b_strides, b_col = _tma_operand(b)
+    c_shape, c_strides, _ = _tma_operand(out)
+    a_block = [config.block_k, config.block_m] if a_col else [config.block_m, config.block_k]
+    b_block = [config.block_n, config.block_k] if b_col else [config.block_k, config.block_n]
+    c_cols = config.block_n // 2 if config.epilogue_subtile else config.block_n
+    LAST_COMPILED["tma"] = _matmul_tma_kernel[(max(1, min(sm_budget, units)),)](
+        TensorDescriptor(a, a_shape, a_strides, a_block),
+        TensorDescriptor(b, b_shape, b_strides, b_block),
+        TensorDescriptor(out, c_shape, c_strides, [config.block_m, c_cols]),
+        ws,
+        lock,
+        m,
+        n,
+        k,
+        units,
+        dp_tiles,
+        split,
+        k_per_split,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        GROUP_M=config.group_m,
+        A_COL_MAJOR=a_col,
+        B_COL_MAJOR=b_col,
+        ACCUMULATE=accumulate,
+        EPILOGUE_SUBTILE=config.epilogue_subtile,
+        SPLIT_TAIL=plan is not None,
+        INPUT_PRECISION=precision,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    LAUNCH_COUNTS["tma"] += 1
+    return out
+
+
+def _launch_ptr(a, b, out, accumulate, sm_budget, config: GemmConfig, precision: str) -> None:
     try:
-        _launch_ptr(a, b, out, accumulate, grid, config, precision)
+        _launch_ptr_once(a, b, out, accumulate, sm_budget, config, precision)
     except triton.runtime.errors.OutOfResources:
         # A config tuned for the TMA kernel may not fit the pointer kernel's shared memory.
         _warn_once(
             f"config {config.name} does not fit the pointer kernel; using {FALLBACK_CONFIG.name}"
         )
-        fb = FALLBACK_CONFIG
-        tiles = triton.cdiv(m, fb.block_m) * triton.cdiv(n, fb.block_n)
-        _launch_ptr(a, b, out, accumulate, (max(1, min(sm_budget, tiles)),), fb, precision)
+        _launch_ptr_once(a, b, out, accumulate, sm_budget, FALLBACK_CONFIG, precision)
     LAUNCH_COUNTS["ptr"] += 1
-    return out
 
 
-def _launch_ptr(a, b, out, accumulate, grid, config: GemmConfig, precision: str) -> None:
+def _launch_ptr_once(a, b, out, accumulate, sm_budget, config: GemmConfig, precision: str) -> None:
     m, k = a.shape
     n = b.shape[1]
-    LAST_COMPILED["ptr"] = _matmul_ptr_kernel[grid](
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    LAST_COMPILED["ptr"] = _matmul_ptr_kernel[(max(1, min(sm_budget, tiles)),)](
         a,
         b,
         out,

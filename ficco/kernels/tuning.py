@@ -38,7 +38,13 @@ import torch
 import triton
 
 from ficco.kernels.configs import GemmConfig, candidate_configs, heuristic_config
-from ficco.kernels.persistent import INTERPRETER, default_sm_budget, launch, select_path
+from ficco.kernels.persistent import (
+    INTERPRETER,
+    default_sm_budget,
+    device_info,
+    launch,
+    select_path,
+)
 
 CACHE_DIR_ENV = "FICCO_CACHE_DIR"
 AUTOTUNE_ENV = "FICCO_GEMM_AUTOTUNE"
@@ -63,10 +69,7 @@ def cache_path() -> Path:
 
 
 def device_name(device: torch.device | str) -> str:
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return "cpu-interpreter" if INTERPRETER else device.type
+    return device_info(torch.device(device)).name
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,9 @@ def _write_entries(path: Path, entries: dict[str, dict]) -> None:
 
 # In-process layer: path -> key -> config, so a hot loop never touches the file system.
 _memory: dict[Path, dict[str, GemmConfig]] = {}
+# matmul's hot path: (cache dir setting, m, n, k, dtype, budget, device) -> config, so a call
+# whose shape was seen before builds no key and touches no file.
+_fast: dict[tuple, GemmConfig] = {}
 
 
 def _config_of(key: str, entry: object, path: Path) -> GemmConfig | None:
@@ -187,11 +193,13 @@ def store(key: TuningKey, entry: dict) -> None:
     entries[str(key)] = entry
     _write_entries(path, entries)
     _memory.setdefault(path, {})[str(key)] = GemmConfig.from_dict(entry["config"])
+    _fast.clear()
 
 
 def clear_memory() -> None:
-    """Forget the in-process layer (the next lookup re-reads the file)."""
+    """Forget the in-process layers (the next lookup re-reads the file)."""
     _memory.clear()
+    _fast.clear()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,9 +273,15 @@ def tune(
 
     elem = torch.empty((), dtype=dtype).element_size()
     if configs is None:
-        smem = _shared_memory_limit(device)
         configs = candidate_configs(
-            m, n, k, elem, elem, interpreter=device.type != "cuda", shared_memory_bytes=smem
+            m,
+            n,
+            k,
+            elem,
+            elem,
+            sm_budget=budget,
+            interpreter=device.type != "cuda",
+            shared_memory_bytes=device_info(device).shared_memory_bytes,
         )
     if timer is None:
         timer = do_bench_timer if device.type == "cuda" else wall_clock_timer
@@ -326,25 +340,23 @@ def tune(
     return best
 
 
-def _shared_memory_limit(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1 << 30
-    props = torch.cuda.get_device_properties(device)
-    return int(getattr(props, "shared_memory_per_block_optin", 232_448))
-
-
 def config_for(
     m: int, n: int, k: int, dtype: torch.dtype, sm_budget: int, device: torch.device
 ) -> GemmConfig:
     """The configuration `matmul` uses: cached, else tuned now (unless FICCO_GEMM_AUTOTUNE=0,
     which takes an untuned heuristic instead)."""
+    fast_key = (os.environ.get(CACHE_DIR_ENV), m, n, k, dtype, sm_budget, device)
+    hit = _fast.get(fast_key)
+    if hit is not None:
+        return hit
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     key = TuningKey.for_problem(m, n, k, dtype, sm_budget, device)
     hit = cached_config(key)
-    if hit is not None:
-        return hit
-    if os.environ.get(AUTOTUNE_ENV, "1") == "0":
-        return heuristic_config(m, n, k, interpreter=device.type != "cuda")
-    return tune(m, n, k, dtype, sm_budget, device)
+    if hit is None:
+        if os.environ.get(AUTOTUNE_ENV, "1") == "0":
+            return heuristic_config(m, n, k, interpreter=device.type != "cuda")
+        hit = tune(m, n, k, dtype, sm_budget, device)
+    _fast[fast_key] = hit
+    return hit

@@ -4,6 +4,8 @@ Skipped without CUDA. Tolerances come from the data: the relative error of torch
 the same dtype against an fp32 reference, times two, and never above the 1e-2 bar.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -22,6 +24,7 @@ from ficco.kernels import (  # noqa: E402
 )
 from ficco.kernels import persistent as kernel_paths  # noqa: E402
 from ficco.kernels import tuning as tuning_mod  # noqa: E402
+from ficco.kernels.configs import split_plan  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -115,6 +118,32 @@ def test_views_accumulate_and_transposed_b(path, cfg, gen):
     before = view.clone()
     kernel_paths.launch(a, w.t(), view, accumulate=True, sm_budget=132, config=cfg, path=path)
     _check(view, a, w.t(), add=before)
+
+
+@pytest.mark.skipif(not HOPPER, reason="the split tail is a TMA-kernel feature")
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize(
+    "mnk, sm_budget",
+    [((1024, 5120, 8192), 132), ((256, 3072, 4096), 132), ((640, 1536, 768), 7)],
+)
+def test_split_tail(mnk, sm_budget, accumulate, gen):
+    m, n, k = mnk
+    cfg = replace(GPU_CONFIGS[0], split_tail=True)
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    assert split_plan(tiles, sm_budget, -(-k // cfg.block_k)) is not None
+    a, b = _rand(m, k, gen=gen), _rand(k, n, gen=gen)
+    before = _rand(m, n, gen=gen)
+    out = before.clone()
+    runs = []
+    for _ in range(3):  # a race would show as run-to-run differences
+        out.copy_(before)
+        kernel_paths.launch(
+            a, b, out, accumulate=accumulate, sm_budget=sm_budget, config=cfg, path="tma"
+        )
+        runs.append(out.clone())
+    _check(out, a, b, add=before if accumulate else None)
+    assert all(torch.equal(runs[0], r) for r in runs[1:])
+    assert all(int(buf.abs().sum()) == 0 for buf in kernel_paths._locks.values())
 
 
 @pytest.mark.parametrize("sm_budget", [1, 7, 66, 132, 100_000])
