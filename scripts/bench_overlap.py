@@ -62,8 +62,6 @@ CANDIDATES = {
         "finer-c8-m/ce/cublas",
         "shard/ce/triton",
         "finer-c2-m/ce/triton",
-        "finer-c4-m/ce/triton",
-        "finer-c2-m/ce/cublas+merged",
         "shard/nccl/cublas",
         "finer-c2-m/nccl/triton+sm16",
     ],
@@ -78,7 +76,6 @@ CANDIDATES = {
         "finer-c8-m/ce/cublas",
         "shard/ce/triton",
         "finer-c2-m/ce/triton",
-        "finer-c4-m/ce/triton",
         "finer-c2-m/ce/cublas+merged",
         "shard/nccl/cublas",
         "finer-c2-m/nccl/triton+sm16",
@@ -110,6 +107,7 @@ def shape_row(problem: Problem, measured) -> dict:
         "key": problem.key,
         "ideal_ms": ideal,
         "serial_ms": serial,
+        "serial_graph_ms": t("serial_graph"),
         "async_tp_ms": t("async_tp"),
         "best": best.name if best else None,
         "best_ms": best.median_ms if best else math.nan,
@@ -117,6 +115,7 @@ def shape_row(problem: Problem, measured) -> dict:
         "best_overlapped": best_overlap.name if best_overlap else None,
         "best_overlapped_ms": best_overlap.median_ms if best_overlap else math.nan,
         "best_vs_serial": serial / best.median_ms if best else math.nan,
+        "best_vs_serial_graph": t("serial_graph") / best.median_ms if best else math.nan,
         "best_vs_asynctp": t("async_tp") / best.median_ms if best else math.nan,
         "best_vs_ideal": best.median_ms / ideal if best else math.nan,
         "serial_wins": bool(best_overlap is None or best_overlap.median_ms >= serial),
@@ -130,6 +129,7 @@ def shape_row(problem: Problem, measured) -> dict:
                 "max_abs_err": m.max_abs_err,
                 "tolerance": m.tolerance,
                 "detail": m.detail,
+                "graph": m.extra.get("graph", "eager"),
             }
             for name, m in by.items()
         },
@@ -149,6 +149,7 @@ def summarize(rows: list[dict]) -> dict:
             "shapes": len(mine),
             "best_vs_serial_geomean": geomean([r["best_vs_serial"] for r in mine]),
             "best_vs_asynctp_geomean": geomean([r["best_vs_asynctp"] for r in mine]),
+            "best_vs_serial_graph_geomean": geomean([r["best_vs_serial_graph"] for r in mine]),
             "best_vs_ideal_geomean": geomean([r["best_vs_ideal"] for r in mine]),
             "serial_wins": sum(r["serial_wins"] for r in mine),
             "incorrect": sum(
@@ -170,6 +171,9 @@ def main() -> int:
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--signatures", action="store_true", help="also measure signatures")
+    parser.add_argument(
+        "--graphs", choices=("all", "ce", "none"), default="all", help="CUDA-graph capture"
+    )
     parser.add_argument("--out", default=None, help="output JSON (default $OUT/bench_overlap.json)")
     args = parser.parse_args()
 
@@ -184,7 +188,9 @@ def main() -> int:
             problem = Problem(pattern=pattern, m=m, n=n, k=k, world=args.world, name=name)
             schedules = [check_legal(problem, Schedule.parse(s)) for s in CANDIDATES[pattern]]
             jobs.append((problem, schedules))
-    opts = TimingOptions(rounds=5 if args.quick else args.rounds, signatures=args.signatures)
+    opts = TimingOptions(
+        rounds=5 if args.quick else args.rounds, signatures=args.signatures, graphs=args.graphs
+    )
     started = time.time()
 
     def progress(index, msg):
@@ -194,9 +200,20 @@ def main() -> int:
                 flush=True,
             )
 
+    out = args.out or os.path.join(os.environ.get("OUT", "."), "bench_overlap.json")
+    partial: dict[int, dict] = {}
+
     def done(index, measured):
         p = jobs[index][0]
-        print(f"[{time.time() - started:6.1f}s] {p.name:12s} m={p.m:<6d} done", flush=True)
+        partial[index] = shape_row(p, measured)
+        best = partial[index]
+        print(
+            f"[{time.time() - started:6.1f}s] {p.name:12s} m={p.m:<6d} best {best['best']} "
+            f"{best['best_ms']:.3f} ms, serial {best['serial_ms']:.3f}",
+            flush=True,
+        )
+        # a run cut short still leaves what it measured
+        Path(out + ".partial").write_text(json.dumps(list(partial.values()), default=float))
 
     results = run_cuda_jobs(jobs, options=opts, on_result=done, on_progress=progress, timeout_s=600)
     rows, failures = [], []
@@ -211,6 +228,7 @@ def main() -> int:
             "rounds": opts.rounds,
             "warmup": opts.warmup,
             "flush_l2": opts.flush_l2,
+            "graphs": opts.graphs,
             "statistic": "median over rounds of the per-iteration max across ranks; spread p90-p10",
         },
         "summary": summarize(rows),
@@ -218,7 +236,6 @@ def main() -> int:
         "shapes": rows,
         "wall_s": time.time() - started,
     }
-    out = args.out or os.path.join(os.environ.get("OUT", "."), "bench_overlap.json")
     Path(out).write_text(json.dumps(report, indent=1, default=float))
 
     print(

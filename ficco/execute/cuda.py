@@ -53,6 +53,8 @@ from ficco.space import Schedule
 
 #: baseline: serial NCCL collective then cuBLAS, issued the plain eager way
 BASELINE_SERIAL_EAGER = "serial_eager"
+#: baseline: the same serial NCCL + cuBLAS captured in a CUDA graph (where NCCL allows it)
+BASELINE_SERIAL_GRAPH = "serial_graph"
 FLUSH_BYTES = 256 << 20
 
 
@@ -69,6 +71,10 @@ class TimingOptions:
     inside the overlapped run (the inefficiency signature)."""
     signature_rounds: int = 5
     flush_l2: bool = True
+    graphs: str = "all"
+    """Capture verified schedules into CUDA graphs and time the replays: 'all', 'ce' (only
+    copy-engine schedules, whose plans hold no NCCL calls) or 'none'. A capture that fails
+    falls back to eager issue, recorded in the measurement's ``extra['graph']``."""
 
 
 # --- per-rank context -------------------------------------------------------------------
@@ -333,7 +339,6 @@ class PlanRunner:
             with torch.cuda.stream(self.comm):
                 self.ctx.fence.barrier(channel=1)
             self.signal.wait_stream(self.comm)
-        last_on = {}
         skipped = set()
         tasks = self.plan.tasks
         for task in tasks:
@@ -421,10 +426,22 @@ class PlanRunner:
             self.events[task.id].record(stream)
             for i in self.batches.get(task.id, ())[1:]:
                 self.events[i].record(stream)
-            last_on[where] = task.id
-        for where in ("comm", "signal"):
-            if where in last_on:
-                compute.wait_stream(streams[where])
+        # join both side streams (they were forked above; a graph capture needs every fork
+        # joined back)
+        compute.wait_stream(self.comm)
+        compute.wait_stream(self.signal)
+
+    def capture(self):
+        """Record one full execution into a CUDA graph; returns the graph."""
+        import torch
+
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream(self.ctx.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+            self("full")
+        torch.cuda.current_stream().wait_stream(side)
+        return graph
 
     def _ce_transfer(self, op) -> None:
         """One side of a copy-engine transfer (the side that acts)."""
@@ -514,6 +531,7 @@ def baseline_runners(
 
         serial_eager.out = c_shard
     async_tp.out = None
+    serial_eager.out_tensor = serial_eager.out
     runners[BASELINE_GEMM] = gemm_alone
     runners[BASELINE_COMM] = comm_alone
     runners[BASELINE_SERIAL_EAGER] = serial_eager
@@ -614,6 +632,7 @@ def measure_problem(
         )
 
     _pretune(ctx, problem, schedules)
+    graph_notes: dict[str, str] = {}
     for schedule in schedules:
         name = str(schedule)
         failure, detail, ok, err, tol = "", "", False, math.nan, math.nan
@@ -627,6 +646,13 @@ def measure_problem(
             ok, err, tol = check.ok, check.max_abs_err, check.tolerance
             if ok:
                 runners[name] = runner
+                if _wants_graph(opts, schedule):
+                    graph_note, replay = _capture_and_verify(
+                        runner, plan, bufs, exact, plain, problem, schedule
+                    )
+                    graph_notes[name] = graph_note
+                    if replay is not None:
+                        runners[name] = replay
         except Exception as e:  # recorded; the run goes on
             failure = (
                 classify_failure(e).value
@@ -638,7 +664,10 @@ def measure_problem(
                 traceback.print_exc()
             with contextlib.suppress(Exception):
                 torch.cuda.synchronize()
+        if graph_notes.get(name, "").startswith("incorrect"):
+            ok, detail = False, f"rank {ctx.rank}: {graph_notes[name]}"
         m = verdict_of(ok, err, tol, failure, detail, name, "schedule")
+        m.extra["graph"] = graph_notes.get(name, "eager")
         if m.verdict != "ok":
             runners.pop(name, None)
         results[name] = m
@@ -663,6 +692,26 @@ def measure_problem(
         results[name] = m
         if m.verdict == "ok":
             runners[name] = fn
+    if opts.graphs == "all" and results[BASELINE_SERIAL_EAGER].verdict == "ok":
+        # the same serial NCCL + cuBLAS, captured: the fair baseline for captured schedules
+        name, fn = BASELINE_SERIAL_GRAPH, base[BASELINE_SERIAL_EAGER]
+        failure, detail, ok, err, tol = "", "", False, math.nan, math.nan
+        try:
+            graph = _capture_callable(ctx, fn)
+            fn.out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            check = check_output(fn.out, exact, plain, problem, Schedule())
+            ok, err, tol = check.ok, check.max_abs_err, check.tolerance
+        except Exception as e:
+            failure = Verdict.UNAVAILABLE.value
+            detail = f"rank {ctx.rank}: capture failed: {type(e).__name__}: {str(e)[:200]}"
+            with contextlib.suppress(Exception):
+                torch.cuda.synchronize()
+        m = verdict_of(ok, err, tol, failure, detail, name, "baseline")
+        results[name] = m
+        if m.verdict == "ok":
+            runners[name] = graph.replay
 
     del exact, plain
     times = _time_rounds(ctx, runners, opts)
@@ -674,7 +723,53 @@ def measure_problem(
 
     if opts.signatures:
         _signatures(ctx, results, runners, opts)
-    return [results[str(s)] for s in schedules] + [results[n] for n in base]
+    return [results[str(s)] for s in schedules] + [
+        results[n] for n in (*base, BASELINE_SERIAL_GRAPH) if n in results
+    ]
+
+
+def _wants_graph(opts: TimingOptions, schedule: Schedule) -> bool:
+    if opts.graphs == "all":
+        return True
+    return opts.graphs == "ce" and schedule.transport.value == "ce"
+
+
+def _capture_callable(ctx: RankContext, fn: Callable):
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream(ctx.device)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    return graph
+
+
+def _capture_and_verify(runner, plan, bufs, exact, plain, problem, schedule):
+    """Capture a verified schedule and verify the replay too (what gets timed is what was
+    checked). Returns (note, replay callable or None)."""
+    import torch
+
+    from ficco.execute.verify import check_output
+
+    try:
+        graph = runner.capture()
+    except Exception as e:
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize()
+        return f"eager (capture failed: {type(e).__name__}: {str(e)[:160]})", None
+    _poison(plan, bufs)
+    graph.replay()
+    torch.cuda.synchronize()
+    check = check_output(bufs.tensors[plan.output], exact, plain, problem, schedule)
+    if not check.ok:
+        return (
+            f"incorrect graph replay (max err {check.max_abs_err:.3g} > {check.tolerance:.3g})",
+            None,
+        )
+    runner.graph = graph  # keep alive
+    return "graph", graph.replay
 
 
 def _pretune(ctx: RankContext, problem: Problem, schedules: list[Schedule]) -> None:
