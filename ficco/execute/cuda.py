@@ -631,7 +631,7 @@ def measure_problem(
             detail=detail,
         )
 
-    _pretune(ctx, problem, schedules)
+    _pretune(ctx, problem, schedules, report)
     graph_notes: dict[str, str] = {}
     for schedule in schedules:
         name = str(schedule)
@@ -690,6 +690,7 @@ def measure_problem(
             detail = f"rank {ctx.rank}: {type(e).__name__}: {str(e)[:300]}"
         m = verdict_of(ok, err, tol, failure, detail, name, "baseline")
         results[name] = m
+        report({"phase": "verified", "name": name, "verdict": m.verdict})
         if m.verdict == "ok":
             runners[name] = fn
     if opts.graphs == "all" and results[BASELINE_SERIAL_EAGER].verdict == "ok":
@@ -714,6 +715,7 @@ def measure_problem(
             runners[name] = graph.replay
 
     del exact, plain
+    report({"phase": "timing", "name": f"{len(runners)} candidates"})
     times = _time_rounds(ctx, runners, opts)
     for name, samples in times.items():
         summary = Summary.of(samples)
@@ -729,6 +731,8 @@ def measure_problem(
 
 
 def _wants_graph(opts: TimingOptions, schedule: Schedule) -> bool:
+    if schedule.transport.value == "nccl_ce":
+        return False  # zero-CTA NCCL collectives are not known to survive graph capture
     if opts.graphs == "all":
         return True
     return opts.graphs == "ce" and schedule.transport.value == "ce"
@@ -772,7 +776,7 @@ def _capture_and_verify(runner, plan, bufs, exact, plain, problem, schedule):
     return "graph", graph.replay
 
 
-def _pretune(ctx: RankContext, problem: Problem, schedules: list[Schedule]) -> None:
+def _pretune(ctx: RankContext, problem: Problem, schedules: list[Schedule], report) -> None:
     """Tune the Triton GEMM for every chunk shape before anything overlaps, so tuning never
     times a kernel beside running communication (a cache hit costs nothing)."""
     import torch
@@ -798,6 +802,7 @@ def _pretune(ctx: RankContext, problem: Problem, schedules: list[Schedule]) -> N
 
     for m, n, k, budget in sorted(shapes):
         config_for(m, n, k, torch_dtype(problem.dtype), budget, ctx.device)
+        report({"phase": "tuned", "name": f"{m}x{n}x{k}@{budget}"})
     torch.cuda.synchronize()
 
 
@@ -877,16 +882,18 @@ def run_cuda_jobs(
     jobs: list[tuple[Problem, list[Schedule]]],
     *,
     seed: int = 0,
-    timeout_s: float = 300.0,
+    timeout_s: float = 120.0,
     options: TimingOptions | None = None,
     on_result: Callable[[int, list[Measurement]], None] | None = None,
     on_progress: Callable[[int, dict], None] | None = None,
 ) -> list[list[Measurement] | str]:
     """Measure several problems in one set of W GPU processes (W = the problems' world).
 
-    Returns, per job, its measurements or the error that ended it."""
+    Workers report progress after every tuned shape and every verified schedule. When no
+    report comes for ``timeout_s`` (a hang) or a worker dies, the workers are killed, the
+    problem in flight is recorded as failed (``timeout: ...``) and fresh workers go on with the
+    problems after it. Returns, per job, its measurements or the error that ended it."""
     import torch
-    import torch.multiprocessing as mp
 
     if not jobs:
         return []
@@ -897,16 +904,36 @@ def run_cuda_jobs(
         raise RuntimeError(
             f"the cuda backend needs {world} GPUs, this machine has {torch.cuda.device_count()}"
         )
+    opts = options or TimingOptions()
+    out: list = [None] * len(jobs)
+    pending = list(range(len(jobs)))
+    while pending:
+        failed_index, why = _run_workers(
+            jobs, pending, out, seed, timeout_s, opts, world, on_result, on_progress
+        )
+        pending = [i for i in pending if out[i] is None]
+        if failed_index is not None and out[failed_index] is None:
+            out[failed_index] = why
+            pending.remove(failed_index)
+    return out
+
+
+def _run_workers(jobs, indices, out, seed, timeout_s, opts, world, on_result, on_progress):
+    """One set of worker processes over ``indices`` (in order). Returns (index, reason) of a
+    job that hung or crashed, else (None, '')."""
     import tempfile
 
-    opts = options or TimingOptions()
+    import torch.multiprocessing as mp
+
     payload = json.dumps(
-        [{"problem": p.to_dict(), "schedules": [str(s) for s in ss]} for p, ss in jobs]
+        [
+            {"problem": jobs[i][0].to_dict(), "schedules": [str(s) for s in jobs[i][1]]}
+            for i in indices
+        ]
     )
     opts_json = json.dumps({f: getattr(opts, f) for f in TimingOptions.__slots__})
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    out: list = [None] * len(jobs)
     with tempfile.TemporaryDirectory(prefix="ficco-nccl-") as tmp:
         init_file = os.path.join(tmp, "rendezvous")
         procs = [
@@ -919,45 +946,43 @@ def run_cuda_jobs(
         ]
         for p in procs:
             p.start()
-        last = time.monotonic()
+        last, last_msg = time.monotonic(), "started"
         try:
-            while any(o is None for o in out):
+            while any(out[i] is None for i in indices):
+                current = next(i for i in indices if out[i] is None)
                 try:
-                    kind, index, body = q.get(timeout=2.0)
+                    kind, local_index, body = q.get(timeout=2.0)
                 except queue.Empty:
                     dead = [p for p in procs if p.exitcode not in (None, 0)]
-                    if (
-                        dead
-                        or time.monotonic() - last > timeout_s
-                        or all(p.exitcode is not None for p in procs)
-                    ):
-                        why = (
-                            f"rank process exited with code {dead[0].exitcode}"
-                            if dead
-                            else "timeout: no progress"
+                    if dead:
+                        return current, f"error: rank process exited with code {dead[0].exitcode}"
+                    if time.monotonic() - last > timeout_s:
+                        return (
+                            current,
+                            f"timeout: no progress for {timeout_s:.0f} s after {last_msg}",
                         )
-                        for i, o in enumerate(out):
-                            if o is None:
-                                out[i] = why
-                        break
+                    if all(p.exitcode is not None for p in procs):
+                        return current, "error: workers exited early"
                     continue
                 last = time.monotonic()
+                index = indices[local_index]
                 if kind == "progress":
+                    last_msg = f"{body.get('phase')} {body.get('name')}"
                     if on_progress:
                         on_progress(index, body)
-                    continue
-                if kind == "done":
+                elif kind == "done":
                     out[index] = [Measurement.from_dict(d) for d in body]
                     if on_result:
                         on_result(index, out[index])
                 else:
                     out[index] = body
+            return None, ""
         finally:
             for p in procs:
-                p.join(timeout=30)
+                p.join(timeout=20)
                 if p.is_alive():
-                    p.terminate()
-    return out
+                    p.kill()
+                    p.join(timeout=10)
 
 
 def run_cuda(
@@ -965,7 +990,7 @@ def run_cuda(
     schedules: Iterable[Schedule],
     *,
     seed: int = 0,
-    timeout_s: float = 300.0,
+    timeout_s: float = 120.0,
     options: TimingOptions | None = None,
     on_result: Callable[[Measurement], None] | None = None,
 ) -> list[Measurement]:
