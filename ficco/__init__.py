@@ -9,7 +9,16 @@ from ficco.space import Schedule, SpaceOptions
 
 __version__ = "0.1.0"
 
-__all__ = ["Pattern", "Problem", "Schedule", "SpaceOptions", "__version__", "run", "schedules"]
+__all__ = [
+    "Pattern",
+    "Problem",
+    "Schedule",
+    "SpaceOptions",
+    "__version__",
+    "recommend",
+    "run",
+    "schedules",
+]
 
 
 def __getattr__(name: str):
@@ -18,4 +27,9 @@ def __getattr__(name: str):
         from ficco import api
 
         return getattr(api, name)
+    if name == "recommend":
+        # Reads the shipped table; needs neither torch nor scikit-learn.
+        from ficco.export.recommend import recommend
+
+        return recommend
     raise AttributeError(f"module 'ficco' has no attribute {name!r}")

@@ -1,0 +1,206 @@
+"""``recommend(problem)``: which schedule to run, from the shipped table, in microseconds.
+
+No GPU, no training and no numpy, torch or scikit-learn at answer time: the table is read once
+(``ficco.export.lookup``) and each call computes the problem's features and walks the table's
+tree. Outside the table's training range, or when the table's answer is not a legal schedule of
+the problem, the answer is the safe schedule (``serial/nccl/cublas``) and ``reason`` says why.
+
+Tables live at ``schedules/<machine>/table.json`` in the ficco repository (found from an
+editable install through the package's location), or under ``$FICCO_SCHEDULES_DIR/<machine>/``;
+``table=`` names a file directly.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ficco.export.lookup import TABLE_FEATURES, Table, load_table
+from ficco.problem import Problem
+from ficco.space import Schedule, violations
+
+DEFAULT_MACHINE = "h200x2"
+TABLE_FILE = "table.json"
+SCHEDULES_ENV = "FICCO_SCHEDULES_DIR"
+
+
+class TableNotFound(FileNotFoundError):
+    """No table exists for the machine asked."""
+
+
+_REPO_SCHEDULES = Path(__file__).resolve().parents[2] / "schedules"
+
+
+def schedules_dir() -> Path:
+    """Where machine tables live: ``$FICCO_SCHEDULES_DIR``, else the repository's
+    ``schedules/``."""
+    env = os.environ.get(SCHEDULES_ENV)
+    return Path(env) if env else _REPO_SCHEDULES
+
+
+@lru_cache(maxsize=64)
+def _table_file(root: str | None, machine: str) -> str:
+    return str((Path(root) if root else _REPO_SCHEDULES) / machine / TABLE_FILE)
+
+
+def table_path(machine: str = DEFAULT_MACHINE) -> Path:
+    """The table file of a machine kind (whether or not it exists)."""
+    return Path(_table_file(os.environ.get(SCHEDULES_ENV), machine))
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """The schedule to run for one problem, and why."""
+
+    schedule: str
+    """The schedule string (``Schedule.parse`` reads it)."""
+    predicted_speedup: float | None
+    """Predicted serial time / this schedule's time; 1.0 for the fallback; None if unknown."""
+    fallback: bool
+    """True when the answer is the safe schedule instead of a table rule."""
+    in_range: bool
+    """Whether the problem lies inside the table's training range."""
+    reason: str
+    """Why this schedule, in one sentence."""
+    path: tuple[tuple[str, float, str, float], ...]
+    """The table's decisions: ``(feature, value, '<=' or '>', threshold)`` from the root."""
+    feature_values: tuple[float, ...]
+    """The problem's features in ``TABLE_FEATURES`` order (empty when out of range)."""
+    problem: Problem
+    """The problem asked."""
+    machine: str
+    """Machine kind of the table."""
+    table: str
+    """Path of the table file."""
+    notes: tuple[str, ...] = field(default=())
+    """Caveats (e.g. skewed routing answered as uniform)."""
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        """The decisions that led to the answer, one line per feature with its tightest
+        bounds, e.g. ``0.25 < comm_compute_ratio 0.42 <= 0.8``."""
+        return summarize_path(self.path)
+
+    @property
+    def features(self) -> dict[str, float]:
+        """The problem's features by name, as the table computes them."""
+        return dict(zip(TABLE_FEATURES, self.feature_values, strict=True))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schedule": self.schedule,
+            "predicted_speedup": self.predicted_speedup,
+            "fallback": self.fallback,
+            "in_range": self.in_range,
+            "reason": self.reason,
+            "rules": list(self.rules),
+            "features": self.features,
+            "problem": self.problem.to_dict(),
+            "problem_key": self.problem.key,
+            "machine": self.machine,
+            "table": self.table,
+            "notes": list(self.notes),
+        }
+
+
+@lru_cache(maxsize=16)
+def _cached_table(path: str, mtime_ns: int, size: int) -> Table:
+    return load_table(path)
+
+
+def open_table(machine: str = DEFAULT_MACHINE, table: str | Path | None = None) -> Table:
+    """The machine's table (or the file ``table``), cached while the file is unchanged."""
+    path = str(table) if table is not None else _table_file(os.environ.get(SCHEDULES_ENV), machine)
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        if table is not None:
+            raise TableNotFound(f"table file {path} does not exist") from None
+        raise TableNotFound(
+            f"no schedule table for machine {machine!r}: {path} does not exist. Create it from "
+            f"measured profiles with: ficco train --store profiles/{machine} --out "
+            f"schedules/{machine}/"
+        ) from None
+    return _cached_table(path, stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=4096)
+def _first_violation(problem: Problem, schedule: str) -> tuple[str, str] | None:
+    broken = violations(problem, Schedule.parse(schedule))
+    return broken[0] if broken else None
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def summarize_path(path) -> tuple[str, ...]:
+    """The decisions of a tree walk, one line per feature with its tightest bounds:
+    ``n = 28672 in (25384.5, inf)`` becomes ``n 28672 > 25384.5``."""
+    bounds: dict[str, list[float]] = {}
+    for feature, value, op, threshold in path:
+        lo_hi = bounds.setdefault(feature, [value, -math.inf, math.inf])
+        if op == "<=":
+            lo_hi[2] = min(lo_hi[2], threshold)
+        else:
+            lo_hi[1] = max(lo_hi[1], threshold)
+    out = []
+    for feature, (value, lo, hi) in bounds.items():
+        if lo > -math.inf and hi < math.inf:
+            out.append(f"{_fmt(lo)} < {feature} {_fmt(value)} <= {_fmt(hi)}")
+        elif hi < math.inf:
+            out.append(f"{feature} {_fmt(value)} <= {_fmt(hi)}")
+        else:
+            out.append(f"{feature} {_fmt(value)} > {_fmt(lo)}")
+    return tuple(out)
+
+
+def recommend(
+    problem: Problem, machine: str = DEFAULT_MACHINE, *, table: str | Path | None = None
+) -> Recommendation:
+    """The schedule for ``problem`` on ``machine`` from its shipped table.
+
+    Raises :class:`TableNotFound` (naming the missing file and the command that creates it)
+    when the machine has no table, and :class:`ficco.export.lookup.TableError` when the file is
+    corrupt or of another schema version."""
+    tab = open_table(machine, table)
+    pattern = problem.pattern.value
+    answer = tab.lookup(
+        pattern, problem.m, problem.n, problem.k, problem.world, problem.dtype, problem.experts
+    )
+    notes: tuple[str, ...] = ()
+    if problem.routing is not None:
+        notes = ("the table assumes uniform routing; this problem's skew is not a feature",)
+    schedule, speedup, fallback, reason = (
+        answer.schedule,
+        answer.speedup,
+        not answer.in_range,
+        answer.reason,
+    )
+    if answer.in_range:
+        broken = _first_violation(problem, schedule)
+        if broken:
+            reason = (
+                f"the table's {schedule} is illegal here ({broken[0]}: {broken[1]}); "
+                f"answering the safe schedule {tab.fallback}"
+            )
+            schedule, speedup, fallback = tab.fallback, 1.0, True
+    elif not reason.endswith(tab.fallback):
+        reason = f"{reason} {tab.fallback}"
+    return Recommendation(
+        schedule=schedule,
+        predicted_speedup=speedup,
+        fallback=fallback,
+        in_range=answer.in_range,
+        reason=reason,
+        path=answer.path,
+        feature_values=answer.features,
+        problem=problem,
+        machine=tab.machine,
+        table=tab.source,
+        notes=notes,
+    )

@@ -1,0 +1,46 @@
+"""Schedule selection: features, the dataset, the selector estimator, evaluation.
+
+``ficco.select.features`` is pure Python (it is what ``recommend`` needs). The rest uses pandas
+and scikit-learn and is imported on first use of its names, so importing this package stays
+light.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from ficco.select.features import MACHINES, Roofs, raw_features, roofs_for, selector_features
+
+_LAZY = {
+    "Dataset": "ficco.select.dataset",
+    "build_dataset": "ficco.select.dataset",
+    "pick_label": "ficco.select.dataset",
+    "SERIAL": "ficco.select.dataset",
+    "SHARD_CE": "ficco.select.dataset",
+    "ScheduleSelector": "ficco.select.selector",
+    "FAMILIES": "ficco.select.selector",
+    "BASELINES": "ficco.select.baselines",
+    "Evaluation": "ficco.select.evaluate",
+    "Metrics": "ficco.select.evaluate",
+    "cross_val_picks": "ficco.select.evaluate",
+    "default_families": "ficco.select.evaluate",
+    "evaluate": "ficco.select.evaluate",
+    "fit_selector": "ficco.select.evaluate",
+    "grouped_splits": "ficco.select.evaluate",
+    "score_picks": "ficco.select.evaluate",
+}
+
+__all__ = [
+    "MACHINES",
+    "Roofs",
+    "raw_features",
+    "roofs_for",
+    "selector_features",
+    *sorted(_LAZY),
+]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ficco.select' has no attribute {name!r}")

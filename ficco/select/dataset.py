@@ -1,0 +1,261 @@
+"""The selector's dataset: one row per problem, built from a profile frame.
+
+Input: the frame ``ficco.profile.load_frame`` returns, one row per measurement, with the
+problem's columns (``pattern, m, n, k, world, dtype, experts``), ``problem_key``,
+``problem_name``, ``model``, the schedule or baseline ``name``, ``kind``, ``verdict``,
+``median_ms``, ``spread_ms`` (p90 - p10 of repeated timings) and signature columns.
+
+Rules:
+
+* Only ``kind == 'schedule'`` rows with ``verdict == 'ok'`` give times. A schedule measured
+  ``incorrect`` on a problem in any run is never a candidate for that problem (DESIGN section 4);
+  other failures (oom, timeout, ...) only drop that run. Several ok runs of one schedule on one
+  problem are summarized by the median of their medians and the largest spread.
+* The **oracle** time of a problem is its fastest candidate's median.
+* The **label** is the fastest candidate, with ties inside the measured noise resolved toward
+  the simpler schedule: every candidate ``s`` with ``t_s - t_best <= max(spread_s,
+  spread_best)`` is tied with the fastest, and the tie goes to the lowest
+  ``Schedule.complexity`` (then the lower time, then the name).
+* A problem with no candidate is left out and listed in ``excluded`` with the reason.
+
+The full per-schedule times stay in ``times`` so the regret of any pick can be computed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from ficco.measure.record import BASELINE_ASYNC_TP, BASELINE_COMM, BASELINE_GEMM
+from ficco.problem import Problem
+from ficco.space import Schedule
+
+#: The schedule every problem can run: whole NCCL collective, then the whole cuBLAS GEMM.
+SERIAL = "serial/nccl/cublas"
+#: One step per peer shard, copy-engine transfers, cuBLAS (what async-TP decomposes into).
+SHARD_CE = "shard/ce/cublas"
+
+PROBLEM_COLUMNS: tuple[str, ...] = ("pattern", "m", "n", "k", "world", "dtype", "experts")
+REQUIRED_COLUMNS: tuple[str, ...] = (
+    "pattern",
+    "m",
+    "n",
+    "k",
+    "world",
+    "dtype",
+    "problem_key",
+    "name",
+    "median_ms",
+)
+BASELINE_NAMES = frozenset({BASELINE_GEMM, BASELINE_COMM, BASELINE_ASYNC_TP})
+#: Frame columns whose values identify the environment a record was measured in.
+FINGERPRINT_COLUMNS: tuple[str, ...] = ("fingerprint_id", "fingerprint", "env_id")
+
+
+@dataclass(slots=True)
+class Dataset:
+    """Problems, their labels and every candidate's time, indexed by ``problem_key``."""
+
+    problems: pd.DataFrame
+    """One row per problem: ``pattern, m, n, k, world, dtype, experts, problem_name, model``."""
+    labels: pd.Series
+    """The label schedule of each problem (fastest, ties within noise toward simpler)."""
+    times: pd.DataFrame
+    """problem x schedule: median ms of the ok runs; NaN where not measured ok."""
+    spreads: pd.DataFrame
+    """problem x schedule: the largest p90 - p10 spread of the ok runs (ms)."""
+    oracle_ms: pd.Series
+    """The fastest candidate's median per problem."""
+    baseline_ms: pd.DataFrame
+    """problem x baseline name (``async_tp``, ``gemm_alone``, ``comm_alone``): median ms."""
+    serial_ms: pd.Series
+    """Reference for speedups: the frame's ``serial_ms`` (``t_gemm + t_comm``, DESIGN section
+    6) where measured, else the ``serial/nccl/cublas`` schedule's time."""
+    excluded: dict[str, str] = field(default_factory=dict)
+    """Problems left out, with the reason."""
+    fingerprints: list[str] = field(default_factory=list)
+    """Distinct environment fingerprint ids of the records (when the frame carries them)."""
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self.problems.index)
+
+    def __len__(self) -> int:
+        return len(self.problems)
+
+    def problem(self, key: str) -> Problem:
+        """The :class:`Problem` of one row (uniform routing: the frame carries no routing)."""
+        return problem_from_row(self.problems.loc[key])
+
+    def problem_list(self) -> list[Problem]:
+        return [problem_from_row(row) for _, row in self.problems.iterrows()]
+
+    def subset(self, keys) -> Dataset:
+        """The rows of ``keys`` (in that order)."""
+        keys = list(keys)
+        return Dataset(
+            problems=self.problems.loc[keys],
+            labels=self.labels.loc[keys],
+            times=self.times.loc[keys],
+            spreads=self.spreads.loc[keys],
+            oracle_ms=self.oracle_ms.loc[keys],
+            baseline_ms=self.baseline_ms.reindex(keys),
+            serial_ms=self.serial_ms.loc[keys],
+            excluded=dict(self.excluded),
+            fingerprints=list(self.fingerprints),
+        )
+
+    def time_of(self, key: str, schedule: str) -> float:
+        """Median ms of ``schedule`` on problem ``key``; NaN when it has no ok measurement."""
+        if schedule not in self.times.columns:
+            return math.nan
+        return float(self.times.at[key, schedule])
+
+
+def problem_from_row(row) -> Problem:
+    """A :class:`Problem` from a frame row with the ``PROBLEM_COLUMNS``."""
+    experts = row.get("experts")
+    experts = None if experts is None or pd.isna(experts) else int(experts)
+    return Problem(
+        pattern=str(row["pattern"]),
+        m=int(row["m"]),
+        n=int(row["n"]),
+        k=int(row["k"]),
+        world=int(row["world"]),
+        dtype=str(row["dtype"]),
+        experts=experts,
+        name=str(row.get("problem_name", "") or ""),
+    )
+
+
+def pick_label(times: pd.Series, spreads: pd.Series) -> str:
+    """The label among the measured candidates of one problem (see the module docstring).
+
+    ``times`` and ``spreads`` are indexed by schedule name; NaN times are not candidates."""
+    measured = times.dropna()
+    if measured.empty:
+        raise ValueError("times: no schedule was measured ok, so there is no label")
+    best = measured.idxmin()
+    t_best = measured[best]
+    s_best = _spread(spreads, best)
+    tied = [
+        name for name, t in measured.items() if t - t_best <= max(_spread(spreads, name), s_best)
+    ]
+    return min(tied, key=lambda name: (Schedule.parse(name).complexity, measured[name], name))
+
+
+def _spread(spreads: pd.Series, name: str) -> float:
+    value = spreads.get(name, 0.0)
+    return 0.0 if value is None or math.isnan(value) else float(value)
+
+
+def _with_defaults(frame: pd.DataFrame) -> pd.DataFrame:
+    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ValueError(
+            f"frame: missing column(s) {missing}; a profile frame has one row per measurement "
+            f"with at least {list(REQUIRED_COLUMNS)}"
+        )
+    frame = frame.copy()
+    if "experts" not in frame.columns:
+        frame["experts"] = math.nan
+    if "kind" not in frame.columns:
+        frame["kind"] = [
+            "baseline" if name in BASELINE_NAMES else "schedule" for name in frame["name"]
+        ]
+    if "verdict" not in frame.columns:
+        frame["verdict"] = "ok"
+    if "spread_ms" not in frame.columns:
+        frame["spread_ms"] = 0.0
+    if "problem_name" not in frame.columns:
+        frame["problem_name"] = ""
+    frame["problem_name"] = frame["problem_name"].fillna("").astype(str)
+    if "model" not in frame.columns:
+        frame["model"] = [
+            name.split(".")[0] if name else key
+            for name, key in zip(frame["problem_name"], frame["problem_key"], strict=True)
+        ]
+    frame["model"] = frame["model"].fillna("").astype(str)
+    # An unnamed problem belongs to no model: it is its own group.
+    unnamed = frame["model"] == ""
+    frame.loc[unnamed, "model"] = frame.loc[unnamed, "problem_key"]
+    return frame
+
+
+def build_dataset(frame: pd.DataFrame) -> Dataset:
+    """The :class:`Dataset` of a profile frame (one row per measurement)."""
+    frame = _with_defaults(frame)
+    if frame.empty:
+        raise ValueError("frame: has no measurements; sweep some problems first (ficco sweep)")
+    problems = (
+        frame.drop_duplicates("problem_key")
+        .set_index("problem_key")[[*PROBLEM_COLUMNS, "problem_name", "model"]]
+        .sort_index()
+    )
+    shapes = frame.drop_duplicates(["problem_key", *PROBLEM_COLUMNS[:-1]])
+    clashing = shapes["problem_key"][shapes["problem_key"].duplicated()].unique()
+    if len(clashing):
+        raise ValueError(
+            f"frame: problem_key {clashing[0]!r} has rows with different shapes; a key names "
+            "one problem"
+        )
+
+    sched = frame[frame["kind"] == "schedule"]
+    for name in sched["name"].unique():
+        try:
+            Schedule.parse(name)
+        except ValueError as err:
+            raise ValueError(f"frame: row with kind 'schedule' has name {name!r}: {err}") from None
+    incorrect = set(
+        map(tuple, sched.loc[sched["verdict"] == "incorrect", ["problem_key", "name"]].values)
+    )
+    ok = sched[sched["verdict"] == "ok"]
+    wrong = [
+        (key, name) in incorrect for key, name in zip(ok["problem_key"], ok["name"], strict=True)
+    ]
+    ok = ok[~pd.Series(wrong, index=ok.index, dtype=bool)]
+    ok = ok[ok["median_ms"].notna() & (ok["median_ms"] > 0)]
+    grouped = ok.groupby(["problem_key", "name"])
+    times = grouped["median_ms"].median().unstack().reindex(problems.index)
+    spreads = grouped["spread_ms"].max().unstack().reindex(index=problems.index)
+    spreads = spreads.reindex(columns=times.columns).fillna(0.0)
+    times = times.reindex(columns=sorted(times.columns))
+    spreads = spreads.reindex(columns=times.columns)
+
+    excluded: dict[str, str] = {}
+    for key in problems.index:
+        if times.loc[key].isna().all():
+            excluded[key] = "no schedule measured ok"
+    kept = [key for key in problems.index if key not in excluded]
+    labels = pd.Series(
+        {key: pick_label(times.loc[key], spreads.loc[key]) for key in kept}, dtype=object
+    )
+
+    base = frame[(frame["kind"] == "baseline") & (frame["verdict"] == "ok")]
+    baseline_ms = (
+        base.groupby(["problem_key", "name"])["median_ms"].median().unstack().reindex(kept)
+        if len(base)
+        else pd.DataFrame(index=pd.Index(kept, name="problem_key"))
+    )
+    serial_ms = times.loc[kept].get(SERIAL, pd.Series(math.nan, index=kept)).astype(float)
+    if "serial_ms" in frame.columns:
+        signature = frame[frame["serial_ms"].notna()].groupby("problem_key")["serial_ms"].median()
+        serial_ms = signature.reindex(kept).astype(float).fillna(serial_ms)
+    fingerprints: list[str] = []
+    for col in FINGERPRINT_COLUMNS:
+        if col in frame.columns:
+            fingerprints = sorted({str(v) for v in frame[col].dropna().unique() if str(v)})
+            break
+    return Dataset(
+        problems=problems.loc[kept],
+        labels=labels.reindex(kept),
+        times=times.loc[kept],
+        spreads=spreads.loc[kept],
+        oracle_ms=times.loc[kept].min(axis=1),
+        baseline_ms=baseline_ms,
+        serial_ms=serial_ms,
+        excluded=excluded,
+        fingerprints=fingerprints,
+    )

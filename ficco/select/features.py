@@ -1,0 +1,221 @@
+"""Features of a problem, computed from the problem alone (DESIGN section 7).
+
+Nothing here reads a measurement of the problem being asked: sizes, W, dtype bytes, FLOPs,
+bytes moved, arithmetic intensity, and times predicted from a machine's roofs (a small
+per-machine table of measured peak rates and per-operation floors). Pure Python (``math``
+only), so ``recommend`` can compute them with no numpy, torch or scikit-learn.
+
+Two views of the same numbers:
+
+``raw_features``       positive quantities in natural units (rows, bytes, FLOPs, ms). Exported
+                       tables split on these, so a runtime recomputes them with a few integer
+                       products and one division (``ficco.export.lookup.table_features`` is the
+                       stdlib twin; a test checks the two agree bit for bit).
+``selector_features``  the same, log2-scaled where a quantity spans decades, plus a one-hot
+                       pattern: what the selector's models see. Tree models are invariant to
+                       monotone per-feature transforms, so a tree split on ``log2_x <= t`` is
+                       the split ``x <= 2**t`` on the raw feature.
+
+The roof constants for ``h200x2`` were measured on 2xH200 (NVLink, 2026-11-22): cuBLAS
+bf16 ~790 TFLOP/s at 8192^3, copy-engine pulls ~390 GB/s with a ~13 us floor per copy, NCCL
+all-gather ~240 GB/s bus bandwidth with a ~60 us floor. Predicted times are a roofline, not a
+model of overlap: they say which side is larger, and by how much, before any measurement.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ficco.problem import Pattern, Problem
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Roofs:
+    """Measured peak rates and floors of one machine kind, used for predicted times."""
+
+    machine: str
+    """Machine kind, e.g. ``h200x2`` (the directory name under ``schedules/``)."""
+    gpus: int
+    """GPUs per host."""
+    gemm_tflops: dict[str, float]
+    """Dense GEMM peak by dtype name, TFLOP/s (cuBLAS on large square shapes)."""
+    gemm_floor_us: float
+    """Fixed cost of one GEMM launch, microseconds."""
+    ce_gbps: float
+    """Copy-engine peer copy bandwidth at large sizes, GB/s (1e9 bytes/s)."""
+    ce_floor_us: float
+    """Fixed cost of one copy-engine copy, microseconds."""
+    nccl_gbps: float
+    """NCCL collective bus bandwidth at large sizes, GB/s."""
+    nccl_floor_us: float
+    """Fixed cost of one NCCL collective, microseconds."""
+    source: str = ""
+    """Where the numbers come from."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Free-form notes (not used in any formula)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Roofs:
+        return cls(**data)
+
+
+#: Roof constants per machine kind. Add a machine here before training a table for it.
+MACHINES: dict[str, Roofs] = {
+    "h200x2": Roofs(
+        machine="h200x2",
+        gpus=2,
+        gemm_tflops={"bf16": 790.0, "fp16": 790.0, "fp32": 50.0},
+        gemm_floor_us=5.0,
+        ce_gbps=390.0,
+        ce_floor_us=13.0,
+        nccl_gbps=240.0,
+        nccl_floor_us=60.0,
+        source=(
+            "measured on 2xH200, NVLink, 2026-11-22: cuBLAS bf16 792 TFLOP/s at 8192^3; copy_ pull 394 GB/s "
+            "at 1 GiB, ~13 us floor; NCCL all_gather 244 GB/s bus bw at 256 MiB/rank, ~60 us "
+            "floor. fp32 (no TF32) and the 5 us launch floor are estimates, not measurements."
+        ),
+    ),
+}
+
+
+def roofs_for(machine: str) -> Roofs:
+    """The roofs of a machine kind; ValueError naming the known kinds otherwise."""
+    try:
+        return MACHINES[machine]
+    except KeyError:
+        known = ", ".join(sorted(MACHINES))
+        raise ValueError(
+            f"machine: no roof constants for {machine!r} (known: {known}); add an entry to "
+            "ficco.select.features.MACHINES"
+        ) from None
+
+
+#: Raw features in the order tables store them. Integers first, then real-valued ones.
+INTEGER_FEATURES: tuple[str, ...] = (
+    "world",
+    "dtype_bytes",
+    "experts",
+    "m",
+    "n",
+    "k",
+    "m_shard",
+    "rows",
+    "flops",
+    "comm_bytes",
+    "shard_bytes",
+)
+REAL_FEATURES: tuple[str, ...] = (
+    "intensity",
+    "t_gemm_pred_ms",
+    "t_comm_ce_pred_ms",
+    "t_comm_nccl_pred_ms",
+    "comm_compute_ratio",
+)
+PATTERN_FEATURES: tuple[str, ...] = tuple(f"is_{p.value}" for p in Pattern)
+RAW_FEATURES: tuple[str, ...] = PATTERN_FEATURES + INTEGER_FEATURES + REAL_FEATURES
+
+#: What each raw feature means (also written into exported tables).
+FEATURE_DOC: dict[str, str] = {
+    **{f"is_{p.value}": f"1 if the pattern is {p.value}, else 0" for p in Pattern},
+    "world": "ranks W",
+    "dtype_bytes": "bytes per element",
+    "experts": "total experts (all-to-all patterns), else 0",
+    "m": "global rows (tokens)",
+    "n": "GEMM output columns",
+    "k": "GEMM reduction dimension",
+    "m_shard": "rows per rank, m // world",
+    "rows": "GEMM rows one rank computes: m for ag_gemm/gemm_rs; the most tokens any rank "
+    "receives for the all-to-alls (uniform routing unless given)",
+    "flops": "2 * rows * n * k, one rank's GEMM",
+    "comm_bytes": "bytes the busiest rank receives",
+    "shard_bytes": "bytes of one peer's shard (ag_gemm: m_shard*k, gemm_rs: m_shard*n, "
+    "all-to-alls: the largest rank-to-rank block) times dtype_bytes",
+    "intensity": "flops / bytes one rank's GEMM touches (A + B + C)",
+    "t_gemm_pred_ms": "flops / (gemm_tflops * 1e9) + gemm_floor_us / 1000",
+    "t_comm_ce_pred_ms": "(world - 1) * ce_floor_us / 1000 + comm_bytes / (ce_gbps * 1e6)",
+    "t_comm_nccl_pred_ms": "nccl_floor_us / 1000 + comm_bytes / (nccl_gbps * 1e6)",
+    "comm_compute_ratio": "t_comm_ce_pred_ms / t_gemm_pred_ms",
+}
+
+#: Raw features the selector sees log2-scaled (the rest: one-hots, world, dtype bytes).
+LOG_FEATURES: frozenset[str] = frozenset(INTEGER_FEATURES[3:] + REAL_FEATURES) | frozenset(
+    {"experts"}
+)
+
+
+def _sizes(problem: Problem) -> tuple[int, int, int, int, int]:
+    """``(rows, weights, comm_bytes, shard_bytes, experts)`` of one rank."""
+    b = problem.dtype_bytes
+    w = problem.world
+    if not problem.pattern.is_all_to_all:
+        cols = problem.k if problem.pattern is Pattern.AG_GEMM else problem.n
+        shard_bytes = problem.m_shard * cols * b
+        return problem.m, problem.k * problem.n, problem.comm_bytes_per_rank(), shard_bytes, 0
+    between = problem.tokens_between()
+    received = [sum(sum(between[s][d]) for s in range(w)) for d in range(w)]
+    block = max(sum(between[s][d]) for s in range(w) for d in range(w) if s != d)
+    cols = problem.k if problem.pattern is Pattern.A2A_GEMM else problem.n
+    assert problem.experts is not None
+    weights = problem.experts_per_rank * problem.k * problem.n
+    return max(received), weights, problem.comm_bytes_per_rank(), block * cols * b, problem.experts
+
+
+def raw_features(problem: Problem, roofs: Roofs) -> dict[str, float]:
+    """The raw features of ``problem`` on a machine (see ``FEATURE_DOC``), in table order.
+
+    The arithmetic is written in the same order as ``ficco.export.lookup.table_features`` so the
+    two agree bit for bit on uniform routing."""
+    b = problem.dtype_bytes
+    w = problem.world
+    rows, weights, comm_bytes, shard_bytes, experts = _sizes(problem)
+    flops = 2 * rows * problem.n * problem.k
+    touched = (rows * problem.k + weights + rows * problem.n) * b
+    tflops = roofs.gemm_tflops[problem.dtype]
+    t_gemm = flops / (tflops * 1e9) + roofs.gemm_floor_us / 1000.0
+    t_ce = (w - 1) * roofs.ce_floor_us / 1000.0 + comm_bytes / (roofs.ce_gbps * 1e6)
+    t_nccl = roofs.nccl_floor_us / 1000.0 + comm_bytes / (roofs.nccl_gbps * 1e6)
+    out: dict[str, float] = {f"is_{p.value}": float(problem.pattern is p) for p in Pattern}
+    out.update(
+        world=float(w),
+        dtype_bytes=float(b),
+        experts=float(experts),
+        m=float(problem.m),
+        n=float(problem.n),
+        k=float(problem.k),
+        m_shard=float(problem.m // w),
+        rows=float(rows),
+        flops=float(flops),
+        comm_bytes=float(comm_bytes),
+        shard_bytes=float(shard_bytes),
+        intensity=flops / touched,
+        t_gemm_pred_ms=t_gemm,
+        t_comm_ce_pred_ms=t_ce,
+        t_comm_nccl_pred_ms=t_nccl,
+        comm_compute_ratio=t_ce / t_gemm,
+    )
+    return out
+
+
+def selector_feature_names() -> list[str]:
+    """Names of the selector's features, in column order."""
+    return [f"log2_{name}" if name in LOG_FEATURES else name for name in RAW_FEATURES]
+
+
+def selector_features(problem: Problem, roofs: Roofs) -> list[float]:
+    """The selector's feature vector: raw features, log2-scaled where they span decades."""
+    raw = raw_features(problem, roofs)
+    out = []
+    for name in RAW_FEATURES:
+        value = raw[name]
+        if name == "experts":
+            value = math.log2(max(value, 1.0))  # 0 for the patterns without experts
+        elif name in LOG_FEATURES:
+            value = math.log2(value)
+        out.append(value)
+    return out

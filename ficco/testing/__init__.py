@@ -1,0 +1,1 @@
+"""Utilities for ficco's own tests. Nothing here is measured; nothing here is shipped as data."""

@@ -1,0 +1,209 @@
+"""``ficco.recommend`` and ``ficco recommend``: answers, fallbacks, refusals, light imports.
+
+Tables are trained on ``ficco.testing.synthetic_profiles`` (a made-up cost model, not
+measurements) into temporary directories."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+import ficco
+from ficco.export.build import write_table
+from ficco.export.lookup import TableError, load_table
+from ficco.export.recommend import TableNotFound, recommend
+from ficco.problem import Problem
+from ficco.testing.synthetic_profiles import synthetic_table
+
+
+@pytest.fixture(scope="module")
+def schedules(tmp_path_factory):
+    table, _, selector, dataset = synthetic_table()
+    root = tmp_path_factory.mktemp("schedules")
+    write_table(table, root / "h200x2")
+    return {"root": root, "table": table, "selector": selector, "dataset": dataset}
+
+
+@pytest.fixture
+def env(schedules, monkeypatch):
+    monkeypatch.setenv("FICCO_SCHEDULES_DIR", str(schedules["root"]))
+    return schedules
+
+
+def test_recommend_answers_like_the_selector(env):
+    assert "recommend" in ficco.__all__
+    ds = env["dataset"]
+    picks = env["selector"].predict(ds.problems)
+    for p, pick in zip(ds.problem_list(), picks, strict=True):
+        rec = ficco.recommend(p)
+        assert rec.schedule == pick and rec.in_range and not rec.fallback
+        assert rec.predicted_speedup is None or rec.predicted_speedup > 0
+        assert rec.rules and rec.reason.startswith("rule ")
+        assert rec.features["m"] == p.m
+
+
+def test_outside_the_training_range_falls_back_to_serial_and_says_so(env):
+    small = Problem(pattern="ag_gemm", m=64, n=4096, k=4096, world=2)
+    rec = recommend(small)
+    assert rec.schedule == "serial/nccl/cublas" and rec.fallback and not rec.in_range
+    assert "m=64 is outside the trained range [1024, 16384] for ag_gemm W=2 bf16" in rec.reason
+    assert rec.predicted_speedup == 1.0
+    other_world = Problem(pattern="ag_gemm", m=8192, n=4096, k=4096, world=4)
+    assert "no training problems for ag_gemm W=4 bf16" in recommend(other_world).reason
+    other_dtype = Problem(pattern="gemm_rs", m=8192, n=4096, k=4096, world=2, dtype="fp16")
+    assert recommend(other_dtype).fallback
+
+
+def test_an_illegal_table_answer_falls_back(env, tmp_path):
+    data = json.loads((env["root"] / "h200x2" / "table.json").read_text())
+    data["nodes"] = [
+        {"id": 0, "schedule": "shard/ce/cublas+all_peers", "speedup": 1.5, "support": 1}
+    ]
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(data))
+    rec = recommend(Problem(pattern="ag_gemm", m=8192, n=4096, k=4096, world=2), table=path)
+    assert rec.schedule == "serial/nccl/cublas" and rec.fallback and rec.in_range
+    assert "illegal here (order_needs_two_peers" in rec.reason
+
+
+def test_skewed_routing_is_answered_as_uniform_with_a_note(env):
+    p = Problem(
+        pattern="a2a_gemm",
+        m=8192,
+        n=4096,
+        k=4096,
+        world=2,
+        experts=8,
+        routing=((1000, 1000, 500, 500, 500, 500, 48, 48), (512,) * 8),
+    )
+    rec = recommend(p)
+    assert rec.notes and "uniform routing" in rec.notes[0]
+
+
+def test_missing_table_names_the_file_and_the_command(tmp_path, monkeypatch):
+    monkeypatch.setenv("FICCO_SCHEDULES_DIR", str(tmp_path))
+    with pytest.raises(TableNotFound) as err:
+        recommend(Problem(pattern="ag_gemm", m=8192, n=4096, k=4096, world=2))
+    text = str(err.value)
+    assert str(tmp_path / "h200x2" / "table.json") in text
+    assert "ficco train --store profiles/h200x2 --out schedules/h200x2/" in text
+
+
+def test_without_a_table_the_repository_has_none_shipped():
+    # Tables are trained on measured profiles only; none is shipped from synthetic data.
+    from ficco.export.recommend import _REPO_SCHEDULES
+
+    for path in _REPO_SCHEDULES.glob("*/table.json"):
+        assert "synthetic" not in path.read_text()
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "message"),
+    [
+        (lambda text, data: text[: len(text) // 2], "not valid JSON at line"),
+        (
+            lambda text, data: json.dumps({**data, "schema_version": 99}),
+            "schema_version: this table has version 99",
+        ),
+        (
+            lambda text, data: json.dumps({**data, "format": "other"}),
+            "format: expected 'ficco.schedule-table'",
+        ),
+        (
+            lambda text, data: json.dumps({k: v for k, v in data.items() if k != "nodes"}),
+            "missing key 'nodes'",
+        ),
+        (
+            lambda text, data: json.dumps(
+                {
+                    **data,
+                    "nodes": [{"id": 0, "feature": "m", "threshold": 1.0, "left": 0, "right": 5}],
+                }
+            ),
+            r"nodes\[0\].left: must be a node id in \(0, 1\)",
+        ),
+        (
+            lambda text, data: json.dumps({**data, "features": ["m"]}),
+            "features: the table's features",
+        ),
+        (lambda text, data: json.dumps([1, 2]), "a table is a JSON object"),
+    ],
+)
+def test_corrupt_or_wrong_version_tables_are_refused(env, tmp_path, corrupt, message):
+    text = (env["root"] / "h200x2" / "table.json").read_text()
+    bad = tmp_path / "bad" / "h200x2" / "table.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(corrupt(text, json.loads(text)))
+    with pytest.raises(TableError, match=message):
+        load_table(bad)
+    with pytest.raises(TableError, match=message):
+        recommend(Problem(pattern="ag_gemm", m=8192, n=4096, k=4096, world=2), table=bad)
+
+
+def test_cli_recommend(env):
+    from ficco import cli
+
+    runner = CliRunner()
+    args = ["recommend", "ag_gemm", "--m", "8192", "--n", "28672", "--k", "8192", "--world", "2"]
+    result = runner.invoke(cli.main, args)
+    assert result.exit_code == 0, result.output
+    assert "predicted speedup over serial" in result.output and "why: rule" in result.output
+    data = json.loads(runner.invoke(cli.main, [*args, "--json"]).output)
+    assert {"schedule", "predicted_speedup", "reason", "rules", "features", "fallback"} <= set(data)
+    out = runner.invoke(
+        cli.main, ["recommend", "ag_gemm", "--m", "64", "--n", "64", "--k", "64", "-w", "2"]
+    )
+    assert out.exit_code == 0 and "serial/nccl/cublas" in out.output and "outside" in out.output
+    missing = runner.invoke(cli.main, [*args, "--machine", "h100x8"])
+    assert missing.exit_code == 2
+    assert "ficco train --store profiles/h100x8 --out schedules/h100x8/" in missing.output
+
+
+def test_recommend_imports_neither_torch_triton_nor_sklearn(env):
+    watch = "('torch', 'triton', 'sklearn', 'numpy', 'pandas')"
+    code = (
+        "import sys, ficco;"
+        "p = ficco.Problem(pattern='gemm_rs', m=8192, n=4096, k=7168, world=2);"
+        "r = ficco.recommend(p); assert r.schedule;"
+        f"print(sorted(m for m in {watch} if m in sys.modules))"
+    )
+    environ = {**os.environ, "FICCO_SCHEDULES_DIR": str(env["root"])}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=environ
+    )
+    assert out.stdout.strip() == "[]"
+    # The CLI also loads the other commands' modules; those may use numpy, never these three.
+    heavy = "('torch', 'triton', 'sklearn')"
+    cli_code = (
+        "import sys, atexit;"
+        f"atexit.register(lambda: print(sorted(m for m in {heavy} if m in sys.modules), file=sys.stderr));"
+        "sys.argv[0] = 'ficco';"
+        "from ficco.cli import main; main()"
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            cli_code,
+            "recommend",
+            "gemm_rs",
+            "--m",
+            "8192",
+            "--n",
+            "4096",
+            "--k",
+            "7168",
+            "--world",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        env=environ,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == "[]"

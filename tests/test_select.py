@@ -1,0 +1,404 @@
+"""Features, dataset labels, the selector estimator, grouped evaluation and baselines.
+
+Profiles here come from ``ficco.testing.synthetic_profiles``: a made-up cost model, not
+measurements."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+
+from ficco.export.lookup import DTYPE_BYTES, TABLE_FEATURES, table_features
+from ficco.problem import Problem
+from ficco.select import baselines
+from ficco.select.dataset import SERIAL, SHARD_CE, build_dataset, pick_label
+from ficco.select.evaluate import (
+    Metrics,
+    cross_val_picks,
+    evaluate,
+    grouped_splits,
+    score_picks,
+)
+from ficco.select.features import (
+    FEATURE_DOC,
+    RAW_FEATURES,
+    raw_features,
+    roofs_for,
+    selector_feature_names,
+    selector_features,
+)
+from ficco.select.selector import ScheduleSelector
+from ficco.testing.synthetic_profiles import light_families, synthetic_frame
+
+ROOFS = roofs_for("h200x2")
+
+
+def random_problems(count: int, seed: int = 0) -> list[Problem]:
+    rng = random.Random(seed)
+    out = []
+    while len(out) < count:
+        pattern = rng.choice(["ag_gemm", "gemm_rs", "a2a_gemm", "gemm_a2a"])
+        world = rng.choice([2, 4, 8])
+        experts = world * rng.choice([1, 2, 3, 8]) if pattern in ("a2a_gemm", "gemm_a2a") else None
+        m = world * rng.randint(1, 5000)
+        out.append(
+            Problem(
+                pattern=pattern,
+                m=m,
+                n=rng.randint(1, 40000),
+                k=rng.randint(1, 40000),
+                world=world,
+                dtype=rng.choice(["bf16", "fp16", "fp32"]),
+                experts=experts,
+            )
+        )
+    return out
+
+
+# --- features ---------------------------------------------------------------------------------
+
+
+def test_raw_features_equal_the_stdlib_lookup_bit_for_bit():
+    assert RAW_FEATURES == TABLE_FEATURES
+    roofs = ROOFS.to_dict()
+    for p in random_problems(400):
+        ours = raw_features(p, ROOFS)
+        theirs = table_features(
+            p.pattern.value,
+            p.m,
+            p.n,
+            p.k,
+            p.world,
+            DTYPE_BYTES[p.dtype],
+            p.experts,
+            roofs,
+            roofs["gemm_tflops"][p.dtype],
+        )
+        assert tuple(ours.values()) == theirs, p.key
+
+
+def test_features_follow_the_problem_definitions():
+    for p in random_problems(100, seed=1):
+        raw = raw_features(p, ROOFS)
+        assert raw["comm_bytes"] == p.comm_bytes_per_rank()
+        if p.pattern.value == "ag_gemm":
+            assert raw["flops"] == p.flops
+        if p.pattern.value == "gemm_rs":
+            assert raw["flops"] * p.world == p.flops
+        assert all(v >= 0 and math.isfinite(v) for v in raw.values())
+    assert set(FEATURE_DOC) == set(RAW_FEATURES)
+
+
+def test_selector_features_are_log_scaled_and_ignore_measurements():
+    p = Problem(pattern="ag_gemm", m=8192, n=8192, k=8192, world=2)
+    names = selector_feature_names()
+    values = dict(zip(names, selector_features(p, ROOFS), strict=True))
+    assert values["log2_m"] == 13.0 and values["world"] == 2.0 and values["is_ag_gemm"] == 1.0
+    assert values["log2_experts"] == 0.0
+    # Features depend on the problem and the machine's roofs only: no frame enters.
+    assert selector_features(p, ROOFS) == selector_features(p, ROOFS)
+
+
+def test_unknown_machine_names_the_known_ones():
+    with pytest.raises(ValueError, match="machine: no roof constants for 'mi300x8'.*h200x2"):
+        roofs_for("mi300x8")
+
+
+# --- dataset ----------------------------------------------------------------------------------
+
+
+def frame_of(rows: list[tuple[str, float, float, str]], key: str = "p1", model: str = "a"):
+    p = Problem(pattern="ag_gemm", m=1024, n=512, k=256, world=2)
+    return pd.DataFrame(
+        [
+            {
+                **p.to_dict(),
+                "experts": None,
+                "problem_key": key if key != "p1" else p.key,
+                "problem_name": f"{model}.x",
+                "model": model,
+                "name": name,
+                "kind": "schedule",
+                "verdict": verdict,
+                "median_ms": t,
+                "spread_ms": spread,
+            }
+            for name, t, spread, verdict in rows
+        ]
+    )
+
+
+def test_label_is_the_fastest_when_the_gap_exceeds_the_noise():
+    ds = build_dataset(
+        frame_of(
+            [
+                (SERIAL, 1.00, 0.05, "ok"),
+                (SHARD_CE, 0.98, 0.01, "ok"),
+                ("finer-c4-m/ce/cublas", 0.90, 0.01, "ok"),
+            ]
+        )
+    )
+    assert ds.labels.iloc[0] == "finer-c4-m/ce/cublas"
+    assert ds.oracle_ms.iloc[0] == 0.90
+
+
+def test_ties_within_the_spread_go_to_the_simpler_schedule():
+    ds = build_dataset(
+        frame_of(
+            [
+                (SERIAL, 1.00, 0.05, "ok"),
+                (SHARD_CE, 0.975, 0.01, "ok"),
+                ("finer-c4-m/ce/cublas", 0.97, 0.01, "ok"),
+            ]
+        )
+    )
+    # serial is 0.03 slower than the fastest, inside its own spread of 0.05: tied, and simplest.
+    assert ds.labels.iloc[0] == SERIAL
+    # The oracle is still the fastest time, so picking the label costs a measured 3%.
+    assert ds.oracle_ms.iloc[0] == 0.97
+    times = pd.Series({"finer-c8-m/ce/cublas": 1.0, "finer-c2-m/ce/cublas": 1.001})
+    spreads = pd.Series({"finer-c8-m/ce/cublas": 0.01, "finer-c2-m/ce/cublas": 0.01})
+    assert pick_label(times, spreads) == "finer-c2-m/ce/cublas"
+
+
+def test_incorrect_schedules_are_never_labels_and_failed_runs_are_dropped():
+    ds = build_dataset(
+        frame_of(
+            [
+                (SERIAL, 1.00, 0.0, "ok"),
+                ("finer-c4-m/ce/cublas", 0.50, 0.0, "ok"),
+                ("finer-c4-m/ce/cublas", 0.50, 0.0, "incorrect"),  # wrong once: never a candidate
+                (SHARD_CE, math.nan, 0.0, "oom"),
+                (SHARD_CE, 0.80, 0.0, "ok"),
+            ]
+        )
+    )
+    assert ds.labels.iloc[0] == SHARD_CE
+    assert math.isnan(ds.time_of(ds.keys[0], "finer-c4-m/ce/cublas"))
+
+
+def test_problems_without_any_ok_schedule_are_excluded_with_a_reason():
+    frame = pd.concat(
+        [
+            frame_of([(SERIAL, 1.0, 0.0, "ok")]),
+            frame_of([(SERIAL, math.nan, 0.0, "timeout")], key="other"),
+        ]
+    )
+    ds = build_dataset(frame)
+    assert len(ds) == 1 and ds.excluded == {"other": "no schedule measured ok"}
+
+
+def test_missing_columns_and_bad_schedule_names_are_refused():
+    with pytest.raises(ValueError, match=r"frame: missing column\(s\) \['median_ms'\]"):
+        build_dataset(frame_of([(SERIAL, 1.0, 0.0, "ok")]).drop(columns="median_ms"))
+    with pytest.raises(ValueError, match="name 'fast/ce'"):
+        build_dataset(frame_of([("fast/ce", 1.0, 0.0, "ok")]))
+
+
+def test_an_empty_frame_is_refused():
+    with pytest.raises(ValueError, match="frame: has no measurements"):
+        build_dataset(frame_of([]).reindex(columns=frame_of([(SERIAL, 1.0, 0.0, "ok")]).columns))
+
+
+def test_synthetic_dataset_shape():
+    ds = build_dataset(synthetic_frame())
+    assert len(ds) == 130 and not ds.excluded
+    assert ds.problems["model"].nunique() == 7
+    assert (ds.times.min(axis=1) == ds.oracle_ms).all()
+    assert ds.labels.nunique() >= 3  # the cost model makes labels vary
+
+
+# --- the estimator ----------------------------------------------------------------------------
+
+
+def test_selector_follows_estimator_conventions():
+    est = ScheduleSelector(family="tree", max_depth=3)
+    assert est.get_params()["max_depth"] == 3
+    assert clone(est).get_params() == est.get_params()
+    with pytest.raises(NotFittedError):
+        est.predict([Problem(pattern="ag_gemm", m=8, n=8, k=8, world=2)])
+    with pytest.raises(ValueError, match="family: unknown family 'svm'"):
+        ScheduleSelector(family="svm").fit(
+            [Problem(pattern="ag_gemm", m=8, n=8, k=8, world=2)], [SERIAL]
+        )
+    ds = build_dataset(synthetic_frame())
+    with pytest.raises(ValueError, match="times: the regressor family"):
+        ScheduleSelector(family="regressor").fit(ds.problems, ds.labels)
+    fitted = ScheduleSelector(family="tree").fit(ds.problems, ds.labels)
+    assert {"classes_", "model_", "roofs_", "feature_names_", "n_features_in_"} <= set(vars(fitted))
+    assert all(not k.endswith("_") for k in vars(est))  # nothing fitted in __init__
+
+
+@pytest.mark.parametrize("family", ["tree", "forest", "boosting", "regressor"])
+def test_every_family_fits_and_predicts_legal_schedules(family):
+    from ficco.space import Schedule, is_legal
+
+    ds = build_dataset(synthetic_frame())
+    est = light_families()[family].fit(ds.problems, ds.labels.to_numpy(), times=ds.times)
+    picks = est.predict(ds.problems)
+    assert len(picks) == len(ds)
+    assert set(picks) <= set(est.classes_) | {SERIAL}
+    # Tiny problems the training never saw still get legal answers.
+    tiny = [Problem(pattern="ag_gemm", m=4, n=64, k=64, world=2)]
+    assert is_legal(tiny[0], Schedule.parse(est.predict(tiny)[0]))
+    assert 0.0 <= est.score(ds.problems, ds.labels) <= 1.0
+
+
+def test_a_single_class_is_answered_without_a_model():
+    ds = build_dataset(synthetic_frame())
+    est = ScheduleSelector(family="forest").fit(ds.problems, [SHARD_CE] * len(ds))
+    assert est.model_ is None and set(est.predict(ds.problems)) == {SHARD_CE}
+
+
+# --- evaluation -------------------------------------------------------------------------------
+
+
+def test_grouped_splits_hold_out_whole_models():
+    ds = build_dataset(synthetic_frame())
+    models = ds.problems["model"]
+    tested = []
+    for train, test in grouped_splits(ds, "model"):
+        assert not set(models[train]) & set(models[test])
+        assert len(set(models[test])) == 1  # leave one model out
+        tested += test
+    assert sorted(tested) == sorted(ds.keys)
+    folds = list(grouped_splits(ds, "model", n_splits=3))
+    assert len(folds) == 3
+    for train, test in folds:
+        assert not set(models[train]) & set(models[test])
+
+
+class SpySelector(ScheduleSelector):
+    """Records which models each fit saw and which it was asked about."""
+
+    log: list[tuple[set, set]] = []
+
+    def fit(self, X, y, times=None):
+        self.seen_ = {str(n).split(".")[0] for n in X["problem_name"]}
+        return super().fit(X, y, times=times)
+
+    def predict(self, X):
+        asked = (
+            {str(n).split(".")[0] for n in X["problem_name"]}
+            if isinstance(X, pd.DataFrame)
+            else set()
+        )
+        SpySelector.log.append((self.seen_, asked))
+        return super().predict(X)
+
+
+def test_cross_validation_never_answers_a_model_it_trained_on():
+    ds = build_dataset(synthetic_frame())
+    SpySelector.log.clear()
+    picks = cross_val_picks(SpySelector(family="tree", max_depth=4), ds, "model")
+    assert len(SpySelector.log) == 7 and picks.notna().all()
+    for seen, asked in SpySelector.log:
+        assert asked and not seen & asked
+
+
+def test_holding_out_needs_two_groups():
+    ds = build_dataset(frame_of([(SERIAL, 1.0, 0.0, "ok")]))
+    with pytest.raises(ValueError, match="holdout_by: grouped cross-validation needs at least 2"):
+        list(grouped_splits(ds, "model"))
+    with pytest.raises(ValueError, match="holdout_by: no column 'layer'"):
+        list(grouped_splits(ds, "layer"))
+
+
+def test_metrics_by_hand():
+    a = frame_of([(SERIAL, 1.0, 0.0, "ok"), (SHARD_CE, 0.8, 0.0, "ok")], key="a", model="a")
+    b = frame_of([(SERIAL, 1.0, 0.0, "ok"), (SHARD_CE, 0.5, 0.0, "ok")], key="b", model="b")
+    c = frame_of([(SERIAL, 1.0, 0.0, "ok"), (SHARD_CE, 1.01, 0.0, "ok")], key="c", model="c")
+    ds = build_dataset(pd.concat([a, b, c]))
+    m = score_picks(ds, pd.Series({"a": SHARD_CE, "b": SERIAL, "c": SHARD_CE}))
+    assert m.top1 == pytest.approx(1 / 3)
+    assert m.within_3pct == pytest.approx(2 / 3)
+    assert m.mean_regret == pytest.approx((0 + 1.0 + 0.01) / 3)
+    assert m.worst_regret == pytest.approx(1.0)
+    # A pick with no ok measurement is a miss, charged the serial time.
+    m = score_picks(ds, pd.Series({"a": "finer-c2-m/ce/cublas"}))
+    assert m.n_unmeasured == 1 and m.top1 == 0 and m.mean_regret == pytest.approx(0.25)
+    assert isinstance(m, Metrics) and json.dumps(m.to_dict())
+
+
+def test_evaluate_compares_families_and_baselines():
+    ds = build_dataset(synthetic_frame())
+    result = evaluate(ds, families=light_families(), holdout_by="model")
+    summary = result.to_dict()
+    for key in ("top1", "within_3pct", "mean_regret", "worst_regret"):
+        assert summary[key] == summary["families"][summary["family"]][key]
+        for name in ("always_serial", "always_shard_ce", "roofline", "async_tp_rule"):
+            assert key in summary["baselines"][name]
+    assert summary["baselines"]["always_serial"]["top1"] == 0.0  # serial never wins here
+    assert summary["mean_regret"] < summary["baselines"]["always_serial"]["mean_regret"]
+    assert summary["mean_regret"] <= min(m["mean_regret"] for m in summary["families"].values())
+    assert summary["baselines"]["async_tp_measured"]["top1"] is None
+    json.dumps(summary)
+
+
+# --- baselines --------------------------------------------------------------------------------
+
+
+def test_async_tp_rule_follows_pytorch_thresholds():
+    def ag(m):
+        return Problem(pattern="ag_gemm", m=m, n=4096, k=4096, world=2)
+
+    assert baselines.async_tp_rule(ag(2048), ROOFS) == SERIAL
+    assert baselines.async_tp_rule(ag(4096), ROOFS) == SHARD_CE
+    rs = Problem(pattern="gemm_rs", m=1024, n=4096, k=4096, world=2)
+    assert baselines.async_tp_rule(rs, ROOFS) == SHARD_CE
+    moe = Problem(pattern="a2a_gemm", m=4096, n=4096, k=4096, world=2, experts=8)
+    assert baselines.async_tp_rule(moe, ROOFS) == SERIAL
+
+
+def test_roofline_rule_overlaps_only_when_both_sides_matter():
+    compute_bound = Problem(pattern="ag_gemm", m=16384, n=65536, k=1024, world=2)
+    assert baselines.roofline(compute_bound, ROOFS) == SERIAL
+    balanced = Problem(pattern="ag_gemm", m=16384, n=2048, k=8192, world=2)
+    raw = raw_features(balanced, ROOFS)
+    assert 0.1 < raw["comm_compute_ratio"] < 10
+    assert baselines.roofline(balanced, ROOFS) != SERIAL
+    assert baselines.always_shard_ce(compute_bound, ROOFS) == SHARD_CE
+    assert baselines.always_serial(compute_bound, ROOFS) == SERIAL
+
+
+# --- CLI --------------------------------------------------------------------------------------
+
+
+def test_cli_evaluate_json(tmp_path, monkeypatch):
+    from ficco import cli
+    from ficco.select import evaluate as evaluate_module
+
+    monkeypatch.setattr(evaluate_module, "default_families", light_families)
+    path = tmp_path / "frame.parquet"
+    synthetic_frame().to_parquet(path)
+    result = CliRunner().invoke(
+        cli.main, ["evaluate", "--store", str(path), "--holdout-by", "model", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert {"top1", "within_3pct", "mean_regret", "worst_regret", "baselines"} <= set(data)
+    assert set(data["baselines"]["roofline"]) >= {
+        "top1",
+        "within_3pct",
+        "mean_regret",
+        "worst_regret",
+    }
+    table = CliRunner().invoke(cli.main, ["evaluate", "--store", str(path)])
+    assert table.exit_code == 0 and "baseline:always_serial" in table.output
+    missing = CliRunner().invoke(cli.main, ["evaluate", "--store", str(tmp_path / "nope")])
+    assert missing.exit_code != 0 and "does not exist" in missing.output
+
+
+def test_numpy_labels_roundtrip():
+    # Picks are plain strings, usable as JSON keys.
+    ds = build_dataset(synthetic_frame())
+    picks = ScheduleSelector(family="tree").fit(ds.problems, ds.labels).predict(ds.problems)
+    assert isinstance(picks, np.ndarray) and all(isinstance(p, str) for p in picks)
