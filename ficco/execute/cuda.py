@@ -847,9 +847,25 @@ def _cuda_worker(
     opts_json: str,
     results,
 ) -> None:
+    import faulthandler
+    import sys
+
     import torch.distributed as dist
 
+    # A hang inside CUDA or NCCL shows no Python error: dump every thread's stack to stderr
+    # if the rank stays silent this long, so the log says where it stuck.
+    dump_s = float(os.environ.get("FICCO_HANG_DUMP_S", "0") or 0)
+    if dump_s > 0:
+        faulthandler.dump_traceback_later(dump_s, repeat=True, file=sys.stderr)
     ctx = _init_rank(rank, world, init_file, timeout_s)
+    if rank == 0:
+        results.put(
+            (
+                "progress",
+                0,
+                {"phase": "init", "name": f"rank 0 ready, nccl_ce: {ctx.nccl_ce_error or 'ok'}"},
+            )
+        )
     opts = TimingOptions(**json.loads(opts_json))
     jobs = json.loads(jobs_json)
     try:
