@@ -328,6 +328,18 @@ def test_pruning():
     assert GemmConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
 
 
+def test_accumulate_fits_shared_memory():
+    # accumulate=True reads the C tile back through a second staging buffer: the 4-stage
+    # 128x256 config (229,376 bytes) would need 262,144 and fail to launch on Hopper.
+    cfg = GPU_CONFIGS[0]
+    assert cfg.shared_memory_bytes(2, 2, True) > HOPPER_SHARED_MEMORY_BYTES
+    fitted = kernel_paths._fit_accumulate(cfg, 2, 2, HOPPER_SHARED_MEMORY_BYTES)
+    assert fitted == replace(cfg, num_stages=3)
+    assert fitted.shared_memory_bytes(2, 2, True) <= HOPPER_SHARED_MEMORY_BYTES
+    small = GemmConfig(64, 128, 64, 8, 5, 4)
+    assert kernel_paths._fit_accumulate(small, 2, 2, HOPPER_SHARED_MEMORY_BYTES) == small
+
+
 # ---------------------------------------------------------------------------------------------
 # Tuning cache
 

@@ -91,13 +91,15 @@ class GemmConfig:
         except TypeError as exc:  # unknown or missing keys
             raise ValueError(f"bad GemmConfig fields {sorted(d)}: {exc}") from exc
 
-    def shared_memory_bytes(self, in_bytes: int, out_bytes: int) -> int:
-        """Upper estimate: `num_stages` A [BM, BK] + B [BK, BN] buffers, plus C's staging tile."""
+    def shared_memory_bytes(self, in_bytes: int, out_bytes: int, accumulate: bool = False) -> int:
+        """`num_stages` A [BM, BK] + B [BK, BN] buffers plus C's staging tile (two when
+        accumulating: the C tile read back). Matches Triton 3.6's sm_90 TMA kernel to within
+        its 32-40 bytes of barriers."""
         ab = (
             self.num_stages * (self.block_m * self.block_k + self.block_k * self.block_n) * in_bytes
         )
         c_cols = self.block_n // 2 if self.epilogue_subtile else self.block_n
-        return ab + self.block_m * c_cols * out_bytes
+        return ab + (2 if accumulate else 1) * self.block_m * c_cols * out_bytes
 
 
 def _c(bm, bn, bk, stages, warps, group=8, sub=False, split=False) -> GemmConfig:
