@@ -54,7 +54,7 @@ CANDIDATES = {
         "serial/nccl/cublas",
         "serial/nccl/triton",
         "serial/ce/cublas",
-        "serial/nccl_ce/cublas",
+        "serial/nccl_ce/cublas",  # unavailable unless FICCO_NCCL_CE=1
         "shard/ce/cublas",
         "shard/ce/cublas+hi",
         "finer-c2-m/ce/cublas",

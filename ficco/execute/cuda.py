@@ -146,11 +146,26 @@ def _init_rank(rank: int, world: int, init_file: str, timeout_s: float) -> RankC
     return ctx
 
 
+#: opt-in for NCCL's zero-CTA copy-engine policy (see _probe_nccl_ce)
+NCCL_CE_ENV = "FICCO_NCCL_CE"
+
+
 def _probe_nccl_ce(ctx: RankContext) -> None:
-    """Try NCCL's zero-CTA (copy-engine) policy once; remember why it is unavailable."""
+    """Try NCCL's zero-CTA (copy-engine) policy once; remember why it is unavailable.
+
+    Opt-in (``FICCO_NCCL_CE=1``): on 2xH200 (torch 2.11, NCCL 2.28) runs that used it hung
+    without an error (once at start, once in verification), and a hang costs a whole run.
+    Zero-CTA collectives need buffers registered in symmetric windows; a communicator with no
+    CTAs and unregistered buffers may wait forever."""
     import torch
     import torch.distributed as dist
 
+    if os.environ.get(NCCL_CE_ENV) != "1":
+        ctx.nccl_ce_error = (
+            f"nccl_ce not probed: set {NCCL_CE_ENV}=1 to try NCCL's zero-CTA policy (it hung "
+            "on 2xH200 with torch 2.11 / NCCL 2.28)"
+        )
+        return
     try:
         opts = dist.ProcessGroupNCCL.Options()
         policy = getattr(getattr(opts, "config", None), "cta_policy", None)
