@@ -6,6 +6,7 @@ import contextlib
 import datetime as _dt
 import hashlib
 import json
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -27,6 +28,10 @@ IDENTITY_FIELDS = (
 
 
 def git_commit(path: str | Path | None = None) -> str:
+    """The checkout's commit; ``$FICCO_GIT_COMMIT`` where the tree travels without ``.git``
+    (a copy sent to a GPU machine)."""
+    if os.environ.get("FICCO_GIT_COMMIT"):
+        return os.environ["FICCO_GIT_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"],
