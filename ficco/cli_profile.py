@@ -1,0 +1,466 @@
+"""The profiling commands of the ``ficco`` CLI: ``workloads``, ``sweep`` and ``report``.
+
+Registered on the main group by :func:`register`. Heavy imports (pandas, optuna, torch,
+matplotlib) happen inside the commands, so ``ficco --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import click
+
+from ficco.problem import DTYPE_BYTES
+from ficco.sweep.base import SweepObserver
+from ficco.workloads import DEFAULT_TOKENS, MODELS
+
+_MODEL_CHOICE = click.Choice(list(MODELS), case_sensitive=False)
+
+
+def _setup(world: int, ep: int | None, tokens: tuple[int, ...], dtype: str):
+    from ficco.workloads import ParallelSetup
+
+    try:
+        return ParallelSetup(world=world, ep=ep, tokens=tokens or DEFAULT_TOKENS, dtype=dtype)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+
+
+def _console():
+    """A console for tables: as wide as the terminal, or wide enough when piped."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+def _echo_skipped(skipped, err: bool = True) -> None:
+    if not skipped:
+        return
+    reasons: dict[str, list[str]] = {}
+    for s in skipped:
+        reasons.setdefault(s.reason, []).append(f"{s.name}@{s.tokens}")
+    for reason, names in reasons.items():
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        click.echo(f"skipped {shown}: {reason}", err=err)
+
+
+@click.command("workloads")
+@click.option(
+    "--model",
+    "-m",
+    "models",
+    multiple=True,
+    type=_MODEL_CHOICE,
+    help="A model of the catalog (repeat) [default: all].",
+)
+@click.option(
+    "--world", "-w", type=int, default=8, show_default=True, help="Tensor/sequence-parallel W."
+)
+@click.option("--ep", type=int, default=None, help="Expert-parallel degree [default: W].")
+@click.option(
+    "--tokens",
+    "-t",
+    multiple=True,
+    type=int,
+    help=f"Tokens of the TP group (repeat) [default: {' '.join(map(str, DEFAULT_TOKENS))}].",
+)
+@click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), default="bf16", show_default=True)
+@click.option(
+    "--csv",
+    "csv_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the shapes CSV that `ficco sweep --shapes` reads.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def workloads_cmd(models, world, ep, tokens, dtype, csv_path, as_json) -> None:
+    """List the GEMM + collective problems of real models' layers.
+
+    QKV and FC1 are ag_gemm (N = out features / W, K = hidden); out-proj and FC2 are gemm_rs
+    (K = in features / W, N = hidden); MoE models add a2a_gemm (dispatch + expert
+    up-projection) and gemm_a2a (expert down-projection + combine) with uniform routing.
+
+    Example: ficco workloads --model llama3-70b --world 8 --tokens 4096 --csv shapes.csv
+    """
+    from ficco.workloads import catalog_problems, get_model, unique_problems, write_shapes_csv
+
+    setup = _setup(world, ep, tokens, dtype)
+    problems, skipped = catalog_problems(models or None, setup)
+    _, duplicates = unique_problems(problems)
+    if csv_path:
+        write_shapes_csv(problems, csv_path)
+    if as_json:
+        payload = {
+            "setup": {"world": setup.world, "ep": setup.ep_world, "tokens": list(setup.tokens)},
+            "models": {
+                name: get_model(name).source for name in (models or MODELS) if name in MODELS
+            },
+            "problems": [
+                {**p.to_dict(), "key": p.key, "same_shape_as": duplicates.get(f"{p.name}@{p.m}")}
+                for p in problems
+            ],
+            "skipped": [{"name": s.name, "tokens": s.tokens, "reason": s.reason} for s in skipped],
+        }
+        click.echo(json.dumps(payload, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(
+        title=f"{len(problems)} problems: W={setup.world}, EP={setup.ep_world}, {setup.dtype}"
+    )
+    for col in ("problem", "pattern", "m", "n", "k", "world", "experts", "GFLOP", "MB/rank"):
+        table.add_column(
+            col, justify="left" if col in ("problem", "pattern") else "right", no_wrap=True
+        )
+    table.add_column("same shape as", no_wrap=True)
+    for p in problems:
+        table.add_row(
+            p.name,
+            p.pattern.value,
+            str(p.m),
+            str(p.n),
+            str(p.k),
+            str(p.world),
+            str(p.experts or ""),
+            f"{p.flops / 1e9:.1f}",
+            f"{p.comm_bytes_per_rank() / 2**20:.1f}",
+            duplicates.get(f"{p.name}@{p.m}", ""),
+        )
+    _console().print(table)
+    _echo_skipped(skipped)
+    if csv_path:
+        click.echo(f"wrote {len(problems)} shapes to {csv_path}", err=True)
+
+
+def _load_problems(workloads, shapes, world, ep, tokens, dtype):
+    from dataclasses import replace
+
+    from ficco.workloads import catalog_problems, read_shapes_csv
+
+    if bool(workloads) == bool(shapes):
+        raise click.UsageError("give either --workloads MODEL (one or more) or --shapes FILE.csv")
+    if workloads:
+        if world is None:
+            raise click.UsageError("--workloads needs --world W")
+        names = [n for w in workloads for n in w.split(",") if n]
+        if "all" in names:
+            names = list(MODELS)
+        unknown = [n for n in names if n.lower() not in MODELS]
+        if unknown:
+            raise click.BadParameter(
+                f"unknown model(s) {unknown}; expected {', '.join(MODELS)} or all",
+                param_hint="--workloads",
+            )
+        problems, skipped = catalog_problems(names, _setup(world, ep, tokens, dtype))
+        _echo_skipped(skipped)
+        return problems
+    try:
+        problems = read_shapes_csv(shapes)
+    except (OSError, ValueError) as err:
+        raise click.UsageError(str(err)) from None
+    if world is not None:
+        kept = [p for p in problems if p.world == world]
+        if len(kept) < len(problems):
+            click.echo(
+                f"skipped {len(problems) - len(kept)} shapes of another world than {world}",
+                err=True,
+            )
+        problems = kept
+    if tokens:
+        problems = [p for p in problems if p.m in tokens]
+    if dtype:
+        problems = [replace(p, dtype=dtype) for p in problems]
+    return problems
+
+
+class _ProgressObserver(SweepObserver):
+    """Rich progress: problems done, schedules of the current problem, best so far, ETA."""
+
+    def __init__(self, progress, total: int) -> None:
+        self.progress = progress
+        self.problems = progress.add_task("problems", total=total, best="")
+        self.schedules = progress.add_task("schedules", total=None, best="")
+        self.best_ms = math.inf
+
+    def problem_started(self, problem, index, total, to_measure, already) -> None:
+        self.best_ms = math.inf
+        label = f"{problem.name or problem.pattern} m={problem.m}"
+        self.progress.reset(self.schedules, total=to_measure, description=label, best="")
+
+    def measured(self, problem, m) -> None:
+        self.progress.advance(self.schedules)
+        if m.verdict == "ok" and m.median_ms < self.best_ms:
+            self.best_ms = m.median_ms
+            self.progress.update(self.schedules, best=f"best {m.name} {m.median_ms:.3f} ms")
+
+    def problem_finished(self, problem, outcome) -> None:
+        best = outcome.best
+        text = (
+            f"last: {best.name} {best.median_ms:.3f} ms, {outcome.speedup:.2f}x serial"
+            if best
+            else "last: no correct schedule"
+        )
+        self.progress.update(self.problems, advance=1, best=text)
+
+
+@click.command("sweep")
+@click.option(
+    "--workloads",
+    "workloads",
+    multiple=True,
+    metavar="MODEL",
+    help=f"Catalog model(s) to sweep (repeat, or comma-separated; 'all'): {', '.join(MODELS)}.",
+)
+@click.option(
+    "--shapes",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A shapes CSV (from `ficco workloads --csv`).",
+)
+@click.option("--world", "-w", type=int, default=None, help="Ranks W (with --shapes: a filter).")
+@click.option("--ep", type=int, default=None, help="Expert-parallel degree [default: W].")
+@click.option("--tokens", "-t", multiple=True, type=int, help="Token counts (repeat).")
+@click.option(
+    "--dtype",
+    type=click.Choice(sorted(DTYPE_BYTES)),
+    default=None,
+    help="Element type [default: bf16; fp32 with --backend cpu].",
+)
+@click.option(
+    "--store",
+    "store_dir",
+    type=click.Path(file_okay=False),
+    required=True,
+    help="Profile store directory (created, or resumed).",
+)
+@click.option(
+    "--strategy",
+    type=click.Choice(["exhaustive", "optuna"]),
+    default="exhaustive",
+    show_default=True,
+)
+@click.option("--trials", type=int, default=None, help="optuna: schedules per problem.")
+@click.option(
+    "--trial-fraction",
+    type=float,
+    default=0.3,
+    show_default=True,
+    help="optuna: share of the candidates measured when --trials is not given.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["cuda", "cpu"]),
+    default="cuda",
+    show_default=True,
+    help="cuda: one process per GPU. cpu: gloo processes; timings exercise the harness only.",
+)
+@click.option(
+    "--limit-schedules",
+    type=int,
+    default=None,
+    help="Consider only the first N legal schedules per problem (serial first).",
+)
+@click.option(
+    "--gemm",
+    "gemms",
+    multiple=True,
+    type=click.Choice(["triton", "cublas"]),
+    help="Only these GEMMs (repeat).",
+)
+@click.option(
+    "--transport",
+    "transports",
+    multiple=True,
+    type=click.Choice(["ce", "nccl", "nccl_ce"]),
+    help="Only these transports (repeat).",
+)
+@click.option("--chunks", multiple=True, type=int, help="Chunk counts of finer schedules.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    help="Seconds before a hang counts [default: 120 cpu, 300 cuda].",
+)
+@click.option("--rounds", type=int, default=3, show_default=True, help="cpu: interleaved rounds.")
+@click.option("--batch", type=int, default=4, show_default=True, help="optuna: trials per call.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of a table.")
+def sweep_cmd(
+    workloads,
+    shapes,
+    world,
+    ep,
+    tokens,
+    dtype,
+    store_dir,
+    strategy,
+    trials,
+    trial_fraction,
+    backend,
+    limit_schedules,
+    gemms,
+    transports,
+    chunks,
+    seed,
+    timeout,
+    rounds,
+    batch,
+    as_json,
+) -> None:
+    """Measure schedules of many problems into a resumable profile store.
+
+    Every measurement is recorded as it completes; rerunning the same command skips what the
+    store holds, so an interrupted sweep resumes where it stopped. A schedule that fails is
+    recorded with its verdict and the sweep goes on.
+
+    Example: ficco sweep --workloads llama3-70b --world 8 --store profiles/h200x8 --strategy optuna
+    """
+    from ficco.profile.store import ProfileStore
+    from ficco.space import SpaceOptions
+    from ficco.sweep import BackendUnavailable, SweepOptions, make_runner, sweep
+
+    default_dtype = "fp32" if backend == "cpu" else "bf16"
+    problems = _load_problems(
+        workloads, shapes, world, ep, tokens, dtype or (None if shapes else default_dtype)
+    )
+    if not problems:
+        raise click.UsageError("no problems to sweep")
+    space_kwargs = {}
+    if gemms:
+        space_kwargs["gemms"] = tuple(gemms)
+    if transports:
+        space_kwargs["transports"] = tuple(transports)
+    if chunks:
+        space_kwargs["chunk_counts"] = tuple(chunks)
+    try:
+        space = SpaceOptions(**space_kwargs)
+        options = SweepOptions(
+            limit_schedules=limit_schedules,
+            trials=trials,
+            trial_fraction=trial_fraction,
+            batch=batch,
+            seed=seed,
+        )
+        runner_kwargs = {
+            "seed": seed,
+            "timeout_s": timeout or (120.0 if backend == "cpu" else 300.0),
+        }
+        if backend == "cpu":
+            runner_kwargs["rounds"] = rounds
+        runner = make_runner(backend, **runner_kwargs)
+    except BackendUnavailable as err:
+        raise click.ClickException(str(err)) from None
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    try:
+        store = ProfileStore.open(store_dir, runner.fingerprint())
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    console = Console(stderr=True)
+    with (
+        store,
+        Progress(
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[best]}"),
+            console=console,
+            disable=as_json or not console.is_terminal,
+        ) as progress,
+    ):
+        options.observer = _ProgressObserver(progress, len(problems))
+        result = sweep(
+            problems, runner=runner, store=store, strategy=strategy, space=space, options=options
+        )
+    summary = result.to_dict()
+    if as_json:
+        click.echo(json.dumps({"store": str(store_dir), **summary}, indent=2, default=str))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{len(result.outcomes)} problems swept into {store_dir} ({backend})")
+    for col in ("problem", "m", "best", "ms", "x serial", "new", "reused", "failed"):
+        table.add_column(
+            col, justify="left" if col in ("problem", "best") else "right", no_wrap=True
+        )
+    for o in result.outcomes:
+        table.add_row(
+            o.problem.name or o.problem.key,
+            str(o.problem.m),
+            o.best.name if o.best else "[red]none correct[/]",
+            f"{o.best.median_ms:.4g}" if o.best else "",
+            f"{o.speedup:.2f}" if math.isfinite(o.speedup) else "",
+            str(o.measured),
+            str(o.reused),
+            str(o.failed),
+        )
+    _console().print(table)
+    if result.duplicates:
+        click.echo(
+            f"{len(result.duplicates)} problems share a shape with an earlier one and were "
+            "measured once (see `ficco workloads`)",
+            err=True,
+        )
+    if backend == "cpu":
+        click.echo("cpu backend: verdicts are real; timings only exercise the harness.", err=True)
+
+
+@click.command("report")
+@click.option(
+    "--store",
+    "store_dir",
+    type=click.Path(exists=True, file_okay=False),
+    required=True,
+    help="Profile store directory.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    required=True,
+    help="Directory for the plots and summary.md.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary object as JSON.")
+def report_cmd(store_dir, out_dir, as_json) -> None:
+    """Plot a profile store: speedup heatmap, signature breakdown, share of ideal, summary.
+
+    Example: ficco report --store profiles/h200x8 --out report/
+    """
+    from ficco.profile.report import write_report
+
+    try:
+        summary = write_report(store_dir, out_dir)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(
+        f"{summary['n_problems']} problems, {summary['n_records']} records "
+        f"({summary['n_failed']} not ok) from fingerprint(s) {', '.join(summary['fingerprints'])}"
+    )
+    for path in summary["files"]:
+        click.echo(f"wrote {path}")
+
+
+def register(group: click.Group) -> None:
+    """Add ``workloads``, ``sweep`` and ``report`` to ``group``."""
+    group.add_command(workloads_cmd)
+    group.add_command(sweep_cmd)
+    group.add_command(report_cmd)

@@ -1,0 +1,105 @@
+"""Sweeps: measure schedules of many problems into a profile store, resumably.
+
+A strategy is one callable ``run(problems, space, runner, store, options) -> SweepResult``,
+found by name in :data:`STRATEGIES` (imported only when chosen):
+
+``exhaustive``  every candidate schedule of every problem
+``optuna``      a TPE study per problem over the schedule axes, a share of the candidates
+
+Runners (``CpuRunner``, ``CudaRunner``, ``ReplayRunner``) share the :class:`Runner` base.
+Importing this package loads neither torch nor optuna.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+
+from ficco.problem import Problem
+from ficco.profile.store import Store
+from ficco.space import SpaceOptions
+from ficco.sweep.base import (
+    ProblemOutcome,
+    SweepObserver,
+    SweepOptions,
+    SweepResult,
+    candidates,
+    measure_into,
+    ranked,
+    record_baselines,
+)
+from ficco.sweep.runners import (
+    BackendUnavailable,
+    CpuRunner,
+    CudaRunner,
+    ReplayRunner,
+    Runner,
+)
+
+#: strategy name -> module defining ``run``
+STRATEGIES: dict[str, str] = {
+    "exhaustive": "ficco.sweep.exhaustive",
+    "optuna": "ficco.sweep.optuna_study",
+}
+
+Strategy = Callable[..., SweepResult]
+
+__all__ = [
+    "STRATEGIES",
+    "BackendUnavailable",
+    "CpuRunner",
+    "CudaRunner",
+    "ProblemOutcome",
+    "ReplayRunner",
+    "Runner",
+    "SweepObserver",
+    "SweepOptions",
+    "SweepResult",
+    "candidates",
+    "get_strategy",
+    "make_runner",
+    "measure_into",
+    "ranked",
+    "record_baselines",
+    "sweep",
+]
+
+
+def get_strategy(name: str) -> Strategy:
+    """The strategy callable called ``name`` (ValueError listing the known ones otherwise)."""
+    try:
+        module = STRATEGIES[name]
+    except KeyError:
+        raise ValueError(
+            f"strategy: unknown strategy {name!r}; expected one of {', '.join(STRATEGIES)}"
+        ) from None
+    return importlib.import_module(module).run
+
+
+def make_runner(backend: str, **kwargs) -> Runner:
+    """A runner for ``backend`` ('cpu' or 'cuda'); BackendUnavailable if it cannot run here."""
+    if backend == "cpu":
+        return CpuRunner(**kwargs)
+    if backend == "cuda":
+        return CudaRunner(**kwargs)
+    raise ValueError(f"backend: unknown backend {backend!r}; expected cpu or cuda")
+
+
+def sweep(
+    problems: Iterable[Problem],
+    *,
+    runner: Runner,
+    store: Store,
+    strategy: str = "exhaustive",
+    space: SpaceOptions | None = None,
+    options: SweepOptions | None = None,
+) -> SweepResult:
+    """Measure ``problems`` with ``strategy`` into ``store``; problems of a shape already in
+    the list (same ``Problem.key``) are measured once, under the first one's name."""
+    from ficco.workloads import unique_problems
+
+    run = get_strategy(strategy)
+    unique, duplicates = unique_problems(problems)
+    result = run(unique, space, runner, store, options or SweepOptions())
+    result.duplicates = duplicates
+    return result

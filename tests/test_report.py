@@ -1,0 +1,72 @@
+import json
+
+import pytest
+from click.testing import CliRunner
+from synthetic import write_synthetic_store
+
+from ficco.cli import main
+from ficco.problem import Problem
+from ficco.profile import ProfileStore
+from ficco.space import SpaceOptions
+
+SPACE = SpaceOptions(chunk_counts=(2, 4), sm_reserves=(0,))
+PROBLEMS = [
+    Problem(pattern="ag_gemm", m=m, n=1280, k=8192, world=4, dtype="bf16", name=f"toy-{s}.qkv")
+    for s, m in (("a", 2048), ("a", 8192), ("b", 4096))
+] + [
+    Problem(pattern="gemm_rs", m=4096, n=8192, k=1024, world=4, dtype="bf16", name="toy-b.out"),
+    Problem(pattern="a2a_gemm", m=8192, n=4096, k=2048, world=4, dtype="bf16", experts=8),
+]
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("report") / "store"
+    write_synthetic_store(path, PROBLEMS, SPACE)
+    return path
+
+
+def test_report_writes_nontrivial_plots_and_a_summary(store_dir, tmp_path):
+    import matplotlib.image as mpimg
+
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["report", "--store", str(store_dir), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    for name in ("speedup_heatmap.png", "signature_breakdown.png", "share_of_ideal.png"):
+        path = out / name
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert path.stat().st_size > 20_000
+        pixels = mpimg.imread(path)
+        assert pixels.shape[0] > 300 and pixels.shape[1] > 500
+        assert pixels[..., :3].std() > 0.05  # not a blank canvas
+    summary = (out / "summary.md").read_text()
+    assert "| problem | pattern |" in summary and "toy-a.qkv m=8192" in summary
+    assert f"wrote {out / 'summary.md'}" in result.output
+
+
+def test_report_json_summary_keys(store_dir, tmp_path):
+    result = CliRunner().invoke(
+        main, ["report", "--store", str(store_dir), "--out", str(tmp_path / "o"), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert {"n_problems", "n_records", "n_failed", "fingerprints"} <= set(summary)
+    store = ProfileStore.read(store_dir)
+    assert summary["n_problems"] == len(PROBLEMS)
+    assert summary["n_records"] == len(store)
+    assert summary["n_failed"] == sum(1 for m in store.measurements() if m.verdict != "ok") > 0
+    assert summary["fingerprints"] == [store.fingerprint_id]
+
+
+def test_report_of_an_empty_store_and_of_no_store(tmp_path):
+    ProfileStore.open(tmp_path / "empty", {"backend": "cpu"}).close()
+    result = CliRunner().invoke(
+        main, ["report", "--store", str(tmp_path / "empty"), "--out", str(tmp_path / "o"), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["n_records"] == 0
+    (tmp_path / "nostore").mkdir()
+    result = CliRunner().invoke(
+        main, ["report", "--store", str(tmp_path / "nostore"), "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 1 and "not a profile store" in result.output

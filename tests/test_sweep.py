@@ -1,0 +1,317 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from synthetic import write_synthetic_store
+
+from ficco.cli import main
+from ficco.measure.record import Measurement
+from ficco.problem import Problem
+from ficco.profile import MemoryStore, ProfileStore, load_frame
+from ficco.space import Schedule, SpaceOptions, is_legal
+from ficco.sweep import (
+    STRATEGIES,
+    BackendUnavailable,
+    CudaRunner,
+    ReplayRunner,
+    Runner,
+    SweepOptions,
+    get_strategy,
+    sweep,
+)
+
+TINY_CSV = (
+    "name,pattern,m,n,k,world,dtype,experts\n"
+    "tiny.qkv,ag_gemm,32,16,16,2,fp32,\n"
+    "tiny.out,gemm_rs,32,16,16,2,fp32,\n"
+)
+# W=4 so the order axis is open; chunk counts kept small so the store stays small
+SMALL_SPACE = SpaceOptions(chunk_counts=(2, 4), sm_reserves=(0, 16))
+REPLAYED = [
+    Problem(pattern="ag_gemm", m=4096, n=1280, k=8192, world=4, dtype="bf16", name="toy.qkv"),
+    Problem(pattern="gemm_rs", m=4096, n=8192, k=1024, world=4, dtype="bf16", name="toy.out"),
+]
+
+
+def records(store_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (store_dir / "records.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def replay_store(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("replayed") / "store"
+    write_synthetic_store(path, REPLAYED, SMALL_SPACE)
+    return path
+
+
+def test_sweep_killed_with_sigkill_resumes_without_duplicates_or_losses(tmp_path):
+    shapes = tmp_path / "tiny.csv"
+    shapes.write_text(TINY_CSV)
+    store_dir = tmp_path / "store"
+    args = [
+        "sweep",
+        "--shapes",
+        str(shapes),
+        "--backend",
+        "cpu",
+        "--store",
+        str(store_dir),
+        "--limit-schedules",
+        "4",
+        "--gemm",
+        "cublas",
+        "--rounds",
+        "1",
+    ]
+    code = "import sys; from ficco.cli import main; sys.argv[0] = 'ficco'; main()"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its rank processes share the group and die with it
+    )
+    log = store_dir / "records.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if log.exists() and log.stat().st_size:
+            break
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = log.read_text()
+    complete = [line for line in before.splitlines(keepends=True) if line.endswith("\n")]
+    expected = 2 * (4 + 2)  # 2 problems x (4 schedules + gemm_alone + comm_alone)
+    assert 1 <= len(complete) < expected, "the kill should land partway through the sweep"
+
+    result = CliRunner().invoke(main, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    after = records(store_dir)
+    pairs = Counter((r["problem_key"], r["name"]) for r in after)
+    assert len(pairs) == expected and set(pairs.values()) == {1}
+    assert log.read_text().startswith("".join(complete))  # nothing recorded before was lost
+    frame = load_frame(store_dir)
+    assert len(frame) == expected
+    assert set(frame["problem_name"]) == {"tiny.qkv", "tiny.out"}
+    assert (frame["verdict"] == "ok").all()
+    assert frame["t_gemm_ms"].notna().all() and frame["backend"].eq("cpu").all()
+    summary = json.loads(result.stdout)
+    assert summary["measured"] + summary["reused"] == 8
+
+    again = CliRunner().invoke(main, [*args, "--json"])
+    assert json.loads(again.stdout)["measured"] == 0
+    assert len(records(store_dir)) == expected
+
+
+def test_exhaustive_replay_records_failures_and_goes_on(replay_store):
+    runner = ReplayRunner(replay_store)
+    store = MemoryStore(runner.fingerprint())
+    result = sweep(REPLAYED, runner=runner, store=store, space=SMALL_SPACE)
+    source = ProfileStore.read(replay_store)
+    assert len(store) == len(source)
+    failed = [m for m in store.measurements() if m.verdict != "ok"]
+    assert failed and all(m.verdict == "unavailable" for m in failed)
+    for outcome in result.outcomes:
+        assert outcome.best is not None and outcome.failed > 0
+        assert outcome.measured == outcome.candidates
+    rerun = sweep(REPLAYED, runner=runner, store=store, space=SMALL_SPACE)
+    assert sum(o.measured for o in rerun.outcomes) == 0
+
+
+class FlakyRunner(Runner):
+    """Replays a store, but the whole run of one problem fails (a crashed process group)."""
+
+    backend = "flaky"
+
+    def __init__(self, store_dir, broken_key):
+        self.inner = ReplayRunner(store_dir)
+        self.broken_key = broken_key
+
+    def fingerprint(self):
+        return self.inner.fingerprint()
+
+    def restrict(self, problem, schedules):
+        return self.inner.restrict(problem, schedules)
+
+    def measure(self, problem, schedules, on_result=None):
+        if problem.key == self.broken_key:
+            raise RuntimeError("process group died")
+        return self.inner.measure(problem, schedules, on_result)
+
+    def baselines(self, problem):
+        return self.inner.baselines(problem)
+
+
+def test_a_failed_run_leaves_its_problem_unrecorded_and_the_sweep_goes_on(replay_store):
+    runner = FlakyRunner(replay_store, REPLAYED[0].key)
+    store = MemoryStore(runner.fingerprint())
+    with pytest.warns(RuntimeWarning, match="process group died"):
+        result = sweep(REPLAYED, runner=runner, store=store, space=SMALL_SPACE)
+    assert result.outcomes[0].measured == 0 and result.outcomes[1].best is not None
+    assert not [m for m in store.measurements(REPLAYED[0].key) if m.kind == "schedule"]
+
+
+def test_optuna_over_replay_measures_a_share_and_finds_a_good_schedule(replay_store, tmp_path):
+    runner = ReplayRunner(replay_store)
+    store = ProfileStore.open(tmp_path / "opt", runner.fingerprint())
+    options = SweepOptions(trials=12, batch=3, seed=1)
+    result = sweep(
+        REPLAYED, runner=runner, store=store, strategy="optuna", space=SMALL_SPACE, options=options
+    )
+    source = ProfileStore.read(replay_store)
+    for problem, outcome in zip(REPLAYED, result.outcomes, strict=True):
+        mine = [m for m in store.measurements(problem.key) if m.kind == "schedule"]
+        assert len(mine) == 12 == len({m.name for m in mine})
+        assert "serial/nccl/cublas" in {m.name for m in mine}  # enqueued first
+        assert outcome.best is not None and outcome.candidates > 60
+        ranks = sorted(m.median_ms for m in source.measurements(problem.key) if m.verdict == "ok")
+        assert outcome.best.median_ms <= ranks[len(ranks) // 4]  # top quarter at 12/~100
+    assert (tmp_path / "opt" / "optuna.journal").exists()
+
+
+def test_optuna_journal_resumes_the_study(replay_store, tmp_path):
+    import optuna
+
+    runner = ReplayRunner(replay_store)
+    problem = REPLAYED[0]
+    with ProfileStore.open(tmp_path / "opt", runner.fingerprint()) as store:
+        sweep(
+            [problem],
+            runner=runner,
+            store=store,
+            strategy="optuna",
+            space=SMALL_SPACE,
+            options=SweepOptions(trials=6, batch=2),
+        )
+    journal = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "opt" / "optuna.journal"))
+    )
+    (summary,) = optuna.get_all_study_summaries(journal)
+    study = optuna.load_study(study_name=summary.study_name, storage=journal)
+    first = len(study.trials)
+    done = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert done and all("schedule" in t.user_attrs and "verdict" in t.user_attrs for t in done)
+    assert all(is_legal(problem, Schedule.parse(t.user_attrs["schedule"])) for t in study.trials)
+
+    calls = runner.calls
+    with ProfileStore.open(tmp_path / "opt", runner.fingerprint()) as store:
+        result = sweep(
+            [problem],
+            runner=runner,
+            store=store,
+            strategy="optuna",
+            space=SMALL_SPACE,
+            options=SweepOptions(trials=10, batch=2),
+        )
+    assert runner.calls - calls == 4 and result.outcomes[0].reused == 6
+    study = optuna.load_study(study_name=summary.study_name, storage=journal)
+    assert len(study.trials) > first
+    names = [r["name"] for r in records(tmp_path / "opt") if r["kind"] == "schedule"]
+    assert len(names) == 10 == len(set(names))
+
+
+class InterruptingRunner(ReplayRunner):
+    """Replays, then raises KeyboardInterrupt once ``limit`` schedules were served."""
+
+    def __init__(self, store_dir, limit):
+        super().__init__(store_dir)
+        self.limit = limit
+
+    def measure(self, problem, schedules, on_result=None):
+        out = []
+        for schedule in schedules:
+            if self.calls >= self.limit:
+                raise KeyboardInterrupt
+            out += super().measure(problem, [schedule], on_result)
+        return out
+
+
+def test_interrupted_optuna_sweep_resumes_to_its_budget(replay_store, tmp_path):
+    options = dict(strategy="optuna", space=SMALL_SPACE)
+    runner = InterruptingRunner(replay_store, limit=7)
+    with (
+        ProfileStore.open(tmp_path / "opt", runner.fingerprint()) as store,
+        pytest.raises(KeyboardInterrupt),
+    ):
+        sweep(REPLAYED, runner=runner, store=store, options=SweepOptions(trials=5), **options)
+    assert len([r for r in records(tmp_path / "opt") if r["kind"] == "schedule"]) == 7
+    runner = ReplayRunner(replay_store)
+    with ProfileStore.open(tmp_path / "opt", runner.fingerprint()) as store:
+        sweep(REPLAYED, runner=runner, store=store, options=SweepOptions(trials=5), **options)
+    pairs = Counter((r["problem_key"], r["name"]) for r in records(tmp_path / "opt"))
+    assert set(pairs.values()) == {1}
+    per_problem = Counter(key for key, name in pairs if "/" in name)
+    assert per_problem == {p.key: 5 for p in REPLAYED}
+
+
+def test_strategy_table_and_backends():
+    assert set(STRATEGIES) == {"exhaustive", "optuna"}
+    assert callable(get_strategy("optuna"))
+    with pytest.raises(ValueError, match="strategy: unknown strategy 'grid'"):
+        get_strategy("grid")
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(BackendUnavailable, match="needs CUDA GPUs"):
+            CudaRunner()
+        result = CliRunner().invoke(
+            main, ["sweep", "--workloads", "llama3-8b", "-w", "2", "--store", "/nonexistent"]
+        )
+        assert result.exit_code == 1 and "needs CUDA GPUs" in result.output
+
+
+def test_sweep_cli_usage_errors(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(main, ["sweep", "--workloads", "llama3-8b", "--store", str(tmp_path)])
+    assert result.exit_code == 2 and "--world" in result.output
+    result = runner.invoke(main, ["sweep", "--store", str(tmp_path), "-w", "2"])
+    assert result.exit_code == 2 and "--shapes" in result.output
+    result = runner.invoke(
+        main, ["sweep", "--workloads", "llama9", "-w", "2", "--store", str(tmp_path)]
+    )
+    assert result.exit_code == 2 and "llama9" in result.output
+
+
+def test_sweep_refuses_a_store_of_another_machine(replay_store, tmp_path):
+    shapes = tmp_path / "tiny.csv"
+    shapes.write_text(TINY_CSV)
+    result = CliRunner().invoke(
+        main, ["sweep", "--shapes", str(shapes), "--backend", "cpu", "--store", str(replay_store)]
+    )
+    assert result.exit_code == 1
+    assert "backend: 'synthetic' (store) vs 'cpu' (this run)" in result.output
+
+
+def test_comparison_script_prints_the_two_figures_last(replay_store, capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    try:
+        import optuna_vs_exhaustive
+    finally:
+        sys.path.pop(0)
+    optuna_vs_exhaustive.main(["--store", str(replay_store)])
+    last = capsys.readouterr().out.strip().splitlines()[-2:]
+    assert last[0].startswith("within 2% of the exhaustive best: ")
+    assert last[1].startswith("trials used: ") and last[1].endswith("of exhaustive")
+    used = last[1].split("=")[1].split("%")[0]
+    assert float(used) <= 30.0
+
+
+def test_measurements_are_recorded_under_the_problem_name(replay_store):
+    runner = ReplayRunner(replay_store)
+    store = MemoryStore(runner.fingerprint())
+    named = Problem(**{**REPLAYED[1].to_dict(), "name": "other.out"})
+    sweep(
+        [named],
+        runner=runner,
+        store=store,
+        space=SMALL_SPACE,
+        options=SweepOptions(limit_schedules=3),
+    )
+    assert {m.problem["name"] for m in store.measurements()} == {"other.out"}
+    assert all(isinstance(m, Measurement) for m in store.measurements())
