@@ -385,9 +385,17 @@ def sweep_cmd(
         ) as progress,
     ):
         options.observer = _ProgressObserver(progress, len(problems))
-        result = sweep(
-            problems, runner=runner, store=store, strategy=strategy, space=space, options=options
-        )
+        try:
+            result = sweep(
+                problems,
+                runner=runner,
+                store=store,
+                strategy=strategy,
+                space=space,
+                options=options,
+            )
+        except BackendUnavailable as err:
+            raise click.ClickException(str(err)) from None
     summary = result.to_dict()
     if as_json:
         click.echo(json.dumps({"store": str(store_dir), **summary}, indent=2, default=str))

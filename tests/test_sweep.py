@@ -148,11 +148,12 @@ class FlakyRunner(Runner):
         return self.inner.baselines(problem)
 
 
-def test_a_failed_run_leaves_its_problem_unrecorded_and_the_sweep_goes_on(replay_store):
+@pytest.mark.parametrize("strategy", ["exhaustive", "optuna"])
+def test_a_failed_run_leaves_its_problem_unrecorded_and_the_sweep_goes_on(replay_store, strategy):
     runner = FlakyRunner(replay_store, REPLAYED[0].key)
     store = MemoryStore(runner.fingerprint())
     with pytest.warns(RuntimeWarning, match="process group died"):
-        result = sweep(REPLAYED, runner=runner, store=store, space=SMALL_SPACE)
+        result = sweep(REPLAYED, runner=runner, store=store, space=SMALL_SPACE, strategy=strategy)
     assert result.outcomes[0].measured == 0 and result.outcomes[1].best is not None
     assert not [m for m in store.measurements(REPLAYED[0].key) if m.kind == "schedule"]
 
@@ -315,3 +316,34 @@ def test_measurements_are_recorded_under_the_problem_name(replay_store):
     )
     assert {m.problem["name"] for m in store.measurements()} == {"other.out"}
     assert all(isinstance(m, Measurement) for m in store.measurements())
+
+
+def test_cuda_runner_keeps_the_baselines_run_cuda_measures_with_the_schedules(monkeypatch):
+    calls = []
+
+    def fake_run_cuda(problem, schedules, *, seed=0, timeout_s=300.0, on_result=None):
+        calls.append([str(s) for s in schedules])
+        p = problem.to_dict()
+        out = [Measurement(problem=p, name=str(s), median_ms=1.0) for s in schedules] + [
+            Measurement(problem=p, name=n, kind="baseline", median_ms=0.5)
+            for n in ("gemm_alone", "comm_alone", "async_tp")
+        ]
+        for m in out if on_result else ():
+            on_result(m)
+        return out
+
+    import torch
+
+    monkeypatch.setattr(CudaRunner, "_load", staticmethod(lambda: fake_run_cuda))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    runner = CudaRunner()
+    with pytest.raises(BackendUnavailable, match="world=4 GPUs"):
+        sweep([REPLAYED[0]], runner=runner, store=MemoryStore())
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    store = MemoryStore({"backend": "cuda"})
+    problem = REPLAYED[0]
+    sweep([problem], runner=runner, store=store, options=SweepOptions(limit_schedules=3))
+    names = Counter(m.name for m in store.measurements())
+    assert set(names.values()) == {1} and len(names) == 3 + 3
+    assert len(calls) == 1  # the baselines came from the schedules' run
+    assert runner.baselines(REPLAYED[1]) and calls[-1] == []  # measured alone when needed

@@ -95,11 +95,14 @@ def sweep(
     options: SweepOptions | None = None,
 ) -> SweepResult:
     """Measure ``problems`` with ``strategy`` into ``store``; problems of a shape already in
-    the list (same ``Problem.key``) are measured once, under the first one's name."""
+    the list (same ``Problem.key``) are measured once, under the first one's name.
+
+    Raises BackendUnavailable before measuring anything if the runner cannot run them."""
     from ficco.workloads import unique_problems
 
     run = get_strategy(strategy)
     unique, duplicates = unique_problems(problems)
+    runner.check(unique)
     result = run(unique, space, runner, store, options or SweepOptions())
     result.duplicates = duplicates
     return result

@@ -233,6 +233,8 @@ def run(
                     stored[text] = got[text]
             measured += len(got)
             used += len(pending)
+            if not got:  # the run failed as a whole (warned): leave this problem for a rerun
+                break
         record_baselines(store, runner, problem)
         outcome = outcome_of(store, problem, len(cands), measured, reused)
         observer.problem_finished(problem, outcome)

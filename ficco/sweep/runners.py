@@ -65,6 +65,10 @@ class Runner(abc.ABC):
         """The schedules this runner can measure (all of them, unless it replays)."""
         return list(schedules)
 
+    def check(self, problems: Sequence[Problem]) -> None:
+        """Raise BackendUnavailable if this machine cannot run ``problems`` at all."""
+        return None
+
 
 class CpuRunner(Runner):
     """Spawned CPU processes over gloo; verdicts real, timings host-side and indicative only.
@@ -218,6 +222,17 @@ class CudaRunner(Runner):
         from ficco.measure.fingerprint import fingerprint
 
         return fingerprint("cuda")
+
+    def check(self, problems: Sequence[Problem]) -> None:
+        import torch
+
+        have = torch.cuda.device_count()
+        too_wide = sorted({p.world for p in problems if p.world > have})
+        if too_wide:
+            raise BackendUnavailable(
+                f"backend cuda: problems need world={too_wide[-1]} GPUs (one per rank), this "
+                f"machine has {have}; sweep a smaller --world"
+            )
 
     def _run(
         self, problem: Problem, schedules: list[Schedule], on_result: OnResult | None
