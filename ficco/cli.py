@@ -219,9 +219,6 @@ def run_cmd(
         sys.exit(1)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    main()
-
 from ficco.cli_profile import register as _register_profile  # noqa: E402
 
 _register_profile(main)
@@ -229,3 +226,7 @@ _register_profile(main)
 from ficco.cli_select import register as _register_select  # noqa: E402
 
 _register_select(main)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
