@@ -35,7 +35,6 @@ import contextlib
 import json
 import math
 import os
-import queue
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -56,6 +55,12 @@ BASELINE_SERIAL_EAGER = "serial_eager"
 #: baseline: the same serial NCCL + cuBLAS captured in a CUDA graph (where NCCL allows it)
 BASELINE_SERIAL_GRAPH = "serial_graph"
 FLUSH_BYTES = 256 << 20
+#: Graph capture mode. The default ("global") forbids unsafe CUDA calls in *every* thread while
+#: one captures, and ProcessGroupNCCL's watchdog thread polls its pending work with
+#: cudaEventQuery: a poll during a capture can invalidate it or fail the watchdog, leaving one
+#: rank's communicator broken and its peer waiting. "thread_local" confines the rules to the
+#: capturing thread.
+CAPTURE_MODE = "thread_local"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -448,15 +453,7 @@ class PlanRunner:
 
     def capture(self):
         """Record one full execution into a CUDA graph; returns the graph."""
-        import torch
-
-        graph = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream(self.ctx.device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
-            self("full")
-        torch.cuda.current_stream().wait_stream(side)
-        return graph
+        return _capture_callable(self.ctx, lambda: self("full"))
 
     def _ce_transfer(self, op) -> None:
         """One side of a copy-engine transfer (the side that acts)."""
@@ -759,7 +756,10 @@ def _capture_callable(ctx: RankContext, fn: Callable):
     graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream(ctx.device)
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+    with (
+        torch.cuda.stream(side),
+        torch.cuda.graph(graph, stream=side, capture_error_mode=CAPTURE_MODE),
+    ):
         fn()
     torch.cuda.current_stream().wait_stream(side)
     return graph
@@ -874,7 +874,7 @@ def _cuda_worker(
         faulthandler.dump_traceback_later(dump_s, repeat=True, file=sys.stderr)
     ctx = _init_rank(rank, world, init_file, timeout_s)
     if rank == 0:
-        results.put(
+        results.send(
             (
                 "progress",
                 0,
@@ -888,17 +888,17 @@ def _cuda_worker(
             problem = Problem.from_dict(job["problem"])
             schedules = [Schedule.parse(s) for s in job["schedules"]]
             report = (
-                (lambda msg, i=index: results.put(("progress", i, msg)))
+                (lambda msg, i=index: results.send(("progress", i, msg)))
                 if rank == 0
                 else (lambda msg: None)
             )
             try:
                 measured = measure_problem(ctx, problem, schedules, seed + index, opts, report)
                 if rank == 0:
-                    results.put(("done", index, [m.to_dict() for m in measured]))
+                    results.send(("done", index, [m.to_dict() for m in measured]))
             except Exception as err:
                 if rank == 0:
-                    results.put(("failed", index, f"{type(err).__name__}: {str(err)[:500]}"))
+                    results.send(("failed", index, f"{type(err).__name__}: {str(err)[:500]}"))
                 if os.environ.get("FICCO_DEBUG"):
                     traceback.print_exc()
             import torch
@@ -917,13 +917,19 @@ def run_cuda_jobs(
     options: TimingOptions | None = None,
     on_result: Callable[[int, list[Measurement]], None] | None = None,
     on_progress: Callable[[int, dict], None] | None = None,
+    worker: Callable | None = None,
+    startup_s: float = 180.0,
 ) -> list[list[Measurement] | str]:
     """Measure several problems in one set of W GPU processes (W = the problems' world).
 
     Workers report progress after every tuned shape and every verified schedule. When no
     report comes for ``timeout_s`` (a hang) or a worker dies, the workers are killed, the
     problem in flight is recorded as failed (``timeout: ...``) and fresh workers go on with the
-    problems after it. Returns, per job, its measurements or the error that ended it."""
+    problems after it. Returns, per job, its measurements or the error that ended it.
+
+    ``startup_s`` more seconds of silence are allowed before a fresh set of workers reports
+    for the first time (CUDA, NCCL and symmetric-memory set-up). ``worker`` replaces the
+    per-rank process body (tests drive the supervision on CPU)."""
     import torch
 
     if not jobs:
@@ -931,7 +937,7 @@ def run_cuda_jobs(
     world = jobs[0][0].world
     if any(p.world != world for p, _ in jobs):
         raise ValueError("world: every problem of one run must have the same world size")
-    if torch.cuda.device_count() < world:
+    if worker is None and torch.cuda.device_count() < world:
         raise RuntimeError(
             f"the cuda backend needs {world} GPUs, this machine has {torch.cuda.device_count()}"
         )
@@ -940,7 +946,17 @@ def run_cuda_jobs(
     pending = list(range(len(jobs)))
     while pending:
         failed_index, why = _run_workers(
-            jobs, pending, out, seed, timeout_s, opts, world, on_result, on_progress
+            jobs,
+            pending,
+            out,
+            seed,
+            timeout_s,
+            opts,
+            world,
+            on_result,
+            on_progress,
+            worker or _cuda_worker,
+            startup_s,
         )
         pending = [i for i in pending if out[i] is None]
         if failed_index is not None and out[failed_index] is None:
@@ -949,7 +965,9 @@ def run_cuda_jobs(
     return out
 
 
-def _run_workers(jobs, indices, out, seed, timeout_s, opts, world, on_result, on_progress):
+def _run_workers(
+    jobs, indices, out, seed, timeout_s, opts, world, on_result, on_progress, target, startup_s
+):
     """One set of worker processes over ``indices`` (in order). Returns (index, reason) of a
     job that hung or crashed, else (None, '')."""
     import tempfile
@@ -964,26 +982,29 @@ def _run_workers(jobs, indices, out, seed, timeout_s, opts, world, on_result, on
     )
     opts_json = json.dumps({f: getattr(opts, f) for f in TimingOptions.__slots__})
     ctx = mp.get_context("spawn")
-    q = ctx.Queue()
+    # A pipe, not a Queue: a send is written before it returns, so a rank that crashes right
+    # after reporting a finished problem cannot take the report down with it.
+    reader, writer = ctx.Pipe(duplex=False)
     with tempfile.TemporaryDirectory(prefix="ficco-nccl-") as tmp:
         init_file = os.path.join(tmp, "rendezvous")
         procs = [
             ctx.Process(
-                target=_cuda_worker,
-                args=(r, world, init_file, payload, seed, timeout_s, opts_json, q),
+                target=target,
+                args=(r, world, init_file, payload, seed, timeout_s, opts_json, writer),
                 daemon=True,
             )
             for r in range(world)
         ]
         for p in procs:
             p.start()
-        last, last_msg = time.monotonic(), "started"
+        last, last_msg = time.monotonic() + startup_s, "started"
+        failed = True
         try:
             while any(out[i] is None for i in indices):
                 current = next(i for i in indices if out[i] is None)
-                try:
-                    kind, local_index, body = q.get(timeout=2.0)
-                except queue.Empty:
+                if reader.poll(2.0):
+                    kind, local_index, body = reader.recv()
+                else:
                     dead = [p for p in procs if p.exitcode not in (None, 0)]
                     if dead:
                         return current, f"error: rank process exited with code {dead[0].exitcode}"
@@ -1007,10 +1028,12 @@ def _run_workers(jobs, indices, out, seed, timeout_s, opts, world, on_result, on
                         on_result(index, out[index])
                 else:
                     out[index] = body
+            failed = False
             return None, ""
         finally:
             for p in procs:
-                p.join(timeout=20)
+                if not failed:
+                    p.join(timeout=20)  # let ranks tear down NCCL cleanly
                 if p.is_alive():
                     p.kill()
                     p.join(timeout=10)

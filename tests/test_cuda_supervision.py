@@ -1,0 +1,48 @@
+"""The GPU runner's supervision, driven on CPU with stand-in rank processes: a problem that
+hangs or crashes is recorded and fresh workers go on with the rest."""
+
+import json
+import os
+import time
+
+from ficco.execute.cuda import run_cuda_jobs
+from ficco.measure.record import Measurement
+from ficco.problem import Problem
+from ficco.space import Schedule
+
+
+def fake_rank(rank, world, init_file, jobs_json, seed, timeout_s, opts_json, results):
+    """Stands in for a GPU rank: m=32 hangs, m=48 kills its process, others succeed."""
+    for index, job in enumerate(json.loads(jobs_json)):
+        m = job["problem"]["m"]
+        if rank == 0:
+            results.send(("progress", index, {"phase": "verified", "name": job["schedules"][0]}))
+        if m == 32:
+            time.sleep(3600)
+        if m == 48:
+            os._exit(3)
+        if rank == 0:
+            done = Measurement(problem=job["problem"], name=job["schedules"][0], median_ms=float(m))
+            results.send(("done", index, [done.to_dict()]))
+
+
+def test_hang_and_crash_are_recorded_and_the_run_goes_on():
+    sizes = [16, 32, 64, 48, 80]
+    jobs = [
+        (Problem(pattern="ag_gemm", m=m, n=8, k=8, world=2), [Schedule.parse("shard/ce/cublas")])
+        for m in sizes
+    ]
+    progress, finished = [], []
+    out = run_cuda_jobs(
+        jobs,
+        timeout_s=3,
+        startup_s=60,
+        worker=fake_rank,
+        on_progress=lambda i, msg: progress.append(i),
+        on_result=lambda i, ms: finished.append(i),
+    )
+    assert [o[0].median_ms for o in out if not isinstance(o, str)] == [16.0, 64.0, 80.0]
+    assert out[1].startswith("timeout: no progress for 3 s after verified shard/ce/cublas")
+    assert out[3].startswith("error: rank process exited with code 3")
+    assert finished == [0, 2, 4]
+    assert set(progress) == {0, 1, 2, 3, 4}
