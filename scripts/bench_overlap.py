@@ -34,19 +34,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ficco.problem import Problem  # noqa: E402
-from ficco.space import Schedule, check_legal  # noqa: E402
+from ficco.space import Schedule  # noqa: E402
 
-#: (pattern, name, K, N) of the suite; N and K as each rank computes them at W = 2
-SUITE = [
-    ("ag_gemm", "l3-8b.qkv", 4096, 3072),
-    ("gemm_rs", "l3-8b.out", 2048, 4096),
-    ("ag_gemm", "l3-8b.fc1", 4096, 14336),
-    ("gemm_rs", "l3-8b.fc2", 7168, 4096),
-    ("ag_gemm", "l3-70b.qkv", 8192, 5120),
-    ("gemm_rs", "l3-70b.out", 4096, 8192),
-    ("ag_gemm", "l3-70b.fc1", 8192, 28672),
-    ("gemm_rs", "l3-70b.fc2", 14336, 8192),
-]
+#: The suite: the tensor-parallel layers of these models (ficco.workloads), AG+GEMM (QKV, FC1)
+#: and GEMM+RS (out-proj, FC2), at any W. At W = 2 these are the shapes of FACTS.md's table.
+MODELS = ("llama3-8b", "llama3-70b")
+PATTERNS = ("ag_gemm", "gemm_rs")
 TOKENS = (1024, 2048, 4096, 8192, 16384)
 
 CANDIDATES = {
@@ -64,6 +57,8 @@ CANDIDATES = {
         "finer-c2-m/ce/triton",
         "shard/nccl/cublas",
         "finer-c2-m/nccl/triton+sm16",
+        "shard/ce/cublas+all_peers",  # W >= 3 only
+        "finer-c2-m/ce/cublas+all_peers",
     ],
     "gemm_rs": [
         "serial/nccl/cublas",
@@ -79,6 +74,8 @@ CANDIDATES = {
         "finer-c2-m/ce/cublas+merged",
         "shard/nccl/cublas",
         "finer-c2-m/nccl/triton+sm16",
+        "shard/ce/cublas+all_peers",  # W >= 3 only
+        "finer-c2-m/ce/cublas+all_peers",
     ],
 }
 
@@ -167,7 +164,7 @@ def summarize(rows: list[dict]) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="two shapes per pattern, 5 rounds")
+    parser.add_argument("--quick", action="store_true", help="one model, M 2048 and 8192, 5 rounds")
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--signatures", action="store_true", help="also measure signatures")
@@ -182,15 +179,24 @@ def main() -> int:
 
     from ficco.execute.cuda import TimingOptions, run_cuda_jobs
     from ficco.measure.fingerprint import fingerprint
+    from ficco.space import is_legal
+    from ficco.workloads import ParallelSetup, get_model, model_problems
 
     tokens = (2048, 8192) if args.quick else TOKENS
-    suite = SUITE[:2] if args.quick else SUITE
+    setup = ParallelSetup(world=args.world, tokens=tokens)
+    problems = [
+        p
+        for model in MODELS[: 1 if args.quick else None]
+        for p in model_problems(get_model(model), setup)[0]
+        if p.pattern.value in PATTERNS
+    ]
+    problems.sort(
+        key=lambda p: (p.m, p.name)
+    )  # small shapes first: a cut-short run covers all layers
     jobs = []
-    for pattern, name, k, n in suite:
-        for m in tokens:
-            problem = Problem(pattern=pattern, m=m, n=n, k=k, world=args.world, name=name)
-            schedules = [check_legal(problem, Schedule.parse(s)) for s in CANDIDATES[pattern]]
-            jobs.append((problem, schedules))
+    for problem in problems:
+        schedules = [Schedule.parse(s) for s in CANDIDATES[problem.pattern.value]]
+        jobs.append((problem, [s for s in schedules if is_legal(problem, s)]))
     opts = TimingOptions(
         rounds=5 if args.quick else args.rounds, signatures=args.signatures, graphs=args.graphs
     )
