@@ -1,7 +1,6 @@
 """The GPU runner's supervision, driven on CPU with stand-in rank processes: a problem that
 hangs or crashes is recorded and fresh workers go on with the rest."""
 
-import json
 import os
 import time
 
@@ -11,19 +10,22 @@ from ficco.problem import Problem
 from ficco.space import Schedule
 
 
-def fake_rank(rank, world, init_file, jobs_json, seed, timeout_s, opts_json, results):
+def fake_rank(rank, world, init_file, jobs, seed, timeout_s, opts_json, results):
     """Stands in for a GPU rank: m=32 hangs, m=48 kills its process, others succeed."""
-    for index, job in enumerate(json.loads(jobs_json)):
+    if rank == 0:
+        results.send(("ready", None, {"phase": "init", "name": "fake"}))
+    while (message := jobs.recv()) is not None:
+        tag, job = message
         m = job["problem"]["m"]
         if rank == 0:
-            results.send(("progress", index, {"phase": "verified", "name": job["schedules"][0]}))
+            results.send(("progress", tag, {"phase": "verified", "name": job["schedules"][0]}))
         if m == 32:
             time.sleep(3600)
         if m == 48:
             os._exit(3)
         if rank == 0:
             done = Measurement(problem=job["problem"], name=job["schedules"][0], median_ms=float(m))
-            results.send(("done", index, [done.to_dict()]))
+            results.send(("done", tag, [done.to_dict()]))
 
 
 def test_hang_and_crash_are_recorded_and_the_run_goes_on():

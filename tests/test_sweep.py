@@ -321,7 +321,8 @@ def test_measurements_are_recorded_under_the_problem_name(replay_store):
 def test_cuda_runner_keeps_the_baselines_run_cuda_measures_with_the_schedules(monkeypatch):
     calls = []
 
-    def fake_run_cuda(problem, schedules, *, seed=0, timeout_s=300.0, on_result=None):
+    def fake_run_cuda(problem, schedules, *, seed=0, timeout_s=300.0, on_result=None, pool=None):
+        assert pool is not None and pool.world == problem.world  # one pool across problems
         calls.append([str(s) for s in schedules])
         p = problem.to_dict()
         out = [Measurement(problem=p, name=str(s), median_ms=1.0) for s in schedules] + [

@@ -856,57 +856,197 @@ def _cuda_worker(
     rank: int,
     world: int,
     init_file: str,
-    jobs_json: str,
+    jobs,
     seed: int,
     timeout_s: float,
     opts_json: str,
     results,
 ) -> None:
+    """One rank of a :class:`CudaPool`: set up once, then measure the jobs that arrive on
+    ``jobs`` (``(tag, job)`` pairs; ``None`` ends) until told to stop. Rank 0 reports."""
     import faulthandler
     import sys
 
+    import torch
     import torch.distributed as dist
 
     # A hang inside CUDA or NCCL shows no Python error: dump every thread's stack to stderr
-    # if the rank stays silent this long, so the log says where it stuck.
+    # every this many seconds, so the log says where it stuck.
     dump_s = float(os.environ.get("FICCO_HANG_DUMP_S", "0") or 0)
     if dump_s > 0:
         faulthandler.dump_traceback_later(dump_s, repeat=True, file=sys.stderr)
+    send = results.send if rank == 0 else (lambda msg: None)
     ctx = _init_rank(rank, world, init_file, timeout_s)
-    if rank == 0:
-        results.send(
-            (
-                "progress",
-                0,
-                {"phase": "init", "name": f"rank 0 ready, nccl_ce: {ctx.nccl_ce_error or 'ok'}"},
-            )
-        )
+    send(("ready", None, {"phase": "init", "name": f"nccl_ce: {ctx.nccl_ce_error or 'ok'}"}))
     opts = TimingOptions(**json.loads(opts_json))
-    jobs = json.loads(jobs_json)
     try:
-        for index, job in enumerate(jobs):
+        while (message := jobs.recv()) is not None:
+            tag, job = message
             problem = Problem.from_dict(job["problem"])
-            schedules = [Schedule.parse(s) for s in job["schedules"]]
-            report = (
-                (lambda msg, i=index: results.send(("progress", i, msg)))
-                if rank == 0
-                else (lambda msg: None)
-            )
+            schedules = [Schedule.parse(text) for text in job["schedules"]]
             try:
-                measured = measure_problem(ctx, problem, schedules, seed + index, opts, report)
-                if rank == 0:
-                    results.send(("done", index, [m.to_dict() for m in measured]))
+                measured = measure_problem(
+                    ctx,
+                    problem,
+                    schedules,
+                    seed + job["seed_offset"],
+                    opts,
+                    lambda msg, t=tag: send(("progress", t, msg)),
+                )
+                send(("done", tag, [m.to_dict() for m in measured]))
             except Exception as err:
-                if rank == 0:
-                    results.send(("failed", index, f"{type(err).__name__}: {str(err)[:500]}"))
+                send(("failed", tag, f"{type(err).__name__}: {str(err)[:500]}"))
                 if os.environ.get("FICCO_DEBUG"):
                     traceback.print_exc()
-            import torch
-
             torch.cuda.empty_cache()
     finally:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+
+
+class CudaPool:
+    """W rank processes (one per GPU) that stay up across problems, so CUDA, NCCL and
+    symmetric-memory set-up is paid once, not per problem or per trial.
+
+    :meth:`run` sends one problem to every rank and waits for rank 0's answer, reading
+    progress reports as they come. When no report comes for ``timeout_s`` (a hang) or a rank
+    dies, the pool is killed, the problem's answer is the reason (``timeout: ...`` or
+    ``error: ...``), and the next :meth:`run` starts fresh processes. A fresh pool gets
+    ``startup_s`` more seconds before its first report. ``worker`` replaces the rank body
+    (tests drive the supervision on CPU)."""
+
+    def __init__(
+        self,
+        world: int,
+        *,
+        seed: int = 0,
+        timeout_s: float = 120.0,
+        startup_s: float = 180.0,
+        options: TimingOptions | None = None,
+        worker: Callable | None = None,
+    ) -> None:
+        self.world, self.seed = world, seed
+        self.timeout_s, self.startup_s = timeout_s, startup_s
+        self.options = options or TimingOptions()
+        self.worker = worker or _cuda_worker
+        self._procs: list = []
+        self._job_pipes: list = []
+        self._reader = None
+        self._tmp = None
+        self._jobs_sent = 0
+
+    def __enter__(self) -> CudaPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        import tempfile
+
+        import torch.multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        # Pipes, not Queues: a send is written before it returns, so a rank that crashes
+        # right after reporting cannot take the report down with it.
+        self._reader, writer = ctx.Pipe(duplex=False)
+        self._tmp = tempfile.TemporaryDirectory(prefix="ficco-nccl-")
+        init_file = os.path.join(self._tmp.name, "rendezvous")
+        opts_json = json.dumps({f: getattr(self.options, f) for f in TimingOptions.__slots__})
+        self._procs, self._job_pipes = [], []
+        for rank in range(self.world):
+            job_reader, job_writer = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=self.worker,
+                args=(
+                    rank,
+                    self.world,
+                    init_file,
+                    job_reader,
+                    self.seed,
+                    self.timeout_s,
+                    opts_json,
+                    writer,
+                ),
+                daemon=True,
+            )
+            proc.start()
+            self._procs.append(proc)
+            self._job_pipes.append(job_writer)
+        self._fresh = True
+
+    def run(
+        self,
+        problem: Problem,
+        schedules: list[Schedule],
+        on_progress: Callable[[dict], None] | None = None,
+    ) -> list[Measurement] | str:
+        """Measure one problem; returns its measurements or why it failed."""
+        if problem.world != self.world:
+            raise ValueError(
+                f"world: this pool has {self.world} ranks, the problem needs {problem.world}"
+            )
+        if not self._procs:
+            self._start()
+        tag = self._jobs_sent
+        self._jobs_sent += 1
+        job = {
+            "problem": problem.to_dict(),
+            "schedules": [str(s) for s in schedules],
+            "seed_offset": tag,
+        }
+        for pipe in self._job_pipes:
+            pipe.send((tag, job))
+        allowance = self.timeout_s + (self.startup_s if self._fresh else 0.0)
+        last, last_msg = time.monotonic(), "started"
+        while True:
+            message = None
+            with contextlib.suppress(EOFError, OSError):  # every rank gone: judged below
+                if self._reader.poll(2.0):
+                    message = self._reader.recv()
+            if message is not None:
+                kind, got, body = message
+                last, allowance = time.monotonic(), self.timeout_s
+                if kind == "ready":
+                    self._fresh = False
+                    continue
+                if got != tag:
+                    continue  # a late report of an earlier, abandoned problem
+                if kind == "progress":
+                    last_msg = f"{body.get('phase')} {body.get('name')}"
+                    if on_progress:
+                        on_progress(body)
+                elif kind == "done":
+                    return [Measurement.from_dict(d) for d in body]
+                else:
+                    return f"error: {body}"
+                continue
+            dead = [p for p in self._procs if p.exitcode is not None]
+            if dead:
+                reason = f"error: rank process exited with code {dead[0].exitcode}"
+            elif time.monotonic() - last > allowance:
+                reason = f"timeout: no progress for {allowance:.0f} s after {last_msg}"
+            else:
+                continue
+            self.close(kill=True)
+            return reason
+
+    def close(self, kill: bool = False) -> None:
+        """Stop the ranks (politely unless ``kill``)."""
+        if not kill:
+            for pipe in self._job_pipes:
+                with contextlib.suppress(OSError):
+                    pipe.send(None)
+        for proc in self._procs:
+            if not kill:
+                proc.join(timeout=20)  # let ranks tear down NCCL cleanly
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=10)
+        self._procs, self._job_pipes = [], []
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
 
 
 def run_cuda_jobs(
@@ -920,123 +1060,36 @@ def run_cuda_jobs(
     worker: Callable | None = None,
     startup_s: float = 180.0,
 ) -> list[list[Measurement] | str]:
-    """Measure several problems in one set of W GPU processes (W = the problems' world).
-
-    Workers report progress after every tuned shape and every verified schedule. When no
-    report comes for ``timeout_s`` (a hang) or a worker dies, the workers are killed, the
-    problem in flight is recorded as failed (``timeout: ...``) and fresh workers go on with the
-    problems after it. Returns, per job, its measurements or the error that ended it.
-
-    ``startup_s`` more seconds of silence are allowed before a fresh set of workers reports
-    for the first time (CUDA, NCCL and symmetric-memory set-up). ``worker`` replaces the
-    per-rank process body (tests drive the supervision on CPU)."""
-    import torch
-
+    """Measure several problems (same world) in one :class:`CudaPool`; a problem that hangs
+    or crashes is recorded by its reason and the others go on. Returns, per job, its
+    measurements or the reason it failed."""
     if not jobs:
         return []
     world = jobs[0][0].world
     if any(p.world != world for p, _ in jobs):
         raise ValueError("world: every problem of one run must have the same world size")
-    if worker is None and torch.cuda.device_count() < world:
-        raise RuntimeError(
-            f"the cuda backend needs {world} GPUs, this machine has {torch.cuda.device_count()}"
-        )
-    opts = options or TimingOptions()
-    out: list = [None] * len(jobs)
-    pending = list(range(len(jobs)))
-    while pending:
-        failed_index, why = _run_workers(
-            jobs,
-            pending,
-            out,
-            seed,
-            timeout_s,
-            opts,
-            world,
-            on_result,
-            on_progress,
-            worker or _cuda_worker,
-            startup_s,
-        )
-        pending = [i for i in pending if out[i] is None]
-        if failed_index is not None and out[failed_index] is None:
-            out[failed_index] = why
-            pending.remove(failed_index)
+    if worker is None:
+        _check_gpus(world)
+    out: list = []
+    with CudaPool(
+        world, seed=seed, timeout_s=timeout_s, startup_s=startup_s, options=options, worker=worker
+    ) as pool:
+        for index, (problem, schedules) in enumerate(jobs):
+            progress = (lambda msg, i=index: on_progress(i, msg)) if on_progress else None
+            result = pool.run(problem, schedules, progress)
+            out.append(result)
+            if on_result and not isinstance(result, str):
+                on_result(index, result)
     return out
 
 
-def _run_workers(
-    jobs, indices, out, seed, timeout_s, opts, world, on_result, on_progress, target, startup_s
-):
-    """One set of worker processes over ``indices`` (in order). Returns (index, reason) of a
-    job that hung or crashed, else (None, '')."""
-    import tempfile
+def _check_gpus(world: int) -> None:
+    import torch
 
-    import torch.multiprocessing as mp
-
-    payload = json.dumps(
-        [
-            {"problem": jobs[i][0].to_dict(), "schedules": [str(s) for s in jobs[i][1]]}
-            for i in indices
-        ]
-    )
-    opts_json = json.dumps({f: getattr(opts, f) for f in TimingOptions.__slots__})
-    ctx = mp.get_context("spawn")
-    # A pipe, not a Queue: a send is written before it returns, so a rank that crashes right
-    # after reporting a finished problem cannot take the report down with it.
-    reader, writer = ctx.Pipe(duplex=False)
-    with tempfile.TemporaryDirectory(prefix="ficco-nccl-") as tmp:
-        init_file = os.path.join(tmp, "rendezvous")
-        procs = [
-            ctx.Process(
-                target=target,
-                args=(r, world, init_file, payload, seed, timeout_s, opts_json, writer),
-                daemon=True,
-            )
-            for r in range(world)
-        ]
-        for p in procs:
-            p.start()
-        last, last_msg = time.monotonic() + startup_s, "started"
-        failed = True
-        try:
-            while any(out[i] is None for i in indices):
-                current = next(i for i in indices if out[i] is None)
-                if reader.poll(2.0):
-                    kind, local_index, body = reader.recv()
-                else:
-                    dead = [p for p in procs if p.exitcode not in (None, 0)]
-                    if dead:
-                        return current, f"error: rank process exited with code {dead[0].exitcode}"
-                    if time.monotonic() - last > timeout_s:
-                        return (
-                            current,
-                            f"timeout: no progress for {timeout_s:.0f} s after {last_msg}",
-                        )
-                    if all(p.exitcode is not None for p in procs):
-                        return current, "error: workers exited early"
-                    continue
-                last = time.monotonic()
-                index = indices[local_index]
-                if kind == "progress":
-                    last_msg = f"{body.get('phase')} {body.get('name')}"
-                    if on_progress:
-                        on_progress(index, body)
-                elif kind == "done":
-                    out[index] = [Measurement.from_dict(d) for d in body]
-                    if on_result:
-                        on_result(index, out[index])
-                else:
-                    out[index] = body
-            failed = False
-            return None, ""
-        finally:
-            for p in procs:
-                if not failed:
-                    p.join(timeout=20)  # let ranks tear down NCCL cleanly
-                if p.is_alive():
-                    p.kill()
-                    p.join(timeout=10)
+    if torch.cuda.device_count() < world:
+        raise RuntimeError(
+            f"the cuda backend needs {world} GPUs, this machine has {torch.cuda.device_count()}"
+        )
 
 
 def run_cuda(
@@ -1047,12 +1100,17 @@ def run_cuda(
     timeout_s: float = 120.0,
     options: TimingOptions | None = None,
     on_result: Callable[[Measurement], None] | None = None,
+    pool: CudaPool | None = None,
 ) -> list[Measurement]:
     """Verify and time ``schedules`` of one problem plus its baselines on ``problem.world``
-    GPUs. Raises RuntimeError if the run failed as a whole."""
-    (result,) = run_cuda_jobs(
-        [(problem, list(schedules))], seed=seed, timeout_s=timeout_s, options=options
-    )
+    GPUs, in ``pool`` when given (keep one across problems: set-up is paid once). Raises
+    RuntimeError if the problem failed as a whole."""
+    if pool is None:
+        (result,) = run_cuda_jobs(
+            [(problem, list(schedules))], seed=seed, timeout_s=timeout_s, options=options
+        )
+    else:
+        result = pool.run(problem, list(schedules))
     if isinstance(result, str):
         raise RuntimeError(f"cuda run of {problem.key} failed: {result}")
     if on_result:

@@ -199,6 +199,16 @@ class CudaRunner(Runner):
         params = inspect.signature(self._run_cuda).parameters
         self._takes_baselines = "baselines" in params
         self._baselines: dict[str, list[Measurement]] = {}
+        self._pool = None  # GPU ranks kept up across problems: set-up is paid once
+
+    def _pool_for(self, world: int):
+        from ficco.execute.cuda import CudaPool
+
+        if self._pool is None or self._pool.world != world:
+            if self._pool is not None:
+                self._pool.close()
+            self._pool = CudaPool(world, seed=self.seed, timeout_s=self.timeout_s)
+        return self._pool
 
     @staticmethod
     def _load() -> Callable[..., list[Measurement]]:
@@ -240,6 +250,7 @@ class CudaRunner(Runner):
         kwargs: dict[str, Any] = {"seed": self.seed, "timeout_s": self.timeout_s}
         if self._takes_baselines:
             kwargs["baselines"] = problem.key not in self._baselines
+        kwargs["pool"] = self._pool_for(problem.world)
         out = self._run_cuda(problem, schedules, on_result=on_result, **kwargs)
         found = [m for m in out if m.kind == "baseline"]
         if found:
