@@ -598,6 +598,7 @@ def measure_problem(
     seed: int,
     opts: TimingOptions,
     report: Callable[[dict], None],
+    baselines: bool = True,
 ) -> list[Measurement]:
     """Verify, then time every schedule and the baselines of one problem (collective: every
     rank calls it with the same arguments). Returns rank-merged measurements on every rank."""
@@ -686,7 +687,7 @@ def measure_problem(
         report({"phase": "verified", "name": name, "verdict": m.verdict})
 
     # baselines: verify the ones that produce the op's output
-    base = baseline_runners(ctx, problem, bufs)
+    base = baseline_runners(ctx, problem, bufs) if baselines else {}
     for name, fn in base.items():
         failure, detail, ok, err, tol = "", "", True, math.nan, math.nan
         try:
@@ -705,7 +706,11 @@ def measure_problem(
         report({"phase": "verified", "name": name, "verdict": m.verdict})
         if m.verdict == "ok":
             runners[name] = fn
-    if opts.graphs == "all" and results[BASELINE_SERIAL_EAGER].verdict == "ok":
+    if (
+        opts.graphs == "all"
+        and BASELINE_SERIAL_EAGER in results
+        and results[BASELINE_SERIAL_EAGER].verdict == "ok"
+    ):
         # the same serial NCCL + cuBLAS, captured: the fair baseline for captured schedules
         name, fn = BASELINE_SERIAL_GRAPH, base[BASELINE_SERIAL_EAGER]
         failure, detail, ok, err, tol = "", "", False, math.nan, math.nan
@@ -892,6 +897,7 @@ def _cuda_worker(
                     seed + job["seed_offset"],
                     opts,
                     lambda msg, t=tag: send(("progress", t, msg)),
+                    baselines=job.get("baselines", True),
                 )
                 send(("done", tag, [m.to_dict() for m in measured]))
             except Exception as err:
@@ -980,8 +986,10 @@ class CudaPool:
         problem: Problem,
         schedules: list[Schedule],
         on_progress: Callable[[dict], None] | None = None,
+        baselines: bool = True,
     ) -> list[Measurement] | str:
-        """Measure one problem; returns its measurements or why it failed."""
+        """Measure one problem (with its baselines unless told not to); returns its
+        measurements or why it failed."""
         if problem.world != self.world:
             raise ValueError(
                 f"world: this pool has {self.world} ranks, the problem needs {problem.world}"
@@ -994,6 +1002,7 @@ class CudaPool:
             "problem": problem.to_dict(),
             "schedules": [str(s) for s in schedules],
             "seed_offset": tag,
+            "baselines": baselines,
         }
         for pipe in self._job_pipes:
             pipe.send((tag, job))
@@ -1101,16 +1110,18 @@ def run_cuda(
     options: TimingOptions | None = None,
     on_result: Callable[[Measurement], None] | None = None,
     pool: CudaPool | None = None,
+    baselines: bool = True,
 ) -> list[Measurement]:
     """Verify and time ``schedules`` of one problem plus its baselines on ``problem.world``
-    GPUs, in ``pool`` when given (keep one across problems: set-up is paid once). Raises
-    RuntimeError if the problem failed as a whole."""
+    GPUs, in ``pool`` when given (keep one across problems: set-up is paid once). With
+    ``baselines=False`` only the schedules are timed (a sweep that already holds the problem's
+    baselines). Raises RuntimeError if the problem failed as a whole."""
     if pool is None:
-        (result,) = run_cuda_jobs(
-            [(problem, list(schedules))], seed=seed, timeout_s=timeout_s, options=options
-        )
+        _check_gpus(problem.world)
+        with CudaPool(problem.world, seed=seed, timeout_s=timeout_s, options=options) as own:
+            result = own.run(problem, list(schedules), baselines=baselines)
     else:
-        result = pool.run(problem, list(schedules))
+        result = pool.run(problem, list(schedules), baselines=baselines)
     if isinstance(result, str):
         raise RuntimeError(f"cuda run of {problem.key} failed: {result}")
     if on_result:
