@@ -35,8 +35,8 @@ python3 scripts/bench_overlap.py --world "$W" --out "$PROFILES/bench_overlap.jso
 tail -n 30 "$PROFILES/bench_overlap.log"
 
 echo "== 2/4 sweep of the catalog, W=$W"
-# seven token counts: 154 distinct AG+GEMM / GEMM+RS shapes at W = 2 (>= 150) (the cuda executor verifies
-# these two patterns; the all-to-all ones run on CPU only so far)
+# seven token counts: 154 distinct AG+GEMM / GEMM+RS shapes at W = 2 (>= 150); the cuda
+# executor verifies these two patterns (the all-to-all ones run on CPU only so far)
 ficco workloads --world "$W" -t 512 -t 1024 -t 2048 -t 3072 -t 4096 -t 8192 -t 16384 \
   --csv "$PROFILES/shapes.csv" > /dev/null
 python3 - "$PROFILES/shapes.csv" <<'PY'
