@@ -37,5 +37,7 @@ def test_schedules_verify_and_time_on_gpus(pattern, extra):
     for s in schedules:
         assert by[str(s)].verdict == "ok", (str(s), by[str(s)].detail)
         assert by[str(s)].median_ms > 0
+        if s.transport.value == "ce":  # what is timed is the captured graph, verified
+            assert by[str(s)].extra["graph"] == "graph", (str(s), by[str(s)].extra["graph"])
     for name in ("gemm_alone", "comm_alone", "serial_eager"):
         assert by[name].verdict == "ok" and by[name].median_ms > 0
