@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import os
 import queue
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
+from ficco.execute.spawn import init_gloo_rank, spawned_ranks
 from ficco.execute.verify import Verdict
 from ficco.plan import Plan
 from ficco.problem import Problem
@@ -83,11 +83,7 @@ def _cpu_worker(
     results,
     plan_hook,
 ) -> None:
-    # The Triton interpreter must be chosen before Triton is first imported.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-    from datetime import timedelta
-
-    import torch
+    init_gloo_rank(rank, world, init_file, timeout_s)
     import torch.distributed as dist
 
     from ficco.execute import cpu
@@ -95,14 +91,6 @@ def _cpu_worker(
     from ficco.execute.verify import check_output
     from ficco.plan import build_plan
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=timeout_s),
-    )
     problem = Problem.from_dict(json.loads(problem_json))
     try:
         for index, text in enumerate(schedules):
@@ -172,60 +160,33 @@ def run_cpu(
     import torch.multiprocessing as mp
 
     texts = [str(s) for s in schedules]
-    ctx = mp.get_context("spawn")
-    results_q = ctx.Queue()
+    results_q = mp.get_context("spawn").Queue()
     out: list[ScheduleResult] = []
-    with tempfile.TemporaryDirectory(prefix="ficco-gloo-") as tmp:
-        init_file = os.path.join(tmp, "rendezvous")
-        procs = [
-            ctx.Process(
-                target=_cpu_worker,
-                args=(
-                    rank,
-                    problem.world,
-                    init_file,
-                    json.dumps(problem.to_dict()),
-                    texts,
-                    seed,
-                    timeout_s,
-                    results_q,
-                    plan_hook,
-                ),
-                daemon=True,
-            )
-            for rank in range(problem.world)
-        ]
-        for proc in procs:
-            proc.start()
+    args = (json.dumps(problem.to_dict()), texts, seed, timeout_s, results_q, plan_hook)
+    with spawned_ranks(problem.world, _cpu_worker, args) as procs:
         last_progress = time.monotonic()
-        try:
-            while len(out) < len(texts):
-                try:
-                    result = results_q.get(timeout=1.0)
-                except queue.Empty:
-                    dead = [p for p in procs if p.exitcode not in (None, 0)]
-                    stalled = time.monotonic() - last_progress > 2 * timeout_s + 60
-                    if dead or stalled or all(p.exitcode is not None for p in procs):
-                        why = (
-                            f"rank process exited with code {dead[0].exitcode}"
-                            if dead
-                            else "no progress past the timeout"
-                        )
-                        kind = Verdict.ERROR if dead else Verdict.TIMEOUT
-                        for text in texts[len(out) :]:
-                            result = ScheduleResult(text, kind, detail=why)
-                            out.append(result)
-                            if on_result:
-                                on_result(result)
-                        break
-                    continue
-                last_progress = time.monotonic()
-                out.append(result)
-                if on_result:
-                    on_result(result)
-        finally:
-            for proc in procs:
-                proc.join(timeout=10)
-                if proc.is_alive():
-                    proc.terminate()
+        while len(out) < len(texts):
+            try:
+                result = results_q.get(timeout=1.0)
+            except queue.Empty:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                stalled = time.monotonic() - last_progress > 2 * timeout_s + 60
+                if dead or stalled or all(p.exitcode is not None for p in procs):
+                    why = (
+                        f"rank process exited with code {dead[0].exitcode}"
+                        if dead
+                        else "no progress past the timeout"
+                    )
+                    kind = Verdict.ERROR if dead else Verdict.TIMEOUT
+                    for text in texts[len(out) :]:
+                        result = ScheduleResult(text, kind, detail=why)
+                        out.append(result)
+                        if on_result:
+                            on_result(result)
+                    break
+                continue
+            last_progress = time.monotonic()
+            out.append(result)
+            if on_result:
+                on_result(result)
     return out

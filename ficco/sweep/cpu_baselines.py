@@ -9,11 +9,10 @@ harness only; they are never shipped as profiles.
 from __future__ import annotations
 
 import json
-import os
 import queue
-import tempfile
 import time
 
+from ficco.execute.spawn import init_gloo_rank, spawned_ranks
 from ficco.measure.record import Summary
 from ficco.problem import Problem
 
@@ -28,9 +27,7 @@ def _worker(
     timeout_s: float,
     results,
 ) -> None:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-    from datetime import timedelta
-
+    init_gloo_rank(rank, world, init_file, timeout_s)
     import torch
     import torch.distributed as dist
 
@@ -39,14 +36,6 @@ def _worker(
     from ficco.plan import CollectiveOp, GemmOp, build_plan
     from ficco.space import Schedule
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=timeout_s),
-    )
     try:
         problem = Problem.from_dict(json.loads(problem_json))
         plan = build_plan(problem, Schedule(), rank)  # serial/nccl/cublas
@@ -85,37 +74,20 @@ def time_serial_parts(
     or the reason they could not be timed."""
     import torch.multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="ficco-gloo-") as tmp:
-        args = (os.path.join(tmp, "rendezvous"), json.dumps(problem.to_dict()), rounds, seed)
-        procs = [
-            ctx.Process(
-                target=_worker,
-                args=(rank, problem.world, *args, timeout_s, results),
-                daemon=True,
-            )
-            for rank in range(problem.world)
-        ]
-        for proc in procs:
-            proc.start()
-        try:
-            deadline = time.monotonic() + timeout_s + 60
-            while True:
-                try:
-                    out = results.get(timeout=1.0)
-                    break
-                except queue.Empty:
-                    dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-                    if dead:
-                        return f"a rank process exited with code {dead[0]}"
-                    if time.monotonic() > deadline:
-                        return "timed out timing the serial parts"
-        finally:
-            for proc in procs:
-                proc.join(timeout=10)
-                if proc.is_alive():
-                    proc.terminate()
+    results = mp.get_context("spawn").Queue()
+    args = (json.dumps(problem.to_dict()), rounds, seed, timeout_s, results)
+    with spawned_ranks(problem.world, _worker, args) as procs:
+        deadline = time.monotonic() + timeout_s + 60
+        while True:
+            try:
+                out = results.get(timeout=1.0)
+                break
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    return f"a rank process exited with code {dead[0]}"
+                if time.monotonic() > deadline:
+                    return "timed out timing the serial parts"
     if not out["ok"]:
         return out["detail"]
     return Summary.of(out["samples"]["gemm"]), Summary.of(out["samples"]["comm"])
