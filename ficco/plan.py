@@ -81,10 +81,6 @@ class TransferOp:
     tag: int
     initiator: str  # "receiver" (pull) | "sender" (push)
 
-    @property
-    def nbytes_elems(self) -> int:
-        return self.local.numel
-
 
 @dataclass(frozen=True, slots=True)
 class CollectiveOp:
@@ -144,8 +140,6 @@ class Plan:
     buffers: tuple[BufferSpec, ...]
     tasks: tuple[Task, ...]
     output: str
-    needs_start_barrier: bool = False
-    """One-sided pulls read peers' inputs: all ranks must have written them first."""
 
     def buffer(self, name: str) -> BufferSpec:
         for spec in self.buffers:
@@ -296,15 +290,7 @@ def _plan_ag_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
             Stream.COMPUTE,
             gathered,
         )
-        return Plan(
-            p,
-            s,
-            rank,
-            buffers,
-            tuple(bld.tasks),
-            "c",
-            needs_start_barrier=s.transport is Transport.CE,
-        )
+        return Plan(p, s, rank, buffers, tuple(bld.tasks), "c")
 
     split_k = s.split is Split.K
     pieces = _chunks(s, K if split_k else S)
@@ -384,9 +370,7 @@ def _plan_ag_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
             chunk=(src, j),
         )
         last_gemm[src] = tid
-    return Plan(
-        p, s, rank, buffers, tuple(bld.tasks), "c", needs_start_barrier=s.transport is Transport.CE
-    )
+    return Plan(p, s, rank, buffers, tuple(bld.tasks), "c")
 
 
 def _plan_gemm_rs(p: Problem, s: Schedule, rank: int) -> Plan:
@@ -685,15 +669,7 @@ def _plan_a2a_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
                 n_rows = between[src][rank][j]
                 if n_rows:
                     gemm("x_recv", 0, 0, j, lo, lo + n_rows, deps, None)
-        return Plan(
-            p,
-            s,
-            rank,
-            buffers,
-            tuple(bld.tasks),
-            "y",
-            needs_start_barrier=s.transport is Transport.CE,
-        )
+        return Plan(p, s, rank, buffers, tuple(bld.tasks), "y")
 
     steps = _peer_steps(rank, w, False)
     recv_chunks = [_block_pieces(list(between[src][rank]), s) for src, _ in steps]
@@ -770,9 +746,7 @@ def _plan_a2a_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
                     [arrived[(i, c)]],
                     (src, c),
                 )
-    return Plan(
-        p, s, rank, buffers, tuple(bld.tasks), "y", needs_start_barrier=s.transport is Transport.CE
-    )
+    return Plan(p, s, rank, buffers, tuple(bld.tasks), "y")
 
 
 def _plan_gemm_a2a(p: Problem, s: Schedule, rank: int) -> Plan:

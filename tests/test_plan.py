@@ -101,7 +101,7 @@ def test_serial_nccl_uses_one_collective_and_ce_uses_transfers():
     nccl = build_plan(p, Schedule.parse("serial/nccl/cublas"), 0)
     assert [type(t.op).__name__ for t in nccl.tasks] == ["CollectiveOp", "GemmOp"]
     ce = build_plan(p, Schedule.parse("serial/ce/cublas"), 0)
-    assert ce.needs_start_barrier and len(ce.transfers()) == 2 and len(ce.gemms()) == 1
+    assert len(ce.transfers()) == 2 and len(ce.gemms()) == 1
 
 
 def test_local_shard_gemm_comes_first_without_waiting():

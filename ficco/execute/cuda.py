@@ -47,8 +47,17 @@ from ficco.measure.record import (
     Measurement,
     Summary,
 )
+from ficco.plan import (
+    CollectiveOp,
+    GemmOp,
+    LocalCopyOp,
+    ReduceOp,
+    Stream,
+    TransferOp,
+    build_plan,
+)
 from ficco.problem import Pattern, Problem
-from ficco.space import Schedule
+from ficco.space import Gemm, Schedule, Transport
 
 #: baseline: serial NCCL collective then cuBLAS, issued the plain eager way
 BASELINE_SERIAL_EAGER = "serial_eager"
@@ -205,7 +214,6 @@ def allocate_buffers(ctx: RankContext, problem: Problem, seed: int) -> ProblemBu
     import torch.distributed._symmetric_memory as symm_mem
 
     from ficco.execute.buffers import allocate
-    from ficco.plan import build_plan
 
     plan = build_plan(problem, Schedule(), ctx.rank)
     made = []
@@ -262,13 +270,9 @@ class PlanRunner:
     def __init__(self, ctx: RankContext, plan, bufs: ProblemBuffers):
         import torch
 
-        from ficco.plan import CollectiveOp, GemmOp, LocalCopyOp, ReduceOp, Stream, TransferOp
-        from ficco.space import Gemm, Transport
-
         self.ctx, self.plan, self.bufs = ctx, plan, bufs
         s = plan.schedule
         prio = "high" if s.comm_priority.value == "high" else "normal"
-        self.compute = None  # the current stream at call time
         self.comm = ctx.comm[prio]
         self.signal = ctx.signal[prio]
         self.transport = s.transport
@@ -292,7 +296,6 @@ class PlanRunner:
             self.triton_matmul = triton_matmul
         self.events = [torch.cuda.Event() for _ in plan.tasks]
         self.timing_events = None
-        self._types = (CollectiveOp, GemmOp, LocalCopyOp, ReduceOp, Stream, TransferOp)
         self.stream_of = []
         for task in plan.tasks:
             op = task.op
@@ -345,9 +348,6 @@ class PlanRunner:
         import torch
         import torch.distributed as dist
 
-        from ficco.space import Transport
-
-        CollectiveOp, GemmOp, LocalCopyOp, ReduceOp, Stream, TransferOp = self._types
         compute = torch.cuda.current_stream()
         streams = {"compute": compute, "comm": self.comm, "signal": self.signal}
         ce = self.transport is Transport.CE
@@ -468,7 +468,6 @@ class PlanRunner:
             self.bufs.handles[op.local.buffer].wait_signal(op.peer, channel=channel)
 
     def _collective(self, op) -> None:
-        import torch
         import torch.distributed as dist
 
         t = self.bufs.tensors
@@ -482,7 +481,6 @@ class PlanRunner:
             )
         else:
             raise ValueError(f"collective: unknown kind {op.kind!r}")
-        del torch
 
 
 # --- baselines -------------------------------------------------------------------------------
@@ -543,7 +541,6 @@ def baseline_runners(
 
         serial_eager.out = c_shard
     async_tp.out = None
-    serial_eager.out_tensor = serial_eager.out
     runners[BASELINE_GEMM] = gemm_alone
     runners[BASELINE_COMM] = comm_alone
     runners[BASELINE_SERIAL_EAGER] = serial_eager
@@ -607,7 +604,6 @@ def measure_problem(
 
     from ficco.execute.runner import classify_failure
     from ficco.execute.verify import Verdict, check_output
-    from ficco.plan import build_plan
 
     pdict = problem.to_dict()
     bufs = allocate_buffers(ctx, problem, seed)
@@ -801,9 +797,7 @@ def _pretune(ctx: RankContext, problem: Problem, schedules: list[Schedule], repo
     times a kernel beside running communication (a cache hit costs nothing)."""
     import torch
 
-    from ficco.plan import build_plan
     from ficco.problem import torch_dtype
-    from ficco.space import Gemm
 
     shapes = set()
     for schedule in schedules:
