@@ -178,8 +178,9 @@ def _load_problems(workloads, shapes, world, ep, tokens, dtype):
 class _ProgressObserver(SweepObserver):
     """Rich progress: problems done, schedules of the current problem, best so far, ETA."""
 
-    def __init__(self, progress, total: int) -> None:
+    def __init__(self, progress, total: int, lines: bool = False) -> None:
         self.progress = progress
+        self.lines = lines
         self.problems = progress.add_task("problems", total=total, best="")
         self.schedules = progress.add_task("schedules", total=None, best="")
         self.best_ms = math.inf
@@ -203,6 +204,16 @@ class _ProgressObserver(SweepObserver):
             else "last: no correct schedule"
         )
         self.progress.update(self.problems, advance=1, best=text)
+        if self.progress.disable and self.lines:
+            # no live display (a log file, a pipe): one line per problem instead
+            done = int(self.progress.tasks[self.problems].completed)
+            total = self.progress.tasks[self.problems].total
+            elapsed = self.progress.tasks[self.problems].elapsed or 0.0
+            click.echo(
+                f"[{done}/{total} {elapsed:7.1f}s] {problem.name or problem.key} "
+                f"m={problem.m}: {outcome.measured} new, {outcome.failed} failed; {text[6:]}",
+                err=True,
+            )
 
 
 @click.command("sweep")
@@ -284,7 +295,29 @@ class _ProgressObserver(SweepObserver):
     default=None,
     help="Seconds before a hang counts [default: 120 cpu, 300 cuda].",
 )
-@click.option("--rounds", type=int, default=3, show_default=True, help="cpu: interleaved rounds.")
+@click.option(
+    "--rounds", type=int, default=None, help="Interleaved timing rounds [default: 3 cpu, 10 cuda]."
+)
+@click.option(
+    "--graphs",
+    type=click.Choice(["all", "ce", "none"]),
+    default="all",
+    show_default=True,
+    help="cuda: capture verified schedules in CUDA graphs (all; ce: copy-engine ones only).",
+)
+@click.option(
+    "--signatures/--no-signatures",
+    default=True,
+    show_default=True,
+    help="cuda: also time each schedule's GEMM and comm parts alone and per task (DESIGN 6).",
+)
+@click.option(
+    "--time-limit",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Start no new problem after this long; rerun the same command to resume.",
+)
 @click.option("--batch", type=int, default=4, show_default=True, help="optuna: trials per call.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of a table.")
 def sweep_cmd(
@@ -306,6 +339,9 @@ def sweep_cmd(
     seed,
     timeout,
     rounds,
+    graphs,
+    signatures,
+    time_limit,
     batch,
     as_json,
 ) -> None:
@@ -342,13 +378,15 @@ def sweep_cmd(
             trial_fraction=trial_fraction,
             batch=batch,
             seed=seed,
+            time_limit_s=time_limit,
         )
         runner_kwargs = {
             "seed": seed,
             "timeout_s": timeout or (120.0 if backend == "cpu" else 300.0),
+            "rounds": rounds or (3 if backend == "cpu" else 10),
         }
-        if backend == "cpu":
-            runner_kwargs["rounds"] = rounds
+        if backend == "cuda":
+            runner_kwargs.update(graphs=graphs, signatures=signatures)
         runner = make_runner(backend, **runner_kwargs)
     except BackendUnavailable as err:
         raise click.ClickException(str(err)) from None
@@ -384,7 +422,7 @@ def sweep_cmd(
             disable=as_json or not console.is_terminal,
         ) as progress,
     ):
-        options.observer = _ProgressObserver(progress, len(problems))
+        options.observer = _ProgressObserver(progress, len(problems), lines=not as_json)
         try:
             result = sweep(
                 problems,
@@ -423,6 +461,12 @@ def sweep_cmd(
         click.echo(
             f"{len(result.duplicates)} problems share a shape with an earlier one and were "
             "measured once (see `ficco workloads`)",
+            err=True,
+        )
+    if result.skipped:
+        click.echo(
+            f"time limit reached: {result.skipped} problems not started; rerun the same "
+            "command to resume",
             err=True,
         )
     if backend == "cpu":

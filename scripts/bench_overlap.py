@@ -23,6 +23,7 @@ Writes $OUT/bench_overlap.json when $OUT is set.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -50,12 +51,18 @@ CANDIDATES = {
         "serial/nccl_ce/cublas",  # unavailable unless FICCO_NCCL_CE=1
         "shard/ce/cublas",
         "shard/ce/cublas+hi",
-        "finer-c2-m/ce/cublas",
-        "finer-c4-m/ce/cublas",
-        "finer-c8-m/ce/cublas",
         "shard/ce/triton",
+        "finer-c2-m/ce/cublas",
+        "finer-c2-m/ce/cublas+hi",
+        "finer-c4-m/ce/cublas",
+        "finer-c4-m/ce/cublas+hi",
+        "finer-c8-m/ce/cublas",
+        "finer-c2-m/ce/cublas+merged",
+        "finer-c4-m/ce/cublas+merged",
         "finer-c2-m/ce/triton",
+        "finer-c4-m/ce/triton",
         "shard/nccl/cublas",
+        "shard/nccl/triton+sm16",
         "finer-c2-m/nccl/triton+sm16",
         "shard/ce/cublas+all_peers",  # W >= 3 only
         "finer-c2-m/ce/cublas+all_peers",
@@ -66,13 +73,18 @@ CANDIDATES = {
         "serial/ce/cublas",
         "shard/ce/cublas",
         "shard/ce/cublas+hi",
-        "finer-c2-m/ce/cublas",
-        "finer-c4-m/ce/cublas",
-        "finer-c8-m/ce/cublas",
         "shard/ce/triton",
-        "finer-c2-m/ce/triton",
+        "finer-c2-m/ce/cublas",
+        "finer-c2-m/ce/cublas+hi",
+        "finer-c4-m/ce/cublas",
+        "finer-c4-m/ce/cublas+hi",
+        "finer-c8-m/ce/cublas",
         "finer-c2-m/ce/cublas+merged",
+        "finer-c4-m/ce/cublas+merged",
+        "finer-c2-m/ce/triton",
+        "finer-c4-m/ce/triton",
         "shard/nccl/cublas",
+        "shard/nccl/triton+sm16",
         "finer-c2-m/nccl/triton+sm16",
         "shard/ce/cublas+all_peers",  # W >= 3 only
         "finer-c2-m/ce/cublas+all_peers",
@@ -177,7 +189,7 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="output JSON (default $OUT/bench_overlap.json)")
     args = parser.parse_args()
 
-    from ficco.execute.cuda import TimingOptions, run_cuda_jobs
+    from ficco.execute.cuda import CudaPool, TimingOptions, _check_gpus
     from ficco.measure.fingerprint import fingerprint
     from ficco.space import is_legal
     from ficco.workloads import ParallelSetup, get_model, model_problems
@@ -203,18 +215,21 @@ def main() -> int:
     started = time.time()
 
     def progress(index, msg):
-        if msg.get("verdict") not in ("ok", None):
-            print(
-                f"  {jobs[index][0].name} m={jobs[index][0].m}: {msg['name']} -> {msg['verdict']}",
-                flush=True,
-            )
+        # the log is a file: every step, so a stall shows where it happened
+        verdict = f" -> {msg['verdict']}" if msg.get("verdict") else ""
+        print(
+            f"    [{time.time() - started:6.1f}s] {jobs[index][0].name} m={jobs[index][0].m}: "
+            f"{msg.get('phase')} {msg.get('name')}{verdict}",
+            flush=True,
+        )
 
     out = args.out or os.path.join(os.environ.get("OUT", "."), "bench_overlap.json")
     partial: dict[int, dict] = {}
+    graphs_of: dict[int, str] = {}
 
     def done(index, measured):
         p = jobs[index][0]
-        partial[index] = shape_row(p, measured)
+        partial[index] = shape_row(p, measured) | {"graphs": graphs_of.get(index)}
         best = partial[index]
         print(
             f"[{time.time() - started:6.1f}s] {p.name:12s} m={p.m:<6d} best {best['best']} "
@@ -224,22 +239,49 @@ def main() -> int:
         # a run cut short still leaves what it measured
         Path(out + ".partial").write_text(json.dumps(list(partial.values()), default=float))
 
-    results = run_cuda_jobs(
-        jobs, options=opts, on_result=done, on_progress=progress, timeout_s=args.stall_timeout
-    )
+    # One pool for the whole suite (set-up paid once). A problem that hangs with NCCL calls
+    # captured in graphs is retried once with copy-engine graphs only ("--graphs ce"), and the
+    # rest of the suite keeps that mode: the JSON records the mode of every shape.
+    _check_gpus(args.world)
+    graphs = opts.graphs
+    results: list = []
+    pool = CudaPool(args.world, timeout_s=args.stall_timeout, options=opts)
+    try:
+        for index, (problem, schedules) in enumerate(jobs):
+            on_progress = lambda msg, i=index: progress(i, msg)  # noqa: E731
+            res = pool.run(problem, schedules, on_progress)
+            if isinstance(res, str) and res.startswith("timeout") and graphs == "all":
+                print(
+                    f"  {problem.name} m={problem.m}: {res}; retrying with --graphs ce", flush=True
+                )
+                pool.close(kill=True)
+                graphs = "ce"
+                opts = dataclasses.replace(opts, graphs=graphs)
+                pool = CudaPool(args.world, timeout_s=args.stall_timeout, options=opts)
+                res = pool.run(problem, schedules, on_progress)
+            graphs_of[index] = graphs
+            results.append(res)
+            if isinstance(res, str):
+                print(f"  {problem.name} m={problem.m}: FAILED {res}", flush=True)
+            else:
+                done(index, res)
+    finally:
+        pool.close()
     rows, failures = [], []
-    for (problem, _), res in zip(jobs, results, strict=True):
+    for index, ((problem, _), res) in enumerate(zip(jobs, results, strict=True)):
         if isinstance(res, str):
             failures.append({"key": problem.key, "name": problem.name, "error": res})
         else:
-            rows.append(shape_row(problem, res))
+            rows.append(partial[index])
     report = {
         "fingerprint": fingerprint("cuda"),
         "protocol": {
             "rounds": opts.rounds,
             "warmup": opts.warmup,
             "flush_l2": opts.flush_l2,
-            "graphs": opts.graphs,
+            "graphs": args.graphs,
+            "graphs_fallback": "a problem that hung with NCCL calls in graphs was retried with "
+            "copy-engine graphs only, and later shapes kept that mode (per shape: 'graphs')",
             "statistic": "median over rounds of the per-iteration max across ranks; spread p90-p10",
         },
         "summary": summarize(rows),
@@ -248,6 +290,7 @@ def main() -> int:
         "wall_s": time.time() - started,
     }
     Path(out).write_text(json.dumps(report, indent=1, default=float))
+    Path(out + ".partial").unlink(missing_ok=True)  # the full report holds all of it
 
     print(
         f"\n{'shape':14s} {'M':>6s} {'serial':>8s} {'asyncTP':>8s} {'ideal':>8s} {'best':>8s}  best schedule"

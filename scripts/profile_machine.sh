@@ -1,58 +1,73 @@
 #!/usr/bin/env bash
 # Profile one machine kind end to end, on W GPUs of one host:
-#   1. the overlap benchmark (ficco's schedules vs serial, async-TP, ideal) -> bench_overlap.json
-#   2. a sweep of the workload catalog's AG+GEMM and GEMM+RS layers       -> the profile store
-#   3. the store's report (plots + summary)                                -> report/
-#   4. the selector, evaluated on held-out models, and its table           -> schedules/MACHINE/
+#   bench   the overlap benchmark (ficco's schedules vs serial, async-TP, ideal) -> bench_overlap.json
+#   sweep   the workload catalog's AG+GEMM and GEMM+RS layers, exhaustive      -> store/
+#   report  the store's plots and summary                                      -> report/
+#   select  the selector, evaluated on held-out models, and its table          -> schedules/MACHINE/
 #
-# usage: scripts/profile_machine.sh W MACHINE [TRIALS]
+# usage: scripts/profile_machine.sh W MACHINE
 #   e.g. scripts/profile_machine.sh 2 h200x2      (on nvidia-h200-x2)
-#        scripts/profile_machine.sh 8 h200x8 30   (on nvidia-h200-x8)
+#        scripts/profile_machine.sh 8 h200x8      (on nvidia-h200-x8)
+# Environment:
+#   STAGES="bench sweep report select"  which stages run (the last two need no GPU)
+#   SWEEP_TIME_LIMIT=SECONDS            start no new sweep problem after this long; rerun the
+#                                       same command (with the store carried) to resume
+#   TOKENS="256 512 ..."                token counts of the catalog sweep
 # Outputs go under $OUT/MACHINE when $OUT is set (a GPU machine that is handed back), else
 # under profiles/MACHINE and schedules/MACHINE. The sweep resumes an interrupted store.
-# Needs optuna (carry wheels where it is not installed) and ficco importable from the repo.
 set -euo pipefail
-W=${1:?usage: $0 W MACHINE [TRIALS]}
-MACHINE=${2:?usage: $0 W MACHINE [TRIALS]}
-TRIALS=${3:-40}
+W=${1:?usage: $0 W MACHINE}
+MACHINE=${2:?usage: $0 W MACHINE}
+STAGES=${STAGES:-bench sweep report select}
+TOKENS=${TOKENS:-256 512 1024 2048 3072 4096 8192}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 DEST=${OUT:+$OUT/$MACHINE}
 PROFILES=${DEST:-profiles/$MACHINE}
 TABLES=${DEST:+$DEST/schedules}
 TABLES=${TABLES:-schedules/$MACHINE}
-mkdir -p "$PROFILES" "$TABLES"
+mkdir -p "$PROFILES"
 export PYTHONUNBUFFERED=1
 export FICCO_CACHE_DIR=${FICCO_CACHE_DIR:-$ROOT/.cache}
 if [ ! -f "$FICCO_CACHE_DIR/gemm_tuning.json" ] && [ -f profiles/h200/gemm_tuning.json ]; then
   mkdir -p "$FICCO_CACHE_DIR" && cp profiles/h200/gemm_tuning.json "$FICCO_CACHE_DIR/"
 fi
 ficco() { python3 -m ficco.cli "$@"; }
+has() { [[ " $STAGES " == *" $1 "* ]]; }
 
-echo "== 1/4 overlap benchmark, W=$W"
-python3 scripts/bench_overlap.py --world "$W" --out "$PROFILES/bench_overlap.json" \
-  > "$PROFILES/bench_overlap.log" 2>&1 || echo "bench_overlap exited $? (see its log)"
-tail -n 30 "$PROFILES/bench_overlap.log"
+if has bench; then
+  echo "== overlap benchmark, W=$W"
+  python3 scripts/bench_overlap.py --world "$W" --out "$PROFILES/bench_overlap.json" \
+    > "$PROFILES/bench_overlap.log" 2>&1 || echo "bench_overlap exited $? (see its log)"
+  tail -n 60 "$PROFILES/bench_overlap.log"
+fi
 
-echo "== 2/4 sweep of the catalog, W=$W"
-# seven token counts: 154 distinct AG+GEMM / GEMM+RS shapes at W = 2 (>= 150); the cuda
-# executor verifies these two patterns (the all-to-all ones run on CPU only so far)
-ficco workloads --world "$W" -t 512 -t 1024 -t 2048 -t 3072 -t 4096 -t 8192 -t 16384 \
-  --csv "$PROFILES/shapes.csv" > /dev/null
-python3 - "$PROFILES/shapes.csv" <<'PY'
-import csv, sys
-rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["pattern"] in ("ag_gemm", "gemm_rs")]
-with open(sys.argv[1], "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=rows[0].keys())
-    w.writeheader(); w.writerows(rows)
-print(f"{len(rows)} AG+GEMM / GEMM+RS problems")
-PY
-ficco sweep --shapes "$PROFILES/shapes.csv" --world "$W" --store "$PROFILES/store" \
-  --backend cuda --strategy optuna --trials "$TRIALS"
+if has sweep; then
+  echo "== exhaustive sweep of the catalog, W=$W"
+  # the catalog's AG+GEMM / GEMM+RS layers at these token counts (154 distinct shapes at
+  # W = 2; the cuda executor verifies these two patterns). The space: both transports, cuBLAS
+  # GEMMs (tuning a Triton GEMM for every chunk shape of every problem would cost more than
+  # the sweep), 2/4/8 chunks, both priorities and compute granularities, both splits.
+  SHAPES="$PROFILES/shapes.csv"
+  [ -f "$SHAPES" ] || SHAPES=profiles/$MACHINE/shapes.csv
+  if [ ! -f "$SHAPES" ]; then
+    # shellcheck disable=SC2046
+    ficco workloads --world "$W" $(for t in $TOKENS; do echo -t "$t"; done) --csv "$SHAPES" > /dev/null
+  fi
+  ficco sweep --shapes "$SHAPES" --world "$W" --store "$PROFILES/store" --backend cuda \
+    --strategy exhaustive --gemm cublas --transport ce --transport nccl \
+    --chunks 2 --chunks 4 --chunks 8 --rounds 8 --timeout 90 \
+    ${SWEEP_TIME_LIMIT:+--time-limit "$SWEEP_TIME_LIMIT"} || echo "sweep exited $?"
+fi
 
-echo "== 3/4 report"
-ficco report --store "$PROFILES/store" --out "$PROFILES/report" --json
+if has report; then
+  echo "== report"
+  ficco report --store "$PROFILES/store" --out "$PROFILES/report" --json
+fi
 
-echo "== 4/4 selector"
-ficco evaluate --store "$PROFILES/store" --holdout-by model --json | tee "$PROFILES/evaluate.json"
-ficco train --store "$PROFILES/store" --out "$TABLES"
+if has select; then
+  echo "== selector"
+  mkdir -p "$TABLES"
+  ficco evaluate --store "$PROFILES/store" --holdout-by model --json | tee "$PROFILES/evaluate.json"
+  ficco train --store "$PROFILES/store" --out "$TABLES"
+fi

@@ -642,6 +642,7 @@ def measure_problem(
 
     _pretune(ctx, problem, schedules, report)
     graph_notes: dict[str, str] = {}
+    plan_runners: dict[str, PlanRunner] = {}
     for schedule in schedules:
         name = str(schedule)
         failure, detail, ok, err, tol = "", "", False, math.nan, math.nan
@@ -654,14 +655,7 @@ def measure_problem(
             check = check_output(bufs.tensors[plan.output], exact, plain, problem, schedule)
             ok, err, tol = check.ok, check.max_abs_err, check.tolerance
             if ok:
-                runners[name] = runner
-                if _wants_graph(opts, schedule):
-                    graph_note, replay = _capture_and_verify(
-                        runner, plan, bufs, exact, plain, problem, schedule
-                    )
-                    graph_notes[name] = graph_note
-                    if replay is not None:
-                        runners[name] = replay
+                runners[name] = plan_runners[name] = runner
         except Exception as e:  # recorded; the run goes on
             failure = (
                 classify_failure(e).value
@@ -673,6 +667,14 @@ def measure_problem(
                 traceback.print_exc()
             with contextlib.suppress(Exception):
                 torch.cuda.synchronize()
+        # every rank must agree before a graph is captured or replayed: a graph holding NCCL
+        # calls replayed on one rank only would wait forever for its peer
+        if _all_ranks(ctx, ok and not failure) and _wants_graph(opts, schedule):
+            graph_notes[name], replay = _capture_and_verify(
+                ctx, runners[name], plan, bufs, exact, plain, problem, schedule
+            )
+            if replay is not None:
+                runners[name] = replay
         if graph_notes.get(name, "").startswith("incorrect"):
             ok, detail = False, f"rank {ctx.rank}: {graph_notes[name]}"
         m = verdict_of(ok, err, tol, failure, detail, name, "schedule")
@@ -710,8 +712,17 @@ def measure_problem(
         # the same serial NCCL + cuBLAS, captured: the fair baseline for captured schedules
         name, fn = BASELINE_SERIAL_GRAPH, base[BASELINE_SERIAL_EAGER]
         failure, detail, ok, err, tol = "", "", False, math.nan, math.nan
+        graph, capture_error = None, ""
         try:
             graph = _capture_callable(ctx, fn)
+        except Exception as e:
+            capture_error = f"{type(e).__name__}: {str(e)[:200]}"
+            with contextlib.suppress(Exception):
+                torch.cuda.synchronize()
+        everyone = _all_ranks(ctx, graph is not None)  # replay only where every rank captured
+        try:
+            if not everyone:
+                raise RuntimeError(capture_error or "capture failed on another rank")
             fn.out.fill_(float("nan"))
             graph.replay()
             torch.cuda.synchronize()
@@ -737,7 +748,9 @@ def measure_problem(
         m.extra["times_ms"] = [round(x, 5) for x in samples]
 
     if opts.signatures:
-        _signatures(ctx, results, runners, opts)
+        graphed = {n for n, note in graph_notes.items() if note == "graph"}
+        live = {n: r for n, r in plan_runners.items() if n in runners}
+        _signatures(ctx, results, live, graphed, opts)
     return [results[str(s)] for s in schedules] + [
         results[n] for n in (*base, BASELINE_SERIAL_GRAPH) if n in results
     ]
@@ -766,19 +779,33 @@ def _capture_callable(ctx: RankContext, fn: Callable):
     return graph
 
 
-def _capture_and_verify(runner, plan, bufs, exact, plain, problem, schedule):
+def _all_ranks(ctx: RankContext, flag: bool) -> bool:
+    """True when ``flag`` holds on every rank (a collective: every rank must call it)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([0.0 if flag else 1.0], device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item() == 0.0
+
+
+def _capture_and_verify(ctx, runner, plan, bufs, exact, plain, problem, schedule):
     """Capture a verified schedule and verify the replay too (what gets timed is what was
-    checked). Returns (note, replay callable or None)."""
+    checked). Collective: the replay runs only where every rank captured. Returns (note,
+    replay callable or None)."""
     import torch
 
     from ficco.execute.verify import check_output
 
+    graph, note = None, ""
     try:
         graph = runner.capture()
     except Exception as e:
         with contextlib.suppress(Exception):
             torch.cuda.synchronize()
-        return f"eager (capture failed: {type(e).__name__}: {str(e)[:160]})", None
+        note = f"eager (capture failed on rank {ctx.rank}: {type(e).__name__}: {str(e)[:160]})"
+    if not _all_ranks(ctx, graph is not None):
+        return note or "eager (capture failed on another rank)", None
     _poison(plan, bufs)
     graph.replay()
     torch.cuda.synchronize()
@@ -820,17 +847,33 @@ def _pretune(ctx: RankContext, problem: Problem, schedules: list[Schedule], repo
     torch.cuda.synchronize()
 
 
-def _signatures(ctx: RankContext, results: dict, runners: dict, opts: TimingOptions) -> None:
-    """GEMM tasks alone, comm tasks alone, and per-task durations inside the overlapped run."""
+def _signatures(
+    ctx: RankContext, results: dict, runners: dict, graphed: set, opts: TimingOptions
+) -> None:
+    """GEMM tasks alone, comm tasks alone, and per-task durations inside the overlapped run.
+
+    Where the schedule itself was timed as a graph replay, its GEMM-only and comm-only parts
+    are captured too (on every rank alike), so host issue cost never counts as a decomposition
+    loss. Per-task durations inside the overlapped run come from events around each task of
+    an eager run: each spans the task's own execution on its stream."""
     import torch
     import torch.distributed as dist
 
     for name, runner in runners.items():
-        if not isinstance(runner, PlanRunner):
-            continue
+        parts = {"gemm": lambda r=runner: r("gemm"), "comm": lambda r=runner: r("comm")}
+        if name in graphed:
+            captured = {}
+            for part, fn in parts.items():
+                try:
+                    captured[part] = _capture_callable(ctx, fn).replay
+                except Exception:
+                    with contextlib.suppress(Exception):
+                        torch.cuda.synchronize()
+            if _all_ranks(ctx, len(captured) == len(parts)):
+                parts = captured
         alone = _time_rounds(
             ctx,
-            {"gemm": lambda r=runner: r("gemm"), "comm": lambda r=runner: r("comm")},
+            parts,
             TimingOptions(warmup=1, rounds=opts.signature_rounds, flush_l2=opts.flush_l2),
         )
         gemm_in, comm_in = [], []

@@ -103,6 +103,9 @@ def sweep(
     run = get_strategy(strategy)
     unique, duplicates = unique_problems(problems)
     runner.check(unique)
-    result = run(unique, space, runner, store, options or SweepOptions())
+    try:
+        result = run(unique, space, runner, store, options or SweepOptions())
+    finally:
+        runner.close()
     result.duplicates = duplicates
     return result

@@ -9,6 +9,7 @@ is always the truth about what was measured and a rerun resumes from it.
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,18 @@ class SweepOptions:
     (in memory for a store without one). Several machines may share one journal."""
     observer: SweepObserver = field(default_factory=SweepObserver)
     """Receives progress events."""
+    time_limit_s: float | None = None
+    """Start no new problem once this many seconds have passed (the one under way finishes);
+    a rerun resumes with the rest. None: no limit."""
+    started_at: float = field(default_factory=time.monotonic)
+    """When the limit's clock started (the options' creation)."""
+
+    def out_of_time(self) -> bool:
+        """True once ``time_limit_s`` has passed since ``started_at``."""
+        return (
+            self.time_limit_s is not None
+            and time.monotonic() - self.started_at >= self.time_limit_s
+        )
 
     def __post_init__(self) -> None:
         if self.limit_schedules is not None and self.limit_schedules < 1:
@@ -66,6 +79,8 @@ class SweepOptions:
             raise ValueError(f"trial_fraction: must be in (0, 1], got {self.trial_fraction}")
         if self.batch < 1:
             raise ValueError(f"batch: must be >= 1, got {self.batch}")
+        if self.time_limit_s is not None and self.time_limit_s < 0:
+            raise ValueError(f"time_limit_s: must be >= 0, got {self.time_limit_s}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -112,12 +127,15 @@ class ProblemOutcome:
 @dataclass(kw_only=True, slots=True)
 class SweepResult:
     outcomes: list[ProblemOutcome] = field(default_factory=list)
+    skipped: int = 0
+    """Problems not started because the time limit passed (a rerun resumes them)."""
     duplicates: dict[str, str] = field(default_factory=dict)
     """``{name@m: kept name@m}`` of problems dropped as the same shape as an earlier one."""
 
     def to_dict(self) -> dict:
         return {
             "problems": len(self.outcomes),
+            "skipped_for_time": self.skipped,
             "measured": sum(o.measured for o in self.outcomes),
             "reused": sum(o.reused for o in self.outcomes),
             "failed": sum(o.failed for o in self.outcomes),

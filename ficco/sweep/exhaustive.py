@@ -33,6 +33,9 @@ def run(
     result = SweepResult()
     observer = options.observer
     for index, problem in enumerate(problems):
+        if options.out_of_time():
+            result.skipped = len(problems) - index
+            break
         cands = candidates(problem, space, runner, options.limit_schedules)
         done = store.done()
         todo = [s for s in cands if (problem.key, str(s)) not in done]

@@ -160,6 +160,9 @@ def run(
     result = SweepResult()
     observer = options.observer
     for index, problem in enumerate(problems):
+        if options.out_of_time():
+            result.skipped = len(problems) - index
+            break
         cands = candidates(problem, space, runner, options.limit_schedules)
         cand_names = {str(s) for s in cands}
         budget = options.trials or max(1, math.ceil(options.trial_fraction * len(cands)))

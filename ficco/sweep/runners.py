@@ -69,6 +69,10 @@ class Runner(abc.ABC):
         """Raise BackendUnavailable if this machine cannot run ``problems`` at all."""
         return None
 
+    def close(self) -> None:
+        """Release what the runner holds (worker processes); it may be used again after."""
+        return None
+
 
 class CpuRunner(Runner):
     """Spawned CPU processes over gloo; verdicts real, timings host-side and indicative only.
@@ -192,9 +196,31 @@ class CudaRunner(Runner):
 
     backend = "cuda"
 
-    def __init__(self, *, seed: int = 0, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        timeout_s: float = 300.0,
+        rounds: int = 10,
+        warmup: int = 2,
+        graphs: str = "all",
+        signatures: bool = True,
+        signature_rounds: int = 3,
+    ) -> None:
+        if rounds < 1:
+            raise ValueError(f"rounds: needs at least 1 round, got {rounds}")
+        if graphs not in ("all", "ce", "none"):
+            raise ValueError(f"graphs: one of all, ce, none; got {graphs!r}")
         self.seed = seed
         self.timeout_s = timeout_s
+        #: ``ficco.execute.cuda.TimingOptions`` fields (built when the pool starts)
+        self.timing = {
+            "rounds": rounds,
+            "warmup": warmup,
+            "graphs": graphs,
+            "signatures": signatures,
+            "signature_rounds": signature_rounds,
+        }
         self._run_cuda = self._load()
         params = inspect.signature(self._run_cuda).parameters
         self._takes_baselines = "baselines" in params
@@ -202,13 +228,23 @@ class CudaRunner(Runner):
         self._pool = None  # GPU ranks kept up across problems: set-up is paid once
 
     def _pool_for(self, world: int):
-        from ficco.execute.cuda import CudaPool
+        from ficco.execute.cuda import CudaPool, TimingOptions
 
         if self._pool is None or self._pool.world != world:
             if self._pool is not None:
                 self._pool.close()
-            self._pool = CudaPool(world, seed=self.seed, timeout_s=self.timeout_s)
+            self._pool = CudaPool(
+                world,
+                seed=self.seed,
+                timeout_s=self.timeout_s,
+                options=TimingOptions(**self.timing),
+            )
         return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     @staticmethod
     def _load() -> Callable[..., list[Measurement]]:
