@@ -11,7 +11,8 @@ from ficco.space import Schedule
 
 
 def fake_rank(rank, world, init_file, jobs, seed, timeout_s, opts_json, results):
-    """Stands in for a GPU rank: m=32 hangs, m=48 kills its process, others succeed."""
+    """Stands in for a GPU rank: m=32 hangs, m=48 kills its process, m=96 answers and then
+    dies (a CUDA error raised in a destructor), others succeed."""
     if rank == 0:
         results.send(("ready", None, {"phase": "init", "name": "fake"}))
     while (message := jobs.recv()) is not None:
@@ -26,6 +27,9 @@ def fake_rank(rank, world, init_file, jobs, seed, timeout_s, opts_json, results)
         if rank == 0:
             done = Measurement(problem=job["problem"], name=job["schedules"][0], median_ms=float(m))
             results.send(("done", tag, [done.to_dict()]))
+        if m == 96:
+            time.sleep(0.5)  # dies after its answer, before the next job arrives
+            os._exit(4)
 
 
 def test_hang_and_crash_are_recorded_and_the_run_goes_on():
@@ -48,3 +52,16 @@ def test_hang_and_crash_are_recorded_and_the_run_goes_on():
     assert out[3].startswith("error: rank process exited with code 3")
     assert finished == [0, 2, 4]
     assert set(progress) == {0, 1, 2, 3, 4}
+
+
+def test_a_rank_that_dies_after_answering_is_replaced_before_the_next_problem():
+    jobs = [
+        (Problem(pattern="ag_gemm", m=m, n=8, k=8, world=2), [Schedule.parse("shard/ce/cublas")])
+        for m in (96, 16, 96, 64)
+    ]
+
+    def slow_caller(i, ms):
+        time.sleep(1.0)  # the dying rank is gone before the next problem is sent
+
+    out = run_cuda_jobs(jobs, timeout_s=5, startup_s=60, worker=fake_rank, on_result=slow_caller)
+    assert [o[0].median_ms for o in out] == [96.0, 16.0, 96.0, 64.0]

@@ -757,11 +757,16 @@ def measure_problem(
 
 
 def _wants_graph(opts: TimingOptions, schedule: Schedule) -> bool:
-    if schedule.transport.value == "nccl_ce":
+    """Whether a verified schedule is captured. Copy-engine plans and serial NCCL collectives
+    are; NCCL point-to-point plans (``shard``/``finer`` over ``nccl``) never are: captured
+    ``batch_isend_irecv`` replays read NaN, hung, or hit an illegal address on 2xH200
+    (torch 2.11, NCCL 2.28), so they are timed as issued eagerly."""
+    transport = schedule.transport.value
+    if transport == "nccl_ce":
         return False  # zero-CTA NCCL collectives are not known to survive graph capture
-    if opts.graphs == "all":
-        return True
-    return opts.graphs == "ce" and schedule.transport.value == "ce"
+    if transport == "ce":
+        return opts.graphs in ("all", "ce")
+    return opts.graphs == "all" and schedule.granularity.value == "serial"
 
 
 def _capture_callable(ctx: RankContext, fn: Callable):
@@ -1031,6 +1036,8 @@ class CudaPool:
             raise ValueError(
                 f"world: this pool has {self.world} ranks, the problem needs {problem.world}"
             )
+        if any(p.exitcode is not None for p in self._procs):
+            self.close(kill=True)  # a rank died after its last answer (a late CUDA error)
         if not self._procs:
             self._start()
         tag = self._jobs_sent
@@ -1041,8 +1048,14 @@ class CudaPool:
             "seed_offset": tag,
             "baselines": baselines,
         }
-        for pipe in self._job_pipes:
-            pipe.send((tag, job))
+        try:
+            for pipe in self._job_pipes:
+                pipe.send((tag, job))
+        except OSError:  # BrokenPipeError: a rank died just now; start afresh, once
+            self.close(kill=True)
+            self._start()
+            for pipe in self._job_pipes:
+                pipe.send((tag, job))
         allowance = self.timeout_s + (self.startup_s if self._fresh else 0.0)
         last, last_msg = time.monotonic(), "started"
         while True:
