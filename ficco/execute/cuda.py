@@ -32,6 +32,7 @@ space excludes strided copy-engine chunks); zeros as inputs run faster than rand
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
@@ -306,6 +307,10 @@ class PlanRunner:
                     self.stream_of.append("signal" if op.direction == "recv" else None)
                 else:
                     self.stream_of.append("comm")
+            elif isinstance(op, ReduceOp) and s.granularity.value != "serial":
+                # beside the GEMMs: a chunk's reduction overlaps the next chunk's GEMM, and
+                # waits on the same stream as the pushed data it reads
+                self.stream_of.append("signal")
             else:
                 self.stream_of.append("comm" if task.stream is Stream.COMM else "compute")
         # NCCL: group consecutive transfers that share a tag into one batch (both halves of a
@@ -775,11 +780,19 @@ def _capture_callable(ctx: RankContext, fn: Callable):
     graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream(ctx.device)
     side.wait_stream(torch.cuda.current_stream())
-    with (
-        torch.cuda.stream(side),
-        torch.cuda.graph(graph, stream=side, capture_error_mode=CAPTURE_MODE),
-    ):
-        fn()
+    # No garbage collection inside a capture: collecting an earlier problem's buffers frees
+    # symmetric memory, which CUDA refuses while a stream captures, and the refusal inside a
+    # destructor aborts the process (seen every ~30 problems of a sweep). The worker collects
+    # after each problem instead.
+    gc.disable()
+    try:
+        with (
+            torch.cuda.stream(side),
+            torch.cuda.graph(graph, stream=side, capture_error_mode=CAPTURE_MODE),
+        ):
+            fn()
+    finally:
+        gc.enable()
     torch.cuda.current_stream().wait_stream(side)
     return graph
 
@@ -946,6 +959,7 @@ def _cuda_worker(
                 send(("failed", tag, f"{type(err).__name__}: {str(err)[:500]}"))
                 if os.environ.get("FICCO_DEBUG"):
                     traceback.print_exc()
+            gc.collect()  # free this problem's buffers now, outside any capture
             torch.cuda.empty_cache()
     finally:
         with contextlib.suppress(Exception):
