@@ -159,6 +159,11 @@ def test_cli_recommend(env):
         cli.main, ["recommend", "ag_gemm", "--m", "64", "--n", "64", "--k", "64", "-w", "2"]
     )
     assert out.exit_code == 0 and "serial/nccl/cublas" in out.output and "outside" in out.output
+    small = ["recommend", "ag_gemm", "--m", "64", "--n", "64", "--k", "64", "-w", "2", "--json"]
+    out = runner.invoke(cli.main, small)
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["fallback"] and not data["in_range"] and data["features"] == {}
     missing = runner.invoke(cli.main, [*args, "--machine", "h100x8"])
     assert missing.exit_code == 2
     assert "ficco train --store profiles/h100x8 --out schedules/h100x8/" in missing.output

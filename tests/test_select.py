@@ -165,8 +165,8 @@ def test_ties_within_the_spread_go_to_the_simpler_schedule():
     # The oracle is still the fastest time, so picking the label costs a measured 3%.
     assert ds.oracle_ms.iloc[0] == 0.97
     times = pd.Series({"finer-c8-m/ce/cublas": 1.0, "finer-c2-m/ce/cublas": 1.001})
-    spreads = pd.Series({"finer-c8-m/ce/cublas": 0.01, "finer-c2-m/ce/cublas": 0.01})
-    assert pick_label(times, spreads) == "finer-c2-m/ce/cublas"
+    noise = pd.Series({"finer-c8-m/ce/cublas": 0.01, "finer-c2-m/ce/cublas": 0.01})
+    assert pick_label(times, noise) == "finer-c2-m/ce/cublas"
 
 
 def test_incorrect_schedules_are_never_labels_and_failed_runs_are_dropped():

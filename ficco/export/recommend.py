@@ -87,7 +87,9 @@ class Recommendation:
 
     @property
     def features(self) -> dict[str, float]:
-        """The problem's features by name, as the table computes them."""
+        """The problem's features by name, as the table computes them (empty out of range)."""
+        if not self.feature_values:
+            return {}
         return dict(zip(TABLE_FEATURES, self.feature_values, strict=True))
 
     def to_dict(self) -> dict[str, Any]:

@@ -13,9 +13,13 @@ Rules:
   problem are summarized by the median of their medians and the largest spread.
 * The **oracle** time of a problem is its fastest candidate's median.
 * The **label** is the fastest candidate, with ties inside the measured noise resolved toward
-  the simpler schedule: every candidate ``s`` with ``t_s - t_best <= max(spread_s,
-  spread_best)`` is tied with the fastest, and the tie goes to the lowest
-  ``Schedule.complexity`` (then the lower time, then the name).
+  the simpler schedule: every candidate ``s`` with ``t_s - t_best <= max(noise_s,
+  noise_best)`` is tied with the fastest, and the tie goes to the lowest
+  ``Schedule.complexity`` (then the lower time, then the name). ``noise`` is the uncertainty
+  of a median, not the scatter of single timings: ``spread / sqrt(samples)`` (for normal
+  timings p90 - p10 is about 2.56 sigma and the median's standard error about
+  1.25 sigma / sqrt(n), so this is about two standard errors). Without a ``samples`` column
+  the spread itself is used.
 * A problem with no candidate is left out and listed in ``excluded`` with the reason.
 
 The full per-schedule times stay in ``times`` so the regret of any pick can be computed.
@@ -64,8 +68,9 @@ class Dataset:
     """The label schedule of each problem (fastest, ties within noise toward simpler)."""
     times: pd.DataFrame
     """problem x schedule: median ms of the ok runs; NaN where not measured ok."""
-    spreads: pd.DataFrame
-    """problem x schedule: the largest p90 - p10 spread of the ok runs (ms)."""
+    noise: pd.DataFrame
+    """problem x schedule: the tie window of the label rule, the largest
+    ``spread / sqrt(samples)`` of the ok runs (ms)."""
     oracle_ms: pd.Series
     """The fastest candidate's median per problem."""
     baseline_ms: pd.DataFrame
@@ -99,7 +104,7 @@ class Dataset:
             problems=self.problems.loc[keys],
             labels=self.labels.loc[keys],
             times=self.times.loc[keys],
-            spreads=self.spreads.loc[keys],
+            noise=self.noise.loc[keys],
             oracle_ms=self.oracle_ms.loc[keys],
             baseline_ms=self.baseline_ms.reindex(keys),
             serial_ms=self.serial_ms.loc[keys],
@@ -130,24 +135,23 @@ def problem_from_row(row) -> Problem:
     )
 
 
-def pick_label(times: pd.Series, spreads: pd.Series) -> str:
+def pick_label(times: pd.Series, noise: pd.Series) -> str:
     """The label among the measured candidates of one problem (see the module docstring).
 
-    ``times`` and ``spreads`` are indexed by schedule name; NaN times are not candidates."""
+    ``times`` and ``noise`` (the tie window of each, ms) are indexed by schedule name; NaN
+    times are not candidates."""
     measured = times.dropna()
     if measured.empty:
         raise ValueError("times: no schedule was measured ok, so there is no label")
     best = measured.idxmin()
     t_best = measured[best]
-    s_best = _spread(spreads, best)
-    tied = [
-        name for name, t in measured.items() if t - t_best <= max(_spread(spreads, name), s_best)
-    ]
+    n_best = _spread(noise, best)
+    tied = [name for name, t in measured.items() if t - t_best <= max(_spread(noise, name), n_best)]
     return min(tied, key=lambda name: (Schedule.parse(name).complexity, measured[name], name))
 
 
-def _spread(spreads: pd.Series, name: str) -> float:
-    value = spreads.get(name, 0.0)
+def _spread(values: pd.Series, name: str) -> float:
+    value = values.get(name, 0.0)
     return 0.0 if value is None or math.isnan(value) else float(value)
 
 
@@ -169,6 +173,8 @@ def _with_defaults(frame: pd.DataFrame) -> pd.DataFrame:
         frame["verdict"] = "ok"
     if "spread_ms" not in frame.columns:
         frame["spread_ms"] = 0.0
+    if "samples" not in frame.columns:
+        frame["samples"] = 1
     if "problem_name" not in frame.columns:
         frame["problem_name"] = ""
     frame["problem_name"] = frame["problem_name"].fillna("").astype(str)
@@ -219,10 +225,12 @@ def build_dataset(frame: pd.DataFrame) -> Dataset:
     ok = ok[ok["median_ms"].notna() & (ok["median_ms"] > 0)]
     grouped = ok.groupby(["problem_key", "name"])
     times = grouped["median_ms"].median().unstack().reindex(problems.index)
-    spreads = grouped["spread_ms"].max().unstack().reindex(index=problems.index)
-    spreads = spreads.reindex(columns=times.columns).fillna(0.0)
+    samples = ok["samples"].fillna(1).clip(lower=1).astype(float)
+    ok = ok.assign(noise_ms=ok["spread_ms"].fillna(0.0) / samples.pow(0.5))
+    noise = ok.groupby(["problem_key", "name"])["noise_ms"].max().unstack()
+    noise = noise.reindex(index=problems.index, columns=times.columns).fillna(0.0)
     times = times.reindex(columns=sorted(times.columns))
-    spreads = spreads.reindex(columns=times.columns)
+    noise = noise.reindex(columns=times.columns)
 
     excluded: dict[str, str] = {}
     for key in problems.index:
@@ -230,7 +238,7 @@ def build_dataset(frame: pd.DataFrame) -> Dataset:
             excluded[key] = "no schedule measured ok"
     kept = [key for key in problems.index if key not in excluded]
     labels = pd.Series(
-        {key: pick_label(times.loc[key], spreads.loc[key]) for key in kept}, dtype=object
+        {key: pick_label(times.loc[key], noise.loc[key]) for key in kept}, dtype=object
     )
 
     base = frame[(frame["kind"] == "baseline") & (frame["verdict"] == "ok")]
@@ -252,7 +260,7 @@ def build_dataset(frame: pd.DataFrame) -> Dataset:
         problems=problems.loc[kept],
         labels=labels.reindex(kept),
         times=times.loc[kept],
-        spreads=spreads.loc[kept],
+        noise=noise.loc[kept],
         oracle_ms=times.loc[kept].min(axis=1),
         baseline_ms=baseline_ms,
         serial_ms=serial_ms,

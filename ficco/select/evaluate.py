@@ -149,6 +149,9 @@ def default_families(machine: str = "h200x2") -> dict[str, ScheduleSelector]:
         "regressor": ScheduleSelector(
             family="regressor", machine=machine, n_estimators=200, min_samples_leaf=2
         ),
+        "near": ScheduleSelector(
+            family="near", machine=machine, n_estimators=300, min_samples_leaf=2, softness=0.01
+        ),
     }
 
 

@@ -9,6 +9,11 @@
 ``regressor``  a ``RandomForestRegressor`` of each schedule's log time (relative to the
                roofline's predicted serial time) from problem + schedule features; the pick is
                the candidate with the least predicted time.
+``near``       a multi-output ``RandomForestRegressor`` of each schedule's nearness to the
+               problem's oracle, ``exp(-(t_s / t_oracle - 1) / softness)`` (1 for the fastest,
+               1/e at ``softness`` slower, 0 where not measured ok); the pick is the candidate
+               with the highest predicted nearness. It learns which schedules are near-optimal
+               together, not one label per problem, so near-ties cost it nothing.
 
 ``X`` is a table of problems (a DataFrame with ``pattern, m, n, k, world, dtype, experts`` or a
 list of :class:`~ficco.problem.Problem`); features come from the problem alone
@@ -34,7 +39,7 @@ from ficco.select.features import raw_features, roofs_for, selector_feature_name
 from ficco.select.features import selector_features as _problem_features
 from ficco.space import Schedule, is_legal
 
-FAMILIES: tuple[str, ...] = ("tree", "forest", "boosting", "regressor")
+FAMILIES: tuple[str, ...] = ("tree", "forest", "boosting", "regressor", "near")
 
 SCHEDULE_FEATURES: tuple[str, ...] = (
     "granularity",
@@ -108,8 +113,10 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
     learning_rate : float
         ``boosting`` only.
     near_oracle : float
-        ``regressor`` only: its candidates are the schedules within this fraction of the oracle
-        on at least one training problem.
+        ``regressor`` and ``near``: their candidates are the schedules within this fraction of
+        the oracle on at least one training problem.
+    softness : float
+        ``near`` only: the relative slowdown at which a schedule's nearness falls to 1/e.
     random_state : int or None
         Seed of the models' randomness.
 
@@ -134,6 +141,7 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
         min_samples_leaf: int = 1,
         learning_rate: float = 0.1,
         near_oracle: float = 0.03,
+        softness: float = 0.01,
         random_state: int | None = 0,
     ):
         self.family = family
@@ -143,6 +151,7 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
         self.min_samples_leaf = min_samples_leaf
         self.learning_rate = learning_rate
         self.near_oracle = near_oracle
+        self.softness = softness
         self.random_state = random_state
 
     # --- fitting ---------------------------------------------------------------------------
@@ -210,6 +219,9 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
         if self.family == "regressor":
             self._fit_regressor(problems, features, labels, times)
             return self
+        if self.family == "near":
+            self._fit_near(problems, features, labels, times)
+            return self
         self.classes_ = np.array(sorted(set(labels)), dtype=object)
         if len(self.classes_) == 1:
             self.model_ = None
@@ -237,6 +249,21 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
                     targets.append(math.log(values[i, j] / base))
         self.model_ = self._make_model().fit(np.array(rows), np.array(targets))
 
+    def _fit_near(self, problems, features, labels, times) -> None:
+        if times is None:
+            raise ValueError("times: the near family learns per-schedule times; pass times=")
+        if len(times) != len(problems):
+            raise ValueError(f"times: {len(times)} rows for {len(problems)} problems")
+        if not self.softness > 0:
+            raise ValueError(f"softness: must be > 0, got {self.softness}")
+        values = times.to_numpy(dtype=float)
+        relative = values / np.nanmin(values, axis=1)[:, None]
+        near = (relative <= 1 + self.near_oracle) & ~np.isnan(values)
+        keep = near.any(axis=0)
+        self.classes_ = np.array([str(c) for c in times.columns[keep]], dtype=object)
+        nearness = np.nan_to_num(np.exp(-(relative[:, keep] - 1) / self.softness), nan=0.0)
+        self.model_ = self._make_model().fit(features, nearness)
+
     def _serial_pred(self, problem: Problem) -> float:
         raw = raw_features(problem, self.roofs_)
         return raw["t_gemm_pred_ms"] + raw["t_comm_nccl_pred_ms"]
@@ -255,6 +282,12 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
             return [list(self.classes_) for _ in problems]
         if self.family == "regressor":
             return self._rank_regressor(problems, features)
+        if self.family == "near":
+            predicted = self.model_.predict(features).reshape(len(problems), len(self.classes_))
+            complexity = np.array([_parse(str(n)).complexity for n in self.classes_])
+            return [
+                [str(self.classes_[j]) for j in np.lexsort((complexity, -row))] for row in predicted
+            ]
         proba = self.model_.predict_proba(features)
         classes = self.model_.classes_
         order = np.argsort(-proba, axis=1, kind="stable")
