@@ -103,7 +103,7 @@ def register(group: click.Group) -> None:
         one with the least mean regret, and writes its decisions as a table that
         `ficco recommend` and `ficco export` read.
 
-        Example: ficco train --store profiles/h200x2 --out schedules/h200x2/
+        Example: ficco train --store profiles/h200x2/store --out schedules/h200x2/
         """
         from ficco.export.build import train_table, write_table
 
@@ -169,7 +169,7 @@ def register(group: click.Group) -> None:
         Metrics: top-1 (the pick is the label), within 3% of the oracle, mean and worst
         regret (t_pick / t_oracle - 1).
 
-        Example: ficco evaluate --store profiles/h200x2 --holdout-by model
+        Example: ficco evaluate --store profiles/h200x2/store --holdout-by model
         """
         from ficco.select.dataset import build_dataset
         from ficco.select.evaluate import evaluate

@@ -91,7 +91,7 @@ def test_missing_table_names_the_file_and_the_command(tmp_path, monkeypatch):
         recommend(Problem(pattern="ag_gemm", m=8192, n=4096, k=4096, world=2))
     text = str(err.value)
     assert str(tmp_path / "h200x2" / "table.json") in text
-    assert "ficco train --store profiles/h200x2 --out schedules/h200x2/" in text
+    assert "ficco train --store profiles/h200x2/store --out schedules/h200x2/" in text
 
 
 def test_without_a_table_the_repository_has_none_shipped():
@@ -166,7 +166,7 @@ def test_cli_recommend(env):
     assert data["fallback"] and not data["in_range"] and data["features"] == {}
     missing = runner.invoke(cli.main, [*args, "--machine", "h100x8"])
     assert missing.exit_code == 2
-    assert "ficco train --store profiles/h100x8 --out schedules/h100x8/" in missing.output
+    assert "ficco train --store profiles/h100x8/store --out schedules/h100x8/" in missing.output
 
 
 def test_recommend_imports_neither_torch_triton_nor_sklearn(env):

@@ -124,7 +124,7 @@ def open_table(machine: str = DEFAULT_MACHINE, table: str | Path | None = None) 
             raise TableNotFound(f"table file {path} does not exist") from None
         raise TableNotFound(
             f"no schedule table for machine {machine!r}: {path} does not exist. Create it from "
-            f"measured profiles with: ficco train --store profiles/{machine} --out "
+            f"measured profiles with: ficco train --store profiles/{machine}/store --out "
             f"schedules/{machine}/"
         ) from None
     return _cached_table(path, stat.st_mtime_ns, stat.st_size)
