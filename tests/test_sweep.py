@@ -348,3 +348,21 @@ def test_cuda_runner_keeps_the_baselines_run_cuda_measures_with_the_schedules(mo
     assert set(names.values()) == {1} and len(names) == 3 + 3
     assert len(calls) == 1  # the baselines came from the schedules' run
     assert runner.baselines(REPLAYED[1]) and calls[-1] == []  # measured alone when needed
+
+
+def test_time_limit_leaves_the_rest_for_a_rerun(replay_store):
+    runner = ReplayRunner(replay_store)
+    store = MemoryStore(runner.fingerprint())
+    first = sweep(
+        REPLAYED,
+        runner=runner,
+        store=store,
+        space=SMALL_SPACE,
+        options=SweepOptions(time_limit_s=0.0),
+    )
+    assert first.outcomes == [] and first.skipped == len(REPLAYED) and len(store) == 0
+    assert first.to_dict()["skipped_for_time"] == len(REPLAYED)
+    rest = sweep(REPLAYED, runner=runner, store=store, space=SMALL_SPACE)
+    assert rest.skipped == 0 and len(rest.outcomes) == len(REPLAYED) and len(store) > 0
+    with pytest.raises(ValueError, match="time_limit_s: must be >= 0"):
+        SweepOptions(time_limit_s=-1)
