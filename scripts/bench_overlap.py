@@ -43,57 +43,33 @@ MODELS = ("llama3-8b", "llama3-70b")
 PATTERNS = ("ag_gemm", "gemm_rs")
 TOKENS = (1024, 2048, 4096, 8192, 16384)
 
-CANDIDATES = {
-    "ag_gemm": [
-        "serial/nccl/cublas",
-        "serial/nccl/triton",
-        "serial/ce/cublas",
-        "serial/nccl_ce/cublas",  # unavailable unless FICCO_NCCL_CE=1
-        "shard/ce/cublas",
-        "shard/ce/cublas+hi",
-        "shard/ce/triton",
-        "shard/ce/triton+hi",
-        "finer-c2-m/ce/cublas",
-        "finer-c2-m/ce/cublas+hi",
-        "finer-c4-m/ce/cublas",
-        "finer-c4-m/ce/cublas+hi",
-        "finer-c8-m/ce/cublas",
-        "finer-c2-m/ce/cublas+merged",
-        "finer-c4-m/ce/cublas+merged",
-        "finer-c2-m/ce/triton",
-        "finer-c2-m/ce/triton+hi",
-        "finer-c4-m/ce/triton",
-        "shard/nccl/cublas",
-        "shard/nccl/triton+sm16",
-        "finer-c2-m/nccl/triton+sm16",
-        "shard/ce/cublas+all_peers",  # W >= 3 only
-        "finer-c2-m/ce/cublas+all_peers",
-    ],
-    "gemm_rs": [
-        "serial/nccl/cublas",
-        "serial/nccl/triton",
-        "serial/ce/cublas",
-        "shard/ce/cublas",
-        "shard/ce/cublas+hi",
-        "shard/ce/triton",
-        "shard/ce/triton+hi",
-        "finer-c2-m/ce/cublas",
-        "finer-c2-m/ce/cublas+hi",
-        "finer-c4-m/ce/cublas",
-        "finer-c4-m/ce/cublas+hi",
-        "finer-c8-m/ce/cublas",
-        "finer-c2-m/ce/cublas+merged",
-        "finer-c4-m/ce/cublas+merged",
-        "finer-c2-m/ce/triton",
-        "finer-c2-m/ce/triton+hi",
-        "finer-c4-m/ce/triton",
-        "shard/nccl/cublas",
-        "shard/nccl/triton+sm16",
-        "finer-c2-m/nccl/triton+sm16",
-        "shard/ce/cublas+all_peers",  # W >= 3 only
-        "finer-c2-m/ce/cublas+all_peers",
-    ],
-}
+#: The candidates of both patterns; those illegal for a problem (``is_legal``: NCCL's
+#: copy-engine policy has no reduction, ``all_peers`` needs W >= 3) are dropped per problem.
+CANDIDATES = [
+    "serial/nccl/cublas",
+    "serial/nccl/triton",
+    "serial/ce/cublas",
+    "serial/nccl_ce/cublas",  # AG+GEMM only; unavailable unless FICCO_NCCL_CE=1
+    "shard/ce/cublas",
+    "shard/ce/cublas+hi",
+    "shard/ce/triton",
+    "shard/ce/triton+hi",
+    "finer-c2-m/ce/cublas",
+    "finer-c2-m/ce/cublas+hi",
+    "finer-c4-m/ce/cublas",
+    "finer-c4-m/ce/cublas+hi",
+    "finer-c8-m/ce/cublas",
+    "finer-c2-m/ce/cublas+merged",
+    "finer-c4-m/ce/cublas+merged",
+    "finer-c2-m/ce/triton",
+    "finer-c2-m/ce/triton+hi",
+    "finer-c4-m/ce/triton",
+    "shard/nccl/cublas",
+    "shard/nccl/triton+sm16",
+    "finer-c2-m/nccl/triton+sm16",
+    "shard/ce/cublas+all_peers",
+    "finer-c2-m/ce/cublas+all_peers",
+]
 
 
 def geomean(values: list[float]) -> float:
@@ -211,7 +187,7 @@ def main() -> int:
     )  # small shapes first: a cut-short run covers all layers
     jobs = []
     for problem in problems:
-        schedules = [Schedule.parse(s) for s in CANDIDATES[problem.pattern.value]]
+        schedules = [Schedule.parse(s) for s in CANDIDATES]
         jobs.append((problem, [s for s in schedules if is_legal(problem, s)]))
     opts = TimingOptions(
         rounds=5 if args.quick else args.rounds, signatures=args.signatures, graphs=args.graphs

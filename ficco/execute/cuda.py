@@ -741,6 +741,7 @@ def measure_problem(
         m = verdict_of(ok, err, tol, failure, detail, name, "baseline")
         results[name] = m
         if m.verdict == "ok":
+            m.extra["graph"] = "graph"
             runners[name] = graph.replay
 
     del exact, plain

@@ -145,12 +145,12 @@ def pick_label(times: pd.Series, noise: pd.Series) -> str:
         raise ValueError("times: no schedule was measured ok, so there is no label")
     best = measured.idxmin()
     t_best = measured[best]
-    n_best = _spread(noise, best)
-    tied = [name for name, t in measured.items() if t - t_best <= max(_spread(noise, name), n_best)]
+    n_best = _window(noise, best)
+    tied = [name for name, t in measured.items() if t - t_best <= max(_window(noise, name), n_best)]
     return min(tied, key=lambda name: (Schedule.parse(name).complexity, measured[name], name))
 
 
-def _spread(values: pd.Series, name: str) -> float:
+def _window(values: pd.Series, name: str) -> float:
     value = values.get(name, 0.0)
     return 0.0 if value is None or math.isnan(value) else float(value)
 
