@@ -3,7 +3,11 @@
 Protocol (ficco/execute/cuda.py states it in full): every candidate is verified against an
 fp32 reference before it is timed; candidates are timed in interleaved rounds with the L2
 flushed and the ranks aligned by a device-side barrier before each iteration; per iteration
-the max across ranks; median and p90-p10 spread.
+the max across ranks; median and p90-p10 spread. Each shape is timed under both issue modes
+(``--issue``): ``synced`` (the host waits for its GPU and the ranks meet at a host barrier
+before each iteration, so launch and Python issue cost count, as in a host-bound step) and
+``queued`` (the host runs ahead, so issue cost hides behind GPU work). The top-level
+``summary`` and ``shapes`` are the first mode's; ``by_issue`` holds every mode's.
 
 Baselines, side by side: serial NCCL + cuBLAS issued the eager way (``serial_eager``), ficco's
 own serial schedules (``serial/nccl/cublas``, ``serial/nccl/triton``), PyTorch async-TP
@@ -75,6 +79,24 @@ CANDIDATES = [
 def geomean(values: list[float]) -> float:
     values = [v for v in values if v and not math.isnan(v)]
     return math.exp(sum(map(math.log, values)) / len(values)) if values else math.nan
+
+
+def under(measured, issue: str | None) -> list:
+    """The measurements with their median and spread taken from one issue mode."""
+    if issue is None:
+        return list(measured)
+    out = []
+    for m in measured:
+        timed = m.extra.get("issue", {}).get(issue)
+        m = dataclasses.replace(m, extra=dict(m.extra))
+        if timed is not None:
+            m.median_ms, m.spread_ms, m.samples = (
+                timed["median_ms"],
+                timed["spread_ms"],
+                timed["samples"],
+            )
+        out.append(m)
+    return out
 
 
 def shape_row(problem: Problem, measured) -> dict:
@@ -166,6 +188,13 @@ def main() -> int:
     parser.add_argument(
         "--graphs", choices=("all", "ce", "none"), default="all", help="CUDA-graph capture"
     )
+    parser.add_argument(
+        "--issue",
+        action="append",
+        choices=("synced", "queued"),
+        help="issue mode(s), each timed in its own pass; the first fills 'summary' "
+        "(default: synced, then queued)",
+    )
     parser.add_argument("--out", default=None, help="output JSON (default $OUT/bench_overlap.json)")
     args = parser.parse_args()
 
@@ -189,8 +218,12 @@ def main() -> int:
     for problem in problems:
         schedules = [Schedule.parse(s) for s in CANDIDATES]
         jobs.append((problem, [s for s in schedules if is_legal(problem, s)]))
+    issues = tuple(args.issue or ("synced", "queued"))
     opts = TimingOptions(
-        rounds=5 if args.quick else args.rounds, signatures=args.signatures, graphs=args.graphs
+        rounds=5 if args.quick else args.rounds,
+        signatures=args.signatures,
+        graphs=args.graphs,
+        issue=issues,
     )
     started = time.time()
 
@@ -209,13 +242,17 @@ def main() -> int:
 
     def done(index, measured):
         p = jobs[index][0]
-        partial[index] = shape_row(p, measured) | {"graphs": graphs_of.get(index)}
-        best = partial[index]
-        print(
-            f"[{time.time() - started:6.1f}s] {p.name:12s} m={p.m:<6d} best {best['best']} "
-            f"{best['best_ms']:.3f} ms, serial {best['serial_ms']:.3f}",
-            flush=True,
-        )
+        partial[index] = {
+            issue: shape_row(p, under(measured, issue)) | {"graphs": graphs_of.get(index)}
+            for issue in issues
+        }
+        for issue, best in partial[index].items():
+            print(
+                f"[{time.time() - started:6.1f}s] {p.name:12s} m={p.m:<6d} {issue:6s} best "
+                f"{best['best']} {best['best_ms']:.3f} ms, serial {best['serial_ms']:.3f}, "
+                f"async-TP {best['async_tp_ms']:.3f}, ideal {best['ideal_ms']:.3f}",
+                flush=True,
+            )
         # a run cut short still leaves what it measured
         Path(out + ".partial").write_text(json.dumps(list(partial.values()), default=float))
 
@@ -247,12 +284,15 @@ def main() -> int:
                 done(index, res)
     finally:
         pool.close()
-    rows, failures = [], []
+    rows_of: dict[str, list] = {issue: [] for issue in issues}
+    failures = []
     for index, ((problem, _), res) in enumerate(zip(jobs, results, strict=True)):
         if isinstance(res, str):
             failures.append({"key": problem.key, "name": problem.name, "error": res})
         else:
-            rows.append(partial[index])
+            for issue in issues:
+                rows_of[issue].append(partial[index][issue])
+    rows = rows_of[issues[0]]
     report = {
         "fingerprint": fingerprint("cuda"),
         "protocol": {
@@ -260,29 +300,47 @@ def main() -> int:
             "warmup": opts.warmup,
             "flush_l2": opts.flush_l2,
             "graphs": args.graphs,
+            "issue": list(issues),
+            "issue_modes": {
+                "synced": "before each iteration the host waits for its GPU and the ranks meet "
+                "at a host (gloo) barrier, then a device barrier: launch and Python issue cost "
+                "count",
+                "queued": "the host runs ahead of the GPU inside a round: issue cost hides "
+                "behind GPU work and counts only where it exceeds it",
+            },
             "graphs_fallback": "a problem that hung with NCCL calls in graphs was retried with "
             "copy-engine graphs only, and later shapes kept that mode (per shape: 'graphs')",
             "statistic": "median over rounds of the per-iteration max across ranks; spread p90-p10",
         },
         "summary": summarize(rows),
+        "summary_issue": issues[0],
         "failures": failures,
         "shapes": rows,
+        "by_issue": {
+            issue: {"summary": summarize(rows_of[issue]), "shapes": rows_of[issue]}
+            for issue in issues[1:]
+        },
         "wall_s": time.time() - started,
     }
     Path(out).write_text(json.dumps(report, indent=1, default=float))
     Path(out + ".partial").unlink(missing_ok=True)  # the full report holds all of it
 
-    print(
-        f"\n{'shape':14s} {'M':>6s} {'serial':>8s} {'asyncTP':>8s} {'ideal':>8s} {'best':>8s}  best schedule"
-    )
-    for r in rows:
+    for issue in issues:
+        print(f"\n--- issue: {issue}")
         print(
-            f"{r['name']:14s} {r['problem']['m']:6d} {r['serial_ms']:8.3f} {r['async_tp_ms']:8.3f} "
-            f"{r['ideal_ms']:8.3f} {r['best_ms']:8.3f}  {r['best']}"
+            f"{'shape':14s} {'M':>6s} {'serial':>8s} {'asyncTP':>8s} {'ideal':>8s} {'best':>8s}"
+            "  best schedule"
         )
+        for r in rows_of[issue]:
+            print(
+                f"{r['name']:14s} {r['problem']['m']:6d} {r['serial_ms']:8.3f} "
+                f"{r['async_tp_ms']:8.3f} {r['ideal_ms']:8.3f} {r['best_ms']:8.3f}  {r['best']}"
+            )
     for f in failures:
         print(f"FAILED {f['name']} {f['key']}: {f['error']}")
-    print(json.dumps(report["summary"], indent=1))
+    for issue in issues:
+        print(f"summary, issue {issue}:")
+        print(json.dumps(summarize(rows_of[issue]), indent=1))
     return 1 if failures or any(s["incorrect"] for s in report["summary"].values()) else 0
 
 

@@ -21,8 +21,12 @@ NaN-poisoned outputs against an fp32 reference (serial NCCL collective + fp32 ma
 warm-up; interleaved rounds (A B C A B C ...); before each timed iteration the L2 is flushed
 (a 256 MiB write) and the ranks meet at a device-side barrier, so both GPUs start within
 microseconds; CUDA events around the op; per iteration the max across ranks; median and
-p90 - p10 spread. The host never synchronizes inside a round: Python's issue cost is paid as
-it would be in a runtime that runs ahead of the GPU, and shows where it exceeds GPU time.
+p90 - p10 spread. Two ways to issue an iteration (``TimingOptions.issue``): ``queued`` (the
+host never synchronizes inside a round, so Python's issue cost is hidden behind the previous
+iteration's GPU work, as in a runtime that runs ahead of the GPU, and shows only where it
+exceeds GPU time) and ``synced`` (before each iteration the host waits for its GPU and the
+ranks meet at a host barrier, so the op is issued to an idle GPU and every microsecond of
+launch and Python cost between the two events counts, as in a host-bound step).
 
 Traps met on the way: a peer ``copy_`` between two devices in one process makes both current
 streams wait on each other (serializes); a strided slice makes ``copy_`` an SM kernel (the
@@ -90,6 +94,25 @@ class TimingOptions:
     """Capture verified schedules into CUDA graphs and time the replays: 'all', 'ce' (only
     copy-engine schedules, whose plans hold no NCCL calls) or 'none'. A capture that fails
     falls back to eager issue, recorded in the measurement's ``extra['graph']``."""
+    issue: tuple[str, ...] = ("queued",)
+    """How each timed iteration is issued, one timing pass per entry: 'queued' (the host runs
+    ahead; issue cost hides behind GPU work) or 'synced' (the host waits for its GPU and the
+    ranks meet at a host barrier first; issue cost counts). The first entry fills the
+    measurement's median; every entry is kept in ``extra['issue'][mode]``."""
+
+    def __post_init__(self) -> None:
+        self.issue = tuple(self.issue)
+        bad = [mode for mode in self.issue if mode not in ISSUE_MODES]
+        if bad or not self.issue:
+            raise ValueError(
+                f"TimingOptions.issue: {bad or 'empty'}: each entry must be one of {ISSUE_MODES}"
+            )
+        if self.graphs not in ("all", "ce", "none"):
+            raise ValueError(f"TimingOptions.graphs: {self.graphs!r}: one of 'all', 'ce', 'none'")
+
+
+#: ``TimingOptions.issue`` entries
+ISSUE_MODES = ("queued", "synced")
 
 
 # --- per-rank context -------------------------------------------------------------------
@@ -110,6 +133,7 @@ class RankContext:
     nccl_ce_error: str | None = None
     has_signals: bool = True
     flush: object = None
+    host_group: object = None  # gloo group: the host barrier of 'synced' issue
 
 
 def _init_rank(rank: int, world: int, init_file: str, timeout_s: float) -> RankContext:
@@ -133,6 +157,8 @@ def _init_rank(rank: int, world: int, init_file: str, timeout_s: float) -> RankC
     opts = dist.ProcessGroupNCCL.Options()
     opts.is_high_priority_stream = True
     group_hi = dist.new_group(list(range(world)), backend="nccl", pg_options=opts)
+    # a host-side barrier that launches nothing on the GPU ('synced' issue)
+    host_group = dist.new_group(list(range(world)), backend="gloo")
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must be fp32
     ctx = RankContext(
         rank=rank,
@@ -149,6 +175,7 @@ def _init_rank(rank: int, world: int, init_file: str, timeout_s: float) -> RankC
             "high": torch.cuda.Stream(device, priority=-1),
         },
         sm_count=torch.cuda.get_device_properties(device).multi_processor_count,
+        host_group=host_group,
     )
     with contextlib.suppress(Exception):  # older torch needs this; newer ones deprecate it
         symm_mem.enable_symm_mem_for_group(group.group_name)
@@ -563,9 +590,10 @@ def _poison(plan, bufs: ProblemBuffers) -> None:
 
 
 def _time_rounds(
-    ctx: RankContext, candidates: dict[str, Callable], opts: TimingOptions
+    ctx: RankContext, candidates: dict[str, Callable], opts: TimingOptions, issue: str = "queued"
 ) -> dict[str, list[float]]:
-    """Interleaved rounds; returns per-candidate per-iteration times (max across ranks)."""
+    """Interleaved rounds; returns per-candidate per-iteration times (max across ranks).
+    ``issue``: see :attr:`TimingOptions.issue`."""
     import torch
     import torch.distributed as dist
 
@@ -575,10 +603,15 @@ def _time_rounds(
             candidates[name]()
     torch.cuda.synchronize()
     events = {name: [] for name in names}
+    synced = issue == "synced"
     for _ in range(opts.rounds):
         for name in names:
             if opts.flush_l2:
                 ctx.flush.zero_()
+            if synced:
+                # an idle GPU and aligned hosts: the op's own issue cost lies between the events
+                torch.cuda.synchronize()
+                dist.barrier(group=ctx.host_group)
             ctx.fence.barrier(channel=0)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -746,12 +779,20 @@ def measure_problem(
 
     del exact, plain
     report({"phase": "timing", "name": f"{len(runners)} candidates"})
-    times = _time_rounds(ctx, runners, opts)
-    for name, samples in times.items():
-        summary = Summary.of(samples)
-        m = results[name]
-        m.median_ms, m.spread_ms, m.samples = summary.median_ms, summary.spread_ms, summary.samples
-        m.extra["times_ms"] = [round(x, 5) for x in samples]
+    for index, issue in enumerate(opts.issue):
+        times = _time_rounds(ctx, runners, opts, issue)
+        for name, samples in times.items():
+            summary = Summary.of(samples)
+            m = results[name]
+            m.extra.setdefault("issue", {})[issue] = {
+                "median_ms": summary.median_ms,
+                "spread_ms": summary.spread_ms,
+                "samples": summary.samples,
+            }
+            if index == 0:
+                m.median_ms, m.spread_ms = summary.median_ms, summary.spread_ms
+                m.samples = summary.samples
+                m.extra["times_ms"] = [round(x, 5) for x in samples]
 
     if opts.signatures:
         graphed = {n for n, note in graph_notes.items() if note == "graph"}
