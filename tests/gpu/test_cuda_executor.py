@@ -41,3 +41,22 @@ def test_schedules_verify_and_time_on_gpus(pattern, extra):
             assert by[str(s)].extra["graph"] == "graph", (str(s), by[str(s)].extra["graph"])
     for name in ("gemm_alone", "comm_alone", "serial_eager"):
         assert by[name].verdict == "ok" and by[name].median_ms > 0
+
+
+def test_both_issue_modes_time_every_candidate():
+    """'synced' then 'queued': every candidate carries both timings, the first fills the
+    median, and the isolated parts of ideal keep the faster of their eager and graph issue."""
+    problem = Problem(pattern="ag_gemm", m=1024, n=512, k=256, world=2)
+    schedules = [Schedule.parse(s) for s in ("serial/nccl/cublas", "shard/ce/cublas")]
+    opts = TimingOptions(rounds=3, warmup=1, issue=("synced", "queued"))
+    measured = run_cuda(problem, schedules, options=opts)
+    for m in measured:
+        if m.verdict != "ok":
+            continue
+        assert set(m.extra["issue"]) == {"synced", "queued"}, m.name
+        assert m.median_ms == m.extra["issue"]["synced"]["median_ms"]
+        assert all(t["median_ms"] > 0 for t in m.extra["issue"].values())
+    by = {m.name: m for m in measured}
+    for name in ("gemm_alone", "comm_alone"):
+        assert set(by[name].extra["issue_graph"].values()) <= {"graph", "eager"}
+        assert by[name].extra["graph"] == by[name].extra["issue_graph"]["synced"]
