@@ -13,6 +13,7 @@
 #   SWEEP_TIME_LIMIT=SECONDS            start no new sweep problem after this long; rerun the
 #                                       same command (with the store carried) to resume
 #   TOKENS="256 512 ..."                token counts of the catalog sweep
+#   SWEEP_ROUNDS=20                     timed rounds per sweep candidate
 # Outputs go under $OUT/MACHINE when $OUT is set (a GPU machine that is handed back), else
 # under profiles/MACHINE and schedules/MACHINE. The sweep resumes an interrupted store.
 set -euo pipefail
@@ -56,7 +57,7 @@ if has sweep; then
   fi
   ficco sweep --shapes "$SHAPES" --world "$W" --store "$PROFILES/store" --backend cuda \
     --strategy exhaustive --gemm cublas --transport ce --transport nccl \
-    --chunks 2 --chunks 4 --chunks 8 --rounds 8 --timeout 90 \
+    --chunks 2 --chunks 4 --chunks 8 --rounds "${SWEEP_ROUNDS:-20}" --timeout 90 \
     ${SWEEP_TIME_LIMIT:+--time-limit "$SWEEP_TIME_LIMIT"} || echo "sweep exited $?"
 fi
 
