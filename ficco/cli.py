@@ -114,10 +114,35 @@ def enumerate_cmd(pattern, m, n, k, world, dtype, experts, routing, as_json) -> 
 @problem_options
 @click.option(
     "--backend",
-    type=click.Choice(["cpu"]),
+    type=click.Choice(["cpu", "cuda"]),
     default="cpu",
     show_default=True,
-    help="cpu: W processes over gloo, Triton under its interpreter.",
+    help="cpu: W processes over gloo, Triton under its interpreter (verifies, times nothing). "
+    "cuda: W GPUs (spawned, or one rank per process under torchrun); verifies every "
+    "schedule, then times it beside the baselines.",
+)
+@click.option(
+    "--rounds",
+    type=int,
+    default=10,
+    show_default=True,
+    help="cuda: interleaved timing rounds.",
+)
+@click.option(
+    "--issue",
+    "issue_modes",
+    type=click.Choice(["queued", "synced"]),
+    multiple=True,
+    help="cuda: how each timed iteration is issued (repeat for both; the first fills the "
+    "table): queued = the host runs ahead, synced = the host waits for its GPU and the ranks "
+    "meet first, so launch cost counts [default: queued].",
+)
+@click.option(
+    "--graphs",
+    type=click.Choice(["all", "ce", "none"]),
+    default="all",
+    show_default=True,
+    help="cuda: capture verified schedules in CUDA graphs (all; ce: copy-engine ones only).",
 )
 @click.option(
     "--schedule", "-s", "schedule_texts", multiple=True, help="A schedule to run (repeat)."
@@ -138,6 +163,9 @@ def run_cmd(
     experts,
     routing,
     backend,
+    rounds,
+    issue_modes,
+    graphs,
     schedule_texts,
     run_all,
     seed,
@@ -147,14 +175,24 @@ def run_cmd(
     """Run schedules of a problem and verify each against the serial reference.
 
     Prints one row per schedule (schedule, verdict, max error, tolerance) and exits 1 if any
-    schedule computes a wrong result.
+    schedule computes a wrong result. With --backend cuda every verified schedule is also
+    timed beside the baselines (serial NCCL + cuBLAS, PyTorch async-TP, the GEMM and the
+    collective alone) and the table adds its median, spread and ratios to serial and ideal.
 
-    Example: ficco run gemm_rs --m 96 --n 80 --k 72 --world 2 --backend cpu --all
+    \b
+    Examples:
+      ficco run gemm_rs --m 96 --n 80 --k 72 --world 2 --backend cpu --all
+      ficco run ag_gemm --m 4096 --n 3072 --k 4096 --world 2 --backend cuda \\
+          -s serial/nccl/cublas -s shard/ce/cublas+hi -s finer-c2-m/ce/cublas
+      torchrun --nproc-per-node 2 -m ficco.cli run ag_gemm --m 4096 --n 3072 --k 4096 \\
+          --world 2 --backend cuda -s shard/ce/cublas
     """
     from ficco import api
 
     if bool(schedule_texts) == run_all:
         raise click.UsageError("give either --schedule S (one or more) or --all")
+    if rounds < 1:
+        raise click.UsageError(f"--rounds: needs at least 1 round, got {rounds}")
     problem = make_problem(
         pattern, m, n, k, world, dtype, experts, routing, "fp32" if backend == "cpu" else "bf16"
     )
@@ -162,6 +200,10 @@ def run_cmd(
         chosen = api.schedules(problem) if run_all else api.parse_schedules(problem, schedule_texts)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
+    if backend == "cuda":
+        timing = {"rounds": rounds, "graphs": graphs, "issue": issue_modes or ("queued",)}
+        _run_cuda_cmd(problem, chosen, timing, seed, timeout, as_json)
+        return
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
@@ -215,6 +257,78 @@ def run_cmd(
         for r in results:
             counts[r.verdict.value] = counts.get(r.verdict.value, 0) + 1
         click.echo(", ".join(f"{v}: {c}" for v, c in sorted(counts.items())))
+    if incorrect:
+        sys.exit(1)
+
+
+def _run_cuda_cmd(problem, chosen, timing: dict, seed: int, timeout: float, as_json: bool):
+    """``ficco run --backend cuda``: measure, then print (rank 0 only under torchrun)."""
+    import math
+
+    from ficco import api
+    from ficco.execute.cuda import torchrun_env
+
+    launch = torchrun_env()
+    try:
+        measured = api.run(
+            problem, chosen, backend="cuda", seed=seed, timeout_s=timeout, timing=timing
+        )
+    except (RuntimeError, ValueError) as err:
+        raise click.ClickException(str(err)) from None
+    if launch is not None and launch[0] != 0:
+        return  # every rank holds the same merged results; rank 0 speaks
+    by = {m.name: m for m in measured if m.verdict == "ok"}
+
+    def ms(name):
+        return by[name].median_ms if name in by else math.nan
+
+    serial = ms("serial_eager")
+    ideal = max(ms("gemm_alone"), ms("comm_alone"))
+    incorrect = [m for m in measured if m.verdict == "incorrect"]
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "problem": problem.to_dict(),
+                    "timing": {
+                        k: list(v) if isinstance(v, tuple) else v for k, v in timing.items()
+                    },
+                    "serial_ms": serial,
+                    "ideal_ms": ideal,
+                    "measurements": [m.to_dict() for m in measured],
+                },
+                indent=2,
+                default=float,
+            )
+        )
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        issue = (timing.get("issue") or ("queued",))[0]
+        table = Table(
+            title=f"{problem.key} on {problem.world} GPUs: median of {timing['rounds']} rounds, "
+            f"{issue} issue"
+        )
+        table.add_column("schedule / baseline", no_wrap=True)
+        for col in ("verdict", "ms", "spread", "serial / t", "t / ideal", "graph"):
+            table.add_column(col, justify="right")
+        styles = {"ok": "green", "incorrect": "bold red"}
+        for m in measured:
+            ok = m.verdict == "ok" and m.median_ms == m.median_ms
+            table.add_row(
+                m.name if m.kind == "schedule" else f"[dim]{m.name}[/]",
+                f"[{styles.get(m.verdict, 'yellow')}]{m.verdict}[/]",
+                f"{m.median_ms:.4g}" if ok else "-",
+                f"{m.spread_ms:.2g}" if ok else "-",
+                f"{serial / m.median_ms:.2f}" if ok else "-",
+                f"{m.median_ms / ideal:.2f}" if ok else "-",
+                m.extra.get("graph", ""),
+            )
+        Console().print(table)
+        for m in measured:
+            if m.verdict != "ok" and m.detail:
+                click.echo(f"{m.name}: {m.verdict}: {m.detail}", err=True)
     if incorrect:
         sys.exit(1)
 

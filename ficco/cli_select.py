@@ -91,7 +91,7 @@ def register(group: click.Group) -> None:
     )
     @click.option(
         "--family",
-        type=click.Choice(["tree", "forest", "boosting", "regressor", "near"]),
+        type=click.Choice(["tree", "forest", "boosting", "regressor", "near", "pairwise"]),
         default=None,
         help="Ship this family instead of the cross-validated best.",
     )

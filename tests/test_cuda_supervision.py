@@ -4,6 +4,8 @@ hangs or crashes is recorded and fresh workers go on with the rest."""
 import os
 import time
 
+import pytest
+
 from ficco.execute.cuda import run_cuda_jobs
 from ficco.measure.record import Measurement
 from ficco.problem import Problem
@@ -65,3 +67,56 @@ def test_a_rank_that_dies_after_answering_is_replaced_before_the_next_problem():
 
     out = run_cuda_jobs(jobs, timeout_s=5, startup_s=60, worker=fake_rank, on_result=slow_caller)
     assert [o[0].median_ms for o in out] == [96.0, 16.0, 96.0, 64.0]
+
+
+def test_run_cuda_without_gpus_names_what_is_missing():
+    import torch
+    from click.testing import CliRunner
+
+    from ficco.cli import main
+
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has the GPUs")
+    result = CliRunner().invoke(
+        main,
+        [
+            "run",
+            "ag_gemm",
+            "--m",
+            "64",
+            "--n",
+            "32",
+            "--k",
+            "32",
+            "-w",
+            "2",
+            "--backend",
+            "cuda",
+            "-s",
+            "shard/ce/cublas",
+        ],
+    )
+    assert result.exit_code == 1
+    assert "the cuda backend needs 2 GPUs" in result.output
+    bad = CliRunner().invoke(
+        main,
+        [
+            "run",
+            "ag_gemm",
+            "--m",
+            "64",
+            "--n",
+            "32",
+            "--k",
+            "32",
+            "-w",
+            "2",
+            "--backend",
+            "cuda",
+            "-s",
+            "shard/ce/cublas",
+            "--rounds",
+            "0",
+        ],
+    )
+    assert bad.exit_code == 2 and "--rounds: needs at least 1 round" in bad.output

@@ -241,10 +241,13 @@ def with_near():
     return {
         **light_families(),
         "near": ScheduleSelector(family="near", n_estimators=30, min_samples_leaf=2),
+        "pairwise": ScheduleSelector(
+            family="pairwise", feature_set="scale_free", n_estimators=30, min_samples_leaf=2
+        ),
     }
 
 
-@pytest.mark.parametrize("family", ["tree", "forest", "boosting", "regressor", "near"])
+@pytest.mark.parametrize("family", ["tree", "forest", "boosting", "regressor", "near", "pairwise"])
 def test_every_family_fits_and_predicts_legal_schedules(family):
     from ficco.space import Schedule, is_legal
 
@@ -411,13 +414,14 @@ def test_numpy_labels_roundtrip():
     assert isinstance(picks, np.ndarray) and all(isinstance(p, str) for p in picks)
 
 
-def test_near_family_learns_which_schedules_run_near_the_oracle():
+@pytest.mark.parametrize("family", ["near", "pairwise"])
+def test_nearness_families_learn_which_schedules_run_near_the_oracle(family):
     ds = build_dataset(synthetic_frame())
-    with pytest.raises(ValueError, match="times: the near family"):
-        ScheduleSelector(family="near").fit(ds.problems, ds.labels)
+    with pytest.raises(ValueError, match=f"times: the {family} family"):
+        ScheduleSelector(family=family).fit(ds.problems, ds.labels)
     with pytest.raises(ValueError, match="softness: must be > 0"):
-        ScheduleSelector(family="near", softness=0).fit(ds.problems, ds.labels, times=ds.times)
-    est = with_near()["near"].fit(ds.problems, ds.labels.to_numpy(), times=ds.times)
+        ScheduleSelector(family=family, softness=0).fit(ds.problems, ds.labels, times=ds.times)
+    est = with_near()[family].fit(ds.problems, ds.labels.to_numpy(), times=ds.times)
     picks = est.predict(ds.problems)
     relative = [
         ds.times.loc[key, pick] / ds.oracle_ms[key]
@@ -425,3 +429,26 @@ def test_near_family_learns_which_schedules_run_near_the_oracle():
     ]
     # on its own training problems nearly every pick runs within 3% of the fastest
     assert sum(r <= 1.03 for r in relative) >= 0.9 * len(relative)
+
+
+def test_feature_sets():
+    from ficco.select.features import selector_feature_names
+    from ficco.select.selector import PAIR_FEATURES, SCALE_FREE_FEATURES, pair_features
+
+    ds = build_dataset(synthetic_frame())
+    with pytest.raises(ValueError, match="feature_set: unknown 'sizes'"):
+        ScheduleSelector(feature_set="sizes").fit(ds.problems, ds.labels)
+    every = selector_feature_names()
+    assert set(SCALE_FREE_FEATURES) < set(every)
+    assert not {"log2_n", "log2_k", "log2_flops"} & set(SCALE_FREE_FEATURES)
+    est = ScheduleSelector(family="forest", feature_set="scale_free", n_estimators=10)
+    est.fit(ds.problems, ds.labels)
+    assert est.feature_names_ == list(SCALE_FREE_FEATURES)
+    assert est.n_features_in_ == len(SCALE_FREE_FEATURES)
+    assert est._features(ds.problem_list()).shape == (len(ds), len(SCALE_FREE_FEATURES))
+    # the pieces a schedule cuts a problem into: m / W / chunks rows, W steps x chunks
+    p = Problem(pattern="ag_gemm", m=4096, n=1024, k=1024, world=2)
+    named = dict(zip(PAIR_FEATURES, pair_features(p, "finer-c4-m/ce/cublas"), strict=True))
+    assert named["log2_piece_rows"] == 9.0 and named["log2_pieces"] == 3.0
+    named = dict(zip(PAIR_FEATURES, pair_features(p, "serial/nccl/cublas"), strict=True))
+    assert named["log2_piece_rows"] == 11.0 and named["log2_pieces"] == 0.0

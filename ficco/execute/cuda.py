@@ -139,18 +139,28 @@ class RankContext:
     host_group: object = None  # gloo group: the host barrier of 'synced' issue
 
 
-def _init_rank(rank: int, world: int, init_file: str, timeout_s: float) -> RankContext:
+def _init_rank(
+    rank: int,
+    world: int,
+    init_file: str | None,
+    timeout_s: float,
+    local_rank: int | None = None,
+) -> RankContext:
+    """Set up one rank: its GPU (``local_rank``, default ``rank``), NCCL groups, streams and
+    symmetric memory. ``init_file`` None: the rendezvous comes from the environment
+    (``env://``, what torchrun sets)."""
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
     import torch.distributed._symmetric_memory as symm_mem
 
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
+    local = rank if local_rank is None else local_rank
+    torch.cuda.set_device(local)
+    device = torch.device("cuda", local)
     dist.init_process_group(
         "nccl",
-        init_method=f"file://{init_file}",
+        init_method=f"file://{init_file}" if init_file else "env://",
         rank=rank,
         world_size=world,
         timeout=timedelta(seconds=timeout_s),
@@ -1226,6 +1236,45 @@ def run_cuda_jobs(
             if on_result and not isinstance(result, str):
                 on_result(index, result)
     return out
+
+
+def torchrun_env() -> tuple[int, int, int] | None:
+    """``(rank, local_rank, world)`` when this process is one rank of a torchrun launch."""
+    env = os.environ
+    if not all(name in env for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE")):
+        return None
+    return int(env["RANK"]), int(env["LOCAL_RANK"]), int(env["WORLD_SIZE"])
+
+
+def measure_here(
+    problem: Problem,
+    schedules: Iterable[Schedule],
+    *,
+    seed: int = 0,
+    timeout_s: float = 120.0,
+    options: TimingOptions | None = None,
+) -> list[Measurement]:
+    """This process as one rank of a torchrun launch (``torchrun --nproc-per-node W``): set
+    up, verify and time ``schedules`` and the baselines, tear down. Every rank returns the
+    same rank-merged measurements."""
+    import torch.distributed as dist
+
+    launch = torchrun_env()
+    if launch is None:
+        raise RuntimeError("measure_here: not launched by torchrun (RANK, LOCAL_RANK, WORLD_SIZE)")
+    rank, local_rank, world = launch
+    if world != problem.world:
+        raise ValueError(
+            f"world: the problem has W = {problem.world} but torchrun started {world} ranks"
+        )
+    ctx = _init_rank(rank, world, None, timeout_s, local_rank=local_rank)
+    try:
+        return measure_problem(
+            ctx, problem, list(schedules), seed, options or TimingOptions(), lambda msg: None
+        )
+    finally:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
 
 
 def _check_gpus(world: int) -> None:

@@ -152,6 +152,14 @@ def default_families(machine: str = "h200x2") -> dict[str, ScheduleSelector]:
         "near": ScheduleSelector(
             family="near", machine=machine, n_estimators=300, min_samples_leaf=2, softness=0.01
         ),
+        "pairwise": ScheduleSelector(
+            family="pairwise",
+            machine=machine,
+            feature_set="scale_free",
+            n_estimators=300,
+            min_samples_leaf=2,
+            softness=0.02,
+        ),
     }
 
 

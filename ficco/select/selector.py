@@ -14,6 +14,16 @@
                1/e at ``softness`` slower, 0 where not measured ok); the pick is the candidate
                with the highest predicted nearness. It learns which schedules are near-optimal
                together, not one label per problem, so near-ties cost it nothing.
+``pairwise``   one ``RandomForestRegressor`` of the same nearness over (problem, schedule)
+               rows: problem features plus schedule features plus the rows of one GEMM piece
+               and the number of pieces. Schedules share what it learns (a 64-row chunk is
+               slow whichever schedule cuts it), so it carries over to shapes unlike the
+               training ones better than one output per schedule.
+
+``feature_set``: ``all`` (every selector feature) or ``scale_free`` (the pattern, W, dtype, rows
+per rank and the roofline's predicted times and ratios, without the raw N, K, FLOPs and bytes).
+Held-out models are larger or smaller than the training ones; raw sizes let the trees split on
+where each model sits, which says nothing about a model never seen.
 
 ``X`` is a table of problems (a DataFrame with ``pattern, m, n, k, world, dtype, experts`` or a
 list of :class:`~ficco.problem.Problem`); features come from the problem alone
@@ -39,7 +49,8 @@ from ficco.select.features import raw_features, roofs_for, selector_feature_name
 from ficco.select.features import selector_features as _problem_features
 from ficco.space import Schedule, is_legal
 
-FAMILIES: tuple[str, ...] = ("tree", "forest", "boosting", "regressor", "near")
+FAMILIES: tuple[str, ...] = ("tree", "forest", "boosting", "regressor", "near", "pairwise")
+FEATURE_SETS: tuple[str, ...] = ("all", "scale_free")
 
 SCHEDULE_FEATURES: tuple[str, ...] = (
     "granularity",
@@ -56,6 +67,24 @@ SCHEDULE_FEATURES: tuple[str, ...] = (
     "sm_reserve",
     "comm_high_priority",
 )
+
+
+#: ``feature_set="scale_free"``: no raw N, K, FLOPs or bytes (see the module docstring)
+SCALE_FREE_FEATURES: tuple[str, ...] = (
+    "is_ag_gemm",
+    "is_gemm_rs",
+    "is_a2a_gemm",
+    "is_gemm_a2a",
+    "world",
+    "dtype_bytes",
+    "log2_m_shard",
+    "log2_intensity",
+    "log2_t_gemm_pred_ms",
+    "log2_t_comm_ce_pred_ms",
+    "log2_t_comm_nccl_pred_ms",
+    "log2_comm_compute_ratio",
+)
+PAIR_FEATURES: tuple[str, ...] = (*SCHEDULE_FEATURES, "log2_piece_rows", "log2_pieces")
 
 
 @lru_cache(maxsize=4096)
@@ -83,6 +112,17 @@ def schedule_features(name: str) -> list[float]:
     ]
 
 
+def pair_features(problem: Problem, name: str) -> list[float]:
+    """Schedule features plus what the schedule makes of this problem: the rows of one GEMM
+    piece (``m / W / chunks``; a shard's rows for shard-level and serial schedules) and the
+    number of pieces (steps x chunks), both log2."""
+    s = _parse(name)
+    chunks = s.chunks if s.granularity.value == "finer" else 1
+    steps = 1 if s.granularity.value == "serial" else problem.world
+    piece_rows = max(problem.m // problem.world // chunks, 1)
+    return [*schedule_features(name), math.log2(piece_rows), math.log2(steps * chunks)]
+
+
 def as_problems(X) -> list[Problem]:
     """Problems from a DataFrame of problem columns, or a sequence of Problems."""
     if isinstance(X, pd.DataFrame):
@@ -100,8 +140,10 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
 
     Parameters
     ----------
-    family : {"tree", "forest", "boosting", "regressor"}
+    family : {"tree", "forest", "boosting", "regressor", "near", "pairwise"}
         Model family (see the module docstring).
+    feature_set : {"all", "scale_free"}
+        Which problem features the model sees (see the module docstring).
     machine : str
         Machine kind whose roofs give the predicted-time features (``features.MACHINES``).
     n_estimators : int
@@ -136,6 +178,7 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
         self,
         family: str = "forest",
         machine: str = "h200x2",
+        feature_set: str = "all",
         n_estimators: int = 200,
         max_depth: int | None = None,
         min_samples_leaf: int = 1,
@@ -146,6 +189,7 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
     ):
         self.family = family
         self.machine = machine
+        self.feature_set = feature_set
         self.n_estimators = n_estimators
         self.max_depth = max_depth
         self.min_samples_leaf = min_samples_leaf
@@ -193,7 +237,8 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
         )
 
     def _features(self, problems: list[Problem]) -> np.ndarray:
-        return np.array([_problem_features(p, self.roofs_) for p in problems], dtype=float)
+        full = np.array([_problem_features(p, self.roofs_) for p in problems], dtype=float)
+        return full[:, self.feature_columns_] if len(problems) else full
 
     def fit(self, X, y, times: pd.DataFrame | None = None) -> ScheduleSelector:
         """Fit on problems ``X`` and their label schedules ``y``.
@@ -212,14 +257,22 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
             raise ValueError("X: no problems to fit on")
         for name in set(labels):
             _parse(str(name))  # ValueError naming a label that is not a schedule
+        if self.feature_set not in FEATURE_SETS:
+            raise ValueError(
+                f"feature_set: unknown {self.feature_set!r}; expected one of "
+                f"{', '.join(FEATURE_SETS)}"
+            )
         self.roofs_ = roofs_for(self.machine)
-        self.feature_names_ = selector_feature_names()
+        every = selector_feature_names()
+        wanted = every if self.feature_set == "all" else SCALE_FREE_FEATURES
+        self.feature_columns_ = [every.index(name) for name in wanted]
+        self.feature_names_ = list(wanted)
         self.n_features_in_ = len(self.feature_names_)
         features = self._features(problems)
         if self.family == "regressor":
             self._fit_regressor(problems, features, labels, times)
             return self
-        if self.family == "near":
+        if self.family in ("near", "pairwise"):
             self._fit_near(problems, features, labels, times)
             return self
         self.classes_ = np.array(sorted(set(labels)), dtype=object)
@@ -251,7 +304,9 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
 
     def _fit_near(self, problems, features, labels, times) -> None:
         if times is None:
-            raise ValueError("times: the near family learns per-schedule times; pass times=")
+            raise ValueError(
+                f"times: the {self.family} family learns per-schedule times; pass times="
+            )
         if len(times) != len(problems):
             raise ValueError(f"times: {len(times)} rows for {len(problems)} problems")
         if not self.softness > 0:
@@ -261,8 +316,18 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
         near = (relative <= 1 + self.near_oracle) & ~np.isnan(values)
         keep = near.any(axis=0)
         self.classes_ = np.array([str(c) for c in times.columns[keep]], dtype=object)
-        nearness = np.nan_to_num(np.exp(-(relative[:, keep] - 1) / self.softness), nan=0.0)
-        self.model_ = self._make_model().fit(features, nearness)
+        nearness = np.exp(-(relative[:, keep] - 1) / self.softness)
+        if self.family == "near":
+            self.model_ = self._make_model().fit(features, np.nan_to_num(nearness, nan=0.0))
+            return
+        # pairwise: one row per measured (problem, candidate); unmeasured pairs teach nothing
+        rows, targets = [], []
+        for i, problem in enumerate(problems):
+            for j, name in enumerate(self.classes_):
+                if not np.isnan(nearness[i, j]):
+                    rows.append([*features[i], *pair_features(problem, name)])
+                    targets.append(nearness[i, j])
+        self.model_ = self._make_model().fit(np.array(rows), np.array(targets))
 
     def _serial_pred(self, problem: Problem) -> float:
         raw = raw_features(problem, self.roofs_)
@@ -282,8 +347,17 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
             return [list(self.classes_) for _ in problems]
         if self.family == "regressor":
             return self._rank_regressor(problems, features)
-        if self.family == "near":
-            predicted = self.model_.predict(features).reshape(len(problems), len(self.classes_))
+        if self.family in ("near", "pairwise"):
+            if self.family == "near":
+                predicted = self.model_.predict(features)
+            else:
+                block = [
+                    [*row, *pair_features(problem, str(name))]
+                    for problem, row in zip(problems, features, strict=True)
+                    for name in self.classes_
+                ]
+                predicted = self.model_.predict(np.array(block))
+            predicted = predicted.reshape(len(problems), len(self.classes_))
             complexity = np.array([_parse(str(n)).complexity for n in self.classes_])
             return [
                 [str(self.classes_[j]) for j in np.lexsort((complexity, -row))] for row in predicted

@@ -60,3 +60,31 @@ def test_both_issue_modes_time_every_candidate():
     for name in ("gemm_alone", "comm_alone"):
         assert set(by[name].extra["issue_graph"].values()) <= {"graph", "eager"}
         assert by[name].extra["graph"] == by[name].extra["issue_graph"]["synced"]
+
+
+def _cli_json(args: list[str], torchrun: bool) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "ficco.cli"]
+        if torchrun
+        else [sys.executable, "-m", "ficco.cli"]
+    )
+    done = subprocess.run(launcher + args, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout[done.stdout.index("{") :])
+
+
+@pytest.mark.parametrize("torchrun", [False, True])
+def test_cli_run_cuda_spawned_and_under_torchrun(torchrun):
+    args = ["run", "gemm_rs", "--m", "1024", "--n", "512", "--k", "256", "-w", "2"]
+    args += ["--backend", "cuda", "--rounds", "3", "-s", "shard/ce/cublas", "--json"]
+    args += ["-s", "finer-c2-m/ce/cublas+hi", "--issue", "synced", "--issue", "queued"]
+    out = _cli_json(args, torchrun)
+    by = {m["name"]: m for m in out["measurements"]}
+    for name in ("shard/ce/cublas", "finer-c2-m/ce/cublas+hi", "serial_eager", "async_tp"):
+        assert by[name]["verdict"] == "ok", (name, by[name]["detail"])
+        assert by[name]["median_ms"] > 0
+    assert out["serial_ms"] > 0 and out["ideal_ms"] > 0
