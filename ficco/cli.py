@@ -184,7 +184,7 @@ def run_cmd(
       ficco run gemm_rs --m 96 --n 80 --k 72 --world 2 --backend cpu --all
       ficco run ag_gemm --m 4096 --n 3072 --k 4096 --world 2 --backend cuda \\
           -s serial/nccl/cublas -s shard/ce/cublas+hi -s finer-c2-m/ce/cublas
-      torchrun --nproc-per-node 2 -m ficco.cli run ag_gemm --m 4096 --n 3072 --k 4096 \\
+      torchrun --nproc-per-node 2 -m ficco.cli -- run ag_gemm --m 4096 --n 3072 --k 4096 \\
           --world 2 --backend cuda -s shard/ce/cublas
     """
     from ficco import api

@@ -63,12 +63,23 @@ def test_both_issue_modes_time_every_candidate():
 
 
 def _cli_json(args: list[str], torchrun: bool) -> dict:
+    # torchrun's own parser would take ficco's --m for an abbreviation of its options: "--"
+    # ends them
     import json
     import subprocess
     import sys
 
     launcher = (
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "ficco.cli"]
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "ficco.cli",
+            "--",
+        ]
         if torchrun
         else [sys.executable, "-m", "ficco.cli"]
     )
