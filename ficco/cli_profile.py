@@ -216,6 +216,13 @@ class _ProgressObserver(SweepObserver):
             )
 
 
+def issue_of(record: dict) -> str:
+    """The issue mode a stored measurement was timed under (records from before the modes
+    existed were timed queued)."""
+    issues = (record.get("extra") or {}).get("issue") or {"queued": None}
+    return next(iter(issues))
+
+
 @click.command("sweep")
 @click.option(
     "--workloads",
@@ -312,6 +319,14 @@ class _ProgressObserver(SweepObserver):
     help="cuda: also time each schedule's GEMM and comm parts alone and per task (DESIGN 6).",
 )
 @click.option(
+    "--issue",
+    type=click.Choice(["queued", "synced"]),
+    default="queued",
+    show_default=True,
+    help="cuda: how each timed iteration is issued: queued = the host runs ahead of the GPU; "
+    "synced = the host waits for its GPU and the ranks meet first, so launch cost counts.",
+)
+@click.option(
     "--time-limit",
     type=float,
     default=None,
@@ -341,6 +356,7 @@ def sweep_cmd(
     rounds,
     graphs,
     signatures,
+    issue,
     time_limit,
     batch,
     as_json,
@@ -386,7 +402,7 @@ def sweep_cmd(
             "rounds": rounds or (3 if backend == "cpu" else 10),
         }
         if backend == "cuda":
-            runner_kwargs.update(graphs=graphs, signatures=signatures)
+            runner_kwargs.update(graphs=graphs, signatures=signatures, issue=issue)
         runner = make_runner(backend, **runner_kwargs)
     except BackendUnavailable as err:
         raise click.ClickException(str(err)) from None
@@ -396,6 +412,15 @@ def sweep_cmd(
         store = ProfileStore.open(store_dir, runner.fingerprint())
     except ValueError as err:
         raise click.ClickException(str(err)) from None
+    if backend == "cuda":
+        # one store, one way of timing: queued and synced times must not be ranked together
+        timed = {issue_of(r) for r in store.records() if r.get("verdict") == "ok"}
+        if timed and timed != {issue}:
+            store.close()
+            raise click.ClickException(
+                f"store {store_dir}: its records were timed with --issue "
+                f"{', '.join(sorted(timed))}; this sweep asks --issue {issue}: use another store"
+            )
 
     from rich.console import Console
     from rich.progress import (

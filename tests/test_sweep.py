@@ -366,3 +366,11 @@ def test_time_limit_leaves_the_rest_for_a_rerun(replay_store):
     assert rest.skipped == 0 and len(rest.outcomes) == len(REPLAYED) and len(store) > 0
     with pytest.raises(ValueError, match="time_limit_s: must be >= 0"):
         SweepOptions(time_limit_s=-1)
+
+
+def test_issue_mode_of_stored_records():
+    from ficco.cli_profile import issue_of
+
+    assert issue_of({"extra": {}}) == "queued"  # stored before the modes existed
+    assert issue_of({"extra": {"issue": {"synced": {}, "queued": {}}}}) == "synced"
+    assert issue_of({"extra": {"issue": {"queued": {}}}}) == "queued"

@@ -206,11 +206,14 @@ class CudaRunner(Runner):
         graphs: str = "all",
         signatures: bool = True,
         signature_rounds: int = 3,
+        issue: str = "queued",
     ) -> None:
         if rounds < 1:
             raise ValueError(f"rounds: needs at least 1 round, got {rounds}")
         if graphs not in ("all", "ce", "none"):
             raise ValueError(f"graphs: one of all, ce, none; got {graphs!r}")
+        if issue not in ("queued", "synced"):
+            raise ValueError(f"issue: one of queued, synced; got {issue!r}")
         self.seed = seed
         self.timeout_s = timeout_s
         #: ``ficco.execute.cuda.TimingOptions`` fields (built when the pool starts)
@@ -220,6 +223,7 @@ class CudaRunner(Runner):
             "graphs": graphs,
             "signatures": signatures,
             "signature_rounds": signature_rounds,
+            "issue": [issue],
         }
         self._run_cuda = self._load()
         params = inspect.signature(self._run_cuda).parameters
