@@ -69,6 +69,6 @@ fi
 if has select; then
   echo "== selector"
   mkdir -p "$TABLES"
-  ficco evaluate --store "$PROFILES/store" --holdout-by model --json | tee "$PROFILES/evaluate.json"
-  ficco train --store "$PROFILES/store" --out "$TABLES"
+  ficco evaluate --store "$PROFILES/store" --holdout-by model --machine "$MACHINE" --json | tee "$PROFILES/evaluate.json"
+  ficco train --store "$PROFILES/store" --out "$TABLES" --machine "$MACHINE"
 fi

@@ -155,3 +155,11 @@ def test_bf16_triton_is_recorded_unavailable_and_the_run_goes_on():
     first, second = run_cpu(p, schedules)
     assert first.verdict is Verdict.UNAVAILABLE and "bf16" in first.detail
     assert second.ok
+
+
+@pytest.mark.parametrize("pattern", ["ag_gemm", "gemm_rs"])
+def test_every_axis_at_w8(pattern):
+    p = Problem(pattern=pattern, m=128, n=48, k=32, world=8, dtype="fp32")
+    schedules = covering(enumerate_schedules(p, SpaceOptions(gemms=(Gemm.CUBLAS,))))
+    assert any(s.order.value == "all_peers" for s in schedules)
+    assert_all_ok(run_cpu(p, schedules), schedules)

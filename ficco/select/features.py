@@ -82,6 +82,21 @@ MACHINES: dict[str, Roofs] = {
         ),
     ),
 }
+# 4 and 8 H200s of one host (NVSwitch): the per-GPU rates above until measured there. The
+# features only rank sizes against each other, and W enters them through the problem.
+for _gpus in (4, 8):
+    MACHINES[f"h200x{_gpus}"] = Roofs(
+        machine=f"h200x{_gpus}",
+        gpus=_gpus,
+        gemm_tflops=dict(MACHINES["h200x2"].gemm_tflops),
+        gemm_floor_us=5.0,
+        ce_gbps=390.0,
+        ce_floor_us=13.0,
+        nccl_gbps=240.0,
+        nccl_floor_us=60.0,
+        source="not measured on this machine: the per-GPU figures of h200x2 (2xH200), to be "
+        "replaced by the 4/8-GPU measurements",
+    )
 
 
 def roofs_for(machine: str) -> Roofs:
