@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import click
 
+from ficco.cli_profile import graphs_option, issue_option
 from ficco.problem import DTYPE_BYTES, Pattern, Problem
 
 PATTERNS = [p.value for p in Pattern]
@@ -128,22 +129,8 @@ def enumerate_cmd(pattern, m, n, k, world, dtype, experts, routing, as_json) -> 
     show_default=True,
     help="cuda: interleaved timing rounds.",
 )
-@click.option(
-    "--issue",
-    "issue_modes",
-    type=click.Choice(["queued", "synced"]),
-    multiple=True,
-    help="cuda: how each timed iteration is issued (repeat for both; the first fills the "
-    "table): queued = the host runs ahead, synced = the host waits for its GPU and the ranks "
-    "meet first, so launch cost counts [default: queued].",
-)
-@click.option(
-    "--graphs",
-    type=click.Choice(["all", "ce", "none"]),
-    default="all",
-    show_default=True,
-    help="cuda: capture verified schedules in CUDA graphs (all; ce: copy-engine ones only).",
-)
+@issue_option(multiple=True)
+@graphs_option
 @click.option(
     "--schedule", "-s", "schedule_texts", multiple=True, help="A schedule to run (repeat)."
 )
@@ -201,7 +188,9 @@ def run_cmd(
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     if backend == "cuda":
-        timing = {"rounds": rounds, "graphs": graphs, "issue": issue_modes or ("queued",)}
+        timing = {"rounds": rounds, "graphs": graphs}
+        if issue_modes:
+            timing["issue"] = issue_modes
         _run_cuda_cmd(problem, chosen, timing, seed, timeout, as_json)
         return
 
@@ -305,7 +294,7 @@ def _run_cuda_cmd(problem, chosen, timing: dict, seed: int, timeout: float, as_j
         from rich.console import Console
         from rich.table import Table
 
-        issue = (timing.get("issue") or ("queued",))[0]
+        issue = timing.get("issue", ("queued",))[0]
         table = Table(
             title=f"{problem.key} on {problem.world} GPUs: median of {timing['rounds']} rounds, "
             f"{issue} issue"

@@ -216,6 +216,40 @@ class _ProgressObserver(SweepObserver):
             )
 
 
+#: ``--graphs``, shared by ``ficco run`` and ``ficco sweep``
+graphs_option = click.option(
+    "--graphs",
+    type=click.Choice(["all", "ce", "none"]),
+    default="all",
+    show_default=True,
+    help="cuda: capture verified schedules in CUDA graphs (all; ce: copy-engine ones only).",
+)
+
+
+def issue_option(multiple: bool):
+    """``--issue`` (``ficco.execute.cuda.TimingOptions.issue``); ``multiple``: one timing pass
+    per repeat, the first filling the results."""
+    help_text = (
+        "cuda: how each timed iteration is issued: queued = the host runs ahead of the GPU; "
+        "synced = the host waits for its GPU and the ranks meet first, so launch cost counts."
+    )
+    if multiple:
+        return click.option(
+            "--issue",
+            "issue_modes",
+            type=click.Choice(["queued", "synced"]),
+            multiple=True,
+            help=help_text + " Repeat for both; the first fills the table [default: queued].",
+        )
+    return click.option(
+        "--issue",
+        type=click.Choice(["queued", "synced"]),
+        default="queued",
+        show_default=True,
+        help=help_text,
+    )
+
+
 def issue_of(record: dict) -> str:
     """The issue mode a stored measurement was timed under (records from before the modes
     existed were timed queued)."""
@@ -305,27 +339,14 @@ def issue_of(record: dict) -> str:
 @click.option(
     "--rounds", type=int, default=None, help="Interleaved timing rounds [default: 3 cpu, 10 cuda]."
 )
-@click.option(
-    "--graphs",
-    type=click.Choice(["all", "ce", "none"]),
-    default="all",
-    show_default=True,
-    help="cuda: capture verified schedules in CUDA graphs (all; ce: copy-engine ones only).",
-)
+@graphs_option
 @click.option(
     "--signatures/--no-signatures",
     default=True,
     show_default=True,
     help="cuda: also time each schedule's GEMM and comm parts alone and per task (DESIGN 6).",
 )
-@click.option(
-    "--issue",
-    type=click.Choice(["queued", "synced"]),
-    default="queued",
-    show_default=True,
-    help="cuda: how each timed iteration is issued: queued = the host runs ahead of the GPU; "
-    "synced = the host waits for its GPU and the ranks meet first, so launch cost counts.",
-)
+@issue_option(multiple=False)
 @click.option(
     "--time-limit",
     type=float,

@@ -77,46 +77,30 @@ def test_run_cuda_without_gpus_names_what_is_missing():
 
     if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
         pytest.skip("this machine has the GPUs")
-    result = CliRunner().invoke(
-        main,
-        [
-            "run",
-            "ag_gemm",
-            "--m",
-            "64",
-            "--n",
-            "32",
-            "--k",
-            "32",
-            "-w",
-            "2",
-            "--backend",
-            "cuda",
-            "-s",
-            "shard/ce/cublas",
-        ],
-    )
+    args = ["run", "ag_gemm", "--m", "64", "--n", "32", "--k", "32", "-w", "2"]
+    args += ["--backend", "cuda", "-s", "shard/ce/cublas"]
+    result = CliRunner().invoke(main, args)
     assert result.exit_code == 1
     assert "the cuda backend needs 2 GPUs" in result.output
-    bad = CliRunner().invoke(
-        main,
-        [
-            "run",
-            "ag_gemm",
-            "--m",
-            "64",
-            "--n",
-            "32",
-            "--k",
-            "32",
-            "-w",
-            "2",
-            "--backend",
-            "cuda",
-            "-s",
-            "shard/ce/cublas",
-            "--rounds",
-            "0",
-        ],
-    )
+    bad = CliRunner().invoke(main, [*args, "--rounds", "0"])
     assert bad.exit_code == 2 and "--rounds: needs at least 1 round" in bad.output
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("rounds", 0, "rounds: needs at least 1 round, got 0"),
+        ("graphs", "some", "graphs: one of all, ce, none; got 'some'"),
+        ("issue", "eager", "issue: .*each entry must be one of"),
+    ],
+)
+def test_bad_timing_options_name_the_field(field, value, message):
+    from ficco.execute.cuda import TimingOptions
+    from ficco.sweep.runners import CudaRunner
+
+    with pytest.raises(ValueError, match=message):
+        CudaRunner(**{field: value})  # refused before any GPU is looked for
+    with pytest.raises(ValueError, match="issue: \\['eager'\\]"):
+        TimingOptions(issue=["queued", "eager"])
+    with pytest.raises(ValueError, match="issue: empty"):
+        TimingOptions(issue=[])

@@ -104,14 +104,14 @@ class TimingOptions:
     measurement's median; every entry is kept in ``extra['issue'][mode]``."""
 
     def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ValueError(f"rounds: needs at least 1 round, got {self.rounds}")
         self.issue = tuple(self.issue)
         bad = [mode for mode in self.issue if mode not in ISSUE_MODES]
         if bad or not self.issue:
-            raise ValueError(
-                f"TimingOptions.issue: {bad or 'empty'}: each entry must be one of {ISSUE_MODES}"
-            )
+            raise ValueError(f"issue: {bad or 'empty'}: each entry must be one of {ISSUE_MODES}")
         if self.graphs not in ("all", "ce", "none"):
-            raise ValueError(f"TimingOptions.graphs: {self.graphs!r}: one of 'all', 'ce', 'none'")
+            raise ValueError(f"graphs: one of all, ce, none; got {self.graphs!r}")
 
 
 #: ``TimingOptions.issue`` entries
@@ -813,11 +813,11 @@ def measure_problem(
         times = _time_rounds(ctx, runners, opts, issue)
         for name in part_graphs:
             graphed = times.pop(name + GRAPHED_PART)
-            eager = times[name]
+            faster = statistics.median(graphed) < statistics.median(times[name])
             results[name].extra.setdefault("issue_graph", {})[issue] = (
-                "graph" if statistics.median(graphed) < statistics.median(eager) else "eager"
+                "graph" if faster else "eager"
             )
-            if statistics.median(graphed) < statistics.median(eager):
+            if faster:
                 times[name] = graphed
         for name, samples in times.items():
             summary = Summary.of(samples)

@@ -25,7 +25,7 @@ model of overlap: they say which side is larger, and by how much, before any mea
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ficco.problem import Pattern, Problem
@@ -82,18 +82,13 @@ MACHINES: dict[str, Roofs] = {
         ),
     ),
 }
-# 4 and 8 H200s of one host (NVSwitch): the per-GPU rates above until measured there. The
+# 4 and 8 H200s of one host (NVSwitch): the per-GPU rates of h200x2 until measured there. The
 # features only rank sizes against each other, and W enters them through the problem.
 for _gpus in (4, 8):
-    MACHINES[f"h200x{_gpus}"] = Roofs(
+    MACHINES[f"h200x{_gpus}"] = replace(
+        MACHINES["h200x2"],
         machine=f"h200x{_gpus}",
         gpus=_gpus,
-        gemm_tflops=dict(MACHINES["h200x2"].gemm_tflops),
-        gemm_floor_us=5.0,
-        ce_gbps=390.0,
-        ce_floor_us=13.0,
-        nccl_gbps=240.0,
-        nccl_floor_us=60.0,
         source="not measured on this machine: the per-GPU figures of h200x2 (2xH200), to be "
         "replaced by the 4/8-GPU measurements",
     )

@@ -208,12 +208,6 @@ class CudaRunner(Runner):
         signature_rounds: int = 3,
         issue: str = "queued",
     ) -> None:
-        if rounds < 1:
-            raise ValueError(f"rounds: needs at least 1 round, got {rounds}")
-        if graphs not in ("all", "ce", "none"):
-            raise ValueError(f"graphs: one of all, ce, none; got {graphs!r}")
-        if issue not in ("queued", "synced"):
-            raise ValueError(f"issue: one of queued, synced; got {issue!r}")
         self.seed = seed
         self.timeout_s = timeout_s
         #: ``ficco.execute.cuda.TimingOptions`` fields (built when the pool starts)
@@ -225,6 +219,9 @@ class CudaRunner(Runner):
             "signature_rounds": signature_rounds,
             "issue": [issue],
         }
+        from ficco.execute.cuda import TimingOptions
+
+        TimingOptions(**self.timing)  # ValueError naming a bad field, before any GPU work
         self._run_cuda = self._load()
         params = inspect.signature(self._run_cuda).parameters
         self._takes_baselines = "baselines" in params
