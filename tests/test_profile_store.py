@@ -13,6 +13,7 @@ from ficco.profile import (
     COLUMNS,
     HEADER_FILE,
     RECORDS_FILE,
+    SCHEMA_VERSION,
     ProfileStore,
     StoreWarning,
     load_frame,
@@ -102,7 +103,7 @@ def test_round_trip_into_one_row_per_measurement(tmp_path):
 def test_records_carry_fingerprint_and_problem_name(tmp_path):
     filled(tmp_path / "s")
     header = json.loads((tmp_path / "s" / HEADER_FILE).read_text())
-    assert header["schema"] == 1 and header["backend"] == "cuda"
+    assert header["schema"] == SCHEMA_VERSION and header["backend"] == "cuda"
     assert header["identity"]["gpu"] == "NVIDIA H200" and header["created"]
     first = json.loads((tmp_path / "s" / RECORDS_FILE).read_text().splitlines()[0])
     assert first["fingerprint_id"] == fingerprint_id(FP)
@@ -137,7 +138,7 @@ def test_other_machine_or_schema_is_refused_naming_the_fields(tmp_path):
     header = json.loads(header_path.read_text())
     header["schema"] = 99
     header_path.write_text(json.dumps(header))
-    with pytest.raises(ValueError, match=r"schema: 99 \(store\) vs 1 \(this run\)"):
+    with pytest.raises(ValueError, match=rf"schema: 99 \(store\) vs {SCHEMA_VERSION} \(this run\)"):
         ProfileStore.open(tmp_path / "s", FP)
 
 

@@ -137,6 +137,7 @@ class RankContext:
     has_signals: bool = True
     flush: object = None
     host_group: object = None  # gloo group: the host barrier of 'synced' issue
+    sleep_cycles_per_ms: float = 0.0  # torch.cuda._sleep calibration (0: not yet)
 
 
 def _init_rank(
@@ -408,7 +409,9 @@ class PlanRunner:
         tasks = self.plan.tasks
         for task in tasks:
             op = task.op
-            is_comm = isinstance(op, TransferOp | CollectiveOp)
+            # the collective's side: transfers, collectives, and the local copies and
+            # reductions a collective does itself (NCCL's t_comm includes them)
+            is_comm = not isinstance(op, GemmOp)
             if (mode == "gemm" and is_comm) or (mode == "comm" and not is_comm):
                 skipped.add(task.id)
                 continue
@@ -487,7 +490,7 @@ class PlanRunner:
                 if trace is not None:
                     end = torch.cuda.Event(enable_timing=True)
                     end.record(stream)
-                    trace.append((task.id, is_comm, start, end))
+                    trace.append((task.id, self._span_kind(op, is_comm), start, end))
             self.events[task.id].record(stream)
             for i in self.batches.get(task.id, ())[1:]:
                 self.events[i].record(stream)
@@ -499,6 +502,18 @@ class PlanRunner:
     def capture(self):
         """Record one full execution into a CUDA graph; returns the graph."""
         return _capture_callable(self.ctx, lambda: self("full"))
+
+    def _span_kind(self, op, is_comm: bool) -> str:
+        """'gemm', 'comm', or 'wait': a pushed-to receiver's wait for the sender's signal,
+        whose span is the peer's progress (its GEMM chunk, its copy), not work of this rank."""
+        if (
+            isinstance(op, TransferOp)
+            and self.transport is Transport.CE
+            and op.direction == "recv"
+            and op.initiator == "sender"
+        ):
+            return "wait"
+        return "comm" if is_comm else "gemm"
 
     def _ce_transfer(self, op) -> None:
         """One side of a copy-engine transfer (the side that acts)."""
@@ -950,12 +965,17 @@ def _pretune(ctx: RankContext, problem: Problem, schedules: list[Schedule], repo
 def _signatures(
     ctx: RankContext, results: dict, runners: dict, graphed: set, opts: TimingOptions
 ) -> None:
-    """GEMM tasks alone, comm tasks alone, and per-task durations inside the overlapped run.
+    """The inefficiency signature of each schedule (DESIGN 6).
 
-    Where the schedule itself was timed as a graph replay, its GEMM-only and comm-only parts
-    are captured too (on every rank alike), so host issue cost never counts as a decomposition
-    loss. Per-task durations inside the overlapped run come from events around each task of
-    an eager run: each spans the task's own execution on its stream."""
+    Decomposition: the schedule's GEMM-only and comm-only parts, each run alone end to end
+    (captured as graphs where the schedule itself was timed as a graph replay, on every rank
+    alike, so host issue cost never counts as a decomposition loss).
+
+    Contention: per-task spans (CUDA events around each task on its own stream) of the full
+    run against the same spans of the part run alone, all from runs issued while the GPU is
+    held (:func:`_held_spans`): an eager run of small tasks is host-bound, and its spans would
+    time the host's launches. A pushed-to receiver's wait for its sender's signal is not work
+    of its own and is left out of the sums."""
     import torch
     import torch.distributed as dist
 
@@ -976,22 +996,80 @@ def _signatures(
             parts,
             TimingOptions(warmup=1, rounds=opts.signature_rounds, flush_l2=opts.flush_l2),
         )
-        gemm_in, comm_in = [], []
-        for _ in range(opts.signature_rounds):
-            trace: list = []
-            ctx.flush.zero_()
-            ctx.fence.barrier(channel=0)
-            runner("full", trace)
-            torch.cuda.synchronize()
-            gemm_in.append(sum(s.elapsed_time(e) for _, is_comm, s, e in trace if not is_comm))
-            comm_in.append(sum(s.elapsed_time(e) for _, is_comm, s, e in trace if is_comm))
-        local = torch.tensor([gemm_in, comm_in], device=ctx.device)
+        full = _held_spans(ctx, runner, "full", opts.signature_rounds, opts.flush_l2)
+        gemm = _held_spans(ctx, runner, "gemm", opts.signature_rounds, opts.flush_l2)
+        comm = _held_spans(ctx, runner, "comm", opts.signature_rounds, opts.flush_l2)
+        local = torch.tensor(
+            [full["gemm"], full["comm"], gemm["gemm"], comm["comm"]], device=ctx.device
+        )
         dist.all_reduce(local, op=dist.ReduceOp.MAX)
         m = results[name]
         m.gemm_chunks_alone_ms = Summary.of(alone["gemm"]).median_ms
         m.comm_chunks_alone_ms = Summary.of(alone["comm"]).median_ms
         m.gemm_in_overlap_ms = Summary.of(local[0].tolist()).median_ms
         m.comm_in_overlap_ms = Summary.of(local[1].tolist()).median_ms
+        m.gemm_tasks_alone_ms = Summary.of(local[2].tolist()).median_ms
+        m.comm_tasks_alone_ms = Summary.of(local[3].tolist()).median_ms
+        retries = full["retries"] + gemm["retries"] + comm["retries"]
+        if retries:
+            m.extra["signature_hold_retries"] = retries
+
+
+#: the longest the GPU is held while one run is issued (a run that takes longer to issue
+#: is traced with the host's launches in its spans, and says so)
+HOLD_LIMIT_MS = 200.0
+
+
+def _sleep_cycles_per_ms(ctx: RankContext) -> float:
+    """How many ``torch.cuda._sleep`` cycles last a millisecond on this GPU (measured once)."""
+    import torch
+
+    if not ctx.sleep_cycles_per_ms:
+        torch.cuda._sleep(1_000_000)  # warm
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(10_000_000)
+        end.record()
+        end.synchronize()
+        ctx.sleep_cycles_per_ms = 10_000_000 / max(start.elapsed_time(end), 1e-3)
+    return ctx.sleep_cycles_per_ms
+
+
+def _held_spans(
+    ctx: RankContext, runner: Callable, mode: str, rounds: int, flush_l2: bool = True
+) -> dict:
+    """Sums of per-task spans ('gemm', 'comm': one per round) of ``runner(mode)``, each run
+    issued while a spin kernel holds the GPU, so every task is queued before the first one
+    starts and its span is GPU execution alone. The hold lasts twice the host's issue time
+    of one run; when the host still finishes after the hold ends, the round is repeated with
+    a hold twice as long (``retries`` counts them; at ``HOLD_LIMIT_MS`` the round is kept)."""
+    import torch
+
+    cycles_per_ms = _sleep_cycles_per_ms(ctx)
+    began = time.perf_counter()
+    runner(mode, [])  # warm, and time the host's issue of a traced run
+    hold_ms = min(HOLD_LIMIT_MS, 2.0 * (time.perf_counter() - began) * 1e3 + 0.2)
+    torch.cuda.synchronize()
+    sums: dict = {"gemm": [], "comm": [], "retries": 0}
+    while len(sums["gemm"]) < rounds:
+        trace: list = []
+        if flush_l2:
+            ctx.flush.zero_()
+        torch.cuda._sleep(int(hold_ms * cycles_per_ms))
+        held = torch.cuda.Event()
+        held.record()
+        ctx.fence.barrier(channel=0)
+        runner(mode, trace)
+        # every rank decides alike whether this round counts (the ranks run it together)
+        short = not _all_ranks(ctx, not held.query()) and hold_ms < HOLD_LIMIT_MS
+        torch.cuda.synchronize()
+        if short:
+            hold_ms = min(HOLD_LIMIT_MS, 2.0 * hold_ms)
+            sums["retries"] += 1
+            continue
+        for kind in ("gemm", "comm"):
+            sums[kind].append(sum(s.elapsed_time(e) for _, k, s, e in trace if k == kind))
+    return sums
 
 
 def _cuda_worker(

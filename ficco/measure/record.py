@@ -11,11 +11,17 @@ Signature (DESIGN section 6), for problem P and schedule S, times isolated unles
 ``serial``              ``t_gemm + t_comm``; ``ideal`` = ``max(t_gemm, t_comm)``
 ``gemm_decomp_loss``    (S's GEMM chunks run alone, back to back) / ``t_gemm`` - 1
 ``comm_decomp_loss``    (S's comm chunks run alone) / ``t_comm`` - 1
-``gemm_contention``     S's GEMM chunks inside the overlapped run / alone - 1
+``gemm_contention``     S's GEMM chunks inside the overlapped run / the same chunks alone - 1
 ``comm_contention``     same for the comm chunks
 ``speedup``             ``serial`` / t(S)
 ``pct_ideal``           (``speedup`` - 1) / (``serial``/``ideal`` - 1)
 =====================  ======================================================================
+
+Contention compares like with like: the summed spans (CUDA events around each task on its
+own stream) of S's GEMM (comm) tasks in the overlapped run against the same spans when that
+part runs alone, both from runs queued before the GPU starts (``*_tasks_alone_ms``; records
+without them fall back to the part's time alone). The comm side holds every task that is not
+a GEMM: transfers and collectives, and the local copies and reductions of the collective.
 """
 
 from __future__ import annotations
@@ -70,8 +76,15 @@ class Measurement:
     comm_chunks_alone_ms: float = math.nan
     """Sum of the schedule's communication tasks run alone (median)."""
     gemm_in_overlap_ms: float = math.nan
-    """Sum of the GEMM tasks' durations inside the overlapped run (per-task events, median)."""
+    """Sum of the GEMM tasks' spans inside the overlapped run (per-task events, median)."""
     comm_in_overlap_ms: float = math.nan
+    """Same for the communication tasks (transfers, collectives, their copies and
+    reductions; not a receiver's wait for its sender)."""
+    gemm_tasks_alone_ms: float = math.nan
+    """Sum of the same GEMM tasks' spans when the GEMM part runs alone (the reference of
+    GEMM contention)."""
+    comm_tasks_alone_ms: float = math.nan
+    """Same for the communication tasks run alone."""
     detail: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -81,6 +94,13 @@ class Measurement:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Measurement:
         return cls(**data)
+
+
+def _spans_alone(m: Measurement, side: str) -> float:
+    """The reference of a side's contention: its task spans run alone where measured (the
+    same quantity as the spans in the overlapped run), else the part's time alone."""
+    spans = getattr(m, f"{side}_tasks_alone_ms")
+    return spans if not math.isnan(spans) else getattr(m, f"{side}_chunks_alone_ms")
 
 
 def signature(m: Measurement, t_gemm_ms: float, t_comm_ms: float) -> dict[str, float]:
@@ -101,8 +121,8 @@ def signature(m: Measurement, t_gemm_ms: float, t_comm_ms: float) -> dict[str, f
         "ideal_ms": ideal,
         "gemm_decomp_loss": ratio(m.gemm_chunks_alone_ms, t_gemm_ms),
         "comm_decomp_loss": ratio(m.comm_chunks_alone_ms, t_comm_ms),
-        "gemm_contention": ratio(m.gemm_in_overlap_ms, m.gemm_chunks_alone_ms),
-        "comm_contention": ratio(m.comm_in_overlap_ms, m.comm_chunks_alone_ms),
+        "gemm_contention": ratio(m.gemm_in_overlap_ms, _spans_alone(m, "gemm")),
+        "comm_contention": ratio(m.comm_in_overlap_ms, _spans_alone(m, "comm")),
         "speedup": speedup,
         "pct_ideal": (speedup - 1) / headroom if headroom and headroom > 0 else math.nan,
     }

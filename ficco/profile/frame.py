@@ -9,6 +9,7 @@ Columns (consumers rely on these names):
                                         ``baseline``; ``ok``, ``incorrect``, ``oom`` ...
 ``median_ms spread_ms samples max_abs_err tolerance``
 ``gemm_chunks_alone_ms comm_chunks_alone_ms gemm_in_overlap_ms comm_in_overlap_ms``
+``gemm_tasks_alone_ms comm_tasks_alone_ms``
 ``detail fingerprint_id backend git_commit recorded_at``
 signature columns                       ``t_gemm_ms t_comm_ms serial_ms ideal_ms
                                         gemm_decomp_loss comm_decomp_loss gemm_contention
@@ -44,6 +45,8 @@ MEASUREMENT_COLUMNS = (
     "comm_chunks_alone_ms",
     "gemm_in_overlap_ms",
     "comm_in_overlap_ms",
+    "gemm_tasks_alone_ms",
+    "comm_tasks_alone_ms",
     "detail",
 )
 SIGNATURE_COLUMNS = (

@@ -2,7 +2,7 @@
 
 Layout::
 
-    STORE/header.json     {"schema": 1, "backend": ..., "fingerprint_id": ..., "identity": {...},
+    STORE/header.json     {"schema": 2, "backend": ..., "fingerprint_id": ..., "identity": {...},
                            "fingerprint": {...full fingerprint at creation...}, "created": ...}
     STORE/records.jsonl   one measurement per line: Measurement.to_dict() plus
                            "problem_key", "fingerprint_id", "fingerprint" (the full fingerprint
@@ -42,7 +42,9 @@ from ficco.measure.record import Measurement
 from ficco.problem import Problem
 
 #: Version of the record layout; a store written with another version is refused.
-SCHEMA_VERSION = 1
+#: 2: contention from per-task spans of runs queued before the GPU starts, against the same
+#: spans run alone (1 timed the spans of a host-bound eager run against the part's time alone)
+SCHEMA_VERSION = 2
 HEADER_FILE = "header.json"
 RECORDS_FILE = "records.jsonl"
 _MEASUREMENT_FIELDS = tuple(f.name for f in fields(Measurement))

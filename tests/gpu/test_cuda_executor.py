@@ -62,6 +62,37 @@ def test_both_issue_modes_time_every_candidate():
         assert by[name].extra["graph"] == by[name].extra["issue_graph"]["synced"]
 
 
+@pytest.mark.parametrize("pattern", ["ag_gemm", "gemm_rs"])
+def test_signatures_time_gpu_work_not_host_issue(pattern):
+    """A small problem's eager run is host-bound: spans of its tasks must still time GPU work.
+    Nothing runs beside a serial schedule's GEMM, so its GEMM contention is near zero, and a
+    lone GEMM's span agrees with the GEMM part's time alone."""
+    import math
+
+    problem = Problem(pattern=pattern, m=512, n=3072, k=4096, world=2)
+    names = ["serial/ce/cublas", "serial/nccl/cublas", "shard/ce/cublas", "finer-c4-m/ce/cublas"]
+    opts = TimingOptions(rounds=3, warmup=1, signatures=True, signature_rounds=5)
+    measured = run_cuda(problem, [Schedule.parse(s) for s in names], options=opts)
+    by = {m.name: m for m in measured}
+    for name in names:
+        m = by[name]
+        assert m.verdict == "ok", (name, m.detail)
+        for field in (
+            "gemm_chunks_alone_ms",
+            "comm_chunks_alone_ms",
+            "gemm_in_overlap_ms",
+            "comm_in_overlap_ms",
+            "gemm_tasks_alone_ms",
+            "comm_tasks_alone_ms",
+        ):
+            value = getattr(m, field)
+            assert math.isfinite(value) and value > 0, (name, field, value)
+    for name in ("serial/ce/cublas", "serial/nccl/cublas"):
+        m = by[name]
+        assert abs(m.gemm_in_overlap_ms / m.gemm_tasks_alone_ms - 1) < 0.15, (name, m)
+        assert abs(m.gemm_tasks_alone_ms / m.gemm_chunks_alone_ms - 1) < 0.2, (name, m)
+
+
 def _cli_json(args: list[str], torchrun: bool) -> dict:
     # torchrun's own parser would take ficco's --m for an abbreviation of its options: "--"
     # ends them
