@@ -191,3 +191,16 @@ def test_profile_package_imports_neither_torch_nor_pandas():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_source_digest_names_the_code(tmp_path):
+    from ficco.measure.fingerprint import source_digest
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "sub" / "b.py").write_text("y = 2\n")
+    first = source_digest(tmp_path)
+    assert len(first) == 12 and source_digest(tmp_path) == first
+    (tmp_path / "sub" / "b.py").write_text("y = 3\n")
+    assert source_digest(tmp_path) != first
+    assert len(source_digest()) == 12  # the installed package

@@ -41,6 +41,7 @@ def test_report_writes_nontrivial_plots_and_a_summary(store_dir, tmp_path):
         assert pixels[..., :3].std() > 0.05  # not a blank canvas
     summary = (out / "summary.md").read_text()
     assert "| problem | pattern |" in summary and "toy-a.qkv m=8192" in summary
+    assert "## Overview" in summary and "| ag_gemm | 3 |" in summary  # 3 ag_gemm problems
     assert f"wrote {out / 'summary.md'}" in result.output
 
 
@@ -70,3 +71,20 @@ def test_report_of_an_empty_store_and_of_no_store(tmp_path):
         main, ["report", "--store", str(tmp_path / "nostore"), "--out", str(tmp_path / "o")]
     )
     assert result.exit_code == 1 and "not a profile store" in result.output
+
+
+def test_lane_segments_add_up_to_the_chunks_inside_the_overlap():
+    """GEMM lane: t_gemm alone, + decomposition (chunks alone - t_gemm, negative when the
+    chunks are faster), + contention (chunks alone x contention): it ends where the chunks'
+    time inside the overlapped run is estimated to end."""
+    import math
+
+    from ficco.profile.report import lane_segments
+
+    row = {"t_gemm_ms": 2.0, "gemm_chunks_alone_ms": 1.8, "gemm_contention": 0.25}
+    segments = dict(lane_segments(row, "gemm"))
+    assert segments["alone"] == 2.0
+    assert math.isclose(segments["decomposition"], -0.2)
+    assert math.isclose(segments["contention"], 0.45)
+    assert math.isclose(sum(segments.values()), 1.8 * 1.25)
+    assert lane_segments({**row, "gemm_contention": math.nan}, "gemm") == []

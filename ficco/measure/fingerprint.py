@@ -53,6 +53,20 @@ def git_commit(path: str | Path | None = None) -> str:
         return "unknown"
 
 
+def source_digest(root: str | Path | None = None) -> str:
+    """12 hex digits of SHA-256 over the ficco package's Python sources (paths and bytes):
+    names the code that measured, also where a copied tree's git metadata is stale."""
+    import hashlib
+
+    base = Path(root) if root else Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(base.rglob("*.py")):
+        digest.update(path.relative_to(base).as_posix().encode())
+        digest.update(b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def fingerprint(backend: str = "cuda") -> dict[str, Any]:
     """Describe this machine. Imports torch (and Triton if installed) lazily."""
     import torch
@@ -73,6 +87,7 @@ def fingerprint(backend: str = "cuda") -> dict[str, Any]:
         "host_cpu": platform.processor() or platform.machine(),
         "ficco": __version__,
         "git_commit": git_commit(),
+        "source": source_digest(),
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
     try:

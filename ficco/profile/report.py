@@ -6,8 +6,9 @@ Files written to the output directory:
                               schedule, for the schedules that win or come close most often
                               (more pages, ``speedup_heatmap_2.png`` ..., for many problems)
 ``signature_breakdown.png``   where the time of the best and the runner-up schedule goes, as a
-                              share of serial: ideal, decomposition and contention losses of
-                              each side, and what is left exposed (sync, launch, waits)
+                              share of serial: a GEMM lane and a comm lane each (they run side
+                              by side), each the undecomposed part alone plus its decomposition
+                              and contention losses, against the measured t(S) and ideal
 ``share_of_ideal.png``        the realized share of the ideal gain (``pct_ideal``) of each
                               problem's best schedule, per model
 ``summary.md``                counts, fingerprints, the best schedule per problem
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 #: most problems per heatmap page, schedules (columns) per heatmap, problems per breakdown page
 HEATMAP_ROWS = 40
 HEATMAP_COLUMNS = 24
-BREAKDOWN_ROWS = 16
+BREAKDOWN_ROWS = 12
 
 CPU_NOTE = (
     "Measured on the cpu backend: host wall-clock timings that exercise the harness only. "
@@ -126,7 +127,7 @@ def write_report(store_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
     else:
         table = None
     md = out / "summary.md"
-    md.write_text(_markdown(summary, table, store))
+    md.write_text(_markdown(summary, table, store, frame, [f.name for f in files]))
     files.append(md)
     summary["files"] = [str(f) for f in files]
     return summary
@@ -205,38 +206,35 @@ def plot_speedup_heatmap(
     return files
 
 
-#: stacked parts of a schedule's time as a share of serial, with their colours
-_PARTS = (
-    ("ideal", "max(t_gemm, t_comm)", "#4c72b0"),
-    ("gemm_decomp", "GEMM decomposition loss", "#dd8452"),
-    ("comm_decomp", "comm decomposition loss", "#f2c14e"),
-    ("gemm_cont", "GEMM contention", "#c44e52"),
-    ("comm_cont", "comm contention", "#8172b3"),
-    ("other", "exposed rest (sync, launch, waits)", "#b0b0b0"),
+#: the two lanes of a schedule's breakdown: (lane, base, decomposition, contention) colours
+_LANES = (
+    ("gemm", "GEMM", ("#4c72b0", "#dd8452", "#c44e52")),
+    ("comm", "comm", ("#55a868", "#f2c14e", "#8172b3")),
 )
 
 
-def _parts(row: Any) -> dict[str, float]:
-    serial = row["serial_ms"]
-
-    def share(value: float) -> float:
-        return max(0.0, value / serial) if math.isfinite(value) and serial else 0.0
-
-    parts = {
-        "ideal": share(row["ideal_ms"]),
-        "gemm_decomp": share(row["gemm_decomp_loss"] * row["t_gemm_ms"]),
-        "comm_decomp": share(row["comm_decomp_loss"] * row["t_comm_ms"]),
-        "gemm_cont": share(row["gemm_in_overlap_ms"] - row["gemm_chunks_alone_ms"]),
-        "comm_cont": share(row["comm_in_overlap_ms"] - row["comm_chunks_alone_ms"]),
-    }
-    parts["other"] = max(0.0, share(row["median_ms"]) - sum(parts.values()))
-    return parts
+def lane_segments(row: Any, side: str) -> list[tuple[str, float]]:
+    """One lane of a schedule's breakdown, in ms: the undecomposed part alone (``t_gemm`` or
+    ``t_comm``), its decomposition loss (the schedule's chunks alone, back to back, minus
+    that) and its contention (the chunks inside the overlapped run against the same chunks
+    alone, applied to the chunks' time alone). A loss below zero is a gain: the lane is that
+    much shorter. Empty where the signature was not measured."""
+    base = row[f"t_{side}_ms"]
+    alone = row[f"{side}_chunks_alone_ms"]
+    contention = row[f"{side}_contention"]
+    if not all(isinstance(v, float | int) and math.isfinite(v) for v in (base, alone, contention)):
+        return []
+    return [("alone", base), ("decomposition", alone - base), ("contention", alone * contention)]
 
 
 def plot_signature_breakdown(
     frame: pd.DataFrame, order: pd.DataFrame, out: Path, note: str = ""
 ) -> list[Path]:
+    """Per problem, the best and the runner-up schedule, each as two lanes (GEMM, comm)
+    that run side by side: what each lane costs over its undecomposed part alone, against
+    the schedule's measured time, serial and ideal (all as shares of serial)."""
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     order = order[order["best"].notna() & order["serial_ms"].notna()]
@@ -245,13 +243,23 @@ def plot_signature_breakdown(
     indexed = frame.set_index(["problem_key", "name"])
     rows = order.to_dict("records")
     files = []
+    per_problem = 5.0  # 2 schedules x 2 lanes, and a gap
     for page, chunk in enumerate(_pages(rows, BREAKDOWN_ROWS)):
-        fig, ax = plt.subplots(figsize=(12, 1.6 + 0.62 * len(chunk)), layout="constrained")
+        fig, ax = plt.subplots(figsize=(12, 1.8 + 0.95 * len(chunk)), layout="constrained")
         ticks, ticklabels = [], []
         longest = 1.0
         for i, prob in enumerate(chunk):
-            base = i * 3
-            ticks.append(base + 0.5)
+            base_y = i * per_problem
+            serial = prob["serial_ms"]
+            ideal = prob["ideal_ms"] / serial
+            ax.plot(
+                [ideal, ideal],
+                [base_y - 0.5, base_y + 3.5],
+                color="black",
+                linestyle=":",
+                linewidth=1,
+            )
+            ticks.append(base_y + 1.5)
             ticklabels.append(prob["problem"])
             for j, which in enumerate(("best", "runner_up")):
                 name = prob[which]
@@ -259,30 +267,73 @@ def plot_signature_breakdown(
                     continue
                 rec = indexed.loc[(prob["problem_key"], name)]
                 rec = rec.iloc[0] if rec.ndim > 1 else rec
-                y, left = base + j, 0.0
-                for part, value in _parts(rec).items():
-                    color = next(c for p, _, c in _PARTS if p == part)
-                    ax.barh(y, value, left=left, color=color, height=0.8, edgecolor="white")
-                    left += value
-                total = rec["median_ms"] / rec["serial_ms"]
-                longest = max(longest, left, total)
-                ax.plot([total, total], [y - 0.4, y + 0.4], color="black", linewidth=1.5)
+                total = rec["median_ms"] / serial
+                lane_ends = []
+                for k, (side, _, colors) in enumerate(_LANES):
+                    y = base_y + 2 * j + k
+                    left = 0.0
+                    for (_, value), color in zip(lane_segments(rec, side), colors, strict=True):
+                        width = value / serial
+                        if width >= 0:
+                            ax.barh(
+                                y,
+                                width,
+                                left=left,
+                                color=color,
+                                height=0.8,
+                                edgecolor="white",
+                                linewidth=0.5,
+                            )
+                        else:  # a gain: the part of the lane it took away
+                            ax.barh(
+                                y,
+                                -width,
+                                left=left + width,
+                                color="white",
+                                height=0.8,
+                                edgecolor=color,
+                                hatch="////",
+                                linewidth=0.5,
+                            )
+                        left += width
+                    lane_ends.append(left)
+                y0, y1 = base_y + 2 * j - 0.45, base_y + 2 * j + 1.45
+                ax.plot([total, total], [y0, y1], color="black", linewidth=2)
+                end = max([total, *lane_ends])
+                longest = max(longest, end)
                 tag = "best" if j == 0 else "2nd"
                 ax.text(
-                    max(left, total) + 0.01,
-                    y,
-                    f"{tag}: {name}  ({total:.2f})",
+                    end + 0.01,
+                    base_y + 2 * j + 0.5,
+                    f"{tag}: {name}  (t/serial {total:.2f})",
                     va="center",
                     fontsize=7.5,
                 )
         ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
         ax.set_yticks(ticks, ticklabels, fontsize=8)
         ax.invert_yaxis()
-        ax.set_xlim(0, longest * 1.55)
-        ax.set_xlabel("time as a share of serial (dashed: serial; black tick: measured t(S))")
-        handles = [Patch(color=c, label=label) for _, label, c in _PARTS]
-        fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8)
-        title = "Signature of the best and runner-up schedule per problem"
+        ax.set_xlim(0, longest * 1.45)
+        ax.set_xlabel("time as a share of serial (t_gemm + t_comm)")
+        handles = []
+        for _, label, colors in _LANES:
+            handles += [
+                Patch(color=colors[0], label=f"t_{label.lower()} alone (undecomposed)"),
+                Patch(color=colors[1], label=f"{label} decomposition loss"),
+                Patch(color=colors[2], label=f"{label} contention"),
+            ]
+        handles += [
+            Patch(
+                facecolor="white", edgecolor="grey", hatch="////", label="negative loss (a gain)"
+            ),
+            Line2D([], [], color="black", linewidth=2, label="measured t(S)"),
+            Line2D([], [], color="black", linestyle="--", label="serial"),
+            Line2D([], [], color="black", linestyle=":", label="ideal = max(t_gemm, t_comm)"),
+        ]
+        fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8)
+        title = (
+            "Signature of the best and runner-up schedule: GEMM lane (upper) and comm lane "
+            "(lower) of each, run side by side"
+        )
         if len(rows) > BREAKDOWN_ROWS:
             title += f", page {page + 1}"
         ax.set_title(title + note, fontsize=10)
@@ -353,7 +404,122 @@ def _md_table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
-def _markdown(summary: dict[str, Any], table: pd.DataFrame | None, store: ProfileStore) -> str:
+def _family(name: str) -> tuple[str, str]:
+    """``finer-c4-m/ce/cublas+hi`` -> (``finer-m``, ``ce``)."""
+    parts = name.split("/")
+    granularity = parts[0]
+    if granularity.startswith("finer-"):
+        granularity = "finer-" + granularity.rsplit("-", 1)[-1]
+    return granularity, parts[1] if len(parts) > 1 else ""
+
+
+def _overview(frame: pd.DataFrame, table: pd.DataFrame, figures: list[str]) -> list[str]:
+    """Aggregates over the store: per pattern, what the best schedules gain and lose, which
+    families win, and how contention differs between transports."""
+    import numpy as np
+
+    lines: list[str] = []
+    shown = [f for f in figures if f.endswith(".png")]
+    if shown:
+        lines += ["Figures: " + ", ".join(f"[{f}]({f})" for f in shown) + ".", ""]
+    best = table[table["best"].notna() & table["serial_ms"].notna()].copy()
+    if best.empty:
+        return lines
+    best["family"] = best["best"].map(lambda n: "/".join(_family(n)))
+    best["serial_best"] = best["best"].str.startswith("serial/")
+    sched = frame[(frame["kind"] == "schedule") & (frame["verdict"] == "ok")]
+    cols = ["gemm_decomp_loss", "comm_decomp_loss", "gemm_contention", "comm_contention"]
+    sig = sched.set_index(["problem_key", "name"])[cols]
+    best_sig = sig.reindex(list(zip(best["problem_key"], best["best"], strict=True)))
+    best[cols] = best_sig.to_numpy()
+    rows = []
+    for pattern, group in best.groupby("pattern"):
+        rows.append(
+            [
+                pattern,
+                len(group),
+                float(np.exp(np.log(group["speedup"]).mean())),
+                float(group["speedup"].min()),
+                float(group["pct_ideal"].median()),
+                int(group["serial_best"].sum()),
+                int(group["within_noise"].sum()),
+                *(float(group[c].median()) for c in cols),
+            ]
+        )
+    lines += [
+        "## Overview",
+        "",
+        "Per pattern: the best schedule's speedup over serial (geomean, lowest), the median "
+        "share of the ideal gain it realizes, how often a serial schedule is best, how often "
+        "the runner-up is within noise, and the median signature of the best schedules "
+        "(DESIGN 6: decomposition losses against the undecomposed part alone; contention of "
+        "the chunks inside the overlapped run against the same chunks alone).",
+        "",
+        _md_table(
+            [
+                "pattern",
+                "problems",
+                "speedup geomean",
+                "lowest",
+                "share of ideal (median)",
+                "serial best",
+                "runner-up within noise",
+                "GEMM decomp.",
+                "comm decomp.",
+                "GEMM contention",
+                "comm contention",
+            ],
+            rows,
+        ),
+        "",
+    ]
+    wins = best.groupby(["pattern", "family"]).size().unstack(fill_value=0)
+    lines += [
+        "Best schedules by family (granularity and split / transport), problems won:",
+        "",
+        _md_table(
+            ["pattern", *wins.columns],
+            [[p, *(int(v) for v in wins.loc[p])] for p in wins.index],
+        ),
+        "",
+    ]
+    fam = sched.assign(
+        transport=sched["name"].map(lambda n: _family(n)[1]),
+        granularity=sched["name"].map(lambda n: _family(n)[0]),
+    )
+    overlapped = fam[fam["granularity"] != "serial"]
+    if len(overlapped):
+        by = overlapped.groupby(["pattern", "transport"])[cols].median()
+        lines += [
+            "Every overlapped (not serial) schedule measured, median signature per transport: "
+            "copy-engine transfers need no SMs, NCCL's kernels queue behind the GEMM's.",
+            "",
+            _md_table(
+                ["pattern", "transport", *(c.replace("_", " ") for c in cols)],
+                [[p, t, *(float(v) for v in by.loc[(p, t)])] for p, t in by.index],
+            ),
+            "",
+        ]
+    above = best[best["pct_ideal"] > 1.0]
+    if len(above):
+        faster = int((above["gemm_decomp_loss"] < 0).sum())
+        lines += [
+            f"{len(above)} problem(s) realize more than the ideal gain (share above 1); in "
+            f"{faster} of them the best schedule's GEMM chunks, run alone, are faster than the "
+            "undecomposed GEMM (a negative GEMM decomposition loss), so `max(t_gemm, t_comm)` "
+            "is not a floor there.",
+            "",
+        ]
+    return lines
+
+
+def _markdown(
+    summary: dict[str, Any],
+    table: pd.DataFrame | None,
+    store: ProfileStore,
+    frame: pd.DataFrame | None = None,
+    figures: list[str] | None = None,
+) -> str:
     fp = store.header.get("fingerprint", {})
     lines = [
         "# ficco profile report",
@@ -369,6 +535,8 @@ def _markdown(summary: dict[str, Any], table: pd.DataFrame | None, store: Profil
         lines += [f"> {CPU_NOTE}", ""]
     verdicts = ", ".join(f"{k}: {v}" for k, v in sorted(summary["verdicts"].items()))
     lines += [f"Verdicts: {verdicts}.", ""]
+    if table is not None and len(table) and frame is not None:
+        lines += _overview(frame, table, figures or [])
     if table is not None and len(table):
         lines += [
             "## Best schedule per problem",
