@@ -18,6 +18,52 @@ from ficco.workloads import DEFAULT_TOKENS, MODELS
 _MODEL_CHOICE = click.Choice(list(MODELS), case_sensitive=False)
 
 
+class ManyValuesCommand(click.Command):
+    """A command whose repeatable options also take several values after one flag:
+    ``--tokens 4096 8192`` reads as ``--tokens 4096 --tokens 8192``.
+
+    click options take one value per flag; this spells the repeats out before click parses.
+    It applies only to commands with no positional arguments, so a bare word after such an
+    option can only be one of its values."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not any(isinstance(p, click.Argument) for p in self.params):
+            args = spell_out_repeats(args, self._repeatable_flags())
+        return super().parse_args(ctx, args)
+
+    def _repeatable_flags(self) -> set[str]:
+        return {
+            flag
+            for p in self.params
+            if isinstance(p, click.Option) and p.multiple and not p.is_flag
+            for flag in p.opts
+        }
+
+
+def spell_out_repeats(args: list[str], flags: set[str]) -> list[str]:
+    """``[--tokens, 1, 2, --json]`` -> ``[--tokens, 1, --tokens, 2, --json]`` for ``flags``;
+    ``--tokens=1 2`` likewise. A word starting with '-' ends the values; ``--`` ends it all."""
+    out: list[str] = []
+    flag = None  # the repeatable flag whose values are being read
+    pending = False  # it still waits for its first value
+    for i, arg in enumerate(args):
+        if arg == "--":
+            out.extend(args[i:])
+            break
+        if arg.startswith("-"):
+            name = arg.split("=", 1)[0]
+            # a flag that holds its value (--tokens=1) has no pending value to wait for
+            flag = name if name in flags else None
+            pending = flag is not None and "=" not in arg
+            out.append(arg)
+            continue
+        if flag is not None and not pending:
+            out.append(flag)
+        out.append(arg)
+        pending = False
+    return out
+
+
 def _setup(world: int, ep: int | None, tokens: tuple[int, ...], dtype: str):
     from ficco.workloads import ParallelSetup
 
@@ -46,14 +92,14 @@ def _echo_skipped(skipped, err: bool = True) -> None:
         click.echo(f"skipped {shown}: {reason}", err=err)
 
 
-@click.command("workloads")
+@click.command("workloads", cls=ManyValuesCommand)
 @click.option(
     "--model",
     "-m",
     "models",
     multiple=True,
     type=_MODEL_CHOICE,
-    help="A model of the catalog (repeat) [default: all].",
+    help="Models of the catalog (one or more) [default: all].",
 )
 @click.option(
     "--world", "-w", type=int, default=8, show_default=True, help="Tensor/sequence-parallel W."
@@ -64,7 +110,7 @@ def _echo_skipped(skipped, err: bool = True) -> None:
     "-t",
     multiple=True,
     type=int,
-    help=f"Tokens of the TP group (repeat) [default: {' '.join(map(str, DEFAULT_TOKENS))}].",
+    help=f"Tokens of the TP group (one or more) [default: {' '.join(map(str, DEFAULT_TOKENS))}].",
 )
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), default="bf16", show_default=True)
 @click.option(
@@ -257,13 +303,13 @@ def issue_of(record: dict) -> str:
     return next(iter(issues))
 
 
-@click.command("sweep")
+@click.command("sweep", cls=ManyValuesCommand)
 @click.option(
     "--workloads",
     "workloads",
     multiple=True,
     metavar="MODEL",
-    help=f"Catalog model(s) to sweep (repeat, or comma-separated; 'all'): {', '.join(MODELS)}.",
+    help=f"Catalog models to sweep (one or more, or comma-separated; 'all'): {', '.join(MODELS)}.",
 )
 @click.option(
     "--shapes",
@@ -273,7 +319,7 @@ def issue_of(record: dict) -> str:
 )
 @click.option("--world", "-w", type=int, default=None, help="Ranks W (with --shapes: a filter).")
 @click.option("--ep", type=int, default=None, help="Expert-parallel degree [default: W].")
-@click.option("--tokens", "-t", multiple=True, type=int, help="Token counts (repeat).")
+@click.option("--tokens", "-t", multiple=True, type=int, help="Token counts (one or more).")
 @click.option(
     "--dtype",
     type=click.Choice(sorted(DTYPE_BYTES)),
@@ -319,16 +365,18 @@ def issue_of(record: dict) -> str:
     "gemms",
     multiple=True,
     type=click.Choice(["triton", "cublas"]),
-    help="Only these GEMMs (repeat).",
+    help="Only these GEMMs (one or more).",
 )
 @click.option(
     "--transport",
     "transports",
     multiple=True,
     type=click.Choice(["ce", "nccl", "nccl_ce"]),
-    help="Only these transports (repeat).",
+    help="Only these transports (one or more).",
 )
-@click.option("--chunks", multiple=True, type=int, help="Chunk counts of finer schedules.")
+@click.option(
+    "--chunks", multiple=True, type=int, help="Chunk counts of finer schedules (one or more)."
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--timeout",

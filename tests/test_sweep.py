@@ -277,6 +277,11 @@ def test_sweep_cli_usage_errors(tmp_path):
         main, ["sweep", "--workloads", "llama9", "-w", "2", "--store", str(tmp_path)]
     )
     assert result.exit_code == 2 and "llama9" in result.output
+    # several models after one flag: the second is read (and refused) as one of them
+    result = runner.invoke(
+        main, ["sweep", "--workloads", "llama3-8b", "llama9", "-w", "2", "--store", str(tmp_path)]
+    )
+    assert result.exit_code == 2 and "unknown model(s) ['llama9']" in result.output
 
 
 def test_sweep_refuses_a_store_of_another_machine(replay_store, tmp_path):

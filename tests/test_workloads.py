@@ -157,3 +157,36 @@ def test_cli_workloads_table_and_unknown_model():
     assert result.exit_code == 0, result.output
     assert "mixtral-8x7b.qkv" in result.output and "skipped" in result.output
     assert runner.invoke(main, ["workloads", "-m", "nope"]).exit_code == 2
+
+
+def test_cli_workloads_takes_several_values_after_one_flag():
+    """`--tokens 1024 2048` as the README and `--help` write it, `-t 1024 -t 2048` as before,
+    and `--tokens=1024 2048`: the same problems."""
+    runner = CliRunner()
+    spelled = [
+        ["-m", "llama3-8b", "gpt3-175b", "-w", "2", "--tokens", "1024", "2048", "--json"],
+        ["-m", "llama3-8b", "-m", "gpt3-175b", "-w", "2", "-t", "1024", "-t", "2048", "--json"],
+        ["--json", "-w", "2", "--tokens=1024", "2048", "--model", "llama3-8b", "gpt3-175b"],
+    ]
+    keys = []
+    for args in spelled:
+        result = runner.invoke(main, ["workloads", *args])
+        assert result.exit_code == 0, result.output
+        payload = json.loads(result.stdout)
+        assert payload["setup"]["tokens"] == [1024, 2048]
+        keys.append([p["key"] for p in payload["problems"]])
+    assert keys[0] == keys[1] == keys[2] and len(keys[0]) == 16
+    # a value that is not one is still refused, naming the option
+    result = runner.invoke(main, ["workloads", "-w", "2", "--tokens", "1024", "many"])
+    assert result.exit_code == 2 and "--tokens" in result.output
+
+
+def test_spell_out_repeats_stops_at_the_next_option_and_at_double_dash():
+    from ficco.cli_profile import spell_out_repeats
+
+    flags = {"--tokens", "-t"}
+    assert spell_out_repeats(["-t", "1", "2", "--json", "3"], flags) == [
+        "-t", "1", "-t", "2", "--json", "3",
+    ]  # fmt: skip
+    assert spell_out_repeats(["--tokens=1", "2"], flags) == ["--tokens=1", "--tokens", "2"]
+    assert spell_out_repeats(["--tokens", "1", "--", "2"], flags) == ["--tokens", "1", "--", "2"]
