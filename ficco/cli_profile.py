@@ -221,6 +221,27 @@ def _load_problems(workloads, shapes, world, ep, tokens, dtype):
     return problems
 
 
+#: Triton's CPU interpreter runs about 10 MFLOP/s: past this, a Triton schedule takes minutes
+INTERPRETER_WARN_FLOPS = 5e7
+
+
+def _warn_interpreted_triton(problems, space) -> None:
+    """Say before a CPU sweep starts that its Triton schedules will crawl, and how to avoid it
+    (without this the sweep looks hung: a catalog layer takes an hour per problem)."""
+    if "triton" not in space.gemms:
+        return
+    largest = max(problems, key=lambda p: p.flops)
+    if largest.flops <= INTERPRETER_WARN_FLOPS:
+        return
+    click.echo(
+        f"warning: the cpu backend runs Triton GEMMs under Triton's interpreter (about 10 "
+        f"MFLOP/s); {largest.name or largest.key} m={largest.m} is "
+        f"{largest.flops / 1e6:,.0f} MFLOP, minutes per Triton schedule. Pass --gemm cublas "
+        "to leave them out, or sweep smaller shapes.",
+        err=True,
+    )
+
+
 class _ProgressObserver(SweepObserver):
     """Rich progress: problems done, schedules of the current problem, best so far, ETA."""
 
@@ -477,6 +498,8 @@ def sweep_cmd(
         raise click.ClickException(str(err)) from None
     except ValueError as err:
         raise click.UsageError(str(err)) from None
+    if backend == "cpu":
+        _warn_interpreted_triton(problems, space)
     try:
         store = ProfileStore.open(store_dir, runner.fingerprint())
     except ValueError as err:

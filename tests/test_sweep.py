@@ -379,3 +379,14 @@ def test_issue_mode_of_stored_records():
     assert issue_of({"extra": {}}) == "queued"  # stored before the modes existed
     assert issue_of({"extra": {"issue": {"synced": {}, "queued": {}}}}) == "synced"
     assert issue_of({"extra": {"issue": {"queued": {}}}}) == "queued"
+
+
+def test_cpu_sweep_of_large_shapes_warns_that_triton_is_interpreted(tmp_path):
+    args = ["sweep", "--workloads", "llama3-8b", "-w", "2", "-t", "64", "--backend", "cpu"]
+    args += ["--store", str(tmp_path / "s"), "--time-limit", "0"]
+    runner = CliRunner()
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "Triton's interpreter" in result.output and "--gemm cublas" in result.output
+    result = runner.invoke(main, [*args, "--gemm", "cublas"])
+    assert result.exit_code == 0 and "interpreter" not in result.output
