@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         },
     }
     checks = {
-        "killed partway": not finished_first and 0 < len(before),
+        "killed partway": not finished_first and len(before) > 0,
         "rerun exited 0": rerun.returncode == 0,
         "one record per (problem, schedule)": result["store"]["duplicated_pairs"] == 0,
         "nothing recorded before the kill lost": result["store"][
