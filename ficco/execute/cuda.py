@@ -43,6 +43,7 @@ import os
 import statistics
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -191,7 +192,9 @@ def _init_rank(
         sm_count=torch.cuda.get_device_properties(device).multi_processor_count,
         host_group=host_group,
     )
-    with contextlib.suppress(Exception):  # older torch needs this; newer ones deprecate it
+    # older torch needs this; torch 2.11 deprecates it with a FutureWarning per rank
+    with contextlib.suppress(Exception), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
         symm_mem.enable_symm_mem_for_group(group.group_name)
     fence_buf = symm_mem.empty(16, dtype=torch.int32, device=device)
     ctx.fence = symm_mem.rendezvous(fence_buf, group.group_name)
