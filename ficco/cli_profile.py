@@ -424,6 +424,14 @@ def issue_of(record: dict) -> str:
     help="Start no new problem after this long; rerun the same command to resume.",
 )
 @click.option("--batch", type=int, default=4, show_default=True, help="optuna: trials per call.")
+@click.option(
+    "--journal",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="optuna: the studies' journal file [default: STORE/optuna.journal]. Machines of one "
+    "kind may share one (each with its own --store): every study then learns from the "
+    "trials of all of them.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of a table.")
 def sweep_cmd(
     workloads,
@@ -449,6 +457,7 @@ def sweep_cmd(
     issue,
     time_limit,
     batch,
+    journal,
     as_json,
 ) -> None:
     """Measure schedules of many problems into a resumable profile store.
@@ -485,6 +494,7 @@ def sweep_cmd(
             batch=batch,
             seed=seed,
             time_limit_s=time_limit,
+            journal=journal,
         )
         runner_kwargs = {
             "seed": seed,

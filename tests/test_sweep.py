@@ -390,3 +390,49 @@ def test_cpu_sweep_of_large_shapes_warns_that_triton_is_interpreted(tmp_path):
     assert "Triton's interpreter" in result.output and "--gemm cublas" in result.output
     result = runner.invoke(main, [*args, "--gemm", "cublas"])
     assert result.exit_code == 0 and "interpreter" not in result.output
+
+
+def test_two_machines_share_their_optuna_studies_through_one_journal(replay_store, tmp_path):
+    """Each machine keeps its own store and budget; the study of a problem, named by the
+    machine kind's fingerprint and the problem, holds the trials of both."""
+    import optuna
+
+    journal = tmp_path / "shared.journal"
+    problem = REPLAYED[0]
+    for machine in ("a", "b"):
+        runner = ReplayRunner(replay_store)
+        with ProfileStore.open(tmp_path / machine, runner.fingerprint()) as store:
+            sweep(
+                [problem],
+                runner=runner,
+                store=store,
+                strategy="optuna",
+                space=SMALL_SPACE,
+                options=SweepOptions(trials=6, batch=2, journal=journal),
+            )
+        mine = [r for r in records(tmp_path / machine) if r["kind"] == "schedule"]
+        assert len(mine) == 6 == len({r["name"] for r in mine})
+        assert not (tmp_path / machine / "optuna.journal").exists()
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(journal))
+    )
+    (summary,) = optuna.get_all_study_summaries(storage)
+    assert problem.key in summary.study_name
+    told = [
+        t
+        for t in optuna.load_study(study_name=summary.study_name, storage=storage).trials
+        if t.state.name == "COMPLETE"
+    ]
+    assert len(told) >= 12  # the six measurements of each machine
+
+
+def test_sweep_cli_writes_the_journal_it_is_given(tmp_path):
+    shapes = tmp_path / "tiny.csv"
+    shapes.write_text(TINY_CSV.splitlines()[0] + "\n" + TINY_CSV.splitlines()[1] + "\n")
+    journal = tmp_path / "elsewhere" / "studies.journal"
+    journal.parent.mkdir()
+    args = ["sweep", "--shapes", str(shapes), "--backend", "cpu", "--store", str(tmp_path / "s")]
+    args += ["--strategy", "optuna", "--trials", "2", "--gemm", "cublas", "--rounds", "1"]
+    result = CliRunner().invoke(main, [*args, "--journal", str(journal), "--json"])
+    assert result.exit_code == 0, result.output
+    assert journal.stat().st_size > 0 and not (tmp_path / "s" / "optuna.journal").exists()
