@@ -491,8 +491,10 @@ def _overview(frame: pd.DataFrame, table: pd.DataFrame, figures: list[str]) -> l
     if len(overlapped):
         by = overlapped.groupby(["pattern", "transport"])[cols].median()
         lines += [
-            "Every overlapped (not serial) schedule measured, median signature per transport: "
-            "copy-engine transfers need no SMs, NCCL's kernels queue behind the GEMM's.",
+            "Every overlapped (not serial) schedule measured, median signature per transport. "
+            "Decomposition losses compare with the undecomposed GEMM and the collective as "
+            "a runtime calls it (`comm_alone`, NCCL), so a transport whose transfers alone "
+            "beat that collective shows a negative comm decomposition loss.",
             "",
             _md_table(
                 ["pattern", "transport", *(c.replace("_", " ") for c in cols)],
