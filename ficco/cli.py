@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import click
 
-from ficco.cli_profile import graphs_option, issue_option
+from ficco.cli_profile import graphs_option, issue_option, table_console
 from ficco.problem import DTYPE_BYTES, Pattern, Problem
 
 PATTERNS = [p.value for p in Pattern]
@@ -99,7 +99,6 @@ def enumerate_cmd(pattern, m, n, k, world, dtype, experts, routing, as_json) -> 
             )
         )
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{len(found)} schedules for {problem.key}")
@@ -108,7 +107,7 @@ def enumerate_cmd(pattern, m, n, k, world, dtype, experts, routing, as_json) -> 
         table.add_column(col)
     for s in found:
         table.add_row(str(s), str(s.chunks), s.split.value, s.transport.value, s.gemm.value)
-    Console().print(table)
+    table_console().print(table)
 
 
 @main.command("run")
@@ -241,7 +240,7 @@ def run_cmd(
                 f"{r.tolerance:.3g}",
                 r.detail,
             )
-        Console().print(table)
+        table_console().print(table)
         counts: dict[str, int] = {}
         for r in results:
             counts[r.verdict.value] = counts.get(r.verdict.value, 0) + 1
@@ -291,7 +290,6 @@ def _run_cuda_cmd(problem, chosen, timing: dict, seed: int, timeout: float, as_j
             )
         )
     else:
-        from rich.console import Console
         from rich.table import Table
 
         issue = timing.get("issue", ("queued",))[0]
@@ -314,7 +312,7 @@ def _run_cuda_cmd(problem, chosen, timing: dict, seed: int, timeout: float, as_j
                 f"{m.median_ms / ideal:.2f}" if ok else "-",
                 m.extra.get("graph", ""),
             )
-        Console().print(table)
+        table_console().print(table)
         for m in measured:
             if m.verdict != "ok" and m.detail:
                 click.echo(f"{m.name}: {m.verdict}: {m.detail}", err=True)

@@ -73,7 +73,7 @@ def _setup(world: int, ep: int | None, tokens: tuple[int, ...], dtype: str):
         raise click.UsageError(str(err)) from None
 
 
-def _console():
+def table_console():
     """A console for tables: as wide as the terminal, or wide enough when piped."""
     from rich.console import Console
 
@@ -174,7 +174,7 @@ def workloads_cmd(models, world, ep, tokens, dtype, csv_path, as_json) -> None:
             f"{p.comm_bytes_per_rank() / 2**20:.1f}",
             duplicates.get(f"{p.name}@{p.m}", ""),
         )
-    _console().print(table)
+    table_console().print(table)
     _echo_skipped(skipped)
     if csv_path:
         click.echo(f"wrote {len(problems)} shapes to {csv_path}", err=True)
@@ -583,7 +583,7 @@ def sweep_cmd(
             str(o.reused),
             str(o.failed),
         )
-    _console().print(table)
+    table_console().print(table)
     if result.duplicates:
         click.echo(
             f"{len(result.duplicates)} problems share a shape with an earlier one and were "

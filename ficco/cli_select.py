@@ -13,6 +13,8 @@ from pathlib import Path
 
 import click
 
+from ficco.cli_profile import table_console
+
 DEFAULT_MACHINE = "h200x2"
 
 
@@ -124,10 +126,7 @@ def register(group: click.Group) -> None:
                 )
             )
             return
-        from rich.console import Console
-
-        console = Console()
-        console.print(
+        table_console().print(
             _metrics_table(
                 summary,
                 f"{len(frame)} records, {summary['n_problems']} problems, holding out {holdout_by}",
@@ -184,9 +183,7 @@ def register(group: click.Group) -> None:
         if as_json:
             click.echo(json.dumps(summary, indent=2))
             return
-        from rich.console import Console
-
-        Console().print(
+        table_console().print(
             _metrics_table(
                 summary,
                 f"{summary['n_problems']} problems, {summary['n_groups']} {holdout_by} groups held out one by one",

@@ -163,3 +163,18 @@ def test_every_axis_at_w8(pattern):
     schedules = covering(enumerate_schedules(p, SpaceOptions(gemms=(Gemm.CUBLAS,))))
     assert any(s.order.value == "all_peers" for s in schedules)
     assert_all_ok(run_cpu(p, schedules), schedules)
+
+
+def test_cli_run_prints_its_table_whole_into_a_pipe():
+    """Piped (a log, CI) the table is not cut to 80 columns: figures stay readable."""
+    from click.testing import CliRunner
+
+    from ficco.cli import main
+
+    args = ["run", "gemm_rs", "--m", "32", "--n", "16", "--k", "16", "-w", "2", "--backend"]
+    args += ["cpu", "-s", "finer-c16-m/nccl/triton+merged+sm32+hi"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if "finer-c16" in line)
+    assert "…" not in row and "| ok" in row.replace("│", "|")
+    assert "tolerance" in result.output
