@@ -141,8 +141,8 @@ def _count(log: Path) -> int:
 
 
 def _processes_of(marker: str) -> list[str]:
-    """Command lines of processes still running whose arguments mention ``marker``, or whose
-    parent was the killed sweep (spawned ranks name no store): any python process left."""
+    """Command lines of processes still running that mention ``marker`` (the store), or are
+    multiprocessing spawn children (the ranks name no store): what the kill left behind."""
     left = []
     for pid_dir in Path("/proc").iterdir():
         if not pid_dir.name.isdigit() or int(pid_dir.name) == os.getpid():
