@@ -24,6 +24,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from ficco.workloads import read_shapes_csv, write_shapes_csv
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SHAPES = ROOT / "profiles" / "h200x2" / "shapes.csv"
 
@@ -44,12 +46,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    lines = args.shapes.read_text().splitlines()
-    rows = [row for row in lines[1:] if row.split(",")[5] == str(args.world)][: args.problems]
-    if not rows:
+    problems = [p for p in read_shapes_csv(args.shapes) if p.world == args.world]
+    problems = problems[: args.problems]
+    if not problems:
         raise SystemExit(f"{args.shapes}: no shapes of world {args.world}")
     shapes = args.out / "shapes.csv"
-    shapes.write_text("\n".join([lines[0], *rows]) + "\n")
+    write_shapes_csv(problems, shapes)
     store = args.out / "store"
     command = [sys.executable, "-m", "ficco.cli", "sweep", "--shapes", str(shapes)]
     command += ["--world", str(args.world), "--store", str(store), "--backend", args.backend]
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         "nothing recorded before the kill lost": result["store"][
             "records_before_kill_kept_in_order"
         ],
-        "every problem swept": len(per_problem) == len(rows),
+        "every problem swept": len(per_problem) == len(problems),
     }
     if args.strategy == "optuna":
         checks["every problem at its trial budget"] = set(per_problem.values()) == {args.trials}

@@ -176,43 +176,43 @@ def test_optuna_over_replay_measures_a_share_and_finds_a_good_schedule(replay_st
     assert (tmp_path / "opt" / "optuna.journal").exists()
 
 
-def test_optuna_journal_resumes_the_study(replay_store, tmp_path):
-    import optuna
-
-    runner = ReplayRunner(replay_store)
-    problem = REPLAYED[0]
-    with ProfileStore.open(tmp_path / "opt", runner.fingerprint()) as store:
-        sweep(
+def sweep_one_with_optuna(runner, problem, store_dir, **options):
+    with ProfileStore.open(store_dir, runner.fingerprint()) as store:
+        return sweep(
             [problem],
             runner=runner,
             store=store,
             strategy="optuna",
             space=SMALL_SPACE,
-            options=SweepOptions(trials=6, batch=2),
+            options=SweepOptions(batch=2, **options),
         )
-    journal = optuna.storages.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(str(tmp_path / "opt" / "optuna.journal"))
+
+
+def only_study(journal_path):
+    """The one optuna study a journal file holds."""
+    import optuna
+
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(journal_path))
     )
-    (summary,) = optuna.get_all_study_summaries(journal)
-    study = optuna.load_study(study_name=summary.study_name, storage=journal)
+    (summary,) = optuna.get_all_study_summaries(storage)
+    return optuna.load_study(study_name=summary.study_name, storage=storage)
+
+
+def test_optuna_journal_resumes_the_study(replay_store, tmp_path):
+    runner = ReplayRunner(replay_store)
+    problem = REPLAYED[0]
+    sweep_one_with_optuna(runner, problem, tmp_path / "opt", trials=6)
+    study = only_study(tmp_path / "opt" / "optuna.journal")
     first = len(study.trials)
     done = [t for t in study.trials if t.state.name == "COMPLETE"]
     assert done and all("schedule" in t.user_attrs and "verdict" in t.user_attrs for t in done)
     assert all(is_legal(problem, Schedule.parse(t.user_attrs["schedule"])) for t in study.trials)
 
     calls = runner.calls
-    with ProfileStore.open(tmp_path / "opt", runner.fingerprint()) as store:
-        result = sweep(
-            [problem],
-            runner=runner,
-            store=store,
-            strategy="optuna",
-            space=SMALL_SPACE,
-            options=SweepOptions(trials=10, batch=2),
-        )
+    result = sweep_one_with_optuna(runner, problem, tmp_path / "opt", trials=10)
     assert runner.calls - calls == 4 and result.outcomes[0].reused == 6
-    study = optuna.load_study(study_name=summary.study_name, storage=journal)
-    assert len(study.trials) > first
+    assert len(only_study(tmp_path / "opt" / "optuna.journal").trials) > first
     names = [r["name"] for r in records(tmp_path / "opt") if r["kind"] == "schedule"]
     assert len(names) == 10 == len(set(names))
 
@@ -395,34 +395,17 @@ def test_cpu_sweep_of_large_shapes_warns_that_triton_is_interpreted(tmp_path):
 def test_two_machines_share_their_optuna_studies_through_one_journal(replay_store, tmp_path):
     """Each machine keeps its own store and budget; the study of a problem, named by the
     machine kind's fingerprint and the problem, holds the trials of both."""
-    import optuna
-
     journal = tmp_path / "shared.journal"
     problem = REPLAYED[0]
     for machine in ("a", "b"):
         runner = ReplayRunner(replay_store)
-        with ProfileStore.open(tmp_path / machine, runner.fingerprint()) as store:
-            sweep(
-                [problem],
-                runner=runner,
-                store=store,
-                strategy="optuna",
-                space=SMALL_SPACE,
-                options=SweepOptions(trials=6, batch=2, journal=journal),
-            )
+        sweep_one_with_optuna(runner, problem, tmp_path / machine, trials=6, journal=journal)
         mine = [r for r in records(tmp_path / machine) if r["kind"] == "schedule"]
         assert len(mine) == 6 == len({r["name"] for r in mine})
         assert not (tmp_path / machine / "optuna.journal").exists()
-    storage = optuna.storages.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(str(journal))
-    )
-    (summary,) = optuna.get_all_study_summaries(storage)
-    assert problem.key in summary.study_name
-    told = [
-        t
-        for t in optuna.load_study(study_name=summary.study_name, storage=storage).trials
-        if t.state.name == "COMPLETE"
-    ]
+    study = only_study(journal)
+    assert problem.key in study.study_name
+    told = [t for t in study.trials if t.state.name == "COMPLETE"]
     assert len(told) >= 12  # the six measurements of each machine
 
 
