@@ -115,12 +115,12 @@ def gemm_rows(timer: Timer, m_values, nk, rounds: int) -> list[dict]:
                     row["failure"] = f"relative error {err:.3g} > {REL_ERROR_LIMIT}"
                 else:
                     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-                    row.update(timer.rounds({"c": lambda: torch.matmul(a, b, out=out)}, rounds)["c"])
+                    launch = lambda a=a, b=b, out=out: torch.matmul(a, b, out=out)  # noqa: E731
+                    row.update(timer.rounds({"c": launch}, rounds)["c"])
                     row["tflops"] = 2 * m * n * k / row["median_ms"] / 1e9
             except Exception as err:  # recorded; the sweep goes on
                 row["failure"] = f"{type(err).__name__}: {err}"[:300]
             rows.append(row)
-            del a
         print(f"gemm N={n} K={k}: {len(m_values)} rows", flush=True)
     return rows
 
@@ -144,8 +144,8 @@ def budget_rows(timer: Timer, shapes, budgets, rounds: int) -> list[dict]:
                 if err > REL_ERROR_LIMIT:
                     failures[budget] = f"relative error {err:.3g} > {REL_ERROR_LIMIT}"
                 else:
-                    fns[str(budget)] = (
-                        lambda budget=budget: matmul(a, b, out, sm_budget=budget, config=config)
+                    fns[str(budget)] = lambda budget=budget, a=a, b=b, out=out, config=config: (
+                        matmul(a, b, out, sm_budget=budget, config=config)
                     )
             except Exception as err:
                 failures[budget] = f"{type(err).__name__}: {err}"[:300]
@@ -178,7 +178,8 @@ def copy_rows(timer: Timer, sizes, rounds: int) -> list[dict]:
             if not torch.equal(dst, src):
                 row["failure"] = "copied bytes differ"
             else:
-                row.update(timer.rounds({"c": lambda: dst.copy_(src)}, rounds, stream=side)["c"])
+                copy = lambda dst=dst, src=src: dst.copy_(src)  # noqa: E731
+                row.update(timer.rounds({"c": copy}, rounds, stream=side)["c"])
                 row["gbps"] = nbytes / row["median_ms"] / 1e6
         except Exception as err:
             row["failure"] = f"{type(err).__name__}: {err}"[:300]
