@@ -7,7 +7,7 @@ Measures, on GPU 0, in one run:
 - ``sm_budget``: ficco's persistent Triton GEMM at SM budgets 132 ... 33 on a subset, each
   budget with the same (heuristic) tile configuration, so the ratio t(budget) / t(132) is the
   budget's effect alone;
-- ``copy``: device-to-device copies on a side stream (``cudaMemcpyAsync``: a copy engine),
+- ``copy``: device-to-device copies on a side stream (torch's ``copy_``, a ``cudaMemcpyAsync``),
   4 KiB ... 256 MiB, for the copy engine's fixed cost and rate on this GPU's own memory (peer
   copies over NVLink come from the profile store's signatures).
 
