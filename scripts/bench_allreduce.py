@@ -1,0 +1,345 @@
+"""Every all-reduce transport on W GPUs, 8 KiB ... 256 MiB, eager and in CUDA graphs.
+
+Transports (bf16, sum, in one run):
+
+- ``nccl``: ``dist.all_reduce``;
+- ``one_shot`` / ``two_shot``: PyTorch symmetric memory's ``one_shot_all_reduce`` (each rank
+  reads every peer's buffer and reduces) and ``two_shot_all_reduce_`` (reduce-scatter, then
+  all-gather, on SMs);
+- ``ce_pull``: copy engines: each rank pulls every peer's partial from its symmetric buffer on a
+  side stream (``cudaMemcpyAsync`` through ``copy_``), then adds them to its own on the
+  caller's stream; a device-side symmetric-memory barrier before the pull (peers' partials are
+  ready) and after it (nobody overwrites a buffer a peer still reads);
+- ``ce_pull_batched``: the same with every peer's copy of one rank issued back to back on one
+  stream, and in graphs the whole step captured once, so the copies' fixed cost is paid at
+  replay, not at launch (the DMA-Latte recipe without a driver batch API).
+
+Protocol: each transport is first verified on fresh random inputs (every rank's result equal
+to the fp32 sum of all ranks' inputs within bf16 tolerance; a transport that fails, raises or
+cannot be captured is recorded with its reason and the run goes on); then timed: per size,
+transports interleaved round by round; eager: CUDA events around one call after the ranks
+align on a host barrier; graphed: ``--graph-iters`` calls captured in one graph, the replay's
+time divided by the calls; per round the max over ranks; median and p10/p90 over rounds.
+Bus bandwidth = 2 (W - 1) / W x bytes / time (NCCL's convention).
+
+Usage:
+    python scripts/bench_allreduce.py --world 2 [--quick] [--out FILE]
+    python scripts/bench_allreduce.py --world 1 --quick    # one GPU: exercises the code paths
+Writes ``--out`` (default ``$OUT/bench_allreduce.json`` when ``$OUT`` is set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+TRANSPORTS = ("nccl", "one_shot", "two_shot", "ce_pull", "ce_pull_batched")
+SIZES = tuple(8192 << i for i in range(16))  # 8 KiB ... 256 MiB
+TOLERANCE = 2e-2  # bf16 sum of W partials against the fp32 sum, relative Frobenius
+
+
+class AllReduce:
+    """One transport over one symmetric buffer of ``numel`` bf16 elements."""
+
+    def __init__(self, name: str, numel: int, group, device) -> None:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self.name, self.group, self.device = name, group, device
+        self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.buf = symm_mem.empty(numel, dtype=torch.bfloat16, device=device)
+        self.handle = symm_mem.rendezvous(self.buf, group.group_name)
+        self.peers = [p for p in range(self.world) if p != self.rank]
+        self.staging = torch.empty((len(self.peers), numel), dtype=torch.bfloat16, device=device)
+        self.side = torch.cuda.Stream(device=device)
+        self.out = torch.empty(numel, dtype=torch.bfloat16, device=device)
+
+    def __call__(self) -> torch.Tensor:
+        """All-reduce ``self.buf``; returns the tensor holding the result."""
+        name = self.name
+        if name == "nccl":
+            dist.all_reduce(self.buf, group=self.group)
+            return self.buf
+        if name == "one_shot":
+            return torch.ops.symm_mem.one_shot_all_reduce(self.buf, "sum", self.group.group_name)
+        if name == "two_shot":
+            torch.ops.symm_mem.two_shot_all_reduce_(self.buf, "sum", self.group.group_name)
+            return self.buf
+        if name in ("ce_pull", "ce_pull_batched"):
+            return self._ce_pull(batched=name == "ce_pull_batched")
+        raise ValueError(f"transport: unknown {name!r}; expected one of {', '.join(TRANSPORTS)}")
+
+    def _ce_pull(self, batched: bool) -> torch.Tensor:
+        caller = torch.cuda.current_stream(self.device)
+        self.handle.barrier(channel=0)  # every peer's partial is written
+        if batched or len(self.peers) <= 1:
+            self.side.wait_stream(caller)
+            with torch.cuda.stream(self.side):
+                for i, peer in enumerate(self.peers):
+                    self.staging[i].copy_(self._peer(peer))
+            caller.wait_stream(self.side)
+        else:  # one stream per peer: the copies may run on separate copy engines
+            for i, peer in enumerate(self.peers):
+                stream = torch.cuda.Stream(device=self.device)
+                stream.wait_stream(caller)
+                with torch.cuda.stream(stream):
+                    self.staging[i].copy_(self._peer(peer))
+                caller.wait_stream(stream)
+        self.handle.barrier(channel=1)  # nobody overwrites a partial a peer still reads
+        torch.sum(torch.cat([self.buf[None], self.staging]), dim=0, out=self.out)
+        return self.out
+
+    def _peer(self, peer: int) -> torch.Tensor:
+        return self.handle.get_buffer(peer, tuple(self.buf.shape), self.buf.dtype)
+
+
+def verify(op: AllReduce, seed: int) -> float:
+    """Relative error of ``op`` on fresh random partials against the fp32 sum."""
+    gen = torch.Generator(device=op.device).manual_seed(seed + 1000 * op.rank)
+    mine = torch.randn(op.buf.numel(), device=op.device, generator=gen).to(torch.bfloat16)
+    every = [torch.empty_like(mine) for _ in range(op.world)]
+    dist.all_gather(every, mine, group=op.group)
+    want = torch.stack([t.float() for t in every]).sum(0)
+    op.buf.copy_(mine)
+    torch.cuda.synchronize(op.device)
+    dist.barrier(group=op.group)
+    got = op().float()
+    torch.cuda.synchronize(op.device)
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def _max_over_ranks(ms: float, device) -> float:
+    t = torch.tensor([ms], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def time_eager(op: AllReduce) -> float:
+    dist.barrier(group=op.group)
+    torch.cuda.synchronize(op.device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    op()
+    end.record()
+    end.synchronize()
+    return _max_over_ranks(start.elapsed_time(end), op.device)
+
+
+def capture(op: AllReduce, iters: int) -> torch.cuda.CUDAGraph:
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream(device=op.device)
+    stream.wait_stream(torch.cuda.current_stream(op.device))
+    with torch.cuda.stream(stream):
+        op()  # warm-up outside capture (lazy initialisations)
+    torch.cuda.synchronize(op.device)
+    dist.barrier(group=op.group)
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(iters):
+            op()
+    torch.cuda.synchronize(op.device)
+    return graph
+
+
+def time_graph(op: AllReduce, graph: torch.cuda.CUDAGraph, iters: int) -> float:
+    dist.barrier(group=op.group)
+    torch.cuda.synchronize(op.device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return _max_over_ranks(start.elapsed_time(end) / iters, op.device)
+
+
+def _stats(values: list[float]) -> dict:
+    ordered = sorted(values)
+    at = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"median_ms": statistics.median(values), "p10_ms": at(0.1), "p90_ms": at(0.9)}
+
+
+def one_size(nbytes: int, group, device, args: dict) -> list[dict]:
+    """Verify, then time, every transport at one size (eager and graphed)."""
+    world = dist.get_world_size(group)
+    numel = nbytes // 2
+    ops, rows, timed = {}, {}, {}
+    for name in args["transports"]:
+        row = rows[name] = {"transport": name, "bytes": nbytes, "world": world}
+        try:
+            op = ops[name] = AllReduce(name, numel, group, device)
+            err = verify(op, args["seed"])
+            row["rel_error"] = err
+            ok = err <= TOLERANCE
+            if not ok:
+                row["failure"] = f"relative error {err:.3g} > {TOLERANCE}"
+        except Exception as err:  # recorded; the run goes on
+            ok = False
+            row["failure"] = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+            if args["traceback"]:
+                traceback.print_exc()
+        if _all_ranks(ok, device):
+            ops[name].buf.zero_()  # timing inputs: zeros stay zeros however often reduced
+            timed[name] = {"eager": []}
+            try:
+                graph = capture(ops[name], args["graph_iters"])
+                timed[name]["graph"] = []
+                timed[name]["_graph"] = graph
+            except Exception as err:
+                row["graph_failure"] = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+            torch.cuda.synchronize(device)
+            _all_ranks(True, device)
+        elif "failure" not in row:
+            row["failure"] = "failed on another rank"
+    names = list(timed)
+    for r in range(args["rounds"] + 1):  # round 0 warms up
+        for name in names[r % max(1, len(names)) :] + names[: r % max(1, len(names))]:
+            eager = time_eager(ops[name])
+            graph = timed[name].get("_graph")
+            graphed = time_graph(ops[name], graph, args["graph_iters"]) if graph else None
+            if r:
+                timed[name]["eager"].append(eager)
+                if graphed is not None:
+                    timed[name]["graph"].append(graphed)
+    for name, samples in timed.items():
+        for mode in ("eager", "graph"):
+            if samples.get(mode):
+                stats = _stats(samples[mode])
+                stats["bus_gbps"] = 2 * (world - 1) / world * nbytes / stats["median_ms"] / 1e6
+                rows[name][mode] = stats
+    return list(rows.values())
+
+
+def _all_ranks(flag: bool, device) -> bool:
+    t = torch.tensor([0 if flag else 1], device=device)
+    dist.all_reduce(t)
+    return int(t.item()) == 0
+
+
+def rank_main(rank: int, world: int, init_file: str, args: dict, result_file: str) -> None:
+    torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank)
+    dist.init_process_group(
+        "nccl", init_method=f"file://{init_file}", rank=rank, world_size=world, device_id=device
+    )
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+    group = dist.group.WORLD
+    enable_symm_mem_for_group(group.group_name)
+    try:
+        rows = []
+        for nbytes in args["sizes"]:
+            rows.extend(one_size(nbytes, group, device, args))
+            if rank == 0:
+                best = {
+                    r["transport"]: round(1000 * r[m]["median_ms"], 1)
+                    for r in rows[-len(args["transports"]) :]
+                    for m in ("graph",)
+                    if m in r
+                }
+                print(f"{nbytes >> 10} KiB graphed us: {best}", flush=True)
+        if rank == 0:
+            Path(result_file).write_text(json.dumps(rows))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Per size and mode: the fastest transport and its speed-up over NCCL."""
+    out: dict[str, dict] = {}
+    for mode in ("eager", "graph"):
+        per = {}
+        for nbytes in sorted({r["bytes"] for r in rows}):
+            here = {
+                r["transport"]: r[mode]["median_ms"]
+                for r in rows
+                if r["bytes"] == nbytes and mode in r
+            }
+            if not here:
+                continue
+            best = min(here, key=here.get)
+            per[str(nbytes)] = {
+                "best": best,
+                "best_us": 1000 * here[best],
+                "nccl_over_best": here["nccl"] / here[best] if "nccl" in here else None,
+            }
+        out[mode] = per
+    out["failures"] = [
+        {k: r[k] for k in ("transport", "bytes", "failure") if k in r}
+        for r in rows
+        if "failure" in r
+    ]
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="4 sizes, 5 rounds")
+    p.add_argument("--transports", default=",".join(TRANSPORTS))
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--graph-iters", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--traceback", action="store_true")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    for name in args.transports.split(","):
+        if name not in TRANSPORTS:
+            p.error(f"--transports: unknown {name!r}; expected some of {', '.join(TRANSPORTS)}")
+    if args.world < 1 or torch.cuda.device_count() < args.world:
+        raise SystemExit(f"--world: {args.world} GPUs needed, {torch.cuda.device_count()} visible")
+    config = {
+        "sizes": list(SIZES[::5] if args.quick else SIZES),
+        "transports": args.transports.split(","),
+        "rounds": 5 if args.quick else args.rounds,
+        "graph_iters": args.graph_iters,
+        "seed": args.seed,
+        "traceback": args.traceback,
+    }
+    started = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        result_file = os.path.join(tmp, "rows.json")
+        mp.spawn(
+            rank_main,
+            (args.world, os.path.join(tmp, "rendezvous"), config, result_file),
+            nprocs=args.world,
+            join=True,
+        )
+        rows = json.loads(Path(result_file).read_text())
+    from ficco.measure.fingerprint import fingerprint
+
+    report = {
+        "benchmark": "all-reduce transports, eager and graphed",
+        "protocol": __doc__.split("\n\n")[2].strip(),
+        "world": args.world,
+        "config": config,
+        "fingerprint": fingerprint("cuda"),
+        "summary": summarize(rows),
+        "rows": rows,
+        "wall_s": time.time() - started,
+    }
+    out = args.out or (
+        os.path.join(os.environ["OUT"], "bench_allreduce.json") if os.environ.get("OUT") else None
+    )
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(report, indent=1))
+        print(f"wrote {out}")
+    print(json.dumps(report["summary"], indent=1)[:4000])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
