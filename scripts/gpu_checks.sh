@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The GPU checks and benchmarks that need W GPUs of one host, one stage per device call (each
+# stays under 10 minutes). Results go under $OUT (or ./gpu_checks when $OUT is unset).
+#
+# usage: STAGES="tests overlap block allreduce fused" scripts/gpu_checks.sh W
+#   tests      python -m pytest tests/gpu (CUDA executor, kernels, ops on W GPUs)
+#   overlap    scripts/bench_overlap.py: every schedule vs serial, async-TP, ideal -> bench_overlap.json
+#   block      scripts/bench_block.py: the TP/SP transformer block with ficco ops -> bench_block.json
+#   allreduce  scripts/bench_allreduce.py: every all-reduce transport            -> bench_allreduce.json
+#   fused      scripts/check_fused_single_gpu.py (one GPU) and scripts/nccl_ce_repro.py (W GPUs)
+set -uo pipefail
+W=${1:?usage: $0 W}
+STAGES=${STAGES:-tests overlap block allreduce fused}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+DEST=${OUT:-$ROOT/gpu_checks}
+mkdir -p "$DEST"
+export PYTHONUNBUFFERED=1
+export FICCO_CACHE_DIR=${FICCO_CACHE_DIR:-$ROOT/.cache}
+if [ ! -f "$FICCO_CACHE_DIR/gemm_tuning.json" ] && [ -f profiles/h200/gemm_tuning.json ]; then
+  mkdir -p "$FICCO_CACHE_DIR" && cp profiles/h200/gemm_tuning.json "$FICCO_CACHE_DIR/"
+fi
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+run() {  # run NAME TIMEOUT CMD...: log to $DEST/NAME.log, say how it ended, go on
+  local name=$1 limit=$2; shift 2
+  echo "== $name: $*"
+  timeout "$limit" "$@" > "$DEST/$name.log" 2>&1
+  echo "== $name exited $?"; tail -n 25 "$DEST/$name.log"
+}
+has tests && run tests 560 python3 -m pytest -q -rs tests/gpu
+has overlap && run bench_overlap 560 python3 scripts/bench_overlap.py --world "$W" --out "$DEST/bench_overlap.json"
+has block && run bench_block 560 python3 scripts/bench_block.py --world "$W" --out "$DEST/bench_block.json"
+has allreduce && run bench_allreduce 560 python3 scripts/bench_allreduce.py --world "$W" --out "$DEST/bench_allreduce.json"
+if has fused; then
+  [ -f scripts/check_fused_single_gpu.py ] && run fused_single_gpu 280 python3 scripts/check_fused_single_gpu.py
+  [ -f scripts/nccl_ce_repro.py ] && run nccl_ce_repro 280 python3 scripts/nccl_ce_repro.py --world "$W"
+fi
+exit 0
