@@ -8,7 +8,7 @@ Two ways, one per scale:
   backend.
 - :func:`reference_by_collectives` computes it from this rank's actual tensors through the
   serial collective (NCCL) and an fp32 matmul: for GPU shapes, where float64 on the host
-  would take minutes (ag_gemm, gemm_rs and gemm_ar).
+  would take minutes (every pattern).
 
 Both return ``(exact, plain)``; ``plain``'s distance from ``exact`` calibrates the tolerance
 (``ficco.execute.verify``). A new pattern adds its branch here.
@@ -114,7 +114,42 @@ def reference_by_collectives(problem: Problem, tensors: dict, device) -> tuple:
         plain = a @ b
         dist.all_reduce(plain)
         return exact, plain
-    raise Unavailable(
-        "the cuda backend verifies ag_gemm, gemm_rs and gemm_ar; "
-        f"{problem.pattern} is not supported yet"
-    )
+    if problem.pattern in (Pattern.A2A_GEMM, Pattern.GEMM_A2A):
+        return _alltoall_by_collectives(problem, tensors, device)
+    raise Unavailable(f"no reference by collectives for {problem.pattern} yet")
+
+
+def _alltoall_by_collectives(problem: Problem, tensors: dict, device) -> tuple:
+    """The all-to-all patterns through ``all_to_all_single`` with splits. Row orders follow
+    the plans: a rank's ``x`` of a2a_gemm holds its tokens by (destination rank, expert); what a
+    rank receives, and gemm_a2a's ``x`` and output, are ordered by (peer rank, local expert)."""
+    import torch.distributed as dist
+
+    rank, w = dist.get_rank(), problem.world
+    between = problem.tokens_between()
+    x, b = tensors["x"], tensors["b"]  # b [experts/W, K, N]
+
+    def exchange(t: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
+        out = torch.empty((sum(recv), t.shape[1]), dtype=t.dtype, device=device)
+        dist.all_to_all_single(out, t.contiguous(), recv, send)
+        return out
+
+    def experts(rows: torch.Tensor, counts: list[list[int]], fp32: bool) -> torch.Tensor:
+        """Each peer's block of ``rows``, expert j's tokens times ``b[j]``."""
+        blocks, row = [], 0
+        for per_expert in counts:
+            for j, n in enumerate(per_expert):
+                x_j = rows[row : row + n]
+                blocks.append(x_j.float() @ b[j].float() if fp32 else x_j @ b[j])
+                row += n
+        return torch.cat(blocks) if blocks else rows.new_empty((0, problem.n))
+
+    to_me = [between[src][rank] for src in range(w)]  # per source: tokens per local expert
+    from_me = [between[rank][dst] for dst in range(w)]  # per destination: tokens per expert
+    if problem.pattern is Pattern.A2A_GEMM:
+        received = exchange(x, [sum(c) for c in from_me], [sum(c) for c in to_me])
+        return experts(received, to_me, True), experts(received, to_me, False)
+    send, recv = [sum(c) for c in to_me], [sum(c) for c in from_me]
+    exact = exchange(experts(x, to_me, True), send, recv)
+    plain = exchange(experts(x, to_me, False), send, recv)
+    return exact, plain
