@@ -58,3 +58,25 @@ def _rank(rank: int, world: int, init: str, seed: int) -> None:
 def test_reference_by_collectives_matches_the_float64_reference(world):
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_rank, (world, os.path.join(tmp, "rdv"), 7), nprocs=world, join=True)
+
+
+def test_plan_baselines_serial_eager_is_verified_on_a_poisoned_output():
+    from ficco.execute.baselines import BASELINE_SERIAL_EAGER, plan_baselines
+
+    out = torch.zeros(3)
+    calls, poisoned = [], []
+
+    def run_serial_plan(mode: str = "full") -> None:
+        calls.append(mode)
+        if mode == "full":
+            poisoned.append(bool(torch.isnan(out).all()))
+            out.copy_(torch.arange(3.0))
+
+    base = plan_baselines(run_serial_plan, out)
+    assert set(base) == {"gemm_alone", "comm_alone", BASELINE_SERIAL_EAGER}
+    base[BASELINE_SERIAL_EAGER]()
+    assert base[BASELINE_SERIAL_EAGER].out is out and out.tolist() == [0.0, 1.0, 2.0]
+    base[BASELINE_SERIAL_EAGER]()  # later (timed) calls do not poison
+    base["gemm_alone"]()
+    assert calls == ["full", "full", "gemm"]
+    assert poisoned == [True, False]  # only the verified first call starts from NaN

@@ -32,6 +32,7 @@ __all__ = [
     "BASELINE_SERIAL_GRAPH",
     "GRAPHED_PART",
     "cuda_baselines",
+    "plan_baselines",
     "plan_part_baselines",
 ]
 
@@ -43,6 +44,22 @@ def plan_part_baselines(run_serial_plan: Callable[..., None]) -> dict[str, Calla
         BASELINE_GEMM: functools.partial(run_serial_plan, "gemm"),
         BASELINE_COMM: functools.partial(run_serial_plan, "comm"),
     }
+
+
+def plan_baselines(run_serial_plan: Callable[..., None], output) -> dict[str, Callable[[], None]]:
+    """The parts of :func:`plan_part_baselines` plus ``serial_eager``: the whole serial plan,
+    whose output tensor ``output`` is verified like a schedule's."""
+
+    first = [True]
+
+    def serial_eager() -> None:
+        if first[0]:  # the first call is the verified one: it must write every element
+            output.fill_(float("nan"))
+            first[0] = False
+        run_serial_plan()
+
+    serial_eager.out = output
+    return {**plan_part_baselines(run_serial_plan), BASELINE_SERIAL_EAGER: serial_eager}
 
 
 def cuda_baselines(

@@ -28,6 +28,7 @@ space excludes strided copy-engine chunks); zeros as inputs run faster than rand
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 from collections.abc import Callable, Iterator, Sequence
 
@@ -391,19 +392,23 @@ class CudaBackend(Backend):
     def reference(self, problem: Problem, bufs: Buffers, seed: int):
         from ficco.execute.reference import reference_by_collectives
 
-        if problem.pattern.value in ("a2a_gemm", "gemm_a2a"):
-            # their reference is ready (tests/test_reference.py); their CUDA baselines are not
-            raise Unavailable(
-                "the cuda backend verifies ag_gemm, gemm_rs and gemm_ar; "
-                f"{problem.pattern} needs its CUDA baselines first"
-            )
-
         return reference_by_collectives(problem, bufs.tensors, self.ctx.device)
 
     def primitives(self, plan: Plan, bufs: Buffers, run: int) -> CudaPrimitives:
         return CudaPrimitives(self.ctx, plan, bufs)
 
     def baselines(self, problem: Problem, bufs: Buffers) -> dict[str, Callable[[], None]]:
+        if problem.pattern.value in ("a2a_gemm", "gemm_a2a"):
+            # the serial plan (all_to_all_single with splits, one cuBLAS GEMM per expert block)
+            # is the eager serial baseline, and its parts the isolated GEMM and collective
+            from ficco.execute.baselines import plan_baselines
+            from ficco.execute.interpreter import interpret
+
+            plan = build_plan(problem, Schedule(), self.rank)
+            return plan_baselines(
+                functools.partial(interpret, self.primitives(plan, bufs, 0)),
+                bufs.tensors[plan.output],
+            )
         return cuda_baselines(problem, bufs.tensors, self.ctx.device, self.ctx.group.group_name)
 
     def clock(self, options: TimingOptions) -> CudaClock:
