@@ -50,7 +50,7 @@ fi
 if has sweep; then
   echo "== exhaustive sweep of the catalog, W=$W"
   # the catalog's AG+GEMM / GEMM+RS layers at these token counts (154 distinct shapes at
-  # W = 2; the cuda executor verifies these two patterns). The space: both transports, cuBLAS
+  # W = 2). The space: both transports, cuBLAS
   # GEMMs (tuning a Triton GEMM for every chunk shape of every problem would cost more than
   # the sweep), 2/4/8 chunks, both priorities and compute granularities, both splits.
   SHAPES=${SHAPES:-$PROFILES/shapes.csv}
