@@ -149,7 +149,7 @@ def shape_row(problem: Problem, measured) -> dict:
 
 def summarize(rows: list[dict]) -> dict:
     out = {}
-    for pattern in ("ag_gemm", "gemm_rs"):
+    for pattern in sorted({r["problem"]["pattern"] for r in rows}):
         mine = [r for r in rows if r["problem"]["pattern"] == pattern]
         if not mine:
             continue
@@ -176,6 +176,44 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
+def run_suite(jobs, opts, world: int, stall_timeout: float, progress, done):
+    """Measure every (problem, schedules) job on one pool of ``world`` GPU ranks (set-up paid
+    once). A problem that hangs with NCCL calls captured in graphs is retried once with
+    copy-engine graphs only (``--graphs ce``), and the rest of the suite keeps that mode.
+    Returns (results: measurements or an error string per job, graphs mode per job);
+    ``done(index, measured, graphs)`` is called as each job completes."""
+    from ficco.execute import RunOptions
+    from ficco.execute.run import cuda_pool, measure_in
+
+    graphs = opts.graphs
+    results: list = []
+    graphs_of: dict[int, str] = {}
+    pool_options = RunOptions(timeout_s=stall_timeout)
+    pool = cuda_pool(world, pool_options)
+    try:
+        for index, (problem, schedules) in enumerate(jobs):
+            on_progress = lambda msg, i=index: progress(i, msg)  # noqa: E731
+            res = measure_in(pool, problem, schedules, opts, on_progress)
+            if isinstance(res, str) and res.startswith("timeout") and graphs == "all":
+                print(
+                    f"  {problem.name} m={problem.m}: {res}; retrying with --graphs ce", flush=True
+                )
+                pool.close(kill=True)
+                graphs = "ce"
+                opts = dataclasses.replace(opts, graphs=graphs)
+                pool = cuda_pool(world, pool_options)
+                res = measure_in(pool, problem, schedules, opts, on_progress)
+            graphs_of[index] = graphs
+            results.append(res)
+            if isinstance(res, str):
+                print(f"  {problem.name} m={problem.m}: FAILED {res}", flush=True)
+            else:
+                done(index, res, graphs)
+    finally:
+        pool.close()
+    return results, graphs_of
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one model, M 2048 and 8192, 5 rounds")
@@ -198,8 +236,8 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="output JSON (default $OUT/bench_overlap.json)")
     args = parser.parse_args()
 
-    from ficco.execute import RunOptions, TimingOptions
-    from ficco.execute.run import check_gpus, cuda_pool, measure_in
+    from ficco.execute import TimingOptions
+    from ficco.execute.run import check_gpus
     from ficco.measure.fingerprint import fingerprint
     from ficco.space import is_legal
     from ficco.workloads import ParallelSetup, get_model, model_problems
@@ -241,7 +279,8 @@ def main() -> int:
     partial: dict[int, dict] = {}
     graphs_of: dict[int, str] = {}
 
-    def done(index, measured):
+    def done(index, measured, graphs):
+        graphs_of[index] = graphs
         p = jobs[index][0]
         partial[index] = {
             issue: shape_row(p, under(measured, issue)) | {"graphs": graphs_of.get(index)}
@@ -257,35 +296,8 @@ def main() -> int:
         # a run cut short still leaves what it measured
         Path(out + ".partial").write_text(json.dumps(list(partial.values()), default=float))
 
-    # One pool for the whole suite (set-up paid once). A problem that hangs with NCCL calls
-    # captured in graphs is retried once with copy-engine graphs only ("--graphs ce"), and the
-    # rest of the suite keeps that mode: the JSON records the mode of every shape.
     check_gpus(args.world)
-    graphs = opts.graphs
-    results: list = []
-    pool_options = RunOptions(timeout_s=args.stall_timeout)
-    pool = cuda_pool(args.world, pool_options)
-    try:
-        for index, (problem, schedules) in enumerate(jobs):
-            on_progress = lambda msg, i=index: progress(i, msg)  # noqa: E731
-            res = measure_in(pool, problem, schedules, opts, on_progress)
-            if isinstance(res, str) and res.startswith("timeout") and graphs == "all":
-                print(
-                    f"  {problem.name} m={problem.m}: {res}; retrying with --graphs ce", flush=True
-                )
-                pool.close(kill=True)
-                graphs = "ce"
-                opts = dataclasses.replace(opts, graphs=graphs)
-                pool = cuda_pool(args.world, pool_options)
-                res = measure_in(pool, problem, schedules, opts, on_progress)
-            graphs_of[index] = graphs
-            results.append(res)
-            if isinstance(res, str):
-                print(f"  {problem.name} m={problem.m}: FAILED {res}", flush=True)
-            else:
-                done(index, res)
-    finally:
-        pool.close()
+    results, _ = run_suite(jobs, opts, args.world, args.stall_timeout, progress, done)
     rows_of: dict[str, list] = {issue: [] for issue in issues}
     failures = []
     for index, ((problem, _), res) in enumerate(zip(jobs, results, strict=True)):

@@ -7,10 +7,12 @@
 #   overlap    scripts/bench_overlap.py: every schedule vs serial, async-TP, ideal -> bench_overlap.json
 #   block      scripts/bench_block.py: the TP/SP transformer block with ficco ops -> bench_block.json
 #   allreduce  scripts/bench_allreduce.py: every all-reduce transport            -> bench_allreduce.json
+#   moe        scripts/bench_moe.py: the all-to-all alone, then the MoE expert layers (a first
+#              slice; the rest: --models M --tokens T per call)       -> bench_moe*.json
 #   fused      scripts/check_fused_single_gpu.py (one GPU) and scripts/nccl_ce_repro.py (W GPUs)
 set -uo pipefail
 W=${1:?usage: $0 W}
-STAGES=${STAGES:-tests overlap block allreduce fused}
+STAGES=${STAGES:-tests overlap block allreduce moe fused}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 DEST=${OUT:-$ROOT/gpu_checks}
@@ -31,6 +33,10 @@ has tests && run tests 560 python3 -m pytest -q -rs tests/gpu
 has overlap && run bench_overlap 560 python3 scripts/bench_overlap.py --world "$W" --out "$DEST/bench_overlap.json"
 has block && run bench_block 560 python3 scripts/bench_block.py --world "$W" --out "$DEST/bench_block.json"
 has allreduce && run bench_allreduce 560 python3 scripts/bench_allreduce.py --world "$W" --out "$DEST/bench_allreduce.json"
+if has moe; then
+  run bench_moe_transfers 250 python3 scripts/bench_moe.py --world "$W" --part transfers --out "$DEST/bench_moe_transfers.json"
+  run bench_moe 300 python3 scripts/bench_moe.py --world "$W" --models mixtral-8x7b --out "$DEST/bench_moe.json"
+fi
 if has fused; then
   [ -f scripts/check_fused_single_gpu.py ] && run fused_single_gpu 280 python3 scripts/check_fused_single_gpu.py
   [ -f scripts/nccl_ce_repro.py ] && run nccl_ce_repro 280 python3 scripts/nccl_ce_repro.py --world "$W"
