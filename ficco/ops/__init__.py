@@ -2,6 +2,7 @@
 
 ``all_gather_matmul(a_shard, b, group)``      ``[M/W, K] x [K, N] -> [M, N]``
 ``matmul_reduce_scatter(a, b, group)``        ``[M, K] x [K, N] -> [M/W, N]``
+``matmul_all_reduce(a, b, group)``            ``[M, K] x [K, N] -> [M, N]`` on every rank
 
 Each call picks its schedule for the shape of that call (``ficco.ops.choice``), builds the
 plan once per (problem, schedule, rank) and runs it with ficco's one plan interpreter on the
@@ -14,7 +15,7 @@ Modules: ``choice`` (the decision, pure Python), ``cpu`` (the CPU primitives on 
 group), ``runner`` (one call), ``library`` (custom ops, fakes, autograd), ``api``.
 """
 
-from ficco.ops.api import all_gather_matmul, matmul_reduce_scatter
+from ficco.ops.api import all_gather_matmul, matmul_all_reduce, matmul_reduce_scatter
 from ficco.ops.choice import CHECK_ENV, Choice, FallbackWarning, choose
 
 __all__ = [
@@ -23,5 +24,6 @@ __all__ = [
     "FallbackWarning",
     "all_gather_matmul",
     "choose",
+    "matmul_all_reduce",
     "matmul_reduce_scatter",
 ]

@@ -55,3 +55,21 @@ def matmul_reduce_scatter(
     schedule_text, table_text = _texts(schedule, table)
     group_name = group if isinstance(group, str) else resolve_group(group).group_name
     return torch.ops.ficco.matmul_reduce_scatter(a, b, group_name, schedule_text, table_text)
+
+
+def matmul_all_reduce(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group: dist.ProcessGroup | str | None = None,
+    *,
+    schedule: Schedule | str | None = None,
+    table: str | Path | None = None,
+) -> torch.Tensor:
+    """``all_reduce(a @ b)`` over ``group``: ``a [M, K]`` (K this rank's slice of the reduced
+    dimension), ``b [K, N]`` -> ``[M, N]`` on every rank (a row-parallel linear of
+    tensor-parallel inference; M may be 1). Arguments as :func:`all_gather_matmul`; where no
+    table covers gemm_ar, the op runs ``serial/nccl/cublas`` and says so once. Differentiable
+    (the all-reduce's backward is the identity)."""
+    schedule_text, table_text = _texts(schedule, table)
+    group_name = group if isinstance(group, str) else resolve_group(group).group_name
+    return torch.ops.ficco.matmul_all_reduce(a, b, group_name, schedule_text, table_text)

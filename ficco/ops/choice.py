@@ -87,8 +87,17 @@ def choose(problem: Problem, schedule: str, table: str, device: str) -> Choice:
             raise ValueError(f"schedule: {schedule!r} cannot run on {device} here: {limit}")
         return Choice(problem, picked, "explicit", "asked for explicitly")
     import ficco.api as api
+    from ficco.validate import InputError
 
-    answer = api.recommend(problem, DEFAULT_MACHINE, table or None)
+    try:
+        answer = api.recommend(problem, DEFAULT_MACHINE, table or None)
+    except InputError as err:
+        if err.field != "pattern":  # a missing or corrupt table is the caller's to fix
+            raise
+        # no measured table covers this pattern (gemm_ar today): serial, said once
+        reason = f"no table covers {problem.pattern} ({err})"
+        warn_once(f"pattern:{problem.pattern}", f"ficco.ops: {reason}; running {SERIAL}")
+        return Choice(problem, SERIAL, "fallback", reason)
     picked = Schedule.parse(answer.schedule)
     limit = backend_limit(problem, picked, device)
     if limit is None:

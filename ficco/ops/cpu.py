@@ -17,6 +17,7 @@ import torch.distributed as dist
 from ficco.execute.buffers import view
 from ficco.execute.cpu import CpuPrimitives
 from ficco.plan import CollectiveOp, Plan, TransferOp, run_tag
+from ficco.plan.ops import Region
 
 
 class GroupCpuPrimitives(CpuPrimitives):
@@ -56,7 +57,13 @@ class GroupCpuPrimitives(CpuPrimitives):
             dist.all_reduce(total, group=self.group)
             rows = dst.shape[0]
             dst.copy_(total[me * rows : (me + 1) * rows])
+        elif op.kind == "all_reduce":
+            # fp32 sum of the rectangle, one rounding (as the execute backend does)
+            total = view(self.tensors, Region(op.src, op.rows, op.cols)).float().contiguous()
+            dist.all_reduce(total, group=self.group)
+            view(self.tensors, Region(op.dst, op.rows, op.cols)).copy_(total)
         else:
             raise ValueError(
-                f"collective: ficco.ops runs all_gather and reduce_scatter, not {op.kind!r}"
+                "collective: ficco.ops runs all_gather, reduce_scatter and all_reduce, not "
+                f"{op.kind!r}"
             )

@@ -5,6 +5,8 @@
     gathered ``a_full [M, K]`` (kept for the weight gradient; callers use ``c``)
 ``torch.ops.ficco.matmul_reduce_scatter(a, b, group_name, schedule, table) -> c_shard``
     ``a [M, K]``, ``b [K, N]`` -> ``reduce_scatter(a @ b) [M/W, N]``
+``torch.ops.ficco.matmul_all_reduce(a, b, group_name, schedule, table) -> c``
+    ``a [M, K]``, ``b [K, N]`` -> ``all_reduce(a @ b) [M, N]``
 
 ``group_name`` is the group's ``ProcessGroup.group_name``; ``schedule`` and ``table`` are ''
 for "ask the shipped table". The schedule is chosen inside the op, when it runs, for the shape
@@ -23,13 +25,16 @@ be legal for the dual shape):
 - matmul_reduce_scatter: ``all_gather(grad_c_shard) @ b^T`` is an all_gather_matmul of
   ``grad_c_shard [M/W, N]`` and ``b^T [N, K]``; it returns the gathered ``grad_c [M, N]`` too,
   so ``grad_b = a^T @ grad_c`` needs no second gather.
+- matmul_all_reduce: the all-reduce's backward is the identity (``grad_c`` is the same on
+  every rank, as Megatron's row-parallel linear has it): ``grad_a = grad_c @ b^T``,
+  ``grad_b = a^T @ grad_c``, no communication.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ficco.ops.runner import resolve_group, run_ag_gemm, run_gemm_rs
+from ficco.ops.runner import resolve_group, run_ag_gemm, run_gemm_ar, run_gemm_rs
 
 
 @torch.library.custom_op("ficco::all_gather_matmul", mutates_args=())
@@ -98,3 +103,30 @@ def _rs_backward(ctx, grad_c_shard):
 
 
 matmul_reduce_scatter_op.register_autograd(_rs_backward, setup_context=_rs_setup)
+
+
+@torch.library.custom_op("ficco::matmul_all_reduce", mutates_args=())
+def matmul_all_reduce_op(
+    a: torch.Tensor, b: torch.Tensor, group_name: str, schedule: str, table: str
+) -> torch.Tensor:
+    return run_gemm_ar(a, b, group_name, schedule, table)
+
+
+@matmul_all_reduce_op.register_fake
+def _(a, b, group_name, schedule, table):
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def _ar_setup(ctx, inputs, output) -> None:
+    a, b, *_ = inputs
+    ctx.save_for_backward(a, b)
+
+
+def _ar_backward(ctx, grad_c):
+    a, b = ctx.saved_tensors
+    grad_a = grad_c @ b.t() if ctx.needs_input_grad[0] else None
+    grad_b = a.t() @ grad_c if ctx.needs_input_grad[1] else None
+    return grad_a, grad_b, None, None, None
+
+
+matmul_all_reduce_op.register_autograd(_ar_backward, setup_context=_ar_setup)

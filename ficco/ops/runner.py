@@ -158,3 +158,21 @@ def run_gemm_rs(a: torch.Tensor, b: torch.Tensor, group, schedule: str, table: s
     }
     execute(plan, tensors, pg, a.device)
     return tensors["c_shard"]
+
+
+def run_gemm_ar(a: torch.Tensor, b: torch.Tensor, group, schedule: str, table: str) -> torch.Tensor:
+    """``all_reduce(a @ b)`` on ``group``: ``[M, N]`` on every rank (a row-parallel linear
+    without sequence parallelism, as inference engines run it)."""
+    pg = resolve_group(group)
+    world, rank = pg.size(), pg.rank()
+    dtype = check_operands(a, b, "a")
+    M, K = a.shape  # noqa: N806
+    problem = Problem(pattern="gemm_ar", m=M, n=b.shape[1], k=K, world=world, dtype=dtype)
+    choice = decide(problem, schedule, table, a.device, pg)
+    plan = plan_for(problem, choice.schedule, rank)
+    shapes = {spec.name: spec.shape for spec in plan.buffers}
+    tensors = {"a": a, "b": b}
+    for name in ("partial", "staging", "c"):
+        tensors[name] = a.new_empty(shapes[name])
+    execute(plan, tensors, pg, a.device)
+    return tensors["c"]

@@ -1,0 +1,66 @@
+"""ficco.ops.matmul_all_reduce on spawned gloo ranks: every kind of gemm_ar schedule, the
+fallback where no table covers the pattern, autograd, and a decode-sized M of 1."""
+
+import warnings
+
+import torch
+from test_ops import close, gathered, rand, spawn
+
+
+def ar_reference(a, b, world):
+    pairs = zip(gathered(a, world), gathered(b, world), strict=True)
+    return sum(p.double() @ q.double() for p, q in pairs)
+
+
+def _schedules(rank, world, dtype):
+    from ficco.ops import matmul_all_reduce
+    from ficco.ops.choice import backend_limit
+    from ficco.problem import Problem
+    from ficco.space import Gemm, SpaceOptions, enumerate_schedules
+
+    M, K, N = 6 * world, 9, 20  # rs_ag schedules need W | M; ragged chunks along m and n
+    a, b = rand(40 + rank, M, K, dtype=dtype), rand(50 + rank, K, N, dtype=dtype)
+    name = {torch.float32: "fp32", torch.float16: "fp16"}[dtype]
+    problem = Problem(pattern="gemm_ar", m=M, n=N, k=K, world=world, dtype=name)
+    space = SpaceOptions(chunk_counts=(2, 4), sm_reserves=(0,), gemms=(Gemm.CUBLAS,))
+    ran = []
+    for schedule in enumerate_schedules(problem, space):
+        if backend_limit(problem, schedule, "cpu") is None:
+            close(matmul_all_reduce(a, b, schedule=str(schedule)), ar_reference(a, b, world), dtype)
+            ran.append(str(schedule))
+    # both all-reduce constructions and both splits were among them
+    assert any(s.endswith("+rs_ag") for s in ran) and any("-n/" in s for s in ran), ran
+    assert len(ran) >= 10, ran
+
+
+def test_every_cpu_runnable_gemm_ar_schedule_at_w2():
+    spawn(_schedules, 2, torch.float32)
+
+
+def test_gemm_ar_schedules_at_w3_fp16():
+    spawn(_schedules, 3, torch.float16)
+
+
+def _fallback_and_autograd(rank, world):
+    from ficco.ops import FallbackWarning, matmul_all_reduce
+
+    for m in (1, 7):  # a decode batch of one token, then an odd one: each call decides anew
+        a = rand(60 + rank, m, 8).requires_grad_(True)
+        b = rand(70 + rank, 8, 12).requires_grad_(True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            c = matmul_all_reduce(a, b)
+        close(c.detach(), ar_reference(a.detach(), b.detach(), world))
+        if m == 1:  # said once per reason, not once per call
+            assert [w.category for w in caught] == [FallbackWarning]
+            assert "no table covers gemm_ar" in str(caught[0].message)
+        else:
+            assert not [w for w in caught if w.category is FallbackWarning]
+        probe = rand(80, m, 12)  # the same on every rank, as a replicated activation's gradient
+        (c * probe).sum().backward()
+        close(a.grad, (probe.double() @ b.detach().double().t()))
+        close(b.grad, (a.detach().double().t() @ probe.double()))
+
+
+def test_table_fallback_and_autograd():
+    spawn(_fallback_and_autograd, 2)
