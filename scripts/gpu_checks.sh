@@ -7,6 +7,7 @@
 #   overlap    scripts/bench_overlap.py: every schedule vs serial, async-TP, ideal -> bench_overlap.json
 #   block      scripts/bench_block.py: the TP/SP transformer block with ficco ops -> bench_block.json
 #   allreduce  scripts/bench_allreduce.py: every all-reduce transport            -> bench_allreduce.json
+#              scripts/bench_decode.py: a TP decode step with matmul_all_reduce -> bench_decode.json
 #   moe        scripts/bench_moe.py: the all-to-all alone, then the MoE expert layers (a first
 #              slice; the rest: --models M --tokens T per call)       -> bench_moe*.json
 #   fused      scripts/check_fused_single_gpu.py (one GPU) and scripts/nccl_ce_repro.py (W GPUs)
@@ -32,7 +33,10 @@ run() {  # run NAME TIMEOUT CMD...: log to $DEST/NAME.log, say how it ended, go 
 has tests && run tests 560 python3 -m pytest -q -rs tests/gpu
 has overlap && run bench_overlap 560 python3 scripts/bench_overlap.py --world "$W" --out "$DEST/bench_overlap.json"
 has block && run bench_block 560 python3 scripts/bench_block.py --world "$W" --out "$DEST/bench_block.json"
-has allreduce && run bench_allreduce 560 python3 scripts/bench_allreduce.py --world "$W" --out "$DEST/bench_allreduce.json"
+if has allreduce; then
+  run bench_allreduce 400 python3 scripts/bench_allreduce.py --world "$W" --out "$DEST/bench_allreduce.json"
+  run bench_decode 150 python3 scripts/bench_decode.py --world "$W" --out "$DEST/bench_decode.json"
+fi
 if has moe; then
   run bench_moe_transfers 250 python3 scripts/bench_moe.py --world "$W" --part transfers --out "$DEST/bench_moe_transfers.json"
   run bench_moe 300 python3 scripts/bench_moe.py --world "$W" --models mixtral-8x7b --out "$DEST/bench_moe.json"

@@ -63,3 +63,17 @@ def test_block_check_catches_a_perturbed_gradient():
     _, grads_bumped = bench.one_step(fn, x, bumped, probe)
     worst = max(bench.relative_error(g, r) for g, r in zip(grads_bumped, grads, strict=True))
     assert worst > bench.TOLERANCE[torch.float32]
+
+
+def test_decode_step_with_matmul_all_reduce_matches_nccl_on_gloo(tmp_path):
+    out = tmp_path / "decode.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), "--world", "2"]
+    cmd += ["--backend", "cpu", "--scale", "64", "--batches", "1,4", "--context", "32"]
+    run = subprocess.run(cmd + ["--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["summary"]["incorrect"] == 0
+    assert [r["batch"] for r in report["rows"]] == [1, 4]
+    for row in report["rows"]:
+        assert row["ok"] == {"ficco": True, "nccl": True, "no_comm": True}
+        assert row["errors"]["ficco"] <= 1e-4
