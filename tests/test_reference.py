@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from test_ops import exit_without_teardown
 
 from ficco.execute.buffers import input_seed, random_input
 from ficco.execute.reference import reference_by_collectives, reference_output
@@ -30,28 +31,24 @@ PROBLEMS = [
 def _rank(rank: int, world: int, init: str, seed: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
-    try:
-        for spec in PROBLEMS:
-            if "routing" in spec and len(spec["routing"]) != world:
-                continue
-            p = Problem(world=world, dtype="fp32", **spec)
-            tensors = {
-                buf.name: random_input(
-                    buf.shape, torch_dtype(p.dtype), input_seed(seed, rank, buf.name)
-                )
-                for buf in build_plan(p, Schedule(), rank).buffers
-                if buf.role == "input"
-            }
-            want_exact, want_plain = reference_output(p, rank, seed)
-            got_exact, got_plain = reference_by_collectives(p, tensors, torch.device("cpu"))
-            assert got_exact.shape == want_exact.shape, (p.key, got_exact.shape, want_exact.shape)
-            torch.testing.assert_close(got_exact.double(), want_exact, rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(
-                got_plain.double(), want_plain.double(), rtol=1e-5, atol=1e-5
+    for spec in PROBLEMS:
+        if "routing" in spec and len(spec["routing"]) != world:
+            continue
+        p = Problem(world=world, dtype="fp32", **spec)
+        tensors = {
+            buf.name: random_input(
+                buf.shape, torch_dtype(p.dtype), input_seed(seed, rank, buf.name)
             )
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+            for buf in build_plan(p, Schedule(), rank).buffers
+            if buf.role == "input"
+        }
+        want_exact, want_plain = reference_output(p, rank, seed)
+        got_exact, got_plain = reference_by_collectives(p, tensors, torch.device("cpu"))
+        assert got_exact.shape == want_exact.shape, (p.key, got_exact.shape, want_exact.shape)
+        torch.testing.assert_close(got_exact.double(), want_exact, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_plain.double(), want_plain.double(), rtol=1e-5, atol=1e-5)
+    dist.barrier()
+    exit_without_teardown()
 
 
 @pytest.mark.parametrize("world", [2, 3])
