@@ -5,7 +5,8 @@
 # usage: STAGES="tests overlap block allreduce fused" scripts/gpu_checks.sh W
 #   tests      python -m pytest tests/gpu (CUDA executor, kernels, ops on W GPUs)
 #   overlap    scripts/bench_overlap.py: every schedule vs serial, async-TP, ideal -> bench_overlap.json
-#   block      scripts/bench_block.py: the TP/SP transformer block with ficco ops -> bench_block.json
+#   block      scripts/bench_op_overhead.py: the host time an op call adds      -> bench_op_overhead.json
+#              scripts/bench_block.py: the TP/SP transformer block with ficco ops -> bench_block.json
 #   allreduce  scripts/bench_allreduce.py: every all-reduce transport            -> bench_allreduce.json
 #              scripts/bench_decode.py: a TP decode step with matmul_all_reduce -> bench_decode.json
 #   moe        scripts/bench_moe.py: the all-to-all alone, then the MoE expert layers (a first
@@ -32,7 +33,10 @@ run() {  # run NAME TIMEOUT CMD...: log to $DEST/NAME.log, say how it ended, go 
 }
 has tests && run tests 560 python3 -m pytest -q -rs tests/gpu
 has overlap && run bench_overlap 560 python3 scripts/bench_overlap.py --world "$W" --out "$DEST/bench_overlap.json"
-has block && run bench_block 560 python3 scripts/bench_block.py --world "$W" --out "$DEST/bench_block.json"
+if has block; then
+  run bench_op_overhead 120 python3 scripts/bench_op_overhead.py --world "$W" --out "$DEST/bench_op_overhead.json"
+  run bench_block 440 python3 scripts/bench_block.py --world "$W" --out "$DEST/bench_block.json"
+fi
 if has allreduce; then
   run bench_allreduce 400 python3 scripts/bench_allreduce.py --world "$W" --out "$DEST/bench_allreduce.json"
   run bench_decode 150 python3 scripts/bench_decode.py --world "$W" --out "$DEST/bench_decode.json"

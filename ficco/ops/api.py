@@ -7,7 +7,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-import ficco.ops.library  # noqa: F401 - registers torch.ops.ficco.*
+from ficco.ops.library import (  # importing it registers torch.ops.ficco.*
+    all_gather_matmul_call,
+    matmul_all_reduce_call,
+    matmul_reduce_scatter_call,
+)
 from ficco.ops.runner import resolve_group
 from ficco.space import Schedule
 
@@ -36,7 +40,7 @@ def all_gather_matmul(
     the input gradient runs as a matmul_reduce_scatter through ficco."""
     schedule_text, table_text = _texts(schedule, table)
     group_name = group if isinstance(group, str) else resolve_group(group).group_name
-    c, _ = torch.ops.ficco.all_gather_matmul(a_shard, b, group_name, schedule_text, table_text)
+    c, _ = all_gather_matmul_call(a_shard, b, group_name, schedule_text, table_text)
     return c
 
 
@@ -54,7 +58,7 @@ def matmul_reduce_scatter(
     all_gather_matmul through ficco."""
     schedule_text, table_text = _texts(schedule, table)
     group_name = group if isinstance(group, str) else resolve_group(group).group_name
-    return torch.ops.ficco.matmul_reduce_scatter(a, b, group_name, schedule_text, table_text)
+    return matmul_reduce_scatter_call(a, b, group_name, schedule_text, table_text)
 
 
 def matmul_all_reduce(
@@ -72,4 +76,4 @@ def matmul_all_reduce(
     (the all-reduce's backward is the identity)."""
     schedule_text, table_text = _texts(schedule, table)
     group_name = group if isinstance(group, str) else resolve_group(group).group_name
-    return torch.ops.ficco.matmul_all_reduce(a, b, group_name, schedule_text, table_text)
+    return matmul_all_reduce_call(a, b, group_name, schedule_text, table_text)

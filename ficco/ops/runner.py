@@ -13,6 +13,7 @@ and stream, with symmetric-memory buffers made once per (problem, group) (``ficc
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -110,25 +111,67 @@ def execute(plan: Plan, tensors: dict, group: dist.ProcessGroup, device: torch.d
         interpret(GroupCpuPrimitives(plan, tensors, next_run(pg=group), group))
 
 
+@dataclass(frozen=True, slots=True)
+class CallPlan:
+    """What every call of one signature runs: the group, the problem, the choice, the plan."""
+
+    group: dist.ProcessGroup
+    rank: int
+    problem: Problem
+    choice: Choice
+    plan: Plan
+
+
+#: (pattern, a shape, b shape, dtype, device type, group, schedule, table) -> CallPlan. A
+#: step calls the same few shapes again and again: after the first call, one dict lookup
+#: replaces resolving the group, checking operands, building the Problem and the choice.
+_calls: dict[tuple, CallPlan] = {}
+
+
+def call_plan(
+    pattern: str, a: torch.Tensor, b: torch.Tensor, group, schedule: str, table: str
+) -> CallPlan:
+    """The (cached) CallPlan of one op call; the first call of a signature checks it fully."""
+    key = (pattern, a.shape, b.shape, a.dtype, a.device.type, group, schedule, table)
+    hit = _calls.get(key)
+    if hit is not None:
+        if check_enabled():  # the rank-agreement check runs on every call when asked for
+            decide(hit.problem, schedule, table, a.device, hit.group)
+        return hit
+    pg = resolve_group(group)
+    world, rank = pg.size(), pg.rank()
+    a_field = "a_shard" if pattern == "ag_gemm" else "a"
+    dtype = check_operands(a, b, a_field)
+    rows, k = a.shape
+    if pattern == "gemm_rs" and rows % world:
+        raise ValueError(
+            f"a: has {rows} rows, which {world} ranks cannot share evenly (reduce_scatter gives "
+            "every rank M/W rows: M must be divisible by W)"
+        )
+    m = rows * world if pattern == "ag_gemm" else rows
+    problem = Problem(pattern=pattern, m=m, n=b.shape[1], k=k, world=world, dtype=dtype)
+    choice = decide(problem, schedule, table, a.device, pg)
+    call = CallPlan(pg, rank, problem, choice, plan_for(problem, choice.schedule, rank))
+    if isinstance(group, str) or group is None:  # a ProcessGroup key would pin the group
+        _calls[key] = call
+    return call
+
+
 def run_ag_gemm(
     a_shard: torch.Tensor, b: torch.Tensor, group, schedule: str, table: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(c [M, N], a_full [M, K])``: ``c = all_gather(a_shard) @ b`` on ``group``."""
-    pg = resolve_group(group)
-    world, rank = pg.size(), pg.rank()
-    dtype = check_operands(a_shard, b, "a_shard")
-    S, K = a_shard.shape  # noqa: N806 - the plan's names
-    problem = Problem(pattern="ag_gemm", m=S * world, n=b.shape[1], k=K, world=world, dtype=dtype)
-    choice = decide(problem, schedule, table, a_shard.device, pg)
-    a_full = a_shard.new_empty((problem.m, K))
-    plan = plan_for(problem, choice.schedule, rank)
+    call = call_plan("ag_gemm", a_shard, b, group, schedule, table)
+    problem, rank = call.problem, call.rank
+    S = a_shard.shape[0]  # noqa: N806 - the plan's names
+    a_full = a_shard.new_empty((problem.m, problem.k))
     tensors = {
         "a_shard": a_shard,
         "b": b,
         "a_full": a_full,
         "c": a_shard.new_empty((problem.m, problem.n)),
     }
-    execute(plan, tensors, pg, a_shard.device)
+    execute(call.plan, tensors, call.group, a_shard.device)
     # overlapped plans read the local shard in place and leave its rows of a_full unwritten
     a_full[rank * S : (rank + 1) * S].copy_(a_shard)
     return tensors["c"], a_full
@@ -136,43 +179,27 @@ def run_ag_gemm(
 
 def run_gemm_rs(a: torch.Tensor, b: torch.Tensor, group, schedule: str, table: str) -> torch.Tensor:
     """``reduce_scatter(a @ b)`` on ``group``: this rank's rows, ``[M/W, N]``."""
-    pg = resolve_group(group)
-    world, rank = pg.size(), pg.rank()
-    dtype = check_operands(a, b, "a")
-    M, K = a.shape  # noqa: N806
-    if M % world:
-        raise ValueError(
-            f"a: has {M} rows, which {world} ranks cannot share evenly (reduce_scatter gives "
-            "every rank M/W rows: M must be divisible by W)"
-        )
-    problem = Problem(pattern="gemm_rs", m=M, n=b.shape[1], k=K, world=world, dtype=dtype)
-    choice = decide(problem, schedule, table, a.device, pg)
+    call = call_plan("gemm_rs", a, b, group, schedule, table)
+    problem = call.problem
     S, N = problem.m_shard, problem.n  # noqa: N806
-    plan = plan_for(problem, choice.schedule, rank)
     tensors = {
         "a": a,
         "b": b,
-        "partial": a.new_empty((M, N)),
-        "staging": a.new_empty((world * S, N)),
+        "partial": a.new_empty((problem.m, N)),
+        "staging": a.new_empty((problem.world * S, N)),
         "c_shard": a.new_empty((S, N)),
     }
-    execute(plan, tensors, pg, a.device)
+    execute(call.plan, tensors, call.group, a.device)
     return tensors["c_shard"]
 
 
 def run_gemm_ar(a: torch.Tensor, b: torch.Tensor, group, schedule: str, table: str) -> torch.Tensor:
     """``all_reduce(a @ b)`` on ``group``: ``[M, N]`` on every rank (a row-parallel linear
     without sequence parallelism, as inference engines run it)."""
-    pg = resolve_group(group)
-    world, rank = pg.size(), pg.rank()
-    dtype = check_operands(a, b, "a")
-    M, K = a.shape  # noqa: N806
-    problem = Problem(pattern="gemm_ar", m=M, n=b.shape[1], k=K, world=world, dtype=dtype)
-    choice = decide(problem, schedule, table, a.device, pg)
-    plan = plan_for(problem, choice.schedule, rank)
-    shapes = {spec.name: spec.shape for spec in plan.buffers}
+    call = call_plan("gemm_ar", a, b, group, schedule, table)
     tensors = {"a": a, "b": b}
-    for name in ("partial", "staging", "c"):
-        tensors[name] = a.new_empty(shapes[name])
-    execute(plan, tensors, pg, a.device)
+    for spec in call.plan.buffers:
+        if spec.role != "input":
+            tensors[spec.name] = a.new_empty(spec.shape)
+    execute(call.plan, tensors, call.group, a.device)
     return tensors["c"]
