@@ -8,8 +8,8 @@ rendezvous handles). Here both are built around the caller's group instead of fi
   priority, the caller's group for both priorities (no second high-priority communicator is
   created behind the caller's back), a 16-int symmetric fence rendezvoused on the group;
 - the peer-visible buffers of a problem (``a_shard`` of ag_gemm, ``staging`` of gemm_rs) in
-  symmetric memory, allocated and rendezvoused once per (problem: shapes, dtype, W; group)
-  and reused by every later call of that shape; the caller's ``a_shard`` is copied into its
+  symmetric memory, allocated and rendezvoused once per (group, buffer, size class of its
+  rows, dtype) and reused by every later call whose rows fall in that class; the caller's ``a_shard`` is copied into its
   symmetric buffer on the caller's stream. Other workspaces and the output are fresh tensors
   from the caching allocator (the output is the caller's; ``a_full`` is kept for backward).
 
@@ -63,9 +63,24 @@ def rank_context(group: dist.ProcessGroup, device: torch.device):
     return _contexts[key]
 
 
+#: Rows of a symmetric buffer are rounded up to a power of two, at least this many: token
+#: counts that change every step share a few buffers (and rendezvous a few times) instead of
+#: one buffer per count.
+MIN_CLASS_ROWS = 64
+_pool: dict[tuple, tuple] = {}  # (group, buffer, class shape, dtype, device) -> (tensor, handle)
+
+
+def class_rows(rows: int) -> int:
+    """The size class of ``rows``: the next power of two, at least ``MIN_CLASS_ROWS``."""
+    return max(MIN_CLASS_ROWS, 1 << max(0, rows - 1).bit_length())
+
+
 def symmetric_buffers(plan: Plan, group: dist.ProcessGroup, device: torch.device):
-    """``(tensors, handles)`` of the plan's peer-visible buffers, made once per (problem,
-    group) and reused (a collective the first time)."""
+    """``(tensors, handles)`` of the plan's peer-visible buffers: views of the first rows of
+    buffers allocated once per (group, buffer name, size class, dtype) and rendezvoused then
+    (a collective: every rank makes the same calls in the same order, so the same classes).
+    A view starts at its allocation's first element, so a peer's view of the same shape (what
+    ``get_buffer`` returns) is the peer's copy of it."""
     key = (plan.problem, group.group_name)
     if key not in _symmetric:
         import torch.distributed._symmetric_memory as symm_mem
@@ -76,8 +91,14 @@ def symmetric_buffers(plan: Plan, group: dist.ProcessGroup, device: torch.device
         tensors, handles = {}, {}
         for spec in plan.buffers:
             if spec.peer_visible:
-                tensors[spec.name] = symm_mem.empty(spec.shape, dtype=dtype, device=device)
-                handles[spec.name] = symm_mem.rendezvous(tensors[spec.name], group.group_name)
+                rows, *rest = spec.shape
+                shape = (class_rows(rows), *rest)
+                slot = (group.group_name, spec.name, shape, dtype, str(device))
+                if slot not in _pool:
+                    whole = symm_mem.empty(shape, dtype=dtype, device=device)
+                    _pool[slot] = (whole, symm_mem.rendezvous(whole, group.group_name))
+                whole, handles[spec.name] = _pool[slot]
+                tensors[spec.name] = whole[:rows]
         _symmetric[key] = (tensors, handles)
     return _symmetric[key]
 
