@@ -242,8 +242,8 @@ def candidate_configs(
 
 def heuristic_config(m: int, n: int, k: int, *, interpreter: bool = False) -> GemmConfig:
     """An untuned default: the big Hopper tile for large problems, 64-row tiles for small M."""
-    if interpreter:
-        return INTERPRETER_CONFIGS[0]
+    if interpreter:  # 32-wide tiles: still several (and ragged) tiles on the CPU shapes,
+        return INTERPRETER_CONFIGS[1]  # and a quarter of the interpreted programs of 16-wide
     if m <= 512:
         return _c(64, 128, 64, 5, 4)
     if m * n <= 2048 * 4096:
