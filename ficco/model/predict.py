@@ -1,0 +1,134 @@
+"""Predicted time of a schedule, of every schedule of a problem, and the predicted winner.
+
+One schedule: its plan (rank 0 stands for all) lowered to tasks and simulated. A schedule the
+executor captures in a CUDA graph (all but the overlapped NCCL ones, whose grouped send/recv
+does not capture) costs its GPU time plus a graph launch; an eager one, under queued issue,
+the longer of its GPU time and the host's issue time (the host runs ahead of the GPU and
+shows only where it is the slower of the two).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from ficco.model.costs import CostModel
+from ficco.model.machine import Machine, load_machine
+from ficco.model.params import ModelParams, load_params
+from ficco.model.simulate import simulate
+from ficco.plan import build_plan
+from ficco.problem import Problem
+from ficco.space import Granularity, Schedule, SpaceOptions, Transport, enumerate_schedules
+
+#: where ``ficco predict`` and the recommend fallback find calibrated parameters
+SHIPPED_PARAMS = Path(__file__).resolve().parents[2] / "schedules" / "h200x2" / "model.json"
+
+
+def graphed(schedule: Schedule) -> bool:
+    """Whether the executor runs it as a CUDA graph (overlapped NCCL p2p does not capture)."""
+    return not (
+        schedule.granularity is not Granularity.SERIAL and schedule.transport is Transport.NCCL
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleTime:
+    schedule: str
+    ms: float
+    gpu_ms: float
+    host_ms: float
+    graphed: bool
+
+
+@dataclass(frozen=True)
+class Prediction:
+    problem: Problem
+    machine: Machine
+    times: tuple[ScheduleTime, ...]
+    """Every schedule predicted, fastest first."""
+    serial_ms: float
+    """The undecomposed GEMM and collective back to back (cuBLAS + NCCL), each alone."""
+    ideal_ms: float
+    """The longer of the two: no schedule can beat it."""
+
+    @property
+    def best(self) -> ScheduleTime:
+        return self.times[0]
+
+    def to_dict(self) -> dict:
+        return {
+            "problem": self.problem.to_dict(),
+            "machine": self.machine.name,
+            "machine_measured": self.machine.measured,
+            "serial_ms": self.serial_ms,
+            "ideal_ms": self.ideal_ms,
+            "best": self.best.schedule,
+            "best_ms": self.best.ms,
+            "times": [
+                {"schedule": t.schedule, "ms": t.ms, "gpu_ms": t.gpu_ms, "graphed": t.graphed}
+                for t in self.times
+            ],
+        }
+
+
+class Predictor:
+    """Predicts on one machine from one set of calibrated parameters."""
+
+    def __init__(self, machine: Machine, params: ModelParams) -> None:
+        self.machine, self.params = machine, params
+        self.costs = CostModel(machine, params)
+
+    def schedule_time(self, problem: Problem, schedule: Schedule) -> ScheduleTime:
+        self._check(problem)
+        plan = build_plan(problem, schedule, 0)
+        gpu = simulate(self.costs.lower(plan), self.costs.slowdown).makespan_ms
+        if graphed(schedule):
+            host = self.params.host["graph_ms"]
+            total = gpu + host
+        else:
+            host = self.costs.host_ms(plan)
+            total = max(gpu, host)
+        return ScheduleTime(str(schedule), total, gpu, host, graphed(schedule))
+
+    def parts_ms(self, problem: Problem) -> tuple[float, float]:
+        """(t_gemm, t_comm): the undecomposed cuBLAS GEMM and NCCL collective, alone."""
+        self._check(problem)
+        plan = build_plan(problem, Schedule(), 0)
+        tasks = self.costs.lower(plan)
+        gemm = sum(t.work_ms for t in tasks if t.lane == "compute")
+        comm = sum(t.work_ms for t in tasks if t.lane != "compute")
+        return gemm, comm
+
+    def predict(self, problem: Problem, schedules: list[Schedule] | None = None) -> Prediction:
+        if schedules is None:
+            schedules = list(enumerate_schedules(problem, SpaceOptions(chunk_counts=(2, 4, 8))))
+        times = sorted(
+            (self.schedule_time(problem, s) for s in schedules), key=lambda t: (t.ms, t.schedule)
+        )
+        gemm, comm = self.parts_ms(problem)
+        return Prediction(problem, self.machine, tuple(times), gemm + comm, max(gemm, comm))
+
+    def _check(self, problem: Problem) -> None:
+        if problem.world > self.machine.world:
+            raise ValueError(
+                f"world: {problem.world} ranks do not fit machine {self.machine.name} "
+                f"({self.machine.world} GPUs)"
+            )
+        if problem.dtype_bytes != 2:
+            raise ValueError(
+                f"dtype: the cost model is calibrated on 2-byte types (bf16, fp16), "
+                f"got {problem.dtype}"
+            )
+
+
+def predictor(machine: str | Machine, params: str | Path | ModelParams | None = None) -> Predictor:
+    """A Predictor from a machine (name, path or value) and parameters (path or value; the
+    shipped 2xH200 calibration by default)."""
+    m = machine if isinstance(machine, Machine) else load_machine(machine)
+    p = params if isinstance(params, ModelParams) else load_params(params or SHIPPED_PARAMS)
+    return Predictor(m, p)
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    return abs(predicted - measured) / measured if measured > 0 else math.inf
