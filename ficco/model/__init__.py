@@ -18,6 +18,7 @@ from ficco.model.predict import (
     Predictor,
     ScheduleTime,
     graphed,
+    predict_problem,
     predictor,
 )
 from ficco.model.simulate import SimResult, SimTask, simulate
@@ -37,6 +38,7 @@ __all__ = [
     "load_params",
     "machine_names",
     "params_from_dict",
+    "predict_problem",
     "predictor",
     "simulate",
 ]

@@ -120,9 +120,9 @@ class CostModel:
         return [("p2p", steps, steps * share)]
 
     # --- a plan ---
-    def lower(self, plan: Plan, issue_costs: bool = False) -> list[SimTask]:
-        """The plan as simulator tasks on the executor's lanes, with their costs. With
-        ``issue_costs`` each task also carries when an eager host has issued it."""
+    def lower(self, plan: Plan) -> list[SimTask]:
+        """The plan as simulator tasks on the executor's lanes, with their costs; each task
+        carries when an eager host has issued it (``simulate(..., issue=False)`` ignores it)."""
         problem, s = plan.problem, plan.schedule
         if problem.pattern not in CALIBRATED_PATTERNS + REUSED_PATTERNS:
             raise ValueError(
@@ -216,8 +216,7 @@ class CostModel:
             alias[task.id] = len(tasks)
             if ce and isinstance(op, TransferOp):
                 tag_send[op.tag] = len(tasks)
-            issue = issued if issue_costs else 0.0
-            tasks.append(SimTask(len(tasks), lane, work, kind, deps, issue, tuple(terms)))
+            tasks.append(SimTask(len(tasks), lane, work, kind, deps, issued, tuple(terms)))
         for sim_id, tag, deps in pending_recv:
             if tag in tag_send:
                 tasks[sim_id] = SimTask(sim_id, "signal", 0.0, "ce", (*deps, tag_send[tag]), 0.0)
@@ -225,5 +224,9 @@ class CostModel:
 
     def host_ms(self, plan: Plan) -> float:
         """The eager host's issue time of the whole plan."""
-        tasks = self.lower(plan, issue_costs=True)
-        return max((t.issue_ms for t in tasks), default=0.0)
+        return issue_end_ms(self.lower(plan))
+
+
+def issue_end_ms(tasks: list[SimTask]) -> float:
+    """When the eager host has issued the last of ``tasks``."""
+    return max((t.issue_ms for t in tasks), default=0.0)

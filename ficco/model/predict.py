@@ -9,20 +9,36 @@ shows only where it is the slower of the two).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ficco.model.costs import CostModel
+from ficco.model.costs import CostModel, issue_end_ms
 from ficco.model.machine import Machine, load_machine
 from ficco.model.params import ModelParams, load_params
 from ficco.model.simulate import simulate
-from ficco.plan import build_plan
+from ficco.plan import LOWERINGS, build_plan
 from ficco.problem import Problem
-from ficco.space import Granularity, Schedule, SpaceOptions, Transport, enumerate_schedules
+from ficco.space import (
+    Granularity,
+    Priority,
+    Schedule,
+    SpaceOptions,
+    Transport,
+    enumerate_schedules,
+)
 
 #: where ``ficco predict`` and the recommend fallback find calibrated parameters
 SHIPPED_PARAMS = Path(__file__).resolve().parents[2] / "schedules" / "h200x2" / "model.json"
+
+
+#: the space ``predict`` covers by default: the transports the model is calibrated on
+#: (``nccl_ce`` never ran), chunk counts up to 8 (the measured ones) and no SM reservation
+#: (the model has no benefit for it: reserved SMs only slow its Triton GEMM)
+PREDICTED_SPACE = SpaceOptions(
+    chunk_counts=(2, 4, 8), transports=(Transport.CE, Transport.NCCL), sm_reserves=(0,)
+)
 
 
 def graphed(schedule: Schedule) -> bool:
@@ -79,15 +95,23 @@ class Predictor:
         self.machine, self.params = machine, params
         self.costs = CostModel(machine, params)
 
-    def schedule_time(self, problem: Problem, schedule: Schedule) -> ScheduleTime:
+    def schedule_time(
+        self, problem: Problem, schedule: Schedule, *, legal: bool = False
+    ) -> ScheduleTime:
+        """Predicted time of one schedule (``legal``: the caller enumerated it, skip the
+        rules' check)."""
         self._check(problem)
-        plan = build_plan(problem, schedule, 0)
-        gpu = simulate(self.costs.lower(plan), self.costs.slowdown).makespan_ms
+        if legal:
+            plan = LOWERINGS[problem.pattern](problem, schedule, 0)
+        else:
+            plan = build_plan(problem, schedule, 0)
+        tasks = self.costs.lower(plan)
+        gpu = simulate(tasks, self.costs.slowdown, issue=False).makespan_ms
         if graphed(schedule):
             host = self.params.host["graph_ms"]
             total = gpu + host
         else:
-            host = self.costs.host_ms(plan)
+            host = issue_end_ms(tasks)
             total = max(gpu, host)
         return ScheduleTime(str(schedule), total, gpu, host, graphed(schedule))
 
@@ -101,11 +125,20 @@ class Predictor:
         return gemm, comm
 
     def predict(self, problem: Problem, schedules: list[Schedule] | None = None) -> Prediction:
+        enumerated = schedules is None
         if schedules is None:
-            schedules = list(enumerate_schedules(problem, SpaceOptions(chunk_counts=(2, 4, 8))))
-        times = sorted(
-            (self.schedule_time(problem, s) for s in schedules), key=lambda t: (t.ms, t.schedule)
-        )
+            schedules = list(enumerate_schedules(problem, PREDICTED_SPACE))
+        simulated: dict[Schedule, ScheduleTime] = {}
+        times = []
+        for s in schedules:
+            # the model has no term for the comm stream's priority: +hi costs what its
+            # normal-priority twin does, and is simulated once
+            twin = dataclasses.replace(s, comm_priority=Priority.NORMAL)
+            if twin not in simulated:
+                simulated[twin] = self.schedule_time(problem, twin, legal=enumerated)
+            t = simulated[twin]
+            times.append(ScheduleTime(str(s), t.ms, t.gpu_ms, t.host_ms, t.graphed))
+        times.sort(key=lambda t: (t.ms, t.schedule))
         gemm, comm = self.parts_ms(problem)
         return Prediction(problem, self.machine, tuple(times), gemm + comm, max(gemm, comm))
 
@@ -132,3 +165,11 @@ def predictor(machine: str | Machine, params: str | Path | ModelParams | None = 
 
 def relative_error(predicted: float, measured: float) -> float:
     return abs(predicted - measured) / measured if measured > 0 else math.inf
+
+
+def predict_problem(
+    problem: Problem, machine: str | Path = "h200x2", params: str | Path | None = None
+) -> Prediction:
+    """Every schedule of ``problem`` predicted on ``machine`` (a shipped description's name or
+    a JSON file) from ``params`` (the shipped 2xH200 calibration by default)."""
+    return predictor(machine, params).predict(problem)

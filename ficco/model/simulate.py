@@ -48,9 +48,15 @@ class SimResult:
 Slowdowns = dict[tuple[str, str], float]
 
 
-def simulate(tasks: list[SimTask], slowdown: Slowdowns | None = None) -> SimResult:
+def simulate(
+    tasks: list[SimTask], slowdown: Slowdowns | None = None, *, issue: bool = True
+) -> SimResult:
     """Run ``tasks``; raises ValueError on an unknown dependency or a cycle (a task that can
-    never start)."""
+    never start). ``issue=False`` ignores the host's issue times (everything queued ahead)."""
+    if not issue:
+        tasks = [
+            t if not t.issue_ms else SimTask(t.id, t.lane, t.work_ms, t.kind, t.deps) for t in tasks
+        ]
     slowdown = slowdown or {}
     ids = {t.id for t in tasks}
     if len(ids) != len(tasks):
