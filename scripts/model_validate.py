@@ -92,9 +92,10 @@ def in_sample(predictor: Predictor) -> tuple[dict, list]:
     samples, _ = samples_from_records(load_store_records(STORE))
     pairs, groups, by_problem = [], defaultdict(list), defaultdict(list)
     for s in samples:
-        predicted = predictor.schedule_time(s.problem, s.schedule).ms
+        t = predictor.schedule_time(s.problem, s.schedule)
+        predicted = t.ms
         pairs.append((predicted, s.median_ms))
-        mode = "graph" if predictor.schedule_time(s.problem, s.schedule).graphed else "eager"
+        mode = "graph" if t.graphed else "eager"
         groups[f"{s.problem.pattern.value} {s.schedule.transport.value} {mode}"].append(
             (predicted, s.median_ms)
         )
