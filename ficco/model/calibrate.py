@@ -9,7 +9,8 @@ In order, each stage on what the previous ones fixed:
    ratio to cuBLAS and its SM-budget exponent come from the single-GPU benchmark.
 2. Transfers: per op class a fixed cost and an efficiency, by non-negative least squares
    (relative) of each schedule's ``comm_tasks_alone_ms`` on the terms its lowering makes.
-3. Contention and host: the slowdown factors and the graph launch cost by a grid search on
+3. The timed-run scale by duration, from the serial schedules (measured over simulated).
+4. Contention and host: the copy-engine slowdowns and the graph launch cost by a grid search on
    whole-schedule ``median_ms`` (CUDA-graph schedules), then the eager host's issue costs
    by least squares on the host-bound eager schedules, then the NCCL slowdowns on the rest.
 
@@ -161,6 +162,7 @@ def _stub(
         contention=contention or dict.fromkeys(CONTENTION_KEYS, 0.0),
         host=host or dict.fromkeys(HOST_KEYS, 0.0),
         gemm_residuals=tuple(tuple(r) for r in residuals),
+        timed_scale=((0.0, 1.0),),
         calibration={},
     )
 
@@ -221,22 +223,19 @@ def fit_overlap(
     def predictor(cont: dict, hst: dict) -> Predictor:
         return Predictor(machine, _with(base, contention=cont, host=hst))
 
-    # graph launch cost: the median gap between measured and simulated serial schedules
-    serial = [s for s in graph_samples if not s.schedule.overlapped]
-    pr = predictor(contention, dict(host, graph_ms=0.0))
-    gaps = sorted(s.median_ms - pr.schedule_time(s.problem, s.schedule).gpu_ms for s in serial)
-    host["graph_ms"] = max(0.0, gaps[len(gaps) // 2]) if gaps else 0.0
-    # copy-engine contention
+    # copy-engine contention (grid), with a graph launch cost solved at every point
     ce = [s for s in graph_samples if s.schedule.overlapped]
-    best = (math.inf, 0.0, 0.0)
+    measured = np.array([s.median_ms for s in ce])
+    best = (math.inf, 0.0, 0.0, 0.0)
     for g in SLOWDOWN_GRID:
         for c in SLOWDOWN_GRID:
-            pr = predictor(dict(contention, ce_gemm=g, ce_comm=c), host)
-            score = _log_errors(
-                [pr.schedule_time(s.problem, s.schedule).ms for s in ce], [s.median_ms for s in ce]
-            )
-            best = min(best, (score, g, c))
+            pr = predictor(dict(contention, ce_gemm=g, ce_comm=c), dict(host, graph_ms=0.0))
+            timed = np.array([pr.schedule_time(s.problem, s.schedule).ms for s in ce])
+            launch = max(0.0, float(np.median(measured - timed)))
+            score = _log_errors(list(timed + launch), list(measured))
+            best = min(best, (score, g, c, launch))
     contention.update(ce_gemm=best[1], ce_comm=best[2])
+    host.update(graph_ms=best[3])
     # eager host issue costs: host time is linear in them; fit where the host is the bound
     keys = ("fixed_ms", "gemm_ms", "p2p_ms", "strided_ms", "reduce_ms", "copy_ms")
     rows, target = [], []
@@ -270,6 +269,24 @@ def fit_overlap(
     return contention, host
 
 
+def fit_timed_scale(
+    samples: list[Sample], machine: Machine, base: ModelParams
+) -> tuple[tuple[float, float], ...]:
+    """Measured time over simulated GPU time of the serial schedules (nothing overlaps there,
+    so the ratio is the timed run's own cost), as the median per octave of duration."""
+    bins: dict[int, list[float]] = defaultdict(list)
+    pr = Predictor(machine, _with(base, timed_scale=((0.0, 1.0),)))
+    for s in samples:
+        if s.schedule.overlapped or not graphed(s.schedule):
+            continue
+        gpu = pr.schedule_time(s.problem, s.schedule).gpu_ms
+        bins[round(math.log2(gpu))].append(s.median_ms / gpu)
+    points = [
+        (float(octave), sorted(r)[len(r) // 2]) for octave, r in sorted(bins.items()) if len(r) >= 5
+    ]
+    return tuple(points) or ((0.0, 1.0),)
+
+
 def _with(base: ModelParams, **changes) -> ModelParams:
     return dataclasses.replace(base, **changes)
 
@@ -286,6 +303,7 @@ def calibrate(
     base = _stub(gemm, residuals=residuals)
     transfer = fit_transfers(samples, CostModel(machine, base))
     base = _with(base, transfer=transfer)
+    base = _with(base, timed_scale=fit_timed_scale(samples, machine, base))
     contention, host = fit_overlap(samples, machine, base)
     return _with(
         base,

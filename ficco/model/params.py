@@ -13,6 +13,11 @@ Sections (each a flat object of numbers; the reader refuses a missing, extra or 
 ``contention``  ``<transport>_gemm`` / ``<transport>_comm``: the slowdown (rate divisor - 1)
                 of a GEMM while a transfer of that transport runs, and of the transfer
 ``host``        eager issue costs per op, and a CUDA graph's launch cost
+``timed_scale`` ``[[log2 ms, scale], ...]``: a timed run's time over the simulated GPU time, by
+                duration (task costs are fitted on isolated per-task spans; the timed runs of
+                the store took up to 14% longer around 1-4 ms, 1% around 0.25-0.5 ms:
+                inter-kernel gaps and the clocks of sustained load), linear in log2 ms
+                between points, constant beyond them
 ``gemm_residuals`` a list of ``[log2 m, log2 n, log2 k, log residual]`` of measured GEMMs
 """
 
@@ -48,7 +53,15 @@ TRANSFER_CLASSES = (
 )
 TRANSFER_KEYS = tuple(f"{c}_{s}" for c in TRANSFER_CLASSES for s in ("fixed_ms", "eff"))
 CONTENTION_KEYS = ("ce_gemm", "ce_comm", "nccl_gemm", "nccl_comm")
-HOST_KEYS = ("fixed_ms", "gemm_ms", "p2p_ms", "strided_ms", "reduce_ms", "copy_ms", "graph_ms")
+HOST_KEYS = (
+    "fixed_ms",
+    "gemm_ms",
+    "p2p_ms",
+    "strided_ms",
+    "reduce_ms",
+    "copy_ms",
+    "graph_ms",
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +73,7 @@ class ModelParams:
     contention: dict[str, float]
     host: dict[str, float]
     gemm_residuals: tuple[tuple[float, float, float, float], ...]
+    timed_scale: tuple[tuple[float, float], ...]
     calibration: dict
     """Where the figures came from (store, record counts, fit errors): provenance only."""
 
@@ -72,6 +86,7 @@ class ModelParams:
             "contention": self.contention,
             "host": self.host,
             "gemm_residuals": [list(r) for r in self.gemm_residuals],
+            "timed_scale": [list(r) for r in self.timed_scale],
             "calibration": self.calibration,
         }
 
@@ -123,6 +138,23 @@ def params_from_dict(data: object, where: str = "model") -> ModelParams:
         for r in residuals
     ):
         raise ValueError(f"{where}: gemm_residuals must be a list of [log2 m, log2 n, log2 k, r]")
+    scale = data.get("timed_scale")
+    if (
+        not isinstance(scale, list)
+        or not scale
+        or not all(
+            isinstance(r, list)
+            and len(r) == 2
+            and all(isinstance(x, (int, float)) and math.isfinite(x) for x in r)
+            and r[1] > 0
+            for r in scale
+        )
+        or [r[0] for r in scale] != sorted({r[0] for r in scale})
+    ):
+        raise ValueError(
+            f"{where}: timed_scale must be a non-empty list of [log2 ms, scale > 0] with "
+            "strictly increasing log2 ms"
+        )
     return ModelParams(
         machine=data["machine"],
         gemm=gemm,
@@ -130,6 +162,7 @@ def params_from_dict(data: object, where: str = "model") -> ModelParams:
         contention=_section(data, "contention", CONTENTION_KEYS, where),
         host=_section(data, "host", HOST_KEYS, where),
         gemm_residuals=tuple(tuple(float(x) for x in r) for r in residuals),
+        timed_scale=tuple((float(a), float(b)) for a, b in scale),
         calibration=dict(data.get("calibration") or {}),
     )
 
@@ -143,3 +176,16 @@ def load_params(path: str | Path) -> ModelParams:
     except json.JSONDecodeError as err:
         raise ValueError(f"model {path}: not valid JSON: {err}") from None
     return params_from_dict(data, where=f"model {path}")
+
+
+def timed_scale_at(points: tuple[tuple[float, float], ...], gpu_ms: float) -> float:
+    """The timed-run scale at a simulated GPU time (linear in log2 ms, flat beyond the ends)."""
+    if not points:
+        return 1.0
+    x = math.log2(max(gpu_ms, 1e-6))
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[-1][1]

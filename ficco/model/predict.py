@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ficco.model.costs import CostModel, issue_end_ms
 from ficco.model.machine import Machine, load_machine
-from ficco.model.params import ModelParams, load_params
+from ficco.model.params import ModelParams, load_params, timed_scale_at
 from ficco.model.simulate import simulate
 from ficco.plan import LOWERINGS, build_plan
 from ficco.problem import Problem
@@ -107,6 +107,7 @@ class Predictor:
             plan = build_plan(problem, schedule, 0)
         tasks = self.costs.lower(plan)
         gpu = simulate(tasks, self.costs.slowdown, issue=False).makespan_ms
+        gpu *= timed_scale_at(self.params.timed_scale, gpu)
         if graphed(schedule):
             host = self.params.host["graph_ms"]
             total = gpu + host
@@ -122,7 +123,9 @@ class Predictor:
         tasks = self.costs.lower(plan)
         gemm = sum(t.work_ms for t in tasks if t.lane == "compute")
         comm = sum(t.work_ms for t in tasks if t.lane != "compute")
-        return gemm, comm
+        # each as a timed run of its own, like the schedules
+        points = self.params.timed_scale
+        return gemm * timed_scale_at(points, gemm), comm * timed_scale_at(points, comm)
 
     def predict(self, problem: Problem, schedules: list[Schedule] | None = None) -> Prediction:
         enumerated = schedules is None
