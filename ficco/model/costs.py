@@ -106,18 +106,26 @@ class CostModel:
     def collective_terms(
         self, op: CollectiveOp, world: int, total_bytes: float
     ) -> list[tuple[str, float, float]]:
-        """A ring collective: W - 1 steps of a 1/W share each, over the slowest link (an
-        all-reduce: a reduce-scatter ring, then an all-gather ring)."""
+        """A ring collective: one fixed cost (launch and synchronization, calibrated at W = 2)
+        and W - 1 steps of a 1/W share each over the slowest link, each step paying that
+        link's latency (an all-reduce: a reduce-scatter ring, then an all-gather ring)."""
         link = self.machine.slowest_link(world)
-        share = (total_bytes / world) / link.bytes_per_ms
         steps = world - 1
+        share = (total_bytes / world) / link.bytes_per_ms
+        tr = self.params.transfer
+
+        def ring(kind: str) -> tuple[str, float, float]:
+            # the steps' latency rides in the bytes term, at efficiency 1
+            latency = steps * link.latency_us / 1e3 * tr[f"{kind}_eff"]
+            return (kind, 1.0, steps * share + latency)
+
         if op.kind == "all_gather":
-            return [("all_gather", steps, steps * share)]
+            return [ring("all_gather")]
         if op.kind == "reduce_scatter":
-            return [("reduce_scatter", steps, steps * share)]
+            return [ring("reduce_scatter")]
         if op.kind == "all_reduce":
-            return [("reduce_scatter", steps, steps * share), ("all_gather", steps, steps * share)]
-        return [("p2p", steps, steps * share)]
+            return [ring("reduce_scatter"), ring("all_gather")]
+        return [ring("p2p")]
 
     # --- a plan ---
     def lower(self, plan: Plan) -> list[SimTask]:
