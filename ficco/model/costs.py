@@ -128,10 +128,11 @@ class CostModel:
         return [ring("p2p")]
 
     # --- a plan ---
-    def lower(self, plan: Plan) -> list[SimTask]:
+    def lower(self, plan: Plan, schedule: Schedule | None = None) -> list[SimTask]:
         """The plan as simulator tasks on the executor's lanes, with their costs; each task
-        carries when an eager host has issued it (``simulate(..., issue=False)`` ignores it)."""
-        problem, s = plan.problem, plan.schedule
+        carries when an eager host has issued it (``simulate(..., issue=False)`` ignores it).
+        ``schedule`` (default the plan's) sets the GEMM kind and SM reserve costed."""
+        problem, s = plan.problem, schedule or plan.schedule
         if problem.pattern not in CALIBRATED_PATTERNS + REUSED_PATTERNS:
             raise ValueError(
                 f"pattern: {problem.pattern.value} is not calibrated in the cost model "
@@ -141,6 +142,7 @@ class CostModel:
         ce = s.transport is not Transport.NCCL
         serial = s.granularity is Granularity.SERIAL
         host = self.params.host
+        widths = {spec.name: spec.shape[-1] for spec in plan.buffers}
         tasks: list[SimTask] = []
         alias: dict[int, int] = {}  # plan task id -> sim task id (NCCL batches share one)
         tag_send: dict[int, int] = {}  # tag -> this rank's pushing send (push symmetry)
@@ -193,7 +195,7 @@ class CostModel:
                     cost_issue = host["copy_ms"]
                     batch_lead = None
                 else:
-                    strided = op.local.shape[1] != plan.buffer(op.local.buffer).shape[-1]
+                    strided = op.local.shape[1] != widths[op.local.buffer]
                     if batch_lead is not None and batch_lead[0] == op.tag:
                         sim_id = batch_lead[1]  # the other half of an open batch
                         prev = tasks[sim_id]

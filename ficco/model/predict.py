@@ -18,9 +18,10 @@ from ficco.model.costs import CostModel, issue_end_ms
 from ficco.model.machine import Machine, load_machine
 from ficco.model.params import ModelParams, load_params, timed_scale_at
 from ficco.model.simulate import simulate
-from ficco.plan import LOWERINGS, build_plan
+from ficco.plan import LOWERINGS, Plan, build_plan
 from ficco.problem import Problem
 from ficco.space import (
+    Gemm,
     Granularity,
     Priority,
     Schedule,
@@ -96,16 +97,14 @@ class Predictor:
         self.costs = CostModel(machine, params)
 
     def schedule_time(
-        self, problem: Problem, schedule: Schedule, *, legal: bool = False
+        self, problem: Problem, schedule: Schedule, *, plan: Plan | None = None
     ) -> ScheduleTime:
-        """Predicted time of one schedule (``legal``: the caller enumerated it, skip the
-        rules' check)."""
+        """Predicted time of one schedule. ``plan``: its rank-0 plan, or the plan of a twin that
+        differs only in what plans do not depend on (GEMM kind, SM reserve, comm priority)."""
         self._check(problem)
-        if legal:
-            plan = LOWERINGS[problem.pattern](problem, schedule, 0)
-        else:
+        if plan is None:
             plan = build_plan(problem, schedule, 0)
-        tasks = self.costs.lower(plan)
+        tasks = self.costs.lower(plan, schedule)
         gpu = simulate(tasks, self.costs.slowdown, issue=False).makespan_ms
         gpu *= timed_scale_at(self.params.timed_scale, gpu)
         if graphed(schedule):
@@ -131,6 +130,7 @@ class Predictor:
         enumerated = schedules is None
         if schedules is None:
             schedules = list(enumerate_schedules(problem, PREDICTED_SPACE))
+        plans: dict[Schedule, Plan] = {}
         simulated: dict[Schedule, ScheduleTime] = {}
         times = []
         for s in schedules:
@@ -138,7 +138,15 @@ class Predictor:
             # normal-priority twin does, and is simulated once
             twin = dataclasses.replace(s, comm_priority=Priority.NORMAL)
             if twin not in simulated:
-                simulated[twin] = self.schedule_time(problem, twin, legal=enumerated)
+                # one plan serves every GEMM kind and SM reserve (the lowering ignores them)
+                shape = dataclasses.replace(twin, gemm=Gemm.CUBLAS, sm_reserve=0)
+                if shape not in plans:
+                    plans[shape] = (
+                        LOWERINGS[problem.pattern](problem, shape, 0)
+                        if enumerated
+                        else build_plan(problem, shape, 0)
+                    )
+                simulated[twin] = self.schedule_time(problem, twin, plan=plans[shape])
             t = simulated[twin]
             times.append(ScheduleTime(str(s), t.ms, t.gpu_ms, t.host_ms, t.graphed))
         times.sort(key=lambda t: (t.ms, t.schedule))

@@ -53,18 +53,18 @@ def simulate(
 ) -> SimResult:
     """Run ``tasks``; raises ValueError on an unknown dependency or a cycle (a task that can
     never start). ``issue=False`` ignores the host's issue times (everything queued ahead)."""
-    if not issue:
-        tasks = [
-            t if not t.issue_ms else SimTask(t.id, t.lane, t.work_ms, t.kind, t.deps) for t in tasks
-        ]
     slowdown = slowdown or {}
     ids = {t.id for t in tasks}
     if len(ids) != len(tasks):
         raise ValueError("tasks: ids must be unique")
+    dependents: dict[int, list[int]] = {t.id: [] for t in tasks}
+    unmet: dict[int, int] = {}
     for t in tasks:
         for d in t.deps:
             if d not in ids:
                 raise ValueError(f"task {t.id}: depends on unknown task {d}")
+            dependents[d].append(t.id)
+        unmet[t.id] = len(set(t.deps))
         if not (math.isfinite(t.work_ms) and t.work_ms >= 0):
             raise ValueError(f"task {t.id}: work_ms must be finite and >= 0, got {t.work_ms}")
     queues: dict[str, deque[SimTask]] = {}
@@ -76,50 +76,52 @@ def simulate(
     busy: dict[str, float] = {}
     now = 0.0
     eps = 1e-12
+
+    def done(task: SimTask) -> None:
+        finish[task.id] = now
+        for dependent in set(dependents[task.id]):
+            unmet[dependent] -= 1
+
     while True:
         started = True
         while started:  # start every head that can start now (a zero-work task cascades)
             started = False
             for lane, queue in queues.items():
-                if lane in running or not queue:
+                if not queue or lane in running:
                     continue
                 head = queue[0]
-                if head.issue_ms > now + eps or not all(
-                    d in finish and finish[d] <= now + eps for d in head.deps
-                ):
+                if unmet[head.id] or (issue and head.issue_ms > now + eps):
                     continue
                 queue.popleft()
                 start[head.id] = now
                 if head.work_ms <= 0:
-                    finish[head.id] = now
+                    done(head)
                 else:
-                    running[head.lane] = [head, head.work_ms]
+                    running[lane] = [head, head.work_ms]
                 started = True
+        pending_issue = [
+            q[0].issue_ms
+            for lane, q in queues.items()
+            if issue and q and lane not in running and not unmet[q[0].id]
+        ]
         if not running:
-            waiting = [q[0] for q in queues.values() if q]
-            if not waiting:
+            if not any(queues.values()):
                 break
-            issued_later = [
-                h.issue_ms for h in waiting if h.issue_ms > now and all(d in finish for d in h.deps)
-            ]
-            if not issued_later:
-                stuck = ", ".join(str(h.id) for h in waiting)
+            if not pending_issue:
+                stuck = ", ".join(str(q[0].id) for q in queues.values() if q)
                 raise ValueError(f"tasks {stuck}: can never start (a dependency cycle)")
-            now = min(issued_later)
+            now = min(pending_issue)
             continue
         kinds = [entry[0].kind for entry in running.values()]
         rates = {}
         for lane, (task, _) in running.items():
-            others = list(kinds)
-            others.remove(task.kind)
-            penalty = sum(slowdown.get((task.kind, other), 0.0) for other in set(others))
+            penalty = 0.0
+            if len(kinds) > 1:
+                others = list(kinds)
+                others.remove(task.kind)
+                penalty = sum(slowdown.get((task.kind, other), 0.0) for other in set(others))
             rates[lane] = 1.0 / (1.0 + penalty)
         step = min(rem / rates[lane] for lane, (_, rem) in running.items())
-        pending_issue = [
-            q[0].issue_ms
-            for lane, q in queues.items()
-            if q and lane not in running and q[0].issue_ms > now + eps
-        ]
         if pending_issue:
             step = min(step, min(pending_issue) - now)
         for kind in set(kinds):
@@ -129,8 +131,8 @@ def simulate(
             task, rem = running[lane]
             rem -= step * rates[lane]
             if rem <= eps * max(1.0, task.work_ms):
-                finish[task.id] = now
                 del running[lane]
+                done(task)
             else:
                 running[lane][1] = rem
     return SimResult(max(finish.values(), default=0.0), start, finish, busy)
