@@ -41,6 +41,9 @@ from ficco.problem import Problem
 from ficco.space import Schedule
 from ficco.space.geometry import geometry
 
+#: per-task span overheads tried (ms)
+SPAN_GRID = (0.0, 0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.008)
+
 #: grid of slowdowns tried for contention (0: none, 1: the two halve each other)
 SLOWDOWN_GRID = (0.0, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 
@@ -223,9 +226,17 @@ def fit_overlap(
     def predictor(cont: dict, hst: dict) -> Predictor:
         return Predictor(machine, _with(base, contention=cont, host=hst))
 
-    # copy-engine contention (grid), with a graph launch cost solved at every point
+    # copy-engine contention (grid), with a graph launch cost solved at every point; first
+    # the per-task span overhead, without contention
     ce = [s for s in graph_samples if s.schedule.overlapped]
     measured = np.array([s.median_ms for s in ce])
+    best_span = (math.inf, 0.0)
+    for span in SPAN_GRID:
+        pr = predictor(contention, dict(host, graph_ms=0.0, span_ms=span))
+        timed = np.array([pr.schedule_time(s.problem, s.schedule).ms for s in ce])
+        launch = max(0.0, float(np.median(measured - timed)))
+        best_span = min(best_span, (_log_errors(list(timed + launch), list(measured)), span))
+    host["span_ms"] = best_span[1]
     best = (math.inf, 0.0, 0.0, 0.0)
     for g in SLOWDOWN_GRID:
         for c in SLOWDOWN_GRID:
