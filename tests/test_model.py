@@ -108,7 +108,9 @@ def test_transfer_fit_recovers_synthetic_fixed_costs_and_efficiencies():
     truth = dict(params.transfer, ce_fixed_ms=0.011, ce_eff=0.7, p2p_fixed_ms=0.025, p2p_eff=0.45)
     truth.update(all_gather_fixed_ms=0.03, all_gather_eff=0.6)
     machine = load_machine("h200x2")
-    predictor = Predictor(machine, dataclasses.replace(params, transfer=truth))
+    # no span overhead in the truth: the synthetic comm sums are the isolated spans themselves
+    host = dict(params.host, span_ms=0.0)
+    predictor = Predictor(machine, dataclasses.replace(params, transfer=truth, host=host))
     problems = [
         Problem(pattern="ag_gemm", m=m, n=4096, k=k, world=2)
         for m in (512, 2048, 8192)
