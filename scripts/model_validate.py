@@ -76,8 +76,17 @@ def ranking(by_problem: dict[str, list[tuple[str, float, float]]]) -> dict:
             }
         )
     n = len(rows)
+    by_pattern = {}
+    for pattern in sorted({r["problem"].split(":")[0] for r in rows}):
+        sel = [r for r in rows if r["problem"].startswith(pattern + ":")]
+        by_pattern[pattern] = {
+            "problems": len(sel),
+            "predicted_best_within_3pct": sum(r["regret"] <= WITHIN for r in sel) / len(sel),
+            "mean_regret": statistics.fmean(r["regret"] for r in sel),
+        }
     return {
         "problems": n,
+        "by_pattern": by_pattern,
         "predicted_best_within_3pct": within / n if n else math.nan,
         "top1": top1 / n if n else math.nan,
         "mean_regret": statistics.fmean(regrets) if regrets else math.nan,
@@ -100,8 +109,10 @@ def in_sample(predictor: Predictor) -> tuple[dict, list]:
             (predicted, s.median_ms)
         )
         by_problem[s.problem.key].append((str(s.schedule), predicted, s.median_ms))
+    graphed = [pair for g, v in groups.items() if g.endswith("graph") for pair in v]
     result = {
         "all": errors_summary(pairs),
+        "graphed": errors_summary(graphed),
         "by_group": {g: errors_summary(v) for g, v in sorted(groups.items())},
         "ranking": ranking(by_problem),
     }
@@ -120,13 +131,16 @@ def out_of_sample(predictor: Predictor) -> tuple[dict, list]:
             schedule = Schedule.parse(name)
             t = predictor.schedule_time(problem, schedule)
             pairs.append((t.ms, cand["median_ms"]))
-            groups[f"{problem.pattern.value} {schedule.transport.value}"].append(
+            mode = "graph" if t.graphed else "eager"
+            groups[f"{problem.pattern.value} {schedule.transport.value} {mode}"].append(
                 (t.ms, cand["median_ms"])
             )
             by_problem[problem.key].append((name, t.ms, cand["median_ms"]))
+    graphed = [pair for g, v in groups.items() if g.endswith("graph") for pair in v]
     result = {
         "issue": "queued",
         "all": errors_summary(pairs),
+        "graphed": errors_summary(graphed),
         "by_group": {g: errors_summary(v) for g, v in sorted(groups.items())},
         "ranking": ranking(by_problem),
     }
@@ -206,6 +220,16 @@ def main() -> int:
             f"{name}: n={a['n']} median {a['median_rel_error']:.3f} p90 {a['p90_rel_error']:.3f}"
             f" | best within 3%: {r['predicted_best_within_3pct']:.2f} top-1 {r['top1']:.2f}"
             f" over {r['problems']} problems"
+        )
+        for pattern, pr_ in r["by_pattern"].items():
+            print(
+                f"   {pattern}: best within 3% {pr_['predicted_best_within_3pct']:.2f}, mean "
+                f"regret {pr_['mean_regret']:.3f} over {pr_['problems']} problems"
+            )
+        gr = part["graphed"]
+        print(
+            f"   CUDA-graph schedules (CE, serial) n={gr['n']} median "
+            f"{gr['median_rel_error']:.3f} p90 {gr['p90_rel_error']:.3f}"
         )
         for g, v in part["by_group"].items():
             print(
