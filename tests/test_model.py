@@ -246,3 +246,11 @@ def test_recommend_without_a_table_answers_from_the_model_and_says_so():
     assert "cost model" in rec.reason and any("source: model" in n for n in rec.notes)
     assert Schedule.parse(rec.schedule)
     assert rec.predicted_speedup is not None and math.isfinite(rec.predicted_speedup)
+
+
+def test_reduction_traffic_follows_the_executor():
+    from ficco.model.costs import reduce_traffic
+
+    assert reduce_traffic(2) == (1, 3)  # one add: read two chunks, write one
+    # fp32 accumulator: cast (1 + 2), three adds (3 x (2 + 1 + 2)), cast back (2 + 1)
+    assert reduce_traffic(4) == (5, 21)

@@ -27,6 +27,17 @@ CALIBRATED_PATTERNS = (Pattern.AG_GEMM, Pattern.GEMM_RS)
 REUSED_PATTERNS = (Pattern.GEMM_AR,)
 
 
+def reduce_traffic(inputs: int) -> tuple[int, int]:
+    """(kernel launches, HBM traffic in units of one chunk of the output dtype) of the CUDA
+    executor's reduction of ``inputs`` partials: one add of two; beyond two, an fp32
+    accumulator (a cast, one in-place add per further input, a cast back), so W = 4 moves 7x
+    the bytes of W = 2 in 5 launches."""
+    if inputs <= 2:
+        return 1, inputs + 1
+    # cast: read 1, write 2 (fp32); each add: read 2 + 1, write 2; cast back: read 2, write 1
+    return inputs + 1, 3 + 5 * (inputs - 1) + 3
+
+
 def gemm_roofline_ms(params: ModelParams, machine: Machine, m: int, n: int, k: int) -> float:
     """cuBLAS time before the measured correction: wave-quantized FLOPs against HBM traffic."""
     g = params.gemm
@@ -160,8 +171,10 @@ class CostModel:
                 work, cost_issue = self.gemm_ms(s, m, n, kk), host["gemm_ms"]
                 batch_lead = None
             elif isinstance(op, ReduceOp):
-                nbytes = (len(op.inputs) + 1) * op.out.numel * b
-                terms, cost_issue = [self._hbm_term("reduce", nbytes)], host["reduce_ms"]
+                launches, units = reduce_traffic(len(op.inputs))
+                nbytes = units * op.out.numel * b
+                terms = [self._hbm_term("reduce", nbytes, count=launches)]
+                cost_issue = host["reduce_ms"]  # fitted per reduction (W = 2: one launch)
                 lane = "signal" if (ce and not serial) else task.stream.value
                 batch_lead = None
             elif isinstance(op, LocalCopyOp):
