@@ -46,6 +46,11 @@ def predict_cmd(machine: str, params: str | None, top: int, as_json: bool, **pro
         mode = "graph" if t.graphed else "eager"
         click.echo(f"  {t.ms:9.4f} ms  {prediction.serial_ms / t.ms:5.2f}x  {mode}  {t.schedule}")
     click.echo(f"serial {prediction.serial_ms:.4f} ms  ideal {prediction.ideal_ms:.4f} ms")
+    if not prediction.to_dict()["pattern_calibrated"]:
+        click.echo(
+            f"note: no {prediction.problem.pattern.value} schedule was measured: its ops are "
+            "costed with the ag_gemm / gemm_rs calibration"
+        )
     best = prediction.best
     click.echo(
         f"predicted winner: {best.schedule}  {best.ms:.4f} ms "

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ficco.model.costs import CostModel, issue_end_ms
+from ficco.model.costs import CALIBRATED_PATTERNS, CostModel, issue_end_ms
 from ficco.model.machine import Machine, load_machine
 from ficco.model.params import ModelParams, load_params, timed_scale_at
 from ficco.model.simulate import simulate
@@ -78,6 +78,7 @@ class Prediction:
             "problem": self.problem.to_dict(),
             "machine": self.machine.name,
             "machine_measured": self.machine.measured,
+            "pattern_calibrated": self.problem.pattern in CALIBRATED_PATTERNS,
             "serial_ms": self.serial_ms,
             "ideal_ms": self.ideal_ms,
             "best": self.best.schedule,
