@@ -1,16 +1,16 @@
 """Predicted time of a schedule, of every schedule of a problem, and the predicted winner.
 
-One schedule: its plan (rank 0 stands for all) lowered to tasks and simulated. A schedule the
+One schedule: its plan (rank 0 stands for all) lowered to tasks and simulated; the simulated
+GPU time is scaled to a timed run's (``ModelParams.timed_scale``, by duration). A schedule the
 executor captures in a CUDA graph (all but the overlapped NCCL ones, whose grouped send/recv
-does not capture) costs its GPU time plus a graph launch; an eager one, under queued issue,
-the longer of its GPU time and the host's issue time (the host runs ahead of the GPU and
-shows only where it is the slower of the two).
+does not capture) costs that plus a graph launch; an eager one, under queued issue, the
+longer of it and the host's issue time (the host runs ahead of the GPU and shows only where
+it is the slower of the two).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,10 +173,6 @@ def predictor(machine: str | Machine, params: str | Path | ModelParams | None = 
     m = machine if isinstance(machine, Machine) else load_machine(machine)
     p = params if isinstance(params, ModelParams) else load_params(params or SHIPPED_PARAMS)
     return Predictor(m, p)
-
-
-def relative_error(predicted: float, measured: float) -> float:
-    return abs(predicted - measured) / measured if measured > 0 else math.inf
 
 
 def predict_problem(
