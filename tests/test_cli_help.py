@@ -46,6 +46,7 @@ def test_every_command_has_an_example():
         "train",
         "evaluate",
         "recommend",
+        "predict",
         "export",
     }
     for command in COMMANDS:

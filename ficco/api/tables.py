@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,8 +146,12 @@ def recommend(problem: Problem, machine: str = DEFAULT_MACHINE, table: str | Pat
     if not isinstance(problem, Problem):
         raise InputError("problem", problem, "must be a ficco.Problem")
     try:
-        return lookup(problem, validate.name("machine", machine), table=table)
+        rec = lookup(problem, validate.name("machine", machine), table=table)
     except TableNotFound as err:
+        # no measured table for this machine: the cost model answers where it describes it
+        model_rec = _model_recommendation(problem, machine, f"no measured table for {machine}")
+        if table is None and model_rec is not None:
+            return model_rec
         raise InputError(
             "machine" if table is None else "table", table or machine, str(err)
         ) from None
@@ -154,6 +159,49 @@ def recommend(problem: Problem, machine: str = DEFAULT_MACHINE, table: str | Pat
         raise InputError("table", table or machine, str(err)) from None
     except PatternNotInTables as err:
         raise InputError("pattern", problem.pattern.value, str(err)) from None
+    if table is None and any(field == "world" for field, *_ in rec.outside):
+        # the table was measured at other W: the cost model covers this W where it can
+        model_rec = _model_recommendation(
+            problem, machine, f"{machine}'s table was measured at other W than {problem.world}"
+        )
+        if model_rec is not None:
+            return model_rec
+        hint = (
+            f"{machine} has too few GPUs for W={problem.world}; the cost model predicts it on "
+            f"a machine that has them: ficco predict ... --machine h200x4 (or h200x8, h200x8n2 ...)"
+        )
+        return dataclasses.replace(rec, notes=(*rec.notes, hint))
+    return rec
+
+
+def _model_recommendation(problem: Problem, machine: str, why: str):
+    """The cost model's answer (``ficco.model``), or None where the model cannot answer:
+    no description of ``machine``, too few GPUs in it, or a pattern it was not calibrated on."""
+    from ficco.export.recommend import Recommendation
+    from ficco.model import SHIPPED_PARAMS, predictor
+
+    try:
+        prediction = predictor(machine).predict(problem)
+    except ValueError:
+        return None
+    best = prediction.best
+    origin = "measured" if prediction.machine.measured else "described from vendor figures"
+    return Recommendation(
+        schedule=best.schedule,
+        predicted_speedup=prediction.serial_ms / best.ms,
+        fallback=False,
+        in_range=False,
+        reason=(
+            f"{why}: predicted by ficco's cost model (calibrated on 2xH200, machine {machine} "
+            f"{origin}), {best.ms:.4f} ms against serial {prediction.serial_ms:.4f} ms"
+        ),
+        path=(),
+        feature_values=(),
+        problem=problem,
+        machine=machine,
+        table=str(SHIPPED_PARAMS),
+        notes=("source: model (no measured table covers this machine or W)",),
+    )
 
 
 _SUFFIX = {"json": "json", "csv": "csv", "header": "h"}

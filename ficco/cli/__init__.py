@@ -7,6 +7,7 @@ policy, so a Python caller gets exactly the refusals a command-line user gets.
 ``problems``   enumerate, run, recommend (one problem)
 ``profiles``   workloads, sweep, report (many problems, a profile store)
 ``selection``  train, evaluate, export (the selector and its tables)
+``model``      predict (every schedule's time from the calibrated cost model)
 
 Entry points: the ``ficco`` console script and ``python -m ficco.cli`` (which torchrun
 launches as ``-m ficco.cli -- run ...``).
@@ -17,6 +18,7 @@ from __future__ import annotations
 import click
 
 from ficco.cli.common import ApiCommand, spell_out_repeats, table_console
+from ficco.cli.model import predict_cmd
 from ficco.cli.problems import enumerate_cmd, recommend_cmd, run_cmd
 from ficco.cli.profiles import report_cmd, sweep_cmd, workloads_cmd
 from ficco.cli.selection import evaluate_cmd, export_cmd, train_cmd
@@ -49,6 +51,7 @@ for _command in (
     train_cmd,
     evaluate_cmd,
     recommend_cmd,
+    predict_cmd,
     export_cmd,
 ):
     main.add_command(_command)

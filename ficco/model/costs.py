@@ -1,0 +1,259 @@
+"""Per-task costs, and a plan lowered to the simulator's tasks.
+
+GEMM: cuBLAS time from a roofline with wave quantization, corrected by the measured GEMMs
+nearest in (log m, log n, log k) (inverse-distance weighted log residuals, fading with
+distance, so a shape far from every measurement gets the roofline alone). Copies and NCCL:
+``fixed + bytes / (efficiency x the link's bandwidth)`` per op class (``params`` module); a
+collective is a ring of W - 1 steps over the slowest link it crosses.
+
+Lanes follow the CUDA executor (``ficco.execute.cuda``): copy-engine pulls and pushes on the
+comm stream, a pushed-to receiver's wait and the chunked reductions on the signal stream,
+GEMMs on the compute stream; NCCL send/recv halves with one tag form one batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ficco.model.machine import Machine
+from ficco.model.params import ModelParams
+from ficco.model.simulate import SimTask, Slowdowns
+from ficco.plan import CollectiveOp, GemmOp, LocalCopyOp, Plan, ReduceOp, TransferOp
+from ficco.problem import Pattern
+from ficco.space import Gemm, Granularity, Schedule, Transport
+
+#: patterns whose ops the model was calibrated on, and those whose ops it reuses
+CALIBRATED_PATTERNS = (Pattern.AG_GEMM, Pattern.GEMM_RS)
+REUSED_PATTERNS = (Pattern.GEMM_AR,)
+
+
+def reduce_traffic(inputs: int) -> tuple[int, int]:
+    """(kernel launches, HBM traffic in units of one chunk of the output dtype) of the CUDA
+    executor's reduction of ``inputs`` partials: one add of two; beyond two, an fp32
+    accumulator (a cast, one in-place add per further input, a cast back), so W = 4 moves 7x
+    the bytes of W = 2 in 5 launches."""
+    if inputs <= 2:
+        return 1, inputs + 1
+    # cast: read 1, write 2 (fp32); each add: read 2 + 1, write 2; cast back: read 2, write 1
+    return inputs + 1, 3 + 5 * (inputs - 1) + 3
+
+
+def gemm_roofline_ms(params: ModelParams, machine: Machine, m: int, n: int, k: int) -> float:
+    """cuBLAS time before the measured correction: wave-quantized FLOPs against HBM traffic."""
+    g = params.gemm
+    tm, tn, sms = g["tile_m"], g["tile_n"], machine.sm_count
+    tiles = math.ceil(m / tm) * math.ceil(n / tn)
+    waves = math.ceil(tiles / sms)
+    compute = waves * sms * tm * tn * k * 2 / g["peak_flops_per_ms"]
+    memory = (m * k + k * n + m * n) * 2 / (machine.hbm_gbs * 1e6 * g["hbm_eff"])
+    p = g["softmax_p"]
+    return g["launch_ms"] + (compute**p + memory**p) ** (1 / p)
+
+
+def gemm_residual(params: ModelParams, m: int, n: int, k: int) -> float:
+    """Log correction at (m, n, k) from the measured GEMMs nearest to it."""
+    if not params.gemm_residuals:
+        return 0.0
+    x = (math.log2(m), math.log2(n), math.log2(k))
+    dist = sorted((math.dist(x, r[:3]), r[3]) for r in params.gemm_residuals)[
+        : int(params.gemm["idw_neighbors"])
+    ]
+    if dist[0][0] < 1e-9:
+        return dist[0][1]
+    weights = [1.0 / (d * d + 1e-2) for d, _ in dist]
+    mean = sum(w * r for w, (_, r) in zip(weights, dist, strict=True)) / sum(weights)
+    return mean * math.exp(-dist[0][0] / params.gemm["idw_decay"])
+
+
+class CostModel:
+    """Task costs for one (machine, parameters) pair; caches GEMM times by shape."""
+
+    def __init__(self, machine: Machine, params: ModelParams) -> None:
+        self.machine, self.params = machine, params
+        self._gemm_cache: dict[tuple[int, int, int], float] = {}
+        c = params.contention
+        # (victim kind, aggressor kind) -> slowdown; SM kernels are GEMMs and reductions
+        self.slowdown: Slowdowns = {
+            ("sm", "ce"): c["ce_gemm"],
+            ("ce", "sm"): c["ce_comm"],
+            ("sm", "nccl"): c["nccl_gemm"],
+            ("nccl", "sm"): c["nccl_comm"],
+        }
+
+    # --- GEMM ---
+    def cublas_ms(self, m: int, n: int, k: int) -> float:
+        key = (m, n, k)
+        if key not in self._gemm_cache:
+            base = gemm_roofline_ms(self.params, self.machine, m, n, k)
+            self._gemm_cache[key] = base * math.exp(gemm_residual(self.params, m, n, k))
+        return self._gemm_cache[key]
+
+    def gemm_ms(self, schedule: Schedule, m: int, n: int, k: int) -> float:
+        t = self.cublas_ms(m, n, k)
+        if schedule.gemm is Gemm.TRITON:
+            sms = self.machine.sm_count
+            budget = max(1, sms - schedule.sm_reserve)
+            g = self.params.gemm
+            t *= g["triton_vs_cublas"] * (sms / budget) ** g["sm_budget_exponent"]
+        return t
+
+    # --- data movement ---
+    def _work(self, terms: list[tuple[str, float, float]]) -> float:
+        tr = self.params.transfer
+        return sum(n * tr[f"{c}_fixed_ms"] + sb / tr[f"{c}_eff"] for c, n, sb in terms)
+
+    def _link_term(self, cls: str, nbytes: float, rank: int, peer: int) -> tuple[str, float, float]:
+        """(class, 1 fixed cost, bytes over the link's bandwidth) plus the latency a slower
+        link adds over the intra-node one (folded into the bytes term at efficiency 1)."""
+        link = self.machine.link_between(rank, peer)
+        base = self.machine.links["nvlink"]
+        extra_latency = max(0.0, link.latency_us - base.latency_us) / 1e3
+        eff = self.params.transfer[f"{cls}_eff"]
+        return (cls, 1.0, nbytes / link.bytes_per_ms + extra_latency * eff)
+
+    def _hbm_term(self, cls: str, nbytes: float, count: float = 1.0) -> tuple[str, float, float]:
+        return (cls, count, nbytes / (self.machine.hbm_gbs * 1e6))
+
+    def collective_terms(
+        self, op: CollectiveOp, world: int, total_bytes: float
+    ) -> list[tuple[str, float, float]]:
+        """A ring collective: one fixed cost (launch and synchronization, calibrated at W = 2)
+        and W - 1 steps of a 1/W share each over the slowest link, each step paying that
+        link's latency (an all-reduce: a reduce-scatter ring, then an all-gather ring)."""
+        link = self.machine.slowest_link(world)
+        steps = world - 1
+        share = (total_bytes / world) / link.bytes_per_ms
+        tr = self.params.transfer
+
+        def ring(kind: str) -> tuple[str, float, float]:
+            # the steps' latency rides in the bytes term, at efficiency 1
+            latency = steps * link.latency_us / 1e3 * tr[f"{kind}_eff"]
+            return (kind, 1.0, steps * share + latency)
+
+        if op.kind == "all_gather":
+            return [ring("all_gather")]
+        if op.kind == "reduce_scatter":
+            return [ring("reduce_scatter")]
+        if op.kind == "all_reduce":
+            return [ring("reduce_scatter"), ring("all_gather")]
+        return [ring("p2p")]
+
+    # --- a plan ---
+    def lower(self, plan: Plan, schedule: Schedule | None = None) -> list[SimTask]:
+        """The plan as simulator tasks on the executor's lanes, with their costs; each task
+        carries when an eager host has issued it (``simulate(..., issue=False)`` ignores it).
+        ``schedule`` (default the plan's) sets the GEMM kind and SM reserve costed."""
+        problem, s = plan.problem, schedule or plan.schedule
+        if problem.pattern not in CALIBRATED_PATTERNS + REUSED_PATTERNS:
+            raise ValueError(
+                f"pattern: {problem.pattern.value} is not calibrated in the cost model "
+                f"(calibrated: {', '.join(p.value for p in CALIBRATED_PATTERNS)})"
+            )
+        b = problem.dtype_bytes
+        ce = s.transport is not Transport.NCCL
+        serial = s.granularity is Granularity.SERIAL
+        host = self.params.host
+        widths = {spec.name: spec.shape[-1] for spec in plan.buffers}
+        tasks: list[SimTask] = []
+        alias: dict[int, int] = {}  # plan task id -> sim task id (NCCL batches share one)
+        tag_send: dict[int, int] = {}  # tag -> this rank's pushing send (push symmetry)
+        pending_recv: list[tuple[int, int, tuple[int, ...]]] = []
+        issued = host["fixed_ms"]
+        batch_lead: tuple[int, int] | None = None  # (tag, sim id) of the open NCCL batch
+        for task in plan.tasks:
+            op = task.op
+            deps = tuple(alias[d] for d in task.deps if d in alias)
+            lane, kind, work, cost_issue = "compute", "sm", 0.0, 0.0
+            terms: list[tuple[str, float, float]] = []
+            if isinstance(op, GemmOp):
+                m, kk = op.a.shape
+                n = op.b.shape[1]
+                work, cost_issue = self.gemm_ms(s, m, n, kk), host["gemm_ms"]
+                batch_lead = None
+            elif isinstance(op, ReduceOp):
+                launches, units = reduce_traffic(len(op.inputs))
+                nbytes = units * op.out.numel * b
+                terms = [self._hbm_term("reduce", nbytes, count=launches)]
+                cost_issue = host["reduce_ms"]  # fitted per reduction (W = 2: one launch)
+                lane = "signal" if (ce and not serial) else task.stream.value
+                batch_lead = None
+            elif isinstance(op, LocalCopyOp):
+                lane, kind = task.stream.value, "ce"
+                terms = [self._hbm_term("local", 2 * op.dst.numel * b)]
+                cost_issue = host["copy_ms"]
+                batch_lead = None
+            elif isinstance(op, CollectiveOp):
+                lane, kind = "comm", "nccl"
+                total = plan.buffer(op.dst).shape[0] if op.kind == "all_gather" else 0
+                src = plan.buffer(op.src)
+                total_bytes = math.prod(src.shape) * b
+                if op.kind == "all_gather":
+                    total_bytes = total * math.prod(src.shape[1:]) * b
+                terms = self.collective_terms(op, problem.world, total_bytes)
+                cost_issue = host["p2p_ms"]
+                batch_lead = None
+            elif isinstance(op, TransferOp):
+                nbytes = op.local.numel * b
+                if ce:
+                    acting = op.initiator == ("receiver" if op.direction == "recv" else "sender")
+                    if not acting and op.direction == "send":  # a pull's sender: nothing
+                        continue
+                    if not acting:  # pushed to us: wait for the peer's push of this tag
+                        pending_recv.append((len(tasks), op.tag, deps))
+                        alias[task.id] = len(tasks)
+                        tasks.append(SimTask(len(tasks), "signal", 0.0, "ce", deps, 0.0))
+                        continue
+                    lane, kind = "comm", "ce"
+                    terms = [self._link_term("ce", nbytes, plan.rank, op.peer)]
+                    cost_issue = host["copy_ms"]
+                    batch_lead = None
+                else:
+                    strided = op.local.shape[1] != widths[op.local.buffer]
+                    if batch_lead is not None and batch_lead[0] == op.tag:
+                        sim_id = batch_lead[1]  # the other half of an open batch
+                        prev = tasks[sim_id]
+                        merged = tuple(sorted(set(prev.deps) | set(deps)))
+                        tasks[sim_id] = SimTask(
+                            sim_id,
+                            prev.lane,
+                            prev.work_ms,
+                            prev.kind,
+                            merged,
+                            prev.issue_ms,
+                            prev.terms,
+                        )
+                        alias[task.id] = sim_id
+                        continue
+                    lane, kind = "comm", "nccl"
+                    terms = [self._link_term("p2p", nbytes, plan.rank, op.peer)]
+                    cost_issue = host["p2p_ms"]
+                    if strided:  # packed before the send, unpacked after the receive
+                        terms.append(self._hbm_term("p2p_strided", 4 * nbytes, count=2))
+                        cost_issue += host["strided_ms"]
+                    batch_lead = (op.tag, len(tasks))
+            else:  # pragma: no cover - the plan vocabulary is closed
+                raise ValueError(f"task {task.id}: unknown op {type(op).__name__}")
+            issued += cost_issue
+            if terms:
+                work = self._work(terms)
+            if work > 0:
+                # the isolated spans the costs were fitted on carry a per-task overhead (the
+                # events around each task) that a timed run does not pay
+                work = max(work - host["span_ms"], 0.1 * work)
+            alias[task.id] = len(tasks)
+            if ce and isinstance(op, TransferOp):
+                tag_send[op.tag] = len(tasks)
+            tasks.append(SimTask(len(tasks), lane, work, kind, deps, issued, tuple(terms)))
+        for sim_id, tag, deps in pending_recv:
+            if tag in tag_send:
+                tasks[sim_id] = SimTask(sim_id, "signal", 0.0, "ce", (*deps, tag_send[tag]), 0.0)
+        return tasks
+
+    def host_ms(self, plan: Plan) -> float:
+        """The eager host's issue time of the whole plan."""
+        return issue_end_ms(self.lower(plan))
+
+
+def issue_end_ms(tasks: list[SimTask]) -> float:
+    """When the eager host has issued the last of ``tasks``."""
+    return max((t.issue_ms for t in tasks), default=0.0)

@@ -1,0 +1,183 @@
+"""Predicted time of a schedule, of every schedule of a problem, and the predicted winner.
+
+One schedule: its plan (rank 0 stands for all) lowered to tasks and simulated; the simulated
+GPU time is scaled to a timed run's (``ModelParams.timed_scale``, by duration). A schedule the
+executor captures in a CUDA graph (all but the overlapped NCCL ones, whose grouped send/recv
+does not capture) costs that plus a graph launch; an eager one, under queued issue, the
+longer of it and the host's issue time (the host runs ahead of the GPU and shows only where
+it is the slower of the two).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from ficco.model.costs import CALIBRATED_PATTERNS, CostModel, issue_end_ms
+from ficco.model.machine import Machine, load_machine
+from ficco.model.params import ModelParams, load_params, timed_scale_at
+from ficco.model.simulate import simulate
+from ficco.plan import LOWERINGS, Plan, build_plan
+from ficco.problem import Problem
+from ficco.space import (
+    Gemm,
+    Granularity,
+    Priority,
+    Schedule,
+    SpaceOptions,
+    Transport,
+    enumerate_schedules,
+)
+
+#: where ``ficco predict`` and the recommend fallback find calibrated parameters
+SHIPPED_PARAMS = Path(__file__).resolve().parents[2] / "schedules" / "h200x2" / "model.json"
+
+
+#: the space ``predict`` covers by default: the transports the model is calibrated on
+#: (``nccl_ce`` never ran), chunk counts up to 8 (the measured ones) and no SM reservation
+#: (the model has no benefit for it: reserved SMs only slow its Triton GEMM)
+PREDICTED_SPACE = SpaceOptions(
+    chunk_counts=(2, 4, 8), transports=(Transport.CE, Transport.NCCL), sm_reserves=(0,)
+)
+
+
+def graphed(schedule: Schedule) -> bool:
+    """Whether the executor runs it as a CUDA graph (overlapped NCCL p2p does not capture)."""
+    return not (
+        schedule.granularity is not Granularity.SERIAL and schedule.transport is Transport.NCCL
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleTime:
+    schedule: str
+    ms: float
+    gpu_ms: float
+    host_ms: float
+    graphed: bool
+
+
+@dataclass(frozen=True)
+class Prediction:
+    problem: Problem
+    machine: Machine
+    times: tuple[ScheduleTime, ...]
+    """Every schedule predicted, fastest first."""
+    serial_ms: float
+    """The undecomposed GEMM and collective back to back (cuBLAS + NCCL), each alone."""
+    ideal_ms: float
+    """The longer of the two: no schedule can beat it."""
+
+    @property
+    def best(self) -> ScheduleTime:
+        return self.times[0]
+
+    def to_dict(self) -> dict:
+        return {
+            "problem": self.problem.to_dict(),
+            "machine": self.machine.name,
+            "machine_measured": self.machine.measured,
+            "pattern_calibrated": self.problem.pattern in CALIBRATED_PATTERNS,
+            "serial_ms": self.serial_ms,
+            "ideal_ms": self.ideal_ms,
+            "best": self.best.schedule,
+            "best_ms": self.best.ms,
+            "times": [
+                {"schedule": t.schedule, "ms": t.ms, "gpu_ms": t.gpu_ms, "graphed": t.graphed}
+                for t in self.times
+            ],
+        }
+
+
+class Predictor:
+    """Predicts on one machine from one set of calibrated parameters."""
+
+    def __init__(self, machine: Machine, params: ModelParams) -> None:
+        self.machine, self.params = machine, params
+        self.costs = CostModel(machine, params)
+
+    def schedule_time(
+        self, problem: Problem, schedule: Schedule, *, plan: Plan | None = None
+    ) -> ScheduleTime:
+        """Predicted time of one schedule. ``plan``: its rank-0 plan, or the plan of a twin that
+        differs only in what plans do not depend on (GEMM kind, SM reserve, comm priority)."""
+        self._check(problem)
+        if plan is None:
+            plan = build_plan(problem, schedule, 0)
+        tasks = self.costs.lower(plan, schedule)
+        gpu = simulate(tasks, self.costs.slowdown, issue=False).makespan_ms
+        gpu *= timed_scale_at(self.params.timed_scale, gpu)
+        if graphed(schedule):
+            host = self.params.host["graph_ms"]
+            total = gpu + host
+        else:
+            host = issue_end_ms(tasks)
+            total = max(gpu, host)
+        return ScheduleTime(str(schedule), total, gpu, host, graphed(schedule))
+
+    def parts_ms(self, problem: Problem) -> tuple[float, float]:
+        """(t_gemm, t_comm): the undecomposed cuBLAS GEMM and NCCL collective, alone."""
+        self._check(problem)
+        plan = build_plan(problem, Schedule(), 0)
+        tasks = self.costs.lower(plan)
+        gemm = sum(t.work_ms for t in tasks if t.lane == "compute")
+        comm = sum(t.work_ms for t in tasks if t.lane != "compute")
+        # each as a timed run of its own, like the schedules
+        points = self.params.timed_scale
+        return gemm * timed_scale_at(points, gemm), comm * timed_scale_at(points, comm)
+
+    def predict(self, problem: Problem, schedules: list[Schedule] | None = None) -> Prediction:
+        enumerated = schedules is None
+        if schedules is None:
+            schedules = list(enumerate_schedules(problem, PREDICTED_SPACE))
+        plans: dict[Schedule, Plan] = {}
+        simulated: dict[Schedule, ScheduleTime] = {}
+        times = []
+        for s in schedules:
+            # the model has no term for the comm stream's priority: +hi costs what its
+            # normal-priority twin does, and is simulated once
+            twin = dataclasses.replace(s, comm_priority=Priority.NORMAL)
+            if twin not in simulated:
+                # one plan serves every GEMM kind and SM reserve (the lowering ignores them)
+                shape = dataclasses.replace(twin, gemm=Gemm.CUBLAS, sm_reserve=0)
+                if shape not in plans:
+                    plans[shape] = (
+                        LOWERINGS[problem.pattern](problem, shape, 0)
+                        if enumerated
+                        else build_plan(problem, shape, 0)
+                    )
+                simulated[twin] = self.schedule_time(problem, twin, plan=plans[shape])
+            t = simulated[twin]
+            times.append(ScheduleTime(str(s), t.ms, t.gpu_ms, t.host_ms, t.graphed))
+        times.sort(key=lambda t: (t.ms, t.schedule))
+        gemm, comm = self.parts_ms(problem)
+        return Prediction(problem, self.machine, tuple(times), gemm + comm, max(gemm, comm))
+
+    def _check(self, problem: Problem) -> None:
+        if problem.world > self.machine.world:
+            raise ValueError(
+                f"world: {problem.world} ranks do not fit machine {self.machine.name} "
+                f"({self.machine.world} GPUs)"
+            )
+        if problem.dtype_bytes != 2:
+            raise ValueError(
+                f"dtype: the cost model is calibrated on 2-byte types (bf16, fp16), "
+                f"got {problem.dtype}"
+            )
+
+
+def predictor(machine: str | Machine, params: str | Path | ModelParams | None = None) -> Predictor:
+    """A Predictor from a machine (name, path or value) and parameters (path or value; the
+    shipped 2xH200 calibration by default)."""
+    m = machine if isinstance(machine, Machine) else load_machine(machine)
+    p = params if isinstance(params, ModelParams) else load_params(params or SHIPPED_PARAMS)
+    return Predictor(m, p)
+
+
+def predict_problem(
+    problem: Problem, machine: str | Path = "h200x2", params: str | Path | None = None
+) -> Prediction:
+    """Every schedule of ``problem`` predicted on ``machine`` (a shipped description's name or
+    a JSON file) from ``params`` (the shipped 2xH200 calibration by default)."""
+    return predictor(machine, params).predict(problem)

@@ -1,0 +1,245 @@
+"""Calibrate ficco's cost model on the 2xH200 store and validate it where measurements exist.
+
+    python scripts/model_validate.py [--calibrate] [--out profiles/h200x2]
+
+``--calibrate`` first fits the parameters on ``profiles/h200x2/store`` (+ the single-H200 GEMM
+benchmark) and writes ``schedules/h200x2/model.json``. Then, from that file:
+
+* in sample: predicted vs measured ``median_ms`` of every schedule record of the store (the
+  records the parameters were fitted on; queued issue);
+* out of sample: every verified candidate of ``profiles/h200x4/bench_overlap.json`` (W = 4,
+  queued issue, the mode the store was measured in) predicted on the ``h200x4`` description
+  from the W = 2 calibration alone;
+* ranking, per problem: does the predicted best schedule run within 3% of the measured best,
+  and is it the measured best (top-1)?
+
+Writes ``model_validate.json`` (figures) and ``model_validate.png`` (predicted vs measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ficco.model import Predictor, load_machine, load_params  # noqa: E402
+from ficco.problem import Problem  # noqa: E402
+from ficco.space import Schedule  # noqa: E402
+
+STORE = ROOT / "profiles" / "h200x2" / "store"
+BENCH_GEMM = ROOT / "profiles" / "h200" / "bench_gemm.json"
+BENCH_W4 = ROOT / "profiles" / "h200x4" / "bench_overlap.json"
+PARAMS = ROOT / "schedules" / "h200x2" / "model.json"
+WITHIN = 0.03
+
+
+def errors_summary(pairs: list[tuple[float, float]]) -> dict:
+    errs = sorted(abs(p - m) / m for p, m in pairs)
+    signed = sorted((p - m) / m for p, m in pairs)
+    if not errs:
+        return {"n": 0}
+    return {
+        "n": len(errs),
+        "median_rel_error": statistics.median(errs),
+        "p90_rel_error": errs[int(0.9 * (len(errs) - 1))],
+        "mean_signed_error": statistics.fmean(signed),
+    }
+
+
+def ranking(by_problem: dict[str, list[tuple[str, float, float]]]) -> dict:
+    """Per problem: (schedule, predicted, measured) -> agreement of the predicted best."""
+    within, top1, regrets, rows = 0, 0, [], []
+    for key, entries in sorted(by_problem.items()):
+        measured_best = min(entries, key=lambda e: e[2])
+        predicted_best = min(entries, key=lambda e: e[1])
+        regret = predicted_best[2] / measured_best[2] - 1
+        within += regret <= WITHIN
+        top1 += predicted_best[0] == measured_best[0]
+        regrets.append(regret)
+        rows.append(
+            {
+                "problem": key,
+                "measured_best": measured_best[0],
+                "measured_best_ms": measured_best[2],
+                "predicted_best": predicted_best[0],
+                "predicted_best_predicted_ms": predicted_best[1],
+                "predicted_best_measured_ms": predicted_best[2],
+                "regret": regret,
+            }
+        )
+    n = len(rows)
+    by_pattern = {}
+    for pattern in sorted({r["problem"].split(":")[0] for r in rows}):
+        sel = [r for r in rows if r["problem"].startswith(pattern + ":")]
+        by_pattern[pattern] = {
+            "problems": len(sel),
+            "predicted_best_within_3pct": sum(r["regret"] <= WITHIN for r in sel) / len(sel),
+            "mean_regret": statistics.fmean(r["regret"] for r in sel),
+        }
+    return {
+        "problems": n,
+        "by_pattern": by_pattern,
+        "predicted_best_within_3pct": within / n if n else math.nan,
+        "top1": top1 / n if n else math.nan,
+        "mean_regret": statistics.fmean(regrets) if regrets else math.nan,
+        "worst_regret": max(regrets) if regrets else math.nan,
+        "per_problem": rows,
+    }
+
+
+def in_sample(predictor: Predictor) -> tuple[dict, list]:
+    from ficco.model.calibrate import load_store_records, samples_from_records
+
+    samples, _ = samples_from_records(load_store_records(STORE))
+    pairs, groups, by_problem = [], defaultdict(list), defaultdict(list)
+    for s in samples:
+        t = predictor.schedule_time(s.problem, s.schedule)
+        predicted = t.ms
+        pairs.append((predicted, s.median_ms))
+        mode = "graph" if t.graphed else "eager"
+        groups[f"{s.problem.pattern.value} {s.schedule.transport.value} {mode}"].append(
+            (predicted, s.median_ms)
+        )
+        by_problem[s.problem.key].append((str(s.schedule), predicted, s.median_ms))
+    graphed = [pair for g, v in groups.items() if g.endswith("graph") for pair in v]
+    result = {
+        "all": errors_summary(pairs),
+        "graphed": errors_summary(graphed),
+        "by_group": {g: errors_summary(v) for g, v in sorted(groups.items())},
+        "ranking": ranking(by_problem),
+    }
+    return result, pairs
+
+
+def out_of_sample(predictor: Predictor) -> tuple[dict, list]:
+    bench = json.loads(BENCH_W4.read_text())
+    shapes = bench["by_issue"]["queued"]["shapes"]
+    pairs, groups, by_problem = [], defaultdict(list), defaultdict(list)
+    for shape in shapes:
+        problem = Problem.from_dict(shape["problem"])
+        for name, cand in shape["candidates"].items():
+            if cand.get("kind") != "schedule" or cand.get("verdict") != "ok":
+                continue
+            schedule = Schedule.parse(name)
+            t = predictor.schedule_time(problem, schedule)
+            pairs.append((t.ms, cand["median_ms"]))
+            mode = "graph" if t.graphed else "eager"
+            groups[f"{problem.pattern.value} {schedule.transport.value} {mode}"].append(
+                (t.ms, cand["median_ms"])
+            )
+            by_problem[problem.key].append((name, t.ms, cand["median_ms"]))
+    graphed = [pair for g, v in groups.items() if g.endswith("graph") for pair in v]
+    result = {
+        "issue": "queued",
+        "all": errors_summary(pairs),
+        "graphed": errors_summary(graphed),
+        "by_group": {g: errors_summary(v) for g, v in sorted(groups.items())},
+        "ranking": ranking(by_problem),
+    }
+    return result, pairs
+
+
+def scatter(path: Path, ins: list, oos: list) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 6))
+    for pairs, label, color in (
+        (ins, "W=2 store (in sample)", "tab:blue"),
+        (oos, "W=4 bench (out of sample)", "tab:red"),
+    ):
+        ax.scatter(
+            [m for _, m in pairs], [p for p, _ in pairs], s=4, alpha=0.4, label=label, color=color
+        )
+    lo = min(min(m for _, m in ins + oos), min(p for p, _ in ins + oos))
+    hi = max(max(m for _, m in ins + oos), max(p for p, _ in ins + oos))
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    for f in (0.85, 1.15):
+        ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured ms (queued issue)")
+    ax.set_ylabel("predicted ms")
+    ax.set_title("ficco cost model (calibrated on 2xH200), dotted: +/-15%")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calibrate", action="store_true", help="fit and write model.json first")
+    parser.add_argument("--out", default=str(ROOT / "profiles" / "h200x2"))
+    args = parser.parse_args()
+    if args.calibrate:
+        from ficco.model.calibrate import calibrate_store
+
+        began = time.time()
+        params = calibrate_store(STORE, load_machine("h200x2"), BENCH_GEMM)
+        params.calibration["source"] = "profiles/h200x2/store + profiles/h200/bench_gemm.json"
+        params.save(PARAMS)
+        print(f"calibrated in {time.time() - began:.0f} s -> {PARAMS.relative_to(ROOT)}")
+    params = load_params(PARAMS)
+    ins, ins_pairs = in_sample(Predictor(load_machine("h200x2"), params))
+    oos, oos_pairs = out_of_sample(Predictor(load_machine("h200x4"), params))
+    # the time to answer `predict` for one problem, every schedule (warm: the CLI's own cost
+    # of importing and loading is measured by the CLI test)
+    pr = Predictor(load_machine("h200x4"), params)
+    problem = Problem(pattern="ag_gemm", m=8192, n=14336, k=4096, world=4)
+    began = time.perf_counter()
+    pr.predict(problem)
+    predict_ms = (time.perf_counter() - began) * 1e3
+    result = {
+        "params": str(PARAMS.relative_to(ROOT)),
+        "targets": {
+            "in_sample_median<=0.05": ins["all"]["median_rel_error"] <= 0.05,
+            "in_sample_p90<=0.15": ins["all"]["p90_rel_error"] <= 0.15,
+            "w4_median<=0.10": oos["all"]["median_rel_error"] <= 0.10,
+            "w4_best_within_3pct>=0.85": oos["ranking"]["predicted_best_within_3pct"] >= 0.85,
+        },
+        "predict_ms_one_problem": predict_ms,
+        "in_sample_w2": ins,
+        "out_of_sample_w4": oos,
+    }
+    out = Path(args.out)
+    (out / "model_validate.json").write_text(json.dumps(result, indent=1) + "\n")
+    scatter(out / "model_validate.png", ins_pairs, oos_pairs)
+    for name, part in (("in sample (W=2 store)", ins), ("out of sample (W=4 bench)", oos)):
+        a, r = part["all"], part["ranking"]
+        print(
+            f"{name}: n={a['n']} median {a['median_rel_error']:.3f} p90 {a['p90_rel_error']:.3f}"
+            f" | best within 3%: {r['predicted_best_within_3pct']:.2f} top-1 {r['top1']:.2f}"
+            f" over {r['problems']} problems"
+        )
+        for pattern, pr_ in r["by_pattern"].items():
+            print(
+                f"   {pattern}: best within 3% {pr_['predicted_best_within_3pct']:.2f}, mean "
+                f"regret {pr_['mean_regret']:.3f} over {pr_['problems']} problems"
+            )
+        gr = part["graphed"]
+        print(
+            f"   CUDA-graph schedules (CE, serial) n={gr['n']} median "
+            f"{gr['median_rel_error']:.3f} p90 {gr['p90_rel_error']:.3f}"
+        )
+        for g, v in part["by_group"].items():
+            print(
+                f"   {g:28s} n={v['n']:5d} median {v['median_rel_error']:.3f} "
+                f"p90 {v['p90_rel_error']:.3f} signed {v['mean_signed_error']:+.3f}"
+            )
+    print(f"predict (every schedule of one W=4 problem): {predict_ms:.1f} ms")
+    print("targets:", json.dumps(result["targets"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
