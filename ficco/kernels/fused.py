@@ -1,0 +1,370 @@
+"""The fused GEMM: one persistent Triton launch over row chunks that wait on, or set, flags.
+
+``fused_matmul`` computes ``out_i = a_i @ b`` for row chunks ``i`` in one launch of
+``min(sm_budget, tiles)`` persistent programs. Tiles are numbered chunk by chunk in the order
+given (the order the chunks are expected to arrive: the local shard first), grouped within a
+chunk as ``ficco.kernels.persistent`` groups them; program ``p`` takes tiles ``p, p + P, ...``.
+
+- A chunk with a ``wait`` flag: before a tile reads ``a_i`` it spins until the flag (an int32,
+  set by a stream-ordered write after the copy landed, or by the peer's own store) is
+  nonzero, then reads it with acquire semantics.
+- A chunk with a ``signal`` flag: after storing a tile, the program counts it on a per-chunk
+  counter; the chunk's last tile sets the flag to 1 with a system-scope release, so whoever
+  waits on it (the owner of a peer-written chunk) sees every tile. ``out_i`` may live on
+  another rank (a symmetric-memory peer view): the epilogue's stores are the transfer.
+
+Operands are addressed as element offsets from one reference tensor per role (every A chunk
+shares A's dtype and strides, every output C's), so one launch reads from and writes to any
+number of buffers, local or peer-mapped (a flat address space on GPUs; raw host addresses
+under the interpreter, where file-backed shared tensors stand in for symmetric memory).
+
+A flag that never arrives: on GPUs a spinning tile gives up after ``timeout_s`` measured on
+``%globaltimer``; under the CPU interpreter (which has no clock inside a kernel) a host
+watchdog writes -1 into the flags still unset once ``timeout_s`` has passed. Either way the
+flag becomes negative, every tile of that chunk skips its work, the chunk is recorded in a
+status tensor, and :func:`raise_on_timeout` raises :class:`FlagTimeout` naming the chunk.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ficco.kernels.configs import FALLBACK_CONFIG, GemmConfig, heuristic_config
+from ficco.kernels.persistent import INTERPRETER, _tile_coords
+
+_PRECISION = {torch.float32: "ieee", torch.float16: "tf32", torch.bfloat16: "tf32"}
+
+
+class FlagTimeout(RuntimeError):
+    """A flag a fused kernel waited on was not set within the timeout (timed out)."""
+
+
+@triton.jit
+def _globaltimer():
+    return tl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def _wait_flag(flag_ptr, budget_ns, USE_CLOCK: tl.constexpr):
+    # The flag's value once it is nonzero: positive = arrived, negative = given up (by a
+    # tile that timed out, or by the host watchdog under the interpreter).
+    val = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+    if USE_CLOCK:
+        start = _globaltimer()
+        while val == 0:
+            val = tl.load(flag_ptr, volatile=True)
+            elapsed = _globaltimer() - start
+            if (val == 0) & (elapsed > budget_ns):
+                # give up for every tile of the chunk: the next readers see -1 at once
+                tl.atomic_cas(flag_ptr, 0, -1, sem="acq_rel", scope="sys")
+                val = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+        val = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+    else:
+        while val == 0:
+            val = tl.load(flag_ptr, volatile=True)
+        val = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+    return val
+
+
+@triton.jit
+def _fused_gemm_kernel(
+    a_ref,  # every A chunk is a_ref + offset: rows [rows_i, K], strides (stride_am, stride_ak)
+    b_ptr,  # B [K, N]
+    c_ref,  # every output chunk is c_ref + offset: [rows_i, N], strides (stride_cm, stride_cn)
+    flag_ref,  # int32: every flag is flag_ref + offset
+    table_ptr,  # int64 [chunks, 6]: a_off, c_off, rows, tile_start, wait_off, signal_off (-1: none)
+    tile_chunk_ptr,  # int32 [tiles]: the chunk of each tile
+    counter_ptr,  # int32 [chunks]: tiles stored per chunk, zero on entry
+    status_ptr,  # int32 [chunks]: 1 where the chunk's wait gave up
+    num_tiles,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    budget_ns,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    USE_CLOCK: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    start_pid = tl.program_id(axis=0)
+    num_programs = tl.num_programs(axis=0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    offs_k0 = tl.arange(0, BLOCK_K)
+    for tile in range(start_pid, num_tiles, num_programs):
+        chunk = tl.load(tile_chunk_ptr + tile)
+        row = table_ptr + chunk * 6
+        a_off = tl.load(row)
+        c_off = tl.load(row + 1)
+        rows = tl.load(row + 2)
+        tile_start = tl.load(row + 3)
+        wait_off = tl.load(row + 4)
+        signal_off = tl.load(row + 5)
+        ready = (wait_off < 0).to(tl.int32)  # 1: nothing to wait for
+        if wait_off >= 0:
+            ready = _wait_flag(flag_ref + wait_off, budget_ns, USE_CLOCK)
+        if ready > 0:
+            num_pid_m = tl.cdiv(rows, BLOCK_M)
+            pid_m, pid_n = _tile_coords(tile - tile_start, num_pid_m, num_pid_n, GROUP_M)
+            offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+            offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+            mask_m = offs_m < rows
+            mask_n = offs_n < N
+            a_base = a_ref + a_off
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for ki in range(k_tiles):
+                offs_k = ki * BLOCK_K + offs_k0
+                a_ptrs = a_base + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+                b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+                a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < K), other=0.0)
+                b = tl.load(b_ptrs, mask=(offs_k[:, None] < K) & mask_n[None, :], other=0.0)
+                acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+            c_ptrs = c_ref + c_off + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+            tl.store(c_ptrs, acc.to(c_ref.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+            if signal_off >= 0:
+                # every thread's stores are issued before the count; the chunk's last tile
+                # publishes them all with one system-scope release (cumulative)
+                tl.debug_barrier()
+                done = tl.atomic_add(counter_ptr + chunk, 1, sem="acq_rel", scope="sys")
+                if done == tl.cdiv(rows, BLOCK_M) * num_pid_n - 1:
+                    tl.atomic_xchg(flag_ref + signal_off, 1, sem="release", scope="sys")
+        else:
+            tl.store(status_ptr + chunk, 1)
+
+
+@triton.jit
+def _wait_flags_kernel(
+    flag_ref,  # int32
+    offsets_ptr,  # int64 [count]: the flags to wait on, as offsets from flag_ref
+    status_ptr,  # int32 [count]: 1 where the wait gave up
+    count,
+    budget_ns,
+    USE_CLOCK: tl.constexpr,
+):
+    # one program: an SM-light wait that gates the reduction queued behind it on its stream
+    for i in range(count):
+        off = tl.load(offsets_ptr + i)
+        if _wait_flag(flag_ref + off, budget_ns, USE_CLOCK) < 0:
+            tl.store(status_ptr + i, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class FusedChunkViews:
+    """One chunk of a fused launch: ``out = a @ b`` over ``a``'s rows."""
+
+    a: torch.Tensor  # [rows, K]
+    out: torch.Tensor  # [rows, N], on this rank or a peer-mapped view
+    wait: torch.Tensor | None = None  # 1-element int32 view of a flag, or None (ready)
+    signal: torch.Tensor | None = None  # 1-element int32 view of a flag, or None
+
+
+def _offset(t: torch.Tensor, ref: torch.Tensor) -> int:
+    delta = t.data_ptr() - ref.data_ptr()
+    if delta % t.element_size():
+        raise ValueError(
+            f"fused_matmul: an operand at address {t.data_ptr():#x} is not a whole number of "
+            f"{t.element_size()}-byte elements from the reference at {ref.data_ptr():#x}"
+        )
+    return delta // t.element_size()
+
+
+def _same(name: str, views: Sequence[torch.Tensor], attr: str) -> None:
+    values = {getattr(v, attr) if attr != "stride" else v.stride() for v in views}
+    if len(values) > 1:
+        raise ValueError(f"fused_matmul: every chunk's {name} must share one {attr}, got {values}")
+
+
+class _Watchdog:
+    """Interpreter only: after ``timeout_s``, write -1 into ``flags`` still unset (0), so the
+    kernel's spinning tiles give up (the interpreter has no clock inside a kernel)."""
+
+    def __init__(self, flags: Sequence[torch.Tensor], timeout_s: float) -> None:
+        self.flags = list(flags)
+        self.timer = threading.Timer(timeout_s, self._fire)
+        self.timer.daemon = True
+
+    def _fire(self) -> None:
+        for flag in self.flags:
+            if int(flag.item()) == 0:
+                flag.fill_(-1)
+
+    def __enter__(self) -> _Watchdog:
+        if self.flags:
+            self.timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.timer.cancel()
+
+
+def _budget_ns(timeout_s: float) -> int:
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s: must be > 0 seconds, got {timeout_s!r}")
+    return int(timeout_s * 1e9)
+
+
+def fused_matmul(
+    chunks: Sequence[FusedChunkViews],
+    b: torch.Tensor,
+    *,
+    status: torch.Tensor,
+    counters: torch.Tensor,
+    sm_budget: int,
+    timeout_s: float,
+    config: GemmConfig | None = None,
+) -> None:
+    """One persistent launch computing ``chunk.out = chunk.a @ b`` for every chunk, tiles in
+    chunk order, waiting on and setting the chunks' flags (see the module docstring).
+
+    ``status`` (int32, >= len(chunks)) is zeroed here and gets 1 per chunk whose wait gave up
+    (read it with :func:`raise_on_timeout` once the launch is complete); ``counters`` (int32,
+    >= len(chunks)) is zeroed here, on the launch's stream."""
+    if not chunks:
+        raise ValueError("fused_matmul: chunks is empty")
+    a0, out0 = chunks[0].a, chunks[0].out
+    _same("a", [c.a for c in chunks], "dtype")
+    _same("a", [c.a for c in chunks], "stride")
+    _same("out", [c.out for c in chunks], "dtype")
+    _same("out", [c.out for c in chunks], "stride")
+    k, n = b.shape
+    for i, c in enumerate(chunks):
+        if c.a.shape[1] != k or tuple(c.out.shape) != (c.a.shape[0], n):
+            raise ValueError(
+                f"fused_matmul: chunk {i} has a {tuple(c.a.shape)} and out {tuple(c.out.shape)}; "
+                f"with b {tuple(b.shape)} out must be [{c.a.shape[0]}, {n}]"
+            )
+    if b.dtype != a0.dtype:
+        raise ValueError(f"fused_matmul: b.dtype must equal a's ({a0.dtype}), got {b.dtype}")
+    flags = [f for c in chunks for f in (c.wait, c.signal) if f is not None]
+    if any(f.dtype != torch.int32 or f.numel() != 1 for f in flags):
+        raise ValueError("fused_matmul: every flag must be a 1-element int32 view")
+    flag_ref = flags[0] if flags else status
+    if config is None:
+        rows = max(c.a.shape[0] for c in chunks)
+        on_gpu = a0.device.type == "cuda"
+        config = heuristic_config(rows, n, k, interpreter=not on_gpu)
+    device = a0.device
+    table, tile_chunk, start = [], [], 0
+    for i, c in enumerate(chunks):
+        rows = c.a.shape[0]
+        tiles = triton.cdiv(rows, config.block_m) * triton.cdiv(n, config.block_n)
+        table.append(
+            [
+                _offset(c.a, a0),
+                _offset(c.out, out0),
+                rows,
+                start,
+                -1 if c.wait is None else _offset(c.wait, flag_ref),
+                -1 if c.signal is None else _offset(c.signal, flag_ref),
+            ]
+        )
+        tile_chunk += [i] * tiles
+        start += tiles
+    table_t = torch.tensor(table, dtype=torch.int64).to(device, non_blocking=True)
+    tile_chunk_t = torch.tensor(tile_chunk, dtype=torch.int32).to(device, non_blocking=True)
+    status[: len(chunks)].zero_()
+    counters[: len(chunks)].zero_()
+    waits = [c.wait for c in chunks if c.wait is not None]
+    grid = (max(1, min(sm_budget, start)),)
+    use_clock = not INTERPRETER
+    with _Watchdog(waits if INTERPRETER else [], timeout_s):
+        _launch_fused(
+            grid,
+            a0,
+            b,
+            out0,
+            flag_ref,
+            table_t,
+            tile_chunk_t,
+            counters,
+            status,
+            start,
+            n,
+            k,
+            _budget_ns(timeout_s),
+            config,
+            use_clock,
+        )
+
+
+def _launch_fused(
+    grid,
+    a0,
+    b,
+    out0,
+    flag_ref,
+    table,
+    tile_chunk,
+    counters,
+    status,
+    tiles,
+    n,
+    k,
+    budget_ns,
+    config: GemmConfig,
+    use_clock: bool,
+) -> None:
+    def go(cfg: GemmConfig) -> None:
+        _fused_gemm_kernel[grid](
+            a0, b, out0, flag_ref, table, tile_chunk, counters, status, tiles, n, k,
+            a0.stride(0), a0.stride(1), b.stride(0), b.stride(1), out0.stride(0), out0.stride(1),
+            budget_ns,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            USE_CLOCK=use_clock, INPUT_PRECISION=_PRECISION[a0.dtype],
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+
+    try:
+        go(config)
+    except triton.runtime.errors.OutOfResources:
+        go(FALLBACK_CONFIG)  # a config tuned for the TMA kernel may not fit this one
+
+
+def wait_flags(flags: Sequence[torch.Tensor], *, status: torch.Tensor, timeout_s: float) -> None:
+    """Wait (on the current stream, one program) until every 1-element int32 flag in ``flags``
+    is set; a flag still unset after ``timeout_s`` is marked in ``status`` (zeroed here)."""
+    if not flags:
+        return
+    ref = flags[0]
+    offsets = torch.tensor([_offset(f, ref) for f in flags], dtype=torch.int64)
+    status[: len(flags)].zero_()
+    with _Watchdog(flags if INTERPRETER else [], timeout_s):
+        _wait_flags_kernel[(1,)](
+            ref,
+            offsets.to(ref.device, non_blocking=True),
+            status,
+            len(flags),
+            _budget_ns(timeout_s),
+            USE_CLOCK=not INTERPRETER,
+            num_warps=1,
+        )
+
+
+def raise_on_timeout(
+    status: torch.Tensor, names: Sequence[str], timeout_s: float, where: str
+) -> None:
+    """Raise :class:`FlagTimeout` if ``status`` marks any of ``names`` (status[i] for
+    names[i]); reads the status (a device sync on GPUs: call once the launch is done)."""
+    marked = status[: len(names)].tolist()
+    missing = [name for name, bad in zip(names, marked, strict=True) if bad]
+    if missing:
+        raise FlagTimeout(
+            f"{where}: timed out after {timeout_s:g} s waiting on the flag of "
+            + ", ".join(missing)
+            + " (its data never arrived)"
+        )
