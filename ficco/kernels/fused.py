@@ -1,6 +1,6 @@
 """The fused GEMM: one persistent Triton launch over row chunks that wait on, or set, flags.
 
-``fused_matmul`` computes ``out_i = a_i @ b`` for row chunks ``i`` in one launch of
+:class:`FusedGemm` computes ``out_i = a_i @ b`` for row chunks ``i`` in one launch of
 ``min(sm_budget, tiles)`` persistent programs. Tiles are numbered chunk by chunk in the order
 given (the order the chunks are expected to arrive: the local shard first), grouped within a
 chunk as ``ficco.kernels.persistent`` groups them; program ``p`` takes tiles ``p, p + P, ...``.
@@ -22,7 +22,9 @@ A flag that never arrives: on GPUs a spinning tile gives up after ``timeout_s`` 
 ``%globaltimer``; under the CPU interpreter (which has no clock inside a kernel) a host
 watchdog writes -1 into the flags still unset once ``timeout_s`` has passed. Either way the
 flag becomes negative, every tile of that chunk skips its work, the chunk is recorded in a
-status tensor, and :func:`raise_on_timeout` raises :class:`FlagTimeout` naming the chunk.
+status tensor, and ``raise_on_timeout`` raises :class:`FlagTimeout` naming the chunk.
+:class:`FlagWait` is the owner's side of producer writes: one program waiting on a set of
+flags, with the same timeout.
 """
 
 from __future__ import annotations
@@ -171,22 +173,30 @@ class FusedChunkViews:
     out: torch.Tensor  # [rows, N], on this rank or a peer-mapped view
     wait: torch.Tensor | None = None  # 1-element int32 view of a flag, or None (ready)
     signal: torch.Tensor | None = None  # 1-element int32 view of a flag, or None
+    name: str = ""
+    """How errors name the chunk (e.g. 'rank 1 chunk 0')."""
 
 
 def _offset(t: torch.Tensor, ref: torch.Tensor) -> int:
     delta = t.data_ptr() - ref.data_ptr()
     if delta % t.element_size():
         raise ValueError(
-            f"fused_matmul: an operand at address {t.data_ptr():#x} is not a whole number of "
+            f"fused GEMM: an operand at address {t.data_ptr():#x} is not a whole number of "
             f"{t.element_size()}-byte elements from the reference at {ref.data_ptr():#x}"
         )
     return delta // t.element_size()
 
 
 def _same(name: str, views: Sequence[torch.Tensor], attr: str) -> None:
-    values = {getattr(v, attr) if attr != "stride" else v.stride() for v in views}
+    values = {v.stride() if attr == "stride" else getattr(v, attr) for v in views}
     if len(values) > 1:
-        raise ValueError(f"fused_matmul: every chunk's {name} must share one {attr}, got {values}")
+        raise ValueError(f"fused GEMM: every chunk's {name} must share one {attr}, got {values}")
+
+
+def _budget_ns(timeout_s: float) -> int:
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
+        raise ValueError(f"timeout_s: must be a positive number of seconds, got {timeout_s!r}")
+    return int(timeout_s * 1e9)
 
 
 class _Watchdog:
@@ -194,7 +204,7 @@ class _Watchdog:
     kernel's spinning tiles give up (the interpreter has no clock inside a kernel)."""
 
     def __init__(self, flags: Sequence[torch.Tensor], timeout_s: float) -> None:
-        self.flags = list(flags)
+        self.flags = list(flags) if INTERPRETER else []
         self.timer = threading.Timer(timeout_s, self._fire)
         self.timer.daemon = True
 
@@ -212,159 +222,147 @@ class _Watchdog:
         self.timer.cancel()
 
 
-def _budget_ns(timeout_s: float) -> int:
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s: must be > 0 seconds, got {timeout_s!r}")
-    return int(timeout_s * 1e9)
+class _Timed:
+    """What both launches share: a status tensor and the error it turns into."""
 
+    status: torch.Tensor
+    names: list[str]
+    timeout_s: float
 
-def fused_matmul(
-    chunks: Sequence[FusedChunkViews],
-    b: torch.Tensor,
-    *,
-    status: torch.Tensor,
-    counters: torch.Tensor,
-    sm_budget: int,
-    timeout_s: float,
-    config: GemmConfig | None = None,
-) -> None:
-    """One persistent launch computing ``chunk.out = chunk.a @ b`` for every chunk, tiles in
-    chunk order, waiting on and setting the chunks' flags (see the module docstring).
-
-    ``status`` (int32, >= len(chunks)) is zeroed here and gets 1 per chunk whose wait gave up
-    (read it with :func:`raise_on_timeout` once the launch is complete); ``counters`` (int32,
-    >= len(chunks)) is zeroed here, on the launch's stream."""
-    if not chunks:
-        raise ValueError("fused_matmul: chunks is empty")
-    a0, out0 = chunks[0].a, chunks[0].out
-    _same("a", [c.a for c in chunks], "dtype")
-    _same("a", [c.a for c in chunks], "stride")
-    _same("out", [c.out for c in chunks], "dtype")
-    _same("out", [c.out for c in chunks], "stride")
-    k, n = b.shape
-    for i, c in enumerate(chunks):
-        if c.a.shape[1] != k or tuple(c.out.shape) != (c.a.shape[0], n):
-            raise ValueError(
-                f"fused_matmul: chunk {i} has a {tuple(c.a.shape)} and out {tuple(c.out.shape)}; "
-                f"with b {tuple(b.shape)} out must be [{c.a.shape[0]}, {n}]"
+    def raise_on_timeout(self, where: str) -> None:
+        """Raise :class:`FlagTimeout` if the last launch gave up on a flag (reads the
+        status: on GPUs a sync, so call it once the launch is complete)."""
+        marked = self.status[: len(self.names)].tolist()
+        missing = [name for name, bad in zip(self.names, marked, strict=True) if bad]
+        if missing:
+            raise FlagTimeout(
+                f"{where}: timed out after {self.timeout_s:g} s waiting on the flag of "
+                + ", ".join(missing)
+                + " (its data never arrived)"
             )
-    if b.dtype != a0.dtype:
-        raise ValueError(f"fused_matmul: b.dtype must equal a's ({a0.dtype}), got {b.dtype}")
-    flags = [f for c in chunks for f in (c.wait, c.signal) if f is not None]
-    if any(f.dtype != torch.int32 or f.numel() != 1 for f in flags):
-        raise ValueError("fused_matmul: every flag must be a 1-element int32 view")
-    flag_ref = flags[0] if flags else status
-    if config is None:
-        rows = max(c.a.shape[0] for c in chunks)
-        on_gpu = a0.device.type == "cuda"
-        config = heuristic_config(rows, n, k, interpreter=not on_gpu)
-    device = a0.device
-    table, tile_chunk, start = [], [], 0
-    for i, c in enumerate(chunks):
-        rows = c.a.shape[0]
-        tiles = triton.cdiv(rows, config.block_m) * triton.cdiv(n, config.block_n)
-        table.append(
-            [
-                _offset(c.a, a0),
-                _offset(c.out, out0),
-                rows,
-                start,
-                -1 if c.wait is None else _offset(c.wait, flag_ref),
-                -1 if c.signal is None else _offset(c.signal, flag_ref),
-            ]
-        )
-        tile_chunk += [i] * tiles
-        start += tiles
-    table_t = torch.tensor(table, dtype=torch.int64).to(device, non_blocking=True)
-    tile_chunk_t = torch.tensor(tile_chunk, dtype=torch.int32).to(device, non_blocking=True)
-    status[: len(chunks)].zero_()
-    counters[: len(chunks)].zero_()
-    waits = [c.wait for c in chunks if c.wait is not None]
-    grid = (max(1, min(sm_budget, start)),)
-    use_clock = not INTERPRETER
-    with _Watchdog(waits if INTERPRETER else [], timeout_s):
-        _launch_fused(
-            grid,
-            a0,
-            b,
-            out0,
-            flag_ref,
-            table_t,
-            tile_chunk_t,
-            counters,
-            status,
-            start,
-            n,
-            k,
-            _budget_ns(timeout_s),
-            config,
-            use_clock,
-        )
 
 
-def _launch_fused(
-    grid,
-    a0,
-    b,
-    out0,
-    flag_ref,
-    table,
-    tile_chunk,
-    counters,
-    status,
-    tiles,
-    n,
-    k,
-    budget_ns,
-    config: GemmConfig,
-    use_clock: bool,
-) -> None:
-    def go(cfg: GemmConfig) -> None:
-        _fused_gemm_kernel[grid](
-            a0, b, out0, flag_ref, table, tile_chunk, counters, status, tiles, n, k,
+class FusedGemm(_Timed):
+    """One fused launch, prepared once (tables on the device, so a launch can be captured in
+    a CUDA graph) and issued by calling it: ``chunk.out = chunk.a @ b`` for every chunk,
+    tiles in chunk order, waiting on and setting the chunks' flags (module docstring)."""
+
+    def __init__(
+        self,
+        chunks: Sequence[FusedChunkViews],
+        b: torch.Tensor,
+        *,
+        sm_budget: int,
+        timeout_s: float,
+        config: GemmConfig | None = None,
+    ) -> None:
+        if not chunks:
+            raise ValueError("fused GEMM: chunks is empty")
+        a0, out0 = chunks[0].a, chunks[0].out
+        _same("a", [c.a for c in chunks], "dtype")
+        _same("a", [c.a for c in chunks], "stride")
+        _same("out", [c.out for c in chunks], "dtype")
+        _same("out", [c.out for c in chunks], "stride")
+        k, n = b.shape
+        for i, c in enumerate(chunks):
+            if c.a.shape[1] != k or tuple(c.out.shape) != (c.a.shape[0], n):
+                raise ValueError(
+                    f"fused GEMM: chunk {i} has a {tuple(c.a.shape)} and out "
+                    f"{tuple(c.out.shape)}; with b {tuple(b.shape)} out must be "
+                    f"[{c.a.shape[0]}, {n}]"
+                )
+        if b.dtype != a0.dtype:
+            raise ValueError(f"fused GEMM: b.dtype must equal a's ({a0.dtype}), got {b.dtype}")
+        flags = [f for c in chunks for f in (c.wait, c.signal) if f is not None]
+        if any(f.dtype != torch.int32 or f.numel() != 1 for f in flags):
+            raise ValueError("fused GEMM: every flag must be a 1-element int32 view")
+        if isinstance(sm_budget, bool) or not isinstance(sm_budget, int) or sm_budget < 1:
+            raise ValueError(f"sm_budget: must be a positive int (programs), got {sm_budget!r}")
+        device = a0.device
+        if config is None:
+            rows = max(c.a.shape[0] for c in chunks)
+            config = heuristic_config(rows, n, k, interpreter=device.type != "cuda")
+        self.config, self.b, self.a0, self.out0 = config, b, a0, out0
+        self.flag_ref = flags[0] if flags else torch.zeros(1, dtype=torch.int32, device=device)
+        table, tile_chunk, start = [], [], 0
+        for i, c in enumerate(chunks):
+            rows = c.a.shape[0]
+            tiles = triton.cdiv(rows, config.block_m) * triton.cdiv(n, config.block_n)
+            table.append(
+                [
+                    _offset(c.a, a0),
+                    _offset(c.out, out0),
+                    rows,
+                    start,
+                    -1 if c.wait is None else _offset(c.wait, self.flag_ref),
+                    -1 if c.signal is None else _offset(c.signal, self.flag_ref),
+                ]
+            )
+            tile_chunk += [i] * tiles
+            start += tiles
+        self.table = torch.tensor(table, dtype=torch.int64, device=device)
+        self.tile_chunk = torch.tensor(tile_chunk, dtype=torch.int32, device=device)
+        self.status = torch.zeros(len(chunks), dtype=torch.int32, device=device)
+        self.counters = torch.zeros(len(chunks), dtype=torch.int32, device=device)
+        self.tiles, self.n, self.k = start, n, k
+        self.waits = [c.wait for c in chunks if c.wait is not None]
+        self.names = [c.name or f"chunk {i}" for i, c in enumerate(chunks)]
+        self.timeout_s, self.budget_ns = timeout_s, _budget_ns(timeout_s)
+        self.grid = (max(1, min(sm_budget, start)),)
+
+    def __call__(self) -> None:
+        """Issue the launch on the current stream (under the interpreter: run it)."""
+        self.status.zero_()
+        self.counters.zero_()
+        with _Watchdog(self.waits, self.timeout_s):
+            try:
+                self._launch(self.config)
+            except triton.runtime.errors.OutOfResources:
+                self.config = FALLBACK_CONFIG  # a config tuned for TMA may not fit this kernel
+                self._launch(self.config)
+
+    def _launch(self, cfg: GemmConfig) -> None:
+        a0, b, out0 = self.a0, self.b, self.out0
+        _fused_gemm_kernel[self.grid](
+            a0, b, out0, self.flag_ref, self.table, self.tile_chunk, self.counters,
+            self.status, self.tiles, self.n, self.k,
             a0.stride(0), a0.stride(1), b.stride(0), b.stride(1), out0.stride(0), out0.stride(1),
-            budget_ns,
+            self.budget_ns,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            USE_CLOCK=use_clock, INPUT_PRECISION=_PRECISION[a0.dtype],
+            USE_CLOCK=not INTERPRETER, INPUT_PRECISION=_PRECISION[a0.dtype],
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
 
-    try:
-        go(config)
-    except triton.runtime.errors.OutOfResources:
-        go(FALLBACK_CONFIG)  # a config tuned for the TMA kernel may not fit this one
 
+class FlagWait(_Timed):
+    """An SM-light wait (one program) on the current stream until every flag is set; what
+    is queued behind it on the stream (the owner's reduction) runs once they all are."""
 
-def wait_flags(flags: Sequence[torch.Tensor], *, status: torch.Tensor, timeout_s: float) -> None:
-    """Wait (on the current stream, one program) until every 1-element int32 flag in ``flags``
-    is set; a flag still unset after ``timeout_s`` is marked in ``status`` (zeroed here)."""
-    if not flags:
-        return
-    ref = flags[0]
-    offsets = torch.tensor([_offset(f, ref) for f in flags], dtype=torch.int64)
-    status[: len(flags)].zero_()
-    with _Watchdog(flags if INTERPRETER else [], timeout_s):
-        _wait_flags_kernel[(1,)](
-            ref,
-            offsets.to(ref.device, non_blocking=True),
-            status,
-            len(flags),
-            _budget_ns(timeout_s),
-            USE_CLOCK=not INTERPRETER,
-            num_warps=1,
-        )
+    def __init__(
+        self, flags: Sequence[torch.Tensor], names: Sequence[str], *, timeout_s: float
+    ) -> None:
+        if not flags or len(flags) != len(names):
+            raise ValueError(
+                f"flag wait: needs one name per flag, got {len(flags)} flags, {len(names)} names"
+            )
+        if any(f.dtype != torch.int32 or f.numel() != 1 for f in flags):
+            raise ValueError("flag wait: every flag must be a 1-element int32 view")
+        self.flags, self.ref = list(flags), flags[0]
+        offsets = [_offset(f, self.ref) for f in flags]
+        self.offsets = torch.tensor(offsets, dtype=torch.int64, device=self.ref.device)
+        self.status = torch.zeros(len(flags), dtype=torch.int32, device=self.ref.device)
+        self.names, self.timeout_s = list(names), timeout_s
+        self.budget_ns = _budget_ns(timeout_s)
 
-
-def raise_on_timeout(
-    status: torch.Tensor, names: Sequence[str], timeout_s: float, where: str
-) -> None:
-    """Raise :class:`FlagTimeout` if ``status`` marks any of ``names`` (status[i] for
-    names[i]); reads the status (a device sync on GPUs: call once the launch is done)."""
-    marked = status[: len(names)].tolist()
-    missing = [name for name, bad in zip(names, marked, strict=True) if bad]
-    if missing:
-        raise FlagTimeout(
-            f"{where}: timed out after {timeout_s:g} s waiting on the flag of "
-            + ", ".join(missing)
-            + " (its data never arrived)"
-        )
+    def __call__(self) -> None:
+        self.status.zero_()
+        with _Watchdog(self.flags, self.timeout_s):
+            _wait_flags_kernel[(1,)](
+                self.ref,
+                self.offsets,
+                self.status,
+                len(self.flags),
+                self.budget_ns,
+                USE_CLOCK=not INTERPRETER,
+                num_warps=1,
+            )
