@@ -374,7 +374,7 @@ class CudaBackend(Backend):
         plan = build_plan(problem, Schedule(), self.rank)
         made = []
 
-        def symm_empty(shape, dtype, device):
+        def symm_empty(shape, dtype, device, name=None):
             t = symm_mem.empty(shape, dtype=dtype, device=device)
             made.append(t)
             return t

@@ -13,10 +13,12 @@ chunk as ``ficco.kernels.persistent`` groups them; program ``p`` takes tiles ``p
   waits on it (the owner of a peer-written chunk) sees every tile. ``out_i`` may live on
   another rank (a symmetric-memory peer view): the epilogue's stores are the transfer.
 
-Operands are addressed as element offsets from one reference tensor per role (every A chunk
-shares A's dtype and strides, every output C's), so one launch reads from and writes to any
-number of buffers, local or peer-mapped (a flat address space on GPUs; raw host addresses
-under the interpreter, where file-backed shared tensors stand in for symmetric memory).
+Operands are addressed as element offsets from one private reference tensor per role (every
+A chunk shares A's dtype and strides, every output C's), so one launch reads from and writes
+to any number of buffers, local or peer-mapped (a flat address space on GPUs; raw host
+addresses under the interpreter, where file-backed shared tensors stand in for symmetric
+memory). No shared buffer is ever a launch argument: the interpreter copies every argument's
+storage back onto itself after a launch, which would undo a peer's concurrent stores.
 
 A flag that never arrives: on GPUs a spinning tile gives up after ``timeout_s`` measured on
 ``%globaltimer``; under the CPU interpreter (which has no clock inside a kernel) a host
@@ -82,7 +84,8 @@ def _fused_gemm_kernel(
     b_ptr,  # B [K, N]
     c_ref,  # every output chunk is c_ref + offset: [rows_i, N], strides (stride_cm, stride_cn)
     flag_ref,  # int32: every flag is flag_ref + offset
-    table_ptr,  # int64 [chunks, 6]: a_off, c_off, rows, tile_start, wait_off, signal_off (-1: none)
+    table_ptr,  # int64 [chunks, 8]: a_off, c_off, rows, tile_start, wait_off, signal_off,
+    #            has_wait, has_signal (offsets may be negative: they are from private refs)
     tile_chunk_ptr,  # int32 [tiles]: the chunk of each tile
     counter_ptr,  # int32 [chunks]: tiles stored per chunk, zero on entry
     status_ptr,  # int32 [chunks]: 1 where the chunk's wait gave up
@@ -100,6 +103,8 @@ def _fused_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    A_ALIGN: tl.constexpr,  # every A offset is a multiple of this many elements
+    C_ALIGN: tl.constexpr,  # every output offset is a multiple of this many elements
     USE_CLOCK: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
@@ -110,15 +115,18 @@ def _fused_gemm_kernel(
     offs_k0 = tl.arange(0, BLOCK_K)
     for tile in range(start_pid, num_tiles, num_programs):
         chunk = tl.load(tile_chunk_ptr + tile)
-        row = table_ptr + chunk * 6
-        a_off = tl.load(row)
-        c_off = tl.load(row + 1)
+        row = table_ptr + chunk * 8
+        # alignment hints (host-checked): lets the compiler vectorize the loads and stores
+        a_off = tl.multiple_of(tl.load(row), A_ALIGN)
+        c_off = tl.multiple_of(tl.load(row + 1), C_ALIGN)
         rows = tl.load(row + 2)
         tile_start = tl.load(row + 3)
         wait_off = tl.load(row + 4)
         signal_off = tl.load(row + 5)
-        ready = (wait_off < 0).to(tl.int32)  # 1: nothing to wait for
-        if wait_off >= 0:
+        has_wait = tl.load(row + 6)
+        has_signal = tl.load(row + 7)
+        ready = (has_wait == 0).to(tl.int32)  # 1: nothing to wait for
+        if has_wait != 0:
             ready = _wait_flag(flag_ref + wait_off, budget_ns, USE_CLOCK)
         if ready > 0:
             num_pid_m = tl.cdiv(rows, BLOCK_M)
@@ -138,7 +146,7 @@ def _fused_gemm_kernel(
                 acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
             c_ptrs = c_ref + c_off + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
             tl.store(c_ptrs, acc.to(c_ref.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
-            if signal_off >= 0:
+            if has_signal != 0:
                 # every thread's stores are issued before the count; the chunk's last tile
                 # publishes them all with one system-scope release (cumulative)
                 tl.debug_barrier()
@@ -197,6 +205,14 @@ def _budget_ns(timeout_s: float) -> int:
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
         raise ValueError(f"timeout_s: must be a positive number of seconds, got {timeout_s!r}")
     return int(timeout_s * 1e9)
+
+
+def _alignment(offsets: Sequence[int], element_size: int) -> int:
+    """The largest power of two, up to 16 bytes' worth of elements, dividing every offset."""
+    align = max(1, 16 // element_size)
+    while align > 1 and any(off % align for off in offsets):
+        align //= 2
+    return align
 
 
 class _Watchdog:
@@ -282,8 +298,16 @@ class FusedGemm(_Timed):
         if config is None:
             rows = max(c.a.shape[0] for c in chunks)
             config = heuristic_config(rows, n, k, interpreter=device.type != "cuda")
-        self.config, self.b, self.a0, self.out0 = config, b, a0, out0
-        self.flag_ref = flags[0] if flags else torch.zeros(1, dtype=torch.int32, device=device)
+        # Private reference tensors: every operand is addressed from them, so the launch
+        # takes no shared buffer as an argument (the interpreter writes every argument's
+        # storage back after a launch, which would undo a peer's concurrent stores).
+        self.config, self.b = config, b
+        self.a0 = torch.empty(1, dtype=a0.dtype, device=device).as_strided((1, 1), a0.stride())
+        self.out0 = torch.empty(1, dtype=out0.dtype, device=device).as_strided(
+            (1, 1), out0.stride()
+        )
+        self.flag_ref = torch.zeros(1, dtype=torch.int32, device=device)
+        a0, out0 = self.a0, self.out0
         table, tile_chunk, start = [], [], 0
         for i, c in enumerate(chunks):
             rows = c.a.shape[0]
@@ -294,12 +318,16 @@ class FusedGemm(_Timed):
                     _offset(c.out, out0),
                     rows,
                     start,
-                    -1 if c.wait is None else _offset(c.wait, self.flag_ref),
-                    -1 if c.signal is None else _offset(c.signal, self.flag_ref),
+                    0 if c.wait is None else _offset(c.wait, self.flag_ref),
+                    0 if c.signal is None else _offset(c.signal, self.flag_ref),
+                    int(c.wait is not None),
+                    int(c.signal is not None),
                 ]
             )
             tile_chunk += [i] * tiles
             start += tiles
+        self.a_align = _alignment([row[0] for row in table], a0.element_size())
+        self.c_align = _alignment([row[1] for row in table], out0.element_size())
         self.table = torch.tensor(table, dtype=torch.int64, device=device)
         self.tile_chunk = torch.tensor(tile_chunk, dtype=torch.int32, device=device)
         self.status = torch.zeros(len(chunks), dtype=torch.int32, device=device)
@@ -329,7 +357,7 @@ class FusedGemm(_Timed):
             a0.stride(0), a0.stride(1), b.stride(0), b.stride(1), out0.stride(0), out0.stride(1),
             self.budget_ns,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            USE_CLOCK=not INTERPRETER, INPUT_PRECISION=_PRECISION[a0.dtype],
+            A_ALIGN=self.a_align, C_ALIGN=self.c_align, USE_CLOCK=not INTERPRETER, INPUT_PRECISION=_PRECISION[a0.dtype],
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
 
@@ -347,7 +375,9 @@ class FlagWait(_Timed):
             )
         if any(f.dtype != torch.int32 or f.numel() != 1 for f in flags):
             raise ValueError("flag wait: every flag must be a 1-element int32 view")
-        self.flags, self.ref = list(flags), flags[0]
+        # a private reference (see FusedGemm): no shared buffer is a launch argument
+        self.flags = list(flags)
+        self.ref = torch.zeros(1, dtype=torch.int32, device=flags[0].device)
         offsets = [_offset(f, self.ref) for f in flags]
         self.offsets = torch.tensor(offsets, dtype=torch.int64, device=self.ref.device)
         self.status = torch.zeros(len(flags), dtype=torch.int32, device=self.ref.device)
