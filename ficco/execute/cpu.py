@@ -32,13 +32,13 @@ from ficco.defaults import FLAG_SLOTS, FLAG_TIMEOUT_S
 from ficco.execute.backend import Backend, Buffers
 from ficco.execute.baselines import plan_part_baselines
 from ficco.execute.buffers import allocate, view
+from ficco.execute.fused import FusedPrimitives
 from ficco.execute.interpreter import Primitives, interpret
 from ficco.execute.options import TimingOptions
 from ficco.execute.reference import reference_output
 from ficco.plan import (
     COLLECTIVE_TAG,
     CollectiveOp,
-    FusedGemmOp,
     GemmOp,
     LocalCopyOp,
     Plan,
@@ -47,7 +47,6 @@ from ficco.plan import (
     SignalOp,
     Task,
     TransferOp,
-    WaitFlagsOp,
     build_plan,
     run_tag,
 )
@@ -100,10 +99,12 @@ def _region(t: torch.Tensor, region: Region) -> torch.Tensor:
     return t[region.rows[0] : region.rows[1], region.cols[0] : region.cols[1]]
 
 
-class CpuPrimitives(Primitives):
+class CpuPrimitives(FusedPrimitives, Primitives):
     """gloo transports, torch.matmul / interpreted Triton GEMMs, all on the host thread
     (fused plans: the GPU's flag kernels too, with ``shared`` standing in for symmetric
     memory; without it they are unavailable)."""
+
+    synchronous = True  # the interpreter runs a kernel to its end inside the call
 
     def __init__(
         self,
@@ -115,12 +116,12 @@ class CpuPrimitives(Primitives):
     ) -> None:
         self.plan, self.tensors, self.run = plan, tensors, run
         self.budget = max(1, CPU_PROGRAMS - plan.schedule.sm_reserve)
+        self.sm_budget = self.budget
         self.pending: dict[int, tuple] = {}
         self.shared, self.flag_timeout_s = shared, flag_timeout_s
         self.flag_slots = plan.flag_slots
         self.signalers: list[threading.Thread] = []
         self.signal_errors: list[BaseException] = []
-        self.kernels: dict[int, object] = {}  # id(op) -> FusedGemm | FlagWait, built once
         if self.flag_slots and shared is None:
             raise Unavailable(
                 "fused schedules need shared (symmetric) memory between the ranks: this CPU "
@@ -199,57 +200,16 @@ class CpuPrimitives(Primitives):
         thread.start()
         self.signalers.append(thread)
 
-    def _chunk_name(self, slot: int) -> str:
-        per_source = max(1, self.flag_slots // self.plan.problem.world)
-        return f"source rank {slot // per_source} chunk {slot % per_source} (flag slot {slot})"
+    # --- what the fused primitives need (ficco.execute.fused) ---
+    def _local(self, region: Region) -> torch.Tensor:
+        return view(self.tensors, region)
 
-    def fused_gemm(self, op: FusedGemmOp) -> None:
-        from ficco.kernels.fused import FusedChunkViews, FusedGemm
+    def _remote(self, region: Region, rank: int) -> torch.Tensor:
+        return _region(self.shared.peer(self.tensors[region.buffer], region.buffer, rank), region)
 
-        kernel = self.kernels.get(id(op))
-        if kernel is None:
-            rank, chunks = self.plan.rank, []
-            for c in op.chunks:
-                out = self.tensors[c.out.buffer]
-                if c.out_rank != rank:
-                    out = self.shared.peer(out, c.out.buffer, c.out_rank)
-                signal = None
-                if c.signal is not None:
-                    owner, slot = c.signal
-                    flags = self.shared.empty("flags", (FLAG_SLOTS,), torch.int32, owner)
-                    signal = flags[slot : slot + 1]
-                chunks.append(
-                    FusedChunkViews(
-                        view(self.tensors, c.a),
-                        _region(out, c.out),
-                        None if c.wait is None else self.flags[c.wait : c.wait + 1],
-                        signal,
-                        "" if c.wait is None else self._chunk_name(c.wait),
-                    )
-                )
-            kernel = FusedGemm(
-                chunks,
-                view(self.tensors, op.b),
-                sm_budget=self.budget,
-                timeout_s=self.flag_timeout_s,
-            )
-            self.kernels[id(op)] = kernel
-        kernel()
-        kernel.raise_on_timeout(f"rank {self.plan.rank}: fused GEMM")
-
-    def wait_flags(self, op: WaitFlagsOp) -> None:
-        from ficco.kernels.fused import FlagWait
-
-        kernel = self.kernels.get(id(op))
-        if kernel is None:
-            kernel = FlagWait(
-                [self.flags[s : s + 1] for s in op.slots],
-                [self._chunk_name(s) for s in op.slots],
-                timeout_s=self.flag_timeout_s,
-            )
-            self.kernels[id(op)] = kernel
-        kernel()
-        kernel.raise_on_timeout(f"rank {self.plan.rank}: reduction's wait")
+    def _flag(self, rank: int, slot: int) -> torch.Tensor:
+        flags = self.shared.empty("flags", (FLAG_SLOTS,), torch.int32, rank)
+        return flags[slot : slot + 1]
 
     def reduce(self, op: ReduceOp) -> None:
         # fp32 accumulation, one rounding: what a reduction kernel does

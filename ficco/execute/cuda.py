@@ -45,11 +45,11 @@ from ficco.defaults import FLAG_SLOTS, FLAG_TIMEOUT_S
 from ficco.execute.backend import Backend, Buffers
 from ficco.execute.baselines import cuda_baselines
 from ficco.execute.cuda_setup import CAPTURE_MODE, RankContext
+from ficco.execute.fused import FusedPrimitives
 from ficco.execute.interpreter import Primitives
 from ficco.execute.options import TimingOptions
 from ficco.plan import (
     CollectiveOp,
-    FusedGemmOp,
     GemmOp,
     LocalCopyOp,
     Plan,
@@ -67,7 +67,7 @@ from ficco.space import Gemm, Schedule, Transport
 from ficco.verdict import Unavailable
 
 
-class CudaPrimitives(Primitives):
+class CudaPrimitives(FusedPrimitives, Primitives):
     """Streams, events, copy-engine and NCCL transports, cuBLAS / Triton GEMMs for one plan
     on one rank. Built once per schedule; interpreted many times."""
 
@@ -94,7 +94,7 @@ class CudaPrimitives(Primitives):
             raise Unavailable("this torch's symmetric memory has no put_signal/wait_signal")
         self.sm_budget = max(1, ctx.sm_count - s.sm_reserve)
         self.flag_slots = plan.flag_slots
-        self.kernels: dict[int, object] = {}  # id(op) -> FusedGemm | FlagWait, built once
+        self.flag_timeout_s = min(FLAG_TIMEOUT_S, ctx.timeout_s / 4)
         if self.flag_slots:
             if getattr(bufs, "flags", None) is None:
                 raise Unavailable("fused schedules need the flag buffer (symmetric memory)")
@@ -259,6 +259,13 @@ class CudaPrimitives(Primitives):
         # on the comm stream, behind the copy it follows: the flag says the chunk landed
         torch.ops.symm_mem.stream_write_value32_(self.bufs.flags, op.slot, 1)
 
+    # --- what the fused primitives need (ficco.execute.fused) ---
+    def _local(self, region):
+        return self.view(region)
+
+    def _remote(self, region, rank: int):
+        return self.peer_view(region.buffer, rank, region)
+
     def _flag(self, rank: int, slot: int):
         import torch
 
@@ -266,57 +273,6 @@ class CudaPrimitives(Primitives):
         if rank != self.plan.rank:
             flags = self.bufs.flag_handle.get_buffer(rank, (FLAG_SLOTS,), torch.int32)
         return flags[slot : slot + 1]
-
-    def _chunk_name(self, slot: int) -> str:
-        per_source = max(1, self.flag_slots // self.plan.problem.world)
-        return f"source rank {slot // per_source} chunk {slot % per_source} (flag slot {slot})"
-
-    def fused_gemm(self, op: FusedGemmOp) -> None:
-        from ficco.kernels.fused import FusedChunkViews, FusedGemm
-
-        kernel = self.kernels.get(id(op))
-        if kernel is None:
-            chunks = []
-            for c in op.chunks:
-                if c.out_rank == self.plan.rank:
-                    out = self.view(c.out)
-                else:
-                    out = self.peer_view(c.out.buffer, c.out_rank, c.out)
-                chunks.append(
-                    FusedChunkViews(
-                        self.view(c.a),
-                        out,
-                        None if c.wait is None else self._flag(self.plan.rank, c.wait),
-                        None if c.signal is None else self._flag(*c.signal),
-                        "" if c.wait is None else self._chunk_name(c.wait),
-                    )
-                )
-            kernel = FusedGemm(
-                chunks, self.view(op.b), sm_budget=self.sm_budget, timeout_s=self.flag_timeout_s
-            )
-            self.kernels[id(op)] = kernel
-        kernel()
-
-    def wait_flags(self, op: WaitFlagsOp) -> None:
-        from ficco.kernels.fused import FlagWait
-
-        kernel = self.kernels.get(id(op))
-        if kernel is None:
-            kernel = FlagWait(
-                [self._flag(self.plan.rank, s) for s in op.slots],
-                [self._chunk_name(s) for s in op.slots],
-                timeout_s=self.flag_timeout_s,
-            )
-            self.kernels[id(op)] = kernel
-        kernel()
-
-    def raise_failures(self) -> None:
-        for kernel in self.kernels.values():
-            kernel.raise_on_timeout(f"rank {self.plan.rank}: fused schedule")
-
-    @property
-    def flag_timeout_s(self) -> float:
-        return min(FLAG_TIMEOUT_S, self.ctx.timeout_s / 4)
 
     def reduce(self, op: ReduceOp) -> None:
         import torch
