@@ -207,6 +207,29 @@ def _budget_ns(timeout_s: float) -> int:
     return int(timeout_s * 1e9)
 
 
+#: The fused kernel's tiles on GPUs, largest first. Its pointer loads stage A and B in shared
+#: memory and its epilogue converts the accumulator layout through shared memory too, so the
+#: TMA kernel's 4-stage 128x256 tile does not fit; a launch that runs out of resources moves
+#: down this list (to ``FALLBACK_CONFIG`` last).
+GPU_FUSED_CONFIGS = (
+    GemmConfig(128, 256, 64, group_m=8, num_stages=3, num_warps=8),
+    GemmConfig(128, 128, 64, group_m=8, num_stages=3, num_warps=8),
+)
+
+
+def _area(config: GemmConfig) -> int:
+    return config.block_m * config.block_n * config.block_k * config.num_stages
+
+
+def default_config(rows: int, *, interpreter: bool) -> GemmConfig:
+    """The fused kernel's tile when none is given (``rows``: the largest chunk's)."""
+    if interpreter:
+        return heuristic_config(rows, 1, 1, interpreter=True)
+    if rows <= 64:
+        return GemmConfig(64, 128, 64, group_m=8, num_stages=4, num_warps=4)
+    return GPU_FUSED_CONFIGS[0]
+
+
 def _alignment(offsets: Sequence[int], element_size: int) -> int:
     """The largest power of two, up to 16 bytes' worth of elements, dividing every offset."""
     align = max(1, 16 // element_size)
@@ -297,7 +320,7 @@ class FusedGemm(_Timed):
         device = a0.device
         if config is None:
             rows = max(c.a.shape[0] for c in chunks)
-            config = heuristic_config(rows, n, k, interpreter=device.type != "cuda")
+            config = default_config(rows, interpreter=device.type != "cuda")
         # Private reference tensors: every operand is addressed from them, so the launch
         # takes no shared buffer as an argument (the interpreter writes every argument's
         # storage back after a launch, which would undo a peer's concurrent stores).
@@ -307,15 +330,25 @@ class FusedGemm(_Timed):
             (1, 1), out0.stride()
         )
         self.flag_ref = torch.zeros(1, dtype=torch.int32, device=device)
-        a0, out0 = self.a0, self.out0
+        self.chunks, self.n, self.k, self.sm_budget = list(chunks), n, k, sm_budget
+        self.status = torch.zeros(len(chunks), dtype=torch.int32, device=device)
+        self.counters = torch.zeros(len(chunks), dtype=torch.int32, device=device)
+        self.waits = [c.wait for c in chunks if c.wait is not None]
+        self.names = [c.name or f"chunk {i}" for i, c in enumerate(chunks)]
+        self.timeout_s, self.budget_ns = timeout_s, _budget_ns(timeout_s)
+        self._tabulate(config)
+
+    def _tabulate(self, config: GemmConfig) -> None:
+        """The chunk table and the tile -> chunk map for ``config``'s tile shape."""
+        device, n = self.a0.device, self.n
         table, tile_chunk, start = [], [], 0
-        for i, c in enumerate(chunks):
+        for i, c in enumerate(self.chunks):
             rows = c.a.shape[0]
             tiles = triton.cdiv(rows, config.block_m) * triton.cdiv(n, config.block_n)
             table.append(
                 [
-                    _offset(c.a, a0),
-                    _offset(c.out, out0),
+                    _offset(c.a, self.a0),
+                    _offset(c.out, self.out0),
                     rows,
                     start,
                     0 if c.wait is None else _offset(c.wait, self.flag_ref),
@@ -326,17 +359,13 @@ class FusedGemm(_Timed):
             )
             tile_chunk += [i] * tiles
             start += tiles
-        self.a_align = _alignment([row[0] for row in table], a0.element_size())
-        self.c_align = _alignment([row[1] for row in table], out0.element_size())
+        self.config = config
+        self.a_align = _alignment([row[0] for row in table], self.a0.element_size())
+        self.c_align = _alignment([row[1] for row in table], self.out0.element_size())
         self.table = torch.tensor(table, dtype=torch.int64, device=device)
         self.tile_chunk = torch.tensor(tile_chunk, dtype=torch.int32, device=device)
-        self.status = torch.zeros(len(chunks), dtype=torch.int32, device=device)
-        self.counters = torch.zeros(len(chunks), dtype=torch.int32, device=device)
-        self.tiles, self.n, self.k = start, n, k
-        self.waits = [c.wait for c in chunks if c.wait is not None]
-        self.names = [c.name or f"chunk {i}" for i, c in enumerate(chunks)]
-        self.timeout_s, self.budget_ns = timeout_s, _budget_ns(timeout_s)
-        self.grid = (max(1, min(sm_budget, start)),)
+        self.tiles = start
+        self.grid = (max(1, min(self.sm_budget, start)),)
 
     def __call__(self) -> None:
         """Issue the launch on the current stream (under the interpreter: run it)."""
@@ -346,8 +375,16 @@ class FusedGemm(_Timed):
             try:
                 self._launch(self.config)
             except triton.runtime.errors.OutOfResources:
-                self.config = FALLBACK_CONFIG  # a config tuned for TMA may not fit this kernel
-                self._launch(self.config)
+                # the next smaller tile that fits this device's shared memory
+                smaller = [
+                    c
+                    for c in (*GPU_FUSED_CONFIGS, FALLBACK_CONFIG)
+                    if _area(c) < _area(self.config)
+                ]
+                if not smaller:
+                    raise
+                self._tabulate(smaller[0])  # before any capture: the first launch is eager
+                self()
 
     def _launch(self, cfg: GemmConfig) -> None:
         a0, b, out0 = self.a0, self.b, self.out0
