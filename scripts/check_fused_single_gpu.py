@@ -89,7 +89,7 @@ class FlagWriter:
         op = getattr(torch.ops.symm_mem, "stream_write_value32_", None)
         if op is not None:
             try:
-                op(flags, 0, 0)
+                op(flags.view(torch.uint32), 0, 0)  # the op takes a flat uint32 tensor
                 torch.cuda.synchronize()
                 self.how = "stream_write_value32_"
             except Exception as err:  # a plain tensor may be refused
@@ -97,7 +97,7 @@ class FlagWriter:
 
     def set(self, slot: int) -> None:
         if self.how == "stream_write_value32_":
-            torch.ops.symm_mem.stream_write_value32_(self.flags, slot, 1)
+            torch.ops.symm_mem.stream_write_value32_(self.flags.view(torch.uint32), slot, 1)
         else:
             self.flags[slot : slot + 1].fill_(1)
 

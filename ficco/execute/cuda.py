@@ -256,8 +256,9 @@ class CudaPrimitives(FusedPrimitives, Primitives):
     def signal(self, op: SignalOp, deps: Sequence[int]) -> None:
         import torch
 
-        # on the comm stream, behind the copy it follows: the flag says the chunk landed
-        torch.ops.symm_mem.stream_write_value32_(self.bufs.flags, op.slot, 1)
+        # on the comm stream, behind the copy it follows: the flag says the chunk landed (the
+        # op takes a flat uint32 tensor: the int32 flags viewed as such; the kernel reads 1)
+        torch.ops.symm_mem.stream_write_value32_(self.bufs.flags.view(torch.uint32), op.slot, 1)
 
     # --- what the fused primitives need (ficco.execute.fused) ---
     def _local(self, region):
