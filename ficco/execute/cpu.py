@@ -139,6 +139,7 @@ class CpuPrimitives(FusedPrimitives, Primitives):
 
     def begin(self, mode: str) -> None:
         if self.flag_slots:
+            self.prepare_fused()
             # outside the full run nothing sets the flags: preset them as arrived
             self.flags[: self.flag_slots].fill_(0 if mode == "full" else 1)
             # every rank has reset its flags (and poisoned its buffers) before any peer's

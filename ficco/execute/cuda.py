@@ -167,6 +167,7 @@ class CudaPrimitives(FusedPrimitives, Primitives):
         compute = torch.cuda.current_stream()
         self.streams = {"compute": compute, "comm": self.comm, "signal": self.signal}
         if self.flag_slots:
+            self.prepare_fused()  # compiled before the ranks meet (a no-op after the first)
             # outside a full run nothing sets the flags: preset them as arrived
             self.bufs.flags[: self.flag_slots].fill_(0 if mode == "full" else 1)
         self.comm.wait_stream(compute)

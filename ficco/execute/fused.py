@@ -38,13 +38,22 @@ class FusedPrimitives:
         per_source = max(1, self.flag_slots // self.plan.problem.world)
         return f"source rank {slot // per_source} chunk {slot % per_source} (flag slot {slot})"
 
-    def fused_gemm(self, op: FusedGemmOp) -> None:
-        from ficco.kernels.fused import FusedChunkViews, FusedGemm
+    def _kernel(self, op: FusedGemmOp | WaitFlagsOp):
+        """The prepared kernel of ``op`` (built on first use)."""
+        from ficco.kernels.fused import FlagWait, FusedChunkViews, FusedGemm
 
         kernels = self._kernels()
-        kernel = kernels.get(id(op))
-        if kernel is None:
-            rank, chunks = self.plan.rank, []
+        if id(op) in kernels:
+            return kernels[id(op)]
+        rank = self.plan.rank
+        if isinstance(op, WaitFlagsOp):
+            kernel = FlagWait(
+                [self._flag(rank, s) for s in op.slots],
+                [self._chunk_name(s) for s in op.slots],
+                timeout_s=self.flag_timeout_s,
+            )
+        else:
+            chunks = []
             for c in op.chunks:
                 out = self._local(c.out) if c.out_rank == rank else self._remote(c.out, c.out_rank)
                 chunks.append(
@@ -59,23 +68,27 @@ class FusedPrimitives:
             kernel = FusedGemm(
                 chunks, self._local(op.b), sm_budget=self.sm_budget, timeout_s=self.flag_timeout_s
             )
-            kernels[id(op)] = kernel
+        kernels[id(op)] = kernel
+        return kernel
+
+    def prepare_fused(self) -> None:
+        """Build and compile every flag kernel of the plan now, before the ranks meet: a
+        kernel compiled during the run would spend its peers' flag timeout."""
+        for task in self.plan.tasks:
+            if (
+                isinstance(task.op, FusedGemmOp | WaitFlagsOp)
+                and id(task.op) not in self._kernels()
+            ):
+                self._kernel(task.op).compile()
+
+    def fused_gemm(self, op: FusedGemmOp) -> None:
+        kernel = self._kernel(op)
         kernel()
         if self.synchronous:
             kernel.raise_on_timeout(f"rank {self.plan.rank}: fused GEMM")
 
     def wait_flags(self, op: WaitFlagsOp) -> None:
-        from ficco.kernels.fused import FlagWait
-
-        kernels = self._kernels()
-        kernel = kernels.get(id(op))
-        if kernel is None:
-            kernel = FlagWait(
-                [self._flag(self.plan.rank, s) for s in op.slots],
-                [self._chunk_name(s) for s in op.slots],
-                timeout_s=self.flag_timeout_s,
-            )
-            kernels[id(op)] = kernel
+        kernel = self._kernel(op)
         kernel()
         if self.synchronous:
             kernel.raise_on_timeout(f"rank {self.plan.rank}: reduction's flag wait")

@@ -386,17 +386,30 @@ class FusedGemm(_Timed):
                 self._tabulate(smaller[0])  # before any capture: the first launch is eager
                 self()
 
-    def _launch(self, cfg: GemmConfig) -> None:
+    def _launch(self, cfg: GemmConfig, warm: bool = False) -> None:
         a0, b, out0 = self.a0, self.b, self.out0
-        _fused_gemm_kernel[self.grid](
+        args = (
             a0, b, out0, self.flag_ref, self.table, self.tile_chunk, self.counters,
             self.status, self.tiles, self.n, self.k,
             a0.stride(0), a0.stride(1), b.stride(0), b.stride(1), out0.stride(0), out0.stride(1),
             self.budget_ns,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            A_ALIGN=self.a_align, C_ALIGN=self.c_align, USE_CLOCK=not INTERPRETER, INPUT_PRECISION=_PRECISION[a0.dtype],
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
+        meta = dict(
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            A_ALIGN=self.a_align, C_ALIGN=self.c_align, USE_CLOCK=not INTERPRETER,
+            INPUT_PRECISION=_PRECISION[a0.dtype], num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )  # fmt: skip
+        if warm:
+            _fused_gemm_kernel.warmup(*args, grid=self.grid, **meta)
+        else:
+            _fused_gemm_kernel[self.grid](*args, **meta)
+
+    def compile(self) -> None:
+        """Compile the kernel now, launching nothing (GPUs): a first launch that compiled
+        while a peer spun on its flags would spend the peer's timeout budget."""
+        if not INTERPRETER:
+            self._launch(self.config, warm=True)
 
 
 class FlagWait(_Timed):
@@ -424,12 +437,12 @@ class FlagWait(_Timed):
     def __call__(self) -> None:
         self.status.zero_()
         with _Watchdog(self.flags, self.timeout_s):
-            _wait_flags_kernel[(1,)](
-                self.ref,
-                self.offsets,
-                self.status,
-                len(self.flags),
-                self.budget_ns,
-                USE_CLOCK=not INTERPRETER,
-                num_warps=1,
-            )
+            _wait_flags_kernel[(1,)](*self._args(), USE_CLOCK=not INTERPRETER, num_warps=1)
+
+    def _args(self) -> tuple:
+        return (self.ref, self.offsets, self.status, len(self.flags), self.budget_ns)
+
+    def compile(self) -> None:
+        """Compile the kernel now, launching nothing (GPUs)."""
+        if not INTERPRETER:
+            _wait_flags_kernel.warmup(*self._args(), grid=(1,), USE_CLOCK=True, num_warps=1)
