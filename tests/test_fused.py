@@ -276,3 +276,75 @@ def test_a_missing_flag_is_a_timeout_verdict_not_a_hang(pattern, hook, where):
     assert "timed out after 2 s" in result.detail and "source rank" in result.detail
     # the pool's own limit (2 * timeout + 60 s) was never reached: the flag wait ended it
     assert time.monotonic() - start < 60
+
+
+def test_space_options_can_leave_fused_out():
+    """A store measured before fused schedules existed keeps its space (214 at this shape)."""
+    from ficco.space import SpaceOptions
+
+    p = Problem(pattern="ag_gemm", m=8192, n=8192, k=8192, world=2)
+    everything = list(enumerate_schedules(p))
+    before = list(
+        enumerate_schedules(p, SpaceOptions(computes=(Compute.PER_CHUNK, Compute.MERGED)))
+    )
+    assert len(everything) - len(before) == 30 and len(before) == 214
+    assert set(before) == {s for s in everything if s.compute is not Compute.FUSED}
+
+
+def test_fused_without_shared_memory_is_unavailable_not_wrong():
+    """A CPU group that is not a ficco rank pool (the drop-in ops) has no shared buffers."""
+    from ficco.execute.buffers import allocate
+    from ficco.execute.cpu import CpuPrimitives
+    from ficco.verdict import Unavailable
+
+    plan = build_plan(RS, Schedule.parse("shard/ce/triton+fused"), 0)
+    with pytest.raises(Unavailable, match="shared \\(symmetric\\) memory"):
+        CpuPrimitives(plan, allocate(plan, 0), 1)
+
+
+def _run_modes(rank: int, world: int, init_file: str, shared_dir: str, out_dir: str) -> None:
+    """One gloo rank: a fused plan of each pattern run in its 'gemm' and 'comm' parts alone
+    (the signatures' runs), where no peer's flags come: they must not wait."""
+    import json
+    import os
+
+    from ficco.execute.cpu import CpuBackend
+    from ficco.execute.cpu_group import init_gloo_rank
+    from ficco.execute.interpreter import interpret
+
+    init_gloo_rank(rank, world, init_file, 60.0)
+    backend = CpuBackend(rank, world, shared_dir=shared_dir, flag_timeout_s=5.0)
+    took = {}
+    for problem in (AG, RS):
+        p = dataclasses.replace(problem, world=world)
+        bufs = backend.allocate(p, 0)
+        plan = build_plan(p, Schedule.parse("finer-c2-m/ce/triton+fused"), rank)
+        prims = backend.primitives(plan, bufs, 0)
+        for mode in ("gemm", "comm", "full"):
+            start = time.monotonic()
+            interpret(prims, mode)
+            took[f"{p.pattern}:{mode}"] = time.monotonic() - start
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
+        json.dump(took, fh)
+    backend.close()
+
+
+def test_the_parts_of_a_fused_plan_run_alone_without_waiting(tmp_path):
+    import json
+
+    import torch.multiprocessing as mp
+
+    world = 2
+    mp.spawn(
+        _run_modes,
+        args=(world, str(tmp_path / "rendezvous"), str(tmp_path), str(tmp_path)),
+        nprocs=world,
+        join=True,
+    )
+    for rank in range(world):
+        took = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert set(took) == {
+            f"{p}:{m}" for p in ("ag_gemm", "gemm_rs") for m in ("gemm", "comm", "full")
+        }
+        # a wait would have lasted the 5 s flag timeout and raised
+        assert max(took.values()) < 5.0, took
