@@ -167,9 +167,7 @@ def test_gemm_ar_space():
     rs_ag = {str(s) for s in found if s.all_reduce.value == "rs_ag"}
     rs = Problem(pattern="gemm_rs", m=96, n=80, k=72, world=3)
     # gemm_rs's fused schedules have no gemm_ar twin (fused_needs_dense_pattern)
-    overlapped = [
-        s for s in enumerate_schedules(rs) if s.overlapped and s.compute.value != "fused"
-    ]
+    overlapped = [s for s in enumerate_schedules(rs) if s.overlapped and s.compute.value != "fused"]
     assert not any(s.compute.value == "fused" for s in found)
     assert rs_ag == {f"{s}+rs_ag" for s in overlapped}
     ragged = Problem(pattern="gemm_ar", m=95, n=80, k=72, world=3)
