@@ -54,3 +54,11 @@ STARTUP_S = 180.0
 #: apart (the last slot is the plan's collectives), within 31 bits.
 TAG_CHUNK_SLOTS = 1 << 12
 TAG_STEP_SLOTS = 1 << 6
+
+#: Flag slots per rank for fused schedules (``ficco.plan.fused``): one int32 per (source rank,
+#: chunk) on the rank that waits, so world x chunks must fit.
+FLAG_SLOTS = 1 << 12
+#: Seconds a fused GEMM's tile (or an owner's reduction) waits on one chunk's flag before it
+#: gives up with a FlagTimeout: well under TIMEOUT_S, so the schedule is recorded ``timeout``
+#: by its own error, not by the supervisor killing the ranks.
+FLAG_TIMEOUT_S = 30.0

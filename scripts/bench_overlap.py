@@ -73,6 +73,11 @@ CANDIDATES = [
     "finer-c2-m/nccl/triton+sm16",
     "shard/ce/cublas+all_peers",
     "finer-c2-m/ce/cublas+all_peers",
+    # one persistent Triton GEMM per rank: tiles wait on per-chunk arrival flags (AG+GEMM),
+    # or the epilogue stores into the owner's staging buffer and flags it (GEMM+RS)
+    "shard/ce/triton+fused",
+    "finer-c2-m/ce/triton+fused",
+    "finer-c4-m/ce/triton+fused",
 ]
 
 

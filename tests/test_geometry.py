@@ -2,7 +2,7 @@
 
 import pytest
 
-from ficco.plan import CollectiveOp, GemmOp, TransferOp, build_plan
+from ficco.plan import CollectiveOp, FusedGemmOp, GemmOp, TransferOp, build_plan
 from ficco.problem import Problem
 from ficco.space import Granularity, Schedule, enumerate_schedules
 from ficco.space.geometry import geometry
@@ -24,6 +24,10 @@ def _largest_gemm(plan) -> tuple[int, int, int]:
         for t in plan.tasks
         if isinstance(t.op, GemmOp)
     ]
+    for t in plan.tasks:  # a fused GEMM is one launch over all its chunks' rows
+        if isinstance(t.op, FusedGemmOp):
+            rows = sum(c.a.shape[0] for c in t.op.chunks)
+            shapes.append((rows, t.op.b.shape[1], t.op.b.shape[0]))
     return max(shapes, key=lambda s: s[0] * s[1] * s[2])
 
 
@@ -35,12 +39,16 @@ def test_geometry_matches_the_plan_of_every_overlapped_schedule(problem):
             continue
         geo = geometry(problem, schedule)
         plan = build_plan(problem, schedule, rank=0)
-        gemms = [t for t in plan.tasks if isinstance(t.op, GemmOp)]
+        gemms = [t for t in plan.tasks if isinstance(t.op, GemmOp | FusedGemmOp)]
         recvs = [t for t in plan.tasks if isinstance(t.op, TransferOp) and t.op.direction == "recv"]
         sends = [t for t in plan.tasks if isinstance(t.op, TransferOp) and t.op.direction == "send"]
+
         assert len(gemms) == geo.gemm_launches, schedule
         assert _largest_gemm(plan) == (geo.gemm_rows, geo.gemm_cols, geo.gemm_k), schedule
-        moved = recvs if problem.pattern.value == "ag_gemm" else sends
+        moved = [t.op.local for t in (recvs if problem.pattern.value == "ag_gemm" else sends)]
+        for t in plan.tasks:  # a fused gemm_rs moves a chunk by storing it into its owner
+            if isinstance(t.op, FusedGemmOp):
+                moved += [c.out for c in t.op.chunks if c.out_rank != plan.rank]
         reduces = [t.op for t in plan.tasks if isinstance(t.op, CollectiveOp)]
         if reduces:  # gemm_ar's chunked all-reduce on nccl: one collective per chunk
             assert len(reduces) * (problem.world - 1) == geo.transfers, schedule
@@ -49,7 +57,7 @@ def test_geometry_matches_the_plan_of_every_overlapped_schedule(problem):
             assert max(shapes) == (geo.transfer_rows, geo.transfer_cols), schedule
         else:
             assert len(moved) == geo.transfers, schedule
-            assert max(t.op.local.shape for t in moved) == (geo.transfer_rows, geo.transfer_cols)
+            assert max(r.shape for r in moved) == (geo.transfer_rows, geo.transfer_cols)
         checked += 1
     assert checked > 20
 

@@ -5,6 +5,7 @@ import pytest
 
 from ficco.plan import (
     CollectiveOp,
+    FusedGemmOp,
     GemmOp,
     LocalCopyOp,
     ReduceOp,
@@ -53,6 +54,11 @@ def _written_once(plan, shapes):
     for task in plan.tasks:
         op = task.op
         region = None
+        if isinstance(op, FusedGemmOp):  # the chunks this rank stores locally
+            for c in op.chunks:
+                if c.out_rank == plan.rank and c.out.buffer == out:
+                    count[c.out.rows[0] : c.out.rows[1], c.out.cols[0] : c.out.cols[1]] += 1
+            continue
         if isinstance(op, GemmOp) and not op.accumulate:
             region = op.out
         elif isinstance(op, ReduceOp):
@@ -84,6 +90,11 @@ def test_every_plan_is_consistent_across_ranks(problem):
                     (m, k), (k2, n), (m2, n2) = op.a.shape, op.b.shape, op.out.shape
                     assert (k, m, n) == (k2, m2, n2), (schedule, op)
                     assert m > 0 and n > 0 and k > 0
+                if isinstance(op, FusedGemmOp):
+                    for c in op.chunks:
+                        (m, k), (m2, n) = c.a.shape, c.out.shape
+                        assert (m, k, n) == (m2, *op.b.shape), (schedule, c)
+                        assert m > 0
                 if isinstance(op, TransferOp):
                     # the peer lists the other half with the same tag and swapped regions
                     peer_ops = [

@@ -64,6 +64,9 @@ def test_every_rule_excludes_something_named():
         "shard/ce/triton+sm16",
         "serial/nccl/cublas+hi",
         "shard/nccl/triton+sm500",  # more SMs than the GPU has
+        "shard/ce/cublas+fused",  # cuBLAS cannot wait on flags
+        "serial/ce/triton+fused",  # nothing to wait on
+        "finer-c2-n/nccl/triton+fused",  # not a row cut, not on symmetric memory
     ]:
         hits |= {name for name, _ in violations(problem, Schedule.parse(text))}
     hits |= {name for name, _ in violations(problem, Schedule(granularity="finer", chunks=1))}
@@ -74,6 +77,7 @@ def test_every_rule_excludes_something_named():
         "shard/nccl/cublas",  # a direct all-reduce has no shards
         "finer-c2-m/nccl/cublas+all_peers",
         "finer-c2-m/nccl/cublas+merged",
+        "finer-c2-m/ce/triton+fused",  # no fused all-reduce
     ]:
         hits |= {name for name, _ in violations(gemm_ar, Schedule.parse(text))}
     even = Problem(pattern="gemm_ar", m=6, n=16, k=16, world=3)
@@ -162,7 +166,9 @@ def test_gemm_ar_space():
     assert all(s.order.value == "ring" and s.compute.value == "per_chunk" for s in direct)
     rs_ag = {str(s) for s in found if s.all_reduce.value == "rs_ag"}
     rs = Problem(pattern="gemm_rs", m=96, n=80, k=72, world=3)
-    overlapped = [s for s in enumerate_schedules(rs) if s.overlapped]
+    # gemm_rs's fused schedules have no gemm_ar twin (fused_needs_dense_pattern)
+    overlapped = [s for s in enumerate_schedules(rs) if s.overlapped and s.compute.value != "fused"]
+    assert not any(s.compute.value == "fused" for s in found)
     assert rs_ag == {f"{s}+rs_ag" for s in overlapped}
     ragged = Problem(pattern="gemm_ar", m=95, n=80, k=72, world=3)
     assert not any(s.all_reduce.value == "rs_ag" for s in enumerate_schedules(ragged))

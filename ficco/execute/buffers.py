@@ -28,13 +28,16 @@ def allocate(
     plan: Plan, seed: int, device="cpu", empty=torch.empty, peer_visible_empty=None
 ) -> dict[str, torch.Tensor]:
     """Inputs filled with random values; workspaces and outputs poisoned with NaN so an
-    unwritten element can never pass verification. ``peer_visible_empty`` allocates buffers
-    other ranks access directly (symmetric memory on GPUs)."""
+    unwritten element can never pass verification. ``peer_visible_empty(shape, dtype, device,
+    name)`` allocates buffers other ranks access directly (symmetric memory on GPUs, shared
+    files on CPU)."""
     dtype = torch_dtype(plan.problem.dtype)
     tensors = {}
     for spec in plan.buffers:
-        make = peer_visible_empty if (spec.peer_visible and peer_visible_empty) else empty
-        t = make(spec.shape, dtype=dtype, device=device)
+        if spec.peer_visible and peer_visible_empty:
+            t = peer_visible_empty(spec.shape, dtype=dtype, device=device, name=spec.name)
+        else:
+            t = empty(spec.shape, dtype=dtype, device=device)
         if spec.role == "input":
             t.copy_(random_input(spec.shape, dtype, input_seed(seed, plan.rank, spec.name), device))
         else:

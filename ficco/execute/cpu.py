@@ -4,7 +4,15 @@ It stands in for the GPU transports so every pattern and every schedule axis is 
 correctness without a GPU. Tasks run in plan order on one thread (one lane, ``host``);
 transfers are non-blocking gloo sends/receives (one-sided copy-engine pulls and pushes are
 emulated by posting both halves, which every plan lists), and a task first settles the
-transfers it depends on. Stream priorities and SM reserves have no CPU meaning: they change
+transfers it depends on.
+
+Fused schedules run the GPU's kernels under the interpreter. Symmetric memory is stood in for
+by file-backed shared tensors (``torch.from_file(..., shared=True)``): each rank's
+peer-visible buffers and its int32 flags are files in the pool's directory that every rank
+maps, so a producer's epilogue stores land in the owner's staging buffer as they do over
+NVLink. An ag_gemm transfer's flag is set by a small thread that waits on the gloo receive
+and then copies the chunk in place (a copy-engine copy followed by its stream-ordered flag
+write, on a GPU). Stream priorities and SM reserves have no CPU meaning: they change
 nothing here but the Triton GEMM's program count. Timing is host ``perf_counter`` after a
 barrier, the max across ranks: it exercises the harness only, never a profile.
 """
@@ -12,15 +20,19 @@ barrier, the max across ranks: it exercises the harness only, never a profile.
 from __future__ import annotations
 
 import functools
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
+from ficco.defaults import FLAG_SLOTS, FLAG_TIMEOUT_S
 from ficco.execute.backend import Backend, Buffers
 from ficco.execute.baselines import plan_part_baselines
 from ficco.execute.buffers import allocate, view
+from ficco.execute.fused import FusedPrimitives
 from ficco.execute.interpreter import Primitives, interpret
 from ficco.execute.options import TimingOptions
 from ficco.execute.reference import reference_output
@@ -32,6 +44,7 @@ from ficco.plan import (
     Plan,
     ReduceOp,
     Region,
+    SignalOp,
     Task,
     TransferOp,
     build_plan,
@@ -52,18 +65,90 @@ def cpu_capability(problem: Problem, schedule: Schedule) -> str | None:
     return None
 
 
-class CpuPrimitives(Primitives):
-    """gloo transports, torch.matmul / interpreted Triton GEMMs, all on the host thread."""
+class SharedCpuMemory:
+    """Symmetric memory on one host: every rank's peer-visible buffers and flags as files in
+    one directory, mapped by every rank (``torch.from_file(..., shared=True)``)."""
 
-    def __init__(self, plan: Plan, tensors: dict[str, torch.Tensor], run: int) -> None:
+    def __init__(self, directory: str, problem_index: int, rank: int) -> None:
+        self.directory, self.index, self.rank = directory, problem_index, rank
+        self._mapped: dict[tuple[str, int], torch.Tensor] = {}
+
+    def path(self, name: str, rank: int) -> str:
+        return os.path.join(self.directory, f"p{self.index}-r{rank}-{name}.bin")
+
+    def empty(self, name: str, shape, dtype: torch.dtype, rank: int | None = None):
+        """Buffer ``name`` of ``rank`` (this rank's: created; a peer's: mapped, once the
+        peer created it)."""
+        rank = self.rank if rank is None else rank
+        key = (name, rank)
+        if key not in self._mapped:
+            numel = 1
+            for d in shape:
+                numel *= d
+            t = torch.from_file(self.path(name, rank), shared=True, size=numel, dtype=dtype)
+            self._mapped[key] = t.view(tuple(shape))
+        return self._mapped[key]
+
+    def peer(self, like: torch.Tensor, name: str, rank: int) -> torch.Tensor:
+        return self.empty(name, like.shape, like.dtype, rank)
+
+
+def _region(t: torch.Tensor, region: Region) -> torch.Tensor:
+    if region.index is not None:
+        t = t[region.index]
+    return t[region.rows[0] : region.rows[1], region.cols[0] : region.cols[1]]
+
+
+class CpuPrimitives(FusedPrimitives, Primitives):
+    """gloo transports, torch.matmul / interpreted Triton GEMMs, all on the host thread
+    (fused plans: the GPU's flag kernels too, with ``shared`` standing in for symmetric
+    memory; without it they are unavailable)."""
+
+    synchronous = True  # the interpreter runs a kernel to its end inside the call
+
+    def __init__(
+        self,
+        plan: Plan,
+        tensors: dict[str, torch.Tensor],
+        run: int,
+        shared: SharedCpuMemory | None = None,
+        flag_timeout_s: float = FLAG_TIMEOUT_S,
+    ) -> None:
         self.plan, self.tensors, self.run = plan, tensors, run
         self.budget = max(1, CPU_PROGRAMS - plan.schedule.sm_reserve)
+        self.sm_budget = self.budget
         self.pending: dict[int, tuple] = {}
+        self.shared, self.flag_timeout_s = shared, flag_timeout_s
+        self.flag_slots = plan.flag_slots
+        self.signalers: list[threading.Thread] = []
+        self.signal_errors: list[BaseException] = []
+        if self.flag_slots and shared is None:
+            raise Unavailable(
+                "fused schedules need shared (symmetric) memory between the ranks: this CPU "
+                "group has none (ficco's own rank pools provide it)"
+            )
+
+    @property
+    def flags(self) -> torch.Tensor:
+        assert self.shared is not None
+        return self.shared.empty("flags", (FLAG_SLOTS,), torch.int32)
 
     def lane(self, task: Task) -> str:
-        return "host"
+        # a signal must not hold up the host: it hands its receive to a thread
+        return "signal" if isinstance(task.op, SignalOp) else "host"
+
+    def begin(self, mode: str) -> None:
+        if self.flag_slots:
+            self.prepare_fused()
+            # outside the full run nothing sets the flags: preset them as arrived
+            self.flags[: self.flag_slots].fill_(0 if mode == "full" else 1)
+            # every rank has reset its flags (and poisoned its buffers) before any peer's
+            # fused GEMM writes into them
+            dist.barrier()
 
     def wait(self, lane: str, deps: Sequence[int]) -> None:
+        if lane == "signal":
+            return
         for dep in deps:
             self._settle(dep)
 
@@ -73,6 +158,12 @@ class CpuPrimitives(Primitives):
     def end(self) -> None:
         for task_id in list(self.pending):
             self._settle(task_id)
+        for thread in self.signalers:
+            thread.join()
+        self.signalers = []
+        if self.signal_errors:
+            err, self.signal_errors = self.signal_errors[0], []
+            raise err
 
     def _settle(self, task_id: int) -> None:
         if task_id in self.pending:
@@ -91,6 +182,35 @@ class CpuPrimitives(Primitives):
             out.add_(a @ b)
         else:
             out.copy_(a @ b)
+
+    def signal(self, op: SignalOp, deps: Sequence[int]) -> None:
+        waits = [self.pending.pop(d) for d in deps if d in self.pending]
+        flag = self.flags[op.slot : op.slot + 1]
+
+        def land() -> None:
+            try:
+                for req, staged, dest in waits:
+                    req.wait()
+                    if dest is not None:
+                        dest.copy_(staged)
+                flag.fill_(1)
+            except BaseException as err:  # re-raised on the host thread in end()
+                self.signal_errors.append(err)
+
+        thread = threading.Thread(target=land, daemon=True)
+        thread.start()
+        self.signalers.append(thread)
+
+    # --- what the fused primitives need (ficco.execute.fused) ---
+    def _local(self, region: Region) -> torch.Tensor:
+        return view(self.tensors, region)
+
+    def _remote(self, region: Region, rank: int) -> torch.Tensor:
+        return _region(self.shared.peer(self.tensors[region.buffer], region.buffer, rank), region)
+
+    def _flag(self, rank: int, slot: int) -> torch.Tensor:
+        flags = self.shared.empty("flags", (FLAG_SLOTS,), torch.int32, rank)
+        return flags[slot : slot + 1]
 
     def reduce(self, op: ReduceOp) -> None:
         # fp32 accumulation, one rounding: what a reduction kernel does
@@ -181,12 +301,34 @@ class HostClock:
 class CpuBackend(Backend):
     name = "cpu"
 
-    def __init__(self, rank: int, world: int) -> None:
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        shared_dir: str | None = None,
+        flag_timeout_s: float = FLAG_TIMEOUT_S,
+    ) -> None:
+        """``shared_dir``: a directory every rank sees, where peer-visible buffers live as
+        shared files (None: plain tensors, and fused schedules are unavailable)."""
         self.rank, self.world = rank, world
+        self.shared_dir, self.flag_timeout_s = shared_dir, flag_timeout_s
         self._runs = 0  # plans run in this process: each gets its own tag range
+        self._problems = 0  # problems allocated: each gets its own shared files
 
     def allocate(self, problem: Problem, seed: int) -> Buffers:
-        return Buffers(allocate(build_plan(problem, Schedule(), self.rank), seed))
+        plan = build_plan(problem, Schedule(), self.rank)
+        if self.shared_dir is None:
+            return Buffers(allocate(plan, seed))
+        self._problems += 1
+        shared = SharedCpuMemory(self.shared_dir, self._problems, self.rank)
+        tensors = allocate(
+            plan,
+            seed,
+            peer_visible_empty=lambda shape, dtype, device, name: shared.empty(name, shape, dtype),
+        )
+        shared.empty("flags", (FLAG_SLOTS,), torch.int32).zero_()
+        dist.barrier()  # every rank's files exist before any peer maps them
+        return Buffers(tensors, shared=shared)
 
     def reference(self, problem: Problem, bufs: Buffers, seed: int):
         return reference_output(problem, self.rank, seed)
@@ -196,7 +338,8 @@ class CpuBackend(Backend):
         if reason:
             raise Unavailable(reason)
         self._runs += 1
-        return CpuPrimitives(plan, bufs.tensors, self._runs)
+        shared = getattr(bufs, "shared", None)
+        return CpuPrimitives(plan, bufs.tensors, self._runs, shared, self.flag_timeout_s)
 
     def baselines(self, problem: Problem, bufs: Buffers) -> dict[str, Callable[[], None]]:
         serial = self.primitives(build_plan(problem, Schedule(), self.rank), bufs, 0)

@@ -23,6 +23,16 @@ launch and Python cost between the two events counts.
 Traps met on the way: a peer ``copy_`` between two devices in one process makes both current
 streams wait on each other (serializes); a strided slice makes ``copy_`` an SM kernel (the
 space excludes strided copy-engine chunks); zeros as inputs run faster than random data.
+
+Fused schedules. Every rank has an int32 flag buffer in symmetric memory. ag_gemm: each pull
+is followed on the comm stream by ``torch.ops.symm_mem.stream_write_value32_`` on its flag
+(the write lands after the copy), and the one fused GEMM on the compute stream spins per tile
+on the flags (``ficco.kernels.fused``). gemm_rs: the fused GEMM stores peers' tiles into their
+``staging`` and sets their flags; each owner's reduction waits behind a one-program flag wait
+on the signal stream. A fused run resets its flags, then meets the peers at the start barrier
+before its GEMM starts: no peer writes into a buffer its owner has not released, and no
+spinning GEMM can occupy the SMs that the barrier kernel needs. A wait that gives up is read
+back after the run (``raise_failures``) as a ``FlagTimeout``.
 """
 
 from __future__ import annotations
@@ -32,9 +42,11 @@ import functools
 import gc
 from collections.abc import Callable, Iterator, Sequence
 
+from ficco.defaults import FLAG_SLOTS, FLAG_TIMEOUT_S
 from ficco.execute.backend import Backend, Buffers
 from ficco.execute.baselines import cuda_baselines
 from ficco.execute.cuda_setup import CAPTURE_MODE, RankContext
+from ficco.execute.fused import FusedPrimitives
 from ficco.execute.interpreter import Primitives
 from ficco.execute.options import TimingOptions
 from ficco.plan import (
@@ -43,18 +55,20 @@ from ficco.plan import (
     LocalCopyOp,
     Plan,
     ReduceOp,
+    SignalOp,
     Stream,
     Task,
     TransferOp,
+    WaitFlagsOp,
     build_plan,
 )
-from ficco.plan.ops import Region
+from ficco.plan.ops import GEMM_OPS, Region
 from ficco.problem import Problem
 from ficco.space import Gemm, Schedule, Transport
 from ficco.verdict import Unavailable
 
 
-class CudaPrimitives(Primitives):
+class CudaPrimitives(FusedPrimitives, Primitives):
     """Streams, events, copy-engine and NCCL transports, cuBLAS / Triton GEMMs for one plan
     on one rank. Built once per schedule; interpreted many times."""
 
@@ -80,6 +94,15 @@ class CudaPrimitives(Primitives):
         if self.ce and not ctx.has_signals and pushes:
             raise Unavailable("this torch's symmetric memory has no put_signal/wait_signal")
         self.sm_budget = max(1, ctx.sm_count - s.sm_reserve)
+        self.flag_slots = plan.flag_slots
+        self.flag_timeout_s = min(FLAG_TIMEOUT_S, ctx.timeout_s / 4)
+        if self.flag_slots:
+            if getattr(bufs, "flags", None) is None:
+                raise Unavailable("fused schedules need the flag buffer (symmetric memory)")
+            if any(isinstance(t.op, SignalOp) for t in plan.tasks) and not hasattr(
+                torch.ops.symm_mem, "stream_write_value32_"
+            ):
+                raise Unavailable("this torch has no torch.ops.symm_mem.stream_write_value32_")
         self.use_triton = s.gemm is Gemm.TRITON
         if self.use_triton:
             from ficco.kernels import matmul as triton_matmul
@@ -97,6 +120,8 @@ class CudaPrimitives(Primitives):
                     self.stream_of[task.id] = "signal" if op.direction == "recv" else None
                 else:
                     self.stream_of[task.id] = "comm"
+            elif isinstance(op, WaitFlagsOp):
+                self.stream_of[task.id] = "signal"  # gates the reductions queued behind it
             elif isinstance(op, ReduceOp) and s.granularity.value != "serial":
                 # beside the GEMMs: a chunk's reduction overlaps the next chunk's GEMM, and
                 # waits on the same stream as the pushed data it reads
@@ -142,6 +167,10 @@ class CudaPrimitives(Primitives):
 
         compute = torch.cuda.current_stream()
         self.streams = {"compute": compute, "comm": self.comm, "signal": self.signal}
+        if self.flag_slots:
+            self.prepare_fused()  # compiled before the ranks meet (a no-op after the first)
+            # outside a full run nothing sets the flags: preset them as arrived
+            self.bufs.flags[: self.flag_slots].fill_(0 if mode == "full" else 1)
         self.comm.wait_stream(compute)
         self.signal.wait_stream(compute)
         if self.ce and mode != "gemm":
@@ -150,6 +179,10 @@ class CudaPrimitives(Primitives):
             with torch.cuda.stream(self.comm):
                 self.ctx.fence.barrier(channel=1)
             self.signal.wait_stream(self.comm)
+            if self.flag_slots:
+                # a fused GEMM starts after the barrier: it writes into peers (gemm_rs), and
+                # its spinning programs must not hold the SMs the barrier kernel needs
+                compute.wait_stream(self.comm)
 
     def wait(self, lane: str, deps: Sequence[int]) -> None:
         stream = self.streams[lane]
@@ -192,9 +225,9 @@ class CudaPrimitives(Primitives):
             and self.ce
             and op.direction == "recv"
             and op.initiator == "sender"
-        ):
+        ) or isinstance(op, WaitFlagsOp):
             return "wait"
-        return "gemm" if isinstance(op, GemmOp) else "comm"
+        return "gemm" if isinstance(op, GEMM_OPS) else "comm"
 
     # --- the ops ---
     def view(self, region):
@@ -221,6 +254,28 @@ class CudaPrimitives(Primitives):
             torch.mm(a, b, out=out)
         else:
             out.copy_(a @ b)
+
+    def signal(self, op: SignalOp, deps: Sequence[int]) -> None:
+        import torch
+
+        # on the comm stream, behind the copy it follows: the flag says the chunk landed (the
+        # op takes a flat uint32 tensor: the int32 flags viewed as such; the kernel reads 1)
+        torch.ops.symm_mem.stream_write_value32_(self.bufs.flags.view(torch.uint32), op.slot, 1)
+
+    # --- what the fused primitives need (ficco.execute.fused) ---
+    def _local(self, region):
+        return self.view(region)
+
+    def _remote(self, region, rank: int):
+        return self.peer_view(region.buffer, rank, region)
+
+    def _flag(self, rank: int, slot: int):
+        import torch
+
+        flags = self.bufs.flags
+        if rank != self.plan.rank:
+            flags = self.bufs.flag_handle.get_buffer(rank, (FLAG_SLOTS,), torch.int32)
+        return flags[slot : slot + 1]
 
     def reduce(self, op: ReduceOp) -> None:
         import torch
@@ -368,6 +423,7 @@ class CudaBackend(Backend):
 
     def allocate(self, problem: Problem, seed: int) -> Buffers:
         """Peer-visible buffers live in symmetric memory (rendezvoused per problem)."""
+        import torch
         import torch.distributed._symmetric_memory as symm_mem
 
         from ficco.execute.buffers import allocate
@@ -375,7 +431,7 @@ class CudaBackend(Backend):
         plan = build_plan(problem, Schedule(), self.rank)
         made = []
 
-        def symm_empty(shape, dtype, device):
+        def symm_empty(shape, dtype, device, name=None):
             t = symm_mem.empty(shape, dtype=dtype, device=device)
             made.append(t)
             return t
@@ -387,7 +443,14 @@ class CudaBackend(Backend):
                 handles[spec.name] = symm_mem.rendezvous(
                     tensors[spec.name], self.ctx.group.group_name
                 )
-        return Buffers(tensors, handles=handles, keep=made)
+        # fused schedules' flags: one int32 per (source rank, chunk), set by copies' stream
+        # writes or by peers' fused GEMMs
+        flags = symm_mem.empty(FLAG_SLOTS, dtype=torch.int32, device=self.ctx.device)
+        flags.zero_()
+        flag_handle = symm_mem.rendezvous(flags, self.ctx.group.group_name)
+        return Buffers(
+            tensors, handles=handles, keep=[*made, flags], flags=flags, flag_handle=flag_handle
+        )
 
     def reference(self, problem: Problem, bufs: Buffers, seed: int):
         from ficco.execute.reference import reference_by_collectives

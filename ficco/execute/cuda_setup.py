@@ -41,6 +41,7 @@ class RankContext:
     flush: object = None
     host_group: object = None  # gloo group: the host barrier of 'synced' issue
     sleep_cycles_per_ms: float = 0.0  # torch.cuda._sleep calibration (0: not yet)
+    timeout_s: float = 120.0  # the process group's timeout (a flag wait gives up sooner)
 
 
 def init_rank(
@@ -93,6 +94,7 @@ def init_rank(
         },
         sm_count=torch.cuda.get_device_properties(device).multi_processor_count,
         host_group=host_group,
+        timeout_s=timeout_s,
     )
     # older torch needs this; torch 2.11 deprecates it with a FutureWarning per rank
     with contextlib.suppress(Exception), warnings.catch_warnings():

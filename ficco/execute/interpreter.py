@@ -7,7 +7,8 @@ ring step), and the ops themselves (transports, GEMM kernels, reductions, copies
 
 ``mode`` selects what runs: ``full``; ``gemm`` (compute tasks only, back to back) or ``comm``
 (everything that is not a GEMM: transfers, collectives, and the local copies and reductions a
-collective does itself). ``trace`` (a list) receives ``(task id, kind, start, end)`` spans
+collective does itself; a fused GEMM counts as a GEMM, so its flags are preset as arrived in
+the other modes). ``trace`` (a list) receives ``(task id, kind, start, end)`` spans
 from the backend's :meth:`Primitives.span`, kind 'gemm', 'comm' or 'wait'.
 """
 
@@ -19,13 +20,18 @@ from collections.abc import Iterator, Sequence
 
 from ficco.plan import (
     CollectiveOp,
+    FusedGemmOp,
     GemmOp,
     LocalCopyOp,
     Plan,
     ReduceOp,
+    SignalOp,
     Task,
     TransferOp,
+    WaitFlagsOp,
 )
+from ficco.plan.ops import GEMM_OPS
+from ficco.verdict import Unavailable
 
 MODES = ("full", "gemm", "comm")
 
@@ -65,7 +71,7 @@ class Primitives(abc.ABC):
         """After the last task (join lanes, settle what is still in flight)."""
 
     def span_kind(self, task: Task) -> str:
-        return "gemm" if isinstance(task.op, GemmOp) else "comm"
+        return "gemm" if isinstance(task.op, GEMM_OPS) else "comm"
 
     # --- the ops ---
     @abc.abstractmethod
@@ -84,6 +90,24 @@ class Primitives(abc.ABC):
     def transfer(self, ops: Sequence[TransferOp], task_ids: Sequence[int]) -> None:
         """One batch of transfers (a single one unless :meth:`batch` groups them)."""
 
+    # --- fused schedules (backends without flags refuse them) ---
+    def fused_gemm(self, op: FusedGemmOp) -> None:
+        """The one persistent GEMM of a fused plan (waits on and sets flags itself)."""
+        raise Unavailable(f"{type(self).__name__} has no fused GEMM (no flags)")
+
+    def signal(self, op: SignalOp, deps: Sequence[int]) -> None:
+        """Set flag ``op.slot`` once the tasks ``deps`` have completed, without holding up the
+        lane (the fused GEMM waits on the flag, not on the lane)."""
+        raise Unavailable(f"{type(self).__name__} has no flags")
+
+    def wait_flags(self, op: WaitFlagsOp) -> None:
+        """Hold the lane until every flag of ``op.slots`` is set."""
+        raise Unavailable(f"{type(self).__name__} has no flags")
+
+    def raise_failures(self) -> None:  # noqa: B027 - optional hook
+        """After the run completed (the device synchronized): raise what the run's kernels
+        recorded on the device (a flag wait that timed out)."""
+
 
 def interpret(prims: Primitives, mode: str = "full", trace: list | None = None) -> None:
     """Issue one execution of ``prims.plan`` through the backend's primitives."""
@@ -94,7 +118,7 @@ def interpret(prims: Primitives, mode: str = "full", trace: list | None = None) 
     skipped: set[int] = set()
     for task in prims.plan.tasks:
         op = task.op
-        is_comm = not isinstance(op, GemmOp)
+        is_comm = not isinstance(op, GEMM_OPS)
         lane = prims.lane(task)
         if (mode == "gemm" and is_comm) or (mode == "comm" and not is_comm) or lane is None:
             skipped.add(task.id)
@@ -107,6 +131,12 @@ def interpret(prims: Primitives, mode: str = "full", trace: list | None = None) 
         with prims.span(lane, task, prims.span_kind(task), trace):
             if isinstance(op, GemmOp):
                 prims.gemm(op)
+            elif isinstance(op, FusedGemmOp):
+                prims.fused_gemm(op)
+            elif isinstance(op, SignalOp):
+                prims.signal(op, deps)
+            elif isinstance(op, WaitFlagsOp):
+                prims.wait_flags(op)
             elif isinstance(op, ReduceOp):
                 prims.reduce(op)
             elif isinstance(op, LocalCopyOp):

@@ -105,10 +105,12 @@ def measure_problem(
             plan = build_plan(problem, schedule, backend.rank)
             if plan_hook is not None:
                 plan = plan_hook(plan)
-            run = functools.partial(interpret, backend.primitives(plan, bufs, index))
+            prims = backend.primitives(plan, bufs, index)
+            run = functools.partial(interpret, prims)
             poison(plan, bufs)
             run()
             backend.synchronize()
+            prims.raise_failures()  # a flag wait that gave up on the device
             check = check_output(bufs.tensors[plan.output], exact, plain, problem, schedule)
             if check.ok:
                 runners[name], traced[name] = run, run

@@ -21,6 +21,7 @@ import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
+from ficco.defaults import FLAG_TIMEOUT_S
 from ficco.execute.options import RunOptions, TimingOptions
 from ficco.problem import Problem
 from ficco.space import Schedule
@@ -47,7 +48,14 @@ def make_backend(backend: str, rank: int, world: int, init_file: str | None, tim
         from ficco.execute.cpu_group import init_gloo_rank
 
         init_gloo_rank(rank, world, init_file, timeout_s)
-        return CpuBackend(rank, world)
+        # the pool's private directory holds the ranks' shared (symmetric) buffers too; a
+        # flag wait gives up well before the ranks' own timeout
+        return CpuBackend(
+            rank,
+            world,
+            shared_dir=os.path.dirname(init_file) if init_file else None,
+            flag_timeout_s=min(FLAG_TIMEOUT_S, timeout_s / 4),
+        )
     if backend == "cuda":
         from ficco.execute.cuda import CudaBackend
         from ficco.execute.cuda_setup import init_rank

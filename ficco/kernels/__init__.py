@@ -1,4 +1,5 @@
-"""Triton GEMM kernels for overlap schedules: a persistent matmul with an SM budget.
+"""Triton GEMM kernels for overlap schedules: a persistent matmul with an SM budget, and the
+fused GEMM of ``+fused`` schedules (tiles that wait on, or set, per-chunk flags).
 
 This package imports Triton at module level; nothing else in ficco imports it, so
 `import ficco` works where Triton is missing. Under the CPU interpreter, set
@@ -13,12 +14,17 @@ from ficco.kernels.configs import (
     candidate_configs,
     heuristic_config,
 )
+from ficco.kernels.fused import FlagTimeout, FlagWait, FusedChunkViews, FusedGemm
 from ficco.kernels.matmul import matmul
 from ficco.kernels.persistent import default_sm_budget, select_path, tma_available
 from ficco.kernels.tuning import TuningKey, cache_path, cached_config, tune
 
 __all__ = [
     "FALLBACK_CONFIG",
+    "FlagTimeout",
+    "FlagWait",
+    "FusedChunkViews",
+    "FusedGemm",
     "GPU_CONFIGS",
     "INTERPRETER_CONFIGS",
     "GemmConfig",

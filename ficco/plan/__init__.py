@@ -6,6 +6,7 @@ A plan is the single description every executor backend runs. Modules:
 ``tags``      message tags of two-sided transfers (the one place they are derived)
 ``dense``     ag_gemm and gemm_rs lowerings
 ``alltoall``  a2a_gemm and gemm_a2a lowerings
+``fused``     ``+fused`` schedules of ag_gemm and gemm_rs (one persistent GEMM, flag ops)
 ``allreduce`` gemm_ar's lowering (direct chunked all-reduce, or gemm_rs's + an all-gather)
 
 Chunk geometry (how a schedule cuts a problem) is ``ficco.space.geometry``, re-exported here.
@@ -23,15 +24,20 @@ from ficco.plan.dense import plan_ag_gemm, plan_gemm_rs
 from ficco.plan.ops import (
     BufferSpec,
     CollectiveOp,
+    FusedChunk,
+    FusedGemmOp,
     GemmOp,
     LocalCopyOp,
     Op,
     Plan,
     ReduceOp,
     Region,
+    SignalOp,
     Stream,
     Task,
     TransferOp,
+    WaitFlagsOp,
+    flag_slot,
 )
 from ficco.plan.tags import COLLECTIVE_TAG, TAGS_PER_RUN, run_tag, transfer_tag
 from ficco.problem import Pattern, Problem
@@ -62,6 +68,8 @@ __all__ = [
     "TAGS_PER_RUN",
     "BufferSpec",
     "CollectiveOp",
+    "FusedChunk",
+    "FusedGemmOp",
     "GemmOp",
     "Geometry",
     "LocalCopyOp",
@@ -69,12 +77,15 @@ __all__ = [
     "Plan",
     "ReduceOp",
     "Region",
+    "SignalOp",
     "Stream",
     "Task",
     "TransferOp",
+    "WaitFlagsOp",
     "build_plan",
     "chunk_bounds",
     "cut",
+    "flag_slot",
     "geometry",
     "quantum",
     "run_tag",

@@ -8,11 +8,13 @@ gemm_rs    a [M, K], b [K, N]          partial [M, N], staging [W*S, N], c_shard
 =========  ==========================  ==============================================
 
 ``staging`` row block ``p`` receives source rank p's partial of this rank's rows. Gathers go
-local shard first (it needs no transfer); scatters compute the local block last.
+local shard first (it needs no transfer); scatters compute the local block last. ``+fused``
+schedules are lowered by ``ficco.plan.fused`` on the same buffers.
 """
 
 from __future__ import annotations
 
+from ficco.plan.fused import plan_ag_gemm_fused, plan_gemm_rs_fused
 from ficco.plan.ops import (
     BufferSpec,
     Builder,
@@ -42,6 +44,8 @@ def plan_ag_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
         BufferSpec("a_full", (p.m, K), "workspace"),
         BufferSpec("c", (p.m, N), "output"),
     )
+    if s.compute is Compute.FUSED:
+        return plan_ag_gemm_fused(p, s, rank, buffers)
     bld = Builder()
     whole_b = Region("b", (0, K), (0, N))
 
@@ -180,6 +184,8 @@ def plan_gemm_rs(p: Problem, s: Schedule, rank: int) -> Plan:
         BufferSpec("staging", (w * S, N), "workspace", peer_visible=True),
         BufferSpec("c_shard", (S, N), "output"),
     )
+    if s.compute is Compute.FUSED:
+        return plan_gemm_rs_fused(p, s, rank, buffers)
     bld = Builder()
     whole_b = Region("b", (0, K), (0, N))
     initiator = "sender"

@@ -99,7 +99,66 @@ class ReduceOp:
     out: Region
 
 
-Op = GemmOp | TransferOp | CollectiveOp | LocalCopyOp | ReduceOp
+@dataclass(frozen=True, slots=True)
+class FusedChunk:
+    """One row chunk of a fused GEMM: ``out = a @ b`` over these rows."""
+
+    a: Region
+    out: Region
+    out_rank: int
+    """The rank whose buffer ``out`` names: this rank, or (gemm_rs) the owner of the rows,
+    written zero-copy into its peer-visible buffer by this rank's epilogue."""
+    wait: int | None = None
+    """This rank's flag slot the chunk's tiles wait on before reading ``a`` (None: ready,
+    the local shard)."""
+    signal: tuple[int, int] | None = None
+    """``(rank, flag slot)`` set once every tile of the chunk is stored (None: no one waits)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FusedGemmOp:
+    """One persistent GEMM over ``chunks`` in order (the order tiles are taken in): each
+    chunk's tiles wait on its ``wait`` flag, compute ``a @ b`` and store into ``out`` on
+    ``out_rank``, and the chunk's last tile sets its ``signal`` flag."""
+
+    b: Region
+    chunks: tuple[FusedChunk, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SignalOp:
+    """Set this rank's flag ``slot`` once the tasks it depends on are complete (after a
+    copy: a write ordered behind it on the same stream)."""
+
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class WaitFlagsOp:
+    """Wait until every flag in ``slots`` (this rank's) is set, by whichever rank's fused
+    GEMM stores the data they guard."""
+
+    slots: tuple[int, ...]
+
+
+Op = (
+    GemmOp
+    | TransferOp
+    | CollectiveOp
+    | LocalCopyOp
+    | ReduceOp
+    | FusedGemmOp
+    | SignalOp
+    | WaitFlagsOp
+)
+
+#: ops that run GEMM work (the ``gemm`` side of the interpreter's modes)
+GEMM_OPS = (GemmOp, FusedGemmOp)
+
+
+def flag_slot(source: int, chunk: int, chunks: int) -> int:
+    """The flag slot of ``(source rank, chunk)`` on the rank that waits for it."""
+    return source * chunks + chunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +199,27 @@ class Plan:
         return [t.op for t in self.tasks if isinstance(t.op, TransferOp)]
 
     def gemms(self) -> list[GemmOp]:
+        """The plan's separate GEMM launches (a fused GEMM is not one of them)."""
         return [t.op for t in self.tasks if isinstance(t.op, GemmOp)]
+
+    def fused(self) -> FusedGemmOp | None:
+        """The plan's fused GEMM, if it has one."""
+        return next((t.op for t in self.tasks if isinstance(t.op, FusedGemmOp)), None)
+
+    @property
+    def flag_slots(self) -> int:
+        """Flag slots this rank's plan uses (waits, signals and waited-for slots), 0 if none."""
+        used = [0]
+        for t in self.tasks:
+            if isinstance(t.op, SignalOp):
+                used.append(t.op.slot + 1)
+            elif isinstance(t.op, WaitFlagsOp):
+                used.extend(s + 1 for s in t.op.slots)
+            elif isinstance(t.op, FusedGemmOp):
+                for c in t.op.chunks:
+                    used.append(0 if c.wait is None else c.wait + 1)
+                    used.append(0 if c.signal is None else c.signal[1] + 1)
+        return max(used)
 
 
 # --- what the lowerings share ---------------------------------------------------------------

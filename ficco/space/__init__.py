@@ -49,6 +49,9 @@ class SpaceOptions:
     """SMs kept free of the Triton GEMM (only with SM-based transports)."""
     transports: tuple[Transport, ...] = tuple(Transport)
     gemms: tuple[Gemm, ...] = tuple(Gemm)
+    computes: tuple[Compute, ...] = tuple(Compute)
+    """How chunks are computed: per_chunk, merged and fused (drop fused to keep the space
+    of stores measured before fused schedules existed)."""
 
 
 def enumerate_schedules(
@@ -68,7 +71,7 @@ def enumerate_schedules(
         Split,
         opts.transports,
         Order,
-        Compute,
+        opts.computes,
         opts.gemms,
         opts.sm_reserves,
         Priority,

@@ -26,7 +26,9 @@ plus an all-gather of the reduced chunks, so they move every chunk twice.
 A *block* of the all-to-all patterns is what one rank sends another (its tokens for that
 rank's experts); the geometry reports the largest block, since the slowest peer sets the pace.
 ``serial`` moves whole shards (blocks) with one collective and runs one GEMM; ``merged`` runs
-one GEMM per peer step once that step's chunks arrived.
+one GEMM per peer step once that step's chunks arrived; ``fused`` runs one persistent GEMM
+over all of M (its tiles wait on their chunk's flag, or store into the owner's buffer), while
+the transfers stay per chunk.
 """
 
 from __future__ import annotations
@@ -154,6 +156,9 @@ def geometry(problem: Problem, schedule: Schedule) -> Geometry:
         gemm_rows = problem.m if p in dense else shard_rows * w
         gemm_cols, gemm_k, launches = problem.n, problem.k, 1
         transfer_rows, transfer_cols = shard_rows, moved_cols
+    elif schedule.compute is Compute.FUSED:
+        # one persistent launch over every chunk (ag_gemm and gemm_rs only: M x N x K)
+        gemm_rows, gemm_cols, gemm_k, launches = problem.m, problem.n, problem.k, 1
     elif schedule.compute is Compute.MERGED:
         gemm_rows, gemm_cols, gemm_k, launches = shard_rows, problem.n, problem.k, steps
     else:

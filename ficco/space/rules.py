@@ -150,6 +150,48 @@ def merged_needs_finer(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+#: Patterns with a fused schedule: ag_gemm (tiles wait on arrival flags) and gemm_rs (the
+#: epilogue stores tiles into the owner's buffer).
+FUSED_PATTERNS = (Pattern.AG_GEMM, Pattern.GEMM_RS)
+
+
+def fused_needs_dense_pattern(p: Problem, s: Schedule) -> str | None:
+    if s.compute is Compute.FUSED and p.pattern not in FUSED_PATTERNS:
+        return f"fused compute exists for ag_gemm and gemm_rs only, not {p.pattern}"
+    return None
+
+
+def fused_needs_overlap(p: Problem, s: Schedule) -> str | None:
+    if s.compute is Compute.FUSED and not s.overlapped:
+        return "fused compute waits on per-chunk flags; a serial schedule has nothing to wait on"
+    return None
+
+
+def fused_needs_triton(p: Problem, s: Schedule) -> str | None:
+    if s.compute is Compute.FUSED and s.gemm is not Gemm.TRITON:
+        return "fused compute is ficco's persistent Triton GEMM (cuBLAS cannot wait on flags)"
+    return None
+
+
+def fused_needs_row_chunks(p: Problem, s: Schedule) -> str | None:
+    # A tile covers rows of one chunk only when chunks are row ranges; a k or n cut would make
+    # every tile wait on every chunk of its shard (merged compute, with spinning SMs).
+    if s.compute is Compute.FUSED and s.split is not Split.M:
+        return f"fused compute waits per row chunk; split {s.split.value} is not a row cut"
+    return None
+
+
+def fused_needs_symmetric_memory(p: Problem, s: Schedule) -> str | None:
+    # Flags live in symmetric memory and are set by the copy engine's stream (or the peer's
+    # stores); an SM-based transport beside a GEMM that spins on its SMs could starve.
+    if s.compute is Compute.FUSED and s.transport is not Transport.CE:
+        return (
+            f"fused compute needs the ce transport (flags in symmetric memory set after "
+            f"copy-engine copies or the peer's stores), not {s.transport.value}"
+        )
+    return None
+
+
 def sm_reserve_needs_triton(p: Problem, s: Schedule) -> str | None:
     if s.sm_reserve and s.gemm is not Gemm.TRITON:
         return "an SM reserve needs the Triton GEMM (cuBLAS takes no SM budget)"
@@ -157,8 +199,15 @@ def sm_reserve_needs_triton(p: Problem, s: Schedule) -> str | None:
 
 
 def sm_reserve_needs_sm_comm(p: Problem, s: Schedule) -> str | None:
+    # A fused GEMM holds the SMs it is given for its whole run (spinning where a chunk has not
+    # arrived); the SMs it leaves run the owner's reductions (gemm_rs) beside it.
+    if s.compute is Compute.FUSED:
+        return None
     if s.sm_reserve and (s.transport is not Transport.NCCL or not s.overlapped):
-        return "an SM reserve only helps SM-based communication (nccl) running beside the GEMM"
+        return (
+            "an SM reserve only helps SM-based communication (nccl) or a fused GEMM running "
+            "beside other work"
+        )
     return None
 
 
@@ -192,6 +241,11 @@ RULES: tuple[Rule, ...] = (
     direct_all_reduce_has_no_merge,
     order_needs_two_peers,
     merged_needs_finer,
+    fused_needs_dense_pattern,
+    fused_needs_overlap,
+    fused_needs_triton,
+    fused_needs_row_chunks,
+    fused_needs_symmetric_memory,
     sm_reserve_needs_triton,
     sm_reserve_needs_sm_comm,
     sm_reserve_leaves_sms,

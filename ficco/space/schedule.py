@@ -8,7 +8,9 @@ A schedule is written ``GRANULARITY/TRANSPORT/GEMM[+OPTION...]``:
 ``finer-c8-k/nccl/triton+merged+all_peers+sm16``
 
 Options (each omitted when at its default): ``merged`` (one GEMM per shard after its chunks
-arrive, instead of one per chunk), ``all_peers`` (every peer's chunk in flight at once instead
+arrive, instead of one per chunk), ``fused`` (one persistent Triton GEMM per rank: for
+ag_gemm its tiles wait on the arrival flag of the chunk they read; for gemm_rs its epilogue
+stores each tile into the owning rank's buffer and flags the chunk), ``all_peers`` (every peer's chunk in flight at once instead
 of the ring rotation), ``smR`` (R SMs kept free of the Triton GEMM for SM-based
 communication), ``hi`` (communication stream at high priority), ``rs_ag`` (gemm_ar only: the
 all-reduce done as a reduce-scatter overlapped with the GEMM, as gemm_rs schedules it, then an
@@ -50,6 +52,7 @@ class Order(enum.StrEnum):
 class Compute(enum.StrEnum):
     PER_CHUNK = "per_chunk"  # one GEMM launch per arrived chunk
     MERGED = "merged"  # one GEMM per shard once all its chunks arrived
+    FUSED = "fused"  # one persistent GEMM per rank whose tiles wait on their chunk's flag
 
 
 class Gemm(enum.StrEnum):
@@ -125,6 +128,8 @@ class Schedule:
         text = f"{head}/{self.transport.value}/{self.gemm.value}"
         if self.compute is Compute.MERGED:
             text += "+merged"
+        elif self.compute is Compute.FUSED:
+            text += "+fused"
         if self.order is Order.ALL_PEERS:
             text += "+all_peers"
         if self.sm_reserve:
@@ -142,6 +147,7 @@ class Schedule:
             ["serial", "shard", "finer"].index(self.granularity.value) * 100
             + self.chunks
             + (self.compute is Compute.MERGED)
+            + 2 * (self.compute is Compute.FUSED)
             + (self.order is Order.ALL_PEERS)
             + (self.sm_reserve > 0)
             + (self.comm_priority is Priority.HIGH)
@@ -177,6 +183,8 @@ class Schedule:
         for opt in options:
             if opt == "merged":
                 kwargs["compute"] = Compute.MERGED
+            elif opt == "fused":
+                kwargs["compute"] = Compute.FUSED
             elif opt == "all_peers":
                 kwargs["order"] = Order.ALL_PEERS
             elif opt == "hi":
@@ -187,8 +195,8 @@ class Schedule:
                 kwargs["sm_reserve"] = int(opt[2:])
             else:
                 raise ValueError(
-                    f"schedule {text!r}: unknown option {opt!r}; options are merged, all_peers, "
-                    "smN, hi, rs_ag"
+                    f"schedule {text!r}: unknown option {opt!r}; options are merged, fused, "
+                    "all_peers, smN, hi, rs_ag"
                 )
         try:
             schedule = cls(**kwargs)  # type: ignore[arg-type]

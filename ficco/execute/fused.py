@@ -1,0 +1,98 @@
+"""The fused-schedule primitives both backends share (``ficco.kernels.fused`` underneath).
+
+A backend mixes :class:`FusedPrimitives` into its primitives and supplies where things are:
+``_local(region)`` (a view of this rank's buffer), ``_remote(region, rank)`` (a view of a
+peer's peer-visible buffer: symmetric memory on GPUs, a mapped shared file on CPU),
+``_flag(rank, slot)`` (a 1-element int32 view of a rank's flag), the Triton program budget
+``sm_budget`` and ``flag_timeout_s``. Kernels are prepared once per op (their tables live on
+the device, so a CUDA graph can capture the launches) and issued on each run.
+"""
+
+from __future__ import annotations
+
+from ficco.plan import FusedGemmOp, Plan, WaitFlagsOp
+
+
+class FusedPrimitives:
+    """``fused_gemm``, ``wait_flags`` and ``raise_failures`` for ``ficco.execute.interpreter``."""
+
+    plan: Plan
+    sm_budget: int
+    flag_timeout_s: float
+    flag_slots: int
+    #: the host learns of a kernel's end when the call returns (the CPU interpreter): raise
+    #: a timeout at once instead of after the run
+    synchronous: bool = False
+
+    def _local(self, region): ...  # pragma: no cover - supplied by the backend
+
+    def _remote(self, region, rank: int): ...  # pragma: no cover
+
+    def _flag(self, rank: int, slot: int): ...  # pragma: no cover
+
+    def _kernels(self) -> dict:
+        """id(op) -> its prepared FusedGemm or FlagWait (prepared on first use)."""
+        return self.__dict__.setdefault("_fused_kernels", {})
+
+    def _chunk_name(self, slot: int) -> str:
+        per_source = max(1, self.flag_slots // self.plan.problem.world)
+        return f"source rank {slot // per_source} chunk {slot % per_source} (flag slot {slot})"
+
+    def _kernel(self, op: FusedGemmOp | WaitFlagsOp):
+        """The prepared kernel of ``op`` (built on first use)."""
+        from ficco.kernels.fused import FlagWait, FusedChunkViews, FusedGemm
+
+        kernels = self._kernels()
+        if id(op) in kernels:
+            return kernels[id(op)]
+        rank = self.plan.rank
+        if isinstance(op, WaitFlagsOp):
+            kernel = FlagWait(
+                [self._flag(rank, s) for s in op.slots],
+                [self._chunk_name(s) for s in op.slots],
+                timeout_s=self.flag_timeout_s,
+            )
+        else:
+            chunks = []
+            for c in op.chunks:
+                out = self._local(c.out) if c.out_rank == rank else self._remote(c.out, c.out_rank)
+                chunks.append(
+                    FusedChunkViews(
+                        self._local(c.a),
+                        out,
+                        None if c.wait is None else self._flag(rank, c.wait),
+                        None if c.signal is None else self._flag(*c.signal),
+                        "" if c.wait is None else self._chunk_name(c.wait),
+                    )
+                )
+            kernel = FusedGemm(
+                chunks, self._local(op.b), sm_budget=self.sm_budget, timeout_s=self.flag_timeout_s
+            )
+        kernels[id(op)] = kernel
+        return kernel
+
+    def prepare_fused(self) -> None:
+        """Build and compile every flag kernel of the plan now, before the ranks meet: a
+        kernel compiled during the run would spend its peers' flag timeout."""
+        for task in self.plan.tasks:
+            if (
+                isinstance(task.op, FusedGemmOp | WaitFlagsOp)
+                and id(task.op) not in self._kernels()
+            ):
+                self._kernel(task.op).compile()
+
+    def fused_gemm(self, op: FusedGemmOp) -> None:
+        kernel = self._kernel(op)
+        kernel()
+        if self.synchronous:
+            kernel.raise_on_timeout(f"rank {self.plan.rank}: fused GEMM")
+
+    def wait_flags(self, op: WaitFlagsOp) -> None:
+        kernel = self._kernel(op)
+        kernel()
+        if self.synchronous:
+            kernel.raise_on_timeout(f"rank {self.plan.rank}: reduction's flag wait")
+
+    def raise_failures(self) -> None:
+        for kernel in self._kernels().values():
+            kernel.raise_on_timeout(f"rank {self.plan.rank}: fused schedule")

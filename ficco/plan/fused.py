@@ -1,0 +1,139 @@
+"""Lowering of ``+fused`` schedules of the dense patterns: one persistent GEMM per rank.
+
+ag_gemm: the transfers stay tasks on the comm stream (one pull per peer chunk, each followed
+by a :class:`SignalOp` that sets that chunk's flag once the copy has landed). The fused GEMM
+depends on nothing: its local-shard chunks come first and read ``a_shard`` in place; every
+peer chunk's tiles wait inside the kernel on the chunk's flag. Chunks, and so tiles, are
+taken in the order the copies are issued (local first, then the ring or all-peers order).
+
+gemm_rs: the fused GEMM's epilogue stores each tile of a peer's row block straight into
+that peer's ``staging`` (zero-copy, symmetric memory) and the chunk's last tile sets the
+owner's flag for ``(source rank, chunk)``; the local block goes to ``partial`` and flags
+itself the same way. The owner reduces each chunk as soon as the flags of all W sources are
+set (a :class:`WaitFlagsOp`, then the reduction), beside the rest of its own GEMM.
+
+Flag slots: ``flag_slot(source, chunk, chunks)`` on the rank that waits, so no two sources
+ever write one slot.
+"""
+
+from __future__ import annotations
+
+from ficco.defaults import FLAG_SLOTS
+from ficco.plan.ops import (
+    BufferSpec,
+    Builder,
+    FusedChunk,
+    FusedGemmOp,
+    Plan,
+    ReduceOp,
+    Region,
+    SignalOp,
+    Stream,
+    TransferOp,
+    WaitFlagsOp,
+    flag_slot,
+    peer_steps,
+    visit_order,
+)
+from ficco.plan.tags import transfer_tag
+from ficco.problem import Problem
+from ficco.space import Schedule
+from ficco.space.geometry import cut
+
+
+def _check_slots(p: Problem, chunks: int) -> None:
+    if p.world * chunks > FLAG_SLOTS:
+        raise ValueError(
+            f"chunks: a fused plan needs world x chunks = {p.world * chunks} flag slots, "
+            f"more than the {FLAG_SLOTS} of ficco.defaults.FLAG_SLOTS"
+        )
+
+
+def plan_ag_gemm_fused(p: Problem, s: Schedule, rank: int, buffers: tuple[BufferSpec, ...]) -> Plan:
+    w, S, K, N = p.world, p.m_shard, p.k, p.n
+    pieces = cut(S, s)
+    n = len(pieces)
+    _check_slots(p, n)
+    steps = peer_steps(rank, w, False)
+    bld = Builder()
+    chunks: list[FusedChunk] = []
+    for i, j in visit_order(s, w, n, local_last=False):
+        src, dst = steps[i]
+        lo, hi = pieces[j]
+        out = Region("c", (src * S + lo, src * S + hi), (0, N))
+        if src == rank:  # the local shard: read in place, no flag
+            chunks.append(FusedChunk(Region("a_shard", (lo, hi), (0, K)), out, rank))
+            continue
+        slot = flag_slot(src, j, n)
+        gathered = Region("a_full", (src * S + lo, src * S + hi), (0, K))
+        recv = bld.add(
+            TransferOp(
+                src,
+                "recv",
+                gathered,
+                Region("a_shard", (lo, hi), (0, K)),
+                transfer_tag(i, j),
+                "receiver",
+            ),
+            Stream.COMM,
+            chunk=(src, j),
+        )
+        bld.add(
+            TransferOp(
+                dst,
+                "send",
+                Region("a_shard", (lo, hi), (0, K)),
+                Region("a_full", (rank * S + lo, rank * S + hi), (0, K)),
+                transfer_tag(i, j),
+                "receiver",
+            ),
+            Stream.COMM,
+            chunk=(dst, j),
+        )
+        bld.add(SignalOp(slot), Stream.COMM, [recv], chunk=(src, j))
+        chunks.append(FusedChunk(gathered, out, rank, wait=slot))
+    # after the comm tasks in program order: every send is posted before anything waits
+    bld.add(
+        FusedGemmOp(Region("b", (0, K), (0, N)), tuple(chunks)), Stream.COMPUTE, chunk=(rank, -1)
+    )
+    return Plan(p, s, rank, buffers, tuple(bld.tasks), "c")
+
+
+def plan_gemm_rs_fused(p: Problem, s: Schedule, rank: int, buffers: tuple[BufferSpec, ...]) -> Plan:
+    w, S, K, N = p.world, p.m_shard, p.k, p.n
+    pieces = cut(S, s)
+    n = len(pieces)
+    _check_slots(p, n)
+    steps = peer_steps(rank, w, True)  # peers' blocks first, the local block last
+    bld = Builder()
+    chunks: list[FusedChunk] = []
+    for i, j in visit_order(s, w, n, local_last=True):
+        _, dst = steps[i]
+        lo, hi = pieces[j]
+        a = Region("a", (dst * S + lo, dst * S + hi), (0, K))
+        # the owner's staging row block `rank` holds this rank's partial of the owner's rows
+        name = "partial" if dst == rank else "staging"
+        out = Region(name, (rank * S + lo, rank * S + hi), (0, N))
+        chunks.append(FusedChunk(a, out, dst, signal=(dst, flag_slot(rank, j, n))))
+    bld.add(
+        FusedGemmOp(Region("b", (0, K), (0, N)), tuple(chunks)), Stream.COMPUTE, chunk=(rank, -1)
+    )
+    for j, (lo, hi) in enumerate(pieces):
+        landed = bld.add(
+            WaitFlagsOp(tuple(flag_slot(src, j, n) for src in range(w))),
+            Stream.COMM,
+            chunk=(rank, j),
+        )
+        own = Region("partial", (rank * S + lo, rank * S + hi), (0, N))
+        staged = tuple(
+            Region("staging", (src * S + lo, src * S + hi), (0, N))
+            for src in range(w)
+            if src != rank
+        )
+        bld.add(
+            ReduceOp((own, *staged), Region("c_shard", (lo, hi), (0, N))),
+            Stream.COMPUTE,
+            [landed],
+            chunk=(rank, j),
+        )
+    return Plan(p, s, rank, buffers, tuple(bld.tasks), "c_shard")
