@@ -43,7 +43,11 @@ import time
 import traceback
 from pathlib import Path
 
-import torch
+# before CUDA starts: every kernel loaded with its module (a kernel loaded lazily while a flag
+# wait spins blocks the host; ficco's ranks set the same, ficco.execute.pool)
+os.environ["CUDA_MODULE_LOADING"] = "EAGER"
+
+import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -291,6 +295,8 @@ def check_producer(m: int, n: int, k: int, chunks: int) -> dict:
         fused = FusedGemm(views, b, sm_budget=sms, timeout_s=10.0)
         names = [f"chunk {i}" for i in range(chunks)]
         wait = FlagWait([flags[i : i + 1] for i in range(chunks)], names, timeout_s=10.0)
+        fused.compile()  # both loaded before either runs: a kernel loaded lazily while the
+        wait.compile()  # other spins can wait for the GPU to idle (CUDA lazy loading)
         owner = torch.cuda.Stream()
         owner.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(owner):

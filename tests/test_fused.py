@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+import ficco
 from ficco.execute import Verdict, run_cpu
 from ficco.execute.options import RunOptions
 from ficco.plan import (
@@ -348,3 +349,22 @@ def test_the_parts_of_a_fused_plan_run_alone_without_waiting(tmp_path):
         }
         # a wait would have lasted the 5 s flag timeout and raised
         assert max(took.values()) < 5.0, took
+
+
+def test_cuda_ranks_load_every_kernel_eagerly():
+    # a kernel loaded lazily while a flag wait spins blocks the host: ficco's ranks load
+    # every kernel with its module
+    from ficco.execute.pool import RankPool
+
+    assert RankPool._env()["CUDA_MODULE_LOADING"] == "EAGER"
+
+
+def test_ops_refuse_fused_on_cuda_without_eager_loading(monkeypatch):
+    from ficco.ops.choice import backend_limit
+
+    p = ficco.Problem(pattern="ag_gemm", m=4096, n=1024, k=1024, world=2)
+    fused = ficco.Schedule.parse("shard/ce/triton+fused")
+    monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
+    assert "CUDA_MODULE_LOADING=EAGER" in backend_limit(p, fused, "cuda")
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "EAGER")
+    assert backend_limit(p, fused, "cuda") is None

@@ -28,6 +28,9 @@ from pathlib import Path
 
 from ficco.execute.options import RunOptions
 
+#: the CUDA driver's module-loading mode variable; ficco's ranks load eagerly (``_env``)
+CUDA_MODULE_LOADING = "CUDA_MODULE_LOADING"
+
 
 class RankPool:
     """``world`` rank processes running ``body(rank, world, init_file, conn, *args)``."""
@@ -98,6 +101,11 @@ class RankPool:
         env = dict(os.environ)
         here = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+        # Every CUDA kernel loaded when its module loads, not at its first launch: a kernel
+        # loaded lazily while a fused schedule's flag wait spins blocks the host until the
+        # GPU idles, so the producer GEMM behind it is never issued and the wait times out
+        # (seen on an H200: a first bf16 add queued behind a FlagWait).
+        env[CUDA_MODULE_LOADING] = "EAGER"
         return env
 
     def _dead(self) -> list[int]:

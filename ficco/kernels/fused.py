@@ -89,6 +89,7 @@ def _fused_gemm_kernel(
     tile_chunk_ptr,  # int32 [tiles]: the chunk of each tile
     counter_ptr,  # int32 [chunks]: tiles stored per chunk, zero on entry
     status_ptr,  # int32 [chunks]: 1 where the chunk's wait gave up
+    next_tile_ptr,  # int32 [1]: the next tile to claim, zero on entry
     num_tiles,
     N,
     K,
@@ -108,12 +109,14 @@ def _fused_gemm_kernel(
     USE_CLOCK: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    start_pid = tl.program_id(axis=0)
-    num_programs = tl.num_programs(axis=0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     offs_k0 = tl.arange(0, BLOCK_K)
-    for tile in range(start_pid, num_tiles, num_programs):
+    # Tiles are claimed in order from one counter, not dealt out by program id: a program
+    # that is not resident yet (its SM held by a kernel beside this one, e.g. an owner's
+    # flag wait) owns no tile, so the chunks a peer waits on cannot be stuck behind it.
+    tile = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
+    while tile < num_tiles:
         chunk = tl.load(tile_chunk_ptr + tile)
         row = table_ptr + chunk * 8
         # alignment hints (host-checked): lets the compiler vectorize the loads and stores
@@ -155,6 +158,7 @@ def _fused_gemm_kernel(
                     tl.atomic_xchg(flag_ref + signal_off, 1, sem="release", scope="sys")
         else:
             tl.store(status_ptr + chunk, 1)
+        tile = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
 
 
 @triton.jit
@@ -333,6 +337,7 @@ class FusedGemm(_Timed):
         self.chunks, self.n, self.k, self.sm_budget = list(chunks), n, k, sm_budget
         self.status = torch.zeros(len(chunks), dtype=torch.int32, device=device)
         self.counters = torch.zeros(len(chunks), dtype=torch.int32, device=device)
+        self.next_tile = torch.zeros(1, dtype=torch.int32, device=device)
         self.waits = [c.wait for c in chunks if c.wait is not None]
         self.names = [c.name or f"chunk {i}" for i, c in enumerate(chunks)]
         self.timeout_s, self.budget_ns = timeout_s, _budget_ns(timeout_s)
@@ -371,6 +376,7 @@ class FusedGemm(_Timed):
         """Issue the launch on the current stream (under the interpreter: run it)."""
         self.status.zero_()
         self.counters.zero_()
+        self.next_tile.zero_()
         with _Watchdog(self.waits, self.timeout_s):
             try:
                 self._launch(self.config)
@@ -390,7 +396,7 @@ class FusedGemm(_Timed):
         a0, b, out0 = self.a0, self.b, self.out0
         args = (
             a0, b, out0, self.flag_ref, self.table, self.tile_chunk, self.counters,
-            self.status, self.tiles, self.n, self.k,
+            self.status, self.next_tile, self.tiles, self.n, self.k,
             a0.stride(0), a0.stride(1), b.stride(0), b.stride(1), out0.stride(0), out0.stride(1),
             self.budget_ns,
         )  # fmt: skip
@@ -401,15 +407,25 @@ class FusedGemm(_Timed):
             num_stages=cfg.num_stages,
         )  # fmt: skip
         if warm:
-            _fused_gemm_kernel.warmup(*args, grid=self.grid, **meta)
+            _load(_fused_gemm_kernel.warmup(*args, grid=self.grid, **meta))
         else:
             _fused_gemm_kernel[self.grid](*args, **meta)
 
     def compile(self) -> None:
-        """Compile the kernel now, launching nothing (GPUs): a first launch that compiled
-        while a peer spun on its flags would spend the peer's timeout budget."""
+        """Compile and load the kernel now, launching nothing (GPUs): a first launch that
+        compiled while a peer spun on its flags would spend the peer's timeout budget."""
         if not INTERPRETER:
             self._launch(self.config, warm=True)
+
+
+def _load(kernel) -> None:
+    """Load a compiled kernel's module and function now. Under CUDA's lazy loading a kernel
+    is loaded at its first launch, and a load while another kernel spins waiting for this one
+    (an owner's flag wait beside the producer GEMM) can wait for the GPU to idle: a deadlock
+    that only the flag timeout ends."""
+    init = getattr(kernel, "_init_handles", None)
+    if init is not None:
+        init()
 
 
 class FlagWait(_Timed):
@@ -445,4 +461,4 @@ class FlagWait(_Timed):
     def compile(self) -> None:
         """Compile the kernel now, launching nothing (GPUs)."""
         if not INTERPRETER:
-            _wait_flags_kernel.warmup(*self._args(), grid=(1,), USE_CLOCK=True, num_warps=1)
+            _load(_wait_flags_kernel.warmup(*self._args(), grid=(1,), USE_CLOCK=True, num_warps=1))

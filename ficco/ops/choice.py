@@ -25,7 +25,7 @@ from functools import lru_cache
 
 from ficco.defaults import DEFAULT_MACHINE
 from ficco.problem import Problem
-from ficco.space import Gemm, Schedule, Transport, violations
+from ficco.space import Compute, Gemm, Schedule, Transport, violations
 
 #: the schedule a call falls back to where the pick cannot run: always legal, runs anywhere
 SERIAL = Schedule()
@@ -60,6 +60,10 @@ def backend_limit(problem: Problem, schedule: Schedule, device: str) -> str | No
     if device == "cuda":
         if schedule.transport is Transport.NCCL_CE:
             return "nccl_ce needs a zero-CTA NCCL communicator, which ficco.ops does not create"
+        if schedule.compute is Compute.FUSED and os.environ.get("CUDA_MODULE_LOADING") != "EAGER":
+            # a kernel loaded lazily while a flag wait spins blocks the host (a deadlock
+            # that only the flag timeout ends); the variable must be set before CUDA starts
+            return "fused schedules need CUDA_MODULE_LOADING=EAGER in the environment"
         return None
     if device != "cpu":
         return f"ficco.ops runs on cpu or cuda tensors, not on {device!r}"
