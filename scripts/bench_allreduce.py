@@ -35,17 +35,17 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+from rank_spawn import spawn_ranks  # noqa: E402
 
 TRANSPORTS = ("nccl", "one_shot", "two_shot", "ce_pull", "ce_pull_batched")
 SIZES = tuple(8192 << i for i in range(16))  # 8 KiB ... 256 MiB
@@ -309,15 +309,7 @@ def main(argv=None) -> int:
         "traceback": args.traceback,
     }
     started = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        result_file = os.path.join(tmp, "rows.json")
-        mp.spawn(
-            rank_main,
-            (args.world, os.path.join(tmp, "rendezvous"), config, result_file),
-            nprocs=args.world,
-            join=True,
-        )
-        rows = json.loads(Path(result_file).read_text())
+    rows = spawn_ranks(rank_main, args.world, config)
     from ficco.measure.fingerprint import fingerprint
 
     report = {

@@ -41,7 +41,6 @@ import math
 import os
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 import warnings
@@ -50,11 +49,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from rank_spawn import end_rank, spawn_ranks  # noqa: E402
 
 MODELS = ("llama3-8b", "llama3-70b")
 TOKENS = (2048, 4096, 8192, 16384, 32768)
@@ -317,12 +317,7 @@ def rank_main(rank: int, world: int, init_file: str, args: dict, result_file: st
         result = {"rows": rows, "ficco_choices": dict(sorted(FICCO_CHOICES.items()))}
         Path(result_file).write_text(json.dumps(result))
     dist.barrier()
-    if cuda:
-        dist.destroy_process_group()
-    else:  # work done on every rank: leave without gloo's teardown, which can abort under load
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    end_rank(cuda)
 
 
 def run_suite(rank: int, world: int, device, group, args: dict) -> list[dict]:
@@ -518,15 +513,7 @@ def main(argv=None) -> int:
         "traceback": args.traceback,
     }
     started = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        result_file = os.path.join(tmp, "rows.json")
-        mp.spawn(
-            rank_main,
-            (args.world, os.path.join(tmp, "rendezvous"), config, result_file),
-            nprocs=args.world,
-            join=True,
-        )
-        result = json.loads(Path(result_file).read_text())
+    result = spawn_ranks(rank_main, args.world, config)
     rows = result["rows"]
     from ficco.measure.fingerprint import fingerprint
 

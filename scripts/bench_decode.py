@@ -38,7 +38,6 @@ import math
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -48,9 +47,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from bench_block import DTYPES, TOLERANCE, BlockDims, make_weights, relative_error, rmsnorm  # noqa: E402
+from rank_spawn import end_rank, spawn_ranks  # noqa: E402
 
 BATCHES = (1, 4, 16, 64, 256)
 IMPLS = ("ficco", "nccl", "two_shot", "no_comm")
@@ -135,12 +134,7 @@ def rank_main(rank: int, world: int, init_file: str, args: dict, result_file: st
     if rank == 0:
         Path(result_file).write_text(json.dumps(rows))
     dist.barrier()
-    if cuda:
-        dist.destroy_process_group()
-    else:  # work done on every rank: leave without gloo's teardown, which can abort under load
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    end_rank(cuda)
 
 
 def one_batch(batch: int, rank: int, world: int, device, args: dict) -> dict:
@@ -264,14 +258,7 @@ def main(argv=None) -> int:
         "seed": args.seed,
     }
     started = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        result_file = os.path.join(tmp, "rows.json")
-        mp.spawn(
-            rank_main,
-            (args.world, os.path.join(tmp, "rendezvous"), config, result_file),
-            nprocs=args.world,
-        )
-        rows = json.loads(Path(result_file).read_text())
+    rows = spawn_ranks(rank_main, args.world, config)
     from ficco.measure.fingerprint import fingerprint
 
     def geomean(key):

@@ -35,7 +35,6 @@ import math
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -257,17 +256,14 @@ def _transfer_size(nbytes: int, rank: int, world: int, device, config: dict) -> 
 
 
 def run_transfers(args) -> dict:
-    import torch.multiprocessing as mp
+    from rank_spawn import spawn_ranks
 
     from ficco.measure.fingerprint import fingerprint
 
     sizes = TRANSFER_BYTES[::3] if args.quick else TRANSFER_BYTES
     config = {"sizes": list(sizes), "rounds": 5 if args.quick else args.rounds}
     started = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        result = os.path.join(tmp, "rows.json")
-        mp.spawn(_transfer_rank, (args.world, os.path.join(tmp, "rdv"), config, result), nprocs=args.world)  # fmt: skip
-        rows = json.loads(Path(result).read_text())
+    rows = spawn_ranks(_transfer_rank, args.world, config)
 
     def ratio(row):
         if "nccl" in row and "ce_pull" in row:

@@ -18,16 +18,16 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+from rank_spawn import end_rank, spawn_ranks  # noqa: E402
 
 
 def per_call_us(fn, calls: int) -> float:
@@ -93,8 +93,7 @@ def rank_main(rank: int, world: int, init: str, args: dict, result_file: str) ->
     if rank == 0:
         Path(result_file).write_text(json.dumps(rows))
     dist.barrier()
-    sys.stdout.flush()
-    os._exit(0)  # no teardown: nothing is in flight after the barrier
+    end_rank(cuda)
 
 
 def main(argv=None) -> int:
@@ -110,12 +109,7 @@ def main(argv=None) -> int:
     if args.backend == "cpu":  # small shapes: the CPU allocator, not the shape, is timed
         args.m, args.n, args.k = 128, 64, 64
     config = vars(args) | {}
-    with tempfile.TemporaryDirectory() as tmp:
-        result = os.path.join(tmp, "rows.json")
-        mp.spawn(
-            rank_main, (args.world, os.path.join(tmp, "rdv"), config, result), nprocs=args.world
-        )
-        rows = json.loads(Path(result).read_text())
+    rows = spawn_ranks(rank_main, args.world, config)
     from ficco.measure.fingerprint import fingerprint
 
     report = {
