@@ -254,3 +254,16 @@ def test_reduction_traffic_follows_the_executor():
     assert reduce_traffic(2) == (1, 3)  # one add: read two chunks, write one
     # fp32 accumulator: cast (1 + 2), three adds (3 x (2 + 1 + 2)), cast back (2 + 1)
     assert reduce_traffic(4) == (5, 21)
+
+
+def test_fused_schedules_are_left_out_and_refused_by_name():
+    import pytest
+
+    import ficco
+    from ficco.model import predictor
+
+    p = ficco.Problem(pattern="ag_gemm", m=4096, n=4096, k=4096, world=2)
+    predicted = predictor("h200x2").predict(p)
+    assert predicted.times and not any("+fused" in t.schedule for t in predicted.times)
+    with pytest.raises(ValueError, match="fused"):
+        predictor("h200x2").schedule_time(p, ficco.Schedule.parse("shard/ce/triton+fused"))
