@@ -64,3 +64,29 @@ def _fallback_and_autograd(rank, world):
 
 def test_table_fallback_and_autograd():
     spawn(_fallback_and_autograd, 2)
+
+
+def _regroup(rank, world, init_dir):
+    import torch.distributed as dist
+
+    from ficco.ops import matmul_all_reduce
+
+    a, b = rand(90 + rank, 4, 8), rand(95 + rank, 8, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        close(matmul_all_reduce(a, b), ar_reference(a, b, world))
+        # a new default group, named like the old one: the cached call must not reuse the
+        # destroyed group
+        dist.destroy_process_group()
+        dist.init_process_group(
+            "gloo", init_method=f"file://{init_dir}/again", rank=rank, world_size=world
+        )
+        close(matmul_all_reduce(a, b), ar_reference(a, b, world))
+    from ficco.ops.runner import call_plan
+
+    name = dist.group.WORLD.group_name
+    assert call_plan("gemm_ar", a, b, name, "", "").group is dist.group.WORLD
+
+
+def test_a_call_after_the_default_group_is_recreated(tmp_path):
+    spawn(_regroup, 2, str(tmp_path))

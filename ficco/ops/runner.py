@@ -134,11 +134,13 @@ def call_plan(
     """The (cached) CallPlan of one op call; the first call of a signature checks it fully."""
     key = (pattern, a.shape, b.shape, a.dtype, a.device.type, group, schedule, table)
     hit = _calls.get(key)
-    if hit is not None:
+    pg = resolve_group(group)
+    # a group name outlives its group: after destroy_process_group and a new init, the new
+    # default group is named "0" again, so a hit counts only for the very same group
+    if hit is not None and hit.group is pg:
         if check_enabled():  # the rank-agreement check runs on every call when asked for
             decide(hit.problem, schedule, table, a.device, hit.group)
         return hit
-    pg = resolve_group(group)
     world, rank = pg.size(), pg.rank()
     a_field = "a_shard" if pattern == "ag_gemm" else "a"
     dtype = check_operands(a, b, a_field)
