@@ -17,6 +17,12 @@ def test_class_rows_are_powers_of_two_from_the_minimum():
     ]  # fmt: skip
 
 
+class FakeGroup:
+    """Hashable by identity, like a ProcessGroup."""
+
+    group_name = "g0"
+
+
 def test_counts_of_one_class_share_one_allocation(monkeypatch):
     made = []
 
@@ -29,7 +35,7 @@ def test_counts_of_one_class_share_one_allocation(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "torch.distributed._symmetric_memory", fake)
     monkeypatch.setattr(ops_cuda, "_pool", {})
     monkeypatch.setattr(ops_cuda, "_symmetric", {})
-    group = types.SimpleNamespace(group_name="g0")
+    group = FakeGroup()
     schedule = Schedule.parse("shard/ce/cublas")
     views = {}
     for tokens in (200, 240, 256, 200, 300):  # shard rows 100, 120, 128, 100, 150

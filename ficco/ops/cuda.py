@@ -32,13 +32,14 @@ from ficco.plan import Plan
 from ficco.problem import Problem
 
 PRIORITIES = {"normal": 0, "high": -1}  # stream priority per comm_priority value
-_contexts: dict[tuple[str, int], object] = {}
-_symmetric: dict[tuple[Problem, str], tuple[dict, dict]] = {}
+# keyed by the group object, not its name: a re-created default group is named "0" again
+_contexts: dict[tuple[dist.ProcessGroup, int], object] = {}
+_symmetric: dict[tuple[Problem, dist.ProcessGroup], tuple[dict, dict]] = {}
 
 
 def rank_context(group: dist.ProcessGroup, device: torch.device):
     """The rank context of ``group`` on ``device`` (made once; a collective the first time)."""
-    key = (group.group_name, device.index)
+    key = (group, device.index)
     if key not in _contexts:
         import torch.distributed._symmetric_memory as symm_mem
 
@@ -81,7 +82,7 @@ def symmetric_buffers(plan: Plan, group: dist.ProcessGroup, device: torch.device
     (a collective: every rank makes the same calls in the same order, so the same classes).
     A view starts at its allocation's first element, so a peer's view of the same shape (what
     ``get_buffer`` returns) is the peer's copy of it."""
-    key = (plan.problem, group.group_name)
+    key = (plan.problem, group)
     if key not in _symmetric:
         import torch.distributed._symmetric_memory as symm_mem
 
@@ -93,7 +94,7 @@ def symmetric_buffers(plan: Plan, group: dist.ProcessGroup, device: torch.device
             if spec.peer_visible:
                 rows, *rest = spec.shape
                 shape = (class_rows(rows), *rest)
-                slot = (group.group_name, spec.name, shape, dtype, str(device))
+                slot = (group, spec.name, shape, dtype, str(device))
                 if slot not in _pool:
                     whole = symm_mem.empty(shape, dtype=dtype, device=device)
                     _pool[slot] = (whole, symm_mem.rendezvous(whole, group.group_name))
