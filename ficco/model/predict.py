@@ -102,6 +102,7 @@ class Predictor:
     def __init__(self, machine: Machine, params: ModelParams) -> None:
         self.machine, self.params = machine, params
         self.costs = CostModel(machine, params)
+        self._makespans: dict[tuple, float] = {}
 
     def schedule_time(
         self, problem: Problem, schedule: Schedule, *, plan: Plan | None = None
@@ -117,7 +118,15 @@ class Predictor:
         if plan is None:
             plan = build_plan(problem, schedule, 0)
         tasks = self.costs.lower(plan, schedule)
-        gpu = simulate(tasks, self.costs.slowdown, issue=False).makespan_ms
+        # schedules that lower to the same tasks (a ring and all-peers order whose transfers
+        # cost alike) are simulated once
+        key = tuple(tasks)
+        gpu = self._makespans.get(key)
+        if gpu is None:
+            gpu = simulate(tasks, self.costs.slowdown, issue=False).makespan_ms
+            if len(self._makespans) > 4096:
+                self._makespans.clear()
+            self._makespans[key] = gpu
         gpu *= timed_scale_at(self.params.timed_scale, gpu)
         if graphed(schedule):
             host = self.params.host["graph_ms"]
