@@ -7,19 +7,18 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ficco.ops.library import (  # importing it registers torch.ops.ficco.*
-    all_gather_matmul_call,
-    matmul_all_reduce_call,
-    matmul_reduce_scatter_call,
-)
+from ficco.ops.library import call  # importing it registers torch.ops.ficco.*
 from ficco.ops.runner import resolve_group
 from ficco.space import Schedule
 
 
-def _texts(schedule: Schedule | str | None, table: str | Path | None) -> tuple[str, str]:
+def _call(name: str, a, b, group, schedule, table):
+    """Op ``name`` with the group passed by name and schedule/table as strings ('' = none)."""
     if schedule is not None and not isinstance(schedule, (Schedule, str)):
         raise ValueError(f"schedule: expected a ficco.Schedule or its string, got {schedule!r}")
-    return ("" if schedule is None else str(schedule)), ("" if table is None else str(table))
+    group_name = group if isinstance(group, str) else resolve_group(group).group_name
+    schedule_text = "" if schedule is None else str(schedule)
+    return call(name, a, b, group_name, schedule_text, "" if table is None else str(table))
 
 
 def all_gather_matmul(
@@ -38,9 +37,7 @@ def all_gather_matmul(
     on this backend); else the shipped table's answer for this call's shape (``table``: another
     table file), serial with one warning where that answer cannot run here. Differentiable:
     the input gradient runs as a matmul_reduce_scatter through ficco."""
-    schedule_text, table_text = _texts(schedule, table)
-    group_name = group if isinstance(group, str) else resolve_group(group).group_name
-    c, _ = all_gather_matmul_call(a_shard, b, group_name, schedule_text, table_text)
+    c, _ = _call("all_gather_matmul", a_shard, b, group, schedule, table)
     return c
 
 
@@ -56,9 +53,7 @@ def matmul_reduce_scatter(
     reduced dimension), ``b [K, N]`` -> this rank's rows ``[M/W, N]`` (a sequence-parallel
     row-linear). Arguments as :func:`all_gather_matmul`; the input gradient runs as an
     all_gather_matmul through ficco."""
-    schedule_text, table_text = _texts(schedule, table)
-    group_name = group if isinstance(group, str) else resolve_group(group).group_name
-    return matmul_reduce_scatter_call(a, b, group_name, schedule_text, table_text)
+    return _call("matmul_reduce_scatter", a, b, group, schedule, table)
 
 
 def matmul_all_reduce(
@@ -74,6 +69,4 @@ def matmul_all_reduce(
     tensor-parallel inference; M may be 1). Arguments as :func:`all_gather_matmul`; where no
     table covers gemm_ar, the op runs ``serial/nccl/cublas`` and says so once. Differentiable
     (the all-reduce's backward is the identity)."""
-    schedule_text, table_text = _texts(schedule, table)
-    group_name = group if isinstance(group, str) else resolve_group(group).group_name
-    return matmul_all_reduce_call(a, b, group_name, schedule_text, table_text)
+    return _call("matmul_all_reduce", a, b, group, schedule, table)

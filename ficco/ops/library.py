@@ -32,6 +32,9 @@ be legal for the dual shape):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from ficco.ops.runner import resolve_group, run_ag_gemm, run_gemm_ar, run_gemm_rs
@@ -138,67 +141,54 @@ matmul_all_reduce_op.register_autograd(_ar_backward, setup_context=_ar_setup)
 # host time of a custom-op call. Under torch.compile the custom ops above are traced.
 
 
-class _EagerAllGatherMatmul(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a_shard, b, group_name, schedule, table):
-        c, a_full = run_ag_gemm(a_shard, b, group_name, schedule, table)
-        ctx.mark_non_differentiable(a_full)
-        _ag_setup(ctx, (a_shard, b, group_name, schedule, table), (c, a_full))
-        return c, a_full
+@dataclass(frozen=True, slots=True)
+class _Op:
+    """One op: its custom op (traced under torch.compile), its runner, its autograd."""
+
+    custom: object
+    run: Callable
+    setup: Callable
+    backward: Callable
+
+
+_OPS = {
+    "all_gather_matmul": _Op(
+        torch.ops.ficco.all_gather_matmul, run_ag_gemm, _ag_setup, _ag_backward
+    ),
+    "matmul_reduce_scatter": _Op(
+        torch.ops.ficco.matmul_reduce_scatter, run_gemm_rs, _rs_setup, _rs_backward
+    ),
+    "matmul_all_reduce": _Op(
+        torch.ops.ficco.matmul_all_reduce, run_gemm_ar, _ar_setup, _ar_backward
+    ),
+}
+
+
+class _Eager(torch.autograd.Function):
+    """Any of the ops eagerly: its runner forward, the custom op's own backward."""
 
     @staticmethod
-    def backward(ctx, grad_c, grad_a_full):
-        return _ag_backward(ctx, grad_c, grad_a_full)
-
-
-class _EagerMatmulReduceScatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a, b, group_name, schedule, table):
-        c_shard = run_gemm_rs(a, b, group_name, schedule, table)
-        _rs_setup(ctx, (a, b, group_name, schedule, table), c_shard)
-        return c_shard
-
-    @staticmethod
-    def backward(ctx, grad_c_shard):
-        return _rs_backward(ctx, grad_c_shard)
-
-
-class _EagerMatmulAllReduce(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a, b, group_name, schedule, table):
-        c = run_gemm_ar(a, b, group_name, schedule, table)
-        _ar_setup(ctx, (a, b, group_name, schedule, table), c)
-        return c
+    def forward(ctx, a, b, group_name, schedule, table, name):
+        # name last: the backward functions read needs_input_grad[0] and [1] as a's and b's
+        op = _OPS[name]
+        out = op.run(a, b, group_name, schedule, table)
+        if isinstance(out, tuple):  # all_gather_matmul's a_full: a workspace kept for backward
+            ctx.mark_non_differentiable(*out[1:])
+        op.setup(ctx, (a, b, group_name, schedule, table), out)
+        ctx.op = op
+        return out
 
     @staticmethod
-    def backward(ctx, grad_c):
-        return _ar_backward(ctx, grad_c)
+    def backward(ctx, *grads):
+        return (*ctx.op.backward(ctx, *grads), None)
 
 
-def all_gather_matmul_call(a_shard, b, group_name: str, schedule: str, table: str):
-    """``(c, a_full)``: the custom op under torch.compile, the eager Function otherwise."""
+def call(name: str, a, b, group_name: str, schedule: str, table: str):
+    """Op ``name`` (a key of ``_OPS``): the custom op under torch.compile, the eager Function
+    where a gradient is wanted, the runner itself in inference."""
+    op = _OPS[name]
     if torch.compiler.is_compiling():
-        return torch.ops.ficco.all_gather_matmul(a_shard, b, group_name, schedule, table)
-    if not _wants_grad(a_shard, b):  # inference: no graph to record
-        return run_ag_gemm(a_shard, b, group_name, schedule, table)
-    return _EagerAllGatherMatmul.apply(a_shard, b, group_name, schedule, table)
-
-
-def matmul_reduce_scatter_call(a, b, group_name: str, schedule: str, table: str):
-    if torch.compiler.is_compiling():
-        return torch.ops.ficco.matmul_reduce_scatter(a, b, group_name, schedule, table)
-    if not _wants_grad(a, b):
-        return run_gemm_rs(a, b, group_name, schedule, table)
-    return _EagerMatmulReduceScatter.apply(a, b, group_name, schedule, table)
-
-
-def matmul_all_reduce_call(a, b, group_name: str, schedule: str, table: str):
-    if torch.compiler.is_compiling():
-        return torch.ops.ficco.matmul_all_reduce(a, b, group_name, schedule, table)
-    if not _wants_grad(a, b):
-        return run_gemm_ar(a, b, group_name, schedule, table)
-    return _EagerMatmulAllReduce.apply(a, b, group_name, schedule, table)
-
-
-def _wants_grad(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+        return op.custom(a, b, group_name, schedule, table)
+    if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+        return op.run(a, b, group_name, schedule, table)
+    return _Eager.apply(a, b, group_name, schedule, table, name)
