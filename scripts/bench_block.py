@@ -463,23 +463,29 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def block_arguments(description: str, rounds: int) -> argparse.ArgumentParser:
+    """The options this script and bench_decode.py share (world, backend, dtype, scale...)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument(
+        "--dtype", choices=sorted(DTYPES), default=None, help="bf16 on CUDA, fp32 on CPU"
+    )
+    p.add_argument("--scale", type=int, default=1, help="divide every width by this (CPU checks)")
+    p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = block_arguments(__doc__.split("\n\n")[0], rounds=10)
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     p.add_argument("--no-varying", action="store_true", help="skip the varying-token case")
     p.add_argument("--modes", default="eager,compiled")
     p.add_argument("--impls", default=",".join(IMPLS))
-    p.add_argument(
-        "--dtype", choices=sorted(DTYPES), default=None, help="bf16 on CUDA, fp32 on CPU"
-    )
-    p.add_argument("--scale", type=int, default=1, help="divide every width by this (CPU checks)")
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--traceback", action="store_true")
-    p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     tokens = [int(t) for t in args.tokens.split(",")]
     for t in tokens:

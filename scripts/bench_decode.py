@@ -32,7 +32,6 @@ Writes ``--out`` (default ``$OUT/bench_decode.json`` when ``$OUT`` is set).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -48,7 +47,15 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from bench_block import DTYPES, TOLERANCE, BlockDims, make_weights, relative_error, rmsnorm  # noqa: E402
+from bench_block import (  # noqa: E402
+    DTYPES,
+    TOLERANCE,
+    BlockDims,
+    block_arguments,
+    make_weights,
+    relative_error,
+    rmsnorm,
+)
 from rank_spawn import end_rank, spawn_ranks  # noqa: E402
 
 BATCHES = (1, 4, 16, 64, 256)
@@ -226,20 +233,11 @@ def time_graphed(steps: dict, args: dict, device) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--world", type=int, default=2)
-    p.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
+    p = block_arguments(__doc__.split("\n\n")[0], rounds=20)
     p.add_argument("--model", default="llama3-70b")
     p.add_argument("--batches", default=",".join(map(str, BATCHES)))
     p.add_argument("--context", type=int, default=2048, help="KV-cache positions")
     p.add_argument("--impls", default=",".join(IMPLS))
-    p.add_argument(
-        "--dtype", choices=sorted(DTYPES), default=None, help="bf16 on CUDA, fp32 on CPU"
-    )
-    p.add_argument("--scale", type=int, default=1, help="divide every width by this (CPU checks)")
-    p.add_argument("--rounds", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.backend == "cuda" and torch.cuda.device_count() < args.world:
         raise SystemExit(f"--world: {args.world} GPUs needed, {torch.cuda.device_count()} visible")
