@@ -366,6 +366,9 @@ def main() -> None:
 
         report["triton"] = triton.__version__
         report["gpu"] = torch.cuda.get_device_name(0)
+        from ficco.measure.fingerprint import fingerprint
+
+        report["fingerprint"] = fingerprint("cuda")
         report["sleep_cycles_per_us"] = cycles = sleep_cycles_per_us()
     except Exception as err:
         report["error"] = f"set-up failed: {type(err).__name__}: {err}"

@@ -63,7 +63,7 @@ from ficco.plan import (
     build_plan,
 )
 from ficco.plan.ops import GEMM_OPS, Region
-from ficco.problem import Problem
+from ficco.problem import Pattern, Problem
 from ficco.space import Gemm, Schedule, Transport
 from ficco.verdict import Unavailable
 
@@ -461,7 +461,7 @@ class CudaBackend(Backend):
         return CudaPrimitives(self.ctx, plan, bufs)
 
     def baselines(self, problem: Problem, bufs: Buffers) -> dict[str, Callable[[], None]]:
-        if problem.pattern.value in ("a2a_gemm", "gemm_a2a"):
+        if problem.pattern in (Pattern.A2A_GEMM, Pattern.GEMM_A2A):
             # the serial plan (all_to_all_single with splits, one cuBLAS GEMM per expert block)
             # is the eager serial baseline, and its parts the isolated GEMM and collective
             from ficco.execute.baselines import plan_baselines
