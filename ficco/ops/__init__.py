@@ -11,12 +11,16 @@ caller's process group (``ficco.ops.runner``). Both are ``torch.library`` custom
 ``torch.compile`` traces models that call them, and both are differentiable (the backward of
 each is the other pattern, through ficco). ``import ficco`` does not load this package.
 
+Per-group state (call plans, CUDA contexts, symmetric buffers) is dropped when its group is
+destroyed, or on request: ``ficco.ops.release(group)`` before ``destroy_process_group``.
+
 Modules: ``choice`` (the decision, pure Python), ``cpu`` (the CPU primitives on a caller's
-group), ``runner`` (one call), ``library`` (custom ops, fakes, autograd), ``api``.
+group), ``runner`` (one call), ``library`` (custom ops, fakes, autograd), ``groups`` (per-group caches), ``api``.
 """
 
 from ficco.ops.api import all_gather_matmul, matmul_all_reduce, matmul_reduce_scatter
 from ficco.ops.choice import CHECK_ENV, Choice, FallbackWarning, choose
+from ficco.ops.groups import release
 
 __all__ = [
     "CHECK_ENV",
@@ -26,4 +30,5 @@ __all__ = [
     "choose",
     "matmul_all_reduce",
     "matmul_reduce_scatter",
+    "release",
 ]

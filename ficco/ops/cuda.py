@@ -28,19 +28,24 @@ import torch.distributed as dist
 
 from ficco.execute.backend import Buffers
 from ficco.execute.interpreter import interpret
+from ficco.ops.groups import group_cache, prune
 from ficco.plan import Plan
 from ficco.problem import Problem
 
 PRIORITIES = {"normal": 0, "high": -1}  # stream priority per comm_priority value
 # keyed by the group object, not its name: a re-created default group is named "0" again
-_contexts: dict[tuple[dist.ProcessGroup, int], object] = {}
-_symmetric: dict[tuple[Problem, dist.ProcessGroup], tuple[dict, dict]] = {}
+# (the caches drop a destroyed group's entries: ficco.ops.groups)
+_contexts: dict[tuple[dist.ProcessGroup, int], object] = group_cache(lambda key, _: key[0])
+_symmetric: dict[tuple[Problem, dist.ProcessGroup], tuple[dict, dict]] = group_cache(
+    lambda key, _: key[1]
+)
 
 
 def rank_context(group: dist.ProcessGroup, device: torch.device):
     """The rank context of ``group`` on ``device`` (made once; a collective the first time)."""
     key = (group, device.index)
     if key not in _contexts:
+        prune()
         import torch.distributed._symmetric_memory as symm_mem
 
         from ficco.execute.cuda_setup import RankContext
@@ -68,7 +73,8 @@ def rank_context(group: dist.ProcessGroup, device: torch.device):
 #: counts that change every step share a few buffers (and rendezvous a few times) instead of
 #: one buffer per count.
 MIN_CLASS_ROWS = 64
-_pool: dict[tuple, tuple] = {}  # (group, buffer, class shape, dtype, device) -> (tensor, handle)
+#: (group, buffer, class shape, dtype, device) -> (tensor, handle)
+_pool: dict[tuple, tuple] = group_cache(lambda key, _: key[0])
 
 
 def class_rows(rows: int) -> int:

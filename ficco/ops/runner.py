@@ -22,6 +22,7 @@ import torch.distributed as dist
 from ficco.execute.interpreter import interpret
 from ficco.ops.choice import Choice, check_enabled, choose
 from ficco.ops.cpu import GroupCpuPrimitives
+from ficco.ops.groups import group_cache, prune
 from ficco.plan import Plan, build_plan
 from ficco.problem import Problem
 from ficco.space import Schedule
@@ -117,15 +118,16 @@ class CallPlan:
 
     group: dist.ProcessGroup
     rank: int
-    problem: Problem
-    choice: Choice
-    plan: Plan
+    problem: Problem | None
+    """None (with choice and plan) for a group of one rank: the call is its matmul."""
+    choice: Choice | None
+    plan: Plan | None
 
 
 #: (pattern, a shape, b shape, dtype, device type, group, schedule, table) -> CallPlan. A
 #: step calls the same few shapes again and again: after the first call, one dict lookup
 #: replaces resolving the group, checking operands, building the Problem and the choice.
-_calls: dict[tuple, CallPlan] = {}
+_calls: dict[tuple, CallPlan] = group_cache(lambda key, call: call.group)
 
 
 def call_plan(
@@ -138,12 +140,24 @@ def call_plan(
     # a group name outlives its group: after destroy_process_group and a new init, the new
     # default group is named "0" again, so a hit counts only for the very same group
     if hit is not None and hit.group is pg:
-        if check_enabled():  # the rank-agreement check runs on every call when asked for
+        if check_enabled() and hit.problem is not None:  # rank agreement, every call if asked
             decide(hit.problem, schedule, table, a.device, hit.group)
         return hit
+    prune()  # a miss is rare: drop what destroyed groups left behind
     world, rank = pg.size(), pg.rank()
     a_field = "a_shard" if pattern == "ag_gemm" else "a"
     dtype = check_operands(a, b, a_field)
+    if world == 1:
+        # a group of one rank (tensor parallelism of 1): the op is its matmul, nothing to overlap
+        if schedule:
+            raise ValueError(
+                f"schedule: {schedule!r} given for a group of 1 rank, which has no "
+                "communication to schedule (pass no schedule: the op runs its matmul)"
+            )
+        call = CallPlan(pg, rank, None, None, None)
+        if isinstance(group, str) or group is None:
+            _calls[key] = call
+        return call
     rows, k = a.shape
     if pattern == "gemm_rs" and rows % world:
         raise ValueError(
@@ -164,6 +178,8 @@ def run_ag_gemm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(c [M, N], a_full [M, K])``: ``c = all_gather(a_shard) @ b`` on ``group``."""
     call = call_plan("ag_gemm", a_shard, b, group, schedule, table)
+    if call.plan is None:
+        return a_shard @ b, a_shard.clone()  # a custom op may not return an alias of an input
     problem, rank = call.problem, call.rank
     S = a_shard.shape[0]  # noqa: N806 - the plan's names
     a_full = a_shard.new_empty((problem.m, problem.k))
@@ -182,6 +198,8 @@ def run_ag_gemm(
 def run_gemm_rs(a: torch.Tensor, b: torch.Tensor, group, schedule: str, table: str) -> torch.Tensor:
     """``reduce_scatter(a @ b)`` on ``group``: this rank's rows, ``[M/W, N]``."""
     call = call_plan("gemm_rs", a, b, group, schedule, table)
+    if call.plan is None:
+        return a @ b
     problem = call.problem
     S, N = problem.m_shard, problem.n  # noqa: N806
     tensors = {
@@ -199,6 +217,8 @@ def run_gemm_ar(a: torch.Tensor, b: torch.Tensor, group, schedule: str, table: s
     """``all_reduce(a @ b)`` on ``group``: ``[M, N]`` on every rank (a row-parallel linear
     without sequence parallelism, as inference engines run it)."""
     call = call_plan("gemm_ar", a, b, group, schedule, table)
+    if call.plan is None:
+        return a @ b
     tensors = {"a": a, "b": b}
     for spec in call.plan.buffers:
         if spec.role != "input":
