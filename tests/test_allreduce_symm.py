@@ -213,9 +213,9 @@ def _emulation_rank(rank: int, world: int, init: str, shape, out_file: str) -> N
             )
             for r in range(world)
         ]
-        want = every[0].float()
-        for part in every[1:]:
-            want = want + part.float()  # rank order, fp32, one rounding
+        want = every[0]
+        for part in every[1:]:  # rank order, each addition rounded to bf16 (the kernels' add)
+            want = (want.float() + part.float()).to(torch.bfloat16)
         got = {}
         for kind in (ONE_SHOT, TWO_SHOT):
             dst = torch.full(shape, float("nan"), dtype=torch.bfloat16)
@@ -225,7 +225,7 @@ def _emulation_rank(rank: int, world: int, init: str, shape, out_file: str) -> N
         gathered = [None] * world
         dist.all_gather_object(gathered, {k: v.tolist() for k, v in got.items()})
         if rank == 0:
-            torch.save({"want": want.to(torch.bfloat16).tolist(), "got": gathered}, out_file)
+            torch.save({"want": want.tolist(), "got": gathered}, out_file)
     finally:
         dist.destroy_process_group()
 

@@ -18,8 +18,10 @@ dispatch fp32 and bf16 only and need each range's offset and size 4-byte aligned
 CPU (gloo): the same algorithms, moved by gloo collectives: one-shot gathers every rank's
 partial chunk and each rank sums them in rank order; two-shot is a reduce-scatter (an
 all-to-all of the flattened chunk's W slices; rank r sums slice r in rank order) then an
-all-gather of the reduced slices, so every rank holds the same bits. Sums are fp32 with one
-rounding, as the kernels accumulate.
+all-gather of the reduced slices, so every rank holds the same bits. Both add the W partials
+in rank order and round every addition to the working dtype, as the kernels do
+(``load_and_reduce``: ``add_vec`` in the element type, peers in rank order), so the CPU sum
+has the kernels' bits.
 """
 
 from __future__ import annotations
@@ -40,6 +42,14 @@ def _check_kind(kind: str) -> None:
         raise ValueError(f"kind: one of {', '.join(SYMM_KINDS)}, got {kind!r}")
 
 
+def _rank_order_sum(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``parts[0] + parts[1] + ...`` in that order, each addition rounded to their dtype."""
+    total = parts[0]
+    for part in parts[1:]:
+        total = (total.float() + part.float()).to(part.dtype)
+    return total
+
+
 def gloo_symm_all_reduce(
     kind: str, src: torch.Tensor, dst: torch.Tensor, group: dist.ProcessGroup | None = None
 ) -> None:
@@ -54,10 +64,7 @@ def gloo_symm_all_reduce(
         mine = src.contiguous()  # [rows, cols] of this rank's partial
         every = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(every, mine, group=group)
-        total = every[0].float()
-        for part in every[1:]:
-            total = total + part.float()
-        dst.copy_(total)
+        dst.copy_(_rank_order_sum(every))
         return
     flat = src.contiguous().reshape(-1)
     numel = flat.numel()
@@ -68,10 +75,7 @@ def gloo_symm_all_reduce(
     received = torch.empty_like(padded)
     dist.all_to_all_single(received, padded, group=group)
     slices = received.view(world, per)  # row p: rank p's copy of this rank's slice
-    total = slices[0].float()
-    for p in range(1, world):
-        total = total + slices[p].float()
-    reduced = total.to(flat.dtype)
+    reduced = _rank_order_sum(list(slices))
     # all-gather: every rank's reduced slice, in rank order
     gathered = [torch.empty_like(reduced) for _ in range(world)]
     dist.all_gather(gathered, reduced, group=group)

@@ -13,7 +13,11 @@ Two ways to build the all-reduce:
   overlaps the GEMM of chunk j+1. On ``nccl`` the all-reduce is the collective itself over
   the chunk's rectangle; on ``ce``/``nccl_ce`` (one-shot) the partial chunk is pushed to every
   peer's staging block and each rank reduces the W partials in rank order, so every rank
-  holds the same bits.
+  holds the same bits. On ``symm1``/``symm2`` (PyTorch symmetric memory's one-shot and
+  two-shot kernels) the chunk's GEMM writes a peer-visible buffer at the same offset on
+  every rank (``staging`` row block 0, or ``c`` itself) and one collective of kind
+  ``one_shot_all_reduce`` (into ``c``) or ``two_shot_all_reduce`` (in place) reduces it
+  (:data:`SYMM_LOWERING`; the kernels synchronize the ranks themselves).
 - **rs_ag** (``shard``/``finer`` + ``rs_ag``): gemm_rs's lowering of the same schedule (the
   reduce-scatter overlapped with the GEMM, its reductions writing this rank's rows of ``c``),
   then every reduced chunk pushed to every peer's ``c`` (the all-gather), each as soon as its

@@ -72,7 +72,8 @@ class CollectiveOp:
     """A collective over all ranks (serial schedules on nccl transports; gemm_ar's chunked
     all-reduces)."""
 
-    kind: str  # "all_gather" | "reduce_scatter" | "all_to_all" | "all_reduce"
+    kind: str  # "all_gather" | "reduce_scatter" | "all_to_all" | "all_reduce" (NCCL's)
+    # | "one_shot_all_reduce" | "two_shot_all_reduce" (symmetric memory's kernels, gemm_ar)
     src: str
     dst: str
     # all_to_all: rows this rank sends to / receives from each rank
