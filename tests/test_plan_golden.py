@@ -68,6 +68,22 @@ def test_plans_equal_the_recorded_ones(problem):
     assert not changed, f"{len(changed)} plans changed, e.g. {changed[:5]}"
 
 
+def test_the_shared_ring_step_orders_pushes_send_first_and_pulls_receive_first():
+    from ficco.plan import Region, TransferOp
+    from ficco.plan.ops import PULL, PUSH, Builder, exchange
+
+    here, there = Region("x", (0, 2), (0, 4)), Region("y", (2, 4), (0, 4))
+    for initiator, first in ((PUSH, "send"), (PULL, "recv")):
+        bld = Builder()
+        got = exchange(bld, 7, initiator, send=(1, here, there), recv=(2, there, here), chunk=3)
+        ops = [t.op for t in bld.tasks]
+        assert all(isinstance(op, TransferOp) and op.tag == 7 for op in ops)
+        assert ops[0].direction == first and bld.tasks[got].op.direction == "recv"
+        assert [t.chunk for t in bld.tasks if t.op.direction == "send"] == [(1, 3)]
+    with pytest.raises(ValueError, match="initiator: 'sender' \\(push\\) or 'receiver'"):
+        exchange(Builder(), 0, "both", send=(1, here, there), recv=(1, there, here))
+
+
 if __name__ == "__main__":  # regenerate (only when plans are meant to change)
     DIGESTS.parent.mkdir(exist_ok=True)
     DIGESTS.write_text(json.dumps(record(), indent=0, sort_keys=True) + "\n")
