@@ -248,3 +248,18 @@ def test_symm_schedules_are_captured_where_plans_hold_no_nccl_call():
     symm = Schedule.parse("finer-c2-m/symm2/cublas")
     for graphs, want in (("all", True), ("ce", True), ("none", False)):
         assert CudaBackend.wants_graph(None, TimingOptions(graphs=graphs), symm) is want
+
+
+@pytest.mark.parametrize("kind", [ONE_SHOT, TWO_SHOT])
+def test_the_cuda_calls_match_torchs_op_schemas(kind):
+    """On CPU torch's symm_mem ops parse their arguments, then find no CPU kernel: reaching
+    the backend error means the call's arguments fit the schema (a wrong order fails first
+    with 'Expected a value of type')."""
+    from ficco.execute.allreduce import cuda_symm_all_reduce
+
+    src = torch.zeros(4, 8)
+    dst = torch.zeros(4, 8) if kind == ONE_SHOT else src
+    with pytest.raises(NotImplementedError, match=f"symm_mem::{kind}.*'CPU' backend"):
+        cuda_symm_all_reduce(kind, src, dst, "0")
+    with pytest.raises(ValueError, match="in place"):
+        cuda_symm_all_reduce(TWO_SHOT, src, torch.zeros(4, 8), "0")
