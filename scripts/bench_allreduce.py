@@ -1,6 +1,6 @@
-"""Every all-reduce transport on W GPUs, 8 KiB ... 256 MiB, eager and in CUDA graphs.
+"""All-reduce on W GPUs: (a) every transport alone, (b) ficco's gemm_ar schedules on real layers.
 
-Transports (bf16, sum, in one run):
+(a) Every all-reduce transport, 8 KiB ... 256 MiB, eager and in CUDA graphs (bf16, sum):
 
 - ``nccl``: ``dist.all_reduce``;
 - ``one_shot`` / ``two_shot``: PyTorch symmetric memory's ``one_shot_all_reduce`` (each rank
@@ -22,9 +22,18 @@ align on a host barrier; graphed: ``--graph-iters`` calls captured in one graph,
 time divided by the calls; per round the max over ranks; median and p10/p90 over rounds.
 Bus bandwidth = 2 (W - 1) / W x bytes / time (NCCL's convention).
 
+(b) The row-parallel layers (out-proj, fc2) of ``--models`` at W ranks, M in ``--tokens``, as
+gemm_ar problems: every schedule the space enumerates (``LAYER_SPACE``: every transport, the
+symmetric-memory kernels ``symm1``/``symm2`` included, cuBLAS, 2/4/8 chunks, no SM reserve),
+run by ficco's executor (``ficco.execute``: verified against an fp32 reference, captured
+and verified again, timed in interleaved rounds with the L2 flushed, the max over ranks,
+median), beside serial NCCL + cuBLAS (eager and graphed), serial with the two-shot kernel
+(the schedule ``serial/symm2/cublas``) and the ideal: max(GEMM alone, the fastest all-reduce
+alone of NCCL, one-shot and two-shot, each the faster of eager and graphed).
+
 Usage:
-    python scripts/bench_allreduce.py --world 2 [--quick] [--out FILE]
-    python scripts/bench_allreduce.py --world 1 --quick    # one GPU: exercises the code paths
+    python scripts/bench_allreduce.py --world 2 [--quick] [--parts a,b] [--out FILE]
+    python scripts/bench_allreduce.py --world 1 --quick --parts a  # one GPU: the code paths
 Writes ``--out`` (default ``$OUT/bench_allreduce.json`` when ``$OUT`` is set).
 """
 
@@ -48,6 +57,11 @@ import torch.distributed as dist  # noqa: E402
 from rank_spawn import spawn_ranks  # noqa: E402
 
 TRANSPORTS = ("nccl", "one_shot", "two_shot", "ce_pull", "ce_pull_batched")
+#: (b): the models and token counts of the layer suite
+MODELS = ("llama3-8b", "llama3-70b", "mistral-large-2")
+TOKENS = (1, 4, 16, 64, 256, 512, 2048, 8192)
+#: (b): M up to this is decode, above it prefill (the issue's two target regimes)
+DECODE_MAX_M = 512
 SIZES = tuple(8192 << i for i in range(16))  # 8 KiB ... 256 MiB
 TOLERANCE = 2e-2  # bf16 sum of W partials against the fp32 sum, relative Frobenius
 
@@ -284,17 +298,168 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
+def layer_space():
+    """(b)'s space: every transport (new ones included as the space grows), cuBLAS, 2/4/8
+    chunks, no SM reserve (cuBLAS takes none)."""
+    from ficco.space import Gemm, SpaceOptions
+
+    return SpaceOptions(chunk_counts=(2, 4, 8), sm_reserves=(0,), gemms=(Gemm.CUBLAS,))
+
+
+def layer_jobs(models, tokens, world: int) -> list:
+    """(b)'s (problem, schedules) jobs, small M first (a run cut short covers every layer)."""
+    from ficco.space import enumerate_schedules
+    from ficco.workloads import ParallelSetup, get_model, model_problems
+
+    setup = ParallelSetup(world=world, tokens=tuple(tokens), phase="decode")
+    problems = [p for name in models for p in model_problems(get_model(name), setup)[0]]
+    problems.sort(key=lambda p: (p.m, p.name))
+    return [(p, list(enumerate_schedules(p, layer_space()))) for p in problems]
+
+
+def layer_row(problem, measured) -> dict:
+    """One layer shape: bench_overlap's row plus the all-reduce baselines of the ideal."""
+    import math
+
+    from bench_overlap import shape_row
+
+    row = shape_row(problem, measured)
+    ok = {m.name: m.median_ms for m in measured if m.verdict == "ok"}
+    comm = {
+        name: ok[name] for name in ("comm_alone", "comm_one_shot", "comm_two_shot") if name in ok
+    }
+    fastest = min(comm, key=comm.get) if comm else None
+    ideal = max(ok.get("gemm_alone", math.nan), comm[fastest] if fastest else math.nan)
+    serial_graph = row["serial_graph_ms"]
+    best = row["best_ms"]
+    row.update(
+        phase="decode" if problem.m <= DECODE_MAX_M else "prefill",
+        comm_alone_ms=comm,
+        fastest_comm=fastest,
+        ideal_ms=ideal,  # against the fastest all-reduce alone, not NCCL's alone
+        best_vs_ideal=best / ideal if best == best else math.nan,
+        serial_two_shot_ms=ok.get("serial/symm2/cublas", math.nan),
+        best_vs_serial_two_shot=ok.get("serial/symm2/cublas", math.nan) / best,
+        best_vs_serial_graph=serial_graph / best,
+        best_transport=row["best"].split("/")[1] if row["best"] else None,
+    )
+    return row
+
+
+def layer_summary(rows: list[dict]) -> dict:
+    """Per phase: geomeans of the best schedule against each baseline and the ideal."""
+    from bench_overlap import geomean
+
+    out = {}
+    for phase in ("decode", "prefill"):
+        mine = [r for r in rows if r["phase"] == phase]
+        if not mine:
+            continue
+        out[phase] = {
+            "shapes": len(mine),
+            "best_vs_serial_nccl_eager_geomean": geomean([r["best_vs_serial"] for r in mine]),
+            "best_vs_serial_nccl_graph_geomean": geomean([r["best_vs_serial_graph"] for r in mine]),
+            "best_vs_serial_two_shot_geomean": geomean(
+                [r["best_vs_serial_two_shot"] for r in mine]
+            ),
+            "best_over_ideal_geomean": geomean([r["best_vs_ideal"] for r in mine]),
+            "incorrect": sum(
+                c["verdict"] == "incorrect" for r in mine for c in r["candidates"].values()
+            ),
+            "best_transports": {
+                t: sum(r["best_transport"] == t for r in mine)
+                for t in sorted({r["best_transport"] for r in mine if r["best_transport"]})
+            },
+        }
+    return out
+
+
+def run_layers(args, world: int, out: str | None) -> dict:
+    """(b): every schedule of every layer shape, verified and timed by ficco's executor."""
+    from bench_overlap import run_suite
+
+    from ficco.execute import TimingOptions
+    from ficco.execute.run import check_gpus
+
+    check_gpus(world)
+    models = args.models.split(",")[: 1 if args.quick else None]
+    tokens = (1, 64, 2048) if args.quick else tuple(int(t) for t in args.tokens.split(","))
+    jobs = layer_jobs(models, tokens, world)
+    opts = TimingOptions(rounds=5 if args.quick else args.rounds, issue=("queued",))
+    started = time.time()
+    rows: dict[int, dict] = {}
+
+    def progress(index, msg):
+        verdict = f" -> {msg['verdict']}" if msg.get("verdict") else ""
+        p = jobs[index][0]
+        print(
+            f"    [{time.time() - started:6.1f}s] {p.name} m={p.m}: {msg.get('phase')} "
+            f"{msg.get('name')}{verdict}",
+            flush=True,
+        )
+
+    def done(index, measured, graphs):
+        p = jobs[index][0]
+        rows[index] = layer_row(p, measured) | {"graphs": graphs}
+        r = rows[index]
+        print(
+            f"[{time.time() - started:6.1f}s] {p.name:22s} m={p.m:<5d} best {r['best']} "
+            f"{r['best_ms']:.4f} ms; serial graphed {r['serial_graph_ms']:.4f}, two-shot "
+            f"{r['serial_two_shot_ms']:.4f}, ideal {r['ideal_ms']:.4f}",
+            flush=True,
+        )
+        if out:  # a run cut short still leaves what it measured
+            Path(out + ".partial").write_text(json.dumps(list(rows.values()), default=float))
+
+    results, _ = run_suite(jobs, opts, world, args.stall_timeout, progress, done)
+    failures = [
+        {"key": p.key, "name": p.name, "error": res}
+        for (p, _), res in zip(jobs, results, strict=True)
+        if isinstance(res, str)
+    ]
+    shapes = [rows[i] for i in sorted(rows)]
+    return {
+        "space": {
+            "chunk_counts": list(layer_space().chunk_counts),
+            "transports": [t.value for t in layer_space().transports],
+            "gemms": [g.value for g in layer_space().gemms],
+            "schedules_per_shape": {p.key: len(s) for p, s in jobs},
+        },
+        "models": models,
+        "tokens": list(tokens),
+        "rounds": opts.rounds,
+        "issue": list(opts.issue),
+        "summary": layer_summary(shapes),
+        "failures": failures,
+        "shapes": shapes,
+        "wall_s": time.time() - started,
+    }
+
+
+def _paragraph(start: str) -> str:
+    """The paragraph of this docstring that starts with ``start`` (the protocol in the JSON)."""
+    return next(p.strip() for p in __doc__.split("\n\n") if p.startswith(start))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--world", type=int, default=2)
-    p.add_argument("--quick", action="store_true", help="4 sizes, 5 rounds")
+    p.add_argument("--parts", default="a,b", help="a: transports alone; b: layer schedules")
+    p.add_argument("--quick", action="store_true", help="(a) 4 sizes, (b) one model, 3 M; 5 rounds")
     p.add_argument("--transports", default=",".join(TRANSPORTS))
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--graph-iters", type=int, default=10)
+    p.add_argument("--models", default=",".join(MODELS), help="(b) catalog models")
+    p.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="(b) token counts M")
+    p.add_argument("--stall-timeout", type=float, default=120.0, help="(b) seconds = a hang")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--traceback", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    parts = args.parts.split(",")
+    for part in parts:
+        if part not in ("a", "b"):
+            p.error(f"--parts: unknown part {part!r}; expected a, b or a,b")
     for name in args.transports.split(","):
         if name not in TRANSPORTS:
             p.error(f"--transports: unknown {name!r}; expected some of {', '.join(TRANSPORTS)}")
@@ -308,29 +473,37 @@ def main(argv=None) -> int:
         "seed": args.seed,
         "traceback": args.traceback,
     }
-    started = time.time()
-    rows = spawn_ranks(rank_main, args.world, config)
-    from ficco.measure.fingerprint import fingerprint
-
-    report = {
-        "benchmark": "all-reduce transports, eager and graphed",
-        "protocol": __doc__.split("\n\n")[2].strip(),
-        "world": args.world,
-        "config": config,
-        "fingerprint": fingerprint("cuda"),
-        "summary": summarize(rows),
-        "rows": rows,
-        "wall_s": time.time() - started,
-    }
     out = args.out or (
         os.path.join(os.environ["OUT"], "bench_allreduce.json") if os.environ.get("OUT") else None
     )
+    started = time.time()
+    from ficco.measure.fingerprint import fingerprint
+
+    report = {
+        "benchmark": "all-reduce: (a) transports alone, eager and graphed; (b) gemm_ar layers",
+        "protocol": {
+            "a": _paragraph("Protocol:"),
+            "b": _paragraph("(b)"),
+        },
+        "world": args.world,
+        "fingerprint": fingerprint("cuda"),
+    }
+    if "a" in parts:
+        rows = spawn_ranks(rank_main, args.world, config)
+        report["transports"] = {"config": config, "summary": summarize(rows), "rows": rows}
+        print(json.dumps(report["transports"]["summary"], indent=1)[:4000])
+    if "b" in parts:
+        report["layers"] = run_layers(args, args.world, out)
+        print(json.dumps(report["layers"]["summary"], indent=1))
+    report["wall_s"] = time.time() - started
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(report, indent=1))
+        Path(out).write_text(json.dumps(report, indent=1, default=float))
+        Path(out + ".partial").unlink(missing_ok=True)
         print(f"wrote {out}")
-    print(json.dumps(report["summary"], indent=1)[:4000])
-    return 0
+    layers = report.get("layers", {})
+    bad = layers.get("failures") or any(s["incorrect"] for s in layers.get("summary", {}).values())
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@
 #   overlap    scripts/bench_overlap.py: every schedule vs serial, async-TP, ideal -> bench_overlap.json
 #   block      scripts/bench_op_overhead.py: the host time an op call adds      -> bench_op_overhead.json
 #              scripts/bench_block.py: the TP/SP transformer block with ficco ops -> bench_block.json
-#   allreduce  scripts/bench_allreduce.py: every all-reduce transport            -> bench_allreduce.json
+#   allreduce  scripts/bench_allreduce.py: (a) every all-reduce transport       -> bench_allreduce.json
+#              (b) gemm_ar layer schedules, one model, M 1/64/2048 (the full suite: --parts b
+#              --models M --tokens T per call)                      -> bench_allreduce_layers.json
 #              scripts/bench_decode.py: a TP decode step with matmul_all_reduce -> bench_decode.json
 #   moe        scripts/bench_moe.py: the all-to-all alone, then the MoE expert layers (a first
 #              slice; the rest: --models M --tokens T per call)       -> bench_moe*.json
@@ -38,7 +40,8 @@ if has block; then
   run bench_block 440 python3 scripts/bench_block.py --world "$W" --out "$DEST/bench_block.json"
 fi
 if has allreduce; then
-  run bench_allreduce 400 python3 scripts/bench_allreduce.py --world "$W" --out "$DEST/bench_allreduce.json"
+  run bench_allreduce 400 python3 scripts/bench_allreduce.py --world "$W" --parts a --out "$DEST/bench_allreduce.json"
+  run bench_allreduce_layers 400 python3 scripts/bench_allreduce.py --world "$W" --parts b --quick --out "$DEST/bench_allreduce_layers.json"
   run bench_decode 150 python3 scripts/bench_decode.py --world "$W" --out "$DEST/bench_decode.json"
 fi
 if has moe; then

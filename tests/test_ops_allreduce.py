@@ -30,6 +30,10 @@ def _schedules(rank, world, dtype):
             ran.append(str(schedule))
     # both all-reduce constructions and both splits were among them
     assert any(s.endswith("+rs_ag") for s in ran) and any("-n/" in s for s in ran), ran
+    if dtype is torch.float32:  # the symmetric-memory kernels' algorithms (fp32 and bf16 only)
+        assert {"/symm1/", "/symm2/"} <= {
+            s[s.index("/") : s.index("/", s.index("/") + 1) + 1] for s in ran
+        }, ran
     assert len(ran) >= 10, ran
 
 

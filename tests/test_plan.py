@@ -67,7 +67,9 @@ def _written_once(plan, shapes):
             region = op.dst
         elif isinstance(op, TransferOp) and op.direction == "recv":
             region = op.local
-        elif isinstance(op, CollectiveOp) and op.dst == out and op.kind == "all_reduce":
+        elif isinstance(op, CollectiveOp) and op.dst == out and op.kind.endswith("all_reduce"):
+            if op.src == op.dst:  # in place (two-shot): reduces what the chunk's GEMM wrote
+                continue
             region = Region(out, op.rows, op.cols)
         elif isinstance(op, CollectiveOp) and op.dst == out:
             count += 1

@@ -40,7 +40,11 @@ def test_enumeration_is_legal_unique_parseable_and_has_serial(problem):
 
 def test_enumeration_covers_every_axis_value_that_applies():
     found = list(enumerate_schedules(AG))
-    assert {s.transport for s in found} == set(Transport)
+    # symm1 / symm2 are all-reduce kernels: gemm_ar's alone
+    symm = {Transport.SYMM1, Transport.SYMM2}
+    assert {s.transport for s in found} == set(Transport) - symm
+    ar = Problem(pattern="gemm_ar", m=96, n=80, k=72, world=2)
+    assert {s.transport for s in enumerate_schedules(ar)} == set(Transport)
     assert {s.split for s in found} == {Split.M, Split.K}  # N cannot cut an all-gather
     assert {s.chunks for s in found} == {1, 2, 4, 8, 16}
     assert {s.gemm for s in found} == set(Gemm)
@@ -78,8 +82,15 @@ def test_every_rule_excludes_something_named():
         "finer-c2-m/nccl/cublas+all_peers",
         "finer-c2-m/nccl/cublas+merged",
         "finer-c2-m/ce/triton+fused",  # no fused all-reduce
+        "finer-c2-n/symm1/cublas",  # the kernels reduce contiguous ranges
+        "finer-c2-m/symm2/cublas+rs_ag",  # a kernel is a whole all-reduce
     ]:
         hits |= {name for name, _ in violations(gemm_ar, Schedule.parse(text))}
+    hits |= {name for name, _ in violations(problem, Schedule.parse("serial/symm1/cublas"))}
+    fp16 = Problem(pattern="gemm_ar", m=10, n=16, k=16, world=3, dtype="fp16")
+    hits |= {name for name, _ in violations(fp16, Schedule.parse("serial/symm2/cublas"))}
+    odd = Problem(pattern="gemm_ar", m=10, n=15, k=16, world=3)  # bf16 rows of 30 bytes
+    hits |= {name for name, _ in violations(odd, Schedule.parse("finer-c2-m/symm1/cublas"))}
     even = Problem(pattern="gemm_ar", m=6, n=16, k=16, world=3)
     hits |= {name for name, _ in violations(even, Schedule.parse("serial/nccl/cublas+rs_ag"))}
     assert hits == names
@@ -160,6 +171,10 @@ def test_gemm_ar_space():
         "serial/ce/cublas",
         "serial/nccl/triton",
         "serial/nccl/cublas",
+        "serial/symm1/triton",
+        "serial/symm1/cublas",
+        "serial/symm2/triton",
+        "serial/symm2/cublas",
     ]
     direct = [s for s in found if s.all_reduce.value == "direct"]
     assert all(s.granularity is not Granularity.SHARD for s in direct)

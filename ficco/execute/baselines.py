@@ -23,14 +23,24 @@ BASELINE_SERIAL_EAGER = "serial_eager"
 BASELINE_SERIAL_GRAPH = "serial_graph"
 #: suffix of the captured twin of an isolated part (gemm_alone, comm_alone), timed beside it
 GRAPHED_PART = "@graph"
+#: baselines (gemm_ar on CUDA): the whole [M, N] all-reduce alone through symmetric memory's
+#: one-shot / two-shot kernel, beside NCCL's ``comm_alone``: the ideal of a problem is its
+#: GEMM alone against the fastest all-reduce alone
+BASELINE_COMM_ONE_SHOT = "comm_one_shot"
+BASELINE_COMM_TWO_SHOT = "comm_two_shot"
+#: the isolated parts: each gets a captured twin, and keeps the faster of the two issues
+ISOLATED_PARTS = (BASELINE_GEMM, BASELINE_COMM, BASELINE_COMM_ONE_SHOT, BASELINE_COMM_TWO_SHOT)
 
 __all__ = [
     "BASELINE_ASYNC_TP",
     "BASELINE_COMM",
+    "BASELINE_COMM_ONE_SHOT",
+    "BASELINE_COMM_TWO_SHOT",
     "BASELINE_GEMM",
     "BASELINE_SERIAL_EAGER",
     "BASELINE_SERIAL_GRAPH",
     "GRAPHED_PART",
+    "ISOLATED_PARTS",
     "cuda_baselines",
     "plan_baselines",
     "plan_part_baselines",
@@ -114,6 +124,7 @@ def cuda_baselines(
             BASELINE_GEMM: gemm_alone,
             BASELINE_COMM: comm_alone,
             BASELINE_SERIAL_EAGER: serial_eager,
+            **_symm_comm_parts(problem, tensors, group_name),
         }
     else:
         a, b = t["a"], t["b"]
@@ -142,3 +153,24 @@ def cuda_baselines(
     runners[BASELINE_SERIAL_EAGER] = serial_eager
     runners[BASELINE_ASYNC_TP] = async_tp
     return runners
+
+
+def _symm_comm_parts(problem: Problem, tensors: dict, group_name: str) -> dict[str, Callable]:
+    """gemm_ar's whole all-reduce alone through each symmetric-memory kernel, on the buffers
+    its symm1 / symm2 schedules use (``ficco.plan.allreduce``), where the space allows them
+    (fp32 or bf16, aligned)."""
+    from ficco.execute.allreduce import ONE_SHOT, TWO_SHOT, cuda_symm_all_reduce
+    from ficco.space import Schedule, Transport, is_legal
+
+    c = tensors["c"]
+    staged = tensors["staging"][: problem.m]  # row block 0: where the one-shot GEMM writes
+    parts: dict[str, Callable] = {}
+    if is_legal(problem, Schedule(transport=Transport.SYMM1)):
+        parts[BASELINE_COMM_ONE_SHOT] = functools.partial(
+            cuda_symm_all_reduce, ONE_SHOT, staged, c, group_name
+        )
+    if is_legal(problem, Schedule(transport=Transport.SYMM2)):
+        parts[BASELINE_COMM_TWO_SHOT] = functools.partial(
+            cuda_symm_all_reduce, TWO_SHOT, c, c, group_name
+        )
+    return parts

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ficco.defaults import FLAG_SLOTS, FLAG_TIMEOUT_S
+from ficco.execute.allreduce import SYMM_KINDS, gloo_symm_all_reduce
 from ficco.execute.backend import Backend, Buffers
 from ficco.execute.baselines import plan_part_baselines
 from ficco.execute.buffers import allocate, view
@@ -254,8 +255,17 @@ class CpuPrimitives(FusedPrimitives, Primitives):
             total = view(self.tensors, Region(op.src, op.rows, op.cols)).float().contiguous()
             dist.all_reduce(total)
             view(self.tensors, Region(op.dst, op.rows, op.cols)).copy_(total)
+        elif op.kind in SYMM_KINDS:
+            self.symm_all_reduce(op)
         else:
             raise ValueError(f"collective: unknown kind {op.kind!r}")
+
+    def symm_all_reduce(self, op: CollectiveOp, group: dist.ProcessGroup | None = None) -> None:
+        """symm1 / symm2: the symmetric-memory kernels' algorithms over gloo (``group``:
+        the ranks' group, None for the default one)."""
+        src = view(self.tensors, Region(op.src, op.rows, op.cols))
+        dst = view(self.tensors, Region(op.dst, op.rows, op.cols))
+        gloo_symm_all_reduce(op.kind, src, dst, group)
 
     def _all_to_all(self, op: CollectiveOp, src, dst, world: int) -> None:
         """gloo's all_to_all needs equal splits: point-to-point on the run's collective tag."""

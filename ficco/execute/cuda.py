@@ -11,7 +11,8 @@ the signal stream gates the reduction. ``nccl``: each (step, chunk) is one group
 ``batch_isend_irecv`` (both directions in one group, so the ring cannot deadlock); serial
 schedules call the collective itself. ``+hi`` schedules use the high-priority NCCL group.
 ``nccl_ce``: NCCL's zero-CTA copy-engine policy, probed once; where the build or driver
-refuses it, its schedules are recorded ``unavailable``.
+refuses it, its schedules are recorded ``unavailable``. ``symm1``/``symm2`` (gemm_ar):
+symmetric memory's all-reduce kernels on the comm stream (``ficco.execute.allreduce``).
 
 Clock. Before each timed iteration the L2 is flushed (a 256 MiB write) and the ranks meet at
 a device-side barrier, so both GPUs start within microseconds; CUDA events around the op.
@@ -93,6 +94,10 @@ class CudaPrimitives(FusedPrimitives, Primitives):
         )
         if self.ce and not ctx.has_signals and pushes:
             raise Unavailable("this torch's symmetric memory has no put_signal/wait_signal")
+        if s.transport.is_symm_all_reduce:
+            from ficco.execute.allreduce import require_symm_ops
+
+            require_symm_ops()
         self.sm_budget = max(1, ctx.sm_count - s.sm_reserve)
         self.flag_slots = plan.flag_slots
         self.flag_timeout_s = min(FLAG_TIMEOUT_S, ctx.timeout_s / 4)
@@ -314,6 +319,14 @@ class CudaPrimitives(FusedPrimitives, Primitives):
             dist.all_reduce(flat, group=self.group)
             if flat.data_ptr() != out.data_ptr():
                 out.copy_(flat)
+        elif op.kind in ("one_shot_all_reduce", "two_shot_all_reduce"):
+            from ficco.execute.allreduce import cuda_symm_all_reduce
+
+            # on the buffers' own group (the one they were rendezvoused on), whatever the
+            # schedule's priority: +hi only picks the stream the kernel runs on
+            src = self.view(Region(op.src, op.rows, op.cols))
+            dst = self.view(Region(op.dst, op.rows, op.cols))
+            cuda_symm_all_reduce(op.kind, src, dst, self.ctx.group.group_name)
         else:
             raise ValueError(f"collective: unknown kind {op.kind!r}")
 
@@ -511,7 +524,9 @@ class CudaBackend(Backend):
         transport = schedule.transport.value
         if transport == "nccl_ce":
             return False  # zero-CTA NCCL collectives are not known to survive graph capture
-        if transport == "ce":
+        if transport == "ce" or schedule.transport.is_symm_all_reduce:
+            # plans without NCCL calls (symmetric-memory kernels synchronize through signal
+            # pads, which capture)
             return options.graphs in ("all", "ce")
         return options.graphs == "all" and schedule.granularity.value == "serial"
 

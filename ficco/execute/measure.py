@@ -28,11 +28,10 @@ from collections.abc import Callable, Sequence
 
 from ficco.execute.backend import Backend, Buffers
 from ficco.execute.baselines import (
-    BASELINE_COMM,
-    BASELINE_GEMM,
     BASELINE_SERIAL_EAGER,
     BASELINE_SERIAL_GRAPH,
     GRAPHED_PART,
+    ISOLATED_PARTS,
 )
 from ficco.execute.interpreter import interpret
 from ficco.execute.options import TimingOptions
@@ -256,7 +255,7 @@ def _graph_baselines(backend, base, results, runners, part_graphs, reference, pr
         if m.verdict == "ok":
             m.extra["graph"] = "graph"
             runners[BASELINE_SERIAL_GRAPH] = graph.replay  # the bound method keeps it alive
-    for name in (BASELINE_GEMM, BASELINE_COMM):
+    for name in (n for n in ISOLATED_PARTS if n in base):  # the same names on every rank
         graph = None
         if name in runners:
             try:

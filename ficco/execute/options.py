@@ -57,7 +57,8 @@ class TimingOptions:
     """cuda: flush the L2 (a 256 MiB write) before each timed iteration."""
     graphs: str = "all"
     """cuda: capture verified schedules into CUDA graphs and time the replays: 'all', 'ce'
-    (only copy-engine schedules, whose plans hold no NCCL calls) or 'none'. A capture that
+    (only copy-engine and symmetric-memory-kernel schedules, whose plans hold no NCCL calls)
+    or 'none'. A capture that
     fails falls back to eager issue, recorded in the measurement's ``extra['graph']``."""
     issue: tuple[str, ...] = ("queued",)
     """cuda: how each timed iteration is issued, one timing pass per entry: 'queued' (the

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from ficco.execute.allreduce import SYMM_KINDS
 from ficco.execute.buffers import view
 from ficco.execute.cpu import CpuPrimitives
 from ficco.plan import CollectiveOp, Plan, TransferOp, run_tag
@@ -62,8 +63,10 @@ class GroupCpuPrimitives(CpuPrimitives):
             total = view(self.tensors, Region(op.src, op.rows, op.cols)).float().contiguous()
             dist.all_reduce(total, group=self.group)
             view(self.tensors, Region(op.dst, op.rows, op.cols)).copy_(total)
+        elif op.kind in SYMM_KINDS:
+            self.symm_all_reduce(op, self.group)
         else:
             raise ValueError(
-                "collective: ficco.ops runs all_gather, reduce_scatter and all_reduce, not "
+                "collective: ficco.ops runs all_gather, reduce_scatter and the all-reduces, not "
                 f"{op.kind!r}"
             )

@@ -120,7 +120,8 @@ def run_plan_cuda(
 
     ctx = rank_context(group, device)
     handles: dict = {}
-    if plan.schedule.transport is Transport.CE:
+    transport = plan.schedule.transport
+    if transport is Transport.CE or transport.is_symm_all_reduce:
         symmetric, handles = symmetric_buffers(plan, group, device)
         # every peer is past its previous call's reads of our buffers before we overwrite them
         # (its previous call joined its side streams into the stream this barrier runs on)

@@ -13,7 +13,11 @@ Two ways to build the all-reduce:
   overlaps the GEMM of chunk j+1. On ``nccl`` the all-reduce is the collective itself over
   the chunk's rectangle; on ``ce``/``nccl_ce`` (one-shot) the partial chunk is pushed to every
   peer's staging block and each rank reduces the W partials in rank order, so every rank
-  holds the same bits.
+  holds the same bits. On ``symm1``/``symm2`` (PyTorch symmetric memory's one-shot and
+  two-shot kernels) the chunk's GEMM writes a peer-visible buffer at the same offset on
+  every rank (``staging`` row block 0, or ``c`` itself) and one collective of kind
+  ``one_shot_all_reduce`` (into ``c``) or ``two_shot_all_reduce`` (in place) reduces it
+  (:data:`SYMM_LOWERING`; the kernels synchronize the ranks themselves).
 - **rs_ag** (``shard``/``finer`` + ``rs_ag``): gemm_rs's lowering of the same schedule (the
   reduce-scatter overlapped with the GEMM, its reductions writing this rank's rows of ``c``),
   then every reduced chunk pushed to every peer's ``c`` (the all-gather), each as soon as its
@@ -28,6 +32,7 @@ import dataclasses
 
 from ficco.plan.dense import plan_gemm_rs
 from ficco.plan.ops import (
+    PUSH,
     BufferSpec,
     Builder,
     CollectiveOp,
@@ -37,17 +42,13 @@ from ficco.plan.ops import (
     Region,
     Stream,
     Task,
-    TransferOp,
+    exchange,
     peer_steps,
 )
 from ficco.plan.tags import transfer_tag
 from ficco.problem import Pattern, Problem
 from ficco.space import AllReduce, Granularity, Schedule, Split, Transport
 from ficco.space.geometry import cut
-
-#: pushes are sender-initiated: the receiver waits for the sender's signal (ce) or posts the
-#: matching receive (two-sided transports)
-PUSH = "sender"
 
 
 def ar_buffers(p: Problem) -> tuple[BufferSpec, ...]:
@@ -67,27 +68,43 @@ def plan_gemm_ar(p: Problem, s: Schedule, rank: int) -> Plan:
     return _plan_direct(p, s, rank)
 
 
+#: the collective each symmetric-memory transport lowers to, and where the chunk's GEMM writes
+#: its partial (every rank at the same offset, as the kernels read peers' buffers there):
+#: one-shot reads ``staging`` row block 0 of every rank and writes ``c``; two-shot reduces
+#: ``c`` in place (each rank reduces 1/W of the chunk and stores it into every rank's ``c``)
+SYMM_LOWERING: dict[Transport, tuple[str, str]] = {
+    Transport.SYMM1: ("one_shot_all_reduce", "staging"),
+    Transport.SYMM2: ("two_shot_all_reduce", "c"),
+}
+
+
 def _plan_direct(p: Problem, s: Schedule, rank: int) -> Plan:
     w, M, K, N = p.world, p.m, p.k, p.n
     bld = Builder()
     split_n = s.split is Split.N and s.granularity is Granularity.FINER
     pieces = cut(N if split_n else M, s)
-    # the collective on nccl; copy engines and NCCL's zero-CTA copies cannot reduce, so they
-    # push the partials and the ranks reduce them (the space refuses serial nccl_ce)
-    collective = s.transport is Transport.NCCL
+    # NCCL's all-reduce, or a symmetric-memory kernel, is one collective per chunk; copy
+    # engines and NCCL's zero-CTA copies cannot reduce, so they push the partials and the
+    # ranks reduce them (the space refuses serial nccl_ce)
+    if s.transport is Transport.NCCL:
+        kind, written = "all_reduce", "partial"
+    elif s.transport.is_symm_all_reduce:
+        kind, written = SYMM_LOWERING[s.transport]
+    else:
+        kind, written = None, "partial"
     peers = peer_steps(rank, w, True)[:-1]  # (receive from, send to), step by step
     for j, piece in enumerate(pieces):
         rows, cols = ((0, M), piece) if split_n else (piece, (0, N))
         g = bld.add(
             GemmOp(
-                Region("a", rows, (0, K)), Region("b", (0, K), cols), Region("partial", rows, cols)
+                Region("a", rows, (0, K)), Region("b", (0, K), cols), Region(written, rows, cols)
             ),
             Stream.COMPUTE,
             chunk=(rank, j),
         )
-        if collective:
+        if kind is not None:
             bld.add(
-                CollectiveOp("all_reduce", "partial", "c", rows=rows, cols=cols),
+                CollectiveOp(kind, written, "c", rows=rows, cols=cols),
                 Stream.COMM,
                 [g],
                 chunk=(rank, j),
@@ -97,39 +114,21 @@ def _plan_direct(p: Problem, s: Schedule, rank: int) -> Plan:
         def staged(src: int, rows=rows, cols=cols) -> Region:
             return Region("staging", (src * M + rows[0], src * M + rows[1]), cols)
 
-        recvs = []
-        for i, (src, dst) in enumerate(peers):
-            bld.add(
-                TransferOp(
-                    dst,
-                    "send",
-                    Region("partial", rows, cols),
-                    staged(rank),
-                    transfer_tag(i, j),
-                    PUSH,
-                ),
-                Stream.COMM,
-                [g],
-                chunk=(dst, j),
+        mine = Region("partial", rows, cols)
+        recvs = [
+            exchange(
+                bld,
+                transfer_tag(i, j),
+                PUSH,
+                send=(dst, mine, staged(rank)),
+                recv=(src, staged(src), mine),
+                send_deps=[g],
+                chunk=j,
             )
-            recvs.append(
-                bld.add(
-                    TransferOp(
-                        src,
-                        "recv",
-                        staged(src),
-                        Region("partial", rows, cols),
-                        transfer_tag(i, j),
-                        PUSH,
-                    ),
-                    Stream.COMM,
-                    chunk=(src, j),
-                )
-            )
+            for i, (src, dst) in enumerate(peers)
+        ]
         # in rank order on every rank: the same sum, bit for bit, everywhere
-        inputs = tuple(
-            Region("partial", rows, cols) if src == rank else staged(src) for src in range(w)
-        )
+        inputs = tuple(mine if src == rank else staged(src) for src in range(w))
         bld.add(
             ReduceOp(inputs, Region("c", rows, cols)),
             Stream.COMPUTE,
@@ -152,32 +151,16 @@ def _plan_rs_ag(p: Problem, s: Schedule, rank: int) -> Plan:
     for j, task in enumerate(reductions):
         rows, cols = task.op.out.rows, task.op.out.cols  # rows of c, inside this rank's shard
         for i, (src, dst) in enumerate(peers):
-            step = w + i  # after the reduce-scatter's steps: distinct tags
-            bld.add(
-                TransferOp(
-                    dst,
-                    "send",
-                    Region("c", rows, cols),
-                    Region("c", rows, cols),
-                    transfer_tag(step, j),
-                    PUSH,
-                ),
-                Stream.COMM,
-                [task.id],
-                chunk=(dst, j),
-            )
-            src_rows = (rows[0] - own + src * S, rows[1] - own + src * S)
-            bld.add(
-                TransferOp(
-                    src,
-                    "recv",
-                    Region("c", src_rows, cols),
-                    Region("c", src_rows, cols),
-                    transfer_tag(step, j),
-                    PUSH,
-                ),
-                Stream.COMM,
-                chunk=(src, j),
+            reduced = Region("c", rows, cols)
+            theirs = Region("c", (rows[0] - own + src * S, rows[1] - own + src * S), cols)
+            exchange(
+                bld,
+                transfer_tag(w + i, j),  # after the reduce-scatter's steps: distinct tags
+                PUSH,
+                send=(dst, reduced, reduced),
+                recv=(src, theirs, theirs),
+                send_deps=[task.id],
+                chunk=j,
             )
     return Plan(p, s, rank, ar_buffers(p), tuple(bld.tasks), "c")
 

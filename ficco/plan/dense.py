@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from ficco.plan.fused import plan_ag_gemm_fused, plan_gemm_rs_fused
 from ficco.plan.ops import (
+    PULL,
+    PUSH,
     BufferSpec,
     Builder,
     CollectiveOp,
@@ -25,7 +27,7 @@ from ficco.plan.ops import (
     ReduceOp,
     Region,
     Stream,
-    TransferOp,
+    exchange,
     peer_steps,
     uses_collective,
     visit_order,
@@ -62,30 +64,16 @@ def plan_ag_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
                     Stream.COMM,
                 )
             ]
+            mine = Region("a_shard", (0, S), (0, K))
             for step, (src, dst) in enumerate(peer_steps(rank, w, False)[1:], start=1):
                 gathered.append(
-                    bld.add(
-                        TransferOp(
-                            src,
-                            "recv",
-                            Region("a_full", (src * S, (src + 1) * S), (0, K)),
-                            Region("a_shard", (0, S), (0, K)),
-                            transfer_tag(step, 0),
-                            "receiver",
-                        ),
-                        Stream.COMM,
-                    )
-                )
-                bld.add(
-                    TransferOp(
-                        dst,
-                        "send",
-                        Region("a_shard", (0, S), (0, K)),
-                        Region("a_full", (rank * S, (rank + 1) * S), (0, K)),
+                    exchange(
+                        bld,
                         transfer_tag(step, 0),
-                        "receiver",
-                    ),
-                    Stream.COMM,
+                        PULL,
+                        send=(dst, mine, Region("a_full", (rank * S, (rank + 1) * S), (0, K))),
+                        recv=(src, Region("a_full", (src * S, (src + 1) * S), (0, K)), mine),
+                    )
                 )
         bld.add(
             GemmOp(Region("a_full", (0, p.m), (0, K)), whole_b, Region("c", (0, p.m), (0, N))),
@@ -114,31 +102,18 @@ def plan_ag_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
             arrived[(i, j)] = None  # local shard: read in place, no wait
             continue
         rows, cols = rect(src * S, pieces[j])
-        remote_rows, _ = rect(0, pieces[j])
-        arrived[(i, j)] = bld.add(
-            TransferOp(
-                src,
-                "recv",
-                Region("a_full", rows, cols),
-                Region("a_shard", remote_rows, cols),
-                transfer_tag(i, j),
-                "receiver",
-            ),
-            Stream.COMM,
-            chunk=(src, j),
-        )
-        send_rows, _ = rect(0, pieces[j])
-        bld.add(
-            TransferOp(
+        shard_rows, _ = rect(0, pieces[j])  # the chunk's rows in every rank's a_shard
+        arrived[(i, j)] = exchange(
+            bld,
+            transfer_tag(i, j),
+            PULL,
+            send=(
                 dst,
-                "send",
-                Region("a_shard", send_rows, cols),
+                Region("a_shard", shard_rows, cols),
                 Region("a_full", rect(rank * S, pieces[j])[0], cols),
-                transfer_tag(i, j),
-                "receiver",
             ),
-            Stream.COMM,
-            chunk=(dst, j),
+            recv=(src, Region("a_full", rows, cols), Region("a_shard", shard_rows, cols)),
+            chunk=j,
         )
 
     last_gemm: dict[int, int] = {}  # split-k chunks of one shard accumulate in order
@@ -188,7 +163,6 @@ def plan_gemm_rs(p: Problem, s: Schedule, rank: int) -> Plan:
         return plan_gemm_rs_fused(p, s, rank, buffers)
     bld = Builder()
     whole_b = Region("b", (0, K), (0, N))
-    initiator = "sender"
 
     if s.granularity is Granularity.SERIAL:
         g = bld.add(
@@ -200,29 +174,22 @@ def plan_gemm_rs(p: Problem, s: Schedule, rank: int) -> Plan:
         else:
             recvs = []
             for step, (src, dst) in enumerate(peer_steps(rank, w, True)[:-1]):
-                bld.add(
-                    TransferOp(
-                        dst,
-                        "send",
-                        Region("partial", (dst * S, (dst + 1) * S), (0, N)),
-                        Region("staging", (rank * S, (rank + 1) * S), (0, N)),
-                        transfer_tag(step, 0),
-                        initiator,
-                    ),
-                    Stream.COMM,
-                    [g],
-                )
                 recvs.append(
-                    bld.add(
-                        TransferOp(
+                    exchange(
+                        bld,
+                        transfer_tag(step, 0),
+                        PUSH,
+                        send=(
+                            dst,
+                            Region("partial", (dst * S, (dst + 1) * S), (0, N)),
+                            Region("staging", (rank * S, (rank + 1) * S), (0, N)),
+                        ),
+                        recv=(
                             src,
-                            "recv",
                             Region("staging", (src * S, (src + 1) * S), (0, N)),
                             Region("partial", (rank * S, (rank + 1) * S), (0, N)),
-                            transfer_tag(step, 0),
-                            initiator,
                         ),
-                        Stream.COMM,
+                        send_deps=[g],
                     )
                 )
             _add_reduce(
@@ -280,32 +247,16 @@ def plan_gemm_rs(p: Problem, s: Schedule, rank: int) -> Plan:
         if dst == rank:
             local_gemm[j] = g
             continue
-        stage_rows, _ = rect(rank * S, pieces[j])
-        bld.add(
-            TransferOp(
-                dst,
-                "send",
-                Region("partial", out_rows, cols),
-                Region("staging", stage_rows, cols),
-                transfer_tag(i, j),
-                initiator,
-            ),
-            Stream.COMM,
-            [g],
-            chunk=(dst, j),
-        )
+        stage_rows, _ = rect(rank * S, pieces[j])  # this rank's rows, in staging and partial
         src_rows, _ = rect(src * S, pieces[j])
-        recv_of[(src, j)] = bld.add(
-            TransferOp(
-                src,
-                "recv",
-                Region("staging", src_rows, cols),
-                Region("partial", rect(rank * S, pieces[j])[0], cols),
-                transfer_tag(i, j),
-                initiator,
-            ),
-            Stream.COMM,
-            chunk=(src, j),
+        recv_of[(src, j)] = exchange(
+            bld,
+            transfer_tag(i, j),
+            PUSH,
+            send=(dst, Region("partial", out_rows, cols), Region("staging", stage_rows, cols)),
+            recv=(src, Region("staging", src_rows, cols), Region("partial", stage_rows, cols)),
+            send_deps=[g],
+            chunk=j,
         )
     for j, piece in enumerate(pieces):
         rows, cols = rect(0, piece)

@@ -11,6 +11,7 @@ them.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ficco.problem import Problem
@@ -71,7 +72,8 @@ class CollectiveOp:
     """A collective over all ranks (serial schedules on nccl transports; gemm_ar's chunked
     all-reduces)."""
 
-    kind: str  # "all_gather" | "reduce_scatter" | "all_to_all" | "all_reduce"
+    kind: str  # "all_gather" | "reduce_scatter" | "all_to_all" | "all_reduce" (NCCL's)
+    # | "one_shot_all_reduce" | "two_shot_all_reduce" (symmetric memory's kernels, gemm_ar)
     src: str
     dst: str
     # all_to_all: rows this rank sends to / receives from each rank
@@ -234,6 +236,53 @@ class Builder:
         deps = tuple(sorted({d for d in deps if d is not None}))
         self.tasks.append(Task(tid, op, stream, deps, chunk))
         return tid
+
+
+#: who moves the data of a transfer on one-sided transports: gathers pull, scatters push
+PULL, PUSH = "receiver", "sender"
+
+
+def exchange(
+    bld: Builder,
+    tag: int,
+    initiator: str,
+    send: tuple[int, Region, Region],
+    recv: tuple[int, Region, Region],
+    send_deps: Iterable[int | None] = (),
+    chunk: int | None = None,
+) -> int:
+    """One ring step of one chunk: both halves of its two transfers, the loop every lowering
+    shares. ``send = (to, here, there)``: this rank's ``here`` lands in ``there`` on rank
+    ``to``, after ``send_deps``; ``recv = (frm, here, there)``: ``there`` on rank ``frm``
+    lands in this rank's ``here``. Pushes list the send first (it follows the GEMM that made
+    its data), pulls the receive. ``chunk``: the chunk index the tasks are tagged with
+    (``(peer, chunk)``), or None for untagged whole-shard steps. Returns the receive's id."""
+    if initiator not in (PUSH, PULL):
+        raise ValueError(f"initiator: {PUSH!r} (push) or {PULL!r} (pull), got {initiator!r}")
+    to, send_here, send_there = send
+    frm, recv_here, recv_there = recv
+
+    def add_send() -> None:
+        bld.add(
+            TransferOp(to, "send", send_here, send_there, tag, initiator),
+            Stream.COMM,
+            send_deps,
+            chunk=None if chunk is None else (to, chunk),
+        )
+
+    def add_recv() -> int:
+        return bld.add(
+            TransferOp(frm, "recv", recv_here, recv_there, tag, initiator),
+            Stream.COMM,
+            chunk=None if chunk is None else (frm, chunk),
+        )
+
+    if initiator == PUSH:
+        add_send()
+        return add_recv()
+    received = add_recv()
+    add_send()
+    return received
 
 
 def peer_steps(rank: int, world: int, local_last: bool) -> list[tuple[int, int]]:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from ficco.defaults import SM_COUNT
 from ficco.problem import Pattern, Problem
-from ficco.space.geometry import quantum, split_extent
+from ficco.space.geometry import cut, quantum, split_extent
 from ficco.space.schedule import (
     AllReduce,
     Compute,
@@ -86,6 +86,72 @@ def copy_engine_cannot_reduce(p: Problem, s: Schedule) -> str | None:
     ):
         kind = "reduce-scatter" if p.pattern is Pattern.GEMM_RS else "all-reduce"
         return f"nccl_ce has no {kind} (copy engines do not reduce)"
+    return None
+
+
+#: dtypes torch's symmetric-memory all-reduce kernels dispatch (``AT_DISPATCH_FLOAT_AND_BFLOAT16``
+#: in ``CUDASymmetricMemoryOps.cu``): no fp16
+SYMM_DTYPES = ("fp32", "bf16")
+#: the kernels' smallest vector: a range's offset and size in bytes are multiples of this
+#: (``get_and_verify_alignment``: max(4, element size))
+SYMM_ALIGNMENT_BYTES = 4
+
+
+def symm_kernels_need_all_reduce(p: Problem, s: Schedule) -> str | None:
+    if s.transport.is_symm_all_reduce and p.pattern is not Pattern.GEMM_AR:
+        return (
+            f"{s.transport.value} is PyTorch symmetric memory's all-reduce kernel; {p.pattern} "
+            "has no all-reduce (use ce, nccl or nccl_ce)"
+        )
+    return None
+
+
+def symm_kernels_reduce_whole_chunks(p: Problem, s: Schedule) -> str | None:
+    # rs_ag builds its all-reduce from gemm_rs's transfers and reductions; a symmetric-memory
+    # kernel is a whole all-reduce of its chunk (two-shot is itself a reduce-scatter then an
+    # all-gather, inside one kernel)
+    if s.transport.is_symm_all_reduce and s.all_reduce is AllReduce.RS_AG:
+        return (
+            f"{s.transport.value} all-reduces each chunk whole in one kernel; rs_ag builds its "
+            "all-reduce from transfers (use ce, nccl or nccl_ce with rs_ag)"
+        )
+    return None
+
+
+def symm_kernels_need_contiguous_chunks(p: Problem, s: Schedule) -> str | None:
+    # the kernels take one contiguous range of a symmetric buffer (the same offset on every
+    # rank); a column chunk of the row-major [M, N] output is strided
+    if s.transport.is_symm_all_reduce and s.split is not Split.M:
+        return (
+            f"{s.transport.value} reduces a contiguous range of the symmetric buffer; split "
+            f"{s.split.value} chunks are strided (use row chunks, -m)"
+        )
+    return None
+
+
+def symm_kernels_need_fp32_or_bf16(p: Problem, s: Schedule) -> str | None:
+    if s.transport.is_symm_all_reduce and p.dtype not in SYMM_DTYPES:
+        return (
+            f"torch's symmetric-memory all-reduce kernels run {' and '.join(SYMM_DTYPES)} only, "
+            f"not dtype {p.dtype}"
+        )
+    return None
+
+
+def symm_kernels_need_aligned_chunks(p: Problem, s: Schedule) -> str | None:
+    # a row chunk [r0, r1) of the [M, N] buffer starts r0 * N elements in and holds
+    # (r1 - r0) * N: with an odd N in bf16 an odd row count breaks the kernels' 4-byte vectors
+    if not s.transport.is_symm_all_reduce or s.split is not Split.M:
+        return None
+    row_bytes = p.n * p.dtype_bytes
+    for r0, r1 in cut(p.m, s):
+        if (r0 * row_bytes) % SYMM_ALIGNMENT_BYTES or (
+            (r1 - r0) * row_bytes
+        ) % SYMM_ALIGNMENT_BYTES:
+            return (
+                f"{s.transport.value} needs every chunk's offset and size to be multiples of "
+                f"{SYMM_ALIGNMENT_BYTES} bytes; rows {r0}..{r1} of n={p.n} {p.dtype} are not"
+            )
     return None
 
 
@@ -203,6 +269,9 @@ def sm_reserve_needs_sm_comm(p: Problem, s: Schedule) -> str | None:
     # arrived); the SMs it leaves run the owner's reductions (gemm_rs) beside it.
     if s.compute is Compute.FUSED:
         return None
+    # symm1/symm2 run on SMs too, but torch's ops take no SM budget (their grids, at most 24
+    # blocks, are fixed inside the op, CUDASymmetricMemoryOps.cu), so they are left out of
+    # the reserve like the copy engines until a measurement shows a GEMM-side reserve pays
     if s.sm_reserve and (s.transport is not Transport.NCCL or not s.overlapped):
         return (
             "an SM reserve only helps SM-based communication (nccl) or a fused GEMM running "
@@ -233,6 +302,11 @@ RULES: tuple[Rule, ...] = (
     chunks_fit_extent,
     copy_engine_needs_contiguous_chunks,
     copy_engine_cannot_reduce,
+    symm_kernels_need_all_reduce,
+    symm_kernels_reduce_whole_chunks,
+    symm_kernels_need_contiguous_chunks,
+    symm_kernels_need_fp32_or_bf16,
+    symm_kernels_need_aligned_chunks,
     rs_ag_needs_all_reduce,
     rs_ag_needs_overlap,
     rs_ag_needs_even_shards,

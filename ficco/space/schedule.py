@@ -6,6 +6,7 @@ A schedule is written ``GRANULARITY/TRANSPORT/GEMM[+OPTION...]``:
 ``shard/ce/triton``               one step per peer shard, copy-engine transfers
 ``finer-c4-m/ce/cublas+hi``       each shard cut into 4 row chunks, comm stream at high priority
 ``finer-c8-k/nccl/triton+merged+all_peers+sm16``
+``finer-c4-m/symm2/cublas+hi``    gemm_ar: 4 row chunks, each all-reduced by the two-shot kernel
 
 Options (each omitted when at its default): ``merged`` (one GEMM per shard after its chunks
 arrive, instead of one per chunk), ``fused`` (one persistent Triton GEMM per rank: for
@@ -42,6 +43,15 @@ class Transport(enum.StrEnum):
     CE = "ce"  # copy engines through symmetric memory (pull for gathers, push for scatters)
     NCCL = "nccl"  # NCCL kernels on SMs
     NCCL_CE = "nccl_ce"  # NCCL zero-CTA (copy-engine) collectives, where the build has them
+    # gemm_ar only: PyTorch symmetric memory's all-reduce kernels (on SMs) over the symmetric
+    # buffer the chunk's GEMM wrote
+    SYMM1 = "symm1"  # one-shot: every rank reads every peer's chunk and sums them
+    SYMM2 = "symm2"  # two-shot: each rank reduces 1/W of the chunk, then all-gathers it
+
+    @property
+    def is_symm_all_reduce(self) -> bool:
+        """One of symmetric memory's all-reduce kernels (symm1, symm2)."""
+        return self in (Transport.SYMM1, Transport.SYMM2)
 
 
 class Order(enum.StrEnum):

@@ -1,0 +1,100 @@
+"""scripts/bench_allreduce.py part (b) without a GPU: its jobs are the enumerated space (the
+symmetric-memory transports included), and a shape's row measures the best schedule against
+the ideal of the fastest all-reduce alone. The CUDA baselines those rows read exist for
+exactly the problems the space gives the kernels."""
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+from ficco.measure.record import Measurement
+from ficco.problem import Problem
+from ficco.space import Transport, enumerate_schedules
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location(
+        "bench_allreduce", ROOT / "scripts" / "bench_allreduce.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_layer_jobs_time_every_enumerated_schedule_with_the_symm_transports():
+    bench = _load()
+    jobs = bench.layer_jobs(["llama3-70b"], (1, 64, 2048), 2)
+    assert [p.m for p, _ in jobs] == [1, 1, 64, 64, 2048, 2048]
+    for problem, schedules in jobs:
+        assert schedules == list(enumerate_schedules(problem, bench.layer_space()))
+        names = {str(s) for s in schedules}
+        assert "serial/symm2/cublas" in names and "serial/nccl/cublas" in names
+        transports = {s.transport for s in schedules}
+        assert {Transport.SYMM1, Transport.SYMM2} <= transports
+        if problem.m >= 64:  # row chunks exist: the kernels overlap the next chunk's GEMM
+            assert "finer-c4-m/symm2/cublas+hi" in names
+
+
+def _m(problem, name, ms, kind="schedule", verdict="ok"):
+    return Measurement(problem.to_dict(), name, kind=kind, verdict=verdict, median_ms=ms)
+
+
+def test_a_row_takes_the_ideal_from_the_fastest_all_reduce_alone():
+    bench = _load()
+    p = Problem(pattern="gemm_ar", m=16, n=8192, k=4096, world=2, name="llama3-70b.out")
+    measured = [
+        _m(p, "serial/nccl/cublas", 0.060),
+        _m(p, "serial/symm2/cublas", 0.040),
+        _m(p, "finer-c2-m/symm2/cublas+hi", 0.030),
+        _m(p, "finer-c2-m/ce/cublas", 0.050, verdict="incorrect"),
+        _m(p, "gemm_alone", 0.020, "baseline"),
+        _m(p, "comm_alone", 0.032, "baseline"),
+        _m(p, "comm_one_shot", 0.012, "baseline"),
+        _m(p, "comm_two_shot", 0.010, "baseline"),
+        _m(p, "serial_eager", 0.070, "baseline"),
+        _m(p, "serial_graph", 0.050, "baseline"),
+    ]
+    row = bench.layer_row(p, measured)
+    assert row["phase"] == "decode" and row["best"] == "finer-c2-m/symm2/cublas+hi"
+    assert row["fastest_comm"] == "comm_two_shot" and row["best_transport"] == "symm2"
+    assert math.isclose(row["ideal_ms"], 0.020)  # max(GEMM 0.020, two-shot 0.010)
+    assert math.isclose(row["best_vs_ideal"], 1.5)
+    assert math.isclose(row["best_vs_serial_graph"], 0.050 / 0.030)
+    assert math.isclose(row["best_vs_serial_two_shot"], 0.040 / 0.030)
+    summary = bench.layer_summary([row])
+    assert summary["decode"]["incorrect"] == 1 and "prefill" not in summary
+    assert summary["decode"]["best_transports"] == {"symm2": 1}
+
+
+def test_the_symm_comm_baselines_exist_where_the_space_allows_the_kernels():
+    import torch
+
+    from ficco.execute.baselines import (
+        BASELINE_COMM_ONE_SHOT,
+        BASELINE_COMM_TWO_SHOT,
+        _symm_comm_parts,
+    )
+
+    def buffers(p):
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[p.dtype]
+        return {
+            "staging": torch.zeros(p.world * p.m, p.n, dtype=dtype),
+            "c": torch.zeros(p.m, p.n, dtype=dtype),
+        }
+
+    bf16 = Problem(pattern="gemm_ar", m=3, n=8, k=4, world=2)
+    tensors = buffers(bf16)
+    parts = _symm_comm_parts(bf16, tensors, "0")
+    assert set(parts) == {BASELINE_COMM_ONE_SHOT, BASELINE_COMM_TWO_SHOT}
+    kind, src, dst, group = parts[BASELINE_COMM_ONE_SHOT].args
+    # one-shot reads row block 0 of staging (where symm1's GEMM writes) into c
+    assert src.data_ptr() == tensors["staging"].data_ptr() and src.shape == (3, 8)
+    assert dst is tensors["c"] and group == "0"
+    kind, src, dst, _ = parts[BASELINE_COMM_TWO_SHOT].args
+    assert src is dst is tensors["c"]  # in place, as symm2 schedules reduce
+    fp16 = Problem(pattern="gemm_ar", m=3, n=8, k=4, world=2, dtype="fp16")
+    assert _symm_comm_parts(fp16, buffers(fp16), "0") == {}
