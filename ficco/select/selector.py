@@ -77,6 +77,11 @@ SCALE_FREE_FEATURES: tuple[str, ...] = (
     "log2_t_comm_ce_pred_ms",
     "log2_t_comm_nccl_pred_ms",
     "log2_comm_compute_ratio",
+    "top_k",
+    "experts_per_rank",
+    "log2_tokens_per_expert",
+    "rank_imbalance",
+    "expert_imbalance",
 )
 PAIR_FEATURES: tuple[str, ...] = (*SCHEDULE_FEATURES, "log2_piece_rows", "log2_pieces")
 
