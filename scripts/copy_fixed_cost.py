@@ -273,9 +273,7 @@ def summarize(rows: list[dict], counts) -> list[dict]:
     return out
 
 
-def _fmt_bytes(n) -> str:
-    if n is None:
-        return "never loses"
+def _fmt_bytes(n: int) -> str:
     for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
             return f"{n // size} {unit}"
@@ -291,13 +289,16 @@ def print_table(rows: list[dict], summary: list[dict]) -> None:
             cell = r.get(m, {})
             cells.append(f"{cell['median_us']:10.1f}" if "median_us" in cell else f"{'-':>10}")
         print(f"{r['count']:>5} {_fmt_bytes(r['segment_bytes']):>9} " + " ".join(cells))
-    print("\nper count: fitted fixed cost per copy (us), and the size below which the kernel wins")
+    print("\nper count: fitted fixed cost per copy (us), and the sizes at which the kernel wins")
     for s in summary:
         fixed = ", ".join(f"{m} {v:.2f}" for m, v in s["fixed_us_per_copy"].items())
+        wins = {
+            rival: ", ".join(map(_fmt_bytes, s[f"kernel_beats_{rival}_at"])) or "none"
+            for rival in ("eager", "graph")
+        }
         print(
-            f"count {s['count']:>2}: {fixed}; kernel beats eager below "
-            f"{_fmt_bytes(s['kernel_beats_eager_below_bytes'])}, graph below "
-            f"{_fmt_bytes(s['kernel_beats_graph_below_bytes'])}"
+            f"count {s['count']:>2}: {fixed}; kernel beats eager at [{wins['eager']}], "
+            f"graph at [{wins['graph']}]"
         )
 
 
