@@ -90,7 +90,9 @@ def test_an_illegal_table_answer_falls_back(env, tmp_path):
     assert rec.schedule == "serial/nccl/cublas" and rec.fallback and rec.in_range
 
 
-def test_skewed_routing_is_answered_as_uniform_with_a_note(env):
+def test_skewed_routing_beyond_the_trained_imbalance_answers_the_safe_default(env):
+    # the synthetic store routes uniformly: its table bounds the imbalance near 1 and says a
+    # skewed problem lies outside (table without routing features: tests/test_routing_features)
     p = Problem(
         pattern="a2a_gemm",
         m=8192,
@@ -101,7 +103,10 @@ def test_skewed_routing_is_answered_as_uniform_with_a_note(env):
         routing=((1000, 1000, 500, 500, 500, 500, 48, 48), (512,) * 8),
     )
     rec = recommend(p)
-    assert rec.notes and "uniform routing" in rec.notes[0]
+    assert not rec.in_range and rec.fallback
+    assert {f for f, *_ in rec.outside} & {"rank_imbalance", "expert_imbalance"}
+    assert rec.schedule == env["table"]["safe_default"]["a2a_gemm"]["schedule"]
+    assert rec.routing["kind"] == "given" and rec.routing["expert_imbalance"] > 1.5
 
 
 def test_missing_table_names_the_file_and_the_command(tmp_path, monkeypatch):
