@@ -142,11 +142,15 @@ class Problem:
         if self.pattern.is_all_to_all:
             self._validate_all_to_all()
         else:
-            if self.experts is not None or self.routing is not None or self.top_k is not None:
+            if self.experts is not None or self.routing is not None:
                 raise InputError(
-                    "experts/routing/top_k",
-                    (self.experts, self.routing, self.top_k),
+                    "experts/routing",
+                    (self.experts, self.routing),
                     f"only the all-to-all patterns take them, not {self.pattern}",
+                )
+            if self.top_k is not None:
+                raise InputError(
+                    "top_k", self.top_k, f"only the all-to-all patterns take it, not {self.pattern}"
                 )
             if self.m % self.world and self.pattern is not Pattern.GEMM_AR:
                 raise InputError(

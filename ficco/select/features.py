@@ -16,6 +16,12 @@ Two views of the same numbers:
                        monotone per-feature transforms, so a tree split on ``log2_x <= t`` is
                        the split ``x <= 2**t`` on the raw feature.
 
+The all-to-alls' routing (``Problem.routing``, ``Problem.top_k``) enters twice: through the
+sizes of the busiest rank (``rows``, ``comm_bytes``, ``shard_bytes``), and as the
+``ROUTING_FEATURES`` (top-k, experts per rank, tokens per expert, and the rank and expert
+imbalance, max over mean), counts and ratios that keep their meaning as the token count grows.
+The selector sees them only when it is trained on an all-to-all (``ficco.select.selector``).
+
 The roof constants for ``h200x2`` were measured on 2xH200 (NVLink, 2026-11-22): cuBLAS
 bf16 ~790 TFLOP/s at 8192^3, copy-engine pulls ~390 GB/s with a ~13 us floor per copy, NCCL
 all-gather ~240 GB/s bus bandwidth with a ~60 us floor. Predicted times are a roofline, not a
