@@ -119,6 +119,10 @@ class Problem:
     """All-to-all patterns only: total experts, a multiple of ``world``."""
     routing: tuple[tuple[int, ...], ...] | None = None
     """All-to-all patterns only: ``routing[s][e]`` tokens rank s sends to expert e; None = uniform."""
+    top_k: int | None = None
+    """All-to-all patterns only: experts each token is routed to (its rows appear top_k times
+    in ``m``); None = not stated (read as 1). The routing cannot tell it: rows summing to 4096
+    are 4096 tokens routed once or 1024 routed to 4 experts."""
     name: str = field(default="", compare=False)
     """Optional label (e.g. ``l3-70b.fc1``); not part of the problem's identity."""
 
@@ -144,6 +148,10 @@ class Problem:
                     (self.experts, self.routing),
                     f"only the all-to-all patterns take them, not {self.pattern}",
                 )
+            if self.top_k is not None:
+                raise InputError(
+                    "top_k", self.top_k, f"only the all-to-all patterns take it, not {self.pattern}"
+                )
             if self.m % self.world and self.pattern is not Pattern.GEMM_AR:
                 raise InputError(
                     "m",
@@ -164,6 +172,13 @@ class Problem:
                 f"must be a positive multiple of world={self.world} (each rank owns experts/W "
                 "of them)",
             )
+        if self.top_k is not None:
+            top_k = validate.integer("top_k", self.top_k, minimum=1)
+            if top_k > experts:
+                raise InputError(
+                    "top_k", top_k, f"must be <= experts={experts} (distinct experts per token)"
+                )
+            object.__setattr__(self, "top_k", top_k)
         if self.routing is None:
             if self.m % self.world:
                 raise InputError(
@@ -172,8 +187,32 @@ class Problem:
                     "uniform routing gives every rank M/W tokens, so m must be divisible by "
                     f"world={self.world}",
                 )
+            if self.top_k is not None:
+                self._check_top_k(self.routing_table())
             return
         object.__setattr__(self, "routing", self._routing_counts(self.routing))
+        if self.top_k is not None:
+            self._check_top_k(self.routing)
+
+    def _check_top_k(self, routing: tuple[tuple[int, ...], ...]) -> None:
+        """Each rank's rows are its tokens x top_k, and no expert gets a token twice."""
+        top_k = self.top_k
+        assert top_k is not None
+        for s, row in enumerate(routing):
+            rows = sum(row)
+            if rows % top_k:
+                raise InputError(
+                    "top_k",
+                    top_k,
+                    f"rank {s} sends {rows} rows, not a whole number of tokens x top_k",
+                )
+            if max(row) > rows // top_k:
+                raise InputError(
+                    "top_k",
+                    top_k,
+                    f"rank {s} sends {max(row)} rows to one expert but has only "
+                    f"{rows // top_k} tokens (each token picks distinct experts)",
+                )
 
     def _routing_counts(self, table: Any) -> tuple[tuple[int, ...], ...]:
         """The routing as a W x experts tuple of int token counts; every count an integer
@@ -266,6 +305,8 @@ class Problem:
             base += f":e{self.experts}"
             if self.routing is not None:
                 base += ":r" + "/".join(",".join(map(str, row)) for row in self.routing)
+            if self.top_k is not None:
+                base += f":t{self.top_k}"
         return base
 
     def to_dict(self) -> dict[str, Any]:
@@ -280,13 +321,15 @@ class Problem:
         if self.pattern.is_all_to_all:
             out["experts"] = self.experts
             out["routing"] = [list(r) for r in self.routing] if self.routing else None
+            if self.top_k is not None:  # absent, not null: records written before it match
+                out["top_k"] = self.top_k
         if self.name:
             out["name"] = self.name
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Problem:
-        known = {"pattern", "m", "n", "k", "world", "dtype", "experts", "routing", "name"}
+        known = {"pattern", "m", "n", "k", "world", "dtype", "experts", "routing", "top_k", "name"}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"problem: unknown field(s) {sorted(unknown)}")

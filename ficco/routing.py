@@ -90,4 +90,29 @@ def with_skewed_routing(
         )
     routing = skewed_routing(problem.world, problem.experts, rows // top_k, top_k, alpha, seed)
     name = f"{problem.name}+skew" if problem.name else "skew"
-    return dataclasses.replace(problem, routing=routing, name=name)
+    return dataclasses.replace(problem, routing=routing, top_k=top_k, name=name)
+
+
+def imbalance(problem: Problem) -> tuple[float, float]:
+    """``(rank_imbalance, expert_imbalance)`` of an all-to-all problem's routing: the most
+    tokens any rank receives over the mean per rank, and the most tokens any expert gets over
+    the mean per expert. 1.0 is perfectly even; both are ratios, so they keep their meaning
+    as the token count grows. Uniform routing of m/W tokens spread over the experts gives
+    1.0 up to the rounding of ``split_evenly``."""
+    if not problem.pattern.is_all_to_all:
+        raise InputError(
+            "pattern", problem.pattern.value, "routing applies to a2a_gemm and gemm_a2a"
+        )
+    table = problem.routing_table()
+    assert problem.experts is not None
+    per_expert = [sum(col) for col in zip(*table, strict=True)]
+    epr = problem.experts_per_rank
+    per_rank = [sum(per_expert[d * epr : (d + 1) * epr]) for d in range(problem.world)]
+    total = sum(per_expert)
+    if total == 0:
+        return 1.0, 1.0
+    # integer products first, one division: the same floats as ficco.export.lookup's
+    return (
+        max(per_rank) * problem.world / total,
+        max(per_expert) * problem.experts / total,
+    )

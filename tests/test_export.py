@@ -17,7 +17,8 @@ from click.testing import CliRunner
 import ficco
 from ficco.export.build import sample_problems, write_table
 from ficco.export.formats import to_csv, to_header, to_json
-from ficco.export.lookup import CsvTable, Table, load_csv_table, load_table
+from ficco.export.lookup import Table, load_table
+from ficco.export.lookup_csv import CsvTable, load_csv_table
 from ficco.problem import Problem
 from ficco.testing.synthetic_profiles import synthetic_table
 

@@ -90,7 +90,9 @@ def test_an_illegal_table_answer_falls_back(env, tmp_path):
     assert rec.schedule == "serial/nccl/cublas" and rec.fallback and rec.in_range
 
 
-def test_skewed_routing_is_answered_as_uniform_with_a_note(env):
+def test_skewed_routing_beyond_the_trained_imbalance_answers_the_safe_default(env):
+    # the synthetic store routes uniformly: its table bounds the imbalance near 1 and says a
+    # skewed problem lies outside (table without routing features: tests/test_routing_features)
     p = Problem(
         pattern="a2a_gemm",
         m=8192,
@@ -101,7 +103,11 @@ def test_skewed_routing_is_answered_as_uniform_with_a_note(env):
         routing=((1000, 1000, 500, 500, 500, 500, 48, 48), (512,) * 8),
     )
     rec = recommend(p)
-    assert rec.notes and "uniform routing" in rec.notes[0]
+    assert not rec.in_range and rec.fallback
+    assert {f for f, *_ in rec.outside} & {"rank_imbalance", "expert_imbalance"}
+    assert rec.schedule == env["table"]["safe_default"]["a2a_gemm"]["schedule"]
+    # per expert 1512 1512 1012 1012 1012 1012 560 560: the busiest 1512 * 8 / 8192
+    assert rec.routing["kind"] == "given" and rec.routing["expert_imbalance"] == 1512 * 8 / 8192
 
 
 def test_missing_table_names_the_file_and_the_command(tmp_path, monkeypatch):
@@ -147,8 +153,14 @@ def test_without_a_table_the_repository_has_none_shipped():
             r"nodes\[0\].left: must be a node id in \(0, 1\)",
         ),
         (
+            # a feature this reader does not compute (a subset it does compute is fine: tables
+            # written before the routing features list fewer)
+            lambda text, data: json.dumps({**data, "features": [*data["features"], "warps"]}),
+            "features: must be distinct names among the features this reader computes",
+        ),
+        (
             lambda text, data: json.dumps({**data, "features": ["m"]}),
-            "features: the table's features",
+            r"nodes\[0\].feature: '.*' is not among the table's features",
         ),
         (lambda text, data: json.dumps([1, 2]), "a table is a JSON object"),
     ],

@@ -15,6 +15,7 @@ Importing this module loads neither torch nor pandas; each function imports what
 ``train``            fit the selector and write a machine's table
 ``evaluate``         cross-validate the selector on unseen models, beside the baselines
 ``recommend``        which schedule to run, from a machine's table
+``routed_problem``   an all-to-all problem with its routing described (top-k, skew, seed)
 ``export``           a machine's table as JSON, CSV rules or a C header
 
 Modules: ``problems`` (problems, schedules, run, the CPU world limit), ``profiles``
@@ -43,7 +44,16 @@ from ficco.api.profiles import (
     sweep_problems,
     workloads,
 )
-from ficco.api.tables import Exported, Trained, evaluate, export, load_frame, recommend, train
+from ficco.api.tables import (
+    Exported,
+    Trained,
+    evaluate,
+    export,
+    load_frame,
+    recommend,
+    routed_problem,
+    train,
+)
 from ficco.validate import InputError
 
 __all__ = [
@@ -63,6 +73,7 @@ __all__ = [
     "make_problem",
     "parse_schedules",
     "recommend",
+    "routed_problem",
     "report",
     "run",
     "schedules",

@@ -140,13 +140,62 @@ def _open_table(machine: str, table: str | Path | None):
         raise InputError("table", table or machine, str(err)) from None
 
 
-def recommend(problem: Problem, machine: str = DEFAULT_MACHINE, table: str | Path | None = None):
+def routed_problem(
+    problem: Problem,
+    *,
+    top_k: int | str | None = None,
+    skew: float | str | None = None,
+    seed: int | str | None = None,
+) -> tuple[Problem, dict | None]:
+    """``problem`` with its routing described: ``top_k`` experts per token, and ``skew`` (the
+    Zipf exponent alpha of a seeded top-k router, ``ficco.routing.skewed_routing``; 0 is
+    uniform popularity) with its ``seed`` (default 0). Returns the problem and the description
+    (None when none was given). InputError names the field: these apply to a2a_gemm and
+    gemm_a2a only, a skew replaces a given routing table (not both), a seed needs a skew."""
+    from ficco.routing import with_skewed_routing
+
+    if top_k is None and skew is None and seed is None:
+        return problem, None
+    given = {"top_k": top_k, "skew": skew, "seed": seed}
+    if not problem.pattern.is_all_to_all:
+        field = next(f for f, v in given.items() if v is not None)
+        raise InputError(
+            field, given[field], f"routing applies to a2a_gemm and gemm_a2a, not {problem.pattern}"
+        )
+    if seed is not None and skew is None:
+        raise InputError("seed", seed, "seeds a skewed routing: give --skew ALPHA with it")
+    k = None if top_k is None else validate.integer("top_k", top_k, minimum=1)
+    if skew is None:
+        return dataclasses.replace(problem, top_k=k), {"top_k": k}
+    if problem.routing is not None:
+        raise InputError("skew", skew, "draws a routing: give a routing table or a skew, not both")
+    alpha = validate.number("skew", skew, at_least=0.0)
+    if alpha >= 16:
+        raise InputError("skew", skew, "must be < 16 (popularity 1 / rank**alpha)")
+    s = 0 if seed is None else validate.integer("seed", seed, minimum=0)
+    described = {"top_k": k, "skew": alpha, "seed": s}
+    return with_skewed_routing(problem, top_k=k or 1, alpha=alpha, seed=s), described
+
+
+def recommend(
+    problem: Problem,
+    machine: str = DEFAULT_MACHINE,
+    table: str | Path | None = None,
+    *,
+    top_k: int | str | None = None,
+    skew: float | str | None = None,
+    seed: int | str | None = None,
+):
     """Which schedule to run for ``problem``, from ``machine``'s shipped table (or the table
-    file ``table``), and why: a ``Recommendation``. Needs neither torch nor scikit-learn."""
+    file ``table``), and why: a ``Recommendation``. Needs neither torch nor scikit-learn.
+
+    All-to-alls: ``top_k``, ``skew`` and ``seed`` describe the routing (see
+    :func:`routed_problem`); the answer's ``routing`` says what was assumed."""
     if not isinstance(problem, Problem):
         raise InputError("problem", problem, "must be a ficco.Problem")
+    problem, described = routed_problem(problem, top_k=top_k, skew=skew, seed=seed)
     try:
-        rec = lookup(problem, validate.name("machine", machine), table=table)
+        rec = lookup(problem, validate.name("machine", machine), table=table, described=described)
     except TableNotFound as err:
         # no measured table for this machine: the cost model answers where it describes it
         model_rec = _model_recommendation(problem, machine, f"no measured table for {machine}")

@@ -250,16 +250,36 @@ def _print_cuda(problem, measured, options: api.RunRequest, as_json: bool) -> No
 
 @click.command("recommend", cls=ApiCommand)
 @problem_options
+@click.option(
+    "--top-k",
+    "top_k",
+    metavar="INT",
+    default=None,
+    help="All-to-all patterns: experts per token (m counts tokens x top-k) [default: 1].",
+)
+@click.option(
+    "--skew",
+    metavar="ALPHA",
+    default=None,
+    help="All-to-all patterns: draw the routing from a seeded top-k router whose expert "
+    "popularity falls as 1 / rank**ALPHA (0 = even, 1-1.5 = unbalanced trained routers) "
+    "[default: uniform routing].",
+)
+@click.option("--seed", metavar="INT", default=None, help="Seed of the --skew router [default: 0].")
 @table_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
-def recommend_cmd(machine: str, table: str | None, as_json: bool, **params) -> None:
+def recommend_cmd(
+    machine: str, table: str | None, as_json: bool, top_k, skew, seed, **params
+) -> None:
     """Which schedule to run for a problem, from the machine's table, and why.
 
     \b
-    Example:
+    Examples:
       ficco recommend ag_gemm --m 8192 --n 28672 --k 8192 --world 2
+      ficco recommend a2a_gemm --m 32768 --n 14336 --k 4096 --world 2 --experts 8 \\
+          --top-k 2 --skew 1.2 --seed 0
     """
-    rec = api.recommend(problem_of(params), machine, table=table)
+    rec = api.recommend(problem_of(params), machine, table=table, top_k=top_k, skew=skew, seed=seed)
     if as_json:
         click.echo(json.dumps(rec.to_dict(), indent=2))
         return
@@ -268,5 +288,12 @@ def recommend_cmd(machine: str, table: str | None, as_json: bool, **params) -> N
     click.echo(f"why: {rec.reason}")
     for rule in rec.rules:
         click.echo(f"  {rule}")
+    if rec.routing is not None:
+        r = rec.routing
+        click.echo(
+            f"routing: {r['kind']}, top-k {r['top_k'] or 1}, {r['experts_per_rank']} experts "
+            f"per rank, {r['tokens_per_expert']:.4g} tokens per expert, imbalance "
+            f"{r['rank_imbalance']:.3f} per rank, {r['expert_imbalance']:.3f} per expert"
+        )
     for note in rec.notes:
         click.echo(f"note: {note}")

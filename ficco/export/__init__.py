@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from importlib import import_module
 
-from ficco.export.lookup import Answer, CsvTable, Table, TableError, load_csv_table, load_table
+from ficco.export.lookup import Answer, Table, TableError, load_table
+from ficco.export.lookup_csv import CsvTable, load_csv_table
 
 _LAZY = {
     "Recommendation": "ficco.export.recommend",

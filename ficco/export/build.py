@@ -39,13 +39,18 @@ from ficco.export.lookup import (
     table_features,
 )
 from ficco.problem import Problem
-from ficco.select.dataset import SERIAL, Dataset
+from ficco.routing import imbalance
+from ficco.select.dataset import SERIAL, Dataset, problem_from_row
 from ficco.select.features import FEATURE_DOC, roofs_for
 from ficco.select.selector import ScheduleSelector
 
 TABLE_FILE = "table.json"
 #: Problems sampled inside each (pattern, world, dtype) training range for the distillation.
 SAMPLES_PER_GROUP = 600
+#: Added to the largest trained imbalance of a range: uniform routing of another token count
+#: rounds to an imbalance a little above 1 (counts split evenly differ by one token), and that
+#: is not a skew the table has not seen.
+IMBALANCE_SLACK = 0.02
 
 
 def _group_ranges(dataset: Dataset) -> list[dict[str, Any]]:
@@ -58,6 +63,13 @@ def _group_ranges(dataset: Dataset) -> list[dict[str, Any]]:
             entry[dim] = [int(rows[dim].min()), int(rows[dim].max())]
         if str(pattern) in ("a2a_gemm", "gemm_a2a"):
             entry["experts"] = [int(rows["experts"].min()), int(rows["experts"].max())]
+            problems = [problem_from_row(row) for _, row in rows.iterrows()]
+            top_k = [p.top_k or 1 for p in problems]
+            entry["top_k"] = [min(top_k), max(top_k)]
+            spread = [imbalance(p) for p in problems]
+            for i, name in enumerate(("rank_imbalance", "expert_imbalance")):
+                # never below 1 (even); the top bound with the rounding slack
+                entry[name] = [1.0, round(max(x[i] for x in spread) + IMBALANCE_SLACK, 4)]
         entry["problems"] = len(rows)
         out.append(entry)
     return out
@@ -79,11 +91,15 @@ def sample_problems(ranges: list[dict[str, Any]], per_group: int, seed: int = 0)
         pattern, world = entry["pattern"], entry["world"]
         a2a = pattern in ("a2a_gemm", "gemm_a2a")
         for _ in range(per_group):
-            experts = None
+            experts = top_k = None
             if a2a:
                 lo, hi = entry["experts"]
                 choices = [e for e in range(lo, hi + 1) if e % world == 0]
                 experts = rng.choice(choices)
+                # uniform routing only: drawing skewed routings of every sampled size costs a
+                # draw per token; the trained skewed problems stand for themselves
+                if "top_k" in entry and entry["top_k"][1] > 1:
+                    top_k = rng.randint(*entry["top_k"])
             m_lo, m_hi = entry["m"]
             if m_hi < world or (m_hi // world) * world < m_lo:
                 continue
@@ -97,6 +113,7 @@ def sample_problems(ranges: list[dict[str, Any]], per_group: int, seed: int = 0)
                         world=world,
                         dtype=entry["dtype"],
                         experts=experts,
+                        top_k=top_k,
                     )
                 )
             except ValueError:
@@ -117,6 +134,8 @@ def _features(problems: list[Problem], roofs: dict[str, Any]) -> np.ndarray:
                 p.experts,
                 roofs,
                 roofs["gemm_tflops"][p.dtype],
+                p.routing,
+                p.top_k,
             )
             for p in problems
         ],
@@ -195,7 +214,9 @@ def distill(
     probe = Table(_skeleton(selector.machine, roofs, body), "distillation")
     covered: dict[int, list[str]] = {}
     for key, p in zip(dataset.keys, train, strict=True):
-        answer = probe.lookup(p.pattern.value, p.m, p.n, p.k, p.world, p.dtype, p.experts)
+        answer = probe.lookup(
+            p.pattern.value, p.m, p.n, p.k, p.world, p.dtype, p.experts, p.routing, p.top_k
+        )
         covered.setdefault(answer.rule, []).append(key)
     for node in nodes:
         if "schedule" not in node:
@@ -243,7 +264,9 @@ def distill(
 
 def _lookups(table: Table, problems: list[Problem]) -> list[str]:
     return [
-        table.lookup(p.pattern.value, p.m, p.n, p.k, p.world, p.dtype, p.experts).schedule
+        table.lookup(
+            p.pattern.value, p.m, p.n, p.k, p.world, p.dtype, p.experts, p.routing, p.top_k
+        ).schedule
         for p in problems
     ]
 

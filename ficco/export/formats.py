@@ -225,8 +225,8 @@ def to_header(table: Table) -> str:
  * (in_range = 0) the pattern's measured safe default (the schedule of least mean regret on the
  * training problems; {_c_string(table.fallback)} for a pattern without one); NULL when the
  * arguments are not a valid problem. speedup: predicted serial time / schedule
- * time (-1 when unknown). All-to-all patterns assume uniform routing; experts is ignored by
- * ag_gemm and gemm_rs.
+ * time (-1 when unknown). All-to-all patterns assume uniform routing and top-1 (the Python
+ * lookup takes a routing and top_k); experts is ignored by ag_gemm and gemm_rs.
  */
 #ifndef {guard}
 #define {guard}
@@ -291,6 +291,7 @@ static int {prefix}_features(const char *pattern, long long m, long long n, long
   int a2a = strcmp(pattern, "a2a_gemm") == 0, ga2a = strcmp(pattern, "gemm_a2a") == 0;
   long long b = {prefix}_dtype_bytes(dtype), w = world;
   long long m_shard, rows, weights, shard_bytes, comm_bytes, e = 0, flops, touched;
+  long long top_k = 0, epr = 0, expert_max = 1, total = 1;
   double tflops = {prefix}_tflops(dtype), t_gemm, t_ce, t_nccl;
   if (!(ag || rs || a2a || ga2a) || b == 0 || tflops <= 0.0) return -1;
   if (m <= 0 || n <= 0 || k <= 0 || w < 2 || m % w != 0) return -1;
@@ -302,7 +303,7 @@ static int {prefix}_features(const char *pattern, long long m, long long n, long
     shard_bytes = m_shard * cols * b;
     comm_bytes = (w - 1) * shard_bytes;
   }} else {{
-    long long per_rank, base, extra, epr, block_max, block_min, hi, low;
+    long long per_rank, base, extra, block_max, block_min, hi, low;
     if (experts <= 0 || experts % w != 0) return -1;
     e = experts;
     per_rank = m / w;
@@ -315,6 +316,9 @@ static int {prefix}_features(const char *pattern, long long m, long long n, long
     block_min = epr * base + (hi > 0 ? hi : 0);
     m_shard = per_rank;
     rows = w * block_max;
+    top_k = 1;
+    expert_max = w * (base + (extra > 0));
+    total = m;
     weights = epr * k * n;
     if (a2a) {{
       shard_bytes = block_max * k * b;
@@ -336,6 +340,11 @@ static int {prefix}_features(const char *pattern, long long m, long long n, long
   f[13] = (double)comm_bytes; f[14] = (double)shard_bytes;
   f[15] = (double)flops / (double)touched;
   f[16] = t_gemm; f[17] = t_ce; f[18] = t_nccl; f[19] = t_ce / t_gemm;
+  /* routing features: uniform routing, top-1 (rows = the busiest rank's tokens) */
+  f[20] = (double)top_k; f[21] = (double)epr;
+  f[22] = e ? (double)m / (double)e : 0.0;
+  f[23] = e ? (double)(rows * w) / (double)total : 1.0;
+  f[24] = e ? (double)(expert_max * e) / (double)total : 1.0;
   return 0;
 }}
 

@@ -25,15 +25,21 @@ A table (JSON, ``format: ficco.schedule-table``, ``schema_version: 2``) holds:
               examples}`` answer (``speedup``: serial time / schedule time, the geometric mean
               over the training problems the leaf covers; ``support``: how many).
 
-Features are positive quantities computed from the problem (see ``table_features``); the
-all-to-all patterns assume uniform routing. A CSV export of the same table (one row per rule,
--1 meaning "any", first match wins) is read by ``load_csv_table``.
+Features are quantities computed from the problem (see ``table_features``). For the
+all-to-all patterns a lookup takes the routing as a W x experts table of token counts
+(``routing=``, e.g. a runtime's router counts; ``ficco.recommend`` also draws one from a skew
+description) and the experts per token (``top_k=``), else assumes uniform routing, top-1. The
+routing features
+(``ROUTING_FEATURES``: top-k, experts per rank, tokens per expert, and the imbalance of tokens
+received per rank and per expert) are ratios and counts that keep their meaning as sizes grow.
+A table lists the features it was trained on (any of ``TABLE_FEATURES``: tables written before
+the routing features still load) and, for the all-to-alls, may bound ``top_k`` and the two
+imbalances in its ``range``. A CSV export of the same table (one row per rule, -1 meaning
+"any", first match wins) is read by ``ficco.export.lookup_csv.load_csv_table``.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 from pathlib import Path
@@ -47,30 +53,19 @@ _DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float3
 PATTERNS = ("ag_gemm", "gemm_rs", "a2a_gemm", "gemm_a2a")
 
 #: Feature names in the order ``table_features`` returns them.
-TABLE_FEATURES: tuple[str, ...] = (
-    "is_ag_gemm",
-    "is_gemm_rs",
-    "is_a2a_gemm",
-    "is_gemm_a2a",
-    "world",
-    "dtype_bytes",
-    "experts",
-    "m",
-    "n",
-    "k",
-    "m_shard",
-    "rows",
-    "flops",
-    "comm_bytes",
-    "shard_bytes",
-    "intensity",
-    "t_gemm_pred_ms",
-    "t_comm_ce_pred_ms",
-    "t_comm_nccl_pred_ms",
-    "comm_compute_ratio",
+_FEATURE_NAMES = (
+    "is_ag_gemm is_gemm_rs is_a2a_gemm is_gemm_a2a world dtype_bytes experts m n k m_shard rows"
+    " flops comm_bytes shard_bytes intensity t_gemm_pred_ms t_comm_ce_pred_ms"
+    " t_comm_nccl_pred_ms comm_compute_ratio"
+    " top_k experts_per_rank tokens_per_expert rank_imbalance expert_imbalance"
 )
+TABLE_FEATURES: tuple[str, ...] = tuple(_FEATURE_NAMES.split())
+#: The routing features (the last five): 0 / 0 / 0.0 / 1.0 / 1.0 for ag_gemm and gemm_rs.
+ROUTING_FEATURES: tuple[str, ...] = TABLE_FEATURES[20:]
 #: Features that are integers for every problem (the rest are real-valued).
-INTEGER_FEATURES = frozenset(TABLE_FEATURES[:15])
+INTEGER_FEATURES = frozenset(TABLE_FEATURES[:15] + ("top_k", "experts_per_rank"))
+#: Routing bounds a table's all-to-all ``range`` entry may carry: integer top_k, real imbalances.
+ROUTING_RANGES: tuple[str, ...] = ("top_k", "rank_imbalance", "expert_imbalance")
 ROOF_KEYS = ("gemm_tflops", "gemm_floor_us", "ce_gbps", "ce_floor_us", "nccl_gbps", "nccl_floor_us")
 
 
@@ -109,8 +104,18 @@ def canonical_dtype(dtype: str) -> str:
     return key
 
 
-def check_problem(pattern: str, m: int, n: int, k: int, world: int, experts: int | None) -> None:
-    """ValueError naming the field when the problem is not valid."""
+def check_problem(
+    pattern: str,
+    m: int,
+    n: int,
+    k: int,
+    world: int,
+    experts: int | None,
+    routing: Any = None,
+    top_k: int | None = None,
+) -> None:
+    """ValueError naming the field when the problem is not valid (the rules of
+    ``ficco.problem.Problem``)."""
     if pattern not in PATTERNS:
         raise ValueError(f"pattern: unknown pattern {pattern!r}; expected one of {PATTERNS}")
     for name, value in (("m", m), ("n", n), ("k", k), ("world", world)):
@@ -118,13 +123,66 @@ def check_problem(pattern: str, m: int, n: int, k: int, world: int, experts: int
             raise ValueError(f"{name}: must be a positive integer, got {value!r}")
     if world < 2:
         raise ValueError(f"world: needs at least 2 ranks, got {world}")
-    if m % world:
-        raise ValueError(f"m: must be divisible by world={world}, got {m}")
     a2a = pattern in ("a2a_gemm", "gemm_a2a")
-    if a2a and (not isinstance(experts, int) or experts <= 0 or experts % world):
+    if not a2a and (routing is not None or top_k is not None):
+        raise ValueError(
+            f"routing/top_k: only the all-to-all patterns take them, not {pattern}, got "
+            f"{(routing, top_k)!r}"
+        )
+    if routing is None and m % world:
+        raise ValueError(f"m: must be divisible by world={world}, got {m}")
+    if not a2a:
+        return
+    if isinstance(experts, bool) or not isinstance(experts, int) or experts <= 0 or experts % world:
         raise ValueError(
             f"experts: {pattern} needs a positive multiple of world={world}, got {experts!r}"
         )
+    if top_k is not None and (
+        isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= experts
+    ):
+        raise ValueError(f"top_k: must be an integer in [1, experts={experts}], got {top_k!r}")
+    rows = [m // world] * world
+    if routing is not None:
+        rule = f"must be a list of world={world} rows of experts={experts} counts >= 0"
+        if not isinstance(routing, (list, tuple)) or len(routing) != world:
+            raise ValueError(f"routing: {rule}, got {routing!r}")
+        for row in routing:
+            if (
+                not isinstance(row, (list, tuple))
+                or len(row) != experts
+                or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in row)
+            ):
+                raise ValueError(f"routing: {rule}, got row {row!r}")
+        rows = [sum(row) for row in routing]
+        if sum(rows) != m:
+            raise ValueError(f"routing: counts must sum to m={m}, they sum to {sum(rows)}")
+    for s, total in enumerate(rows if top_k else ()):
+        # a token's top_k rows go to distinct experts: no expert gets more than the tokens
+        most = max(routing[s]) if routing is not None else 0
+        if total % top_k or most > total // top_k:
+            raise ValueError(
+                f"top_k: rank {s} sends {total} rows, at most {most} to one expert: not a "
+                f"whole number of tokens x top_k={top_k} with distinct experts per token"
+            )
+
+
+def routing_summary(routing: Any, world: int, experts: int) -> tuple[int, ...]:
+    """Sums of a W x experts routing: ``(rows, block, recv_max, back_max, expert_max,
+    total)``: the most tokens any rank's experts get, the largest rank-to-rank block, the most
+    rows a rank receives from peers (dispatch) and gets back from them (combine), the busiest
+    expert's tokens, and all tokens."""
+    epr = experts // world
+    # between[s][d]: tokens rank s sends to rank d's experts
+    between = [[sum(row[d * epr : (d + 1) * epr]) for d in range(world)] for row in routing]
+    ranks = range(world)
+    return (
+        max(sum(between[s][d] for s in ranks) for d in ranks),
+        max(between[s][d] for s in ranks for d in ranks if s != d),
+        max(sum(between[s][d] for s in ranks) - between[d][d] for d in ranks),
+        max(sum(between[s]) - between[s][s] for s in ranks),
+        max(sum(col) for col in zip(*routing, strict=True)),
+        sum(map(sum, routing)),
+    )
 
 
 def table_features(
@@ -137,8 +195,11 @@ def table_features(
     experts: int | None,
     roofs: dict[str, Any],
     tflops: float,
+    routing: Any = None,
+    top_k: int | None = None,
 ) -> tuple[float, ...]:
-    """The features of a problem in ``TABLE_FEATURES`` order (uniform routing for all-to-alls).
+    """The features of a problem in ``TABLE_FEATURES`` order (``routing`` None: uniform;
+    ``top_k`` None: 1).
 
     ``tflops`` is ``roofs['gemm_tflops'][dtype]``. Same arithmetic, in the same order, as
     ``ficco.select.features.raw_features``."""
@@ -152,22 +213,36 @@ def table_features(
         shard_bytes = m_shard * cols * b
         comm_bytes = (w - 1) * shard_bytes
         e = 0
+        routed = (0, 0, 0.0, 1.0, 1.0)
     else:
         e = experts or 0
-        per_rank = m // w
-        base, extra = divmod(per_rank, e)
         epr = e // w
-        block_max = epr * base + min(extra, epr)
-        block_min = epr * base + max(0, min(extra - (w - 1) * epr, epr))
-        m_shard = per_rank
-        rows = w * block_max
+        m_shard = m // w
         weights = epr * k * n
-        if pattern == "a2a_gemm":
-            shard_bytes = block_max * k * b
-            comm_bytes = (w - 1) * block_max * k * b
+        cols = k if pattern == "a2a_gemm" else n
+        if routing is None:
+            per_rank = m // w
+            base, extra = divmod(per_rank, e)
+            block_max = epr * base + min(extra, epr)
+            block_min = epr * base + max(0, min(extra - (w - 1) * epr, epr))
+            rows = w * block_max
+            shard_bytes = block_max * cols * b
+            if pattern == "a2a_gemm":
+                comm_bytes = (w - 1) * block_max * k * b
+            else:
+                comm_bytes = (per_rank - block_min) * n * b
+            expert_max, total = w * (base + (extra > 0)), m
         else:
-            shard_bytes = block_max * n * b
-            comm_bytes = (per_rank - block_min) * n * b
+            rows, block, recv_max, back_max, expert_max, total = routing_summary(routing, w, e)
+            shard_bytes = block * cols * b
+            comm_bytes = (recv_max if pattern == "a2a_gemm" else back_max) * cols * b
+        routed = (
+            1 if top_k is None else top_k,
+            epr,
+            m / e,
+            rows * w / total if total else 1.0,
+            expert_max * e / total if total else 1.0,
+        )
     flops = 2 * rows * n * k
     touched = (rows * k + weights + rows * n) * b
     t_gemm = flops / (tflops * 1e9) + roofs["gemm_floor_us"] / 1000.0
@@ -194,6 +269,11 @@ def table_features(
         t_ce,
         t_nccl,
         t_ce / t_gemm,
+        float(routed[0]),
+        float(routed[1]),
+        float(routed[2]),
+        float(routed[3]),
+        float(routed[4]),
     )
 
 
@@ -253,11 +333,16 @@ def validate_table(data: Any, source: str = "table") -> None:
     for key in ROOF_KEYS[1:]:
         if not _number(roofs[key]) or roofs[key] < 0 or (key.endswith("gbps") and roofs[key] == 0):
             raise _fail(f"{source}: roofs.{key}", f"must be a positive number, got {roofs[key]!r}")
-    if data["features"] != list(TABLE_FEATURES):
+    features = data["features"]
+    if (
+        not isinstance(features, list)
+        or len(set(map(str, features))) != len(features)
+        or not set(features) <= set(TABLE_FEATURES)
+    ):
         raise _fail(
             f"{source}: features",
-            f"the table's features {data['features']!r} differ from the ones this reader "
-            f"computes {list(TABLE_FEATURES)!r}",
+            f"must be distinct names among the features this reader computes "
+            f"{list(TABLE_FEATURES)!r}, got {features!r}",
         )
     fallback = data["fallback"]
     if not isinstance(fallback, dict) or not isinstance(fallback.get("schedule"), str):
@@ -296,6 +381,17 @@ def validate_table(data: Any, source: str = "table") -> None:
             _int_range(f"{where}.{dim}", entry.get(dim))
         if entry["pattern"] in ("a2a_gemm", "gemm_a2a"):
             _int_range(f"{where}.experts", entry.get("experts"))
+            for name in ROUTING_RANGES:
+                bounds = entry.get(name)
+                if name in entry and not (
+                    isinstance(bounds, list)
+                    and len(bounds) == 2
+                    and all(_number(v) and v >= 1 for v in bounds)
+                    and bounds[0] <= bounds[1]
+                ):
+                    raise _fail(
+                        f"{where}.{name}", f"must be [low, high], 1 <= low <= high, got {bounds!r}"
+                    )
     nodes = data["nodes"]
     if not isinstance(nodes, list) or not nodes:
         raise _fail(f"{source}: nodes", "must be a non-empty list")
@@ -312,8 +408,10 @@ def validate_table(data: Any, source: str = "table") -> None:
                     f"{where}.speedup", f"must be a positive number or null, got {speedup!r}"
                 )
             continue
-        if node.get("feature") not in TABLE_FEATURES:
-            raise _fail(f"{where}.feature", f"unknown feature {node.get('feature')!r}")
+        if node.get("feature") not in features:
+            raise _fail(
+                f"{where}.feature", f"{node.get('feature')!r} is not among the table's features"
+            )
         if not _number(node.get("threshold")):
             raise _fail(
                 f"{where}.threshold", f"must be a finite number, got {node.get('threshold')!r}"
@@ -340,9 +438,11 @@ def outside_range(
     world: int,
     dtype: str,
     experts: int | None,
+    routed: dict[str, float] | None = None,
 ) -> tuple[str | None, tuple[tuple[str, Any, Any, Any, float | None], ...]]:
     """``(why, outside)``: why the problem lies outside the training ranges (None inside) and,
-    per field beyond its bounds, ``(field, value, low, high, factor)``."""
+    per field beyond its bounds, ``(field, value, low, high, factor)``. ``routed``: the
+    all-to-all's routing features, checked against the bounds the entry has of them."""
     entry = next(
         (
             r
@@ -367,6 +467,7 @@ def outside_range(
     dims = [("m", m), ("n", n), ("k", k)]
     if pattern in ("a2a_gemm", "gemm_a2a"):
         dims.append(("experts", experts))
+        dims += [(name, (routed or {})[name]) for name in ROUTING_RANGES if name in entry]
     outside = []
     for dim, value in dims:
         lo, hi = entry[dim]
@@ -375,7 +476,7 @@ def outside_range(
     if not outside:
         return None, ()
     words = "; ".join(
-        f"{d}={v} is outside the trained range [{lo}, {hi}] ({f:.3g}x beyond)"
+        f"{d}={v:.4g} is outside the trained range [{lo}, {hi}] ({f:.3g}x beyond)"
         for d, v, lo, hi, f in outside
     )
     return f"{words} for {pattern} W={world} {dtype}", tuple(outside)
@@ -410,13 +511,6 @@ class Table:
             (r["pattern"], r["world"], r["dtype"]): r for r in data["range"]
         }
 
-    def out_of_range(
-        self, pattern: str, m: int, n: int, k: int, world: int, dtype: str, experts: int | None
-    ) -> str | None:
-        """Why the problem lies outside the training range, or None when inside."""
-        why, _ = outside_range(self.data["range"], pattern, m, n, k, world, dtype, experts)
-        return why
-
     def safe_answer(self, pattern: str, why: str, outside: tuple) -> Answer:
         """The answer outside the training range: the pattern's measured safe default."""
         entry = self.safe.get(pattern)
@@ -441,25 +535,27 @@ class Table:
         world: int,
         dtype: str = "bf16",
         experts: int | None = None,
+        routing: Any = None,
+        top_k: int | None = None,
     ) -> Answer:
-        """The table's schedule for a problem; the measured safe default outside the training
-        range."""
+        """The table's schedule for a problem (all-to-alls: ``routing`` a W x experts table of
+        token counts, None for uniform; ``top_k`` experts per token, None for 1); the measured
+        safe default outside the training range."""
         dtype = canonical_dtype(dtype)
-        check_problem(pattern, m, n, k, world, experts)
-        why, outside = outside_range(self.data["range"], pattern, m, n, k, world, dtype, experts)
+        check_problem(pattern, m, n, k, world, experts, routing, top_k)
+        tflops = self.roofs["gemm_tflops"].get(dtype)
+        features = ()
+        if tflops is not None:
+            b = DTYPE_BYTES[dtype]
+            features = table_features(
+                pattern, m, n, k, world, b, experts, self.roofs, tflops, routing, top_k
+            )
+        routed = dict(zip(ROUTING_FEATURES, features[20:], strict=False))  # () out of roofs
+        why, outside = outside_range(
+            self.data["range"], pattern, m, n, k, world, dtype, experts, routed
+        )
         if why is not None:
             return self.safe_answer(pattern, why, outside)
-        features = table_features(
-            pattern,
-            m,
-            n,
-            k,
-            world,
-            DTYPE_BYTES[dtype],
-            experts,
-            self.roofs,
-            self.roofs["gemm_tflops"][dtype],
-        )
         nodes = self._nodes
         path = []
         i = 0
@@ -494,105 +590,3 @@ def load_table(path: str | Path) -> Table:
             "is corrupt or truncated: re-export or retrain it"
         ) from None
     return Table(data, str(path))
-
-
-# --- CSV tables -------------------------------------------------------------------------------
-
-
-class CsvTable:
-    """A CSV export: one row per rule, ``-1`` meaning "any", first matching row wins.
-
-        Columns: ``pattern, dtype, world``, then ``<feature>_min/_max`` (integers, inclusive) and
-        ``<feature>_gt/_le`` (real features: greater than / at most), then ``schedule, speedup,
-        support, rule``. Comment lines (``#``) carry the machine, schema version, roofs, fallback,
-    the per-pattern safe defaults and the training ranges (JSON).
-    """
-
-    __slots__ = ("machine", "roofs", "fallback", "safe", "ranges", "rows", "source")
-
-    def __init__(self, text: str, source: str = "table.csv"):
-        self.source = source
-        meta: dict[str, str] = {}
-        body = []
-        for line in text.splitlines():
-            if line.startswith("#"):
-                key, sep, value = line[1:].partition(":")
-                if sep:
-                    meta[key.strip()] = value.strip()
-            elif line.strip():
-                body.append(line)
-        if meta.get("format") != FORMAT:
-            raise TableError(f"{source}: format: not a ficco schedule table CSV")
-        if meta.get("schema_version") != str(SCHEMA_VERSION):
-            raise TableError(
-                f"{source}: schema_version: this CSV has version {meta.get('schema_version')!r}, "
-                f"this reader reads {SCHEMA_VERSION}"
-            )
-        try:
-            self.roofs = json.loads(meta["roofs"])
-            self.machine = meta["machine"]
-            self.fallback = meta["fallback"]
-            self.safe = json.loads(meta["safe_default"])
-            self.ranges = json.loads(meta["range"])
-        except (KeyError, json.JSONDecodeError) as err:
-            raise TableError(f"{source}: header comments: missing or bad {err}") from None
-        self.rows = list(csv.DictReader(io.StringIO("\n".join(body))))
-
-    def lookup(
-        self,
-        pattern: str,
-        m: int,
-        n: int,
-        k: int,
-        world: int,
-        dtype: str = "bf16",
-        experts: int | None = None,
-    ) -> Answer:
-        dtype = canonical_dtype(dtype)
-        check_problem(pattern, m, n, k, world, experts)
-        tflops = self.roofs["gemm_tflops"].get(dtype)
-        features = (
-            table_features(pattern, m, n, k, world, DTYPE_BYTES[dtype], experts, self.roofs, tflops)
-            if tflops
-            else ()
-        )
-        values = dict(zip(TABLE_FEATURES, features, strict=True))
-        for number, row in enumerate(self.rows):
-            if row["pattern"] != pattern or row["dtype"] != dtype or int(row["world"]) != world:
-                continue
-            if _row_matches(row, values):
-                speedup = float(row["speedup"]) if row["speedup"] else None
-                return Answer(row["schedule"], speedup, True, number, (), f"row {number}", features)
-        why, outside = outside_range(self.ranges, pattern, m, n, k, world, dtype, experts)
-        entry = self.safe.get(pattern)
-        if entry is None:
-            return Answer(self.fallback, 1.0, False, None, (), f"{why}: fallback", (), outside)
-        reason = f"{why}: the measured safe default"
-        return Answer(entry["schedule"], entry.get("speedup"), False, None, (), reason, (), outside)
-
-
-def _row_matches(row: dict[str, str], values: dict[str, float]) -> bool:
-    for column, bound in row.items():
-        if bound in ("", "-1") or column in ("pattern", "dtype", "world"):
-            continue
-        feature, _, kind = column.rpartition("_")
-        if feature not in values:
-            continue
-        value = values[feature]
-        if kind == "min" and value < int(bound):
-            return False
-        if kind == "max" and value > int(bound):
-            return False
-        if kind == "gt" and not value > float(bound):
-            return False
-        if kind == "le" and not value <= float(bound):
-            return False
-    return True
-
-
-def load_csv_table(path: str | Path) -> CsvTable:
-    path = Path(path)
-    try:
-        return CsvTable(path.read_text(), str(path))
-    except OSError as err:
-        raise TableError(f"{path}: cannot read the table ({err.strerror or err})") from None

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from ficco.defaults import DEFAULT_MACHINE
-from ficco.export.lookup import PATTERNS, TABLE_FEATURES, Table, load_table
+from ficco.export.lookup import PATTERNS, ROUTING_FEATURES, TABLE_FEATURES, Table, load_table
 from ficco.problem import Problem
+from ficco.routing import imbalance
 from ficco.space import Schedule, violations
 
 TABLE_FILE = "table.json"
@@ -84,10 +85,13 @@ class Recommendation:
     table: str
     """Path of the table file."""
     notes: tuple[str, ...] = field(default=())
-    """Caveats (e.g. skewed routing answered as uniform)."""
+    """Caveats (e.g. a table trained without the routing features)."""
     outside: tuple[tuple[str, Any, Any, Any, float | None], ...] = field(default=())
     """Out of range: per field ``(field, value, low, high, factor)``; ``factor`` is how many
     times beyond the nearest bound the value lies (None for a dtype or pattern not trained)."""
+    routing: dict[str, Any] | None = field(default=None)
+    """All-to-alls: the routing the answer assumed (see :func:`routing_summary`); None for
+    the other patterns."""
 
     @property
     def rules(self) -> tuple[str, ...]:
@@ -120,6 +124,7 @@ class Recommendation:
             "machine": self.machine,
             "table": self.table,
             "notes": list(self.notes),
+            "routing": self.routing,
         }
 
 
@@ -175,10 +180,42 @@ def summarize_path(path) -> tuple[str, ...]:
     return tuple(out)
 
 
+def routing_summary(
+    problem: Problem, described: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """What a recommendation assumed of an all-to-all's routing: ``kind`` (``uniform``, or
+    ``given``: a token-count table), ``top_k`` (None when not stated: read as 1), experts per
+    rank, tokens per expert, the rank and expert imbalances (max over mean), and the
+    description it was drawn from (e.g. ``{"skew": 1.2, "seed": 0}``) when there is one."""
+    if not problem.pattern.is_all_to_all:
+        return None
+    assert problem.experts is not None
+    rank_imbalance, expert_imbalance = imbalance(problem)
+    out: dict[str, Any] = {
+        "kind": "uniform" if problem.routing is None else "given",
+        "top_k": problem.top_k,
+        "experts": problem.experts,
+        "experts_per_rank": problem.experts_per_rank,
+        "tokens_per_expert": problem.m / problem.experts,
+        "rank_imbalance": rank_imbalance,
+        "expert_imbalance": expert_imbalance,
+    }
+    if described:
+        out["described"] = dict(described)
+    return out
+
+
 def recommend(
-    problem: Problem, machine: str = DEFAULT_MACHINE, *, table: str | Path | None = None
+    problem: Problem,
+    machine: str = DEFAULT_MACHINE,
+    *,
+    table: str | Path | None = None,
+    described: dict[str, Any] | None = None,
 ) -> Recommendation:
     """The schedule for ``problem`` on ``machine`` from its shipped table.
+
+    ``described``: the description the problem's routing was drawn from (e.g. skew and seed),
+    carried into the answer's ``routing``.
 
     Raises :class:`TableNotFound` (naming the missing file and the command that creates it)
     when the machine has no table, and :class:`ficco.export.lookup.TableError` when the file is
@@ -195,11 +232,23 @@ def recommend(
         )
     tab = open_table(machine, table)
     answer = tab.lookup(
-        pattern, problem.m, problem.n, problem.k, problem.world, problem.dtype, problem.experts
+        pattern,
+        problem.m,
+        problem.n,
+        problem.k,
+        problem.world,
+        problem.dtype,
+        problem.experts,
+        problem.routing,
+        problem.top_k,
     )
     notes: tuple[str, ...] = ()
-    if problem.routing is not None:
-        notes = ("the table assumes uniform routing; this problem's skew is not a feature",)
+    routed = problem.routing is not None or problem.top_k is not None
+    if routed and not set(ROUTING_FEATURES) <= set(tab.data["features"]):
+        notes = (
+            "this table was trained without the routing features (top-k, imbalance): the "
+            "routing reaches its answer only through the busiest rank's rows and bytes",
+        )
     schedule, speedup, fallback, reason = (
         answer.schedule,
         answer.speedup,
@@ -239,4 +288,5 @@ def recommend(
         table=tab.source,
         notes=notes,
         outside=answer.outside,
+        routing=routing_summary(problem, described),
     )

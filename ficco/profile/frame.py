@@ -3,6 +3,9 @@
 Columns (consumers rely on these names):
 
 ``pattern m n k world dtype experts``  the problem (``experts`` is <NA> for ag_gemm/gemm_rs)
+``top_k routing``                       all-to-alls: experts per token (<NA> when not stated)
+                                        and the W x experts token counts as JSON text (None
+                                        for uniform routing, and in records that predate it)
 ``problem_key problem_name model``      ``Problem.key``, its name (``llama3-70b.fc1``), and the
                                         name before the first ``.`` (``""`` when unnamed)
 ``name kind verdict``                   schedule string or baseline name; ``schedule`` or
@@ -29,6 +32,7 @@ a word.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +44,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 PROBLEM_COLUMNS = ("pattern", "m", "n", "k", "world", "dtype", "experts")
+ROUTING_COLUMNS = ("top_k", "routing")
 MEASUREMENT_COLUMNS = (
     "name",
     "kind",
@@ -71,6 +76,7 @@ SIGNATURE_COLUMNS = (
 )
 COLUMNS = (
     PROBLEM_COLUMNS
+    + ROUTING_COLUMNS
     + ("problem_key", "problem_name", "model")
     + MEASUREMENT_COLUMNS
     + ("fingerprint_id", "backend", "git_commit", "recorded_at", "device")
@@ -123,6 +129,11 @@ def frame_from_records(records: list[dict[str, Any]]) -> pd.DataFrame:
         t_gemm, t_comm = times.get(key, (math.nan, math.nan))
         fp = r.get("fingerprint") or {}
         row = {col: problem.get(col) for col in PROBLEM_COLUMNS}
+        routing = problem.get("routing")
+        row.update(
+            top_k=problem.get("top_k"),
+            routing=json.dumps(routing, separators=(",", ":")) if routing else None,
+        )
         row.update(problem_key=r["problem_key"], problem_name=name, model=model_of(name))
         row.update({col: r.get(col) for col in MEASUREMENT_COLUMNS})
         row.update(
@@ -141,6 +152,7 @@ def frame_from_records(records: list[dict[str, Any]]) -> pd.DataFrame:
     for col in ("m", "n", "k", "world", "samples"):
         frame[col] = frame[col].astype("int64")
     frame["experts"] = frame["experts"].astype("Int64")
+    frame["top_k"] = frame["top_k"].astype("Int64")
     floats = [c for c in MEASUREMENT_COLUMNS if c.endswith(("_ms", "_err", "tolerance"))]
     frame[floats + list(SIGNATURE_COLUMNS)] = frame[floats + list(SIGNATURE_COLUMNS)].astype(
         "float64"

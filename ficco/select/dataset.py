@@ -1,7 +1,9 @@
 """The selector's dataset: one row per problem, built from a profile frame.
 
 Input: the frame ``ficco.profile.load_frame`` returns, one row per measurement, with the
-problem's columns (``pattern, m, n, k, world, dtype, experts``), ``problem_key``,
+problem's columns (``pattern, m, n, k, world, dtype, experts``, and for the all-to-alls
+``top_k`` and ``routing``: JSON text of the W x experts token counts, missing or empty for
+uniform routing, as in frames of records written before routing was stored), ``problem_key``,
 ``problem_name``, ``model``, the schedule or baseline ``name``, ``kind``, ``verdict``,
 ``median_ms``, ``spread_ms`` (p90 - p10 of repeated timings) and signature columns.
 
@@ -27,6 +29,7 @@ The full per-schedule times stay in ``times`` so the regret of any pick can be c
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -42,6 +45,9 @@ SERIAL = "serial/nccl/cublas"
 SHARD_CE = "shard/ce/cublas"
 
 PROBLEM_COLUMNS: tuple[str, ...] = ("pattern", "m", "n", "k", "world", "dtype", "experts")
+#: The all-to-alls' routing: ``top_k`` (<NA> when not stated) and ``routing`` (JSON text, or
+#: None / "" for uniform). Optional in a frame: absent means uniform and unstated.
+ROUTING_COLUMNS: tuple[str, ...] = ("top_k", "routing")
 REQUIRED_COLUMNS: tuple[str, ...] = (
     "pattern",
     "m",
@@ -63,7 +69,8 @@ class Dataset:
     """Problems, their labels and every candidate's time, indexed by ``problem_key``."""
 
     problems: pd.DataFrame
-    """One row per problem: ``pattern, m, n, k, world, dtype, experts, problem_name, model``."""
+    """One row per problem: ``pattern, m, n, k, world, dtype, experts, top_k, routing,
+    problem_name, model``."""
     labels: pd.Series
     """The label schedule of each problem (fastest, ties within noise toward simpler)."""
     times: pd.DataFrame
@@ -90,7 +97,7 @@ class Dataset:
         return len(self.problems)
 
     def problem(self, key: str) -> Problem:
-        """The :class:`Problem` of one row (uniform routing: the frame carries no routing)."""
+        """The :class:`Problem` of one row, with its routing and top-k where the frame has them."""
         return problem_from_row(self.problems.loc[key])
 
     def problem_list(self) -> list[Problem]:
@@ -118,10 +125,22 @@ class Dataset:
         return float(self.times.at[key, schedule])
 
 
+def _missing(value) -> bool:
+    return value is None or (not isinstance(value, list | tuple | str) and pd.isna(value))
+
+
 def problem_from_row(row) -> Problem:
-    """A :class:`Problem` from a frame row with the ``PROBLEM_COLUMNS``."""
+    """A :class:`Problem` from a frame row with the ``PROBLEM_COLUMNS`` (and, optionally, the
+    ``ROUTING_COLUMNS``: missing or empty means uniform routing, top-k unstated)."""
     experts = row.get("experts")
-    experts = None if experts is None or pd.isna(experts) else int(experts)
+    experts = None if _missing(experts) else int(experts)
+    top_k = row.get("top_k")
+    top_k = None if _missing(top_k) else int(top_k)
+    routing = row.get("routing")
+    if _missing(routing) or routing == "":
+        routing = None
+    elif isinstance(routing, str):
+        routing = json.loads(routing)
     return Problem(
         pattern=str(row["pattern"]),
         m=int(row["m"]),
@@ -130,6 +149,8 @@ def problem_from_row(row) -> Problem:
         world=int(row["world"]),
         dtype=str(row["dtype"]),
         experts=experts,
+        routing=routing,
+        top_k=top_k,
         name=str(row.get("problem_name", "") or ""),
     )
 
@@ -164,6 +185,10 @@ def _with_defaults(frame: pd.DataFrame) -> pd.DataFrame:
     frame = frame.copy()
     if "experts" not in frame.columns:
         frame["experts"] = math.nan
+    if "top_k" not in frame.columns:  # frames of records written before routing was stored
+        frame["top_k"] = pd.NA
+    if "routing" not in frame.columns:
+        frame["routing"] = None
     if "kind" not in frame.columns:
         frame["kind"] = [
             "baseline" if name in BASELINE_NAMES else "schedule" for name in frame["name"]
@@ -196,7 +221,7 @@ def build_dataset(frame: pd.DataFrame) -> Dataset:
         raise ValueError("frame: has no measurements; sweep some problems first (ficco sweep)")
     problems = (
         frame.drop_duplicates("problem_key")
-        .set_index("problem_key")[[*PROBLEM_COLUMNS, "problem_name", "model"]]
+        .set_index("problem_key")[[*PROBLEM_COLUMNS, *ROUTING_COLUMNS, "problem_name", "model"]]
         .sort_index()
     )
     shapes = frame.drop_duplicates(["problem_key", *PROBLEM_COLUMNS[:-1]])

@@ -16,6 +16,12 @@ Two views of the same numbers:
                        monotone per-feature transforms, so a tree split on ``log2_x <= t`` is
                        the split ``x <= 2**t`` on the raw feature.
 
+The all-to-alls' routing (``Problem.routing``, ``Problem.top_k``) enters twice: through the
+sizes of the busiest rank (``rows``, ``comm_bytes``, ``shard_bytes``), and as the
+``ROUTING_FEATURES`` (top-k, experts per rank, tokens per expert, and the rank and expert
+imbalance, max over mean), counts and ratios that keep their meaning as the token count grows.
+The selector sees them only when it is trained on an all-to-all (``ficco.select.selector``).
+
 The roof constants for ``h200x2`` were measured on 2xH200 (NVLink, 2026-11-22): cuBLAS
 bf16 ~790 TFLOP/s at 8192^3, copy-engine pulls ~390 GB/s with a ~13 us floor per copy, NCCL
 all-gather ~240 GB/s bus bandwidth with a ~60 us floor. Predicted times are a roofline, not a
@@ -29,6 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ficco.problem import Pattern, Problem
+from ficco.routing import imbalance
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -138,7 +145,19 @@ FEATURE_PATTERNS: tuple[Pattern, ...] = (
     Pattern.GEMM_A2A,
 )
 PATTERN_FEATURES: tuple[str, ...] = tuple(f"is_{p.value}" for p in FEATURE_PATTERNS)
-RAW_FEATURES: tuple[str, ...] = PATTERN_FEATURES + INTEGER_FEATURES + REAL_FEATURES
+#: The routing of the all-to-alls, as counts and ratios that keep their meaning as the token
+#: count grows (0 / 0 / 0.0 / 1.0 / 1.0 for ag_gemm and gemm_rs). Last, so tables written
+#: before them keep their feature indices.
+ROUTING_FEATURES: tuple[str, ...] = (
+    "top_k",
+    "experts_per_rank",
+    "tokens_per_expert",
+    "rank_imbalance",
+    "expert_imbalance",
+)
+RAW_FEATURES: tuple[str, ...] = (
+    PATTERN_FEATURES + INTEGER_FEATURES + REAL_FEATURES + ROUTING_FEATURES
+)
 
 #: What each raw feature means (also written into exported tables).
 FEATURE_DOC: dict[str, str] = {
@@ -161,12 +180,22 @@ FEATURE_DOC: dict[str, str] = {
     "t_comm_ce_pred_ms": "(world - 1) * ce_floor_us / 1000 + comm_bytes / (ce_gbps * 1e6)",
     "t_comm_nccl_pred_ms": "nccl_floor_us / 1000 + comm_bytes / (nccl_gbps * 1e6)",
     "comm_compute_ratio": "t_comm_ce_pred_ms / t_gemm_pred_ms",
+    "top_k": "experts each token is routed to (all-to-all patterns; 1 when not stated), else 0",
+    "experts_per_rank": "experts // world (all-to-all patterns), else 0",
+    "tokens_per_expert": "m / experts, routed rows per expert on average (all-to-all "
+    "patterns), else 0",
+    "rank_imbalance": "most tokens any rank's experts receive over the mean per rank (1 = even; "
+    "1 for ag_gemm/gemm_rs)",
+    "expert_imbalance": "most tokens any expert receives over the mean per expert (1 = even; "
+    "1 for ag_gemm/gemm_rs)",
 }
 
 #: Raw features the selector sees log2-scaled (the rest: one-hots, world, dtype bytes).
 LOG_FEATURES: frozenset[str] = frozenset(INTEGER_FEATURES[3:] + REAL_FEATURES) | frozenset(
-    {"experts"}
+    {"experts", "tokens_per_expert"}
 )
+#: Log-scaled features that are 0 for the patterns without experts: log2(max(value, 1)).
+_LOG_OR_ZERO = frozenset({"experts", "tokens_per_expert"})
 
 
 def _sizes(problem: Problem) -> tuple[int, int, int, int, int]:
@@ -195,10 +224,21 @@ def raw_features(problem: Problem, roofs: Roofs) -> dict[str, float]:
     """The raw features of ``problem`` on a machine (see ``FEATURE_DOC``), in table order.
 
     The arithmetic is written in the same order as ``ficco.export.lookup.table_features`` so the
-    two agree bit for bit on uniform routing."""
+    two agree bit for bit, uniform or routed."""
     b = problem.dtype_bytes
     w = problem.world
     rows, weights, comm_bytes, shard_bytes, experts = _sizes(problem)
+    if problem.pattern.is_all_to_all:
+        rank_imbalance, expert_imbalance = imbalance(problem)
+        routed = (
+            problem.top_k or 1,
+            experts // w,
+            problem.m / experts,
+            rank_imbalance,
+            expert_imbalance,
+        )
+    else:
+        routed = (0, 0, 0.0, 1.0, 1.0)
     flops = 2 * rows * problem.n * problem.k
     touched = (rows * problem.k + weights + rows * problem.n) * b
     tflops = roofs.gemm_tflops[problem.dtype]
@@ -224,6 +264,7 @@ def raw_features(problem: Problem, roofs: Roofs) -> dict[str, float]:
         t_comm_nccl_pred_ms=t_nccl,
         comm_compute_ratio=t_ce / t_gemm,
     )
+    out.update(zip(ROUTING_FEATURES, map(float, routed), strict=True))
     return out
 
 
@@ -238,7 +279,7 @@ def selector_features(problem: Problem, roofs: Roofs) -> list[float]:
     out = []
     for name in RAW_FEATURES:
         value = raw[name]
-        if name == "experts":
+        if name in _LOG_OR_ZERO:
             value = math.log2(max(value, 1.0))  # 0 for the patterns without experts
         elif name in LOG_FEATURES:
             value = math.log2(value)

@@ -60,6 +60,10 @@ PHYSICAL_PROBLEM_FEATURES: tuple[str, ...] = (
     "log2_comm_compute_ratio",
     "ce_floor_share",
     "gemm_efficiency",
+    "top_k",
+    "log2_tokens_per_expert",
+    "rank_imbalance",
+    "expert_imbalance",
 )
 PHYSICAL_PAIR_FEATURES: tuple[str, ...] = (
     "log2_transport_comm_compute_ratio",
@@ -127,6 +131,10 @@ def problem_physics(problem: Problem, roofs: Roofs) -> list[float]:
         _log2(raw["comm_compute_ratio"]),
         (problem.world - 1) * roofs.ce_floor_us / 1e3 / t_ce,
         piece_efficiency(rows, problem.n, problem.k),
+        raw["top_k"],
+        math.log2(max(raw["tokens_per_expert"], 1.0)),  # 0 without experts
+        raw["rank_imbalance"],
+        raw["expert_imbalance"],
     ]
 
 

@@ -77,6 +77,15 @@ SCALE_FREE_FEATURES: tuple[str, ...] = (
     "log2_t_comm_ce_pred_ms",
     "log2_t_comm_nccl_pred_ms",
     "log2_comm_compute_ratio",
+    "top_k",
+    "experts_per_rank",
+    "log2_tokens_per_expert",
+    "rank_imbalance",
+    "expert_imbalance",
+)
+#: The routing features as the selector's feature sets name them.
+ROUTING_SELECTOR_FEATURES: frozenset[str] = frozenset(
+    {"top_k", "experts_per_rank", "log2_tokens_per_expert", "rank_imbalance", "expert_imbalance"}
 )
 PAIR_FEATURES: tuple[str, ...] = (*SCHEDULE_FEATURES, "log2_piece_rows", "log2_pieces")
 
@@ -203,8 +212,10 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
 
     def _features(self, problems: list[Problem]) -> np.ndarray:
         if self.feature_set == "physical":
-            return np.array([problem_physics(p, self.roofs_) for p in problems], dtype=float)
-        full = np.array([_problem_features(p, self.roofs_) for p in problems], dtype=float)
+            rows = [problem_physics(p, self.roofs_) for p in problems]
+        else:
+            rows = [_problem_features(p, self.roofs_) for p in problems]
+        full = np.array(rows, dtype=float)
         return full[:, self.feature_columns_] if len(problems) else full
 
     def serial_pred(self, problem: Problem) -> float:
@@ -240,11 +251,15 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
                 raise ValueError(f"times: {len(times)} rows for {len(problems)} problems")
         self.roofs_ = roofs_for(self.machine)
         if self.feature_set == "physical":
-            wanted = list(PHYSICAL_PROBLEM_FEATURES)
+            every = list(PHYSICAL_PROBLEM_FEATURES)
         else:
             every = selector_feature_names()
-            wanted = every if self.feature_set == "all" else list(SCALE_FREE_FEATURES)
-            self.feature_columns_ = [every.index(name) for name in wanted]
+        wanted = list(SCALE_FREE_FEATURES) if self.feature_set == "scale_free" else every
+        if not any(p.pattern.is_all_to_all for p in problems):
+            # without an all-to-all the routing features are constants that teach nothing;
+            # left out, the models of such a store are the ones fitted before they existed
+            wanted = [name for name in wanted if name not in ROUTING_SELECTOR_FEATURES]
+        self.feature_columns_ = [every.index(name) for name in wanted]
         self.feature_names_ = list(wanted)
         self.n_features_in_ = len(self.feature_names_)
         family = cls(self)

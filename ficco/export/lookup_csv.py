@@ -1,0 +1,158 @@
+"""Answer "which schedule?" from the CSV export of a ficco table (standard library only).
+
+One row per rule, ``-1`` meaning "any", first matching row wins; the features are computed
+by ``ficco.export.lookup.table_features`` (copy ``lookup.py`` beside this file to use it
+without ficco).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+try:
+    from ficco.export.lookup import (
+        DTYPE_BYTES,
+        FORMAT,
+        ROUTING_FEATURES,
+        SCHEMA_VERSION,
+        TABLE_FEATURES,
+        Answer,
+        TableError,
+        canonical_dtype,
+        check_problem,
+        outside_range,
+        table_features,
+    )
+except ImportError:  # copied beside lookup.py, without ficco
+    from lookup import (  # type: ignore[no-redef]
+        DTYPE_BYTES,
+        FORMAT,
+        ROUTING_FEATURES,
+        SCHEMA_VERSION,
+        TABLE_FEATURES,
+        Answer,
+        TableError,
+        canonical_dtype,
+        check_problem,
+        outside_range,
+        table_features,
+    )
+
+
+class CsvTable:
+    """A CSV export: one row per rule, ``-1`` meaning "any", first matching row wins.
+
+        Columns: ``pattern, dtype, world``, then ``<feature>_min/_max`` (integers, inclusive) and
+        ``<feature>_gt/_le`` (real features: greater than / at most), then ``schedule, speedup,
+        support, rule``. Comment lines (``#``) carry the machine, schema version, roofs, fallback,
+    the per-pattern safe defaults and the training ranges (JSON).
+    """
+
+    __slots__ = ("machine", "roofs", "fallback", "safe", "ranges", "rows", "source")
+
+    def __init__(self, text: str, source: str = "table.csv"):
+        self.source = source
+        meta: dict[str, str] = {}
+        body = []
+        for line in text.splitlines():
+            if line.startswith("#"):
+                key, sep, value = line[1:].partition(":")
+                if sep:
+                    meta[key.strip()] = value.strip()
+            elif line.strip():
+                body.append(line)
+        if meta.get("format") != FORMAT:
+            raise TableError(f"{source}: format: not a ficco schedule table CSV")
+        if meta.get("schema_version") != str(SCHEMA_VERSION):
+            raise TableError(
+                f"{source}: schema_version: this CSV has version {meta.get('schema_version')!r}, "
+                f"this reader reads {SCHEMA_VERSION}"
+            )
+        try:
+            self.roofs = json.loads(meta["roofs"])
+            self.machine = meta["machine"]
+            self.fallback = meta["fallback"]
+            self.safe = json.loads(meta["safe_default"])
+            self.ranges = json.loads(meta["range"])
+        except (KeyError, json.JSONDecodeError) as err:
+            raise TableError(f"{source}: header comments: missing or bad {err}") from None
+        self.rows = list(csv.DictReader(io.StringIO("\n".join(body))))
+
+    def lookup(
+        self,
+        pattern: str,
+        m: int,
+        n: int,
+        k: int,
+        world: int,
+        dtype: str = "bf16",
+        experts: int | None = None,
+        routing: Any = None,
+        top_k: int | None = None,
+    ) -> Answer:
+        """As ``ficco.export.lookup.Table.lookup``."""
+        dtype = canonical_dtype(dtype)
+        check_problem(pattern, m, n, k, world, experts, routing, top_k)
+        tflops = self.roofs["gemm_tflops"].get(dtype)
+        features = (
+            table_features(
+                pattern,
+                m,
+                n,
+                k,
+                world,
+                DTYPE_BYTES[dtype],
+                experts,
+                self.roofs,
+                tflops,
+                routing,
+                top_k,
+            )
+            if tflops
+            else ()
+        )
+        values = dict(zip(TABLE_FEATURES, features, strict=False))  # () without roofs
+        routed = {name: values[name] for name in ROUTING_FEATURES if name in values}
+        for number, row in enumerate(self.rows):
+            if row["pattern"] != pattern or row["dtype"] != dtype or int(row["world"]) != world:
+                continue
+            if _row_matches(row, values):
+                speedup = float(row["speedup"]) if row["speedup"] else None
+                return Answer(row["schedule"], speedup, True, number, (), f"row {number}", features)
+        why, outside = outside_range(self.ranges, pattern, m, n, k, world, dtype, experts, routed)
+        entry = self.safe.get(pattern)
+        if entry is None:
+            return Answer(self.fallback, 1.0, False, None, (), f"{why}: fallback", (), outside)
+        reason = f"{why}: the measured safe default"
+        return Answer(entry["schedule"], entry.get("speedup"), False, None, (), reason, (), outside)
+
+
+def _row_matches(row: dict[str, str], values: dict[str, float]) -> bool:
+    for column, bound in row.items():
+        if bound in ("", "-1") or column in ("pattern", "dtype", "world"):
+            continue
+        feature, _, kind = column.rpartition("_")
+        if feature not in values:
+            continue
+        value = values[feature]
+        if kind == "min" and value < int(bound):
+            return False
+        if kind == "max" and value > int(bound):
+            return False
+        if kind == "gt" and not value > float(bound):
+            return False
+        if kind == "le" and not value <= float(bound):
+            return False
+    return True
+
+
+def load_csv_table(path: str | Path) -> CsvTable:
+    path = Path(path)
+    try:
+        return CsvTable(path.read_text(), str(path))
+    except OSError as err:
+        raise TableError(f"{path}: cannot read the table ({err.strerror or err})") from None
