@@ -109,7 +109,7 @@ def main() -> int:
         require_symm_ops()
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29541")
-        dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda"))
+        dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
         name = dist.group.WORLD.group_name
         for kind in (ONE_SHOT, TWO_SHOT):
             for dtype in (torch.float32, torch.bfloat16):
