@@ -27,7 +27,7 @@ One run (``python scripts/tune_fused_gpu.py``; JSON to ``$OUT/fused_single_gpu.j
 
 Timing: each call is preceded by a ~1 ms ``torch.cuda._sleep`` on the main stream, so the
 host's enqueue (tens of microseconds for a Triton launch) is hidden and the events time the
-GPU's work alone; candidates interleaved round by round; median and IQR. Inputs stay in
+GPU's work alone (flags preset: the ready variants are one kernel each, like cuBLAS); candidates interleaved round by round; median and IQR. Inputs stay in
 place between rounds (every candidate gets the same L2 state). A time budget (``--budget-s``)
 skips the shapes left once spent, saying so.
 """
@@ -63,7 +63,8 @@ from check_fused_single_gpu import (  # noqa: E402
 
 from ficco.kernels import matmul  # noqa: E402
 from ficco.kernels.fused import FusedChunkViews, FusedGemm  # noqa: E402
-from ficco.kernels.fused_configs import pointer_config, tune_fused  # noqa: E402
+from ficco.kernels.fused_configs import pointer_config  # noqa: E402
+from ficco.kernels.fused_tuning import tune_fused  # noqa: E402
 from ficco.kernels.tuning import config_for  # noqa: E402
 
 GAP_US = 20.0
@@ -191,11 +192,8 @@ def run_shape(
                     events[i].record(side)
 
     def ready(kernel):
-        def run():
-            flags.fill_(1)
-            kernel()
-
-        return run
+        # flags stay set between rounds: each arrival run ends with all of them set
+        return kernel
 
     def fused_overlap():
         flags.zero_()
@@ -235,6 +233,7 @@ def run_shape(
             else:
                 gathered[S:].copy_(source[S:])
             out.fill_(float("nan"))
+            flags.fill_(1)
             fn()
             torch.cuda.synchronize()
             for kern in (*kernels.values(), overlap):
@@ -247,6 +246,7 @@ def run_shape(
     bad = [name for name, v in verify.items() if not v["ok"]]
     timed = {name: fn for name, fn in candidates.items() if name not in bad}
     timed["copies_alone"] = copies_alone
+    flags.fill_(1)
     result["timing"] = time_rounds(timed, rounds, int(COVER_US * cycles_per_us))
     return result
 
@@ -301,7 +301,9 @@ def main() -> None:
             report["skipped"].append([m, n, k, world, chunks])
             continue
         try:
+            shape_start = time.monotonic()
             report["shapes"].append(run_shape(m, n, k, world, chunks, cycles, rounds))
+            report["shapes"][-1]["wall_s"] = round(time.monotonic() - shape_start, 2)
             print(summary_line(report["shapes"][-1]), flush=True)
         except Exception as exc:
             report["shapes"].append(

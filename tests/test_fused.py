@@ -237,6 +237,36 @@ def test_tma_path_takes_what_descriptors_can_address_and_says_why_not():
         _fused(odd, b, 5.0, path="cuda")
 
 
+@pytest.mark.parametrize("path", ["tma", "ptr"])
+def test_back_to_back_launches_need_no_reset_between(path):
+    """The kernel's last program zeroes the claim and chunk counters: a second launch (no
+    memset) computes everything again and signals again; a timeout stays reported until read."""
+    from ficco.kernels.fused import FlagTimeout, FusedChunkViews
+
+    gen = torch.Generator().manual_seed(2)
+    a, b = torch.randn(40, 16, generator=gen), torch.randn(16, 24, generator=gen)
+    out = torch.full((40, 24), float("nan"))
+    flags = torch.zeros(3, dtype=torch.int32)
+    chunks = [
+        FusedChunkViews(a[:24], out[:24], signal=flags[0:1]),
+        FusedChunkViews(a[24:], out[24:], wait=flags[1:2], name="late chunk"),
+    ]
+    kernel = _fused(chunks, b, timeout_s=0.3, path=path)
+    kernel()  # the late chunk's flag never comes
+    assert flags[0].item() == 1 and not torch.isnan(out[:24]).any() and kernel.work.eq(0).all()
+    assert torch.isnan(out[24:]).all()
+    with pytest.raises(FlagTimeout, match="late chunk"):
+        kernel.raise_on_timeout("first")
+    kernel.raise_on_timeout("reported once")  # read, so cleared
+    flags.zero_()
+    flags[1] = 1
+    out.fill_(float("nan"))
+    kernel()
+    assert flags[0].item() == 1 and kernel.work.eq(0).all()
+    assert (out - a @ b).abs().max().item() < 1e-4
+    kernel.raise_on_timeout("second")
+
+
 def test_fused_tiles_come_from_the_persistent_space_without_split_tail():
     from dataclasses import replace
 

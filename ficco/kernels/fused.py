@@ -20,6 +20,20 @@ addresses under the interpreter, where file-backed shared tensors stand in for s
 memory). No shared buffer is ever a launch argument: the interpreter copies every argument's
 storage back onto itself after a launch, which would undo a peer's concurrent stores.
 
+Two load paths compute the same function. 'tma' (Hopper, and the interpreter): A and C go
+through tensor descriptors made inside the kernel, two per chunk a program meets (a chunk's
+rows bound them, so ragged chunks need no masks), B through one host-built descriptor; a
+tile's TMA loads follow its flag's acquire and a ``fence.proxy.async`` (TMA reads are
+async-proxy accesses); signalled chunks store with pointer stores (generic-proxy writes that
+the release publishes). 'ptr': masked pointer loads and stores with any strides, for views a
+descriptor cannot take (``FusedGemm.tma_refusal`` says why). The tile (block shape, stages,
+warps, grouping) is chosen per shape from the persistent GEMM's space
+(``ficco.kernels.fused_configs``).
+
+A launch is one kernel: the claim counter and the per-chunk counters are zero on entry and
+the last program to finish zeroes them again, so back-to-back launches (or a CUDA graph's
+replays) need no memset; the timeout status stays set until ``raise_on_timeout`` reads it.
+
 A flag that never arrives: on GPUs a spinning tile gives up after ``timeout_s`` measured on
 ``%globaltimer``; under the CPU interpreter (which has no clock inside a kernel) a host
 watchdog writes -1 into the flags still unset once ``timeout_s`` has passed. Either way the
@@ -31,7 +45,6 @@ flags, with the same timeout.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,51 +53,30 @@ import triton
 import triton.language as tl
 
 from ficco.kernels.configs import GemmConfig
+from ficco.kernels.flags import (
+    FlagTimeout,
+    FlagWait,
+    _budget_ns,
+    _load,
+    _offset,
+    _Timed,
+    _wait_flag,
+    _Watchdog,
+)
 from ficco.kernels.fused_configs import Path, fused_config, smaller_config, tma_supported
 from ficco.kernels.persistent import (
     INTERPRETER,
     LAUNCH_COUNTS,
+    TensorDescriptor,
     _store_c_tile,
     _tile_coords,
     _tma_operand,
     _warn_once,
 )
 
+__all__ = ["FlagTimeout", "FlagWait", "FusedChunkViews", "FusedGemm"]
+
 _PRECISION = {torch.float32: "ieee", torch.float16: "tf32", torch.bfloat16: "tf32"}
-
-
-class FlagTimeout(RuntimeError):
-    """A flag a fused kernel waited on was not set within the timeout (timed out)."""
-
-
-@triton.jit
-def _globaltimer():
-    return tl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
-    )
-
-
-@triton.jit
-def _wait_flag(flag_ptr, budget_ns, USE_CLOCK: tl.constexpr):
-    # The flag's value once it is nonzero: positive = arrived, negative = given up (by a
-    # tile that timed out, or by the host watchdog under the interpreter). One acquire when
-    # the flag is already set; a spin of volatile loads, then the acquire, when it is not.
-    val = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
-    if val == 0:
-        if USE_CLOCK:
-            start = _globaltimer()
-            while val == 0:
-                val = tl.load(flag_ptr, volatile=True)
-                elapsed = _globaltimer() - start
-                if (val == 0) & (elapsed > budget_ns):
-                    # give up for every tile of the chunk: the next readers see -1 at once
-                    tl.atomic_cas(flag_ptr, 0, -1, sem="acq_rel", scope="sys")
-                    val = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
-        else:
-            while val == 0:
-                val = tl.load(flag_ptr, volatile=True)
-        val = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
-    return val
 
 
 @triton.jit
@@ -101,17 +93,32 @@ def _proxy_fence():
 
 
 @triton.jit
+def _bulk_store_wait():
+    # this thread's TMA stores done: a descriptor they use may be rewritten after this
+    return tl.inline_asm_elementwise(
+        "cp.async.bulk.wait_group 0;\n\tmov.u32 $0, 0;",
+        "=r",
+        [],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
 def _fused_gemm_kernel(
     a_ref,  # every A chunk is a_ref + offset: rows [rows_i, K], strides (stride_am, stride_ak)
     b_ptr,  # B [K, N], strides (stride_bk, stride_bn)
+    b_desc,  # TMA: B's host-built descriptor ([K, N], or B^T [N, K] when B_COL_MAJOR)
     c_ref,  # every output chunk is c_ref + offset: [rows_i, N], strides (stride_cm, stride_cn)
     flag_ref,  # int32: every flag is flag_ref + offset
     table_ptr,  # int64 [chunks, 8]: a_off, c_off, rows, tile_start, wait_off, signal_off,
     #            has_wait, has_signal (offsets may be negative: they are from private refs)
     tile_chunk_ptr,  # int32 [tiles]: the chunk of each tile
-    counter_ptr,  # int32 [chunks]: tiles stored per chunk, zero on entry
-    status_ptr,  # int32 [chunks]: 1 where the chunk's wait gave up
-    next_tile_ptr,  # int32 [1]: the next tile to claim, zero on entry
+    work_ptr,  # int32 [2 + chunks]: next tile to claim, programs done, tiles stored per
+    #           chunk; zero on entry, and zeroed again by the last program to finish
+    status_ptr,  # int32 [chunks]: set to 1 where the chunk's wait gave up (never cleared here)
+    num_chunks,
     num_tiles,
     N,
     K,
@@ -129,33 +136,39 @@ def _fused_gemm_kernel(
     A_ALIGN: tl.constexpr,  # every A offset is a multiple of this many elements
     C_ALIGN: tl.constexpr,  # every output offset is a multiple of this many elements
     USE_TMA: tl.constexpr,  # A, B and (unsignalled) C through tensor descriptors
-    B_COL_MAJOR: tl.constexpr,  # TMA: B is read as B^T [N, K] (stride_bk == 1 when set)
+    B_COL_MAJOR: tl.constexpr,  # TMA: b_desc describes B^T [N, K]
     EPILOGUE_SUBTILE: tl.constexpr,  # TMA: store C in two [BLOCK_M, BLOCK_N / 2] halves
-    USE_CLOCK: tl.constexpr,
+    ON_GPU: tl.constexpr,  # compiled for a GPU: %globaltimer and PTX fences (not interpreted)
     INPUT_PRECISION: tl.constexpr,
 ):
+    next_tile_ptr = work_ptr
+    done_ptr = work_ptr + 1
+    counter_ptr = work_ptr + 2
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     offs_k0 = tl.arange(0, BLOCK_K)
     C_COLS: tl.constexpr = BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N
-    if USE_TMA:
-        if B_COL_MAJOR:
-            b_desc = tl.make_tensor_descriptor(b_ptr, [N, K], [stride_bn, 1], [BLOCK_N, BLOCK_K])
-        else:
-            b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_K, BLOCK_N])
-        # placeholders until a program meets its first chunk (never read or written)
-        a_desc = tl.make_tensor_descriptor(a_ref, [1, K], [stride_am, 1], [BLOCK_M, BLOCK_K])
-        c_desc = tl.make_tensor_descriptor(c_ref, [1, N], [stride_cm, 1], [BLOCK_M, C_COLS])
-    desc_chunk = -1  # the chunk a_desc and c_desc describe
-    seen = -1  # the last chunk whose flag this program acquired: its later tiles skip the wait
     # Tiles are claimed in order from one counter, not dealt out by program id: a program
     # that is not resident yet (its SM held by a kernel beside this one, e.g. an owner's
     # flag wait) owns no tile, so the chunks a peer waits on cannot be stuck behind it.
+    # A program's tiles therefore rise, and so do their chunks: a chunk's row and
+    # descriptors are read and made when the program first meets it, not per tile.
     tile = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
+    desc_chunk = tl.load(tile_chunk_ptr + tl.minimum(tile, num_tiles - 1))  # the first tile's
+    if USE_TMA:
+        # 128 bytes each, written to global scratch and fenced by the compiler
+        row = table_ptr + desc_chunk * 8
+        rows = tl.load(row + 2).to(tl.int32)
+        a_desc = tl.make_tensor_descriptor(
+            a_ref + tl.load(row), [rows, K], [stride_am, 1], [BLOCK_M, BLOCK_K]
+        )
+        c_desc = tl.make_tensor_descriptor(
+            c_ref + tl.load(row + 1), [rows, N], [stride_cm, 1], [BLOCK_M, C_COLS]
+        )
+    seen = -1  # the last chunk whose flag this program acquired: its later tiles skip the wait
     while tile < num_tiles:
         chunk = tl.load(tile_chunk_ptr + tile)
         row = table_ptr + chunk * 8
-        # alignment hints (host-checked): lets the compiler vectorize the loads and stores
         a_off = tl.multiple_of(tl.load(row), A_ALIGN)
         c_off = tl.multiple_of(tl.load(row + 1), C_ALIGN)
         rows = tl.load(row + 2).to(tl.int32)
@@ -164,28 +177,29 @@ def _fused_gemm_kernel(
         signal_off = tl.load(row + 5)
         has_wait = tl.load(row + 6)
         has_signal = tl.load(row + 7)
+        if USE_TMA:  # noqa: SIM102 - a constexpr branch: the descriptors exist only here
+            if chunk != desc_chunk:  # a later chunk: others took the tiles between
+                if ON_GPU:
+                    _bulk_store_wait()  # the last tile's store read the old C descriptor
+                a_desc = tl.make_tensor_descriptor(
+                    a_ref + a_off, [rows, K], [stride_am, 1], [BLOCK_M, BLOCK_K]
+                )
+                c_desc = tl.make_tensor_descriptor(
+                    c_ref + c_off, [rows, N], [stride_cm, 1], [BLOCK_M, C_COLS]
+                )
+                desc_chunk = chunk
         ready = 1
         if (has_wait != 0) & (chunk != seen):
-            ready = _wait_flag(flag_ref + wait_off, budget_ns, USE_CLOCK)
+            ready = _wait_flag(flag_ref + wait_off, budget_ns, ON_GPU)
             if ready > 0:
                 seen = chunk
-                if USE_TMA and USE_CLOCK:
+                if USE_TMA and ON_GPU:
                     _proxy_fence()
         if ready > 0:
             num_pid_m = tl.cdiv(rows, BLOCK_M)
             pid_m, pid_n = _tile_coords(tile - tile_start, num_pid_m, num_pid_n, GROUP_M)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             if USE_TMA:
-                if chunk != desc_chunk:
-                    # a chunk's descriptors, made when a program first meets the chunk: 128
-                    # bytes each, written to global scratch and fenced (not per tile)
-                    a_desc = tl.make_tensor_descriptor(
-                        a_ref + a_off, [rows, K], [stride_am, 1], [BLOCK_M, BLOCK_K]
-                    )
-                    c_desc = tl.make_tensor_descriptor(
-                        c_ref + c_off, [rows, N], [stride_cm, 1], [BLOCK_M, C_COLS]
-                    )
-                    desc_chunk = chunk
                 for ki in range(k_tiles):
                     a = a_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])
                     if B_COL_MAJOR:
@@ -198,7 +212,8 @@ def _fused_gemm_kernel(
                 offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
                 mask_m = offs_m < rows
                 mask_n = offs_n < N
-                a_base = a_ref + a_off
+                # alignment hint (host-checked): lets the compiler vectorize the loads
+                a_base = a_ref + tl.multiple_of(a_off, A_ALIGN)
                 for ki in range(k_tiles):
                     offs_k = ki * BLOCK_K + offs_k0
                     a_ptrs = a_base + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
@@ -209,9 +224,12 @@ def _fused_gemm_kernel(
             if USE_TMA and (has_signal == 0):
                 _store_c_tile(c_desc, acc, pid_m, pid_n, BLOCK_M, BLOCK_N, False, EPILOGUE_SUBTILE)
             else:
+                # pointer stores for signalled chunks: generic-proxy writes (peer memory
+                # included) that the release below publishes
                 offs_cm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
                 offs_cn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-                c_ptrs = c_ref + c_off + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
+                c_base = c_ref + tl.multiple_of(c_off, C_ALIGN)
+                c_ptrs = c_base + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
                 c_mask = (offs_cm[:, None] < rows) & (offs_cn[None, :] < N)
                 tl.store(c_ptrs, acc.to(c_ref.dtype.element_ty), mask=c_mask)
             if has_signal != 0:
@@ -224,22 +242,15 @@ def _fused_gemm_kernel(
         else:
             tl.store(status_ptr + chunk, 1)
         tile = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
-
-
-@triton.jit
-def _wait_flags_kernel(
-    flag_ref,  # int32
-    offsets_ptr,  # int64 [count]: the flags to wait on, as offsets from flag_ref
-    status_ptr,  # int32 [count]: 1 where the wait gave up
-    count,
-    budget_ns,
-    USE_CLOCK: tl.constexpr,
-):
-    # one program: an SM-light wait that gates the reduction queued behind it on its stream
-    for i in range(count):
-        off = tl.load(offsets_ptr + i)
-        if _wait_flag(flag_ref + off, budget_ns, USE_CLOCK) < 0:
-            tl.store(status_ptr + i, 1)
+    # The last program to finish zeroes the claim counter and the chunk counters for the
+    # next launch (every other program's claims and counts came before its own count here),
+    # so a launch needs no memset before it.
+    finished = tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
+    if finished == tl.num_programs(0) - 1:
+        for i in range(num_chunks):
+            tl.store(counter_ptr + i, 0)
+        tl.store(next_tile_ptr, 0)
+        tl.store(done_ptr, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,26 +265,10 @@ class FusedChunkViews:
     """How errors name the chunk (e.g. 'rank 1 chunk 0')."""
 
 
-def _offset(t: torch.Tensor, ref: torch.Tensor) -> int:
-    delta = t.data_ptr() - ref.data_ptr()
-    if delta % t.element_size():
-        raise ValueError(
-            f"fused GEMM: an operand at address {t.data_ptr():#x} is not a whole number of "
-            f"{t.element_size()}-byte elements from the reference at {ref.data_ptr():#x}"
-        )
-    return delta // t.element_size()
-
-
 def _same(name: str, views: Sequence[torch.Tensor], attr: str) -> None:
     values = {v.stride() if attr == "stride" else getattr(v, attr) for v in views}
     if len(values) > 1:
         raise ValueError(f"fused GEMM: every chunk's {name} must share one {attr}, got {values}")
-
-
-def _budget_ns(timeout_s: float) -> int:
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
-        raise ValueError(f"timeout_s: must be a positive number of seconds, got {timeout_s!r}")
-    return int(timeout_s * 1e9)
 
 
 def _alignment(offsets: Sequence[int], element_size: int) -> int:
@@ -282,49 +277,6 @@ def _alignment(offsets: Sequence[int], element_size: int) -> int:
     while align > 1 and any(off % align for off in offsets):
         align //= 2
     return align
-
-
-class _Watchdog:
-    """Interpreter only: after ``timeout_s``, write -1 into ``flags`` still unset (0), so the
-    kernel's spinning tiles give up (the interpreter has no clock inside a kernel)."""
-
-    def __init__(self, flags: Sequence[torch.Tensor], timeout_s: float) -> None:
-        self.flags = list(flags) if INTERPRETER else []
-        self.timer = threading.Timer(timeout_s, self._fire)
-        self.timer.daemon = True
-
-    def _fire(self) -> None:
-        for flag in self.flags:
-            if int(flag.item()) == 0:
-                flag.fill_(-1)
-
-    def __enter__(self) -> _Watchdog:
-        if self.flags:
-            self.timer.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.timer.cancel()
-
-
-class _Timed:
-    """What both launches share: a status tensor and the error it turns into."""
-
-    status: torch.Tensor
-    names: list[str]
-    timeout_s: float
-
-    def raise_on_timeout(self, where: str) -> None:
-        """Raise :class:`FlagTimeout` if the last launch gave up on a flag (reads the
-        status: on GPUs a sync, so call it once the launch is complete)."""
-        marked = self.status[: len(self.names)].tolist()
-        missing = [name for name, bad in zip(self.names, marked, strict=True) if bad]
-        if missing:
-            raise FlagTimeout(
-                f"{where}: timed out after {self.timeout_s:g} s waiting on the flag of "
-                + ", ".join(missing)
-                + " (its data never arrived)"
-            )
 
 
 class FusedGemm(_Timed):
@@ -382,11 +334,10 @@ class FusedGemm(_Timed):
         )
         self.flag_ref = torch.zeros(1, dtype=torch.int32, device=device)
         self.chunks, self.n, self.k, self.sm_budget = list(chunks), n, k, sm_budget
-        # one buffer, zeroed by one memset per launch: [next tile, counters..., status...]
-        self.work = torch.zeros(1 + 2 * len(chunks), dtype=torch.int32, device=device)
-        self.next_tile = self.work[:1]
-        self.counters = self.work[1 : 1 + len(chunks)]
-        self.status = self.work[1 + len(chunks) :]
+        # [next tile, programs done, tiles stored per chunk]: zero between launches (the
+        # kernel's last program zeroes it), so a launch is one kernel, no memset
+        self.work = torch.zeros(2 + len(chunks), dtype=torch.int32, device=device)
+        self.status = torch.zeros(len(chunks), dtype=torch.int32, device=device)
         self.waits = [c.wait for c in chunks if c.wait is not None]
         self.names = [c.name or f"chunk {i}" for i, c in enumerate(chunks)]
         self.timeout_s, self.budget_ns = timeout_s, _budget_ns(timeout_s)
@@ -400,7 +351,7 @@ class FusedGemm(_Timed):
             if refusal and device.type == "cuda" and tma_supported(device):
                 _warn_once(f"fused GEMM: pointer loads (slower): {refusal}")
         self.path: Path = path
-        self.b_col_major = path == "tma" and b.stride(0) == 1 and b.stride(1) != 1
+        self.b_col_major = path == "tma" and _tma_operand(b)[2]
         if config is None:
             total = sum(c.a.shape[0] for c in chunks)
             config = fused_config(total, n, k, len(chunks), a0.dtype, sm_budget, device, path)
@@ -445,6 +396,15 @@ class FusedGemm(_Timed):
             tile_chunk += [i] * tiles
             start += tiles
         self.config = config
+        self.b_desc = self.b
+        if self.path == "tma":
+            shape, strides, _ = _tma_operand(self.b)
+            block = (
+                [config.block_n, config.block_k]
+                if self.b_col_major
+                else [config.block_k, config.block_n]
+            )
+            self.b_desc = TensorDescriptor(self.b, shape, strides, block)
         self.table = torch.tensor(table, dtype=torch.int64, device=device)
         self.tile_chunk = torch.tensor(tile_chunk, dtype=torch.int32, device=device)
         self.tiles = start
@@ -452,7 +412,6 @@ class FusedGemm(_Timed):
 
     def __call__(self) -> None:
         """Issue the launch on the current stream (under the interpreter: run it)."""
-        self.work.zero_()
         with _Watchdog(self.waits, self.timeout_s):
             try:
                 self._launch(self.config)
@@ -469,8 +428,8 @@ class FusedGemm(_Timed):
         if self.path == "tma":
             _ensure_allocator()
         args = (
-            a0, b, out0, self.flag_ref, self.table, self.tile_chunk, self.counters,
-            self.status, self.next_tile, self.tiles, self.n, self.k,
+            a0, b, self.b_desc, out0, self.flag_ref, self.table, self.tile_chunk, self.work,
+            self.status, len(self.chunks), self.tiles, self.n, self.k,
             a0.stride(0), a0.stride(1), b.stride(0), b.stride(1), out0.stride(0), out0.stride(1),
             self.budget_ns,
         )  # fmt: skip
@@ -478,7 +437,7 @@ class FusedGemm(_Timed):
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             A_ALIGN=self.a_align, C_ALIGN=self.c_align, USE_TMA=self.path == "tma",
             B_COL_MAJOR=self.b_col_major, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
-            USE_CLOCK=not INTERPRETER, INPUT_PRECISION=_PRECISION[a0.dtype],
+            ON_GPU=not INTERPRETER, INPUT_PRECISION=_PRECISION[a0.dtype],
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         if warm:
@@ -506,49 +465,3 @@ def _ensure_allocator() -> None:
 
     if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
         triton.set_allocator(_scratch)
-
-
-def _load(kernel) -> None:
-    """Load a compiled kernel's module and function now. Under CUDA's lazy loading a kernel
-    is loaded at its first launch, and a load while another kernel spins waiting for this one
-    (an owner's flag wait beside the producer GEMM) can wait for the GPU to idle: a deadlock
-    that only the flag timeout ends."""
-    init = getattr(kernel, "_init_handles", None)
-    if init is not None:
-        init()
-
-
-class FlagWait(_Timed):
-    """An SM-light wait (one program) on the current stream until every flag is set; what
-    is queued behind it on the stream (the owner's reduction) runs once they all are."""
-
-    def __init__(
-        self, flags: Sequence[torch.Tensor], names: Sequence[str], *, timeout_s: float
-    ) -> None:
-        if not flags or len(flags) != len(names):
-            raise ValueError(
-                f"flag wait: needs one name per flag, got {len(flags)} flags, {len(names)} names"
-            )
-        if any(f.dtype != torch.int32 or f.numel() != 1 for f in flags):
-            raise ValueError("flag wait: every flag must be a 1-element int32 view")
-        # a private reference (see FusedGemm): no shared buffer is a launch argument
-        self.flags = list(flags)
-        self.ref = torch.zeros(1, dtype=torch.int32, device=flags[0].device)
-        offsets = [_offset(f, self.ref) for f in flags]
-        self.offsets = torch.tensor(offsets, dtype=torch.int64, device=self.ref.device)
-        self.status = torch.zeros(len(flags), dtype=torch.int32, device=self.ref.device)
-        self.names, self.timeout_s = list(names), timeout_s
-        self.budget_ns = _budget_ns(timeout_s)
-
-    def __call__(self) -> None:
-        self.status.zero_()
-        with _Watchdog(self.flags, self.timeout_s):
-            _wait_flags_kernel[(1,)](*self._args(), USE_CLOCK=not INTERPRETER, num_warps=1)
-
-    def _args(self) -> tuple:
-        return (self.ref, self.offsets, self.status, len(self.flags), self.budget_ns)
-
-    def compile(self) -> None:
-        """Compile the kernel now, launching nothing (GPUs)."""
-        if not INTERPRETER:
-            _load(_wait_flags_kernel.warmup(*self._args(), grid=(1,), USE_CLOCK=True, num_warps=1))

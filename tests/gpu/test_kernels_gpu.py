@@ -270,7 +270,7 @@ def test_fused_tma_never_set_flag_times_out(gen):
 def test_fused_default_tile_is_the_persistent_choice_until_fused_tuning(gen, monkeypatch):
     from ficco.kernels.configs import heuristic_config
     from ficco.kernels.fused import FusedGemm
-    from ficco.kernels.fused_configs import tune_fused
+    from ficco.kernels.fused_tuning import tune_fused
 
     if not HOPPER:
         pytest.skip("the TMA path's tile")
