@@ -27,7 +27,9 @@ Cases, per shape (each caught and recorded on its own; a failure never stops the
   timeout       one flag never set: ``FlagTimeout`` expected within the budget (0.5 s), and
                 the GPU still usable afterwards
 
-Timing: CUDA events around each iteration (main stream, which joins the side stream), a
+The committed profile (``profiles/h200/fused_single_gpu.json``) comes from
+``scripts/tune_fused_gpu.py``, which reuses this script's checks and adds tile tuning, every
+load path and the catalog shapes. Timing here: CUDA events around each iteration (main stream, which joins the side stream), a
 device sync between iterations, candidates interleaved round by round, median and IQR over
 rounds. Run: ``python scripts/check_fused_single_gpu.py`` (JSON to $OUT/fused_single_gpu.json,
 else ./fused_single_gpu.json).
