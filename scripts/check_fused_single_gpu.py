@@ -27,7 +27,9 @@ Cases, per shape (each caught and recorded on its own; a failure never stops the
   timeout       one flag never set: ``FlagTimeout`` expected within the budget (0.5 s), and
                 the GPU still usable afterwards
 
-Timing: CUDA events around each iteration (main stream, which joins the side stream), a
+The committed profile (``profiles/h200/fused_single_gpu.json``) comes from
+``scripts/tune_fused_gpu.py``, which reuses this script's checks and adds tile tuning, every
+load path and the catalog shapes. Timing here: CUDA events around each iteration (main stream, which joins the side stream), a
 device sync between iterations, candidates interleaved round by round, median and IQR over
 rounds. Run: ``python scripts/check_fused_single_gpu.py`` (JSON to $OUT/fused_single_gpu.json,
 else ./fused_single_gpu.json).
@@ -115,7 +117,7 @@ def symmetric_flags(count: int) -> tuple[torch.Tensor, str]:
         if not dist.is_initialized():
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", "29533")
-            dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda"))
+            dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
         flags = symm_mem.empty(count, dtype=torch.int32, device="cuda")
         symm_mem.rendezvous(flags, dist.group.WORLD.group_name)
         return flags.zero_(), "symmetric memory"
@@ -271,7 +273,7 @@ def check_shape(m: int, n: int, k: int, world: int, chunks: int, cycles_per_us: 
     return result
 
 
-def check_producer(m: int, n: int, k: int, chunks: int) -> dict:
+def check_producer(m: int, n: int, k: int, chunks: int, path: str | None = None) -> dict:
     """gemm_rs's producer writes on one GPU: rows [0, m/2) go to an 'owner' buffer with a flag
     per chunk, rows [m/2, m) stay local; the owner's FlagWait on another stream gates the
     reduction (owner buffer + a local partial)."""
@@ -292,7 +294,7 @@ def check_producer(m: int, n: int, k: int, chunks: int) -> dict:
     views.append(FusedChunkViews(a[m // 2 :], local))
     try:
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        fused = FusedGemm(views, b, sm_budget=sms, timeout_s=10.0)
+        fused = FusedGemm(views, b, sm_budget=sms, timeout_s=10.0, path=path)
         names = [f"chunk {i}" for i in range(chunks)]
         wait = FlagWait([flags[i : i + 1] for i in range(chunks)], names, timeout_s=10.0)
         fused.compile()  # both loaded before either runs: a kernel loaded lazily while the
@@ -314,7 +316,13 @@ def check_producer(m: int, n: int, k: int, chunks: int) -> dict:
         err_red = (reduced.float() - want).abs().max().item()
         scale = ref.abs().max().item()
         ok = max(err_sent, err_local) <= 2e-2 * scale and err_red <= 4e-2 * scale
-        return {"ok": bool(ok), "max_abs_err": [err_sent, err_local, err_red], "scale": scale}
+        return {
+            "ok": bool(ok),
+            "max_abs_err": [err_sent, err_local, err_red],
+            "scale": scale,
+            "path": fused.path,
+            "config": fused.config.name,
+        }
     except Exception as err:
         return {
             "ok": False,
@@ -323,7 +331,7 @@ def check_producer(m: int, n: int, k: int, chunks: int) -> dict:
         }
 
 
-def check_timeout() -> dict:
+def check_timeout(path: str | None = None) -> dict:
     a, b = (torch.randn(512, 512, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     out = torch.empty(512, 512, device="cuda", dtype=torch.bfloat16)
     flags = torch.zeros(2, dtype=torch.int32, device="cuda")
@@ -334,7 +342,8 @@ def check_timeout() -> dict:
     ]
     record: dict = {"budget_s": TIMEOUT_S}
     try:
-        fused = FusedGemm(views, b, sm_budget=16, timeout_s=TIMEOUT_S)
+        fused = FusedGemm(views, b, sm_budget=16, timeout_s=TIMEOUT_S, path=path)
+        record["path"] = fused.path
         start = time.monotonic()
         fused()
         torch.cuda.synchronize()

@@ -142,15 +142,17 @@ def _fused(chunks, b, timeout_s, **kw):
     return FusedGemm(chunks, b, sm_budget=3, timeout_s=timeout_s, **kw)
 
 
+@pytest.mark.parametrize("path", ["tma", "ptr"])
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-4), (torch.float16, 2e-2)])
-def test_kernel_waits_for_the_data_its_flag_guards(dtype, tol):
+def test_kernel_waits_for_the_data_its_flag_guards(dtype, tol, path):
     from ficco.kernels.fused import FusedChunkViews
 
     gen = torch.Generator().manual_seed(0)
-    local = torch.randn(10, 20, generator=gen).to(dtype)
-    arriving = torch.randn(30, 20, generator=gen).to(dtype)
-    gathered = torch.full((30, 20), float("nan"), dtype=dtype)  # not there yet
-    b = torch.randn(20, 24, generator=gen).to(dtype)
+    # 24 columns: rows of 48 or 96 bytes, which tensor descriptors can address
+    local = torch.randn(10, 24, generator=gen).to(dtype)
+    arriving = torch.randn(30, 24, generator=gen).to(dtype)
+    gathered = torch.full((30, 24), float("nan"), dtype=dtype)  # not there yet
+    b = torch.randn(24, 24, generator=gen).to(dtype)
     out = torch.full((40, 24), float("nan"), dtype=dtype)
     flags = torch.zeros(4, dtype=torch.int32)
     chunks = [
@@ -158,7 +160,8 @@ def test_kernel_waits_for_the_data_its_flag_guards(dtype, tol):
         FusedChunkViews(gathered[:15], out[10:25], wait=flags[1:2], signal=flags[3:4]),
         FusedChunkViews(gathered[15:], out[25:], wait=flags[2:3]),
     ]
-    kernel = _fused(chunks, b, timeout_s=20.0)
+    kernel = _fused(chunks, b, timeout_s=20.0, path=path)
+    assert kernel.path == path
 
     def copy_then_flag():  # what a copy followed by its stream-ordered flag write does
         for i, rows in ((1, slice(0, 15)), (2, slice(15, 30))):
@@ -202,6 +205,88 @@ def test_a_flag_that_never_arrives_ends_in_flag_timeout_naming_the_chunk():
     wait()
     with pytest.raises(FlagTimeout, match="flag of y"):
         wait.raise_on_timeout("owner")
+
+
+def test_tma_path_takes_what_descriptors_can_address_and_says_why_not():
+    from ficco.kernels.fused import FusedChunkViews
+    from ficco.kernels.persistent import LAUNCH_COUNTS
+
+    gen = torch.Generator().manual_seed(1)
+    a = torch.randn(40, 24, generator=gen).half()  # 48-byte rows
+    w = torch.randn(40, 24, generator=gen).half()
+    b = w.t()  # [24, 40], column-major: read as B^T through its descriptor
+    out = torch.full((40, 40), float("nan")).half()
+    kernel = _fused([FusedChunkViews(a[:8], out[:8]), FusedChunkViews(a[8:], out[8:])], b, 5.0)
+    assert kernel.path == "tma" and kernel.b_col_major and kernel.tma_refusal() == ""
+    before = LAUNCH_COUNTS["fused_tma"]
+    kernel()
+    assert LAUNCH_COUNTS["fused_tma"] == before + 1
+    expect = a.float() @ b.float()
+    assert (out.float() - expect).abs().max().item() < 2e-2 * expect.abs().max().item()
+    # the same rows 8 bytes into a buffer: no chunk of them starts on a 16-byte boundary
+    shifted = torch.empty(a.numel() + 4, dtype=a.dtype)[4:].view(40, 24).copy_(a)
+    odd = [FusedChunkViews(shifted[:8], out[:8]), FusedChunkViews(shifted[8:], out[8:])]
+    with pytest.raises(ValueError, match="path='tma' refused: a chunk's a does not start"):
+        _fused(odd, b, 5.0, path="tma")
+    fallback = _fused(odd, b, 5.0)
+    assert fallback.path == "ptr" and "16-byte boundary" in fallback.tma_refusal()
+    out.fill_(float("nan"))
+    fallback()
+    assert (out.float() - expect).abs().max().item() < 2e-2 * expect.abs().max().item()
+    with pytest.raises(ValueError, match="path: must be 'tma', 'ptr' or None"):
+        _fused(odd, b, 5.0, path="cuda")
+
+
+@pytest.mark.parametrize("path", ["tma", "ptr"])
+def test_back_to_back_launches_need_no_reset_between(path):
+    """The kernel's last program zeroes the claim and chunk counters: a second launch (no
+    memset) computes everything again and signals again; a timeout stays reported until read."""
+    from ficco.kernels.fused import FlagTimeout, FusedChunkViews
+
+    gen = torch.Generator().manual_seed(2)
+    a, b = torch.randn(40, 16, generator=gen), torch.randn(16, 24, generator=gen)
+    out = torch.full((40, 24), float("nan"))
+    flags = torch.zeros(3, dtype=torch.int32)
+    chunks = [
+        FusedChunkViews(a[:24], out[:24], signal=flags[0:1]),
+        FusedChunkViews(a[24:], out[24:], wait=flags[1:2], name="late chunk"),
+    ]
+    kernel = _fused(chunks, b, timeout_s=0.3, path=path)
+    kernel()  # the late chunk's flag never comes
+    assert flags[0].item() == 1 and not torch.isnan(out[:24]).any() and kernel.work.eq(0).all()
+    assert torch.isnan(out[24:]).all()
+    with pytest.raises(FlagTimeout, match="late chunk"):
+        kernel.raise_on_timeout("first")
+    kernel.raise_on_timeout("reported once")  # read, so cleared
+    flags.zero_()
+    flags[1] = 1
+    out.fill_(float("nan"))
+    kernel()
+    assert flags[0].item() == 1 and kernel.work.eq(0).all()
+    assert (out - a @ b).abs().max().item() < 1e-4
+    kernel.raise_on_timeout("second")
+
+
+def test_fused_tiles_come_from_the_persistent_space_without_split_tail():
+    from dataclasses import replace
+
+    from ficco.kernels.configs import GPU_CONFIGS, fused_candidate_configs, heuristic_config
+    from ficco.kernels.fused_configs import FusedTuningKey, fused_config
+    from ficco.kernels.tuning import TuningKey
+
+    space = {replace(c, split_tail=False) for c in GPU_CONFIGS}
+    for rows, n, k in ((64, 4096, 2048), (2048, 8192, 8192), (256, 3072, 4096)):
+        kept = fused_candidate_configs(rows, n, k, 2, 2)
+        assert kept and set(kept) <= space and not any(c.split_tail for c in kept)
+        assert all(c.block_m <= max(64, rows) for c in kept)  # no tile taller than a chunk
+    assert len(fused_candidate_configs(2048, 8192, 8192, 2, 2)) == len(GPU_CONFIGS)
+    cpu = torch.device("cpu")
+    assert fused_config(96, 80, 72, 3, torch.float32, 3, cpu, "tma") == heuristic_config(
+        96, 80, 72, interpreter=True
+    )
+    base = TuningKey("H200", "3.6.0", "bfloat16", 4096, 8192, 8192, 132)
+    key = FusedTuningKey(base, chunks=4)
+    assert str(key) == f"{base}|fused|chunks=4" and str(key) != str(base)
 
 
 def test_kernel_refuses_chunks_that_do_not_share_strides():

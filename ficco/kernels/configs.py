@@ -249,3 +249,21 @@ def heuristic_config(m: int, n: int, k: int, *, interpreter: bool = False) -> Ge
     if m * n <= 2048 * 4096:
         return _c(128, 128, 64, 4, 8)
     return GPU_CONFIGS[0]
+
+
+def fused_candidate_configs(
+    rows: int,
+    n: int,
+    k: int,
+    in_bytes: int,
+    out_bytes: int,
+    *,
+    shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
+) -> list[GemmConfig]:
+    """The fused GEMM's candidates for chunks of `rows` rows: the persistent GPU space, pruned
+    as `candidate_configs` prunes it, without `split_tail` (the fused kernel never splits K:
+    its tiles are claimed one at a time as their chunks arrive)."""
+    kept = candidate_configs(
+        rows, n, k, in_bytes, out_bytes, sm_budget=1, shared_memory_bytes=shared_memory_bytes
+    )
+    return list(dict.fromkeys(replace(cfg, split_tail=False) for cfg in kept))

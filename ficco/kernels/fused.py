@@ -20,6 +20,20 @@ addresses under the interpreter, where file-backed shared tensors stand in for s
 memory). No shared buffer is ever a launch argument: the interpreter copies every argument's
 storage back onto itself after a launch, which would undo a peer's concurrent stores.
 
+Two load paths compute the same function. 'tma' (Hopper, and the interpreter): A and C go
+through tensor descriptors made inside the kernel, two per chunk a program meets (a chunk's
+rows bound them, so ragged chunks need no masks), B through one host-built descriptor; a
+tile's TMA loads follow its flag's acquire and a ``fence.proxy.async`` (TMA reads are
+async-proxy accesses); signalled chunks store with pointer stores (generic-proxy writes that
+the release publishes). 'ptr': masked pointer loads and stores with any strides, for views a
+descriptor cannot take (``FusedGemm.tma_refusal`` says why). The tile (block shape, stages,
+warps, grouping) is chosen per shape from the persistent GEMM's space
+(``ficco.kernels.fused_configs``).
+
+A launch is one kernel: the claim counter and the per-chunk counters are zero on entry and
+the last program to finish zeroes them again, so back-to-back launches (or a CUDA graph's
+replays) need no memset; the timeout status stays set until ``raise_on_timeout`` reads it.
+
 A flag that never arrives: on GPUs a spinning tile gives up after ``timeout_s`` measured on
 ``%globaltimer``; under the CPU interpreter (which has no clock inside a kernel) a host
 watchdog writes -1 into the flags still unset once ``timeout_s`` has passed. Either way the
@@ -31,7 +45,6 @@ flags, with the same timeout.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,57 +52,73 @@ import torch
 import triton
 import triton.language as tl
 
-from ficco.kernels.configs import FALLBACK_CONFIG, GemmConfig, heuristic_config
-from ficco.kernels.persistent import INTERPRETER, _tile_coords
+from ficco.kernels.configs import GemmConfig
+from ficco.kernels.flags import (
+    FlagTimeout,
+    FlagWait,
+    _budget_ns,
+    _load,
+    _offset,
+    _Timed,
+    _wait_flag,
+    _Watchdog,
+)
+from ficco.kernels.fused_configs import Path, fused_config, smaller_config, tma_supported
+from ficco.kernels.persistent import (
+    INTERPRETER,
+    LAUNCH_COUNTS,
+    TensorDescriptor,
+    _store_c_tile,
+    _tile_coords,
+    _tma_operand,
+    _warn_once,
+)
+
+__all__ = ["FlagTimeout", "FlagWait", "FusedChunkViews", "FusedGemm"]
 
 _PRECISION = {torch.float32: "ieee", torch.float16: "tf32", torch.bfloat16: "tf32"}
 
 
-class FlagTimeout(RuntimeError):
-    """A flag a fused kernel waited on was not set within the timeout (timed out)."""
-
-
 @triton.jit
-def _globaltimer():
+def _proxy_fence():
+    # TMA loads are async-proxy accesses: order them after the generic-proxy acquire of a flag
     return tl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+        "fence.proxy.async.global;\n\tmov.u32 $0, 0;",
+        "=r",
+        [],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
     )
 
 
 @triton.jit
-def _wait_flag(flag_ptr, budget_ns, USE_CLOCK: tl.constexpr):
-    # The flag's value once it is nonzero: positive = arrived, negative = given up (by a
-    # tile that timed out, or by the host watchdog under the interpreter).
-    val = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
-    if USE_CLOCK:
-        start = _globaltimer()
-        while val == 0:
-            val = tl.load(flag_ptr, volatile=True)
-            elapsed = _globaltimer() - start
-            if (val == 0) & (elapsed > budget_ns):
-                # give up for every tile of the chunk: the next readers see -1 at once
-                tl.atomic_cas(flag_ptr, 0, -1, sem="acq_rel", scope="sys")
-                val = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
-        val = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
-    else:
-        while val == 0:
-            val = tl.load(flag_ptr, volatile=True)
-        val = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
-    return val
+def _bulk_store_wait():
+    # this thread's TMA stores done: a descriptor they use may be rewritten after this
+    return tl.inline_asm_elementwise(
+        "cp.async.bulk.wait_group 0;\n\tmov.u32 $0, 0;",
+        "=r",
+        [],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit
 def _fused_gemm_kernel(
     a_ref,  # every A chunk is a_ref + offset: rows [rows_i, K], strides (stride_am, stride_ak)
-    b_ptr,  # B [K, N]
+    b_ptr,  # B [K, N], strides (stride_bk, stride_bn)
+    b_desc,  # TMA: B's host-built descriptor ([K, N], or B^T [N, K] when B_COL_MAJOR)
     c_ref,  # every output chunk is c_ref + offset: [rows_i, N], strides (stride_cm, stride_cn)
     flag_ref,  # int32: every flag is flag_ref + offset
     table_ptr,  # int64 [chunks, 8]: a_off, c_off, rows, tile_start, wait_off, signal_off,
     #            has_wait, has_signal (offsets may be negative: they are from private refs)
     tile_chunk_ptr,  # int32 [tiles]: the chunk of each tile
-    counter_ptr,  # int32 [chunks]: tiles stored per chunk, zero on entry
-    status_ptr,  # int32 [chunks]: 1 where the chunk's wait gave up
-    next_tile_ptr,  # int32 [1]: the next tile to claim, zero on entry
+    work_ptr,  # int32 [2 + chunks]: next tile to claim, programs done, tiles stored per
+    #           chunk; zero on entry, and zeroed again by the last program to finish
+    status_ptr,  # int32 [chunks]: set to 1 where the chunk's wait gave up (never cleared here)
+    num_chunks,
     num_tiles,
     N,
     K,
@@ -106,49 +135,103 @@ def _fused_gemm_kernel(
     GROUP_M: tl.constexpr,
     A_ALIGN: tl.constexpr,  # every A offset is a multiple of this many elements
     C_ALIGN: tl.constexpr,  # every output offset is a multiple of this many elements
-    USE_CLOCK: tl.constexpr,
+    USE_TMA: tl.constexpr,  # A, B and (unsignalled) C through tensor descriptors
+    B_COL_MAJOR: tl.constexpr,  # TMA: b_desc describes B^T [N, K]
+    EPILOGUE_SUBTILE: tl.constexpr,  # TMA: store C in two [BLOCK_M, BLOCK_N / 2] halves
+    ON_GPU: tl.constexpr,  # compiled for a GPU: %globaltimer and PTX fences (not interpreted)
     INPUT_PRECISION: tl.constexpr,
 ):
+    next_tile_ptr = work_ptr
+    done_ptr = work_ptr + 1
+    counter_ptr = work_ptr + 2
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     offs_k0 = tl.arange(0, BLOCK_K)
+    C_COLS: tl.constexpr = BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N
     # Tiles are claimed in order from one counter, not dealt out by program id: a program
     # that is not resident yet (its SM held by a kernel beside this one, e.g. an owner's
     # flag wait) owns no tile, so the chunks a peer waits on cannot be stuck behind it.
+    # A program's tiles therefore rise, and so do their chunks: a chunk's row and
+    # descriptors are read and made when the program first meets it, not per tile.
     tile = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
+    desc_chunk = tl.load(tile_chunk_ptr + tl.minimum(tile, num_tiles - 1))  # the first tile's
+    if USE_TMA:
+        # 128 bytes each, written to global scratch and fenced by the compiler
+        row = table_ptr + desc_chunk * 8
+        rows = tl.load(row + 2).to(tl.int32)
+        a_desc = tl.make_tensor_descriptor(
+            a_ref + tl.load(row), [rows, K], [stride_am, 1], [BLOCK_M, BLOCK_K]
+        )
+        c_desc = tl.make_tensor_descriptor(
+            c_ref + tl.load(row + 1), [rows, N], [stride_cm, 1], [BLOCK_M, C_COLS]
+        )
+    seen = -1  # the last chunk whose flag this program acquired: its later tiles skip the wait
     while tile < num_tiles:
         chunk = tl.load(tile_chunk_ptr + tile)
         row = table_ptr + chunk * 8
-        # alignment hints (host-checked): lets the compiler vectorize the loads and stores
         a_off = tl.multiple_of(tl.load(row), A_ALIGN)
         c_off = tl.multiple_of(tl.load(row + 1), C_ALIGN)
-        rows = tl.load(row + 2)
-        tile_start = tl.load(row + 3)
+        rows = tl.load(row + 2).to(tl.int32)
+        tile_start = tl.load(row + 3).to(tl.int32)
         wait_off = tl.load(row + 4)
         signal_off = tl.load(row + 5)
         has_wait = tl.load(row + 6)
         has_signal = tl.load(row + 7)
-        ready = (has_wait == 0).to(tl.int32)  # 1: nothing to wait for
-        if has_wait != 0:
-            ready = _wait_flag(flag_ref + wait_off, budget_ns, USE_CLOCK)
+        if USE_TMA:  # noqa: SIM102 - a constexpr branch: the descriptors exist only here
+            if chunk != desc_chunk:  # a later chunk: others took the tiles between
+                if ON_GPU:
+                    _bulk_store_wait()  # the last tile's store read the old C descriptor
+                a_desc = tl.make_tensor_descriptor(
+                    a_ref + a_off, [rows, K], [stride_am, 1], [BLOCK_M, BLOCK_K]
+                )
+                c_desc = tl.make_tensor_descriptor(
+                    c_ref + c_off, [rows, N], [stride_cm, 1], [BLOCK_M, C_COLS]
+                )
+                desc_chunk = chunk
+        ready = 1
+        if (has_wait != 0) & (chunk != seen):
+            ready = _wait_flag(flag_ref + wait_off, budget_ns, ON_GPU)
+            if ready > 0:
+                seen = chunk
+                if USE_TMA and ON_GPU:
+                    _proxy_fence()
         if ready > 0:
             num_pid_m = tl.cdiv(rows, BLOCK_M)
             pid_m, pid_n = _tile_coords(tile - tile_start, num_pid_m, num_pid_n, GROUP_M)
-            offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-            offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-            mask_m = offs_m < rows
-            mask_n = offs_n < N
-            a_base = a_ref + a_off
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for ki in range(k_tiles):
-                offs_k = ki * BLOCK_K + offs_k0
-                a_ptrs = a_base + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
-                b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
-                a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < K), other=0.0)
-                b = tl.load(b_ptrs, mask=(offs_k[:, None] < K) & mask_n[None, :], other=0.0)
-                acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-            c_ptrs = c_ref + c_off + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-            tl.store(c_ptrs, acc.to(c_ref.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+            if USE_TMA:
+                for ki in range(k_tiles):
+                    a = a_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])
+                    if B_COL_MAJOR:
+                        b = b_desc.load([pid_n * BLOCK_N, ki * BLOCK_K]).T
+                    else:
+                        b = b_desc.load([ki * BLOCK_K, pid_n * BLOCK_N])
+                    acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+            else:
+                offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+                offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+                mask_m = offs_m < rows
+                mask_n = offs_n < N
+                # alignment hint (host-checked): lets the compiler vectorize the loads
+                a_base = a_ref + tl.multiple_of(a_off, A_ALIGN)
+                for ki in range(k_tiles):
+                    offs_k = ki * BLOCK_K + offs_k0
+                    a_ptrs = a_base + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+                    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+                    a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < K), other=0.0)
+                    b = tl.load(b_ptrs, mask=(offs_k[:, None] < K) & mask_n[None, :], other=0.0)
+                    acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+            if USE_TMA and (has_signal == 0):
+                _store_c_tile(c_desc, acc, pid_m, pid_n, BLOCK_M, BLOCK_N, False, EPILOGUE_SUBTILE)
+            else:
+                # pointer stores for signalled chunks: generic-proxy writes (peer memory
+                # included) that the release below publishes
+                offs_cm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+                offs_cn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+                c_base = c_ref + tl.multiple_of(c_off, C_ALIGN)
+                c_ptrs = c_base + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
+                c_mask = (offs_cm[:, None] < rows) & (offs_cn[None, :] < N)
+                tl.store(c_ptrs, acc.to(c_ref.dtype.element_ty), mask=c_mask)
             if has_signal != 0:
                 # every thread's stores are issued before the count; the chunk's last tile
                 # publishes them all with one system-scope release (cumulative)
@@ -159,22 +242,15 @@ def _fused_gemm_kernel(
         else:
             tl.store(status_ptr + chunk, 1)
         tile = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
-
-
-@triton.jit
-def _wait_flags_kernel(
-    flag_ref,  # int32
-    offsets_ptr,  # int64 [count]: the flags to wait on, as offsets from flag_ref
-    status_ptr,  # int32 [count]: 1 where the wait gave up
-    count,
-    budget_ns,
-    USE_CLOCK: tl.constexpr,
-):
-    # one program: an SM-light wait that gates the reduction queued behind it on its stream
-    for i in range(count):
-        off = tl.load(offsets_ptr + i)
-        if _wait_flag(flag_ref + off, budget_ns, USE_CLOCK) < 0:
-            tl.store(status_ptr + i, 1)
+    # The last program to finish zeroes the claim counter and the chunk counters for the
+    # next launch (every other program's claims and counts came before its own count here),
+    # so a launch needs no memset before it.
+    finished = tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
+    if finished == tl.num_programs(0) - 1:
+        for i in range(num_chunks):
+            tl.store(counter_ptr + i, 0)
+        tl.store(next_tile_ptr, 0)
+        tl.store(done_ptr, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,49 +265,10 @@ class FusedChunkViews:
     """How errors name the chunk (e.g. 'rank 1 chunk 0')."""
 
 
-def _offset(t: torch.Tensor, ref: torch.Tensor) -> int:
-    delta = t.data_ptr() - ref.data_ptr()
-    if delta % t.element_size():
-        raise ValueError(
-            f"fused GEMM: an operand at address {t.data_ptr():#x} is not a whole number of "
-            f"{t.element_size()}-byte elements from the reference at {ref.data_ptr():#x}"
-        )
-    return delta // t.element_size()
-
-
 def _same(name: str, views: Sequence[torch.Tensor], attr: str) -> None:
     values = {v.stride() if attr == "stride" else getattr(v, attr) for v in views}
     if len(values) > 1:
         raise ValueError(f"fused GEMM: every chunk's {name} must share one {attr}, got {values}")
-
-
-def _budget_ns(timeout_s: float) -> int:
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
-        raise ValueError(f"timeout_s: must be a positive number of seconds, got {timeout_s!r}")
-    return int(timeout_s * 1e9)
-
-
-#: The fused kernel's tiles on GPUs, largest first. Its pointer loads stage A and B in shared
-#: memory and its epilogue converts the accumulator layout through shared memory too, so the
-#: TMA kernel's 4-stage 128x256 tile does not fit; a launch that runs out of resources moves
-#: down this list (to ``FALLBACK_CONFIG`` last).
-GPU_FUSED_CONFIGS = (
-    GemmConfig(128, 256, 64, group_m=8, num_stages=3, num_warps=8),
-    GemmConfig(128, 128, 64, group_m=8, num_stages=3, num_warps=8),
-)
-
-
-def _area(config: GemmConfig) -> int:
-    return config.block_m * config.block_n * config.block_k * config.num_stages
-
-
-def default_config(rows: int, *, interpreter: bool) -> GemmConfig:
-    """The fused kernel's tile when none is given (``rows``: the largest chunk's)."""
-    if interpreter:
-        return heuristic_config(rows, 1, 1, interpreter=True)
-    if rows <= 64:
-        return GemmConfig(64, 128, 64, group_m=8, num_stages=4, num_warps=4)
-    return GPU_FUSED_CONFIGS[0]
 
 
 def _alignment(offsets: Sequence[int], element_size: int) -> int:
@@ -242,53 +279,15 @@ def _alignment(offsets: Sequence[int], element_size: int) -> int:
     return align
 
 
-class _Watchdog:
-    """Interpreter only: after ``timeout_s``, write -1 into ``flags`` still unset (0), so the
-    kernel's spinning tiles give up (the interpreter has no clock inside a kernel)."""
-
-    def __init__(self, flags: Sequence[torch.Tensor], timeout_s: float) -> None:
-        self.flags = list(flags) if INTERPRETER else []
-        self.timer = threading.Timer(timeout_s, self._fire)
-        self.timer.daemon = True
-
-    def _fire(self) -> None:
-        for flag in self.flags:
-            if int(flag.item()) == 0:
-                flag.fill_(-1)
-
-    def __enter__(self) -> _Watchdog:
-        if self.flags:
-            self.timer.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.timer.cancel()
-
-
-class _Timed:
-    """What both launches share: a status tensor and the error it turns into."""
-
-    status: torch.Tensor
-    names: list[str]
-    timeout_s: float
-
-    def raise_on_timeout(self, where: str) -> None:
-        """Raise :class:`FlagTimeout` if the last launch gave up on a flag (reads the
-        status: on GPUs a sync, so call it once the launch is complete)."""
-        marked = self.status[: len(self.names)].tolist()
-        missing = [name for name, bad in zip(self.names, marked, strict=True) if bad]
-        if missing:
-            raise FlagTimeout(
-                f"{where}: timed out after {self.timeout_s:g} s waiting on the flag of "
-                + ", ".join(missing)
-                + " (its data never arrived)"
-            )
-
-
 class FusedGemm(_Timed):
     """One fused launch, prepared once (tables on the device, so a launch can be captured in
     a CUDA graph) and issued by calling it: ``chunk.out = chunk.a @ b`` for every chunk,
-    tiles in chunk order, waiting on and setting the chunks' flags (module docstring)."""
+    tiles in chunk order, waiting on and setting the chunks' flags (module docstring).
+
+    ``config``: the tile (default: ``fused_configs.fused_config``, chosen per shape as the
+    persistent GEMM chooses its own). ``path``: 'tma' (tensor descriptors), 'ptr' (pointer
+    loads), or None: 'tma' wherever ``tma_refusal`` finds nothing against it.
+    """
 
     def __init__(
         self,
@@ -298,6 +297,7 @@ class FusedGemm(_Timed):
         sm_budget: int,
         timeout_s: float,
         config: GemmConfig | None = None,
+        path: Path | None = None,
     ) -> None:
         if not chunks:
             raise ValueError("fused GEMM: chunks is empty")
@@ -321,27 +321,58 @@ class FusedGemm(_Timed):
             raise ValueError("fused GEMM: every flag must be a 1-element int32 view")
         if isinstance(sm_budget, bool) or not isinstance(sm_budget, int) or sm_budget < 1:
             raise ValueError(f"sm_budget: must be a positive int (programs), got {sm_budget!r}")
+        if path not in (None, "tma", "ptr"):
+            raise ValueError(f"path: must be 'tma', 'ptr' or None, got {path!r}")
         device = a0.device
-        if config is None:
-            rows = max(c.a.shape[0] for c in chunks)
-            config = default_config(rows, interpreter=device.type != "cuda")
         # Private reference tensors: every operand is addressed from them, so the launch
         # takes no shared buffer as an argument (the interpreter writes every argument's
         # storage back after a launch, which would undo a peer's concurrent stores).
-        self.config, self.b = config, b
+        self.b = b
         self.a0 = torch.empty(1, dtype=a0.dtype, device=device).as_strided((1, 1), a0.stride())
         self.out0 = torch.empty(1, dtype=out0.dtype, device=device).as_strided(
             (1, 1), out0.stride()
         )
         self.flag_ref = torch.zeros(1, dtype=torch.int32, device=device)
         self.chunks, self.n, self.k, self.sm_budget = list(chunks), n, k, sm_budget
+        # [next tile, programs done, tiles stored per chunk]: zero between launches (the
+        # kernel's last program zeroes it), so a launch is one kernel, no memset
+        self.work = torch.zeros(2 + len(chunks), dtype=torch.int32, device=device)
         self.status = torch.zeros(len(chunks), dtype=torch.int32, device=device)
-        self.counters = torch.zeros(len(chunks), dtype=torch.int32, device=device)
-        self.next_tile = torch.zeros(1, dtype=torch.int32, device=device)
         self.waits = [c.wait for c in chunks if c.wait is not None]
         self.names = [c.name or f"chunk {i}" for i, c in enumerate(chunks)]
         self.timeout_s, self.budget_ns = timeout_s, _budget_ns(timeout_s)
+        self.a_align = _alignment([_offset(c.a, self.a0) for c in chunks], a0.element_size())
+        self.c_align = _alignment([_offset(c.out, self.out0) for c in chunks], out0.element_size())
+        refusal = self.tma_refusal()
+        if path == "tma" and refusal:
+            raise ValueError(f"fused GEMM: path='tma' refused: {refusal}")
+        if path is None:
+            path = "ptr" if refusal else "tma"
+            if refusal and device.type == "cuda" and tma_supported(device):
+                _warn_once(f"fused GEMM: pointer loads (slower): {refusal}")
+        self.path: Path = path
+        self.b_col_major = path == "tma" and _tma_operand(b)[2]
+        if config is None:
+            total = sum(c.a.shape[0] for c in chunks)
+            config = fused_config(total, n, k, len(chunks), a0.dtype, sm_budget, device, path)
         self._tabulate(config)
+
+    def tma_refusal(self) -> str:
+        """Why tensor descriptors cannot address these operands ('' when they can): TMA
+        needs a unit inner stride, 16-byte aligned bases and leading strides, and B
+        row- or column-major."""
+        a0, out0, b = self.a0, self.out0, self.b
+        if not tma_supported(a0.device):
+            return f"{a0.device} has no tensor-descriptor loads (needs sm_90+ or the interpreter)"
+        for name, ref, align in (("a", a0, self.a_align), ("out", out0, self.c_align)):
+            size = ref.element_size()
+            if ref.stride(1) != 1 or (ref.stride(0) * size) % 16:
+                return f"{name}'s strides {ref.stride()} are not (a multiple of 16 bytes, 1)"
+            if align * size != 16 or ref.data_ptr() % 16:
+                return f"a chunk's {name} does not start on a 16-byte boundary"
+        if _tma_operand(b) is None:
+            return f"b's strides {b.stride()} or base are not 16-byte aligned with a unit stride"
+        return ""
 
     def _tabulate(self, config: GemmConfig) -> None:
         """The chunk table and the tile -> chunk map for ``config``'s tile shape."""
@@ -365,8 +396,15 @@ class FusedGemm(_Timed):
             tile_chunk += [i] * tiles
             start += tiles
         self.config = config
-        self.a_align = _alignment([row[0] for row in table], self.a0.element_size())
-        self.c_align = _alignment([row[1] for row in table], self.out0.element_size())
+        self.b_desc = self.b
+        if self.path == "tma":
+            shape, strides, _ = _tma_operand(self.b)
+            block = (
+                [config.block_n, config.block_k]
+                if self.b_col_major
+                else [config.block_k, config.block_n]
+            )
+            self.b_desc = TensorDescriptor(self.b, shape, strides, block)
         self.table = torch.tensor(table, dtype=torch.int64, device=device)
         self.tile_chunk = torch.tensor(tile_chunk, dtype=torch.int32, device=device)
         self.tiles = start
@@ -374,42 +412,39 @@ class FusedGemm(_Timed):
 
     def __call__(self) -> None:
         """Issue the launch on the current stream (under the interpreter: run it)."""
-        self.status.zero_()
-        self.counters.zero_()
-        self.next_tile.zero_()
         with _Watchdog(self.waits, self.timeout_s):
             try:
                 self._launch(self.config)
             except triton.runtime.errors.OutOfResources:
                 # the next smaller tile that fits this device's shared memory
-                smaller = [
-                    c
-                    for c in (*GPU_FUSED_CONFIGS, FALLBACK_CONFIG)
-                    if _area(c) < _area(self.config)
-                ]
-                if not smaller:
+                smaller = smaller_config(self.config)
+                if smaller is None:
                     raise
-                self._tabulate(smaller[0])  # before any capture: the first launch is eager
+                self._tabulate(smaller)  # before any capture: the first launch is eager
                 self()
 
     def _launch(self, cfg: GemmConfig, warm: bool = False) -> None:
         a0, b, out0 = self.a0, self.b, self.out0
+        if self.path == "tma":
+            _ensure_allocator()
         args = (
-            a0, b, out0, self.flag_ref, self.table, self.tile_chunk, self.counters,
-            self.status, self.next_tile, self.tiles, self.n, self.k,
+            a0, b, self.b_desc, out0, self.flag_ref, self.table, self.tile_chunk, self.work,
+            self.status, len(self.chunks), self.tiles, self.n, self.k,
             a0.stride(0), a0.stride(1), b.stride(0), b.stride(1), out0.stride(0), out0.stride(1),
             self.budget_ns,
         )  # fmt: skip
         meta = dict(
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            A_ALIGN=self.a_align, C_ALIGN=self.c_align, USE_CLOCK=not INTERPRETER,
-            INPUT_PRECISION=_PRECISION[a0.dtype], num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
+            A_ALIGN=self.a_align, C_ALIGN=self.c_align, USE_TMA=self.path == "tma",
+            B_COL_MAJOR=self.b_col_major, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
+            ON_GPU=not INTERPRETER, INPUT_PRECISION=_PRECISION[a0.dtype],
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         if warm:
             _load(_fused_gemm_kernel.warmup(*args, grid=self.grid, **meta))
         else:
             _fused_gemm_kernel[self.grid](*args, **meta)
+        LAUNCH_COUNTS[f"fused_{self.path}"] += int(not warm)
 
     def compile(self) -> None:
         """Compile and load the kernel now, launching nothing (GPUs): a first launch that
@@ -418,47 +453,15 @@ class FusedGemm(_Timed):
             self._launch(self.config, warm=True)
 
 
-def _load(kernel) -> None:
-    """Load a compiled kernel's module and function now. Under CUDA's lazy loading a kernel
-    is loaded at its first launch, and a load while another kernel spins waiting for this one
-    (an owner's flag wait beside the producer GEMM) can wait for the GPU to idle: a deadlock
-    that only the flag timeout ends."""
-    init = getattr(kernel, "_init_handles", None)
-    if init is not None:
-        init()
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    # global scratch for descriptors made inside a kernel (128 bytes each per program)
+    return torch.empty(size, dtype=torch.int8, device="cpu" if INTERPRETER else "cuda")
 
 
-class FlagWait(_Timed):
-    """An SM-light wait (one program) on the current stream until every flag is set; what
-    is queued behind it on the stream (the owner's reduction) runs once they all are."""
+def _ensure_allocator() -> None:
+    """Kernels that make tensor descriptors need Triton's scratch allocator; set ficco's
+    (torch's caching allocator) where none is set in this thread's context."""
+    from triton.runtime import _allocation
 
-    def __init__(
-        self, flags: Sequence[torch.Tensor], names: Sequence[str], *, timeout_s: float
-    ) -> None:
-        if not flags or len(flags) != len(names):
-            raise ValueError(
-                f"flag wait: needs one name per flag, got {len(flags)} flags, {len(names)} names"
-            )
-        if any(f.dtype != torch.int32 or f.numel() != 1 for f in flags):
-            raise ValueError("flag wait: every flag must be a 1-element int32 view")
-        # a private reference (see FusedGemm): no shared buffer is a launch argument
-        self.flags = list(flags)
-        self.ref = torch.zeros(1, dtype=torch.int32, device=flags[0].device)
-        offsets = [_offset(f, self.ref) for f in flags]
-        self.offsets = torch.tensor(offsets, dtype=torch.int64, device=self.ref.device)
-        self.status = torch.zeros(len(flags), dtype=torch.int32, device=self.ref.device)
-        self.names, self.timeout_s = list(names), timeout_s
-        self.budget_ns = _budget_ns(timeout_s)
-
-    def __call__(self) -> None:
-        self.status.zero_()
-        with _Watchdog(self.flags, self.timeout_s):
-            _wait_flags_kernel[(1,)](*self._args(), USE_CLOCK=not INTERPRETER, num_warps=1)
-
-    def _args(self) -> tuple:
-        return (self.ref, self.offsets, self.status, len(self.flags), self.budget_ns)
-
-    def compile(self) -> None:
-        """Compile the kernel now, launching nothing (GPUs)."""
-        if not INTERPRETER:
-            _load(_wait_flags_kernel.warmup(*self._args(), grid=(1,), USE_CLOCK=True, num_warps=1))
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)

@@ -173,3 +173,112 @@ def test_fp16_and_fp32_output(gen):
     out32 = torch.zeros(512, 640, device=DEV)
     matmul(a, b, out32, accumulate=True, config=GemmConfig(128, 128, 64, 8, 4, 8))
     assert _rel(out32, a.float() @ b.float()) < 1e-5
+
+
+# --- the fused flag-waiting GEMM (ficco.kernels.fused) ----------------------------------------
+
+
+def _fused_case(gen, b_col_major: bool):
+    """Three chunks from two buffers (one ragged), the middle one flagged and signalling."""
+    from ficco.kernels.fused import FusedChunkViews
+
+    k, n = 1096, 1000
+    local = _rand(300, k, gen=gen)
+    gathered = _rand(400, k, gen=gen)
+    b = _rand(n, k, gen=gen).t() if b_col_major else _rand(k, n, gen=gen)
+    out = torch.full((700, n), float("nan"), device=DEV, dtype=torch.bfloat16)
+    flags = torch.zeros(4, dtype=torch.int32, device=DEV)
+    chunks = [
+        FusedChunkViews(local, out[:300]),
+        FusedChunkViews(gathered[:256], out[300:556], wait=flags[0:1], signal=flags[2:3]),
+        FusedChunkViews(gathered[256:], out[556:], wait=flags[1:2]),
+    ]
+    return chunks, b, out, flags, torch.cat([local, gathered])
+
+
+@pytest.mark.parametrize("b_col_major", [False, True])
+@pytest.mark.parametrize(
+    "path, cfg",
+    [
+        ("tma", GPU_CONFIGS[0]),
+        ("tma", GemmConfig(64, 128, 64, 8, 5, 4)),
+        ("tma", GemmConfig(128, 128, 64, 8, 4, 8)),
+        ("ptr", GemmConfig(128, 128, 64, 8, 3, 8)),
+    ],
+    ids=str,
+)
+def test_fused_gemm_paths_match_matmul(path, cfg, b_col_major, gen):
+    from ficco.kernels.fused import FusedGemm
+
+    if path == "tma" and not HOPPER:
+        pytest.skip("no TMA here")
+    chunks, b, out, flags, a = _fused_case(gen, b_col_major)
+    kernel = FusedGemm(chunks, b, sm_budget=132, timeout_s=5.0, config=cfg, path=path)
+    assert kernel.path == path and kernel.b_col_major == (path == "tma" and b_col_major)
+    flags[:2] = 1
+    before = _launches(f"fused_{path}")
+    kernel()
+    torch.cuda.synchronize()
+    kernel.raise_on_timeout("test")
+    assert _launches(f"fused_{path}") == before + 1
+    _check(out, a, b)
+    assert flags[2].item() == 1  # the signalled chunk's last tile set its flag
+
+
+@pytest.mark.skipif(not HOPPER, reason="the TMA path's flag wait")
+def test_fused_tma_reads_a_chunk_only_after_its_flag(gen):
+    from ficco.kernels.fused import FusedGemm
+
+    chunks, b, out, flags, a = _fused_case(gen, False)
+    arriving = chunks[1].a.clone(), chunks[2].a.clone()
+    chunks[1].a.fill_(float("nan"))  # not there yet
+    chunks[2].a.fill_(float("nan"))
+    kernel = FusedGemm(chunks, b, sm_budget=120, timeout_s=10.0)  # default path and tile
+    assert kernel.path == "tma"
+    kernel.compile()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # land each chunk late, then set its flag
+        for i, chunk in enumerate(chunks[1:]):
+            torch.cuda._sleep(2_000_000)
+            chunk.a.copy_(arriving[i])
+            flags[i : i + 1].fill_(1)
+    kernel()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    kernel.raise_on_timeout("test")
+    _check(out, a, b)  # a: the chunks' rows as they arrived
+
+
+def test_fused_tma_never_set_flag_times_out(gen):
+    import time
+
+    from ficco.kernels.fused import FlagTimeout, FusedGemm
+
+    chunks, b, out, flags, _ = _fused_case(gen, False)
+    flags[0] = 1  # chunk 2's flag never comes
+    kernel = FusedGemm(chunks, b, sm_budget=132, timeout_s=0.3)
+    start = time.monotonic()
+    kernel()
+    torch.cuda.synchronize()
+    assert time.monotonic() - start < 10
+    with pytest.raises(FlagTimeout, match="chunk 2"):
+        kernel.raise_on_timeout("test")
+    assert out[556:].isnan().all() and not out[:556].isnan().any()
+
+
+def test_fused_default_tile_is_the_persistent_choice_until_fused_tuning(gen, monkeypatch):
+    from ficco.kernels.configs import heuristic_config
+    from ficco.kernels.fused import FusedGemm
+    from ficco.kernels.fused_tuning import tune_fused
+
+    if not HOPPER:
+        pytest.skip("the TMA path's tile")
+    monkeypatch.setenv("FICCO_GEMM_AUTOTUNE", "0")  # the persistent choice: its heuristic
+    chunks, b, *_ = _fused_case(gen, False)
+    kernel = FusedGemm(chunks, b, sm_budget=132, timeout_s=5.0)
+    assert kernel.config == replace(heuristic_config(700, 1000, 1096), split_tail=False)
+    options = [GemmConfig(64, 128, 64, 8, 5, 4), GemmConfig(128, 128, 64, 8, 4, 8)]
+    best, record = tune_fused(700, 1000, 1096, 3, sm_budget=132, device=DEV, configs=options)
+    assert best in options and set(record["timings_ms"]) == {c.name for c in options}
+    assert FusedGemm(chunks, b, sm_budget=132, timeout_s=5.0).config == best

@@ -1,0 +1,114 @@
+"""The fused GEMM's tile, per shape: chosen as the persistent GEMM chooses its own.
+
+`fused_config` answers, in order: a configuration tuned for the fused kernel itself at this
+shape (`fused_tuning.tune_fused`, cached in the persistent GEMM's tuning file under its own key), else the
+persistent GEMM's configuration for the whole problem (`tuning.config_for`: cached, tuned now,
+or the heuristic under FICCO_GEMM_AUTOTUNE=0) without its split tail. Both draw on the one
+space in `ficco.kernels.configs`. The pointer path (views tensor descriptors cannot take)
+keeps its own two tiles: its loads stage through registers and need fewer of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+import triton.language as tl
+
+from ficco.kernels.configs import (
+    FALLBACK_CONFIG,
+    GemmConfig,
+    heuristic_config,
+)
+from ficco.kernels.persistent import INTERPRETER, TensorDescriptor, device_info
+from ficco.kernels.tuning import (
+    TuningKey,
+    cached_config,
+    config_for,
+)
+
+Path = Literal["tma", "ptr"]
+
+#: The pointer path's tiles on GPUs, largest first (its loads are staged through shared
+#: memory by cp.async; 128x256 takes all 255 registers). A launch that runs out of
+#: resources moves down this list, to ``FALLBACK_CONFIG`` last.
+POINTER_CONFIGS = (
+    GemmConfig(128, 256, 64, group_m=8, num_stages=3, num_warps=8),
+    GemmConfig(128, 128, 64, group_m=8, num_stages=3, num_warps=8),
+)
+
+
+def tma_supported(device: torch.device) -> bool:
+    """This Triton builds tensor descriptors (host and in-kernel), and the device runs them."""
+    if TensorDescriptor is None or not hasattr(tl, "make_tensor_descriptor"):
+        return False
+    if INTERPRETER:
+        return True
+    return device.type == "cuda" and device_info(device).capability[0] >= 9
+
+
+@dataclass(frozen=True)
+class FusedTuningKey:
+    """What a fused configuration is valid for: the persistent key plus the chunk count
+    (tiles never straddle chunks, so the count changes the tiling)."""
+
+    base: TuningKey
+    chunks: int
+
+    def __str__(self) -> str:
+        return f"{self.base}|fused|chunks={self.chunks}"
+
+    @classmethod
+    def for_problem(
+        cls,
+        m: int,
+        n: int,
+        k: int,
+        chunks: int,
+        dtype: torch.dtype,
+        sm_budget: int,
+        device: torch.device,
+    ) -> FusedTuningKey:
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        return cls(TuningKey.for_problem(m, n, k, dtype, sm_budget, device), int(chunks))
+
+
+def pointer_config(rows: int) -> GemmConfig:
+    """The pointer path's tile on GPUs (``rows``: the largest chunk's)."""
+    if rows <= 64:
+        return GemmConfig(64, 128, 64, group_m=8, num_stages=4, num_warps=4)
+    return POINTER_CONFIGS[0]
+
+
+def fused_config(
+    m: int,
+    n: int,
+    k: int,
+    chunks: int,
+    dtype: torch.dtype,
+    sm_budget: int,
+    device: torch.device,
+    path: Path,
+) -> GemmConfig:
+    """The tile for a fused launch of ``chunks`` row chunks, ``m`` rows in all (module
+    docstring). Under the interpreter: the small tiles that keep CPU tests fast."""
+    if device.type != "cuda":
+        return heuristic_config(m, n, k, interpreter=True)
+    if path == "ptr":
+        return pointer_config(-(-m // chunks))
+    hit = cached_config(FusedTuningKey.for_problem(m, n, k, chunks, dtype, sm_budget, device))
+    if hit is not None:
+        return hit
+    return replace(config_for(m, n, k, dtype, sm_budget, device), split_tail=False)
+
+
+def smaller_config(config: GemmConfig) -> GemmConfig | None:
+    """The next pointer-path tile with less staged data than ``config``, or None."""
+
+    def area(c: GemmConfig) -> int:
+        return c.block_m * c.block_n * c.block_k * c.num_stages
+
+    smaller = [c for c in (*POINTER_CONFIGS, FALLBACK_CONFIG) if area(c) < area(config)]
+    return smaller[0] if smaller else None

@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""The fused GEMM on one GPU: every variant verified, then timed beside cuBLAS and Triton.
+
+One run (``python scripts/tune_fused_gpu.py``; JSON to ``$OUT/fused_single_gpu.json``, else
+``./fused_single_gpu.json``, rewritten after every shape so a crash keeps what was done):
+
+1. Robustness: a never-set flag ends in ``FlagTimeout`` (both load paths), and gemm_rs's
+   producer side (signalled chunks stored into an "owner" buffer, a ``FlagWait`` gating the
+   owner's reduction) verifies (both paths). From ``scripts/check_fused_single_gpu.py``.
+2. Per shape (the single-GPU check's five shapes, then every catalog shape of
+   ``profiles/h200/gemm_tuning.json`` at the full SM count, as W = 2 ranks of one chunk):
+   the fused kernel's tile is tuned (``tune_fused``: every candidate checked against
+   ``torch.matmul`` before it is timed), then every variant below is verified against an
+   fp32 ``torch.matmul`` on NaN-poisoned outputs, then all are timed interleaved:
+
+   cublas          ``torch.matmul`` on the whole [M, K]
+   triton          ``ficco.kernels.matmul`` (the persistent TMA GEMM, its tuned config)
+   fused_ptr       the fused kernel, flags preset, pointer loads, the pointer tile (before)
+   fused_tma_pers  the fused kernel, flags preset, TMA, the persistent GEMM's config
+   fused_tma       the fused kernel, flags preset, TMA, its own tuned config (the default
+                   once tuned)
+   fused_overlap   the side-stream-arrival case: peer chunks copied by a side stream, 20 us
+                   apart, each followed by a stream-ordered flag write; the fused kernel
+                   (TMA, tuned, on all SMs but four) spins per tile on the flags
+   per_chunk       the same arrivals with events, one ``matmul`` per chunk
+   copies_alone    the side stream's copies and gaps alone
+
+Timing: each call is preceded by a ~1 ms ``torch.cuda._sleep`` on the main stream, so the
+host's enqueue (tens of microseconds for a Triton launch) is hidden and the events time the
+GPU's work alone (flags preset: the ready variants are one kernel each, like cuBLAS); candidates interleaved round by round; median and IQR. Inputs stay in
+place between rounds (every candidate gets the same L2 state). A time budget (``--budget-s``)
+skips the shapes left once spent, saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+
+os.environ["CUDA_MODULE_LOADING"] = "EAGER"  # as ficco's ranks (see check_fused_single_gpu)
+
+import torch  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from check_fused_single_gpu import (  # noqa: E402
+    SHAPES,
+    FlagWriter,
+    check_producer,
+    check_timeout,
+    sleep_cycles_per_us,
+    symmetric_flags,
+)
+
+from ficco.kernels import matmul  # noqa: E402
+from ficco.kernels.fused import FusedChunkViews, FusedGemm  # noqa: E402
+from ficco.kernels.fused_configs import pointer_config  # noqa: E402
+from ficco.kernels.fused_tuning import tune_fused  # noqa: E402
+from ficco.kernels.tuning import config_for  # noqa: E402
+
+GAP_US = 20.0
+SIDE_SMS = 4
+COVER_US = 1000.0  # GPU busy while the host enqueues a candidate
+ARRIVING = ("fused_overlap", "per_chunk")
+TOLERANCE = 2e-2  # relative (Frobenius) error against fp32, bf16 operands and output
+CATALOG = REPO / "profiles" / "h200" / "gemm_tuning.json"
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def catalog_shapes(sms: int) -> list[tuple[int, int, int]]:
+    entries = json.loads(CATALOG.read_text())["entries"]
+    shapes = set()
+    for key in entries:
+        _dev, _tri, _dtype, mnk, sm = key.split("|")
+        if sm == f"sm={sms}":
+            m, n, k = (int(part.split("=")[1]) for part in mnk.split(","))
+            shapes.add((m, n, k))
+    return sorted(shapes, key=lambda s: (s[0] * s[1] * s[2], s))
+
+
+def time_rounds(candidates: dict, rounds: int, cover_cycles: int) -> dict:
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    for fn in candidates.values():
+        fn()
+    torch.cuda.synchronize()
+    names = list(candidates)
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            torch.cuda._sleep(cover_cycles)
+            start.record()
+            candidates[name]()
+            end.record()
+            torch.cuda.synchronize()
+            times[name].append(start.elapsed_time(end))
+    out = {}
+    for name, ts in times.items():
+        q = statistics.quantiles(ts, n=4)
+        med = statistics.median(ts)
+        out[name] = {"median_ms": med, "iqr_rel": (q[2] - q[0]) / med, "rounds": len(ts)}
+    return out
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref).norm() / ref.norm())
+
+
+def run_shape(
+    m: int, n: int, k: int, world: int, chunks: int, cycles_per_us: float, rounds: int
+) -> dict:
+    dtype = torch.bfloat16
+    S = m // world
+    gen = torch.Generator(device="cuda").manual_seed(m + 7 * n + 13 * k)
+    source = torch.randn(m, k, generator=gen, device="cuda").to(dtype)
+    gathered = torch.empty(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, generator=gen, device="cuda").to(dtype)
+    out = torch.empty(m, n, device="cuda", dtype=dtype)
+    step = S // chunks
+    rows = [(lo, lo + step) for lo in range(0, S, step)]
+    peers = [(p * S + lo, p * S + hi) for p in range(1, world) for lo, hi in rows]
+    flags, flag_memory = symmetric_flags(len(peers) + 1)
+    writer = FlagWriter(flags)
+    side = torch.cuda.Stream()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    result: dict = {
+        "shape": {"m": m, "n": n, "k": k, "world": world, "chunks": chunks, "dtype": "bf16"},
+        "flag_memory": flag_memory,
+        "flag_write": writer.how,
+        "gap_us": GAP_US,
+    }
+    gathered[:S].copy_(source[:S])
+    views = [FusedChunkViews(gathered[lo:hi], out[lo:hi]) for lo, hi in rows]
+    views += [
+        FusedChunkViews(gathered[lo:hi], out[lo:hi], wait=flags[i : i + 1], name=f"peer {i}")
+        for i, (lo, hi) in enumerate(peers)
+    ]
+    n_chunks = len(views)
+    tuned, record = tune_fused(m, n, k, n_chunks, dtype, sms, "cuda")
+    result["tuning"] = {
+        "best": record.get("name"),
+        "timings_ms": record.get("timings_ms"),
+        "failures": record.get("failures"),
+        "tune_s": record.get("tune_s"),
+    }
+    persistent_cfg = config_for(m, n, k, dtype, sms, torch.device("cuda", 0))
+    kernels = {
+        "fused_ptr": FusedGemm(
+            views, b, sm_budget=sms, timeout_s=10.0, path="ptr", config=pointer_config(step)
+        ),
+        "fused_tma_pers": FusedGemm(
+            views,
+            b,
+            sm_budget=sms,
+            timeout_s=10.0,
+            path="tma",
+            config=replace(persistent_cfg, split_tail=False),
+        ),
+        "fused_tma": FusedGemm(views, b, sm_budget=sms, timeout_s=10.0, config=tuned),
+    }
+    overlap = FusedGemm(views, b, sm_budget=sms - SIDE_SMS, timeout_s=10.0, config=tuned)
+    result["configs"] = {name: kern.config.name for name, kern in kernels.items()}
+    result["configs"]["triton"] = persistent_cfg.name
+    result["paths"] = {name: kern.path for name, kern in kernels.items()}
+    default = FusedGemm(views, b, sm_budget=sms, timeout_s=10.0)  # what ficco's runs take
+    result["default"] = {"path": default.path, "config": default.config.name}
+    gap_cycles = int(GAP_US * cycles_per_us)
+
+    def copies(events=None):
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for i, (lo, hi) in enumerate(peers):
+                torch.cuda._sleep(gap_cycles)
+                gathered[lo:hi].copy_(source[lo:hi])
+                if events is None:
+                    writer.set(i)
+                else:
+                    events[i].record(side)
+
+    def ready(kernel):
+        # flags stay set between rounds: each arrival run ends with all of them set
+        return kernel
+
+    def fused_overlap():
+        flags.zero_()
+        copies()
+        overlap()
+        torch.cuda.current_stream().wait_stream(side)
+
+    events = [torch.cuda.Event() for _ in peers]
+
+    def per_chunk():
+        copies(events)
+        for lo, hi in rows:
+            matmul(gathered[lo:hi], b, out=out[lo:hi])
+        for (lo, hi), event in zip(peers, events, strict=True):
+            torch.cuda.current_stream().wait_event(event)
+            matmul(gathered[lo:hi], b, out=out[lo:hi])
+        torch.cuda.current_stream().wait_stream(side)
+
+    def copies_alone():
+        flags.zero_()
+        copies()
+        torch.cuda.current_stream().wait_stream(side)
+
+    candidates = {
+        "cublas": lambda: torch.matmul(gathered, b, out=out),
+        "triton": lambda: matmul(gathered, b, out=out),
+        **{name: ready(kern) for name, kern in kernels.items()},
+        "fused_overlap": fused_overlap,
+        "per_chunk": per_chunk,
+    }
+    reference = source.float() @ b.float()
+    verify: dict = {}
+    for name, fn in candidates.items():
+        try:
+            if name in ARRIVING:  # the peers' rows must arrive during the run
+                gathered[S:].fill_(float("nan"))
+            else:
+                gathered[S:].copy_(source[S:])
+            out.fill_(float("nan"))
+            flags.fill_(1)
+            fn()
+            torch.cuda.synchronize()
+            for kern in (*kernels.values(), overlap):
+                kern.raise_on_timeout(name)
+            err = rel_err(out, reference)
+            verify[name] = {"ok": bool(err <= TOLERANCE), "rel_err": err}
+        except Exception as exc:
+            verify[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
+    result["verify"] = verify
+    bad = [name for name, v in verify.items() if not v["ok"]]
+    timed = {name: fn for name, fn in candidates.items() if name not in bad}
+    timed["copies_alone"] = copies_alone
+    flags.fill_(1)
+    result["timing"] = time_rounds(timed, rounds, int(COVER_US * cycles_per_us))
+    return result
+
+
+def summary_line(r: dict) -> str:
+    s, t = r["shape"], r.get("timing", {})
+
+    def ms(name):
+        return t.get(name, {}).get("median_ms", float("nan"))
+
+    cub = ms("cublas")
+    return (
+        f"{s['m']}x{s['n']}x{s['k']} W{s['world']} c{s['chunks']}: cublas {cub:.4f} "
+        f"triton {ms('triton') / cub:.3f} ptr {ms('fused_ptr') / cub:.3f} "
+        f"tma_pers {ms('fused_tma_pers') / cub:.3f} tma {ms('fused_tma') / cub:.3f} "
+        f"overlap {ms('fused_overlap'):.4f} per_chunk {ms('per_chunk'):.4f} "
+        f"[{r['configs']['fused_tma']}] bad={[k for k, v in r['verify'].items() if not v['ok']]}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget-s", type=float, default=280.0)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--no-catalog", action="store_true")
+    args = parser.parse_args()
+    t0 = time.monotonic()
+    out_dir = Path(os.environ.get("OUT", "."))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "fused_single_gpu.json"
+    report: dict = {"started": _now(), "script": "scripts/tune_fused_gpu.py", "shapes": []}
+    import triton
+
+    from ficco.measure.fingerprint import fingerprint
+
+    report.update(torch=torch.__version__, triton=triton.__version__)
+    report["gpu"] = torch.cuda.get_device_name(0)
+    report["fingerprint"] = fingerprint("cuda")
+    report["sleep_cycles_per_us"] = cycles = sleep_cycles_per_us()
+    report["protocol"] = {"rounds": args.rounds, "cover_us": COVER_US, "tolerance": TOLERANCE}
+    for which in ("tma", "ptr"):
+        report[f"timeout_{which}"] = check_timeout(which)
+        report[f"producer_{which}"] = check_producer(4096, 8192, 4096, 4, which)
+    path.write_text(json.dumps(report, indent=2))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    todo = [(*s, 15) for s in SHAPES]
+    if not args.no_catalog:
+        todo += [(m, n, k, 2, 1, args.rounds) for m, n, k in catalog_shapes(sms)]
+    report["skipped"] = []
+    for m, n, k, world, chunks, rounds in todo:
+        if time.monotonic() - t0 > args.budget_s:
+            report["skipped"].append([m, n, k, world, chunks])
+            continue
+        try:
+            shape_start = time.monotonic()
+            report["shapes"].append(run_shape(m, n, k, world, chunks, cycles, rounds))
+            report["shapes"][-1]["wall_s"] = round(time.monotonic() - shape_start, 2)
+            print(summary_line(report["shapes"][-1]), flush=True)
+        except Exception as exc:
+            report["shapes"].append(
+                {
+                    "shape": {"m": m, "n": n, "k": k, "world": world, "chunks": chunks},
+                    "error": f"{type(exc).__name__}: {exc}"[:500],
+                    "trace": traceback.format_exc()[-1500:],
+                }
+            )
+            print(report["shapes"][-1]["error"], flush=True)
+        path.write_text(json.dumps(report, indent=2))
+    report["finished"] = _now()
+    report["wall_s"] = round(time.monotonic() - t0, 1)
+    path.write_text(json.dumps(report, indent=2))
+    print(f"wrote {path} ({report['wall_s']} s, skipped {len(report['skipped'])})")
+
+
+if __name__ == "__main__":
+    main()
