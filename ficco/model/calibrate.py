@@ -59,20 +59,29 @@ class Sample:
     comm_tasks_alone_ms: float
 
 
+def usable_schedule_record(rec: dict) -> bool:
+    """An ok schedule record with a finite time and both task signatures: what calibration
+    and validation use."""
+    if rec.get("kind") == "baseline" or rec.get("verdict") != "ok":
+        return False
+    values = (rec.get("median_ms"), rec.get("gemm_tasks_alone_ms"), rec.get("comm_tasks_alone_ms"))
+    return all(isinstance(v, (int, float)) and math.isfinite(v) for v in values)
+
+
 def samples_from_records(records: list[dict]) -> tuple[list[Sample], dict[str, float]]:
     """Schedule samples (ok verdicts, finite timings) and each problem's ``gemm_alone`` time."""
     samples, gemm_alone = [], {}
     for rec in records:
         if rec.get("verdict") != "ok" or not math.isfinite(rec.get("median_ms", math.nan)):
             continue
-        problem = Problem.from_dict(rec["problem"])
         if rec.get("kind") == "baseline":
             if rec["name"] == "gemm_alone":
-                gemm_alone[problem.key] = rec["median_ms"]
+                gemm_alone[Problem.from_dict(rec["problem"]).key] = rec["median_ms"]
             continue
-        g, c = rec.get("gemm_tasks_alone_ms"), rec.get("comm_tasks_alone_ms")
-        if g is None or c is None or not (math.isfinite(g) and math.isfinite(c)):
+        if not usable_schedule_record(rec):
             continue
+        g, c = rec["gemm_tasks_alone_ms"], rec["comm_tasks_alone_ms"]
+        problem = Problem.from_dict(rec["problem"])
         samples.append(Sample(problem, Schedule.parse(rec["name"]), rec["median_ms"], g, c))
     return samples, gemm_alone
 
