@@ -38,6 +38,7 @@ from ficco.space import Schedule  # noqa: E402
 STORE = ROOT / "profiles" / "h200x2" / "store"
 BENCH_GEMM = ROOT / "profiles" / "h200" / "bench_gemm.json"
 BENCH_W4 = ROOT / "profiles" / "h200x4" / "bench_overlap.json"
+GEMM_CURVE = ROOT / "profiles" / "h200" / "gemm_curve.json"
 PARAMS = ROOT / "schedules" / "h200x2" / "model.json"
 WITHIN = 0.03
 
@@ -308,29 +309,49 @@ def print_floor(rows: dict[str, dict]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--calibrate", action="store_true", help="fit and write model.json first")
+    parser.add_argument("--calibrate", action="store_true", help="fit and write --params first")
     parser.add_argument("--out", default=str(ROOT / "profiles" / "h200x2"))
+    parser.add_argument("--params", default=str(PARAMS), help="the parameters file")
+    parser.add_argument(
+        "--no-gemm-curve", action="store_true", help="calibrate without gemm_curve.json's rows"
+    )
+    parser.add_argument(
+        "--no-host-lead", action="store_true", help="calibrate the eager host without its lead"
+    )
+    parser.add_argument("--no-timings", action="store_true", help="skip the predict timings")
     args = parser.parse_args()
+    params_path = Path(args.params).resolve()
     if args.calibrate:
         from ficco.model.calibrate import calibrate_store
 
         began = time.time()
-        params = calibrate_store(STORE, load_machine("h200x2"), BENCH_GEMM)
-        params.calibration["source"] = "profiles/h200x2/store + profiles/h200/bench_gemm.json"
-        params.save(PARAMS)
-        print(f"calibrated in {time.time() - began:.0f} s -> {PARAMS.relative_to(ROOT)}")
-    params = load_params(PARAMS)
+        params = calibrate_store(
+            STORE,
+            load_machine("h200x2"),
+            BENCH_GEMM,
+            None if args.no_gemm_curve else GEMM_CURVE,
+            host_lead=not args.no_host_lead,
+        )
+        params.calibration["source"] = "profiles/h200x2/store + profiles/h200/bench_gemm.json" + (
+            "" if args.no_gemm_curve else " + profiles/h200/gemm_curve.json"
+        )
+        params.save(params_path)
+        print(f"calibrated in {time.time() - began:.0f} s -> {params_path}")
+    params = load_params(params_path)
     ins, ins_pairs = in_sample(Predictor(load_machine("h200x2"), params))
     oos, oos_pairs = out_of_sample(Predictor(load_machine("h200x4"), params))
-    timings = predict_timings(params)
+    timings = None if args.no_timings else predict_timings(params)
     result = {
-        "params": str(PARAMS.relative_to(ROOT)),
+        "params": str(params_path.relative_to(ROOT))
+        if params_path.is_relative_to(ROOT)
+        else str(params_path),
         "targets": {
             "in_sample_median<=0.05": ins["all"]["median_rel_error"] <= 0.05,
             "in_sample_p90<=0.15": ins["all"]["p90_rel_error"] <= 0.15,
             "w4_median<=0.10": oos["all"]["median_rel_error"] <= 0.10,
             "w4_best_within_3pct>=0.85": oos["ranking"]["predicted_best_within_3pct"] >= 0.85,
-            "predict<=50ms_every_W": all(r["api_ms"] <= 50 for r in timings["api"]),
+            "predict<=50ms_every_W": bool(timings)
+            and all(r["api_ms"] <= 50 for r in timings["api"]),
         },
         "predict_timings": timings,
         "in_sample_w2": ins,
@@ -363,13 +384,13 @@ def main() -> int:
             )
     print_floor(ins["model_beside_floor"])
     print("predict, every schedule of one problem (API: fresh Predictor; CLI: whole process):")
-    for row in timings["api"]:
+    for row in timings["api"] if timings else []:
         phases = " ".join(f"{k} {v:.0f}" for k, v in row["phases_ms"].items())
         print(
             f"   W={row['world']:2d} {row['pattern']:8s} {row['schedules']:3d} schedules: "
             f"API {row['api_ms']:6.1f} ms (phases: {phases})"
         )
-    for row in timings["cli"]:
+    for row in timings["cli"] if timings else []:
         print(f"   CLI W={row['world']:2d} {row['pattern']}: {row['wall_ms']:.0f} ms wall")
     print("targets:", json.dumps(result["targets"]))
     return 0
