@@ -13,6 +13,7 @@ GEMMs on the compute stream; NCCL send/recv halves with one tag form one batch.
 
 from __future__ import annotations
 
+import heapq
 import math
 
 from ficco.model.machine import Machine
@@ -55,9 +56,11 @@ def gemm_residual(params: ModelParams, m: int, n: int, k: int) -> float:
     if not params.gemm_residuals:
         return 0.0
     x = (math.log2(m), math.log2(n), math.log2(k))
-    dist = sorted((math.dist(x, r[:3]), r[3]) for r in params.gemm_residuals)[
-        : int(params.gemm["idw_neighbors"])
-    ]
+    # the nearest few (heapq.nsmallest is sorted()[:k], without sorting them all)
+    dist = heapq.nsmallest(
+        int(params.gemm["idw_neighbors"]),
+        ((math.dist(x, r[:3]), r[3]) for r in params.gemm_residuals),
+    )
     if dist[0][0] < 1e-9:
         return dist[0][1]
     weights = [1.0 / (d * d + 1e-2) for d, _ in dist]

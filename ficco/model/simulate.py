@@ -147,11 +147,20 @@ def simulate(
                 raise ValueError(f"tasks {stuck}: can never start (a dependency cycle)")
             now = pending_issue
             continue
-        kinds = tuple(kind[running[lane]] for lane in active)
-        rates = rate_cache.get(kinds)
-        if rates is None:
-            rates = rate_cache[kinds] = rates_of(kinds)
-        step = min(remaining[lane] / rate for lane, rate in zip(active, rates, strict=True))
+        if len(active) == 1:  # one task alone runs at full rate to its end
+            lane = active[0]
+            kinds = (kind[running[lane]],)
+            rates = (1.0,)
+        else:
+            kinds = tuple(kind[running[lane]] for lane in active)
+            rates = rate_cache.get(kinds)
+            if rates is None:
+                rates = rate_cache[kinds] = rates_of(kinds)
+        step = math.inf
+        for lane, rate in zip(active, rates, strict=True):
+            until = remaining[lane] / rate
+            if until < step:
+                step = until
         if pending_issue != math.inf:
             step = min(step, pending_issue - now)
         for k in set(kinds):
