@@ -11,7 +11,6 @@ than the GPU by more than that lead).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,9 +22,7 @@ from ficco.plan import LOWERINGS, Plan, build_plan
 from ficco.problem import Problem
 from ficco.space import (
     Compute,
-    Gemm,
     Granularity,
-    Priority,
     Schedule,
     SpaceOptions,
     Transport,
@@ -162,23 +159,27 @@ class Predictor:
         enumerated = schedules is None
         if schedules is None:
             schedules = list(enumerate_schedules(problem, PREDICTED_SPACE))
-        plans: dict[Schedule, Plan] = {}
-        simulated: dict[Schedule, ScheduleTime] = {}
+        plans: dict[tuple, Plan] = {}
+        simulated: dict[tuple, ScheduleTime] = {}
         times = []
         for s in schedules:
             # the model has no term for the comm stream's priority: +hi costs what its
-            # normal-priority twin does, and is simulated once
-            twin = dataclasses.replace(s, comm_priority=Priority.NORMAL)
+            # normal-priority twin does, and is simulated once (keys are tuples of the fields:
+            # building Schedule values to key them costs more than the rest of a W = 2 call)
+            shape_key = (s.granularity, s.chunks, s.split, s.transport, s.order, s.compute)
+            shape_key += (s.all_reduce,)
+            twin = (*shape_key, s.gemm, s.sm_reserve)
             if twin not in simulated:
-                # one plan serves every GEMM kind and SM reserve (the lowering ignores them)
-                shape = dataclasses.replace(twin, gemm=Gemm.CUBLAS, sm_reserve=0)
-                if shape not in plans:
-                    plans[shape] = (
-                        LOWERINGS[problem.pattern](problem, shape, 0)
+                # one plan serves every GEMM kind, SM reserve and priority (the lowering takes
+                # them from the schedule, not the plan)
+                plan = plans.get(shape_key)
+                if plan is None:
+                    plan = plans[shape_key] = (
+                        LOWERINGS[problem.pattern](problem, s, 0)
                         if enumerated
-                        else build_plan(problem, shape, 0)
+                        else build_plan(problem, s, 0)
                     )
-                simulated[twin] = self.schedule_time(problem, twin, plan=plans[shape])
+                simulated[twin] = self.schedule_time(problem, s, plan=plan)
             t = simulated[twin]
             times.append(ScheduleTime(str(s), t.ms, t.gpu_ms, t.host_ms, t.graphed))
         times.sort(key=lambda t: (t.ms, t.schedule))
