@@ -75,6 +75,7 @@ class CostModel:
         self.machine, self.params = machine, params
         self._gemm_cache: dict[tuple[int, int, int], float] = {}
         self._terms_cache: dict[tuple, float] = {}
+        self._link_cache: dict[tuple, tuple[str, float, float]] = {}
         # id(plan), transport, granularity -> (plan, tasks, GEMM positions)
         self._skeletons: dict[tuple, tuple] = {}
         c = params.contention
@@ -116,6 +117,13 @@ class CostModel:
         extra_latency = max(0.0, link.latency_us - base.latency_us) / 1e3
         eff = self.params.transfer[f"{cls}_eff"]
         return (cls, 1.0, nbytes / link.bytes_per_ms + extra_latency * eff)
+
+    def _link_term_cached(self, cls: str, nbytes: float, same_node: bool) -> tuple:
+        key = (cls, nbytes, same_node)
+        term = self._link_cache.get(key)
+        if term is None:
+            term = self._link_cache[key] = self._link_term(cls, nbytes, same_node)
+        return term
 
     def _hbm_term(self, cls: str, nbytes: float, count: float = 1.0) -> tuple[str, float, float]:
         return (cls, count, nbytes / (self.machine.hbm_gbs * 1e6))
@@ -209,7 +217,43 @@ class CostModel:
             deps = tuple(alias[d] for d in task.deps if d in alias)
             lane, kind, work, cost_issue = "compute", "sm", 0.0, 0.0
             terms: tuple[tuple[str, float, float], ...] = ()
-            if isinstance(op, GemmOp):
+            if isinstance(op, TransferOp):  # the commonest op first
+                rows, cols = op.local.rows, op.local.cols
+                nbytes = (rows[1] - rows[0]) * (cols[1] - cols[0]) * b
+                if ce:
+                    acting = op.initiator == ("receiver" if op.direction == "recv" else "sender")
+                    if not acting and op.direction == "send":  # a pull's sender: nothing
+                        continue
+                    if not acting:  # pushed to us: wait for the peer's push of this tag
+                        pending_recv.append((len(tasks), op.tag, deps))
+                        alias[task.id] = len(tasks)
+                        tasks.append(SimTask(len(tasks), "signal", 0.0, "ce", deps, 0.0))
+                        continue
+                    lane, kind = "comm", "ce"
+                    terms = (
+                        self._link_term_cached("ce", nbytes, op.peer // same_node == rank_node),
+                    )
+                    cost_issue = host["copy_ms"]
+                    batch_lead = None
+                else:
+                    if batch_lead is not None and batch_lead[0] == op.tag:
+                        sim_id = batch_lead[1]  # the other half of an open batch
+                        prev = tasks[sim_id]
+                        merged = tuple(sorted(set(prev.deps) | set(deps)))
+                        tasks[sim_id] = prev._replace(deps=merged)
+                        alias[task.id] = sim_id
+                        continue
+                    lane, kind = "comm", "nccl"
+                    link = self._link_term_cached("p2p", nbytes, op.peer // same_node == rank_node)
+                    cost_issue = host["p2p_ms"]
+                    if cols[1] - cols[0] != widths[op.local.buffer]:
+                        # strided: packed before the send, unpacked after the receive
+                        terms = (link, self._hbm_term("p2p_strided", 4 * nbytes, count=2))
+                        cost_issue += host["strided_ms"]
+                    else:
+                        terms = (link,)
+                    batch_lead = (op.tag, len(tasks))
+            elif isinstance(op, GemmOp):
                 a_rows, a_cols = op.a.rows, op.a.cols
                 b_cols = op.b.cols
                 shape = (a_rows[1] - a_rows[0], b_cols[1] - b_cols[0], a_cols[1] - a_cols[0])
@@ -239,39 +283,6 @@ class CostModel:
                 terms = tuple(self.collective_terms(op, problem.world, total_bytes))
                 cost_issue = host["p2p_ms"]
                 batch_lead = None
-            elif isinstance(op, TransferOp):
-                nbytes = op.local.numel * b
-                if ce:
-                    acting = op.initiator == ("receiver" if op.direction == "recv" else "sender")
-                    if not acting and op.direction == "send":  # a pull's sender: nothing
-                        continue
-                    if not acting:  # pushed to us: wait for the peer's push of this tag
-                        pending_recv.append((len(tasks), op.tag, deps))
-                        alias[task.id] = len(tasks)
-                        tasks.append(SimTask(len(tasks), "signal", 0.0, "ce", deps, 0.0))
-                        continue
-                    lane, kind = "comm", "ce"
-                    terms = (self._link_term("ce", nbytes, op.peer // same_node == rank_node),)
-                    cost_issue = host["copy_ms"]
-                    batch_lead = None
-                else:
-                    if batch_lead is not None and batch_lead[0] == op.tag:
-                        sim_id = batch_lead[1]  # the other half of an open batch
-                        prev = tasks[sim_id]
-                        merged = tuple(sorted(set(prev.deps) | set(deps)))
-                        tasks[sim_id] = prev._replace(deps=merged)
-                        alias[task.id] = sim_id
-                        continue
-                    lane, kind = "comm", "nccl"
-                    link = self._link_term("p2p", nbytes, op.peer // same_node == rank_node)
-                    cost_issue = host["p2p_ms"]
-                    if op.local.shape[1] != widths[op.local.buffer]:
-                        # strided: packed before the send, unpacked after the receive
-                        terms = (link, self._hbm_term("p2p_strided", 4 * nbytes, count=2))
-                        cost_issue += host["strided_ms"]
-                    else:
-                        terms = (link,)
-                    batch_lead = (op.tag, len(tasks))
             else:  # pragma: no cover - the plan vocabulary is closed
                 raise ValueError(f"task {task.id}: unknown op {type(op).__name__}")
             issued += cost_issue

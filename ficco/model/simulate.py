@@ -106,6 +106,8 @@ def simulate(
     while True:
         started = True
         while started:  # start every head that can start now (a zero-work task cascades)
+            # only a zero-work task, done the moment it starts, can let another head start:
+            # a pass that started only running tasks changed nothing the others wait on
             started = False
             for lane in lanes:
                 if running[lane] >= 0:
@@ -123,10 +125,10 @@ def simulate(
                     left -= 1
                     for d in dependents[i]:
                         unmet[d] -= 1
+                    started = True
                 else:
                     running[lane] = i
                     remaining[lane] = work[i]
-                started = True
         active = [lane for lane in lanes if running[lane] >= 0]
         pending_issue = math.inf
         if issue:
