@@ -59,20 +59,29 @@ class Sample:
     comm_tasks_alone_ms: float
 
 
+def usable_schedule_record(rec: dict) -> bool:
+    """An ok schedule record with a finite time and both task signatures: what calibration
+    and validation use."""
+    if rec.get("kind") == "baseline" or rec.get("verdict") != "ok":
+        return False
+    values = (rec.get("median_ms"), rec.get("gemm_tasks_alone_ms"), rec.get("comm_tasks_alone_ms"))
+    return all(isinstance(v, (int, float)) and math.isfinite(v) for v in values)
+
+
 def samples_from_records(records: list[dict]) -> tuple[list[Sample], dict[str, float]]:
     """Schedule samples (ok verdicts, finite timings) and each problem's ``gemm_alone`` time."""
     samples, gemm_alone = [], {}
     for rec in records:
         if rec.get("verdict") != "ok" or not math.isfinite(rec.get("median_ms", math.nan)):
             continue
-        problem = Problem.from_dict(rec["problem"])
         if rec.get("kind") == "baseline":
             if rec["name"] == "gemm_alone":
-                gemm_alone[problem.key] = rec["median_ms"]
+                gemm_alone[Problem.from_dict(rec["problem"]).key] = rec["median_ms"]
             continue
-        g, c = rec.get("gemm_tasks_alone_ms"), rec.get("comm_tasks_alone_ms")
-        if g is None or c is None or not (math.isfinite(g) and math.isfinite(c)):
+        if not usable_schedule_record(rec):
             continue
+        g, c = rec["gemm_tasks_alone_ms"], rec["comm_tasks_alone_ms"]
+        problem = Problem.from_dict(rec["problem"])
         samples.append(Sample(problem, Schedule.parse(rec["name"]), rec["median_ms"], g, c))
     return samples, gemm_alone
 
@@ -87,9 +96,14 @@ def load_store_records(store: str | Path) -> list[dict]:
 
 
 def gemm_points(
-    samples: list[Sample], gemm_alone: dict[str, float], bench_rows: list[dict]
+    samples: list[Sample],
+    gemm_alone: dict[str, float],
+    bench_rows: list[dict],
+    curve_rows: list[dict] = (),
 ) -> dict[tuple[int, int, int], float]:
-    """Measured cuBLAS time per (m, n, k): the median over every measurement of the shape."""
+    """Measured cuBLAS time per (m, n, k): the median over every measurement of the shape
+    (``curve_rows``: a GEMM curve's rows, ``{"M", "N", "K", "gemm", "median_ms"}``; its cuBLAS
+    ones count)."""
     seen: dict[tuple[int, int, int], list[float]] = defaultdict(list)
     problems = {}
     for s in samples:
@@ -103,6 +117,9 @@ def gemm_points(
     for row in bench_rows:
         if math.isfinite(row.get("cublas_ms", math.nan)):
             seen[(row["M"], row["N"], row["K"])].append(row["cublas_ms"])
+    for row in curve_rows:
+        if row.get("gemm") == "cublas" and math.isfinite(row.get("median_ms", math.nan)):
+            seen[(row["M"], row["N"], row["K"])].append(row["median_ms"])
     return {k: sorted(v)[len(v) // 2] for k, v in seen.items()}
 
 
@@ -212,11 +229,15 @@ def _log_errors(pred: list[float], meas: list[float]) -> float:
 
 
 def fit_overlap(
-    samples: list[Sample], machine: Machine, base: ModelParams, stride: int = 3
+    samples: list[Sample],
+    machine: Machine,
+    base: ModelParams,
+    stride: int = 3,
+    host_lead: bool = True,
 ) -> tuple[dict, dict]:
-    """Contention (grid search) and host costs on whole-schedule times."""
+    """Contention (grid search) and host costs on whole-schedule times (``host_lead``: fit
+    the eager host's lead; False: none, the host's whole issue time shows)."""
     import numpy as np
-    from scipy.optimize import nnls
 
     contention = dict(base.contention)
     host = dict(base.host)
@@ -247,37 +268,55 @@ def fit_overlap(
             best = min(best, (score, g, c, launch))
     contention.update(ce_gemm=best[1], ce_comm=best[2])
     host.update(graph_ms=best[3])
-    # eager host issue costs: host time is linear in them; fit where the host is the bound
+    # eager schedules: the host's issue costs (host time is linear in them) and its lead,
+    # fitted at every point of the NCCL contention grid on the GPU times that point gives
     keys = ("fixed_ms", "gemm_ms", "p2p_ms", "strided_ms", "reduce_ms", "copy_ms")
-    rows, target = [], []
+    counts, serial = [], []
+    serial_of = predictor(contention, host)
     for s in eager_samples:
         plan = build_plan(s.problem, s.schedule, 0)
-        gpu = predictor(contention, host).schedule_time(s.problem, s.schedule).gpu_ms
-        if s.median_ms < 1.3 * gpu:
-            continue
         row = []
         for key in keys:
             probe = dict.fromkeys(HOST_KEYS, 0.0)
             probe[key] = 1.0
             row.append(CostModel(machine, _with(base, host=probe)).host_ms(plan))
-        rows.append(row)
-        target.append(s.median_ms)
-    if rows:
-        a, y = np.array(rows), np.array(target)
-        coef, _ = nnls(a / y[:, None], np.ones(len(y)))
-        host.update({k: float(v) for k, v in zip(keys, coef, strict=True)})
-    # NCCL contention, with the host's issue costs in place
-    best = (math.inf, 0.0, 0.0)
+        counts.append(row)
+        serial.append(sum(serial_of.parts_ms(s.problem)) if host_lead else 0.0)
+    a, lead_unit = np.array(counts), np.array(serial)
+    y = np.array([s.median_ms for s in eager_samples])
+    best = (math.inf, 0.0, 0.0, {})
     for g in SLOWDOWN_GRID:
         for c in SLOWDOWN_GRID:
             pr = predictor(dict(contention, nccl_gemm=g, nccl_comm=c), host)
-            score = _log_errors(
-                [pr.schedule_time(s.problem, s.schedule).ms for s in eager_samples],
-                [s.median_ms for s in eager_samples],
-            )
-            best = min(best, (score, g, c))
+            gpu = np.array([pr.schedule_time(s.problem, s.schedule).gpu_ms for s in eager_samples])
+            fitted = fit_host(a, lead_unit, gpu, y, host_lead)
+            coef, lead = fitted[: len(keys)], fitted[len(keys)]
+            pred = np.maximum(gpu, a @ coef - lead * lead_unit)
+            score = _log_errors(list(pred), list(y))
+            if score < best[0]:
+                costs = {k: float(v) for k, v in zip(keys, coef, strict=True)}
+                best = (score, g, c, dict(costs, lead_serial=float(lead)))
     contention.update(nccl_gemm=best[1], nccl_comm=best[2])
+    host.update(best[3])
     return contention, host
+
+
+def fit_host(counts, lead_unit, gpu, measured, with_lead: bool):
+    """Eager host costs (per op class) and lead by robust least squares on log time:
+    ``time = max(gpu, counts @ costs - lead x lead_unit)``; returns costs then lead."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    n = counts.shape[1]
+
+    def predicted(x):
+        coef = np.exp(x[:n])
+        lead = math.exp(x[n]) if with_lead else 0.0
+        return np.maximum(gpu, np.maximum(counts @ coef - lead * lead_unit, 1e-6))
+
+    x0 = np.log([0.1, 0.03, 0.13, 0.16, 0.1, 0.01][:n] + [0.5])
+    fit = least_squares(lambda x: np.log(predicted(x) / measured), x0, loss="soft_l1", f_scale=0.1)
+    return [*np.exp(fit.x[:n]), math.exp(fit.x[n]) if with_lead else 0.0]
 
 
 def fit_timed_scale(
@@ -303,19 +342,30 @@ def _with(base: ModelParams, **changes) -> ModelParams:
 
 
 def calibrate(
-    records: list[dict], machine: Machine, bench_gemm: dict | None = None, source: str = ""
+    records: list[dict],
+    machine: Machine,
+    bench_gemm: dict | None = None,
+    source: str = "",
+    gemm_curve: dict | None = None,
+    host_lead: bool = True,
 ) -> ModelParams:
-    """Parameters fitted on a store's records (and a single-GPU GEMM benchmark's rows)."""
+    """Parameters fitted on a store's records (and a single-GPU GEMM benchmark's rows, and a
+    GEMM curve's cuBLAS rows)."""
     samples, gemm_alone = samples_from_records(records)
     if not samples:
         raise ValueError("records: no ok schedule record with task signatures to calibrate on")
-    points = gemm_points(samples, gemm_alone, (bench_gemm or {}).get("rows", []))
+    points = gemm_points(
+        samples,
+        gemm_alone,
+        (bench_gemm or {}).get("rows", []),
+        (gemm_curve or {}).get("gemm", []),
+    )
     gemm, residuals = fit_gemm(points, machine, bench_gemm)
     base = _stub(gemm, residuals=residuals)
     transfer = fit_transfers(samples, CostModel(machine, base))
     base = _with(base, transfer=transfer)
     base = _with(base, timed_scale=fit_timed_scale(samples, machine, base))
-    contention, host = fit_overlap(samples, machine, base)
+    contention, host = fit_overlap(samples, machine, base, host_lead=host_lead)
     return _with(
         base,
         machine=machine.name,
@@ -326,13 +376,27 @@ def calibrate(
             "source": source,
             "schedule_records": len(samples),
             "gemm_shapes": len(points),
+            "gemm_curve_rows": len((gemm_curve or {}).get("gemm", [])),
+            "host_lead": host_lead,
             "fingerprints": sorted({r.get("fingerprint_id", "") for r in records} - {""}),
         },
     )
 
 
 def calibrate_store(
-    store: str | Path, machine: Machine, bench_gemm: str | Path | None = None
+    store: str | Path,
+    machine: Machine,
+    bench_gemm: str | Path | None = None,
+    gemm_curve: str | Path | None = None,
+    host_lead: bool = True,
 ) -> ModelParams:
     bench = json.loads(Path(bench_gemm).read_text()) if bench_gemm else None
-    return calibrate(load_store_records(store), machine, bench, source=str(store))
+    curve = json.loads(Path(gemm_curve).read_text()) if gemm_curve else None
+    return calibrate(
+        load_store_records(store),
+        machine,
+        bench,
+        source=str(store),
+        gemm_curve=curve,
+        host_lead=host_lead,
+    )

@@ -13,6 +13,7 @@ GEMMs on the compute stream; NCCL send/recv halves with one tag form one batch.
 
 from __future__ import annotations
 
+import heapq
 import math
 
 from ficco.model.machine import Machine
@@ -55,9 +56,11 @@ def gemm_residual(params: ModelParams, m: int, n: int, k: int) -> float:
     if not params.gemm_residuals:
         return 0.0
     x = (math.log2(m), math.log2(n), math.log2(k))
-    dist = sorted((math.dist(x, r[:3]), r[3]) for r in params.gemm_residuals)[
-        : int(params.gemm["idw_neighbors"])
-    ]
+    # the nearest few (heapq.nsmallest is sorted()[:k], without sorting them all)
+    dist = heapq.nsmallest(
+        int(params.gemm["idw_neighbors"]),
+        ((math.dist(x, r[:3]), r[3]) for r in params.gemm_residuals),
+    )
     if dist[0][0] < 1e-9:
         return dist[0][1]
     weights = [1.0 / (d * d + 1e-2) for d, _ in dist]
@@ -71,6 +74,10 @@ class CostModel:
     def __init__(self, machine: Machine, params: ModelParams) -> None:
         self.machine, self.params = machine, params
         self._gemm_cache: dict[tuple[int, int, int], float] = {}
+        self._terms_cache: dict[tuple, float] = {}
+        self._link_cache: dict[tuple, tuple[str, float, float]] = {}
+        # id(plan), transport, granularity -> (plan, tasks, GEMM positions)
+        self._skeletons: dict[tuple, tuple] = {}
         c = params.contention
         # (victim kind, aggressor kind) -> slowdown; SM kernels are GEMMs and reductions
         self.slowdown: Slowdowns = {
@@ -102,14 +109,21 @@ class CostModel:
         tr = self.params.transfer
         return sum(n * tr[f"{c}_fixed_ms"] + sb / tr[f"{c}_eff"] for c, n, sb in terms)
 
-    def _link_term(self, cls: str, nbytes: float, rank: int, peer: int) -> tuple[str, float, float]:
+    def _link_term(self, cls: str, nbytes: float, same_node: bool) -> tuple[str, float, float]:
         """(class, 1 fixed cost, bytes over the link's bandwidth) plus the latency a slower
         link adds over the intra-node one (folded into the bytes term at efficiency 1)."""
-        link = self.machine.link_between(rank, peer)
+        link = self.machine.links["nvlink" if same_node else "nic"]
         base = self.machine.links["nvlink"]
         extra_latency = max(0.0, link.latency_us - base.latency_us) / 1e3
         eff = self.params.transfer[f"{cls}_eff"]
         return (cls, 1.0, nbytes / link.bytes_per_ms + extra_latency * eff)
+
+    def _link_term_cached(self, cls: str, nbytes: float, same_node: bool) -> tuple:
+        key = (cls, nbytes, same_node)
+        term = self._link_cache.get(key)
+        if term is None:
+            term = self._link_cache[key] = self._link_term(cls, nbytes, same_node)
+        return term
 
     def _hbm_term(self, cls: str, nbytes: float, count: float = 1.0) -> tuple[str, float, float]:
         return (cls, count, nbytes / (self.machine.hbm_gbs * 1e6))
@@ -142,8 +156,43 @@ class CostModel:
     def lower(self, plan: Plan, schedule: Schedule | None = None) -> list[SimTask]:
         """The plan as simulator tasks on the executor's lanes, with their costs; each task
         carries when an eager host has issued it (``simulate(..., issue=False)`` ignores it).
-        ``schedule`` (default the plan's) sets the GEMM kind and SM reserve costed."""
-        problem, s = plan.problem, schedule or plan.schedule
+        ``schedule`` (default the plan's) sets the GEMM kind and SM reserve costed: the tasks
+        are lowered once per plan with cuBLAS GEMMs (cached while the plan lives) and only
+        the GEMM tasks' work is recosted for another kind."""
+        s = schedule or plan.schedule
+        key = (id(plan), s.transport, s.granularity)
+        cached = self._skeletons.get(key)
+        if cached is None or cached[0] is not plan:
+            if len(self._skeletons) > 256:
+                self._skeletons.clear()
+            cached = (plan, *self._lower_cublas(plan, s))
+            self._skeletons[key] = cached
+        _, tasks, gemm_at = cached
+        if s.gemm is not Gemm.TRITON:
+            return list(tasks)
+        out = list(tasks)
+        for pos, (m, n, k) in gemm_at:
+            out[pos] = out[pos]._replace(work_ms=self._task_work(self.gemm_ms(s, m, n, k)))
+        return out
+
+    def _task_work(self, work: float) -> float:
+        """A task's work in a timed run: the isolated spans the costs were fitted on carry a
+        per-task overhead (the events around each task) that a timed run does not pay."""
+        if work > 0:
+            return max(work - self.params.host["span_ms"], 0.1 * work)
+        return work
+
+    def _costed(self, terms: tuple[tuple[str, float, float], ...]) -> float:
+        work = self._terms_cache.get(terms)
+        if work is None:
+            work = self._terms_cache[terms] = self._task_work(self._work(list(terms)))
+        return work
+
+    def _lower_cublas(
+        self, plan: Plan, s: Schedule
+    ) -> tuple[list[SimTask], list[tuple[int, tuple[int, int, int]]]]:
+        """(tasks with cuBLAS GEMMs, [(task position, GEMM m n k)])."""
+        problem = plan.problem
         if problem.pattern not in CALIBRATED_PATTERNS + REUSED_PATTERNS:
             raise ValueError(
                 f"pattern: {problem.pattern.value} is not calibrated in the cost model "
@@ -154,7 +203,10 @@ class CostModel:
         serial = s.granularity is Granularity.SERIAL
         host = self.params.host
         widths = {spec.name: spec.shape[-1] for spec in plan.buffers}
+        same_node = self.machine.gpus_per_node
+        rank_node = plan.rank // same_node
         tasks: list[SimTask] = []
+        gemm_at: list[tuple[int, tuple[int, int, int]]] = []
         alias: dict[int, int] = {}  # plan task id -> sim task id (NCCL batches share one)
         tag_send: dict[int, int] = {}  # tag -> this rank's pushing send (push symmetry)
         pending_recv: list[tuple[int, int, tuple[int, ...]]] = []
@@ -164,36 +216,10 @@ class CostModel:
             op = task.op
             deps = tuple(alias[d] for d in task.deps if d in alias)
             lane, kind, work, cost_issue = "compute", "sm", 0.0, 0.0
-            terms: list[tuple[str, float, float]] = []
-            if isinstance(op, GemmOp):
-                m, kk = op.a.shape
-                n = op.b.shape[1]
-                work, cost_issue = self.gemm_ms(s, m, n, kk), host["gemm_ms"]
-                batch_lead = None
-            elif isinstance(op, ReduceOp):
-                launches, units = reduce_traffic(len(op.inputs))
-                nbytes = units * op.out.numel * b
-                terms = [self._hbm_term("reduce", nbytes, count=launches)]
-                cost_issue = host["reduce_ms"]  # fitted per reduction (W = 2: one launch)
-                lane = "signal" if (ce and not serial) else task.stream.value
-                batch_lead = None
-            elif isinstance(op, LocalCopyOp):
-                lane, kind = task.stream.value, "ce"
-                terms = [self._hbm_term("local", 2 * op.dst.numel * b)]
-                cost_issue = host["copy_ms"]
-                batch_lead = None
-            elif isinstance(op, CollectiveOp):
-                lane, kind = "comm", "nccl"
-                total = plan.buffer(op.dst).shape[0] if op.kind == "all_gather" else 0
-                src = plan.buffer(op.src)
-                total_bytes = math.prod(src.shape) * b
-                if op.kind == "all_gather":
-                    total_bytes = total * math.prod(src.shape[1:]) * b
-                terms = self.collective_terms(op, problem.world, total_bytes)
-                cost_issue = host["p2p_ms"]
-                batch_lead = None
-            elif isinstance(op, TransferOp):
-                nbytes = op.local.numel * b
+            terms: tuple[tuple[str, float, float], ...] = ()
+            if isinstance(op, TransferOp):  # the commonest op first
+                rows, cols = op.local.rows, op.local.cols
+                nbytes = (rows[1] - rows[0]) * (cols[1] - cols[0]) * b
                 if ce:
                     acting = op.initiator == ("receiver" if op.direction == "recv" else "sender")
                     if not acting and op.direction == "send":  # a pull's sender: nothing
@@ -204,50 +230,72 @@ class CostModel:
                         tasks.append(SimTask(len(tasks), "signal", 0.0, "ce", deps, 0.0))
                         continue
                     lane, kind = "comm", "ce"
-                    terms = [self._link_term("ce", nbytes, plan.rank, op.peer)]
+                    terms = (
+                        self._link_term_cached("ce", nbytes, op.peer // same_node == rank_node),
+                    )
                     cost_issue = host["copy_ms"]
                     batch_lead = None
                 else:
-                    strided = op.local.shape[1] != widths[op.local.buffer]
                     if batch_lead is not None and batch_lead[0] == op.tag:
                         sim_id = batch_lead[1]  # the other half of an open batch
                         prev = tasks[sim_id]
                         merged = tuple(sorted(set(prev.deps) | set(deps)))
-                        tasks[sim_id] = SimTask(
-                            sim_id,
-                            prev.lane,
-                            prev.work_ms,
-                            prev.kind,
-                            merged,
-                            prev.issue_ms,
-                            prev.terms,
-                        )
+                        tasks[sim_id] = prev._replace(deps=merged)
                         alias[task.id] = sim_id
                         continue
                     lane, kind = "comm", "nccl"
-                    terms = [self._link_term("p2p", nbytes, plan.rank, op.peer)]
+                    link = self._link_term_cached("p2p", nbytes, op.peer // same_node == rank_node)
                     cost_issue = host["p2p_ms"]
-                    if strided:  # packed before the send, unpacked after the receive
-                        terms.append(self._hbm_term("p2p_strided", 4 * nbytes, count=2))
+                    if cols[1] - cols[0] != widths[op.local.buffer]:
+                        # strided: packed before the send, unpacked after the receive
+                        terms = (link, self._hbm_term("p2p_strided", 4 * nbytes, count=2))
                         cost_issue += host["strided_ms"]
+                    else:
+                        terms = (link,)
                     batch_lead = (op.tag, len(tasks))
+            elif isinstance(op, GemmOp):
+                a_rows, a_cols = op.a.rows, op.a.cols
+                b_cols = op.b.cols
+                shape = (a_rows[1] - a_rows[0], b_cols[1] - b_cols[0], a_cols[1] - a_cols[0])
+                work = self._task_work(self.cublas_ms(*shape))
+                gemm_at.append((len(tasks), shape))
+                cost_issue = host["gemm_ms"]
+                batch_lead = None
+            elif isinstance(op, ReduceOp):
+                launches, units = reduce_traffic(len(op.inputs))
+                nbytes = units * op.out.numel * b
+                terms = (self._hbm_term("reduce", nbytes, count=launches),)
+                cost_issue = host["reduce_ms"]  # fitted per reduction (W = 2: one launch)
+                lane = "signal" if (ce and not serial) else task.stream.value
+                batch_lead = None
+            elif isinstance(op, LocalCopyOp):
+                lane, kind = task.stream.value, "ce"
+                terms = (self._hbm_term("local", 2 * op.dst.numel * b),)
+                cost_issue = host["copy_ms"]
+                batch_lead = None
+            elif isinstance(op, CollectiveOp):
+                lane, kind = "comm", "nccl"
+                total = plan.buffer(op.dst).shape[0] if op.kind == "all_gather" else 0
+                src = plan.buffer(op.src)
+                total_bytes = math.prod(src.shape) * b
+                if op.kind == "all_gather":
+                    total_bytes = total * math.prod(src.shape[1:]) * b
+                terms = tuple(self.collective_terms(op, problem.world, total_bytes))
+                cost_issue = host["p2p_ms"]
+                batch_lead = None
             else:  # pragma: no cover - the plan vocabulary is closed
                 raise ValueError(f"task {task.id}: unknown op {type(op).__name__}")
             issued += cost_issue
             if terms:
-                work = self._work(terms)
-            if work > 0:
-                # the isolated spans the costs were fitted on carry a per-task overhead (the
-                # events around each task) that a timed run does not pay
-                work = max(work - host["span_ms"], 0.1 * work)
+                work = self._costed(terms)
             alias[task.id] = len(tasks)
             if ce and isinstance(op, TransferOp):
                 tag_send[op.tag] = len(tasks)
-            tasks.append(SimTask(len(tasks), lane, work, kind, deps, issued, tuple(terms)))
+            tasks.append(SimTask(len(tasks), lane, work, kind, deps, issued, terms))
         for sim_id, tag, deps in pending_recv:
             if tag in tag_send:
                 tasks[sim_id] = SimTask(sim_id, "signal", 0.0, "ce", (*deps, tag_send[tag]), 0.0)
-        return tasks
+        return tasks, gemm_at
 
     def host_ms(self, plan: Plan) -> float:
         """The eager host's issue time of the whole plan."""

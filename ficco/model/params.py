@@ -12,8 +12,11 @@ Sections (each a flat object of numbers; the reader refuses a missing, extra or 
 ``transfer``    per op class ``<class>_fixed_ms`` and ``<class>_eff`` (of the link or HBM)
 ``contention``  ``<transport>_gemm`` / ``<transport>_comm``: the slowdown (rate divisor - 1)
                 of a GEMM while a transfer of that transport runs, and of the transfer
-``host``        eager issue costs per op, a CUDA graph's launch cost, and ``span_ms``: what
-                each task's isolated span (the costs' source) carries beyond its work
+``host``        eager issue costs per op, a CUDA graph's launch cost, ``span_ms``: what
+                each task's isolated span (the costs' source) carries beyond its work, and
+                ``lead_serial``: how far ahead of the GPU an eager host starts issuing under
+                queued issue, in units of the problem's serial time (the work queued before
+                the op: in the store's protocol, the interleaved candidates before it)
 ``timed_scale`` ``[[log2 ms, scale], ...]``: a timed run's time over the simulated GPU time, by
                 duration (task costs are fitted on isolated per-task spans; the timed runs of
                 the store took up to 14% longer around 1-4 ms, 1% around 0.25-0.5 ms:
@@ -29,7 +32,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-SCHEMA = "ficco.model/1"
+SCHEMA = "ficco.model/2"
 
 GEMM_KEYS = (
     "launch_ms",
@@ -63,6 +66,7 @@ HOST_KEYS = (
     "copy_ms",
     "graph_ms",
     "span_ms",
+    "lead_serial",
 )
 
 

@@ -4,13 +4,13 @@ One schedule: its plan (rank 0 stands for all) lowered to tasks and simulated; t
 GPU time is scaled to a timed run's (``ModelParams.timed_scale``, by duration). A schedule the
 executor captures in a CUDA graph (all but the overlapped NCCL ones, whose grouped send/recv
 does not capture) costs that plus a graph launch; an eager one, under queued issue, the
-longer of it and the host's issue time (the host runs ahead of the GPU and shows only where
-it is the slower of the two).
+longer of it and the host's issue time less the host's lead (under queued issue the host
+starts ahead of the GPU by the work queued before the op, and shows only where it is slower
+than the GPU by more than that lead).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,9 +22,7 @@ from ficco.plan import LOWERINGS, Plan, build_plan
 from ficco.problem import Problem
 from ficco.space import (
     Compute,
-    Gemm,
     Granularity,
-    Priority,
     Schedule,
     SpaceOptions,
     Transport,
@@ -103,6 +101,7 @@ class Predictor:
         self.machine, self.params = machine, params
         self.costs = CostModel(machine, params)
         self._makespans: dict[tuple, float] = {}
+        self._parts: dict[str, tuple[float, float]] = {}
 
     def schedule_time(
         self, problem: Problem, schedule: Schedule, *, plan: Plan | None = None
@@ -132,42 +131,55 @@ class Predictor:
             host = self.params.host["graph_ms"]
             total = gpu + host
         else:
+            # under queued issue the host starts ahead of the GPU by the work queued before
+            # the op; its issue time shows only where it outlasts that lead and the GPU
             host = issue_end_ms(tasks)
-            total = max(gpu, host)
+            lead = self.params.host["lead_serial"] * sum(self.parts_ms(problem))
+            total = max(gpu, host - lead)
         return ScheduleTime(str(schedule), total, gpu, host, graphed(schedule))
 
     def parts_ms(self, problem: Problem) -> tuple[float, float]:
         """(t_gemm, t_comm): the undecomposed cuBLAS GEMM and NCCL collective, alone."""
         self._check(problem)
-        plan = build_plan(problem, Schedule(), 0)
-        tasks = self.costs.lower(plan)
-        gemm = sum(t.work_ms for t in tasks if t.lane == "compute")
-        comm = sum(t.work_ms for t in tasks if t.lane != "compute")
-        # each as a timed run of its own, like the schedules
-        points = self.params.timed_scale
-        return gemm * timed_scale_at(points, gemm), comm * timed_scale_at(points, comm)
+        cached = self._parts.get(problem.key)
+        if cached is None:
+            plan = build_plan(problem, Schedule(), 0)
+            tasks = self.costs.lower(plan)
+            gemm = sum(t.work_ms for t in tasks if t.lane == "compute")
+            comm = sum(t.work_ms for t in tasks if t.lane != "compute")
+            # each as a timed run of its own, like the schedules
+            points = self.params.timed_scale
+            cached = (gemm * timed_scale_at(points, gemm), comm * timed_scale_at(points, comm))
+            if len(self._parts) > 4096:
+                self._parts.clear()
+            self._parts[problem.key] = cached
+        return cached
 
     def predict(self, problem: Problem, schedules: list[Schedule] | None = None) -> Prediction:
         enumerated = schedules is None
         if schedules is None:
             schedules = list(enumerate_schedules(problem, PREDICTED_SPACE))
-        plans: dict[Schedule, Plan] = {}
-        simulated: dict[Schedule, ScheduleTime] = {}
+        plans: dict[tuple, Plan] = {}
+        simulated: dict[tuple, ScheduleTime] = {}
         times = []
         for s in schedules:
             # the model has no term for the comm stream's priority: +hi costs what its
-            # normal-priority twin does, and is simulated once
-            twin = dataclasses.replace(s, comm_priority=Priority.NORMAL)
+            # normal-priority twin does, and is simulated once (keys are tuples of the fields:
+            # building Schedule values to key them costs more than the rest of a W = 2 call)
+            shape_key = (s.granularity, s.chunks, s.split, s.transport, s.order, s.compute)
+            shape_key += (s.all_reduce,)
+            twin = (*shape_key, s.gemm, s.sm_reserve)
             if twin not in simulated:
-                # one plan serves every GEMM kind and SM reserve (the lowering ignores them)
-                shape = dataclasses.replace(twin, gemm=Gemm.CUBLAS, sm_reserve=0)
-                if shape not in plans:
-                    plans[shape] = (
-                        LOWERINGS[problem.pattern](problem, shape, 0)
+                # one plan serves every GEMM kind, SM reserve and priority (the lowering takes
+                # them from the schedule, not the plan)
+                plan = plans.get(shape_key)
+                if plan is None:
+                    plan = plans[shape_key] = (
+                        LOWERINGS[problem.pattern](problem, s, 0)
                         if enumerated
-                        else build_plan(problem, shape, 0)
+                        else build_plan(problem, s, 0)
                     )
-                simulated[twin] = self.schedule_time(problem, twin, plan=plans[shape])
+                simulated[twin] = self.schedule_time(problem, s, plan=plan)
             t = simulated[twin]
             times.append(ScheduleTime(str(s), t.ms, t.gpu_ms, t.host_ms, t.graphed))
         times.sort(key=lambda t: (t.ms, t.schedule))

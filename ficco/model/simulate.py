@@ -15,12 +15,13 @@ matching operation finishes when this rank's own one with the same tag does.
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class SimTask:
+class SimTask(NamedTuple):
+    """One task (a named tuple: a predict call makes tens of thousands of them)."""
+
     id: int
     lane: str
     """The stream it runs on; tasks of one lane run one at a time, in list order."""
@@ -54,85 +55,134 @@ def simulate(
     """Run ``tasks``; raises ValueError on an unknown dependency or a cycle (a task that can
     never start). ``issue=False`` ignores the host's issue times (everything queued ahead)."""
     slowdown = slowdown or {}
-    ids = {t.id for t in tasks}
-    if len(ids) != len(tasks):
+    n = len(tasks)
+    index = {t.id: i for i, t in enumerate(tasks)}
+    if len(index) != n:
         raise ValueError("tasks: ids must be unique")
-    dependents: dict[int, list[int]] = {t.id: [] for t in tasks}
-    unmet: dict[int, int] = {}
-    for t in tasks:
-        for d in t.deps:
-            if d not in ids:
+    # everything below works on list positions, not ids: a predict call simulates tens of
+    # thousands of tasks, and list indexing is what keeps that within its time budget
+    dependents: list[list[int]] = [[] for _ in range(n)]
+    unmet = [0] * n
+    work = [0.0] * n
+    lane_of: dict[str, list[int]] = {}
+    for i, t in enumerate(tasks):
+        deps = set(t.deps)
+        for d in deps:
+            j = index.get(d)
+            if j is None:
                 raise ValueError(f"task {t.id}: depends on unknown task {d}")
-            dependents[d].append(t.id)
-        unmet[t.id] = len(set(t.deps))
-        if not (math.isfinite(t.work_ms) and t.work_ms >= 0):
-            raise ValueError(f"task {t.id}: work_ms must be finite and >= 0, got {t.work_ms}")
-    queues: dict[str, deque[SimTask]] = {}
-    for t in tasks:
-        queues.setdefault(t.lane, deque()).append(t)
-    finish: dict[int, float] = {}
-    start: dict[int, float] = {}
-    running: dict[str, list] = {}  # lane -> [task, remaining work]
+            dependents[j].append(i)
+        unmet[i] = len(deps)
+        w = t.work_ms
+        if not (math.isfinite(w) and w >= 0):
+            raise ValueError(f"task {t.id}: work_ms must be finite and >= 0, got {w}")
+        work[i] = w
+        lane_of.setdefault(t.lane, []).append(i)
+    queues = list(lane_of.values())  # per lane, its task positions in order
+    lanes = range(len(queues))
+    head = [0] * len(queues)  # next position in each lane's queue
+    kind = [t.kind for t in tasks]
+    issue_at = [t.issue_ms if issue else 0.0 for t in tasks]
+    finish = [math.nan] * n
+    start = [math.nan] * n
+    running = [-1] * len(queues)  # lane -> running task position, -1: idle
+    remaining = [0.0] * len(queues)
     busy: dict[str, float] = {}
+    rate_cache: dict[tuple[str, ...], list[float]] = {}
     now = 0.0
     eps = 1e-12
+    left = n
 
-    def done(task: SimTask) -> None:
-        finish[task.id] = now
-        for dependent in set(dependents[task.id]):
-            unmet[dependent] -= 1
+    def rates_of(kinds: tuple[str, ...]) -> list[float]:
+        out = []
+        for pos, k in enumerate(kinds):
+            penalty = 0.0
+            if len(kinds) > 1:
+                others = set(kinds[:pos] + kinds[pos + 1 :])
+                penalty = sum(slowdown.get((k, other), 0.0) for other in others)
+            out.append(1.0 / (1.0 + penalty))
+        return out
 
     while True:
         started = True
         while started:  # start every head that can start now (a zero-work task cascades)
+            # only a zero-work task, done the moment it starts, can let another head start:
+            # a pass that started only running tasks changed nothing the others wait on
             started = False
-            for lane, queue in queues.items():
-                if not queue or lane in running:
+            for lane in lanes:
+                if running[lane] >= 0:
                     continue
-                head = queue[0]
-                if unmet[head.id] or (issue and head.issue_ms > now + eps):
+                queue, queue_pos = queues[lane], head[lane]
+                if queue_pos == len(queue):
                     continue
-                queue.popleft()
-                start[head.id] = now
-                if head.work_ms <= 0:
-                    done(head)
+                i = queue[queue_pos]
+                if unmet[i] or issue_at[i] > now + eps:
+                    continue
+                head[lane] = queue_pos + 1
+                start[i] = now
+                if work[i] <= 0:
+                    finish[i] = now
+                    left -= 1
+                    for d in dependents[i]:
+                        unmet[d] -= 1
+                    started = True
                 else:
-                    running[lane] = [head, head.work_ms]
-                started = True
-        pending_issue = [
-            q[0].issue_ms
-            for lane, q in queues.items()
-            if issue and q and lane not in running and not unmet[q[0].id]
-        ]
-        if not running:
-            if not any(queues.values()):
+                    running[lane] = i
+                    remaining[lane] = work[i]
+        active = [lane for lane in lanes if running[lane] >= 0]
+        pending_issue = math.inf
+        if issue:
+            for lane in lanes:
+                if running[lane] < 0 and head[lane] < len(queues[lane]):
+                    i = queues[lane][head[lane]]
+                    if not unmet[i] and issue_at[i] < pending_issue:
+                        pending_issue = issue_at[i]
+        if not active:
+            if not left:
                 break
-            if not pending_issue:
-                stuck = ", ".join(str(q[0].id) for q in queues.values() if q)
+            if pending_issue == math.inf:
+                stuck = ", ".join(
+                    str(tasks[queues[lane][head[lane]]].id)
+                    for lane in lanes
+                    if head[lane] < len(queues[lane])
+                )
                 raise ValueError(f"tasks {stuck}: can never start (a dependency cycle)")
-            now = min(pending_issue)
+            now = pending_issue
             continue
-        kinds = [entry[0].kind for entry in running.values()]
-        rates = {}
-        for lane, (task, _) in running.items():
-            penalty = 0.0
-            if len(kinds) > 1:
-                others = list(kinds)
-                others.remove(task.kind)
-                penalty = sum(slowdown.get((task.kind, other), 0.0) for other in set(others))
-            rates[lane] = 1.0 / (1.0 + penalty)
-        step = min(rem / rates[lane] for lane, (_, rem) in running.items())
-        if pending_issue:
-            step = min(step, min(pending_issue) - now)
-        for kind in set(kinds):
-            busy[kind] = busy.get(kind, 0.0) + step
+        if len(active) == 1:  # one task alone runs at full rate to its end
+            lane = active[0]
+            kinds = (kind[running[lane]],)
+            rates = (1.0,)
+        else:
+            kinds = tuple(kind[running[lane]] for lane in active)
+            rates = rate_cache.get(kinds)
+            if rates is None:
+                rates = rate_cache[kinds] = rates_of(kinds)
+        step = math.inf
+        for lane, rate in zip(active, rates, strict=True):
+            until = remaining[lane] / rate
+            if until < step:
+                step = until
+        if pending_issue != math.inf:
+            step = min(step, pending_issue - now)
+        for k in set(kinds):
+            busy[k] = busy.get(k, 0.0) + step
         now += step
-        for lane in list(running):
-            task, rem = running[lane]
-            rem -= step * rates[lane]
-            if rem <= eps * max(1.0, task.work_ms):
-                del running[lane]
-                done(task)
+        for lane, rate in zip(active, rates, strict=True):
+            rem = remaining[lane] - step * rate
+            i = running[lane]
+            if rem <= eps * max(1.0, work[i]):
+                running[lane] = -1
+                finish[i] = now
+                left -= 1
+                for d in dependents[i]:
+                    unmet[d] -= 1
             else:
-                running[lane][1] = rem
-    return SimResult(max(finish.values(), default=0.0), start, finish, busy)
+                remaining[lane] = rem
+    ids = [t.id for t in tasks]
+    return SimResult(
+        max(finish, default=0.0),
+        dict(zip(ids, start, strict=True)),
+        dict(zip(ids, finish, strict=True)),
+        busy,
+    )
