@@ -51,9 +51,11 @@ STARTUP_S = 180.0
 #: Message tags of two-sided transfers (gloo, NCCL point-to-point), laid out in
 #: ``ficco.plan.tags``: a plan's transfer (step, chunk) gets ``step * TAG_CHUNK_SLOTS + chunk``;
 #: plans run one after another in a rank pool are ``TAG_STEP_SLOTS * TAG_CHUNK_SLOTS + 1`` tags
-#: apart (the last slot is the plan's collectives), within 31 bits.
+#: apart (the last slot is the plan's collectives), within 31 bits. Steps: a plan takes up to
+#: 2W - 1 of them (gemm_ar's reduce-scatter steps, then its all-gather's), so 128 covers the
+#: 64-GPU machines the cost model describes; 4096 chunks; 4096 runs before the offsets wrap.
 TAG_CHUNK_SLOTS = 1 << 12
-TAG_STEP_SLOTS = 1 << 6
+TAG_STEP_SLOTS = 1 << 7
 
 #: Flag slots per rank for fused schedules (``ficco.plan.fused``): one int32 per (source rank,
 #: chunk) on the rank that waits, so world x chunks must fit.

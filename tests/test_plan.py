@@ -235,3 +235,21 @@ def test_gemm_ar_rs_ag_is_the_gemm_rs_plan_then_an_all_gather():
     assert all(isinstance(plan.tasks[t.deps[0]].op, ReduceOp) for t in sends)
     with pytest.raises(ValueError, match="rs_ag_needs_even_shards"):
         build_plan(Problem(pattern="gemm_ar", m=95, n=80, k=72, world=4), s, 0)
+
+
+def test_plans_of_the_largest_described_machine_get_tags():
+    """W = 64 (8 nodes of 8, as the cost model describes): every legal lowering of every dense
+    pattern builds, gemm_ar's reduce-scatter + all-gather included (2W - 1 steps)."""
+    from ficco.plan import build_plan
+    from ficco.problem import Problem
+    from ficco.space import Schedule, SpaceOptions, enumerate_schedules
+
+    space = SpaceOptions(chunk_counts=(2,), sm_reserves=(0,))
+    for pattern in ("ag_gemm", "gemm_rs", "gemm_ar"):
+        problem = Problem(pattern=pattern, m=64 * 128, n=256, k=64 * 64, world=64)
+        schedules = list(enumerate_schedules(problem, space))
+        assert any(s.granularity.value == "shard" for s in schedules)
+        if pattern == "gemm_ar":
+            assert Schedule.parse("shard/nccl/cublas+rs_ag") in schedules
+        for schedule in schedules:
+            assert build_plan(problem, schedule, 63).tasks
