@@ -64,6 +64,13 @@ def test_each_rule_refusing_a_gemm_ar_fused_schedule_says_why(text, rule):
     assert rule in broken and broken[rule]
 
 
+def test_the_cost_model_leaves_gemm_ar_fused_out():
+    from ficco.model.predict import PREDICTED_SPACE
+
+    assert _fused(AR3)
+    assert not any(s.compute is Compute.FUSED for s in enumerate_schedules(AR3, PREDICTED_SPACE))
+
+
 def test_gemm_ar_fused_geometry_is_one_launch_storing_every_chunk_to_every_peer():
     g = geometry(AR3, Schedule.parse("finer-c4-m/ce/triton+fused"))
     assert (g.gemm_launches, g.gemm_rows, g.steps) == (1, 96, 1)
