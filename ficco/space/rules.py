@@ -252,7 +252,9 @@ def fused_needs_row_chunks(p: Problem, s: Schedule) -> str | None:
 
 def fused_needs_symmetric_memory(p: Problem, s: Schedule) -> str | None:
     # Flags live in symmetric memory and are set by the copy engine's stream (or the peer's
-    # stores); an SM-based transport beside a GEMM that spins on its SMs could starve.
+    # stores); an SM-based transport beside a GEMM that spins on its SMs could starve. For
+    # gemm_ar the fused GEMM's stores are the all-reduce's transport: symm1/symm2 would be a
+    # second one.
     if s.compute is Compute.FUSED and s.transport is not Transport.CE:
         return (
             f"fused compute needs the ce transport (flags in symmetric memory set after "
