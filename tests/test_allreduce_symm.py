@@ -79,7 +79,7 @@ def test_other_patterns_refuse_the_symm_transports_with_the_reason(problem):
         ("finer-c2-m/symm2/triton+sm16", "fp32", 80, "sm_reserve_needs_sm_comm"),
         ("shard/symm1/cublas", "fp32", 80, "direct_all_reduce_has_no_shards"),
         ("finer-c2-m/symm1/cublas+merged", "fp32", 80, "direct_all_reduce_has_no_merge"),
-        ("finer-c2-m/symm2/triton+fused", "fp32", 80, "fused_needs_dense_pattern"),
+        ("finer-c2-m/symm2/triton+fused", "fp32", 80, "fused_needs_symmetric_memory"),
         ("serial/symm1/cublas+hi", "fp32", 80, "priority_needs_overlap"),
         # bf16 rows of 81 columns are 162 bytes: rows 0..5 of a 2-chunk cut (11 rows) break
         # the kernels' 4-byte vectors

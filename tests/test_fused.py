@@ -49,8 +49,8 @@ def test_fused_string_form_round_trips_and_counts_as_more_complex():
         (AG, "finer-c2-k/nccl/triton+fused", "fused_needs_row_chunks"),
         (AG, "shard/nccl/triton+fused", "fused_needs_symmetric_memory"),
         (
-            Problem(pattern="gemm_ar", m=96, n=80, k=72, world=2),
-            "finer-c2-m/ce/triton+fused",
+            Problem(pattern="a2a_gemm", m=96, n=80, k=72, world=2, experts=4),
+            "shard/ce/triton+fused",
             "fused_needs_dense_pattern",
         ),
     ],

@@ -46,9 +46,10 @@ def test_geometry_matches_the_plan_of_every_overlapped_schedule(problem):
         assert len(gemms) == geo.gemm_launches, schedule
         assert _largest_gemm(plan) == (geo.gemm_rows, geo.gemm_cols, geo.gemm_k), schedule
         moved = [t.op.local for t in (recvs if problem.pattern.value == "ag_gemm" else sends)]
-        for t in plan.tasks:  # a fused gemm_rs moves a chunk by storing it into its owner
+        for t in plan.tasks:  # a fused GEMM moves a chunk by storing it into a peer's buffer
             if isinstance(t.op, FusedGemmOp):
-                moved += [c.out for c in t.op.chunks if c.out_rank != plan.rank]
+                stores = [d for c in t.op.chunks for d in c.stores]
+                moved += [d.out for d in stores if d.out_rank != plan.rank]
         reduces = [t.op for t in plan.tasks if isinstance(t.op, CollectiveOp)]
         if reduces:  # gemm_ar's chunked all-reduce on nccl: one collective per chunk
             assert len(reduces) * (problem.world - 1) == geo.transfers, schedule

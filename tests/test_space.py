@@ -81,12 +81,13 @@ def test_every_rule_excludes_something_named():
         "shard/nccl/cublas",  # a direct all-reduce has no shards
         "finer-c2-m/nccl/cublas+all_peers",
         "finer-c2-m/nccl/cublas+merged",
-        "finer-c2-m/ce/triton+fused",  # no fused all-reduce
         "finer-c2-n/symm1/cublas",  # the kernels reduce contiguous ranges
         "finer-c2-m/symm2/cublas+rs_ag",  # a kernel is a whole all-reduce
     ]:
         hits |= {name for name, _ in violations(gemm_ar, Schedule.parse(text))}
     hits |= {name for name, _ in violations(problem, Schedule.parse("serial/symm1/cublas"))}
+    a2a = Problem(pattern="a2a_gemm", m=16, n=16, k=16, world=2, experts=2)
+    hits |= {name for name, _ in violations(a2a, Schedule.parse("shard/ce/triton+fused"))}
     fp16 = Problem(pattern="gemm_ar", m=10, n=16, k=16, world=3, dtype="fp16")
     hits |= {name for name, _ in violations(fp16, Schedule.parse("serial/symm2/cublas"))}
     odd = Problem(pattern="gemm_ar", m=10, n=15, k=16, world=3)  # bf16 rows of 30 bytes
@@ -178,13 +179,13 @@ def test_gemm_ar_space():
     ]
     direct = [s for s in found if s.all_reduce.value == "direct"]
     assert all(s.granularity is not Granularity.SHARD for s in direct)
-    assert all(s.order.value == "ring" and s.compute.value == "per_chunk" for s in direct)
+    assert all(s.order.value == "ring" and s.compute.value != "merged" for s in direct)
+    # the producer's fused one-shot all-reduce: finer row chunks on ce (tests/test_fused_allreduce)
+    assert {s.compute.value for s in direct} == {"per_chunk", "fused"}
     rs_ag = {str(s) for s in found if s.all_reduce.value == "rs_ag"}
     rs = Problem(pattern="gemm_rs", m=96, n=80, k=72, world=3)
-    # gemm_rs's fused schedules have no gemm_ar twin (fused_needs_dense_pattern)
-    overlapped = [s for s in enumerate_schedules(rs) if s.overlapped and s.compute.value != "fused"]
-    assert not any(s.compute.value == "fused" for s in found)
-    assert rs_ag == {f"{s}+rs_ag" for s in overlapped}
+    overlapped = [s for s in enumerate_schedules(rs) if s.overlapped]
+    assert rs_ag == {f"{s}+rs_ag" for s in overlapped}  # fused ones included
     ragged = Problem(pattern="gemm_ar", m=95, n=80, k=72, world=3)
     assert not any(s.all_reduce.value == "rs_ag" for s in enumerate_schedules(ragged))
     decode = Problem(pattern="gemm_ar", m=1, n=64, k=72, world=2)

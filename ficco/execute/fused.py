@@ -40,7 +40,7 @@ class FusedPrimitives:
 
     def _kernel(self, op: FusedGemmOp | WaitFlagsOp):
         """The prepared kernel of ``op`` (built on first use)."""
-        from ficco.kernels.fused import FlagWait, FusedChunkViews, FusedGemm
+        from ficco.kernels.fused import FlagWait, FusedChunkViews, FusedCopyViews, FusedGemm
 
         kernels = self._kernels()
         if id(op) in kernels:
@@ -53,16 +53,26 @@ class FusedPrimitives:
                 timeout_s=self.flag_timeout_s,
             )
         else:
+
+            def out(region, out_rank: int):
+                return self._local(region) if out_rank == rank else self._remote(region, out_rank)
+
             chunks = []
             for c in op.chunks:
-                out = self._local(c.out) if c.out_rank == rank else self._remote(c.out, c.out_rank)
                 chunks.append(
                     FusedChunkViews(
                         self._local(c.a),
-                        out,
+                        out(c.out, c.out_rank),
                         None if c.wait is None else self._flag(rank, c.wait),
                         None if c.signal is None else self._flag(*c.signal),
                         "" if c.wait is None else self._chunk_name(c.wait),
+                        tuple(
+                            FusedCopyViews(
+                                out(d.out, d.out_rank),
+                                None if d.signal is None else self._flag(*d.signal),
+                            )
+                            for d in c.copies
+                        ),
                     )
                 )
             kernel = FusedGemm(

@@ -14,7 +14,13 @@ from ficco.kernels.configs import (
     candidate_configs,
     heuristic_config,
 )
-from ficco.kernels.fused import FlagTimeout, FlagWait, FusedChunkViews, FusedGemm
+from ficco.kernels.fused import (
+    FlagTimeout,
+    FlagWait,
+    FusedChunkViews,
+    FusedCopyViews,
+    FusedGemm,
+)
 from ficco.kernels.matmul import matmul
 from ficco.kernels.persistent import default_sm_budget, select_path, tma_available
 from ficco.kernels.tuning import TuningKey, cache_path, cached_config, tune
@@ -24,6 +30,7 @@ __all__ = [
     "FlagTimeout",
     "FlagWait",
     "FusedChunkViews",
+    "FusedCopyViews",
     "FusedGemm",
     "GPU_CONFIGS",
     "INTERPRETER_CONFIGS",

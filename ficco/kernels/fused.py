@@ -12,6 +12,9 @@ chunk as ``ficco.kernels.persistent`` groups them; program ``p`` takes tiles ``p
   counter; the chunk's last tile sets the flag to 1 with a system-scope release, so whoever
   waits on it (the owner of a peer-written chunk) sees every tile. ``out_i`` may live on
   another rank (a symmetric-memory peer view): the epilogue's stores are the transfer.
+- A chunk with ``copies`` (gemm_ar's one-shot all-reduce by the producer): each tile is
+  computed once and stored from the same registers into ``out_i`` and into every copy's
+  output (every peer's staging), and the chunk's last tile sets every destination's flag.
 
 Operands are addressed as element offsets from one private reference tensor per role (every
 A chunk shares A's dtype and strides, every output C's), so one launch reads from and writes
@@ -74,9 +77,11 @@ from ficco.kernels.persistent import (
     _warn_once,
 )
 
-__all__ = ["FlagTimeout", "FlagWait", "FusedChunkViews", "FusedGemm"]
+__all__ = ["FlagTimeout", "FlagWait", "FusedChunkViews", "FusedCopyViews", "FusedGemm"]
 
 _PRECISION = {torch.float32: "ieee", torch.float16: "tf32", torch.bfloat16: "tf32"}
+#: int64 fields per chunk in the kernel's chunk table (``table_ptr``)
+_TABLE_COLS = 11
 
 
 @triton.jit
@@ -112,8 +117,10 @@ def _fused_gemm_kernel(
     b_desc,  # TMA: B's host-built descriptor ([K, N], or B^T [N, K] when B_COL_MAJOR)
     c_ref,  # every output chunk is c_ref + offset: [rows_i, N], strides (stride_cm, stride_cn)
     flag_ref,  # int32: every flag is flag_ref + offset
-    table_ptr,  # int64 [chunks, 8]: a_off, c_off, rows, tile_start, wait_off, signal_off,
-    #            has_wait, has_signal (offsets may be negative: they are from private refs)
+    table_ptr,  # int64 [chunks, TABLE_COLS]: a_off, c_off, rows, tile_start, wait_off,
+    #            signal_off, has_wait, has_signal, copy_start, copy_count, counted (offsets may
+    #            be negative: they are from private refs; counted: some destination signals)
+    copy_ptr,  # int64 [copies, 3]: c_off, signal_off, has_signal of each further destination
     tile_chunk_ptr,  # int32 [tiles]: the chunk of each tile
     work_ptr,  # int32 [2 + chunks]: next tile to claim, programs done, tiles stored per
     #           chunk; zero on entry, and zeroed again by the last program to finish
@@ -140,6 +147,7 @@ def _fused_gemm_kernel(
     EPILOGUE_SUBTILE: tl.constexpr,  # TMA: store C in two [BLOCK_M, BLOCK_N / 2] halves
     ON_GPU: tl.constexpr,  # compiled for a GPU: %globaltimer and PTX fences (not interpreted)
     INPUT_PRECISION: tl.constexpr,
+    TABLE_COLS: tl.constexpr,  # int64 fields per chunk in table_ptr
 ):
     next_tile_ptr = work_ptr
     done_ptr = work_ptr + 1
@@ -157,7 +165,7 @@ def _fused_gemm_kernel(
     desc_chunk = tl.load(tile_chunk_ptr + tl.minimum(tile, num_tiles - 1))  # the first tile's
     if USE_TMA:
         # 128 bytes each, written to global scratch and fenced by the compiler
-        row = table_ptr + desc_chunk * 8
+        row = table_ptr + desc_chunk * TABLE_COLS
         rows = tl.load(row + 2).to(tl.int32)
         a_desc = tl.make_tensor_descriptor(
             a_ref + tl.load(row), [rows, K], [stride_am, 1], [BLOCK_M, BLOCK_K]
@@ -168,7 +176,7 @@ def _fused_gemm_kernel(
     seen = -1  # the last chunk whose flag this program acquired: its later tiles skip the wait
     while tile < num_tiles:
         chunk = tl.load(tile_chunk_ptr + tile)
-        row = table_ptr + chunk * 8
+        row = table_ptr + chunk * TABLE_COLS
         a_off = tl.multiple_of(tl.load(row), A_ALIGN)
         c_off = tl.multiple_of(tl.load(row + 1), C_ALIGN)
         rows = tl.load(row + 2).to(tl.int32)
@@ -177,6 +185,9 @@ def _fused_gemm_kernel(
         signal_off = tl.load(row + 5)
         has_wait = tl.load(row + 6)
         has_signal = tl.load(row + 7)
+        copy_start = tl.load(row + 8)
+        copy_count = tl.load(row + 9).to(tl.int32)
+        counted = tl.load(row + 10)
         if USE_TMA:  # noqa: SIM102 - a constexpr branch: the descriptors exist only here
             if chunk != desc_chunk:  # a later chunk: others took the tiles between
                 if ON_GPU:
@@ -221,24 +232,35 @@ def _fused_gemm_kernel(
                     a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < K), other=0.0)
                     b = tl.load(b_ptrs, mask=(offs_k[:, None] < K) & mask_n[None, :], other=0.0)
                     acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-            if USE_TMA and (has_signal == 0):
+            if USE_TMA and ((counted == 0) & (copy_count == 0)):
                 _store_c_tile(c_desc, acc, pid_m, pid_n, BLOCK_M, BLOCK_N, False, EPILOGUE_SUBTILE)
             else:
                 # pointer stores for signalled chunks: generic-proxy writes (peer memory
-                # included) that the release below publishes
+                # included) that the release below publishes; the tile is converted once and
+                # stored to every destination
                 offs_cm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
                 offs_cn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-                c_base = c_ref + tl.multiple_of(c_off, C_ALIGN)
-                c_ptrs = c_base + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
+                c_tile = offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
                 c_mask = (offs_cm[:, None] < rows) & (offs_cn[None, :] < N)
-                tl.store(c_ptrs, acc.to(c_ref.dtype.element_ty), mask=c_mask)
-            if has_signal != 0:
+                c_val = acc.to(c_ref.dtype.element_ty)
+                tl.store(c_ref + tl.multiple_of(c_off, C_ALIGN) + c_tile, c_val, mask=c_mask)
+                for e in range(copy_count):
+                    copy_off = tl.multiple_of(tl.load(copy_ptr + (copy_start + e) * 3), C_ALIGN)
+                    tl.store(c_ref + copy_off + c_tile, c_val, mask=c_mask)
+            if counted != 0:
                 # every thread's stores are issued before the count; the chunk's last tile
-                # publishes them all with one system-scope release (cumulative)
+                # publishes them all with one system-scope release per destination flag
+                # (cumulative)
                 tl.debug_barrier()
                 done = tl.atomic_add(counter_ptr + chunk, 1, sem="acq_rel", scope="sys")
                 if done == tl.cdiv(rows, BLOCK_M) * num_pid_n - 1:
-                    tl.atomic_xchg(flag_ref + signal_off, 1, sem="release", scope="sys")
+                    if has_signal != 0:
+                        tl.atomic_xchg(flag_ref + signal_off, 1, sem="release", scope="sys")
+                    for e in range(copy_count):
+                        copy_row = copy_ptr + (copy_start + e) * 3
+                        if tl.load(copy_row + 2) != 0:
+                            copy_flag = flag_ref + tl.load(copy_row + 1)
+                            tl.atomic_xchg(copy_flag, 1, sem="release", scope="sys")
         else:
             tl.store(status_ptr + chunk, 1)
         tile = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
@@ -254,6 +276,14 @@ def _fused_gemm_kernel(
 
 
 @dataclass(frozen=True, slots=True)
+class FusedCopyViews:
+    """A further destination of a chunk's tiles (the same tile, stored again)."""
+
+    out: torch.Tensor  # [rows, N], on this rank or a peer-mapped view
+    signal: torch.Tensor | None = None  # 1-element int32 view of a flag, or None
+
+
+@dataclass(frozen=True, slots=True)
 class FusedChunkViews:
     """One chunk of a fused launch: ``out = a @ b`` over ``a``'s rows."""
 
@@ -263,6 +293,17 @@ class FusedChunkViews:
     signal: torch.Tensor | None = None  # 1-element int32 view of a flag, or None
     name: str = ""
     """How errors name the chunk (e.g. 'rank 1 chunk 0')."""
+    copies: tuple[FusedCopyViews, ...] = ()
+    """Further destinations: each tile is computed once and stored to ``out`` and to every
+    copy's ``out``; the chunk's last tile sets every destination's ``signal``."""
+
+    @property
+    def outs(self) -> list[torch.Tensor]:
+        return [self.out, *(c.out for c in self.copies)]
+
+    @property
+    def signals(self) -> list[torch.Tensor]:
+        return [f for f in (self.signal, *(c.signal for c in self.copies)) if f is not None]
 
 
 def _same(name: str, views: Sequence[torch.Tensor], attr: str) -> None:
@@ -304,19 +345,20 @@ class FusedGemm(_Timed):
         a0, out0 = chunks[0].a, chunks[0].out
         _same("a", [c.a for c in chunks], "dtype")
         _same("a", [c.a for c in chunks], "stride")
-        _same("out", [c.out for c in chunks], "dtype")
-        _same("out", [c.out for c in chunks], "stride")
+        _same("out", [o for c in chunks for o in c.outs], "dtype")
+        _same("out", [o for c in chunks for o in c.outs], "stride")
         k, n = b.shape
         for i, c in enumerate(chunks):
-            if c.a.shape[1] != k or tuple(c.out.shape) != (c.a.shape[0], n):
-                raise ValueError(
-                    f"fused GEMM: chunk {i} has a {tuple(c.a.shape)} and out "
-                    f"{tuple(c.out.shape)}; with b {tuple(b.shape)} out must be "
-                    f"[{c.a.shape[0]}, {n}]"
-                )
+            for out in c.outs:
+                if c.a.shape[1] != k or tuple(out.shape) != (c.a.shape[0], n):
+                    raise ValueError(
+                        f"fused GEMM: chunk {i} has a {tuple(c.a.shape)} and out "
+                        f"{tuple(out.shape)}; with b {tuple(b.shape)} out must be "
+                        f"[{c.a.shape[0]}, {n}]"
+                    )
         if b.dtype != a0.dtype:
             raise ValueError(f"fused GEMM: b.dtype must equal a's ({a0.dtype}), got {b.dtype}")
-        flags = [f for c in chunks for f in (c.wait, c.signal) if f is not None]
+        flags = [f for c in chunks for f in (c.wait, *c.signals) if f is not None]
         if any(f.dtype != torch.int32 or f.numel() != 1 for f in flags):
             raise ValueError("fused GEMM: every flag must be a 1-element int32 view")
         if isinstance(sm_budget, bool) or not isinstance(sm_budget, int) or sm_budget < 1:
@@ -342,7 +384,9 @@ class FusedGemm(_Timed):
         self.names = [c.name or f"chunk {i}" for i, c in enumerate(chunks)]
         self.timeout_s, self.budget_ns = timeout_s, _budget_ns(timeout_s)
         self.a_align = _alignment([_offset(c.a, self.a0) for c in chunks], a0.element_size())
-        self.c_align = _alignment([_offset(c.out, self.out0) for c in chunks], out0.element_size())
+        self.c_align = _alignment(
+            [_offset(o, self.out0) for c in chunks for o in c.outs], out0.element_size()
+        )
         refusal = self.tma_refusal()
         if path == "tma" and refusal:
             raise ValueError(f"fused GEMM: path='tma' refused: {refusal}")
@@ -377,7 +421,7 @@ class FusedGemm(_Timed):
     def _tabulate(self, config: GemmConfig) -> None:
         """The chunk table and the tile -> chunk map for ``config``'s tile shape."""
         device, n = self.a0.device, self.n
-        table, tile_chunk, start = [], [], 0
+        table, copies, tile_chunk, start = [], [], [], 0
         for i, c in enumerate(self.chunks):
             rows = c.a.shape[0]
             tiles = triton.cdiv(rows, config.block_m) * triton.cdiv(n, config.block_n)
@@ -391,8 +435,19 @@ class FusedGemm(_Timed):
                     0 if c.signal is None else _offset(c.signal, self.flag_ref),
                     int(c.wait is not None),
                     int(c.signal is not None),
+                    len(copies),
+                    len(c.copies),
+                    int(bool(c.signals)),
                 ]
             )
+            copies += [
+                [
+                    _offset(d.out, self.out0),
+                    0 if d.signal is None else _offset(d.signal, self.flag_ref),
+                    int(d.signal is not None),
+                ]
+                for d in c.copies
+            ]
             tile_chunk += [i] * tiles
             start += tiles
         self.config = config
@@ -406,6 +461,8 @@ class FusedGemm(_Timed):
             )
             self.b_desc = TensorDescriptor(self.b, shape, strides, block)
         self.table = torch.tensor(table, dtype=torch.int64, device=device)
+        # one unused row where no chunk has copies: the kernel never reads it then
+        self.copy_table = torch.tensor(copies or [[0, 0, 0]], dtype=torch.int64, device=device)
         self.tile_chunk = torch.tensor(tile_chunk, dtype=torch.int32, device=device)
         self.tiles = start
         self.grid = (max(1, min(self.sm_budget, start)),)
@@ -428,7 +485,8 @@ class FusedGemm(_Timed):
         if self.path == "tma":
             _ensure_allocator()
         args = (
-            a0, b, self.b_desc, out0, self.flag_ref, self.table, self.tile_chunk, self.work,
+            a0, b, self.b_desc, out0, self.flag_ref, self.table, self.copy_table,
+            self.tile_chunk, self.work,
             self.status, len(self.chunks), self.tiles, self.n, self.k,
             a0.stride(0), a0.stride(1), b.stride(0), b.stride(1), out0.stride(0), out0.stride(1),
             self.budget_ns,
@@ -438,6 +496,7 @@ class FusedGemm(_Timed):
             A_ALIGN=self.a_align, C_ALIGN=self.c_align, USE_TMA=self.path == "tma",
             B_COL_MAJOR=self.b_col_major, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
             ON_GPU=not INTERPRETER, INPUT_PRECISION=_PRECISION[a0.dtype],
+            TABLE_COLS=_TABLE_COLS,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         if warm:

@@ -6,7 +6,8 @@ A plan is the single description every executor backend runs. Modules:
 ``tags``      message tags of two-sided transfers (the one place they are derived)
 ``dense``     ag_gemm and gemm_rs lowerings
 ``alltoall``  a2a_gemm and gemm_a2a lowerings
-``fused``     ``+fused`` schedules of ag_gemm and gemm_rs (one persistent GEMM, flag ops)
+``fused``     ``+fused`` schedules of ag_gemm, gemm_rs and gemm_ar (one persistent GEMM,
+              flag ops)
 ``allreduce`` gemm_ar's lowering (direct chunked all-reduce, or gemm_rs's + an all-gather)
 
 Chunk geometry (how a schedule cuts a problem) is ``ficco.space.geometry``, re-exported here.
@@ -25,6 +26,7 @@ from ficco.plan.ops import (
     BufferSpec,
     CollectiveOp,
     FusedChunk,
+    FusedCopy,
     FusedGemmOp,
     GemmOp,
     LocalCopyOp,
@@ -69,6 +71,7 @@ __all__ = [
     "BufferSpec",
     "CollectiveOp",
     "FusedChunk",
+    "FusedCopy",
     "FusedGemmOp",
     "GemmOp",
     "Geometry",

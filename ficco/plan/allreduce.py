@@ -18,10 +18,13 @@ Two ways to build the all-reduce:
   every rank (``staging`` row block 0, or ``c`` itself) and one collective of kind
   ``one_shot_all_reduce`` (into ``c``) or ``two_shot_all_reduce`` (in place) reduces it
   (:data:`SYMM_LOWERING`; the kernels synchronize the ranks themselves).
+  ``+fused`` (``finer``, ``ce``): one persistent GEMM whose epilogue stores each tile into
+  every rank's staging block and flags it there; each rank reduces chunk j once the W
+  sources' flags are set (``ficco.plan.fused``).
 - **rs_ag** (``shard``/``finer`` + ``rs_ag``): gemm_rs's lowering of the same schedule (the
   reduce-scatter overlapped with the GEMM, its reductions writing this rank's rows of ``c``),
   then every reduced chunk pushed to every peer's ``c`` (the all-gather), each as soon as its
-  reduction is done.
+  reduction is done. With ``+fused`` the reduce-scatter is gemm_rs's fused one.
 
 Every schedule of a problem uses the same buffers (the executors allocate them once).
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 
 from ficco.plan.dense import plan_gemm_rs
+from ficco.plan.fused import plan_gemm_ar_fused
 from ficco.plan.ops import (
     PUSH,
     BufferSpec,
@@ -47,7 +51,7 @@ from ficco.plan.ops import (
 )
 from ficco.plan.tags import transfer_tag
 from ficco.problem import Pattern, Problem
-from ficco.space import AllReduce, Granularity, Schedule, Split, Transport
+from ficco.space import AllReduce, Compute, Granularity, Schedule, Split, Transport
 from ficco.space.geometry import cut
 
 
@@ -65,6 +69,8 @@ def ar_buffers(p: Problem) -> tuple[BufferSpec, ...]:
 def plan_gemm_ar(p: Problem, s: Schedule, rank: int) -> Plan:
     if s.all_reduce is AllReduce.RS_AG:
         return _plan_rs_ag(p, s, rank)
+    if s.compute is Compute.FUSED:
+        return plan_gemm_ar_fused(p, s, rank, ar_buffers(p))
     return _plan_direct(p, s, rank)
 
 

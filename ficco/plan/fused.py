@@ -12,6 +12,16 @@ owner's flag for ``(source rank, chunk)``; the local block goes to ``partial`` a
 itself the same way. The owner reduces each chunk as soon as the flags of all W sources are
 set (a :class:`WaitFlagsOp`, then the reduction), beside the rest of its own GEMM.
 
+gemm_ar (direct all-reduce, row chunks of the whole M): a one-shot all-reduce done by the
+producer. Every rank's fused GEMM computes each tile of chunk j once and stores it into its
+own ``staging`` row block ``rank`` and, zero-copy, into the same block of every peer's
+``staging`` (a :class:`FusedChunk` with one :class:`FusedCopy` per peer); the chunk's last tile
+sets every destination's flag for ``(rank, j)``. Each rank waits for the W sources' flags of
+chunk j and reduces the W staged partials in rank order into its rows of ``c``, so every rank
+holds the same bits, beside the rest of its GEMM. Staging is ``[W*M, N]`` per rank, the
+buffer every gemm_ar schedule already allocates. ``+rs_ag`` schedules lower through gemm_rs's
+fused plan (``ficco.plan.allreduce``).
+
 Flag slots: ``flag_slot(source, chunk, chunks)`` on the rank that waits, so no two sources
 ever write one slot.
 """
@@ -23,6 +33,7 @@ from ficco.plan.ops import (
     BufferSpec,
     Builder,
     FusedChunk,
+    FusedCopy,
     FusedGemmOp,
     Plan,
     ReduceOp,
@@ -137,3 +148,40 @@ def plan_gemm_rs_fused(p: Problem, s: Schedule, rank: int, buffers: tuple[Buffer
             chunk=(rank, j),
         )
     return Plan(p, s, rank, buffers, tuple(bld.tasks), "c_shard")
+
+
+def plan_gemm_ar_fused(p: Problem, s: Schedule, rank: int, buffers: tuple[BufferSpec, ...]) -> Plan:
+    w, M, K, N = p.world, p.m, p.k, p.n
+    pieces = cut(M, s)  # a direct all-reduce cuts the whole M
+    n = len(pieces)
+    _check_slots(p, n)
+    peers = [(rank + i) % w for i in range(1, w)]  # each source starts at a different peer
+
+    def staged(src: int, lo: int, hi: int) -> Region:
+        return Region("staging", (src * M + lo, src * M + hi), (0, N))
+
+    bld = Builder()
+    chunks: list[FusedChunk] = []
+    for j, (lo, hi) in enumerate(pieces):
+        slot = flag_slot(rank, j, n)
+        mine = staged(rank, lo, hi)  # this rank's row block on every rank: same offsets
+        copies = tuple(FusedCopy(mine, dst, (dst, slot)) for dst in peers)
+        a = Region("a", (lo, hi), (0, K))
+        chunks.append(FusedChunk(a, mine, rank, signal=(rank, slot), copies=copies))
+    bld.add(
+        FusedGemmOp(Region("b", (0, K), (0, N)), tuple(chunks)), Stream.COMPUTE, chunk=(rank, -1)
+    )
+    for j, (lo, hi) in enumerate(pieces):
+        landed = bld.add(
+            WaitFlagsOp(tuple(flag_slot(src, j, n) for src in range(w))),
+            Stream.COMM,
+            chunk=(rank, j),
+        )
+        # in rank order on every rank: the same sum, bit for bit, everywhere
+        bld.add(
+            ReduceOp(tuple(staged(src, lo, hi) for src in range(w)), Region("c", (lo, hi), (0, N))),
+            Stream.COMPUTE,
+            [landed],
+            chunk=(rank, j),
+        )
+    return Plan(p, s, rank, buffers, tuple(bld.tasks), "c")

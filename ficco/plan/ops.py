@@ -102,6 +102,17 @@ class ReduceOp:
 
 
 @dataclass(frozen=True, slots=True)
+class FusedCopy:
+    """A further destination of a fused chunk's tiles: the same tile stored again."""
+
+    out: Region
+    out_rank: int
+    """The rank whose peer-visible buffer ``out`` names."""
+    signal: tuple[int, int] | None = None
+    """``(rank, flag slot)`` set once every tile of the chunk is stored (None: no one waits)."""
+
+
+@dataclass(frozen=True, slots=True)
 class FusedChunk:
     """One row chunk of a fused GEMM: ``out = a @ b`` over these rows."""
 
@@ -115,13 +126,23 @@ class FusedChunk:
     the local shard)."""
     signal: tuple[int, int] | None = None
     """``(rank, flag slot)`` set once every tile of the chunk is stored (None: no one waits)."""
+    copies: tuple[FusedCopy, ...] = ()
+    """Further destinations of the same tiles (gemm_ar: every peer's ``staging``): each tile
+    is computed once and stored to ``out`` and to every copy, and the chunk's last tile sets
+    every destination's flag."""
+
+    @property
+    def stores(self) -> tuple[FusedCopy, ...]:
+        """Every destination of the chunk's tiles, ``out`` first."""
+        return (FusedCopy(self.out, self.out_rank, self.signal), *self.copies)
 
 
 @dataclass(frozen=True, slots=True)
 class FusedGemmOp:
     """One persistent GEMM over ``chunks`` in order (the order tiles are taken in): each
     chunk's tiles wait on its ``wait`` flag, compute ``a @ b`` and store into ``out`` on
-    ``out_rank``, and the chunk's last tile sets its ``signal`` flag."""
+    ``out_rank`` (and into each of its ``copies``), and the chunk's last tile sets its
+    ``signal`` flag (and each copy's)."""
 
     b: Region
     chunks: tuple[FusedChunk, ...]
@@ -220,7 +241,7 @@ class Plan:
             elif isinstance(t.op, FusedGemmOp):
                 for c in t.op.chunks:
                     used.append(0 if c.wait is None else c.wait + 1)
-                    used.append(0 if c.signal is None else c.signal[1] + 1)
+                    used.extend(0 if d.signal is None else d.signal[1] + 1 for d in c.stores)
         return max(used)
 
 

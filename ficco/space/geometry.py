@@ -157,7 +157,7 @@ def geometry(problem: Problem, schedule: Schedule) -> Geometry:
         gemm_cols, gemm_k, launches = problem.n, problem.k, 1
         transfer_rows, transfer_cols = shard_rows, moved_cols
     elif schedule.compute is Compute.FUSED:
-        # one persistent launch over every chunk (ag_gemm and gemm_rs only: M x N x K)
+        # one persistent launch over every chunk (M x N x K; gemm_ar: the whole M, direct)
         gemm_rows, gemm_cols, gemm_k, launches = problem.m, problem.n, problem.k, 1
     elif schedule.compute is Compute.MERGED:
         gemm_rows, gemm_cols, gemm_k, launches = shard_rows, problem.n, problem.k, steps

@@ -216,14 +216,17 @@ def merged_needs_finer(p: Problem, s: Schedule) -> str | None:
     return None
 
 
-#: Patterns with a fused schedule: ag_gemm (tiles wait on arrival flags) and gemm_rs (the
-#: epilogue stores tiles into the owner's buffer).
-FUSED_PATTERNS = (Pattern.AG_GEMM, Pattern.GEMM_RS)
+#: Patterns with a fused schedule: ag_gemm (tiles wait on arrival flags), gemm_rs (the
+#: epilogue stores tiles into the owner's buffer) and gemm_ar (the epilogue stores each tile
+#: into every rank's staging: a one-shot all-reduce by the producer; or, with rs_ag, gemm_rs's
+#: fused reduce-scatter). The all-to-alls' blocks have no fixed place per tile yet.
+FUSED_PATTERNS = (Pattern.AG_GEMM, Pattern.GEMM_RS, Pattern.GEMM_AR)
 
 
 def fused_needs_dense_pattern(p: Problem, s: Schedule) -> str | None:
     if s.compute is Compute.FUSED and p.pattern not in FUSED_PATTERNS:
-        return f"fused compute exists for ag_gemm and gemm_rs only, not {p.pattern}"
+        names = ", ".join(str(x) for x in FUSED_PATTERNS)
+        return f"fused compute exists for {names} only, not {p.pattern}"
     return None
 
 
@@ -249,7 +252,9 @@ def fused_needs_row_chunks(p: Problem, s: Schedule) -> str | None:
 
 def fused_needs_symmetric_memory(p: Problem, s: Schedule) -> str | None:
     # Flags live in symmetric memory and are set by the copy engine's stream (or the peer's
-    # stores); an SM-based transport beside a GEMM that spins on its SMs could starve.
+    # stores); an SM-based transport beside a GEMM that spins on its SMs could starve. For
+    # gemm_ar the fused GEMM's stores are the all-reduce's transport: symm1/symm2 would be a
+    # second one.
     if s.compute is Compute.FUSED and s.transport is not Transport.CE:
         return (
             f"fused compute needs the ce transport (flags in symmetric memory set after "
