@@ -306,15 +306,34 @@ def layer_space():
     return SpaceOptions(chunk_counts=(2, 4, 8), sm_reserves=(0,), gemms=(Gemm.CUBLAS,))
 
 
+def fused_space():
+    """(b)'s fused schedules: the producer's epilogue all-reduces (``+fused``, a Triton GEMM
+    by construction), 2/4/8 chunks, no SM reserve; the Triton twins of the unfused schedules
+    are left out (they would double the run to say what the GEMM benchmark already says)."""
+    from ficco.space import Compute, Gemm, SpaceOptions
+
+    return SpaceOptions(
+        chunk_counts=(2, 4, 8), sm_reserves=(0,), gemms=(Gemm.TRITON,), computes=(Compute.FUSED,)
+    )
+
+
+def layer_schedules(problem) -> list:
+    """Every schedule (b) runs for ``problem``: the cuBLAS space, then the fused schedules."""
+    from ficco.space import enumerate_schedules
+
+    return list(enumerate_schedules(problem, layer_space())) + list(
+        enumerate_schedules(problem, fused_space())
+    )
+
+
 def layer_jobs(models, tokens, world: int) -> list:
     """(b)'s (problem, schedules) jobs, small M first (a run cut short covers every layer)."""
-    from ficco.space import enumerate_schedules
     from ficco.workloads import ParallelSetup, get_model, model_problems
 
     setup = ParallelSetup(world=world, tokens=tuple(tokens), phase="decode")
     problems = [p for name in models for p in model_problems(get_model(name), setup)[0]]
     problems.sort(key=lambda p: (p.m, p.name))
-    return [(p, list(enumerate_schedules(p, layer_space()))) for p in problems]
+    return [(p, layer_schedules(p)) for p in problems]
 
 
 def layer_row(problem, measured) -> dict:
@@ -423,6 +442,7 @@ def run_layers(args, world: int, out: str | None) -> dict:
             "chunk_counts": list(layer_space().chunk_counts),
             "transports": [t.value for t in layer_space().transports],
             "gemms": [g.value for g in layer_space().gemms],
+            "plus": "every +fused schedule (Triton, 2/4/8 chunks)",
             "schedules_per_shape": {p.key: len(s) for p, s in jobs},
         },
         "models": models,

@@ -30,7 +30,11 @@ def test_layer_jobs_time_every_enumerated_schedule_with_the_symm_transports():
     jobs = bench.layer_jobs(["llama3-70b"], (1, 64, 2048), 2)
     assert [p.m for p, _ in jobs] == [1, 1, 64, 64, 2048, 2048]
     for problem, schedules in jobs:
-        assert schedules == list(enumerate_schedules(problem, bench.layer_space()))
+        fused = list(enumerate_schedules(problem, bench.fused_space()))
+        assert schedules == list(enumerate_schedules(problem, bench.layer_space())) + fused
+        assert all(s.compute.value == "fused" for s in fused)
+        if problem.m >= 64:  # row chunks: the producer's epilogue all-reduces
+            assert "finer-c2-m/ce/triton+fused" in {str(s) for s in fused}
         names = {str(s) for s in schedules}
         assert "serial/symm2/cublas" in names and "serial/nccl/cublas" in names
         transports = {s.transport for s in schedules}
