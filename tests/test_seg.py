@@ -361,3 +361,63 @@ def test_the_cuda_group_op_copies_every_segment_and_signals_every_push(pattern, 
     signals = [s for h in prims.handles.values() for s in h.signals]
     assert sorted(signals) == sorted(pushes)
     assert bool(pushes) == (pattern == "gemm_a2a")
+
+
+# --- the benchmark that shows where each transport wins --------------------------------------
+
+
+def _bench_moe():
+    import importlib
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    return importlib.import_module("bench_moe")
+
+
+def test_bench_moe_times_the_seg_schedules_beside_ce_and_nccl():
+    bench = _bench_moe()
+    for pattern in ("a2a_gemm", "gemm_a2a"):
+        p = Problem(pattern=pattern, m=4096, n=1024, k=512, world=2, experts=8)
+        found = bench.candidates(p)
+        assert {s.transport.value for s in found} == {"ce", "nccl", "seg"}
+        ce = {s for s in found if s.transport is Transport.CE}
+        seg = {s for s in found if s.transport is Transport.SEG}
+        # cuBLAS and no SM reserve: every ce schedule has its seg twin and no more
+        assert seg == {dataclasses.replace(s, transport=Transport.SEG) for s in ce}
+
+
+def test_bench_moe_says_where_each_transport_wins():
+    bench = _bench_moe()
+
+    def row(pattern, times):
+        candidates = {
+            name: {"kind": "schedule", "verdict": "ok", "median_ms": ms}
+            for name, ms in times.items()
+        }
+        candidates["serial_eager"] = {"kind": "baseline", "verdict": "ok", "median_ms": 0.1}
+        candidates["shard/seg/cublas+hi"] = {
+            "kind": "schedule",
+            "verdict": "incorrect",
+            "median_ms": 0.01,
+        }
+        return {"problem": {"pattern": pattern}, "candidates": candidates}
+
+    rows = [
+        row(
+            "a2a_gemm", {"serial/nccl/cublas": 4.0, "shard/ce/cublas": 2.0, "shard/seg/cublas": 1.0}
+        ),
+        row(
+            "a2a_gemm",
+            {"serial/nccl/cublas": 4.0, "shard/ce/cublas": 2.0, "serial/seg/cublas": 4.0},
+        ),
+    ]
+    where = bench.by_transport(rows)["a2a_gemm"]
+    assert {t: (e["problems"], e["wins"]) for t, e in where.items()} == {
+        "nccl": (2, 0),
+        "ce": (2, 1),
+        "seg": (2, 1),  # the incorrect (and faster) seg schedule never counts
+    }
+    assert where["seg"]["best_vs_best"] == pytest.approx(2**0.5)  # 1.0 and 2.0
+    assert where["ce"]["best_vs_best"] == pytest.approx(2**0.5)
+    assert where["nccl"]["best_vs_best"] == pytest.approx(8**0.5)
