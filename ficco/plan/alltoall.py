@@ -10,6 +10,12 @@ gemm_a2a   x [R_r, K], b [E/W, K, N]   y_local [R_r, N], y [T_r, N]
 ``T_r`` rows of rank r are sorted by destination expert; ``R_r`` received rows are ordered
 (source rank, local expert) -- the order ``all_to_all_single`` produces. A *block* is what
 one rank sends another; finer schedules cut blocks into chunks of rows.
+
+One-sided transports pull (dispatch) or push (combine) each block or chunk. ``ce`` makes each
+one its own transfer task; ``seg`` makes each *step* one :class:`TransferGroupOp` (one
+segment-copy kernel on GPUs): serial schedules move every peer's block and the local block in
+one group, ``+all_peers`` a chunk index from every peer, the ring one peer's chunk. The
+peers' passive halves stay plain transfer tasks, and both transports move the same bytes.
 """
 
 from __future__ import annotations
