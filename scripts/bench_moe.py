@@ -6,14 +6,17 @@ Two parts:
 down-projection, combine) of Mixtral-8x7B, DeepSeek-V3, Qwen3-235B-A22B and GPT-OSS-120B from
 ficco's catalog, at 256 ... 16384 tokens per rank, with uniform routing and with a skewed one
 (``ficco.routing``: a seeded top-k router, Zipf-like popularity, ``--alpha``). Every schedule
-of the sweep space (both transports, cuBLAS GEMMs, 2/4/8 chunks) is verified against the
-collectives reference, then timed beside the serial plan (``all_to_all_single`` with splits,
-one GEMM per expert block) issued eagerly and in a CUDA graph, and the ideal max(GEMMs alone,
-all-to-all alone), with the protocol of ``scripts/bench_overlap.py`` (whose runner it uses).
+of the sweep space (transports ce, nccl and seg -- seg: a step's transfers as one
+segment-copy kernel --, cuBLAS GEMMs, 2/4/8 chunks) is verified against the collectives
+reference, then timed beside the serial plan (``all_to_all_single`` with splits, one GEMM per
+expert block) issued eagerly and in a CUDA graph, and the ideal, max(GEMMs alone, all-to-all
+alone), with the protocol of ``scripts/bench_overlap.py`` (whose runner it uses). The summary
+says, per pattern and routing, where each transport wins (``by_transport``).
 
 ``transfers``: the all-to-all alone, 64 KiB ... 1 GiB sent per rank, evenly to every rank:
 NCCL ``all_to_all_single``, ficco's copy-engine all-to-all (each rank pulls its block from
-every peer's symmetric buffer, one side stream per peer, between two device barriers), and
+every peer's symmetric buffer, one side stream per peer, between two device barriers), the
+same pulls as one segment-copy kernel launch (``seg_pull``, between the same barriers), and
 PyTorch's ``all_to_all_vdev`` where the build has it (it needs NVSHMEM; recorded as
 unavailable otherwise). Verified first, then timed eager, median over rounds of the max over
 ranks.
@@ -71,10 +74,42 @@ def candidates(problem):
     space = SpaceOptions(
         chunk_counts=(2, 4, 8),
         sm_reserves=(0,),
-        transports=(Transport.CE, Transport.NCCL),  # nccl_ce: unavailable without its probe
+        # nccl_ce: unavailable without its probe; seg: ce's transfers, a step's as one kernel
+        transports=(Transport.CE, Transport.NCCL, Transport.SEG),
         gemms=(Gemm.CUBLAS,),
     )
     return list(enumerate_schedules(problem, space))
+
+
+def by_transport(rows: list[dict]) -> dict:
+    """Per pattern, per transport (the middle part of a schedule's name): on how many
+    problems its best verified schedule was the best of all (``wins``), and the geomean of
+    its best over the best of all (``best_vs_best``: 1.0 where it always wins)."""
+    out: dict[str, dict] = {}
+    for row in rows:
+        ok = {
+            name: c["median_ms"]
+            for name, c in row["candidates"].items()
+            if c["kind"] == "schedule" and c["verdict"] == "ok" and c["median_ms"] > 0
+        }
+        if not ok:
+            continue
+        best = min(ok.values())
+        per: dict[str, float] = {}
+        for name, ms in ok.items():
+            transport = name.split("/")[1]
+            per[transport] = min(ms, per.get(transport, math.inf))
+        mine = out.setdefault(row["problem"]["pattern"], {})
+        for transport, ms in per.items():
+            entry = mine.setdefault(transport, {"problems": 0, "wins": 0, "logs": []})
+            entry["problems"] += 1
+            entry["wins"] += ms == best
+            entry["logs"].append(math.log(ms / best))
+    for mine in out.values():
+        for entry in mine.values():
+            logs = entry.pop("logs")
+            entry["best_vs_best"] = math.exp(sum(logs) / len(logs))
+    return out
 
 
 def run_layers(args) -> dict:
@@ -126,6 +161,8 @@ def run_layers(args) -> dict:
                 r for r in rows_of[issue] if r["name"].endswith("+skew") == (routing == "skewed")
             ]
             summary[issue][routing] = bo.summarize(mine)
+            for pattern, where in by_transport(mine).items():
+                summary[issue][routing].setdefault(pattern, {})["by_transport"] = where
     return {
         "benchmark": "MoE expert layers: all-to-all + GEMM schedules vs serial and ideal",
         "fingerprint": fingerprint("cuda"),
@@ -206,6 +243,29 @@ def _transfer_size(nbytes: int, rank: int, world: int, device, config: dict) -> 
 
     fns = {"nccl": nccl, "ce_pull": ce_pull}
     row = {"bytes_per_rank": numel * 2, "world": world, "failures": {}}
+    try:
+        from ficco.kernels.segment_copy import SegmentCopy
+
+        pulls = SegmentCopy(
+            [
+                (
+                    (send if peer == rank else handle.get_buffer(peer, (numel,), send.dtype))[
+                        rank * block : (rank + 1) * block
+                    ],
+                    recv[peer * block : (peer + 1) * block],
+                )
+                for peer in range(world)
+            ]
+        )
+
+        def seg_pull():
+            handle.barrier(channel=0)
+            pulls()  # every peer's block and the local one: one launch
+            handle.barrier(channel=1)
+
+        fns["seg_pull"] = seg_pull
+    except ValueError as err:  # a block that is not whole 16-byte vectors
+        row["failures"]["seg_pull"] = str(err)[:300]
     vdev = getattr(torch.ops.symm_mem, "all_to_all_vdev", None)
     if vdev is None:
         row["failures"]["all_to_all_vdev"] = "this torch has no symm_mem.all_to_all_vdev"
@@ -225,7 +285,7 @@ def _transfer_size(nbytes: int, rank: int, world: int, device, config: dict) -> 
             fns["all_to_all_vdev"] = all_to_all_vdev
         except Exception as err:  # recorded; the run goes on
             row["failures"]["all_to_all_vdev"] = f"{type(err).__name__}: {err}"[:300]
-    for name in ("nccl", "ce_pull"):
+    for name in [n for n in ("nccl", "ce_pull", "seg_pull") if n in fns]:
         recv.fill_(float("nan"))
         fns[name]()
         torch.cuda.synchronize()
@@ -265,16 +325,22 @@ def run_transfers(args) -> dict:
     started = time.time()
     rows = spawn_ranks(_transfer_rank, args.world, config)
 
-    def ratio(row):
-        if "nccl" in row and "ce_pull" in row:
-            return row["nccl"]["median_ms"] / row["ce_pull"]["median_ms"]
+    def ratio(row, name="ce_pull"):
+        if "nccl" in row and name in row:
+            return row["nccl"]["median_ms"] / row[name]["median_ms"]
+        return math.nan
+
+    def seg_vs_ce(row):
+        if "seg_pull" in row and "ce_pull" in row:
+            return row["ce_pull"]["median_ms"] / row["seg_pull"]["median_ms"]
         return math.nan
 
     big = [ratio(r) for r in rows if r["bytes_per_rank"] >= 16 << 20]
     small = [ratio(r) for r in rows if r["bytes_per_rank"] < 1 << 20]
     big = [v for v in big if v == v]
     return {
-        "benchmark": "all-to-all alone: NCCL vs copy-engine pull vs all_to_all_vdev",
+        "benchmark": "all-to-all alone: NCCL vs copy-engine pull vs segment-copy kernel pull "
+        "vs all_to_all_vdev",
         "fingerprint": fingerprint("cuda"),
         "config": config | {"world": args.world},
         "summary": {
@@ -282,6 +348,8 @@ def run_transfers(args) -> dict:
             if big
             else None,
             "ce_over_nccl_speedup_below_1MiB": small,
+            "seg_over_nccl_speedup": {r["bytes_per_rank"]: ratio(r, "seg_pull") for r in rows},
+            "seg_over_ce_speedup": {r["bytes_per_rank"]: seg_vs_ce(r) for r in rows},
         },
         "rows": rows,
         "wall_s": time.time() - started,

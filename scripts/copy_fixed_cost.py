@@ -3,12 +3,15 @@
 On one GPU, device-to-device within its own memory: peer copies over NVLink need 2 GPUs and
 are measured by ``scripts/bench_moe.py``. For segment sizes 4 KiB ... 64 MiB (x4 steps) and
 1, 4, 16, 64 segments, one operation copies every segment (each its own source and
-destination buffer), four ways:
+destination buffer), five ways:
 
 - ``eager``: one ``copy_`` per segment (a ``cudaMemcpyAsync`` each), issued from Python;
 - ``graph``: the same copies captured once in a CUDA graph, one ``replay()`` per operation;
 - ``kernel``: ficco's segment-copy kernel (``ficco.kernels.segment_copy``): one Triton
   launch over a prepared table of (source, destination, length), built once;
+- ``kernel_graph``: the same kernel (its own prepared table) captured once in a CUDA graph,
+  one ``replay()`` per operation: the kernel as the ``seg`` transport issues it inside a
+  captured schedule, without Triton's Python launch cost;
 - ``batch``: ``cudaMemcpyBatchAsync`` through ``cuda.bindings.runtime`` where it is there
   (no new dependency; recorded as ``unavailable: why`` otherwise), the pointer lists built
   once, each operation one call.
@@ -23,8 +26,8 @@ that is the small-transfer case the fixed cost describes.
 
 Fit: per method and count, ``t = a + bytes / rate`` by least squares on relative error (each
 point weighted 1 / t^2), so the small sizes set the intercept; the fixed cost per copy is
-``a / count``. Crossover: per count, the largest size at which the kernel's median beats
-eager (and the graph).
+``a / count``. Crossover: per count, the sizes at which each kernel method's median beats
+eager (and the graph of copies).
 
 Writes ``$OUT/copy_fixed_cost.json`` (or ``--out``) with the environment fingerprint and
 prints the table last.
@@ -49,7 +52,8 @@ import torch  # noqa: E402
 
 SIZES = tuple(4096 << (2 * i) for i in range(8))  # 4 KiB ... 64 MiB
 COUNTS = (1, 4, 16, 64)
-METHODS = ("eager", "graph", "kernel", "batch")
+METHODS = ("eager", "graph", "kernel", "kernel_graph", "batch")
+KERNEL_METHODS = ("kernel", "kernel_graph")
 WARMUP = 5
 
 
@@ -127,6 +131,18 @@ def _graph_of(fn, stream: torch.cuda.Stream):
     return graph.replay
 
 
+class _GraphedKernel:
+    """A prepared SegmentCopy captured in a CUDA graph: calling it replays the graph."""
+
+    def __init__(self, kernel, stream: torch.cuda.Stream) -> None:
+        # the graph reads the kernel's device table: keep the kernel (and so the table) alive
+        self.kernel, self.grid = kernel, kernel.grid
+        self.replay = _graph_of(kernel, stream)
+
+    def __call__(self) -> None:
+        self.replay()
+
+
 def build_methods(pairs, stream) -> tuple[dict, dict]:
     """``(callables, unavailable)``: each method ready to run, or why it is not."""
     from ficco.kernels.segment_copy import SegmentCopy
@@ -139,6 +155,7 @@ def build_methods(pairs, stream) -> tuple[dict, dict]:
     for name, make in (
         ("graph", lambda: _graph_of(eager, stream)),
         ("kernel", lambda: SegmentCopy(pairs)),
+        ("kernel_graph", lambda: _GraphedKernel(SegmentCopy(pairs), stream)),
         ("batch", lambda: Batch(pairs, stream)),
     ):
         try:
@@ -226,8 +243,9 @@ def run(sizes, counts, reps: int) -> list[dict]:
                 row[name] = stats
             if "batch" in methods:
                 row["batch"]["signature"] = methods["batch"].signature
-            if "kernel" in methods:
-                row["kernel"]["grid"] = list(methods["kernel"].grid)
+            for name in KERNEL_METHODS:
+                if name in methods:
+                    row[name]["grid"] = list(methods[name].grid)
             rows.append(row)
             del pairs, methods
             torch.cuda.empty_cache()
@@ -251,24 +269,26 @@ def summarize(rows: list[dict], counts) -> list[dict]:
                 # the kernel and batch are one operation for all segments: per copy = a / count
                 entry["fixed_us_per_copy"][method] = fit["fixed_us"] / count
                 entry["gbps_fit"][method] = fit["gbps"]
-        for rival in ("eager", "graph"):
-            wins = [
-                r["segment_bytes"]
-                for r in mine
-                if "median_us" in r.get("kernel", {})
-                and "median_us" in r.get(rival, {})
-                and r["kernel"]["median_us"] < r[rival]["median_us"]
-            ]
-            loses = [
-                r["segment_bytes"]
-                for r in mine
-                if "median_us" in r.get("kernel", {})
-                and "median_us" in r.get(rival, {})
-                and r["kernel"]["median_us"] >= r[rival]["median_us"]
-            ]
-            # the kernel wins below the smallest size at which it loses (None: never loses)
-            entry[f"kernel_beats_{rival}_below_bytes"] = min(loses) if loses else None
-            entry[f"kernel_beats_{rival}_at"] = sorted(wins)
+        for kernel in KERNEL_METHODS:
+            for rival in ("eager", "graph"):
+                both = [
+                    r
+                    for r in mine
+                    if "median_us" in r.get(kernel, {}) and "median_us" in r.get(rival, {})
+                ]
+                wins = [
+                    r["segment_bytes"]
+                    for r in both
+                    if r[kernel]["median_us"] < r[rival]["median_us"]
+                ]
+                loses = [
+                    r["segment_bytes"]
+                    for r in both
+                    if r[kernel]["median_us"] >= r[rival]["median_us"]
+                ]
+                # wins below the smallest size at which it loses (None: never loses)
+                entry[f"{kernel}_beats_{rival}_below_bytes"] = min(loses) if loses else None
+                entry[f"{kernel}_beats_{rival}_at"] = sorted(wins)
         out.append(entry)
     return out
 
@@ -282,24 +302,23 @@ def _fmt_bytes(n: int) -> str:
 
 def print_table(rows: list[dict], summary: list[dict]) -> None:
     print("\nmedian us per operation (all segments)")
-    print(f"{'count':>5} {'segment':>9} " + " ".join(f"{m:>10}" for m in METHODS))
+    print(f"{'count':>5} {'segment':>9} " + " ".join(f"{m:>12}" for m in METHODS))
     for r in rows:
         cells = []
         for m in METHODS:
             cell = r.get(m, {})
-            cells.append(f"{cell['median_us']:10.1f}" if "median_us" in cell else f"{'-':>10}")
+            cells.append(f"{cell['median_us']:12.1f}" if "median_us" in cell else f"{'-':>12}")
         print(f"{r['count']:>5} {_fmt_bytes(r['segment_bytes']):>9} " + " ".join(cells))
     print("\nper count: fitted fixed cost per copy (us), and the sizes at which the kernel wins")
     for s in summary:
         fixed = ", ".join(f"{m} {v:.2f}" for m, v in s["fixed_us_per_copy"].items())
-        wins = {
-            rival: ", ".join(map(_fmt_bytes, s[f"kernel_beats_{rival}_at"])) or "none"
-            for rival in ("eager", "graph")
-        }
-        print(
-            f"count {s['count']:>2}: {fixed}; kernel beats eager at [{wins['eager']}], "
-            f"graph at [{wins['graph']}]"
-        )
+        print(f"count {s['count']:>2}: {fixed}")
+        for kernel in KERNEL_METHODS:
+            wins = {
+                rival: ", ".join(map(_fmt_bytes, s.get(f"{kernel}_beats_{rival}_at", []))) or "none"
+                for rival in ("eager", "graph")
+            }
+            print(f"    {kernel} beats eager at [{wins['eager']}], graph at [{wins['graph']}]")
 
 
 def main(argv=None) -> int:
@@ -327,7 +346,7 @@ def main(argv=None) -> int:
     summary = summarize(rows, counts)
     report = {
         "benchmark": "copy fixed cost vs size and count: eager copy_, CUDA graph, segment-copy "
-        "kernel, cudaMemcpyBatchAsync (one GPU, device to device)",
+        "kernel (eager and graphed), cudaMemcpyBatchAsync (one GPU, device to device)",
         "protocol": __doc__.split("\n\n")[2].strip() + " " + __doc__.split("\n\n")[3].strip(),
         "fingerprint": fingerprint("cuda"),
         "reps": args.reps,

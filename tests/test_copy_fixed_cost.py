@@ -47,3 +47,26 @@ def test_summary_divides_by_count_and_finds_the_crossover(script):
     assert entry["kernel_beats_eager_below_bytes"] == 4 << 20
     assert max(entry["kernel_beats_eager_at"]) == 1 << 20
     assert "graph" not in entry["fixed_us_per_copy"]
+
+
+def test_the_graphed_kernel_is_summarized_against_both_rivals(script):
+    assert "kernel_graph" in script.METHODS
+    rows = []
+    for n in script.SIZES:
+        rows.append(
+            {
+                "count": 16,
+                "segment_bytes": n,
+                "total_bytes": 16 * n,
+                "eager": {"median_us": 16 * (10.0 + n / 4e5)},
+                "graph": {"median_us": 10.0 + 16 * (1.0 + n / 4e5)},  # 1 us per extra copy
+                "kernel": {"median_us": 30.0 + 16 * n / 3e5},
+                "kernel_graph": {"median_us": 10.0 + 16 * n / 3e5},  # one launch, slower rate
+            }
+        )
+    (entry,) = script.summarize(rows, (16,))
+    assert entry["fixed_us_per_copy"]["kernel_graph"] == pytest.approx(10.0 / 16, rel=1e-6)
+    # graphed kernel < graph while 16 n (1/3e5 - 1/4e5) < 16, i.e. n < 1.2e6: up to 1 MiB
+    assert entry["kernel_graph_beats_graph_at"] == [n for n in script.SIZES if n <= 1 << 20]
+    assert entry["kernel_graph_beats_graph_below_bytes"] == 4 << 20
+    assert entry["kernel_beats_graph_at"] == []  # the eager launch's 30 us never pays off here

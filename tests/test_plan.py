@@ -10,6 +10,7 @@ from ficco.plan import (
     LocalCopyOp,
     ReduceOp,
     Region,
+    TransferGroupOp,
     TransferOp,
     build_plan,
 )
@@ -47,12 +48,21 @@ def test_chunk_bounds_ragged_and_aligned():
     assert chunk_bounds(0, 4) == []
 
 
+def _ops(plan):
+    """Every op of the plan, a transfer group's members and local copies in its place."""
+    for task in plan.tasks:
+        if isinstance(task.op, TransferGroupOp):
+            yield from task.op.transfers
+            yield from task.op.copies
+        else:
+            yield task.op
+
+
 def _written_once(plan, shapes):
     """Count non-accumulating writes per element of the output buffer."""
     out = plan.output
     count = np.zeros(shapes[out], dtype=int)
-    for task in plan.tasks:
-        op = task.op
+    for op in _ops(plan):
         region = None
         if isinstance(op, FusedGemmOp):  # the chunks this rank stores locally
             for c in op.chunks:
@@ -97,14 +107,13 @@ def test_every_plan_is_consistent_across_ranks(problem):
                         (m, k), (m2, n) = c.a.shape, c.out.shape
                         assert (m, k, n) == (m2, *op.b.shape), (schedule, c)
                         assert m > 0
+            for op in _ops(plan):
                 if isinstance(op, TransferOp):
                     # the peer lists the other half with the same tag and swapped regions
                     peer_ops = [
-                        t.op
-                        for t in plans[op.peer].tasks
-                        if isinstance(t.op, TransferOp)
-                        and t.op.tag == op.tag
-                        and t.op.peer == plan.rank
+                        o
+                        for o in plans[op.peer].transfers()
+                        if o.tag == op.tag and o.peer == plan.rank
                     ]
                     want = "send" if op.direction == "recv" else "recv"
                     match = [o for o in peer_ops if o.direction == want]

@@ -40,11 +40,14 @@ def test_enumeration_is_legal_unique_parseable_and_has_serial(problem):
 
 def test_enumeration_covers_every_axis_value_that_applies():
     found = list(enumerate_schedules(AG))
-    # symm1 / symm2 are all-reduce kernels: gemm_ar's alone
-    symm = {Transport.SYMM1, Transport.SYMM2}
-    assert {s.transport for s in found} == set(Transport) - symm
+    # symm1 / symm2 are all-reduce kernels: gemm_ar's alone; seg batches all-to-all steps
+    symm, seg = {Transport.SYMM1, Transport.SYMM2}, {Transport.SEG}
+    assert {s.transport for s in found} == set(Transport) - symm - seg
     ar = Problem(pattern="gemm_ar", m=96, n=80, k=72, world=2)
-    assert {s.transport for s in enumerate_schedules(ar)} == set(Transport)
+    assert {s.transport for s in enumerate_schedules(ar)} == set(Transport) - seg
+    for pattern in ("a2a_gemm", "gemm_a2a"):
+        a2a = Problem(pattern=pattern, m=96, n=80, k=72, world=2, experts=4)
+        assert {s.transport for s in enumerate_schedules(a2a)} == set(Transport) - symm
     assert {s.split for s in found} == {Split.M, Split.K}  # N cannot cut an all-gather
     assert {s.chunks for s in found} == {1, 2, 4, 8, 16}
     assert {s.gemm for s in found} == set(Gemm)
@@ -92,6 +95,10 @@ def test_every_rule_excludes_something_named():
     hits |= {name for name, _ in violations(fp16, Schedule.parse("serial/symm2/cublas"))}
     odd = Problem(pattern="gemm_ar", m=10, n=15, k=16, world=3)  # bf16 rows of 30 bytes
     hits |= {name for name, _ in violations(odd, Schedule.parse("finer-c2-m/symm1/cublas"))}
+    hits |= {name for name, _ in violations(problem, Schedule.parse("shard/seg/cublas"))}
+    # fp32 rows of 70 elements are 280 bytes: not whole 16-byte vectors
+    a2a = Problem(pattern="a2a_gemm", m=96, n=80, k=70, world=2, experts=4)
+    hits |= {name for name, _ in violations(a2a, Schedule.parse("shard/seg/cublas"))}
     even = Problem(pattern="gemm_ar", m=6, n=16, k=16, world=3)
     hits |= {name for name, _ in violations(even, Schedule.parse("serial/nccl/cublas+rs_ag"))}
     assert hits == names

@@ -47,6 +47,7 @@ from ficco.plan import (
     Region,
     SignalOp,
     Task,
+    TransferGroupOp,
     TransferOp,
     build_plan,
     run_tag,
@@ -98,6 +99,20 @@ def _region(t: torch.Tensor, region: Region) -> torch.Tensor:
     if region.index is not None:
         t = t[region.index]
     return t[region.rows[0] : region.rows[1], region.cols[0] : region.cols[1]]
+
+
+class _Settled:
+    """The requests of a transfer group as one request: ``wait`` settles every one (a
+    received block lands in its destination)."""
+
+    def __init__(self, posted: list[tuple]) -> None:
+        self.posted = posted
+
+    def wait(self) -> None:
+        for req, staged, dest in self.posted:
+            req.wait()
+            if dest is not None:
+                dest.copy_(staged)
 
 
 class CpuPrimitives(FusedPrimitives, Primitives):
@@ -223,16 +238,33 @@ class CpuPrimitives(FusedPrimitives, Primitives):
     def local_copy(self, op: LocalCopyOp) -> None:
         view(self.tensors, op.dst).copy_(view(self.tensors, op.src))
 
-    def transfer(self, ops: Sequence[TransferOp], task_ids: Sequence[int]) -> None:
+    def transfer(
+        self, ops: Sequence[TransferOp], task_ids: Sequence[int], pending: dict | None = None
+    ) -> None:
+        """Post each transfer; its request waits in ``pending`` (the plan's by default)
+        under its task id."""
+        pending = self.pending if pending is None else pending
         for op, task_id in zip(ops, task_ids, strict=True):
             local = view(self.tensors, op.local)
             tag = run_tag(self.run, op.tag)
             if op.direction == "send":
                 staged = local.contiguous().clone()
-                self.pending[task_id] = (dist.isend(staged, op.peer, tag=tag), staged, None)
+                pending[task_id] = (dist.isend(staged, op.peer, tag=tag), staged, None)
             else:
                 staged = torch.empty(local.shape, dtype=local.dtype)
-                self.pending[task_id] = (dist.irecv(staged, op.peer, tag=tag), staged, local)
+                pending[task_id] = (dist.irecv(staged, op.peer, tag=tag), staged, local)
+
+    def transfer_group(self, op: TransferGroupOp, task_id: int) -> None:
+        """seg over gloo: the group's local copies now, its transfers posted as the plain
+        transfers are (the peers' passive halves pair with them by tag), settled together
+        when a task depends on the group."""
+        for copy in op.copies:
+            self.local_copy(copy)
+        if not op.transfers:
+            return
+        posted: dict[int, tuple] = {}
+        self.transfer(op.transfers, range(len(op.transfers)), posted)
+        self.pending[task_id] = (_Settled(list(posted.values())), None, None)
 
     def collective(self, op: CollectiveOp) -> None:
         src, dst = self.tensors[op.src], self.tensors[op.dst]

@@ -13,6 +13,7 @@ schedules call the collective itself. ``+hi`` schedules use the high-priority NC
 ``nccl_ce``: NCCL's zero-CTA copy-engine policy, probed once; where the build or driver
 refuses it, its schedules are recorded ``unavailable``. ``symm1``/``symm2`` (gemm_ar):
 symmetric memory's all-reduce kernels on the comm stream (``ficco.execute.allreduce``).
+``seg`` (all-to-alls): ce's pulls and pushes, a step's as one kernel (``execute.segment``).
 
 Clock. Before each timed iteration the L2 is flushed (a 256 MiB write) and the ranks meet at
 a device-side barrier, so both GPUs start within microseconds; CUDA events around the op.
@@ -50,6 +51,7 @@ from ficco.execute.cuda_setup import CAPTURE_MODE, RankContext
 from ficco.execute.fused import FusedPrimitives
 from ficco.execute.interpreter import Primitives
 from ficco.execute.options import TimingOptions
+from ficco.execute.segment import SegmentPrimitives
 from ficco.plan import (
     CollectiveOp,
     GemmOp,
@@ -69,7 +71,7 @@ from ficco.space import Gemm, Schedule, Transport
 from ficco.verdict import Unavailable
 
 
-class CudaPrimitives(FusedPrimitives, Primitives):
+class CudaPrimitives(SegmentPrimitives, FusedPrimitives, Primitives):
     """Streams, events, copy-engine and NCCL transports, cuBLAS / Triton GEMMs for one plan
     on one rank. Built once per schedule; interpreted many times."""
 
@@ -82,16 +84,14 @@ class CudaPrimitives(FusedPrimitives, Primitives):
         self.comm = ctx.comm[prio]
         self.signal = ctx.signal[prio]
         self.transport = s.transport
-        self.ce = s.transport is Transport.CE
+        self.ce = s.transport.is_one_sided  # ce, seg: symmetric memory, pulls and pushes
         if s.transport is Transport.NCCL_CE:
             if ctx.nccl_ce_group is None:
                 raise Unavailable(ctx.nccl_ce_error or "nccl_ce unavailable")
             self.group = ctx.nccl_ce_group
         else:
             self.group = ctx.group_hi if prio == "high" else ctx.group
-        pushes = any(
-            isinstance(t.op, TransferOp) and t.op.initiator == "sender" for t in plan.tasks
-        )
+        pushes = any(t.initiator == "sender" for t in plan.transfers())
         if self.ce and not ctx.has_signals and pushes:
             raise Unavailable("this torch's symmetric memory has no put_signal/wait_signal")
         if s.transport.is_symm_all_reduce:
@@ -154,7 +154,7 @@ class CudaPrimitives(FusedPrimitives, Primitives):
         self.channel_of: dict[int, int] = {}
         if self.ce:
             # a channel per (step, chunk) so signals of different chunks never alias
-            tags = sorted({t.op.tag for t in plan.tasks if isinstance(t.op, TransferOp)})
+            tags = sorted({t.tag for t in plan.transfers()})  # a seg group's members too
             self.channel_of = {tag: i for i, tag in enumerate(tags)}
         self.streams: dict = {}
 
@@ -172,6 +172,7 @@ class CudaPrimitives(FusedPrimitives, Primitives):
 
         compute = torch.cuda.current_stream()
         self.streams = {"compute": compute, "comm": self.comm, "signal": self.signal}
+        self.prepare_segments()  # seg: built and compiled before the ranks meet
         if self.flag_slots:
             self.prepare_fused()  # compiled before the ranks meet (a no-op after the first)
             # outside a full run nothing sets the flags: preset them as arrived
@@ -524,7 +525,7 @@ class CudaBackend(Backend):
         transport = schedule.transport.value
         if transport == "nccl_ce":
             return False  # zero-CTA NCCL collectives are not known to survive graph capture
-        if transport == "ce" or schedule.transport.is_symm_all_reduce:
+        if schedule.transport.is_one_sided or schedule.transport.is_symm_all_reduce:
             # plans without NCCL calls (symmetric-memory kernels synchronize through signal
             # pads, which capture)
             return options.graphs in ("all", "ce")

@@ -27,6 +27,7 @@ from ficco.plan import (
     ReduceOp,
     SignalOp,
     Task,
+    TransferGroupOp,
     TransferOp,
     WaitFlagsOp,
 )
@@ -90,6 +91,10 @@ class Primitives(abc.ABC):
     def transfer(self, ops: Sequence[TransferOp], task_ids: Sequence[int]) -> None:
         """One batch of transfers (a single one unless :meth:`batch` groups them)."""
 
+    def transfer_group(self, op: TransferGroupOp, task_id: int) -> None:
+        """The acting transfers and local copies of one step as one operation (``seg``)."""
+        raise Unavailable(f"{type(self).__name__} has no batched transfers (seg)")
+
     # --- fused schedules (backends without flags refuse them) ---
     def fused_gemm(self, op: FusedGemmOp) -> None:
         """The one persistent GEMM of a fused plan (waits on and sets flags itself)."""
@@ -145,6 +150,8 @@ def interpret(prims: Primitives, mode: str = "full", trace: list | None = None) 
                 prims.collective(op)
             elif isinstance(op, TransferOp):
                 prims.transfer([tasks[i].op for i in members], members)
+            elif isinstance(op, TransferGroupOp):
+                prims.transfer_group(op, task.id)
             else:  # pragma: no cover - the plan vocabulary is closed
                 raise TypeError(f"unknown task op {op!r}")
         prims.complete(lane, members)

@@ -15,10 +15,10 @@ moves 16-byte vectors. Addresses are kept as 16-byte offsets from the first pair
 (a flat device address space: a peer's buffer mapped into this process is reached the same
 way).
 
-How it would plug into the all-to-all schedules as a transport: the lowering of a
-``shard``/``finer`` step on the copy engine issues one ``copy_`` per (peer, expert) block;
-a ``seg`` transport would instead gather a step's blocks into one ``SegmentCopy`` built at
-plan time and launch it on the comm stream, recording the step's event after it.
+The all-to-all schedules' ``seg`` transport (``ficco.execute.segment``) builds one
+``SegmentCopy`` per step of a plan (every peer's block of the step, pulled from or pushed to
+the peers' symmetric buffers, and the local block) on the first run and launches it on the
+comm stream; a CUDA graph of the schedule captures the launch.
 
 Imports Triton at module level (as the rest of ``ficco.kernels``); under the CPU interpreter
 set ``TRITON_INTERPRET=1`` before importing it.
@@ -91,7 +91,8 @@ class SegmentCopy:
     """A prepared copy of ``pairs`` (``[(src, dst), ...]``) issued as one kernel launch.
 
     ``parts``: programs per segment (None: enough that segments x parts is about
-    ``programs`` in all, at most one per block of the longest segment)."""
+    ``programs`` in all, at most one per block of the longest segment). Keep the object as
+    long as a CUDA graph that captured it replays: the graph reads its device table."""
 
     def __init__(
         self,
@@ -109,17 +110,23 @@ class SegmentCopy:
         self.pairs = list(pairs)
         self.bytes = sum(sizes)
         src0, dst0 = pairs[0][0].data_ptr(), pairs[0][1].data_ptr()
+        # an even row length keeps every row 16-byte aligned, so every table compiles to one
+        # Triton specialization (a kernel compiled once serves every later table)
+        pad = [0] * (len(pairs) % 2)
         table = [
-            [(src.data_ptr() - src0) // ALIGN_BYTES for src, _ in pairs],
-            [(dst.data_ptr() - dst0) // ALIGN_BYTES for _, dst in pairs],
-            [n // ALIGN_BYTES for n in sizes],
+            [(src.data_ptr() - src0) // ALIGN_BYTES for src, _ in pairs] + pad,
+            [(dst.data_ptr() - dst0) // ALIGN_BYTES for _, dst in pairs] + pad,
+            [n // ALIGN_BYTES for n in sizes] + pad,
         ]
-        # [3, segments] int64: source offsets, destination offsets, lengths (16-byte units)
+        # [3, segments (+1 to even)] int64: source offsets, destination offsets, lengths, in
+        # 16-byte units (the padding column is never read: the grid has one row per segment)
         self.table = torch.tensor(table, dtype=torch.int64, device=device)
         # the first pair as 8-byte words: the base pointers the offsets count from
         self._src = pairs[0][0].reshape(-1).view(torch.uint8).view(torch.int64)
         self._dst = pairs[0][1].reshape(-1).view(torch.uint8).view(torch.int64)
         longest_blocks = -(-max(sizes) // 8 // BLOCK_WORDS)
+        if programs < 1:
+            raise ValueError(f"programs: must be >= 1, got {programs}")
         if parts is None:
             parts = max(1, min(longest_blocks, -(-programs // len(pairs))))
         if parts < 1:

@@ -10,6 +10,12 @@ gemm_a2a   x [R_r, K], b [E/W, K, N]   y_local [R_r, N], y [T_r, N]
 ``T_r`` rows of rank r are sorted by destination expert; ``R_r`` received rows are ordered
 (source rank, local expert) -- the order ``all_to_all_single`` produces. A *block* is what
 one rank sends another; finer schedules cut blocks into chunks of rows.
+
+One-sided transports pull (dispatch) or push (combine) each block or chunk. ``ce`` makes each
+one its own transfer task; ``seg`` makes each *step* one :class:`TransferGroupOp` (one
+segment-copy kernel on GPUs): serial schedules move every peer's block and the local block in
+one group, ``+all_peers`` a chunk index from every peer, the ring one peer's chunk. The
+peers' passive halves stay plain transfer tasks, and both transports move the same bytes.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from ficco.plan.ops import (
     Plan,
     Region,
     Stream,
+    TransferGroupOp,
     TransferOp,
     peer_steps,
     uses_collective,
@@ -30,7 +37,7 @@ from ficco.plan.ops import (
 )
 from ficco.plan.tags import transfer_tag
 from ficco.problem import Problem
-from ficco.space import Compute, Granularity, Schedule
+from ficco.space import Compute, Granularity, Order, Schedule, Transport
 from ficco.space.geometry import cut
 
 
@@ -73,6 +80,64 @@ def _block_pieces(sizes: list[int], schedule: Schedule) -> list[list[tuple[int, 
     return out
 
 
+def issue_steps(
+    s: Schedule, order: list[tuple[int, int]], local: int
+) -> list[list[tuple[int, int]]]:
+    """The (step, chunk) pairs of ``order`` cut into what one operation moves. ``seg`` with
+    ``all_peers`` moves a chunk index from every peer at once (consecutive in that order);
+    every other overlapped schedule moves one (peer, chunk) per operation, as does the local
+    step ``local``."""
+    batch_peers = s.transport is Transport.SEG and s.order is Order.ALL_PEERS
+    out: list[list[tuple[int, int]]] = []
+    last = None
+    for i, c in order:
+        key = ("chunk", c) if batch_peers and i != local else ("one", i, c)
+        if out and key == last and key[0] == "chunk":
+            out[-1].append((i, c))
+        else:
+            out.append([(i, c)])
+        last = key
+    return out
+
+
+def group_chunk(pieces: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """A transfer group's ``Task.chunk``: its (peer, chunk) when it holds one, else None."""
+    return pieces[0] if len(set(pieces)) == 1 else None
+
+
+def add_serial_moves(
+    bld: Builder,
+    s: Schedule,
+    moves: list[tuple[TransferOp | LocalCopyOp | None, TransferOp | None]],
+    deps: tuple[int, ...] | list[int],
+) -> list[int]:
+    """Add a serial one-sided all-to-all: per ring step ``(acting, passive)``, the transfer
+    this rank moves (or its local copy) and the peer-initiated half it only posts. ``ce``:
+    one task each, in step order; ``seg``: every acting transfer and local copy in one
+    :class:`TransferGroupOp`, then the passive halves. ``deps``: what the moves wait on.
+    Returns the ids of the acting tasks (what the GEMMs, or the output, wait on)."""
+    acting = [a for a, _ in moves if a is not None]
+    if s.transport is Transport.SEG:
+        ids = []
+        if acting:
+            group = TransferGroupOp(
+                tuple(a for a in acting if isinstance(a, TransferOp)),
+                tuple(a for a in acting if isinstance(a, LocalCopyOp)),
+            )
+            ids.append(bld.add(group, Stream.COMM, deps))
+        for _, passive in moves:
+            if passive is not None:
+                bld.add(passive, Stream.COMM)
+        return ids
+    ids = []
+    for act, passive in moves:
+        if act is not None:
+            ids.append(bld.add(act, Stream.COMM, deps))
+        if passive is not None:
+            bld.add(passive, Stream.COMM)
+    return ids
+
+
 def plan_a2a_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
     w, K, N, epr = p.world, p.k, p.n, p.experts_per_rank
     between, send_off, recv_off = _a2a_layout(p, rank)
@@ -108,7 +173,8 @@ def plan_a2a_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
                 )
             ]
         else:
-            deps = []
+            # per ring step: the block received (a pull, or the local copy), the block sent
+            moves: list[tuple[TransferOp | LocalCopyOp | None, TransferOp | None]] = []
             for step, (src, dst) in enumerate(peer_steps(rank, w, False)):
                 n_rows = sum(between[src][rank])
                 dst_rows = (recv_off[src][0], recv_off[src][0] + n_rows)
@@ -116,45 +182,36 @@ def plan_a2a_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
                     _a2a_layout(p, src)[1][rank][0],
                     _a2a_layout(p, src)[1][rank][0] + n_rows,
                 )
+                received: TransferOp | LocalCopyOp | None = None
                 if not n_rows:
                     pass  # nothing to receive from src this step; the send below may still go
                 elif src == rank:
-                    deps.append(
-                        bld.add(
-                            LocalCopyOp(
-                                Region("x", src_rows, (0, K)), Region("x_recv", dst_rows, (0, K))
-                            ),
-                            Stream.COMM,
-                        )
+                    received = LocalCopyOp(
+                        Region("x", src_rows, (0, K)), Region("x_recv", dst_rows, (0, K))
                     )
                 else:
-                    deps.append(
-                        bld.add(
-                            TransferOp(
-                                src,
-                                "recv",
-                                Region("x_recv", dst_rows, (0, K)),
-                                Region("x", src_rows, (0, K)),
-                                transfer_tag(step, 0),
-                                "receiver",
-                            ),
-                            Stream.COMM,
-                        )
+                    received = TransferOp(
+                        src,
+                        "recv",
+                        Region("x_recv", dst_rows, (0, K)),
+                        Region("x", src_rows, (0, K)),
+                        transfer_tag(step, 0),
+                        "receiver",
                     )
+                sent = None
                 n_send = sum(between[rank][dst])
                 if n_send and dst != rank:
                     dst_off = _a2a_layout(p, dst)[2][rank][0]
-                    bld.add(
-                        TransferOp(
-                            dst,
-                            "send",
-                            Region("x", (send_off[dst][0], send_off[dst][0] + n_send), (0, K)),
-                            Region("x_recv", (dst_off, dst_off + n_send), (0, K)),
-                            transfer_tag(step, 0),
-                            "receiver",
-                        ),
-                        Stream.COMM,
+                    sent = TransferOp(
+                        dst,
+                        "send",
+                        Region("x", (send_off[dst][0], send_off[dst][0] + n_send), (0, K)),
+                        Region("x_recv", (dst_off, dst_off + n_send), (0, K)),
+                        transfer_tag(step, 0),
+                        "receiver",
                     )
+                moves.append((received, sent))
+            deps = add_serial_moves(bld, s, moves, ())
         for src in range(w):
             for j in range(epr):
                 lo = recv_off[src][j]
@@ -169,44 +226,61 @@ def plan_a2a_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
     n_pieces = max([len(c) for c in recv_chunks + send_chunks] + [1])
     order = visit_order(s, w, n_pieces, local_last=False)
     arrived: dict[tuple[int, int], int | None] = {}
-    for i, c in order:
-        src, dst = steps[i]
-        if src == rank:
-            arrived[(i, c)] = None
-            continue
-        src_send_off = _a2a_layout(p, src)[1][rank]
-        if c < len(recv_chunks[i]):
-            segs = recv_chunks[i][c]
-            lo, hi = segs[0][1], segs[-1][2]  # a chunk's segments are contiguous rows
-            base_local, base_remote = recv_off[src][0], src_send_off[0]
-            arrived[(i, c)] = bld.add(
-                TransferOp(
-                    src,
-                    "recv",
-                    Region("x_recv", (base_local + lo, base_local + hi), (0, K)),
-                    Region("x", (base_remote + lo, base_remote + hi), (0, K)),
-                    transfer_tag(i, c),
-                    "receiver",
-                ),
+    for step in issue_steps(s, order, local=0):
+        pulls: list[tuple[tuple[int, int], TransferOp]] = []  # ((i, c), the pull)
+        sends: list[tuple[int, TransferOp]] = []  # (c, the pull's passive half)
+        for i, c in step:
+            src, dst = steps[i]
+            if src == rank:
+                arrived[(i, c)] = None
+                continue
+            src_send_off = _a2a_layout(p, src)[1][rank]
+            if c < len(recv_chunks[i]):
+                segs = recv_chunks[i][c]
+                lo, hi = segs[0][1], segs[-1][2]  # a chunk's segments are contiguous rows
+                base_local, base_remote = recv_off[src][0], src_send_off[0]
+                pulls.append(
+                    (
+                        (i, c),
+                        TransferOp(
+                            src,
+                            "recv",
+                            Region("x_recv", (base_local + lo, base_local + hi), (0, K)),
+                            Region("x", (base_remote + lo, base_remote + hi), (0, K)),
+                            transfer_tag(i, c),
+                            "receiver",
+                        ),
+                    )
+                )
+            if c < len(send_chunks[i]):
+                segs = send_chunks[i][c]
+                lo, hi = segs[0][1], segs[-1][2]
+                dst_recv_off = _a2a_layout(p, dst)[2][rank]
+                sends.append(
+                    (
+                        c,
+                        TransferOp(
+                            dst,
+                            "send",
+                            Region("x", (send_off[dst][0] + lo, send_off[dst][0] + hi), (0, K)),
+                            Region("x_recv", (dst_recv_off[0] + lo, dst_recv_off[0] + hi), (0, K)),
+                            transfer_tag(i, c),
+                            "receiver",
+                        ),
+                    )
+                )
+        if s.transport is Transport.SEG and pulls:
+            group = bld.add(
+                TransferGroupOp(tuple(op for _, op in pulls)),
                 Stream.COMM,
-                chunk=(src, c),
+                chunk=group_chunk([(op.peer, key[1]) for key, op in pulls]),
             )
-        if c < len(send_chunks[i]):
-            segs = send_chunks[i][c]
-            lo, hi = segs[0][1], segs[-1][2]
-            dst_recv_off = _a2a_layout(p, dst)[2][rank]
-            bld.add(
-                TransferOp(
-                    dst,
-                    "send",
-                    Region("x", (send_off[dst][0] + lo, send_off[dst][0] + hi), (0, K)),
-                    Region("x_recv", (dst_recv_off[0] + lo, dst_recv_off[0] + hi), (0, K)),
-                    transfer_tag(i, c),
-                    "receiver",
-                ),
-                Stream.COMM,
-                chunk=(dst, c),
-            )
+            arrived.update((key, group) for key, _ in pulls)
+        else:  # one transfer per task (a step of one (peer, chunk): pull, then its send)
+            for key, op in pulls:
+                arrived[key] = bld.add(op, Stream.COMM, chunk=(op.peer, key[1]))
+        for c, op in sends:
+            bld.add(op, Stream.COMM, chunk=(op.peer, c))
     for i in range(w):
         src, _ = steps[i]
         a_buf, a_base = ("x", send_off[rank][0]) if src == rank else ("x_recv", recv_off[src][0])
@@ -292,36 +366,35 @@ def plan_gemm_a2a(p: Problem, s: Schedule, rank: int) -> Plan:
                 CollectiveOp("all_to_all", "y_local", "y", send_rows, recv_rows), Stream.COMM, g
             )
         else:
+            # per ring step: the block pushed (or copied locally), the push received
+            moves: list[tuple[TransferOp | LocalCopyOp | None, TransferOp | None]] = []
             for step, (src, dst) in enumerate(peer_steps(rank, w, True)):
+                pushed: TransferOp | LocalCopyOp | None = None
                 n_send = sum(between[dst][rank])
                 if n_send:
                     local = Region("y_local", (recv_off[dst][0], recv_off[dst][0] + n_send), (0, N))
                     dst_off = _a2a_layout(p, dst)[1][rank][0]
                     remote = Region("y", (dst_off, dst_off + n_send), (0, N))
                     if dst == rank:
-                        bld.add(LocalCopyOp(local, remote), Stream.COMM, g)
+                        pushed = LocalCopyOp(local, remote)
                     else:
-                        bld.add(
-                            TransferOp(
-                                dst, "send", local, remote, transfer_tag(step, 0), initiator
-                            ),
-                            Stream.COMM,
-                            g,
+                        pushed = TransferOp(
+                            dst, "send", local, remote, transfer_tag(step, 0), initiator
                         )
+                received = None
                 n_recv = sum(between[rank][src])
                 if n_recv and src != rank:
                     src_base = _a2a_layout(p, src)[2][rank][0]
-                    bld.add(
-                        TransferOp(
-                            src,
-                            "recv",
-                            Region("y", (send_off[src][0], send_off[src][0] + n_recv), (0, N)),
-                            Region("y_local", (src_base, src_base + n_recv), (0, N)),
-                            transfer_tag(step, 0),
-                            initiator,
-                        ),
-                        Stream.COMM,
+                    received = TransferOp(
+                        src,
+                        "recv",
+                        Region("y", (send_off[src][0], send_off[src][0] + n_recv), (0, N)),
+                        Region("y_local", (src_base, src_base + n_recv), (0, N)),
+                        transfer_tag(step, 0),
+                        initiator,
                     )
+                moves.append((pushed, received))
+            add_serial_moves(bld, s, moves, g)
         return Plan(p, s, rank, buffers, tuple(bld.tasks), "y")
 
     steps = peer_steps(rank, w, True)
@@ -332,45 +405,55 @@ def plan_gemm_a2a(p: Problem, s: Schedule, rank: int) -> Plan:
     n_pieces = max([len(c) for c in recv_chunks + send_chunks] + [1])
     order = visit_order(s, w, n_pieces, local_last=True)
     merged: dict[int, list[int]] = {}
-    for i, c in order:
-        src, dst = steps[i]
-        if c < len(send_chunks[i]):
-            segs = send_chunks[i][c]
-            lo, hi = segs[0][1], segs[-1][2]
-            if s.compute is Compute.MERGED:
-                if dst not in merged:
-                    whole = _block_pieces(list(between[dst][rank]), Schedule())[0]
-                    merged[dst] = gemm_rows(dst, 0, sum(between[dst][rank]), whole, chunk=(dst, -1))
-                deps = merged[dst]
-            else:
-                deps = gemm_rows(dst, lo, hi, segs, chunk=(dst, c))
-            base = recv_off[dst][0]
-            dst_off = _a2a_layout(p, dst)[1][rank][0]
-            local = Region("y_local", (base + lo, base + hi), (0, N))
-            remote = Region("y", (dst_off + lo, dst_off + hi), (0, N))
-            if dst == rank:
-                bld.add(LocalCopyOp(local, remote), Stream.COMPUTE, deps, chunk=(dst, c))
-            else:
-                bld.add(
-                    TransferOp(dst, "send", local, remote, transfer_tag(i, c), initiator),
-                    Stream.COMM,
-                    deps,
-                    chunk=(dst, c),
-                )
-        if src != rank and c < len(recv_chunks[i]):
-            segs = recv_chunks[i][c]
-            lo, hi = segs[0][1], segs[-1][2]
-            src_base = _a2a_layout(p, src)[2][rank][0]
-            bld.add(
-                TransferOp(
+    for step in issue_steps(s, order, local=w - 1):
+        pushes: list[tuple[int, TransferOp, list[int]]] = []  # (c, the push, its GEMMs)
+        received: list[tuple[int, TransferOp]] = []  # (c, a push this rank waits for)
+        for i, c in step:
+            src, dst = steps[i]
+            if c < len(send_chunks[i]):
+                segs = send_chunks[i][c]
+                lo, hi = segs[0][1], segs[-1][2]
+                if s.compute is Compute.MERGED:
+                    if dst not in merged:
+                        whole = _block_pieces(list(between[dst][rank]), Schedule())[0]
+                        merged[dst] = gemm_rows(
+                            dst, 0, sum(between[dst][rank]), whole, chunk=(dst, -1)
+                        )
+                    deps = merged[dst]
+                else:
+                    deps = gemm_rows(dst, lo, hi, segs, chunk=(dst, c))
+                base = recv_off[dst][0]
+                dst_off = _a2a_layout(p, dst)[1][rank][0]
+                local = Region("y_local", (base + lo, base + hi), (0, N))
+                remote = Region("y", (dst_off + lo, dst_off + hi), (0, N))
+                if dst == rank:
+                    bld.add(LocalCopyOp(local, remote), Stream.COMPUTE, deps, chunk=(dst, c))
+                else:
+                    push = TransferOp(dst, "send", local, remote, transfer_tag(i, c), initiator)
+                    pushes.append((c, push, deps))
+            if src != rank and c < len(recv_chunks[i]):
+                segs = recv_chunks[i][c]
+                lo, hi = segs[0][1], segs[-1][2]
+                src_base = _a2a_layout(p, src)[2][rank][0]
+                recv = TransferOp(
                     src,
                     "recv",
                     Region("y", (send_off[src][0] + lo, send_off[src][0] + hi), (0, N)),
                     Region("y_local", (src_base + lo, src_base + hi), (0, N)),
                     transfer_tag(i, c),
                     initiator,
-                ),
+                )
+                received.append((c, recv))
+        if s.transport is Transport.SEG and pushes:
+            bld.add(
+                TransferGroupOp(tuple(op for _, op, _ in pushes)),
                 Stream.COMM,
-                chunk=(src, c),
+                [d for _, _, deps in pushes for d in deps],
+                chunk=group_chunk([(op.peer, c) for c, op, _ in pushes]),
             )
+        else:  # one push per task (a step of one (peer, chunk): push, then the receive)
+            for c, op, deps in pushes:
+                bld.add(op, Stream.COMM, deps, chunk=(op.peer, c))
+        for c, op in received:
+            bld.add(op, Stream.COMM, chunk=(op.peer, c))
     return Plan(p, s, rank, buffers, tuple(bld.tasks), "y")

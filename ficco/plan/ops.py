@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ficco.problem import Problem
-from ficco.space import Granularity, Order, Schedule, Transport
+from ficco.space import Granularity, Order, Schedule
 
 
 class Stream(enum.StrEnum):
@@ -94,6 +94,30 @@ class LocalCopyOp:
 
 
 @dataclass(frozen=True, slots=True)
+class TransferGroupOp:
+    """The transfers this rank initiates in one step, issued as one operation (the ``seg``
+    transport: one segment-copy kernel over all their segments).
+
+    ``transfers``: the acting halves only (pulls, or pushes), each keeping its peer and tag
+    so a two-sided transport still pairs it with the peer's passive half, which stays a
+    :class:`TransferOp` task of its own; ``copies``: this rank's local blocks moved in the
+    same launch."""
+
+    transfers: tuple[TransferOp, ...]
+    copies: tuple[LocalCopyOp, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.transfers and not self.copies:
+            raise ValueError("transfer group: needs at least one transfer or local copy")
+        kinds = {(t.direction, t.initiator) for t in self.transfers}
+        if not kinds <= {("recv", "receiver"), ("send", "sender")} or len(kinds) > 1:
+            raise ValueError(
+                "transfer group: its transfers must all be pulls (recv, receiver) or all "
+                f"pushes (send, sender), got {sorted(kinds)}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
 class ReduceOp:
     """``out = sum(inputs)`` (the owner's side of a reduce-scatter)."""
 
@@ -167,6 +191,7 @@ class WaitFlagsOp:
 Op = (
     GemmOp
     | TransferOp
+    | TransferGroupOp
     | CollectiveOp
     | LocalCopyOp
     | ReduceOp
@@ -219,7 +244,14 @@ class Plan:
         raise KeyError(name)
 
     def transfers(self) -> list[TransferOp]:
-        return [t.op for t in self.tasks if isinstance(t.op, TransferOp)]
+        """Every transfer, a group's members included (in task order)."""
+        out: list[TransferOp] = []
+        for t in self.tasks:
+            if isinstance(t.op, TransferOp):
+                out.append(t.op)
+            elif isinstance(t.op, TransferGroupOp):
+                out.extend(t.op.transfers)
+        return out
 
     def gemms(self) -> list[GemmOp]:
         """The plan's separate GEMM launches (a fused GEMM is not one of them)."""
@@ -331,4 +363,4 @@ def visit_order(
 
 def uses_collective(schedule: Schedule) -> bool:
     """Serial schedules over NCCL transports run the collective itself, not transfers."""
-    return schedule.granularity is Granularity.SERIAL and schedule.transport is not Transport.CE
+    return schedule.granularity is Granularity.SERIAL and not schedule.transport.is_one_sided

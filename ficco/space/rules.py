@@ -263,6 +263,46 @@ def fused_needs_symmetric_memory(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+# --- seg: one segment-copy kernel per step (the all-to-all patterns) ------------------------
+
+#: patterns whose steps move several row blocks at once (one per peer, and the local block)
+SEG_PATTERNS = (Pattern.A2A_GEMM, Pattern.GEMM_A2A)
+#: the segment-copy kernel moves 16-byte vectors (``ficco.kernels.segment_copy.ALIGN_BYTES``):
+#: every segment's offset and length must be multiples of it
+SEG_ALIGNMENT_BYTES = 16
+
+
+def seg_needs_all_to_all(p: Problem, s: Schedule) -> str | None:
+    # ag_gemm / gemm_rs steps move one contiguous chunk of one peer, and the serial
+    # collectives are one copy per peer behind a reduction or a gather: nothing to batch
+    # that ce does not already issue as one copy; gemm_ar reduces
+    if s.transport is Transport.SEG and p.pattern not in SEG_PATTERNS:
+        return (
+            f"seg batches a step's per-peer blocks of an all-to-all into one kernel; "
+            f"{p.pattern} has no all-to-all (use ce)"
+        )
+    return None
+
+
+def seg_needs_aligned_rows(p: Problem, s: Schedule) -> str | None:
+    # a segment is whole rows of x [*, K] (dispatch) or y [*, N] (combine) in a buffer whose
+    # base is aligned: rows of a multiple of 16 bytes keep every segment aligned
+    if s.transport is not Transport.SEG or p.pattern not in SEG_PATTERNS:
+        return None
+    width, name = (p.k, "k") if p.pattern is Pattern.A2A_GEMM else (p.n, "n")
+    if (width * p.dtype_bytes) % SEG_ALIGNMENT_BYTES:
+        return (
+            f"seg copies {SEG_ALIGNMENT_BYTES}-byte vectors: a row of {name}={width} "
+            f"{p.dtype} elements is {width * p.dtype_bytes} bytes, not a multiple of "
+            f"{SEG_ALIGNMENT_BYTES}"
+        )
+    return None
+
+
+#: transports that communicate on SMs, beside which an SM reserve can leave the GEMM room
+SM_COMM_TRANSPORTS = (Transport.NCCL, Transport.SEG)
+
+
 def sm_reserve_needs_triton(p: Problem, s: Schedule) -> str | None:
     if s.sm_reserve and s.gemm is not Gemm.TRITON:
         return "an SM reserve needs the Triton GEMM (cuBLAS takes no SM budget)"
@@ -277,10 +317,10 @@ def sm_reserve_needs_sm_comm(p: Problem, s: Schedule) -> str | None:
     # symm1/symm2 run on SMs too, but torch's ops take no SM budget (their grids, at most 24
     # blocks, are fixed inside the op, CUDASymmetricMemoryOps.cu), so they are left out of
     # the reserve like the copy engines until a measurement shows a GEMM-side reserve pays
-    if s.sm_reserve and (s.transport is not Transport.NCCL or not s.overlapped):
+    if s.sm_reserve and (s.transport not in SM_COMM_TRANSPORTS or not s.overlapped):
         return (
-            "an SM reserve only helps SM-based communication (nccl) or a fused GEMM running "
-            "beside other work"
+            "an SM reserve only helps SM-based communication (nccl, seg) or a fused GEMM "
+            "running beside other work"
         )
     return None
 
@@ -325,6 +365,8 @@ RULES: tuple[Rule, ...] = (
     fused_needs_triton,
     fused_needs_row_chunks,
     fused_needs_symmetric_memory,
+    seg_needs_all_to_all,
+    seg_needs_aligned_rows,
     sm_reserve_needs_triton,
     sm_reserve_needs_sm_comm,
     sm_reserve_leaves_sms,

@@ -7,6 +7,7 @@ A schedule is written ``GRANULARITY/TRANSPORT/GEMM[+OPTION...]``:
 ``finer-c4-m/ce/cublas+hi``       each shard cut into 4 row chunks, comm stream at high priority
 ``finer-c8-k/nccl/triton+merged+all_peers+sm16``
 ``finer-c4-m/symm2/cublas+hi``    gemm_ar: 4 row chunks, each all-reduced by the two-shot kernel
+``finer-c2-m/seg/cublas+all_peers``  a2a: each chunk's segments from every peer in one kernel
 
 Options (each omitted when at its default): ``merged`` (one GEMM per shard after its chunks
 arrive, instead of one per chunk), ``fused`` (one persistent Triton GEMM per rank: for
@@ -47,6 +48,15 @@ class Transport(enum.StrEnum):
     # buffer the chunk's GEMM wrote
     SYMM1 = "symm1"  # one-shot: every rank reads every peer's chunk and sums them
     SYMM2 = "symm2"  # two-shot: each rank reduces 1/W of the chunk, then all-gathers it
+    # all-to-all patterns only: each step's segments (every peer's chunk, the local block)
+    # moved by one segment-copy kernel launch (on SMs) over the peers' symmetric buffers
+    SEG = "seg"
+
+    @property
+    def is_one_sided(self) -> bool:
+        """Moves data through peers' symmetric buffers (ce, seg): pulls and pushes, no
+        collective, a start barrier."""
+        return self in (Transport.CE, Transport.SEG)
 
     @property
     def is_symm_all_reduce(self) -> bool:
