@@ -172,7 +172,10 @@ graphs_option = click.option(
     type=click.Choice(["all", "ce", "none"]),
     default="all",
     show_default=True,
-    help="cuda: capture verified schedules in CUDA graphs (all; ce: copy-engine ones only).",
+    help=(
+        "cuda: capture verified schedules in CUDA graphs (all; ce: only plans without NCCL "
+        "calls: ce, seg, symm1, symm2)."
+    ),
 )
 
 _ISSUE_HELP = (

@@ -33,6 +33,7 @@ from ficco.defaults import (
     TIMEOUT_S,
 )
 from ficco.problem import DTYPE_BYTES
+from ficco.space import Gemm, Transport
 from ficco.sweep.base import SweepObserver
 from ficco.workloads import DEFAULT_TOKENS, MODELS, PHASE_TOKENS
 
@@ -259,15 +260,15 @@ class _ProgressObserver(SweepObserver):
     "--gemm",
     "gemms",
     multiple=True,
-    type=click.Choice(["triton", "cublas"]),
+    type=click.Choice([g.value for g in Gemm]),
     help="Only these GEMMs (one or more).",
 )
 @click.option(
     "--transport",
     "transports",
     multiple=True,
-    type=click.Choice(["ce", "nccl", "nccl_ce"]),
-    help="Only these transports (one or more).",
+    type=click.Choice([t.value for t in Transport]),
+    help="Only these transports (one or more; each pattern keeps those its rules allow).",
 )
 @click.option(
     "--chunks",
