@@ -2,7 +2,7 @@
 # The GPU checks and benchmarks that need W GPUs of one host, one stage per device call (each
 # stays under 10 minutes). Results go under $OUT (or ./gpu_checks when $OUT is unset).
 #
-# usage: STAGES="tests overlap block allreduce fused" scripts/gpu_checks.sh W
+# usage: STAGES="tests overlap block allreduce moe fused timeline" scripts/gpu_checks.sh W
 #   tests      python -m pytest tests/gpu (CUDA executor, kernels, ops on W GPUs)
 #   overlap    scripts/bench_overlap.py: every schedule vs serial, async-TP, ideal -> bench_overlap.json
 #   block      scripts/bench_op_overhead.py: the host time an op call adds      -> bench_op_overhead.json
@@ -14,9 +14,10 @@
 #   moe        scripts/bench_moe.py: the all-to-all alone, then the MoE expert layers (a first
 #              slice; the rest: --models M --tokens T per call)       -> bench_moe*.json
 #   fused      scripts/check_fused_single_gpu.py (one GPU) and scripts/nccl_ce_repro.py (W GPUs)
+#   timeline   scripts/timeline.py: one shape per pattern, per-task GPU spans -> timeline.{json,png}
 set -uo pipefail
 W=${1:?usage: $0 W}
-STAGES=${STAGES:-tests overlap block allreduce moe fused}
+STAGES=${STAGES:-tests overlap block allreduce moe fused timeline}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 DEST=${OUT:-$ROOT/gpu_checks}
@@ -52,4 +53,5 @@ if has fused; then
   [ -f scripts/check_fused_single_gpu.py ] && run fused_single_gpu 280 python3 scripts/check_fused_single_gpu.py
   [ -f scripts/nccl_ce_repro.py ] && run nccl_ce_repro 280 python3 scripts/nccl_ce_repro.py --world "$W"
 fi
+has timeline && run timeline 400 python3 scripts/timeline.py --world "$W" --out "$DEST"
 exit 0

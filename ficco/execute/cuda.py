@@ -209,7 +209,7 @@ class CudaPrimitives(SegmentPrimitives, FusedPrimitives, Primitives):
             if trace is not None:
                 end = torch.cuda.Event(enable_timing=True)
                 end.record(stream)
-                trace.append((task.id, kind, start, end))
+                trace.append((task.id, kind, start, end, lane))
 
     def complete(self, lane: str, ids: Sequence[int]) -> None:
         for i in ids:

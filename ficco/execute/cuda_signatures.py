@@ -69,6 +69,8 @@ def signatures(
         retries = full["retries"] + gemm["retries"] + comm["retries"]
         if retries:
             m.extra["signature_hold_retries"] = retries
+        if opts.timeline:
+            m.extra["timeline"] = _held_timeline(backend, runner, opts.flush_l2)
 
 
 #: the longest the GPU is held while one run is issued (a run that takes longer to issue
@@ -125,5 +127,43 @@ def _held_spans(
             sums["retries"] += 1
             continue
         for kind in ("gemm", "comm"):
-            sums[kind].append(sum(s.elapsed_time(e) for _, k, s, e in trace if k == kind))
+            sums[kind].append(sum(s.elapsed_time(e) for _, k, s, e, _ in trace if k == kind))
     return sums
+
+
+def _held_timeline(backend: CudaBackend, runner: Callable, flush_l2: bool = True) -> dict:
+    """One full run issued while a spin kernel holds the GPU (as in :func:`_held_spans`, so
+    the spans are GPU execution, not the host's launches): this rank's per-task spans, in ms
+    from a reference event recorded after the start barrier, every task's lane and kind
+    (``ficco.measure.timeline`` reads it)."""
+    import torch
+
+    ctx = backend.ctx
+    cycles_per_ms = _sleep_cycles_per_ms(ctx)
+    began = time.perf_counter()
+    runner("full", [])  # warm, and time the host's issue of a traced run
+    hold_ms = min(HOLD_LIMIT_MS, 2.0 * (time.perf_counter() - began) * 1e3 + 0.2)
+    torch.cuda.synchronize()
+    if flush_l2:
+        ctx.flush.zero_()
+    torch.cuda._sleep(int(hold_ms * cycles_per_ms))
+    held = torch.cuda.Event()
+    held.record()
+    ctx.fence.barrier(channel=0)
+    reference = torch.cuda.Event(enable_timing=True)
+    reference.record()  # every lane forks from this stream after it
+    trace: list = []
+    runner("full", trace)
+    covered = not held.query()  # still held when the host finished issuing
+    torch.cuda.synchronize()
+    spans = [
+        {
+            "task": task_id,
+            "lane": lane,
+            "kind": kind,
+            "start_ms": reference.elapsed_time(start),
+            "end_ms": reference.elapsed_time(end),
+        }
+        for task_id, kind, start, end, lane in trace
+    ]
+    return {"rank": backend.rank, "hold_covered_issue": covered, "spans": spans}

@@ -8,7 +8,7 @@ ring step), and the ops themselves (transports, GEMM kernels, reductions, copies
 ``mode`` selects what runs: ``full``; ``gemm`` (compute tasks only, back to back) or ``comm``
 (everything that is not a GEMM: transfers, collectives, and the local copies and reductions a
 collective does itself; a fused GEMM counts as a GEMM, so its flags are preset as arrived in
-the other modes). ``trace`` (a list) receives ``(task id, kind, start, end)`` spans
+the other modes). ``trace`` (a list) receives ``(task id, kind, start, end, lane)`` spans
 from the backend's :meth:`Primitives.span`, kind 'gemm', 'comm' or 'wait'.
 """
 

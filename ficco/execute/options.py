@@ -53,6 +53,10 @@ class TimingOptions:
     inside the overlapped run (the inefficiency signature; cuda)."""
     signature_rounds: int = defaults.SIGNATURE_ROUNDS
     """Rounds of each signature part."""
+    timeline: bool = False
+    """cuda, with ``signatures``: also keep one held run's per-task spans (task, lane, kind,
+    start and end in ms) in the measurement's ``extra['timeline']`` (``ficco.measure.timeline``
+    reads and draws them)."""
     flush_l2: bool = True
     """cuda: flush the L2 (a 256 MiB write) before each timed iteration."""
     graphs: str = "all"
@@ -87,6 +91,11 @@ class TimingOptions:
             raise ValueError(f"target_rel_ci: must be in (0, 1), got {self.target_rel_ci}")
         if not 0.5 <= self.confidence < 1:
             raise ValueError(f"confidence: must be in [0.5, 1), got {self.confidence}")
+        if self.timeline and not self.signatures:
+            raise ValueError(
+                "timeline: needs signatures=True (the timeline is one more held run of the "
+                "signature pass)"
+            )
         if self.signature_rounds < 1:
             raise ValueError(f"signature_rounds: needs at least 1, got {self.signature_rounds}")
         if isinstance(self.issue, str):

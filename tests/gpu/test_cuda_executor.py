@@ -133,3 +133,25 @@ def test_cli_run_cuda_spawned_and_under_torchrun(torchrun):
         assert by[name]["verdict"] == "ok", (name, by[name]["detail"])
         assert by[name]["median_ms"] > 0
     assert out["serial_ms"] > 0 and out["ideal_ms"] > 0
+
+
+def test_timeline_spans_add_up_on_gpus():
+    """The signature pass's timeline: one held run's spans on the plan's lanes; the breakdown
+    adds up to the makespan, and a pulled chunk's copy overlaps a GEMM."""
+    from ficco.measure.timeline import breakdown
+
+    problem = Problem(pattern="ag_gemm", m=4096, n=2048, k=2048, world=2)
+    schedules = [Schedule.parse(s) for s in ("serial/nccl/cublas", "finer-c4-m/ce/cublas")]
+    opts = TimingOptions(rounds=2, warmup=1, signatures=True, signature_rounds=2, timeline=True)
+    measured = {m.name: m for m in run_cuda(problem, schedules, options=RunOptions(timing=opts))}
+    for name in map(str, schedules):
+        timeline = measured[name].extra["timeline"]
+        lanes = {s["lane"] for s in timeline["spans"]}
+        assert "compute" in lanes and all(
+            s["end_ms"] >= s["start_ms"] >= 0 for s in timeline["spans"]
+        )
+        parts = breakdown(timeline)
+        total = parts.head_ms + parts.gemm_ms + parts.stall_ms + parts.tail_ms
+        assert abs(total - parts.makespan_ms) < 1e-6
+    assert breakdown(measured["finer-c4-m/ce/cublas"].extra["timeline"]).overlap_ms > 0
+    assert breakdown(measured["serial/nccl/cublas"].extra["timeline"]).overlap_ms == 0
