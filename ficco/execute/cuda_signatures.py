@@ -52,7 +52,9 @@ def signatures(
         alone = time_rounds(
             parts, TimingOptions(warmup=1, rounds=opts.signature_rounds), clock, "queued"
         )
-        full = _held_spans(backend, runner, "full", opts.signature_rounds, opts.flush_l2)
+        full = _held_spans(
+            backend, runner, "full", opts.signature_rounds, opts.flush_l2, opts.timeline
+        )
         gemm = _held_spans(backend, runner, "gemm", opts.signature_rounds, opts.flush_l2)
         comm = _held_spans(backend, runner, "comm", opts.signature_rounds, opts.flush_l2)
         local = torch.tensor(
@@ -69,8 +71,8 @@ def signatures(
         retries = full["retries"] + gemm["retries"] + comm["retries"]
         if retries:
             m.extra["signature_hold_retries"] = retries
-        if opts.timeline:
-            m.extra["timeline"] = _held_timeline(backend, runner, opts.flush_l2)
+        if opts.timeline:  # the last held round of the full run
+            m.extra["timeline"] = full["timeline"]
 
 
 #: the longest the GPU is held while one run is issued (a run that takes longer to issue
@@ -94,13 +96,19 @@ def _sleep_cycles_per_ms(ctx: RankContext) -> float:
 
 
 def _held_spans(
-    backend: CudaBackend, runner: Callable, mode: str, rounds: int, flush_l2: bool = True
+    backend: CudaBackend,
+    runner: Callable,
+    mode: str,
+    rounds: int,
+    flush_l2: bool = True,
+    keep_trace: bool = False,
 ) -> dict:
     """Sums of per-task spans ('gemm', 'comm': one per round) of ``runner(mode)``, each run
     issued while a spin kernel holds the GPU, so every task is queued before the first one
     starts and its span is GPU execution alone. The hold lasts twice the host's issue time
     of one run; when the host still finishes after the hold ends, the round is repeated with
-    a hold twice as long (``retries`` counts them; at ``HOLD_LIMIT_MS`` the round is kept)."""
+    a hold twice as long (``retries`` counts them; at ``HOLD_LIMIT_MS`` the round is kept).
+    ``keep_trace``: also the last round's spans as a timeline (:func:`_timeline`)."""
     import torch
 
     ctx = backend.ctx
@@ -118,9 +126,12 @@ def _held_spans(
         held = torch.cuda.Event()
         held.record()
         ctx.fence.barrier(channel=0)
+        reference = torch.cuda.Event(enable_timing=True)
+        reference.record()  # every lane forks from this stream after it
         runner(mode, trace)
+        covered = not held.query()  # still held when the host finished issuing
         # every rank decides alike whether this round counts (the ranks run it together)
-        short = not backend.all_ranks(not held.query()) and hold_ms < HOLD_LIMIT_MS
+        short = not backend.all_ranks(covered) and hold_ms < HOLD_LIMIT_MS
         torch.cuda.synchronize()
         if short:
             hold_ms = min(HOLD_LIMIT_MS, 2.0 * hold_ms)
@@ -128,34 +139,14 @@ def _held_spans(
             continue
         for kind in ("gemm", "comm"):
             sums[kind].append(sum(s.elapsed_time(e) for _, k, s, e, _ in trace if k == kind))
+        if keep_trace:
+            sums["timeline"] = _timeline(backend.rank, covered, reference, trace)
     return sums
 
 
-def _held_timeline(backend: CudaBackend, runner: Callable, flush_l2: bool = True) -> dict:
-    """One full run issued while a spin kernel holds the GPU (as in :func:`_held_spans`, so
-    the spans are GPU execution, not the host's launches): this rank's per-task spans, in ms
-    from a reference event recorded after the start barrier, every task's lane and kind
-    (``ficco.measure.timeline`` reads it)."""
-    import torch
-
-    ctx = backend.ctx
-    cycles_per_ms = _sleep_cycles_per_ms(ctx)
-    began = time.perf_counter()
-    runner("full", [])  # warm, and time the host's issue of a traced run
-    hold_ms = min(HOLD_LIMIT_MS, 2.0 * (time.perf_counter() - began) * 1e3 + 0.2)
-    torch.cuda.synchronize()
-    if flush_l2:
-        ctx.flush.zero_()
-    torch.cuda._sleep(int(hold_ms * cycles_per_ms))
-    held = torch.cuda.Event()
-    held.record()
-    ctx.fence.barrier(channel=0)
-    reference = torch.cuda.Event(enable_timing=True)
-    reference.record()  # every lane forks from this stream after it
-    trace: list = []
-    runner("full", trace)
-    covered = not held.query()  # still held when the host finished issuing
-    torch.cuda.synchronize()
+def _timeline(rank: int, covered: bool, reference, trace: list) -> dict:
+    """One held run's per-task spans in ms from ``reference`` (recorded after the start
+    barrier, before any task), with each task's lane and kind (``ficco.measure.timeline``)."""
     spans = [
         {
             "task": task_id,
@@ -166,4 +157,4 @@ def _held_timeline(backend: CudaBackend, runner: Callable, flush_l2: bool = True
         }
         for task_id, kind, start, end, lane in trace
     ]
-    return {"rank": backend.rank, "hold_covered_issue": covered, "spans": spans}
+    return {"rank": rank, "hold_covered_issue": covered, "spans": spans}

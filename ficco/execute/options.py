@@ -54,9 +54,9 @@ class TimingOptions:
     signature_rounds: int = defaults.SIGNATURE_ROUNDS
     """Rounds of each signature part."""
     timeline: bool = False
-    """cuda, with ``signatures``: also keep one held run's per-task spans (task, lane, kind,
-    start and end in ms) in the measurement's ``extra['timeline']`` (``ficco.measure.timeline``
-    reads and draws them)."""
+    """cuda, with ``signatures``: also keep the per-task spans (task, lane, kind, start and
+    end in ms) of the signature pass's last held full run in the measurement's
+    ``extra['timeline']`` (``ficco.measure.timeline`` reads and draws them)."""
     flush_l2: bool = True
     """cuda: flush the L2 (a 256 MiB write) before each timed iteration."""
     graphs: str = "all"
@@ -93,7 +93,7 @@ class TimingOptions:
             raise ValueError(f"confidence: must be in [0.5, 1), got {self.confidence}")
         if self.timeline and not self.signatures:
             raise ValueError(
-                "timeline: needs signatures=True (the timeline is one more held run of the "
+                "timeline: needs signatures=True (the timeline is the last held run of the "
                 "signature pass)"
             )
         if self.signature_rounds < 1:

@@ -1,7 +1,7 @@
 """A schedule's timeline: one run's per-task GPU spans, where its time goes, and a picture.
 
-The CUDA signature pass records it (``TimingOptions(signatures=True, timeline=True)``): one
-full run issued while the GPU is held, so each span is GPU execution; ``extra['timeline']``
+The CUDA signature pass records it (``TimingOptions(signatures=True, timeline=True)``): its last
+held full run (issued while the GPU is held, so each span is GPU execution); ``extra['timeline']``
 holds ``{"rank", "hold_covered_issue", "spans": [{"task", "lane", "kind", "start_ms",
 "end_ms"}, ...]}`` with times from a reference event recorded before any task.
 
