@@ -13,7 +13,7 @@
 #              scripts/bench_decode.py: a TP decode step with matmul_all_reduce -> bench_decode.json
 #   moe        scripts/bench_moe.py: the all-to-all alone, then the MoE expert layers (a first
 #              slice; the rest: --models M --tokens T per call)       -> bench_moe*.json
-#   fused      scripts/check_fused_single_gpu.py (one GPU) and scripts/nccl_ce_repro.py (W GPUs)
+#   fused      scripts/tune_fused_gpu.py (one GPU) and scripts/nccl_ce_repro.py (W GPUs)
 #   timeline   scripts/timeline.py: one shape per pattern, per-task GPU spans -> timeline.{json,png}
 set -uo pipefail
 W=${1:?usage: $0 W}
@@ -50,7 +50,7 @@ if has moe; then
   run bench_moe 300 python3 scripts/bench_moe.py --world "$W" --models mixtral-8x7b --out "$DEST/bench_moe.json"
 fi
 if has fused; then
-  [ -f scripts/check_fused_single_gpu.py ] && run fused_single_gpu 280 python3 scripts/check_fused_single_gpu.py
+  run fused_single_gpu 400 python3 scripts/tune_fused_gpu.py
   [ -f scripts/nccl_ce_repro.py ] && run nccl_ce_repro 280 python3 scripts/nccl_ce_repro.py --world "$W"
 fi
 has timeline && run timeline 400 python3 scripts/timeline.py --world "$W" --out "$DEST"

@@ -6,7 +6,7 @@ One run (``python scripts/tune_fused_gpu.py``; JSON to ``$OUT/fused_single_gpu.j
 
 1. Robustness: a never-set flag ends in ``FlagTimeout`` (both load paths), and gemm_rs's
    producer side (signalled chunks stored into an "owner" buffer, a ``FlagWait`` gating the
-   owner's reduction) verifies (both paths). From ``scripts/check_fused_single_gpu.py``.
+   owner's reduction) verifies (both paths), from ``scripts/fused_gpu_cases.py``.
 2. Per shape (the single-GPU check's five shapes, then every catalog shape of
    ``profiles/h200/gemm_tuning.json`` at the full SM count, as W = 2 ranks of one chunk):
    the fused kernel's tile is tuned (``tune_fused``: every candidate checked against
@@ -44,7 +44,7 @@ import traceback
 from dataclasses import replace
 from pathlib import Path
 
-os.environ["CUDA_MODULE_LOADING"] = "EAGER"  # as ficco's ranks (see check_fused_single_gpu)
+os.environ["CUDA_MODULE_LOADING"] = "EAGER"  # as ficco's ranks (ficco.execute.pool)
 
 import torch  # noqa: E402
 
@@ -52,7 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from check_fused_single_gpu import (  # noqa: E402
+from fused_gpu_cases import (  # noqa: E402
     SHAPES,
     FlagWriter,
     check_producer,
@@ -67,8 +67,8 @@ from ficco.kernels.fused_configs import pointer_config  # noqa: E402
 from ficco.kernels.fused_tuning import tune_fused  # noqa: E402
 from ficco.kernels.tuning import config_for  # noqa: E402
 
-GAP_US = 20.0
-SIDE_SMS = 4
+GAP_US = 20.0  # sleep before each peer copy: the spacing of arrivals
+SIDE_SMS = 4  # SMs the overlapped fused GEMM leaves to the side stream's kernels
 COVER_US = 1000.0  # GPU busy while the host enqueues a candidate
 ARRIVING = ("fused_overlap", "per_chunk")
 TOLERANCE = 2e-2  # relative (Frobenius) error against fp32, bf16 operands and output
