@@ -10,14 +10,12 @@ import random
 import pytest
 from click.testing import CliRunner
 
-from ficco.export.build import build_table, write_table
+from ficco.export.build import build_table, problem_table_features, write_table
 from ficco.export.lookup import (
-    DTYPE_BYTES,
     ROUTING_FEATURES,
     TABLE_FEATURES,
     Table,
     load_table,
-    table_features,
 )
 from ficco.export.recommend import recommend
 from ficco.problem import Problem
@@ -37,20 +35,7 @@ def moe(pattern: str = "a2a_gemm", m: int = 16384, world: int = 2, experts: int 
 
 
 def lookup_features(p: Problem) -> tuple[float, ...]:
-    roofs = ROOFS.to_dict()
-    return table_features(
-        p.pattern.value,
-        p.m,
-        p.n,
-        p.k,
-        p.world,
-        DTYPE_BYTES[p.dtype],
-        p.experts,
-        roofs,
-        roofs["gemm_tflops"][p.dtype],
-        p.routing,
-        p.top_k,
-    )
+    return problem_table_features(p, ROOFS.to_dict())
 
 
 # --- features -----------------------------------------------------------------------------

@@ -17,7 +17,8 @@ from click.testing import CliRunner
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
-from ficco.export.lookup import DTYPE_BYTES, TABLE_FEATURES, table_features
+from ficco.export.build import problem_table_features
+from ficco.export.lookup import TABLE_FEATURES
 from ficco.problem import Problem
 from ficco.select import baselines
 from ficco.select.dataset import SERIAL, SHARD_CE, build_dataset, pick_label
@@ -72,17 +73,7 @@ def test_raw_features_equal_the_stdlib_lookup_bit_for_bit():
     roofs = ROOFS.to_dict()
     for p in random_problems(400):
         ours = raw_features(p, ROOFS)
-        theirs = table_features(
-            p.pattern.value,
-            p.m,
-            p.n,
-            p.k,
-            p.world,
-            DTYPE_BYTES[p.dtype],
-            p.experts,
-            roofs,
-            roofs["gemm_tflops"][p.dtype],
-        )
+        theirs = problem_table_features(p, roofs)
         assert tuple(ours.values()) == theirs, p.key
 
 

@@ -121,24 +121,27 @@ def sample_problems(ranges: list[dict[str, Any]], per_group: int, seed: int = 0)
     return out
 
 
+def problem_table_features(p: Problem, roofs: dict[str, Any]) -> tuple[float, ...]:
+    """The stdlib lookup's features of ``p`` (``roofs``: ``Roofs.to_dict()``), as a table
+    computes them at answer time."""
+    return table_features(
+        p.pattern.value,
+        p.m,
+        p.n,
+        p.k,
+        p.world,
+        DTYPE_BYTES[p.dtype],
+        p.experts,
+        roofs,
+        roofs["gemm_tflops"][p.dtype],
+        p.routing,
+        p.top_k,
+    )
+
+
 def _features(problems: list[Problem], roofs: dict[str, Any]) -> np.ndarray:
     return np.array(
-        [
-            table_features(
-                p.pattern.value,
-                p.m,
-                p.n,
-                p.k,
-                p.world,
-                DTYPE_BYTES[p.dtype],
-                p.experts,
-                roofs,
-                roofs["gemm_tflops"][p.dtype],
-                p.routing,
-                p.top_k,
-            )
-            for p in problems
-        ],
+        [problem_table_features(p, roofs) for p in problems],
         dtype=float,
     )
 
