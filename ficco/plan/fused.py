@@ -28,6 +28,8 @@ ever write one slot.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ficco.defaults import FLAG_SLOTS
 from ficco.plan.ops import (
     BufferSpec,
@@ -126,28 +128,46 @@ def plan_gemm_rs_fused(p: Problem, s: Schedule, rank: int, buffers: tuple[Buffer
         name = "partial" if dst == rank else "staging"
         out = Region(name, (rank * S + lo, rank * S + hi), (0, N))
         chunks.append(FusedChunk(a, out, dst, signal=(dst, flag_slot(rank, j, n))))
-    bld.add(
-        FusedGemmOp(Region("b", (0, K), (0, N)), tuple(chunks)), Stream.COMPUTE, chunk=(rank, -1)
-    )
-    for j, (lo, hi) in enumerate(pieces):
-        landed = bld.add(
-            WaitFlagsOp(tuple(flag_slot(src, j, n) for src in range(w))),
-            Stream.COMM,
-            chunk=(rank, j),
-        )
+
+    def inputs(lo: int, hi: int) -> tuple[Region, ...]:
         own = Region("partial", (rank * S + lo, rank * S + hi), (0, N))
         staged = tuple(
             Region("staging", (src * S + lo, src * S + hi), (0, N))
             for src in range(w)
             if src != rank
         )
+        return (own, *staged)
+
+    _gemm_then_reduce(bld, p, rank, chunks, pieces, inputs, "c_shard")
+    return Plan(p, s, rank, buffers, tuple(bld.tasks), "c_shard")
+
+
+def _gemm_then_reduce(
+    bld: Builder,
+    p: Problem,
+    rank: int,
+    chunks: list[FusedChunk],
+    pieces: list[tuple[int, int]],
+    inputs: Callable[[int, int], tuple[Region, ...]],
+    out: str,
+) -> None:
+    """The fused GEMM over ``chunks``, then per row piece: wait for the flags of all W sources
+    of that piece, and reduce ``inputs(lo, hi)`` into rows [lo, hi) of ``out``."""
+    n = len(pieces)
+    b = Region("b", (0, p.k), (0, p.n))
+    bld.add(FusedGemmOp(b, tuple(chunks)), Stream.COMPUTE, chunk=(rank, -1))
+    for j, (lo, hi) in enumerate(pieces):
+        landed = bld.add(
+            WaitFlagsOp(tuple(flag_slot(src, j, n) for src in range(p.world))),
+            Stream.COMM,
+            chunk=(rank, j),
+        )
         bld.add(
-            ReduceOp((own, *staged), Region("c_shard", (lo, hi), (0, N))),
+            ReduceOp(inputs(lo, hi), Region(out, (lo, hi), (0, p.n))),
             Stream.COMPUTE,
             [landed],
             chunk=(rank, j),
         )
-    return Plan(p, s, rank, buffers, tuple(bld.tasks), "c_shard")
 
 
 def plan_gemm_ar_fused(p: Problem, s: Schedule, rank: int, buffers: tuple[BufferSpec, ...]) -> Plan:
@@ -168,20 +188,14 @@ def plan_gemm_ar_fused(p: Problem, s: Schedule, rank: int, buffers: tuple[Buffer
         copies = tuple(FusedCopy(mine, dst, (dst, slot)) for dst in peers)
         a = Region("a", (lo, hi), (0, K))
         chunks.append(FusedChunk(a, mine, rank, signal=(rank, slot), copies=copies))
-    bld.add(
-        FusedGemmOp(Region("b", (0, K), (0, N)), tuple(chunks)), Stream.COMPUTE, chunk=(rank, -1)
+    # reduced in rank order on every rank: the same sum, bit for bit, everywhere
+    _gemm_then_reduce(
+        bld,
+        p,
+        rank,
+        chunks,
+        pieces,
+        lambda lo, hi: tuple(staged(src, lo, hi) for src in range(w)),
+        "c",
     )
-    for j, (lo, hi) in enumerate(pieces):
-        landed = bld.add(
-            WaitFlagsOp(tuple(flag_slot(src, j, n) for src in range(w))),
-            Stream.COMM,
-            chunk=(rank, j),
-        )
-        # in rank order on every rank: the same sum, bit for bit, everywhere
-        bld.add(
-            ReduceOp(tuple(staged(src, lo, hi) for src in range(w)), Region("c", (lo, hi), (0, N))),
-            Stream.COMPUTE,
-            [landed],
-            chunk=(rank, j),
-        )
     return Plan(p, s, rank, buffers, tuple(bld.tasks), "c")
