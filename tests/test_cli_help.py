@@ -104,3 +104,15 @@ def test_module_entry_point_runs(tmp_path):
         )
         assert out.returncode == 0, out.stderr
         assert '"count"' in out.stdout
+
+
+def test_sweep_offers_every_transport_and_gemm_of_the_space():
+    """The --transport/--gemm choices are the space's own values (a new transport is offered
+    the day it exists)."""
+    from ficco.space import Gemm, Transport
+
+    text = help_text("sweep")
+    offered = re.search(r"--transport \[([^\]]+)\]", text).group(1).split("|")
+    assert offered == [t.value for t in Transport]
+    assert re.search(r"--gemm \[([^\]]+)\]", text).group(1).split("|") == [g.value for g in Gemm]
+    assert {"seg", "symm1", "symm2"} <= set(offered)
