@@ -48,11 +48,11 @@ Assumptions (a projection, not a measurement):
   defines them, so a copy-engine schedule can come under "ideal" where NCCL is the slower
   transport.
 - Comm priority (`+hi`) has no term in the model: its rows equal their twins'.
-- Eager schedules (overlapped NCCL: no CUDA graph) are timed as under the store's queued
-  issue: the host starts issuing ahead of the GPU by a lead of `lead_serial` x the problem's
-  serial time (fitted on the W = 2 store, where the lead comes from the candidates issued
-  before each one), and its issue time (per-op costs of ficco's Python executor, measured at
-  W = 2) shows only beyond that lead. A runtime issuing from a different host path, or with
+- Eager schedules (overlapped NCCL: no CUDA graph) are timed as each alone under queued
+  issue: the host starts issuing ahead of the GPU by the lead one timed iteration's flush and
+  barrier give it (`lead_ms`, fitted on the W = 2 store's rounds replayed as timed:
+  `ficco.model.rounds`), and its issue time (per-op costs of ficco's Python executor, measured
+  at W = 2) shows only beyond that lead. A runtime issuing from a different host path, or with
   another lead, moves these rows; the CUDA-graph rows do not depend on it.
 - Beyond one node most of the projected gain is transport, not overlap: serial's flat NCCL
   ring moves (W-1)/W of the data through the NIC at NCCL's calibrated efficiency, while the

@@ -6,7 +6,9 @@
 benchmark) and writes ``schedules/h200x2/model.json``. Then, from that file:
 
 * in sample: predicted vs measured ``median_ms`` of every schedule record of the store (the
-  records the parameters were fitted on; queued issue);
+  records the parameters were fitted on; queued issue), each predicted in its sweep's round
+  as timed (``ficco.model.rounds``: the lead an eager schedule finds is what the candidates
+  timed before it left on the GPU); the eager ones predicted alone are reported beside;
 * out of sample: every verified candidate of ``profiles/h200x4/bench_overlap.json`` (W = 4,
   queued issue, the mode the store was measured in) predicted on the ``h200x4`` description
   from the W = 2 calibration alone;
@@ -102,6 +104,26 @@ def group_name(pattern: str, schedule: Schedule) -> str:
     return f"{pattern} {schedule.transport.value} {'graph' if graphed(schedule) else 'eager'}"
 
 
+def round_predictions(
+    predictor: Predictor, records: list[dict], rounds: int
+) -> dict[str, tuple[float, float]]:
+    """Per schedule record of one problem (store order): (predicted in its round as timed,
+    predicted alone). ``ficco.model.rounds``: an eager schedule's lead is what the
+    candidates timed before it left queued on the GPU."""
+    from ficco.model.calibrate import store_round
+    from ficco.model.rounds import round_times
+
+    host = predictor.params.host
+    cands = store_round(records, predictor)
+    times = round_times(cands, host["lead_ms"], host["graph_issue_ms"], rounds)
+    problem = Problem.from_dict(records[0]["problem"])
+    out = {}
+    for c, t in zip(cands, times, strict=True):
+        if t is not None and "/" in c.name:
+            out[c.name] = (t, predictor.schedule_time(problem, Schedule.parse(c.name)).ms)
+    return out
+
+
 def in_sample(predictor: Predictor) -> tuple[dict, list]:
     from ficco.model.calibrate import (
         load_store_records,
@@ -115,19 +137,34 @@ def in_sample(predictor: Predictor) -> tuple[dict, list]:
         [r for r in records if usable_schedule_record(r)],
         lambda r: group_name(r["problem"]["pattern"], Schedule.parse(r["name"])),
     )
+    by_key: dict[str, list[dict]] = defaultdict(list)
+    for rec in records:
+        by_key[rec["problem_key"]].append(rec)
+    predicted = {}
+    for key, recs in by_key.items():
+        rounds = max(r.get("samples") or 1 for r in recs)
+        for name, pair in round_predictions(predictor, recs, rounds).items():
+            predicted[(key, name)] = pair
     pairs, groups, by_problem = [], defaultdict(list), defaultdict(list)
+    alone = defaultdict(list)
     for s in samples:
-        t = predictor.schedule_time(s.problem, s.schedule)
-        predicted = t.ms
-        pairs.append((predicted, s.median_ms))
-        groups[group_name(s.problem.pattern.value, s.schedule)].append((predicted, s.median_ms))
-        by_problem[s.problem.key].append((str(s.schedule), predicted, s.median_ms))
+        in_round, by_itself = predicted[(s.problem.key, str(s.schedule))]
+        pairs.append((in_round, s.median_ms))
+        group = group_name(s.problem.pattern.value, s.schedule)
+        groups[group].append((in_round, s.median_ms))
+        alone[group].append((by_itself, s.median_ms))
+        by_problem[s.problem.key].append((str(s.schedule), in_round, s.median_ms))
     graph_pairs = [pair for g, v in groups.items() if g.endswith("graph") for pair in v]
     by_group = {g: errors_summary(v) for g, v in sorted(groups.items())}
     result = {
+        "protocol": "each record predicted in its sweep's round as timed (ficco.model.rounds: "
+        "the store's candidate order, queued issue, the record's rounds)",
         "all": errors_summary(pairs),
         "graphed": errors_summary(graph_pairs),
         "by_group": by_group,
+        "eager_predicted_alone": {
+            g: errors_summary(v) for g, v in sorted(alone.items()) if g.endswith("eager")
+        },
         "noise_floor": floor,
         "model_beside_floor": beside_floor(dict(by_group, all=errors_summary(pairs)), floor),
         "ranking": ranking(by_problem),
@@ -158,18 +195,23 @@ def beside_floor(model: dict[str, dict], floor: dict[str, dict]) -> dict[str, di
 def out_of_sample(predictor: Predictor) -> tuple[dict, list]:
     bench = json.loads(BENCH_W4.read_text())
     shapes = bench["by_issue"]["queued"]["shapes"]
+    rounds = int(bench["protocol"]["rounds"])
     pairs, groups, by_problem = [], defaultdict(list), defaultdict(list)
     spreads, twin_diffs, twin_best = defaultdict(list), [], {}
     for shape in shapes:
         problem = Problem.from_dict(shape["problem"])
+        records = [
+            {"problem": shape["problem"], "name": n, **c} for n, c in shape["candidates"].items()
+        ]
+        in_round = round_predictions(predictor, records, rounds)
         for name, cand in shape["candidates"].items():
             if cand.get("kind") != "schedule" or cand.get("verdict") != "ok":
                 continue
             schedule = Schedule.parse(name)
-            t = predictor.schedule_time(problem, schedule)
-            pairs.append((t.ms, cand["median_ms"]))
-            groups[group_name(problem.pattern.value, schedule)].append((t.ms, cand["median_ms"]))
-            by_problem[problem.key].append((name, t.ms, cand["median_ms"]))
+            t = in_round[name][0]
+            pairs.append((t, cand["median_ms"]))
+            groups[group_name(problem.pattern.value, schedule)].append((t, cand["median_ms"]))
+            by_problem[problem.key].append((name, t, cand["median_ms"]))
             spreads[group_name(problem.pattern.value, schedule)].append(
                 cand["spread_ms"] / cand["median_ms"]
             )
@@ -184,6 +226,8 @@ def out_of_sample(predictor: Predictor) -> tuple[dict, list]:
     ]
     result = {
         "issue": "queued",
+        "protocol": "each candidate predicted in the bench's round as timed (its candidate "
+        "order, queued issue, the protocol's rounds)",
         "all": errors_summary(pairs),
         "graphed": errors_summary(graph_pairs),
         "by_group": {g: errors_summary(v) for g, v in sorted(groups.items())},
@@ -369,7 +413,9 @@ def main() -> int:
         "--no-gemm-curve", action="store_true", help="calibrate without gemm_curve.json's rows"
     )
     parser.add_argument(
-        "--no-host-lead", action="store_true", help="calibrate the eager host without its lead"
+        "--host-alone",
+        action="store_true",
+        help="calibrate the eager host on each schedule timed alone, not on the store's rounds",
     )
     parser.add_argument("--no-timings", action="store_true", help="skip the predict timings")
     args = parser.parse_args()
@@ -383,7 +429,7 @@ def main() -> int:
             load_machine("h200x2"),
             BENCH_GEMM,
             None if args.no_gemm_curve else GEMM_CURVE,
-            host_lead=not args.no_host_lead,
+            in_rounds=not args.host_alone,
         )
         params.calibration["source"] = "profiles/h200x2/store + profiles/h200/bench_gemm.json" + (
             "" if args.no_gemm_curve else " + profiles/h200/gemm_curve.json"
@@ -411,6 +457,7 @@ def main() -> int:
         "out_of_sample_w4": oos,
     }
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "model_validate.json").write_text(json.dumps(result, indent=1) + "\n")
     scatter(out / "model_validate.png", ins_pairs, oos_pairs)
     for name, part in (("in sample (W=2 store)", ins), ("out of sample (W=4 bench)", oos)):

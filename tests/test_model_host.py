@@ -1,5 +1,6 @@
-"""The eager host under queued issue: its lead over the GPU, its fit, and the GEMM curve's
-rows in the GEMM calibration."""
+"""The eager host under queued issue: the lead a timed iteration gives it, the store's rounds
+replayed as timed (``ficco.model.rounds``), their fit, and the GEMM curve's rows in the GEMM
+calibration."""
 
 from __future__ import annotations
 
@@ -8,26 +9,25 @@ import dataclasses
 import pytest
 
 from ficco.model import SHIPPED_PARAMS, Predictor, load_machine, load_params
+from ficco.model.rounds import RoundCandidate, alone_ms, round_times
 from ficco.problem import Problem
 from ficco.space import Schedule
 
 
-def _predictor(lead_serial: float) -> Predictor:
+def _predictor(lead_ms: float) -> Predictor:
     params = load_params(SHIPPED_PARAMS)
-    host = dict(params.host, lead_serial=lead_serial)
+    host = dict(params.host, lead_ms=lead_ms)
     return Predictor(load_machine("h200x2"), dataclasses.replace(params, host=host))
 
 
-def test_an_eager_hosts_lead_hides_its_issue_time_up_to_the_lead():
+def test_an_eager_schedule_alone_hides_its_issue_time_up_to_the_lead():
     problem = Problem(pattern="ag_gemm", m=512, n=3072, k=4096, world=2)
     eager = Schedule.parse("finer-c8-m/nccl/cublas")  # 8 p2p batches: host-bound when small
     no_lead = _predictor(0.0).schedule_time(problem, eager)
     assert not no_lead.graphed and no_lead.host_ms > no_lead.gpu_ms
     assert no_lead.ms == pytest.approx(no_lead.host_ms)
-    pr = _predictor(1.0)
-    with_lead = pr.schedule_time(problem, eager)
-    lead = sum(pr.parts_ms(problem))
-    assert with_lead.ms == pytest.approx(max(with_lead.gpu_ms, with_lead.host_ms - lead))
+    with_lead = _predictor(0.25).schedule_time(problem, eager)
+    assert with_lead.ms == pytest.approx(max(with_lead.gpu_ms, with_lead.host_ms - 0.25))
     # a lead longer than the issue time: the GPU's time alone
     assert _predictor(1e3).schedule_time(problem, eager).ms == pytest.approx(no_lead.gpu_ms)
     # a CUDA-graph schedule pays a graph launch, never the eager host
@@ -37,25 +37,112 @@ def test_an_eager_hosts_lead_hides_its_issue_time_up_to_the_lead():
     )
 
 
-def test_host_fit_recovers_synthetic_costs_and_lead():
+def test_a_round_gives_an_eager_candidate_the_backlog_of_the_graphs_before_it():
+    graph = RoundCandidate("g", gpu_ms=1.0)
+    eager = RoundCandidate("e", gpu_ms=0.2, host_ms=2.0, eager=True)
+    # one round from an idle GPU, lead 0.1 per iteration, a graph launch 0.05:
+    # g: B = 0.1, T = 1.0, B = 0.1 + 1.0 - 0.05 = 1.05; e: B = 1.15, T = max(0.2, 2.0 - 1.15)
+    assert round_times([graph, eager], 0.1, 0.05, 1) == pytest.approx([1.0, 0.85])
+    # eager first: it finds only the iteration's own lead, then drains the GPU for the graph
+    assert round_times([eager, graph], 0.1, 0.05, 1) == pytest.approx([1.9, 1.0])
+    # timed alone, round after round, an eager candidate settles at max(gpu, host - lead)
+    assert round_times([eager], 0.1, 0.05, 9) == pytest.approx([alone_ms(0.2, 2.0, 0.1)])
+    # a GPU-bound eager candidate takes its GPU time whatever the host does
+    busy = RoundCandidate("b", gpu_ms=3.0, host_ms=1.0, eager=True)
+    assert round_times([busy, eager], 0.0, 0.0, 1) == pytest.approx([3.0, 0.2])
+    # a candidate without a cost (torch's own op) is taken host-bound: it leaves no backlog
+    torch_op = RoundCandidate("async_tp", gpu_ms=None)
+    assert round_times([graph, torch_op, eager], 0.1, 0.05, 1) == pytest.approx([1.0, None, 1.9])
+
+
+def test_a_round_refuses_what_it_cannot_replay():
+    with pytest.raises(ValueError, match="lead_ms"):
+        round_times([], -0.1, 0.0, 1)
+    with pytest.raises(ValueError, match="rounds"):
+        round_times([], 0.1, 0.0, 0)
+
+
+def test_a_store_round_is_the_timed_order_then_the_graph_twins():
+    from ficco.model.calibrate import store_round
+
+    problem = {"pattern": "ag_gemm", "m": 1024, "n": 3072, "k": 4096, "world": 2, "dtype": "bf16"}
+    records = [
+        {"problem": problem, "name": "shard/ce/cublas", "kind": "schedule", "verdict": "ok"},
+        {"problem": problem, "name": "shard/nccl/cublas", "kind": "schedule", "verdict": "ok"},
+        {"problem": problem, "name": "finer-c2-m/ce/cublas", "kind": "schedule", "verdict": "oom"},
+        {"problem": problem, "name": "gemm_alone", "kind": "baseline", "verdict": "ok",
+         "extra": {"issue_graph": {"queued": "graph"}}},
+        {"problem": problem, "name": "async_tp", "kind": "baseline", "verdict": "ok"},
+    ]  # fmt: skip
+    pr = _predictor(0.1)
+    cands = store_round(records, pr)
+    assert [c.name for c in cands] == [
+        "shard/ce/cublas",
+        "shard/nccl/cublas",
+        "gemm_alone",
+        "async_tp",
+        "gemm_alone#graph",
+    ]
+    p = Problem.from_dict(problem)
+    eager = pr.schedule_time(p, Schedule.parse("shard/nccl/cublas"))
+    assert (cands[1].eager, cands[1].gpu_ms, cands[1].host_ms) == (
+        True,
+        eager.gpu_ms,
+        eager.host_ms,
+    )
+    assert not cands[0].eager
+    assert cands[0].gpu_ms == pr.schedule_time(p, Schedule.parse("shard/ce/cublas")).ms
+    assert cands[2].gpu_ms == cands[4].gpu_ms == pr.parts_ms(p)[0]
+    assert cands[3].gpu_ms is None
+
+
+def test_the_round_host_fit_recovers_synthetic_costs_and_lead():
     np = pytest.importorskip("numpy")
     pytest.importorskip("scipy")
-    from ficco.model.calibrate import fit_host
+    from ficco.model.calibrate import ISSUE_KEYS, _HostRound, _round_predictions, fit_round_host
 
     rng = np.random.default_rng(0)
-    n = 400
-    counts = np.column_stack(
-        [np.ones(n), *(rng.integers(0, 17, n).astype(float) for _ in range(5))]
-    )
-    truth = np.array([0.1, 0.03, 0.2, 0.15, 0.08, 0.01])
-    serial = rng.uniform(0.05, 1.0, n)
-    gpu = rng.uniform(0.05, 2.0, n)
-    measured = np.maximum(gpu, counts @ truth - 0.7 * serial)
-    fitted = fit_host(counts, serial, gpu, measured, True)
-    assert fitted[-1] == pytest.approx(0.7, rel=1e-3)
-    for got, want in zip(fitted[:-1], truth, strict=True):
-        assert got == pytest.approx(want, rel=1e-2)
-    assert fit_host(counts, serial, gpu, measured, False)[-1] == 0.0
+    truth = dict(zip(ISSUE_KEYS, (0.2, 0.05, 0.15, 0.1, 0.08, 0.01), strict=True))
+    truth.update(lead_ms=0.06, graph_issue_ms=0.03)
+    fits = []
+    for _ in range(40):  # rounds of graph candidates and eager ones, host- and GPU-bound
+        names, gpu, costed, counts = [], [], [], []
+        for j in range(8):
+            names.append(f"c{j}")
+            costed.append(True)
+            if j % 3:  # eager after a graph and after an eager one
+                c = (1.0, *(float(x) for x in rng.integers(0, 9, 4)), 0.0)
+                counts.append(c)
+            else:
+                counts.append(None)
+            gpu.append(float(rng.uniform(0.05, 1.5)))
+        r = _HostRound(
+            Problem(pattern="ag_gemm", m=256, n=256, k=256, world=2),
+            tuple(names), (None,) * 8, tuple(gpu), tuple(costed), tuple(counts),
+            (None,) * 8, 10,
+        )  # fmt: skip
+        fits.append((r, gpu))
+    # measure each eager candidate by the rounds under the true host
+    measured = []
+    for r, gpu in fits:
+        one = dataclasses.replace(r, measured=tuple(1.0 if c else None for c in r.counts))
+        pred, _ = _round_predictions([(one, gpu)], truth)
+        it = iter(pred)
+        measured.append(
+            dataclasses.replace(r, measured=tuple(next(it) if c else None for c in r.counts))
+        )
+    got = fit_round_host([(r, gpu) for r, (_, gpu) in zip(measured, fits, strict=True)])
+    assert got["copy_ms"] == pytest.approx(0.01)  # never issued: keeps its starting value
+    for key in ("gemm_ms", "p2p_ms", "strided_ms", "reduce_ms"):
+        assert got[key] == pytest.approx(truth[key], rel=0.05), key
+    # raising the fixed cost, the lead and a graph's issue time together changes no time the
+    # rounds give (until a backlog runs dry): what they determine is the differences
+    for key in ("fixed_ms", "graph_issue_ms"):
+        assert got[key] - got["lead_ms"] == pytest.approx(truth[key] - truth["lead_ms"], abs=0.005)
+    fitted = [(r, gpu) for r, (_, gpu) in zip(measured, fits, strict=True)]
+    pred, meas = _round_predictions(fitted, got)
+    errors = sorted(abs(p / m - 1) for p, m in zip(pred, meas, strict=True))
+    assert errors[int(0.9 * (len(errors) - 1))] < 0.01
 
 
 def test_gemm_points_take_the_curves_cublas_rows():

@@ -11,8 +11,10 @@ In order, each stage on what the previous ones fixed:
    (relative) of each schedule's ``comm_tasks_alone_ms`` on the terms its lowering makes.
 3. The timed-run scale by duration, from the serial schedules (measured over simulated).
 4. Contention and host: the copy-engine slowdowns and the graph launch cost by a grid search on
-   whole-schedule ``median_ms`` (CUDA-graph schedules), then the eager host's issue costs
-   by least squares on the host-bound eager schedules, then the NCCL slowdowns on the rest.
+   whole-schedule ``median_ms`` (CUDA-graph schedules); then the eager host (issue costs, the
+   per-iteration lead, a graph's issue time) by least squares on the store's rounds replayed
+   as timed (``ficco.model.rounds``), the NCCL slowdowns by a grid search with that host, and
+   the host again.
 
 Never on the prediction path (``ficco predict`` reads the JSON this writes).
 """
@@ -36,9 +38,10 @@ from ficco.model.params import (
     ModelParams,
 )
 from ficco.model.predict import Predictor, graphed
+from ficco.model.rounds import RoundCandidate, round_times
 from ficco.plan import build_plan
 from ficco.problem import Problem
-from ficco.space import Schedule
+from ficco.space import Compute, Schedule
 from ficco.space.geometry import geometry
 
 #: per-task span overheads tried (ms)
@@ -232,17 +235,17 @@ def fit_overlap(
     samples: list[Sample],
     machine: Machine,
     base: ModelParams,
+    records: list[dict] | None = None,
     stride: int = 3,
-    host_lead: bool = True,
 ) -> tuple[dict, dict]:
-    """Contention (grid search) and host costs on whole-schedule times (``host_lead``: fit
-    the eager host's lead; False: none, the host's whole issue time shows)."""
+    """Contention (grid search) and host costs on whole-schedule times. The eager host is
+    fitted on the store's rounds as timed (``records``, in the store's order: see
+    :func:`store_round`); without records, on each eager schedule timed alone."""
     import numpy as np
 
     contention = dict(base.contention)
     host = dict(base.host)
     graph_samples = [s for s in samples if graphed(s.schedule)][::stride]
-    eager_samples = [s for s in samples if not graphed(s.schedule)][::stride]
 
     def predictor(cont: dict, hst: dict) -> Predictor:
         return Predictor(machine, _with(base, contention=cont, host=hst))
@@ -268,55 +271,237 @@ def fit_overlap(
             best = min(best, (score, g, c, launch))
     contention.update(ce_gemm=best[1], ce_comm=best[2])
     host.update(graph_ms=best[3])
-    # eager schedules: the host's issue costs (host time is linear in them) and its lead,
-    # fitted at every point of the NCCL contention grid on the GPU times that point gives
-    keys = ("fixed_ms", "gemm_ms", "p2p_ms", "strided_ms", "reduce_ms", "copy_ms")
-    counts, serial = [], []
-    serial_of = predictor(contention, host)
-    for s in eager_samples:
-        plan = build_plan(s.problem, s.schedule, 0)
-        row = []
-        for key in keys:
-            probe = dict.fromkeys(HOST_KEYS, 0.0)
-            probe[key] = 1.0
-            row.append(CostModel(machine, _with(base, host=probe)).host_ms(plan))
-        counts.append(row)
-        serial.append(sum(serial_of.parts_ms(s.problem)) if host_lead else 0.0)
-    a, lead_unit = np.array(counts), np.array(serial)
-    y = np.array([s.median_ms for s in eager_samples])
-    best = (math.inf, 0.0, 0.0, {})
-    for g in SLOWDOWN_GRID:
-        for c in SLOWDOWN_GRID:
-            pr = predictor(dict(contention, nccl_gemm=g, nccl_comm=c), host)
-            gpu = np.array([pr.schedule_time(s.problem, s.schedule).gpu_ms for s in eager_samples])
-            fitted = fit_host(a, lead_unit, gpu, y, host_lead)
-            coef, lead = fitted[: len(keys)], fitted[len(keys)]
-            pred = np.maximum(gpu, a @ coef - lead * lead_unit)
-            score = _log_errors(list(pred), list(y))
-            if score < best[0]:
-                costs = {k: float(v) for k, v in zip(keys, coef, strict=True)}
-                best = (score, g, c, dict(costs, lead_serial=float(lead)))
-    contention.update(nccl_gemm=best[1], nccl_comm=best[2])
-    host.update(best[3])
+    # eager schedules: the host's issue costs, the per-iteration lead and a graph's issue
+    # time on the rounds (least squares), then the NCCL slowdowns (grid) with those fixed,
+    # then the host again at the chosen slowdowns
+    rounds = _host_rounds(samples, records, machine, _with(base, host=host), stride)
+    nccl = (1.0, 0.1)
+    for refit in (True, False, True):
+        if refit:
+            pr = predictor(dict(contention, nccl_gemm=nccl[0], nccl_comm=nccl[1]), host)
+            host.update(fit_round_host([r.at(pr) for r in rounds]))
+            continue
+        best = (math.inf, nccl)
+        for g in SLOWDOWN_GRID:
+            for c in SLOWDOWN_GRID:
+                pr = predictor(dict(contention, nccl_gemm=g, nccl_comm=c), host)
+                score = _round_score([r.at(pr) for r in rounds], host)
+                best = min(best, (score, (g, c)))
+        nccl = best[1]
+    contention.update(nccl_gemm=nccl[0], nccl_comm=nccl[1])
     return contention, host
 
 
-def fit_host(counts, lead_unit, gpu, measured, with_lead: bool):
-    """Eager host costs (per op class) and lead by robust least squares on log time:
-    ``time = max(gpu, counts @ costs - lead x lead_unit)``; returns costs then lead."""
+#: the eager host's issue cost classes (``HOST_KEYS``), as ``CostModel.host_ms`` counts them
+ISSUE_KEYS = ("fixed_ms", "gemm_ms", "p2p_ms", "strided_ms", "reduce_ms", "copy_ms")
+
+
+@dataclass(frozen=True)
+class _HostRound:
+    """One problem's round for the host fit: its candidates, each eager one's issue counts
+    per class (``ISSUE_KEYS``) and, where it is a usable record, its measured median."""
+
+    problem: Problem
+    names: tuple[str, ...]
+    schedules: tuple[Schedule | None, ...]
+    gpu_fixed: tuple[float | None, ...]
+    """Graph candidates' and baselines' times (fixed before the host fit); None: eager or
+    not costed (see ``costed``)."""
+    costed: tuple[bool, ...]
+    counts: tuple[tuple[float, ...] | None, ...]
+    measured: tuple[float | None, ...]
+    rounds: int
+
+    def at(self, pr: Predictor) -> tuple[_HostRound, list[float | None]]:
+        """With the eager candidates' GPU times under ``pr``'s contention."""
+        gpu = list(self.gpu_fixed)
+        for i, s in enumerate(self.schedules):
+            if self.counts[i] is not None:
+                gpu[i] = pr.schedule_time(self.problem, s).gpu_ms
+        return self, gpu
+
+
+def _host_rounds(
+    samples: list[Sample],
+    records: list[dict] | None,
+    machine: Machine,
+    base: ModelParams,
+    stride: int,
+) -> list[_HostRound]:
+    """Every ``stride``-th problem's round per pattern (with an eager schedule; each eager
+    schedule alone when there are no records)."""
+    pr = Predictor(machine, base)
+    probes = []
+    for key in ISSUE_KEYS:
+        probe = dict.fromkeys(HOST_KEYS, 0.0)
+        probe[key] = 1.0
+        probes.append(CostModel(machine, _with(base, host=probe)))
+    if records is None:  # each eager schedule alone: a round of one
+        by_problem = [[_sample_record(s)] for s in samples if not graphed(s.schedule)]
+    else:
+        grouped: dict[str, list[dict]] = defaultdict(list)
+        for rec in records:
+            grouped[rec.get("problem_key") or Problem.from_dict(rec["problem"]).key].append(rec)
+        per_pattern: dict[str, list[list[dict]]] = defaultdict(list)
+        for recs in grouped.values():
+            if _has_eager(recs):
+                per_pattern[recs[0]["problem"]["pattern"]].append(recs)
+        by_problem = [recs for group in per_pattern.values() for recs in group[::stride]]
+    out = []
+    for recs in by_problem:
+        problem = Problem.from_dict(recs[0]["problem"])
+        cands = store_round(recs, pr)
+        usable = {r["name"]: r["median_ms"] for r in recs if usable_schedule_record(r)}
+        schedules, gpu, costed, counts, measured = [], [], [], [], []
+        for c in cands:
+            s = Schedule.parse(c.name) if c.eager else None
+            schedules.append(s)
+            costed.append(c.gpu_ms is not None)
+            if c.eager:
+                plan = build_plan(problem, s, 0)
+                counts.append(tuple(p.host_ms(plan) for p in probes))
+                gpu.append(None)
+                measured.append(usable.get(c.name))
+            else:
+                counts.append(None)
+                gpu.append(c.gpu_ms)
+                measured.append(None)
+        rounds = max((r.get("samples") or 1 for r in recs), default=1)
+        out.append(
+            _HostRound(
+                problem,
+                tuple(c.name for c in cands),
+                tuple(schedules),
+                tuple(gpu),
+                tuple(costed),
+                tuple(counts),
+                tuple(measured),
+                int(rounds),
+            )
+        )
+    return out
+
+
+def _sample_record(s: Sample) -> dict:
+    return {
+        "problem": s.problem.to_dict(),
+        "name": str(s.schedule),
+        "kind": "schedule",
+        "verdict": "ok",
+        "median_ms": s.median_ms,
+        "gemm_tasks_alone_ms": s.gemm_tasks_alone_ms,
+        "comm_tasks_alone_ms": s.comm_tasks_alone_ms,
+        "samples": 1,
+    }
+
+
+def _has_eager(recs: list[dict]) -> bool:
+    return any(usable_schedule_record(r) and not graphed(Schedule.parse(r["name"])) for r in recs)
+
+
+def _round_predictions(
+    fits: list[tuple[_HostRound, list[float | None]]], host: dict
+) -> tuple[list[float], list[float]]:
+    """Predicted and measured medians of every measured eager candidate of the rounds."""
+    pred, meas = [], []
+    for r, gpu in fits:
+        cands = []
+        for i, name in enumerate(r.names):
+            counts = r.counts[i]
+            if counts is None:
+                cands.append(RoundCandidate(name, gpu[i] if r.costed[i] else None))
+            else:
+                issue = sum(n * host[k] for n, k in zip(counts, ISSUE_KEYS, strict=True))
+                cands.append(RoundCandidate(name, gpu[i], issue, eager=True))
+        times = round_times(cands, host["lead_ms"], host["graph_issue_ms"], r.rounds)
+        for t, m in zip(times, r.measured, strict=True):
+            if m is not None and t is not None:
+                pred.append(max(t, 1e-6))
+                meas.append(m)
+    return pred, meas
+
+
+def _round_score(fits: list[tuple[_HostRound, list[float | None]]], host: dict) -> float:
+    return _log_errors(*_round_predictions(fits, host))
+
+
+def fit_round_host(fits: list[tuple[_HostRound, list[float | None]]]) -> dict[str, float]:
+    """The eager host's issue costs (``ISSUE_KEYS``), ``lead_ms`` and ``graph_issue_ms`` by
+    robust least squares on the log of the rounds' measured eager medians. A cost class no
+    eager candidate issues keeps its starting value (nothing measures it). Raising the fixed
+    cost, the lead and a graph's issue time together changes no time while backlogs stay
+    positive: the rounds determine ``fixed_ms - lead_ms`` and ``graph_issue_ms - lead_ms``
+    (what an eager schedule timed alone depends on), not each part."""
     import numpy as np
     from scipy.optimize import least_squares
 
-    n = counts.shape[1]
+    keys = (*ISSUE_KEYS, "lead_ms", "graph_issue_ms")
+    issued = [
+        any(
+            r.counts[i] is not None and r.counts[i][k] for r, _ in fits for i in range(len(r.names))
+        )
+        for k in range(len(ISSUE_KEYS))
+    ]
+    free = [k for k in range(len(keys)) if k >= len(ISSUE_KEYS) or issued[k]]
+    # bounded: the rounds' max() leaves no gradient once a graph's issue time outgrows every
+    # backlog, so an unbounded fit can wander off into "no lead anywhere"
+    lower = np.log([1e-4] * len(keys))[free]
+    upper = np.log([2.0] * len(ISSUE_KEYS) + [0.5, 0.5])[free]
+    best = None
+    for lead0, issue0 in ((0.05, 0.02), (0.1, 0.1)):
+        start = np.log([0.1, 0.03, 0.13, 0.16, 0.1, 0.01, lead0, issue0])
 
-    def predicted(x):
-        coef = np.exp(x[:n])
-        lead = math.exp(x[n]) if with_lead else 0.0
-        return np.maximum(gpu, np.maximum(counts @ coef - lead * lead_unit, 1e-6))
+        def host_of(x, start=start) -> dict:
+            full = start.copy()
+            full[free] = x
+            return dict(zip(keys, (float(v) for v in np.exp(full)), strict=True))
 
-    x0 = np.log([0.1, 0.03, 0.13, 0.16, 0.1, 0.01][:n] + [0.5])
-    fit = least_squares(lambda x: np.log(predicted(x) / measured), x0, loss="soft_l1", f_scale=0.1)
-    return [*np.exp(fit.x[:n]), math.exp(fit.x[n]) if with_lead else 0.0]
+        def resid(x, host_of=host_of):
+            pred, meas = _round_predictions(fits, host_of(x))
+            return np.log(np.array(pred) / np.array(meas))
+
+        fit = least_squares(
+            resid,
+            start[free],
+            bounds=(lower, upper),
+            loss="soft_l1",
+            f_scale=0.1,
+            diff_step=1e-3,
+            max_nfev=400,
+        )
+        if best is None or fit.cost < best[0]:
+            best = (fit.cost, host_of(fit.x))
+    return best[1]
+
+
+def store_round(records: list[dict], pr: Predictor) -> list[RoundCandidate]:
+    """One problem's timed round as its sweep ran it: its verified candidates in the store's
+    order (the order the sweep timed them: schedules, then baselines), then the graph twins
+    the sweep times beside the isolated parts (a part whose record names ``issue_graph``)."""
+    problem = Problem.from_dict(records[0]["problem"])
+    gemm, comm = pr.parts_ms(problem)
+    parts = {"gemm_alone": gemm, "comm_alone": comm, "serial_eager": gemm + comm}
+    parts["serial_graph"] = gemm + comm + pr.params.host["graph_ms"]
+    cands, twins = [], []
+    for rec in records:
+        if rec.get("verdict") != "ok":
+            continue  # never timed
+        name = rec["name"]
+        if rec.get("kind") == "baseline":
+            cands.append(RoundCandidate(name, parts.get(name)))  # None: torch's own ops
+            if name in ("gemm_alone", "comm_alone") and "issue_graph" in rec.get("extra", {}):
+                twins.append(RoundCandidate(f"{name}#graph", parts[name]))
+            continue
+        schedule = Schedule.parse(name)
+        if schedule.compute is Compute.FUSED:
+            cands.append(RoundCandidate(name, None))  # no cost for in-kernel waits
+            continue
+        t = pr.schedule_time(problem, schedule)
+        if t.graphed:
+            cands.append(RoundCandidate(name, t.ms))
+        else:
+            cands.append(RoundCandidate(name, t.gpu_ms, t.host_ms, eager=True))
+    return cands + twins
 
 
 def fit_timed_scale(
@@ -347,10 +532,11 @@ def calibrate(
     bench_gemm: dict | None = None,
     source: str = "",
     gemm_curve: dict | None = None,
-    host_lead: bool = True,
+    in_rounds: bool = True,
 ) -> ModelParams:
     """Parameters fitted on a store's records (and a single-GPU GEMM benchmark's rows, and a
-    GEMM curve's cuBLAS rows)."""
+    GEMM curve's cuBLAS rows). ``in_rounds``: fit the eager host on the store's rounds as
+    timed (False: on each eager schedule timed alone)."""
     samples, gemm_alone = samples_from_records(records)
     if not samples:
         raise ValueError("records: no ok schedule record with task signatures to calibrate on")
@@ -365,7 +551,7 @@ def calibrate(
     transfer = fit_transfers(samples, CostModel(machine, base))
     base = _with(base, transfer=transfer)
     base = _with(base, timed_scale=fit_timed_scale(samples, machine, base))
-    contention, host = fit_overlap(samples, machine, base, host_lead=host_lead)
+    contention, host = fit_overlap(samples, machine, base, records if in_rounds else None)
     return _with(
         base,
         machine=machine.name,
@@ -377,7 +563,7 @@ def calibrate(
             "schedule_records": len(samples),
             "gemm_shapes": len(points),
             "gemm_curve_rows": len((gemm_curve or {}).get("gemm", [])),
-            "host_lead": host_lead,
+            "host_in_rounds": in_rounds,
             "fingerprints": sorted({r.get("fingerprint_id", "") for r in records} - {""}),
         },
     )
@@ -388,7 +574,7 @@ def calibrate_store(
     machine: Machine,
     bench_gemm: str | Path | None = None,
     gemm_curve: str | Path | None = None,
-    host_lead: bool = True,
+    in_rounds: bool = True,
 ) -> ModelParams:
     bench = json.loads(Path(bench_gemm).read_text()) if bench_gemm else None
     curve = json.loads(Path(gemm_curve).read_text()) if gemm_curve else None
@@ -398,5 +584,5 @@ def calibrate_store(
         bench,
         source=str(store),
         gemm_curve=curve,
-        host_lead=host_lead,
+        in_rounds=in_rounds,
     )

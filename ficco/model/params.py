@@ -14,9 +14,10 @@ Sections (each a flat object of numbers; the reader refuses a missing, extra or 
                 of a GEMM while a transfer of that transport runs, and of the transfer
 ``host``        eager issue costs per op, a CUDA graph's launch cost, ``span_ms``: what
                 each task's isolated span (the costs' source) carries beyond its work, and
-                ``lead_serial``: how far ahead of the GPU an eager host starts issuing under
-                queued issue, in units of the problem's serial time (the work queued before
-                the op: in the store's protocol, the interleaved candidates before it)
+                ``lead_ms``: the backlog each timed iteration's L2 flush and barrier leave the
+                GPU before the op (their GPU time less their issue time), and
+                ``graph_issue_ms``: the host's time to launch a CUDA-graph candidate; the two
+                replay a sweep's queued rounds (``ficco.model.rounds``)
 ``timed_scale`` ``[[log2 ms, scale], ...]``: a timed run's time over the simulated GPU time, by
                 duration (task costs are fitted on isolated per-task spans; the timed runs of
                 the store took up to 14% longer around 1-4 ms, 1% around 0.25-0.5 ms:
@@ -32,7 +33,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-SCHEMA = "ficco.model/2"
+SCHEMA = "ficco.model/3"
 
 GEMM_KEYS = (
     "launch_ms",
@@ -66,7 +67,8 @@ HOST_KEYS = (
     "copy_ms",
     "graph_ms",
     "span_ms",
-    "lead_serial",
+    "lead_ms",
+    "graph_issue_ms",
 )
 
 

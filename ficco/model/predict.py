@@ -3,10 +3,10 @@
 One schedule: its plan (rank 0 stands for all) lowered to tasks and simulated; the simulated
 GPU time is scaled to a timed run's (``ModelParams.timed_scale``, by duration). A schedule the
 executor captures in a CUDA graph (all but the overlapped NCCL ones, whose grouped send/recv
-does not capture) costs that plus a graph launch; an eager one, under queued issue, the
-longer of it and the host's issue time less the host's lead (under queued issue the host
-starts ahead of the GPU by the work queued before the op, and shows only where it is slower
-than the GPU by more than that lead).
+does not capture) costs that plus a graph launch; an eager one, timed alone under queued
+issue, the longer of it and the host's issue time less the lead each iteration's flush and
+barrier give the host (``ficco.model.rounds``: in a sweep's interleaved round the lead also
+holds the candidates queued before it).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from ficco.model.costs import CALIBRATED_PATTERNS, CostModel, issue_end_ms
 from ficco.model.machine import Machine, load_machine
 from ficco.model.params import ModelParams, load_params, timed_scale_at
+from ficco.model.rounds import alone_ms
 from ficco.model.simulate import simulate
 from ficco.plan import LOWERINGS, Plan, build_plan
 from ficco.problem import Problem
@@ -131,11 +132,10 @@ class Predictor:
             host = self.params.host["graph_ms"]
             total = gpu + host
         else:
-            # under queued issue the host starts ahead of the GPU by the work queued before
-            # the op; its issue time shows only where it outlasts that lead and the GPU
+            # under queued issue the host starts ahead of the GPU by what each iteration
+            # queues before the op; its issue time shows only where it outlasts that lead
             host = issue_end_ms(tasks)
-            lead = self.params.host["lead_serial"] * sum(self.parts_ms(problem))
-            total = max(gpu, host - lead)
+            total = alone_ms(gpu, host, self.params.host["lead_ms"])
         return ScheduleTime(str(schedule), total, gpu, host, graphed(schedule))
 
     def parts_ms(self, problem: Problem) -> tuple[float, float]:
