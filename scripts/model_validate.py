@@ -124,6 +124,58 @@ def round_predictions(
     return out
 
 
+#: host speed factors tried per problem by the drift diagnostic
+HOST_SCALES = tuple(round(0.5 + 0.05 * i, 2) for i in range(31))  # 0.5 ... 2.0
+
+
+def host_drift(predictor: Predictor, by_key: dict[str, list[dict]]) -> dict:
+    """How much of the eager error is the host's speed drifting between problems: per problem,
+    every eager issue time scaled by the one factor (``HOST_SCALES``) that fits that problem's
+    eager records best. Not a model (it reads the measurements it predicts): the error left
+    with each problem's host speed known, and how far those speeds spread."""
+    from ficco.model.calibrate import store_round, usable_schedule_record
+    from ficco.model.rounds import RoundCandidate, round_times
+
+    host = predictor.params.host
+    factors, pairs = [], []
+    for recs in by_key.values():
+        measured = {r["name"]: r["median_ms"] for r in recs if usable_schedule_record(r)}
+        cands = store_round(recs, predictor)
+        if not any(c.eager and c.name in measured for c in cands):
+            continue
+        rounds = max(r.get("samples") or 1 for r in recs)
+        best = None
+        for scale in sorted(HOST_SCALES, key=lambda x: abs(x - 1.0)):  # ties: nearest 1
+            scaled = [
+                RoundCandidate(c.name, c.gpu_ms, c.host_ms * scale, True) if c.eager else c
+                for c in cands
+            ]
+            times = round_times(scaled, host["lead_ms"], host["graph_issue_ms"], rounds)
+            got = [
+                (t, measured[c.name])
+                for c, t in zip(cands, times, strict=True)
+                if c.eager and c.name in measured
+            ]
+            errs = sorted(abs(math.log(t / m)) for t, m in got)
+            score = errs[len(errs) // 2]
+            if best is None or score < best[0]:
+                best = (score, scale, got)
+        factors.append(best[1])
+        pairs += best[2]
+    return {
+        "eager_with_host_speed_per_problem": errors_summary(pairs),
+        "host_speed_factor": {
+            "problems": len(factors),
+            "p10": sorted(factors)[int(0.1 * (len(factors) - 1))],
+            "median": statistics.median(factors),
+            "p90": sorted(factors)[int(0.9 * (len(factors) - 1))],
+        },
+        "note": "diagnostic, not a prediction: each problem's eager issue times scaled by the "
+        "factor that fits its own eager records best (one factor per problem, from "
+        f"{HOST_SCALES[0]} to {HOST_SCALES[-1]}); host_speed_factor: its spread over the problems",
+    }
+
+
 def in_sample(predictor: Predictor) -> tuple[dict, list]:
     from ficco.model.calibrate import (
         load_store_records,
@@ -166,6 +218,7 @@ def in_sample(predictor: Predictor) -> tuple[dict, list]:
             g: errors_summary(v) for g, v in sorted(alone.items()) if g.endswith("eager")
         },
         "noise_floor": floor,
+        "host_drift": host_drift(predictor, by_key),
         "model_beside_floor": beside_floor(dict(by_group, all=errors_summary(pairs)), floor),
         "ranking": ranking(by_problem),
     }
@@ -491,6 +544,13 @@ def main() -> int:
             f"crediting such twins: {oos['ranking_twin_aware']['predicted_best_within_3pct']:.3f}"
         )
     print_floor(ins["model_beside_floor"])
+    drift = ins["host_drift"]
+    e, f = drift["eager_with_host_speed_per_problem"], drift["host_speed_factor"]
+    print(
+        f"host drift (diagnostic): eager records with each problem's host speed fitted: median "
+        f"{e['median_rel_error']:.3f} p90 {e['p90_rel_error']:.3f}; the factor over "
+        f"{f['problems']} problems: p10 {f['p10']:.2f} median {f['median']:.2f} p90 {f['p90']:.2f}"
+    )
     print("predict, every schedule of one problem (API: fresh Predictor; CLI: whole process):")
     for row in timings["api"] if timings else []:
         phases = " ".join(f"{k} {v:.0f}" for k, v in row["phases_ms"].items())
