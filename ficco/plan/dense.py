@@ -93,6 +93,10 @@ def plan_ag_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
         return (row0 + piece[0], row0 + piece[1]), (0, K)
 
     arrived: dict[tuple[int, int], int | None] = {}
+    # per chunk, the regions every step shares: the chunk of every rank's a_shard, and where
+    # this rank's chunk lands in a peer's a_full (built once: a plan at W = 64 has thousands)
+    shard_chunk = [Region("a_shard", *rect(0, piece)) for piece in pieces]
+    mine_there = [Region("a_full", rect(rank * S, piece)[0], rect(0, piece)[1]) for piece in pieces]
     # Comm first in program order so sends are posted before any wait (no deadlock on
     # two-sided transports); the executors run the two streams concurrently anyway. The send
     # half is a no-op on one-sided pulls (ce) but keeps both halves visible to every executor.
@@ -102,21 +106,17 @@ def plan_ag_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
             arrived[(i, j)] = None  # local shard: read in place, no wait
             continue
         rows, cols = rect(src * S, pieces[j])
-        shard_rows, _ = rect(0, pieces[j])  # the chunk's rows in every rank's a_shard
         arrived[(i, j)] = exchange(
             bld,
             transfer_tag(i, j),
             PULL,
-            send=(
-                dst,
-                Region("a_shard", shard_rows, cols),
-                Region("a_full", rect(rank * S, pieces[j])[0], cols),
-            ),
-            recv=(src, Region("a_full", rows, cols), Region("a_shard", shard_rows, cols)),
+            send=(dst, shard_chunk[j], mine_there[j]),
+            recv=(src, Region("a_full", rows, cols), shard_chunk[j]),
             chunk=j,
         )
 
     last_gemm: dict[int, int] = {}  # split-k chunks of one shard accumulate in order
+    b_of = [Region("b", rect(0, piece)[1], (0, N)) if split_k else whole_b for piece in pieces]
     for i, j in order:
         src, _ = steps[i]
         base_buf, base_row = ("a_shard", 0) if src == rank else ("a_full", src * S)
@@ -136,11 +136,10 @@ def plan_ag_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
             continue
         rows, cols = rect(base_row, pieces[j])
         out_rows, _ = rect(src * S, pieces[j])
-        b_region = Region("b", cols, (0, N)) if split_k else whole_b
         accumulate = split_k and j > 0
         tid = bld.add(
             GemmOp(
-                Region(base_buf, rows, cols), b_region, Region("c", out_rows, (0, N)), accumulate
+                Region(base_buf, rows, cols), b_of[j], Region("c", out_rows, (0, N)), accumulate
             ),
             Stream.COMPUTE,
             [arrived[(i, j)], last_gemm.get(src) if accumulate else None],
@@ -217,10 +216,16 @@ def plan_gemm_rs(p: Problem, s: Schedule, rank: int) -> Plan:
     local_gemm: dict[int, int] = {}
     recv_of: dict[tuple[int, int], int] = {}
     merged_gemm: dict[int, int] = {}
+    # per chunk, the regions every step shares (built once: a plan at W = 64 has thousands):
+    # this rank's rows in a peer's staging and in its own partial, and the chunk of b
+    staged_mine = [Region("staging", *rect(rank * S, piece)) for piece in pieces]
+    partial_mine = [Region("partial", *rect(rank * S, piece)) for piece in pieces]
+    b_of = [Region("b", (0, K), rect(0, piece)[1] if split_n else (0, N)) for piece in pieces]
     for i, j in order:
         src, dst = steps[i]  # this step: compute + send dst's block, receive src's block
         out_rows, cols = rect(dst * S, pieces[j])
         a_rows = out_rows
+        out = Region("partial", out_rows, cols)
         if s.compute is Compute.MERGED:
             if dst not in merged_gemm:
                 merged_gemm[dst] = bld.add(
@@ -234,27 +239,21 @@ def plan_gemm_rs(p: Problem, s: Schedule, rank: int) -> Plan:
                 )
             g = merged_gemm[dst]
         else:
-            b_cols = cols if split_n else (0, N)
             g = bld.add(
-                GemmOp(
-                    Region("a", a_rows, (0, K)),
-                    Region("b", (0, K), b_cols),
-                    Region("partial", out_rows, cols),
-                ),
+                GemmOp(Region("a", a_rows, (0, K)), b_of[j], out),
                 Stream.COMPUTE,
                 chunk=(dst, j),
             )
         if dst == rank:
             local_gemm[j] = g
             continue
-        stage_rows, _ = rect(rank * S, pieces[j])  # this rank's rows, in staging and partial
         src_rows, _ = rect(src * S, pieces[j])
         recv_of[(src, j)] = exchange(
             bld,
             transfer_tag(i, j),
             PUSH,
-            send=(dst, Region("partial", out_rows, cols), Region("staging", stage_rows, cols)),
-            recv=(src, Region("staging", src_rows, cols), Region("partial", stage_rows, cols)),
+            send=(dst, out, staged_mine[j]),
+            recv=(src, Region("staging", src_rows, cols), partial_mine[j]),
             send_deps=[g],
             chunk=j,
         )

@@ -285,9 +285,16 @@ class Builder:
     tasks: list[Task] = field(default_factory=list)
 
     def add(self, op: Op, stream: Stream, deps=(), chunk=None) -> int:
-        tid = len(self.tasks)
-        deps = tuple(sorted({d for d in deps if d is not None}))
-        self.tasks.append(Task(tid, op, stream, deps, chunk))
+        tasks = self.tasks
+        tid = len(tasks)
+        # most tasks have no dependency or one: skip the set and the sort for them
+        if not deps:
+            deps = ()
+        elif type(deps) in (list, tuple) and len(deps) == 1:
+            deps = () if deps[0] is None else (deps[0],)
+        else:
+            deps = tuple(sorted({d for d in deps if d is not None}))
+        tasks.append(Task(tid, op, stream, deps, chunk))
         return tid
 
 
@@ -314,27 +321,15 @@ def exchange(
         raise ValueError(f"initiator: {PUSH!r} (push) or {PULL!r} (pull), got {initiator!r}")
     to, send_here, send_there = send
     frm, recv_here, recv_there = recv
-
-    def add_send() -> None:
-        bld.add(
-            TransferOp(to, "send", send_here, send_there, tag, initiator),
-            Stream.COMM,
-            send_deps,
-            chunk=None if chunk is None else (to, chunk),
-        )
-
-    def add_recv() -> int:
-        return bld.add(
-            TransferOp(frm, "recv", recv_here, recv_there, tag, initiator),
-            Stream.COMM,
-            chunk=None if chunk is None else (frm, chunk),
-        )
-
+    send_op = TransferOp(to, "send", send_here, send_there, tag, initiator)
+    recv_op = TransferOp(frm, "recv", recv_here, recv_there, tag, initiator)
+    send_chunk = None if chunk is None else (to, chunk)
+    recv_chunk = None if chunk is None else (frm, chunk)
     if initiator == PUSH:
-        add_send()
-        return add_recv()
-    received = add_recv()
-    add_send()
+        bld.add(send_op, Stream.COMM, send_deps, send_chunk)
+        return bld.add(recv_op, Stream.COMM, (), recv_chunk)
+    received = bld.add(recv_op, Stream.COMM, (), recv_chunk)
+    bld.add(send_op, Stream.COMM, send_deps, send_chunk)
     return received
 
 
