@@ -17,8 +17,8 @@ from pathlib import Path
 from ficco.model.costs import CALIBRATED_PATTERNS, CostModel, issue_end_ms
 from ficco.model.machine import Machine, load_machine
 from ficco.model.params import ModelParams, load_params, timed_scale_at
-from ficco.model.simulate import simulate
-from ficco.plan import LOWERINGS, Plan, build_plan
+from ficco.model.simulate import SimGraph, SimTask, makespan_ms
+from ficco.plan import LOWERINGS, Plan, build_plan, plan_key
 from ficco.problem import Problem
 from ficco.space import (
     Compute,
@@ -106,8 +106,8 @@ class Predictor:
     def schedule_time(
         self, problem: Problem, schedule: Schedule, *, plan: Plan | None = None
     ) -> ScheduleTime:
-        """Predicted time of one schedule. ``plan``: its rank-0 plan, or the plan of a twin that
-        differs only in what plans do not depend on (GEMM kind, SM reserve, comm priority)."""
+        """Predicted time of one schedule. ``plan``: its rank-0 plan, or the plan of a schedule
+        with the same :func:`ficco.plan.plan_key`."""
         self._check(problem)
         if schedule.compute is Compute.FUSED:
             raise ValueError(
@@ -122,10 +122,17 @@ class Predictor:
         key = tuple(tasks)
         gpu = self._makespans.get(key)
         if gpu is None:
-            gpu = simulate(tasks, self.costs.slowdown, issue=False).makespan_ms
+            gpu = makespan_ms(tasks, self.costs.slowdown)
             if len(self._makespans) > 4096:
                 self._makespans.clear()
             self._makespans[key] = gpu
+        return self._timed(problem, schedule, tasks, gpu)
+
+    def _timed(
+        self, problem: Problem, schedule: Schedule, tasks: list[SimTask], gpu: float
+    ) -> ScheduleTime:
+        """The schedule's time from its simulated GPU time: scaled to a timed run's, plus a
+        graph launch, or under queued issue the host's issue time beyond its lead."""
         gpu *= timed_scale_at(self.params.timed_scale, gpu)
         if graphed(schedule):
             host = self.params.host["graph_ms"]
@@ -156,31 +163,43 @@ class Predictor:
         return cached
 
     def predict(self, problem: Problem, schedules: list[Schedule] | None = None) -> Prediction:
+        """Every schedule of ``problem`` (``PREDICTED_SPACE``'s, or ``schedules``), fastest
+        first: each gets what :meth:`schedule_time` gives it alone, with the work shared
+        where schedules share it. One rank-0 plan per :func:`ficco.plan.plan_key`; one
+        lowering per plan and transport (a Triton twin recosts its GEMMs), and one task graph
+        timed for each GEMM kind's work; the comm priority's twin (the model has no term for
+        it) costs what the normal one does."""
+        self._check(problem)
         enumerated = schedules is None
         if schedules is None:
             schedules = list(enumerate_schedules(problem, PREDICTED_SPACE))
+        lowering = LOWERINGS[problem.pattern]
         plans: dict[tuple, Plan] = {}
-        simulated: dict[tuple, ScheduleTime] = {}
+        graphs: dict[tuple, SimGraph] = {}
+        timed: dict[tuple, ScheduleTime] = {}
         times = []
         for s in schedules:
-            # the model has no term for the comm stream's priority: +hi costs what its
-            # normal-priority twin does, and is simulated once (keys are tuples of the fields:
-            # building Schedule values to key them costs more than the rest of a W = 2 call)
-            shape_key = (s.granularity, s.chunks, s.split, s.transport, s.order, s.compute)
-            shape_key += (s.all_reduce,)
-            twin = (*shape_key, s.gemm, s.sm_reserve)
-            if twin not in simulated:
-                # one plan serves every GEMM kind, SM reserve and priority (the lowering takes
-                # them from the schedule, not the plan)
-                plan = plans.get(shape_key)
+            # keys are tuples of the fields: building Schedule values to key them costs more
+            # than the rest of a W = 2 call
+            twin = (s.granularity, s.chunks, s.split, s.transport, s.order, s.compute)
+            twin += (s.all_reduce, s.gemm, s.sm_reserve)
+            t = timed.get(twin)
+            if t is None:
+                if s.compute is Compute.FUSED:
+                    t = self.schedule_time(problem, s)  # raises: no cost for it
+                shape = plan_key(problem, s)
+                plan = plans.get(shape)
                 if plan is None:
-                    plan = plans[shape_key] = (
-                        LOWERINGS[problem.pattern](problem, s, 0)
-                        if enumerated
-                        else build_plan(problem, s, 0)
+                    plan = plans[shape] = (
+                        lowering(problem, s, 0) if enumerated else build_plan(problem, s, 0)
                     )
-                simulated[twin] = self.schedule_time(problem, s, plan=plan)
-            t = simulated[twin]
+                tasks = self.costs.lower(plan, s)
+                structure = (shape, s.transport)
+                graph = graphs.get(structure)
+                if graph is None:
+                    graph = graphs[structure] = SimGraph(tasks)
+                gpu = graph.makespan_ms([task.work_ms for task in tasks], self.costs.slowdown)
+                t = timed[twin] = self._timed(problem, s, tasks, gpu)
             times.append(ScheduleTime(str(s), t.ms, t.gpu_ms, t.host_ms, t.graphed))
         times.sort(key=lambda t: (t.ms, t.schedule))
         gemm, comm = self.parts_ms(problem)
