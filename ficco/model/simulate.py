@@ -195,7 +195,7 @@ class SimGraph:
     :meth:`makespan_ms` is ``simulate(tasks, slowdown, issue=False).makespan_ms``, the same
     float, without the start and finish times ``simulate`` records."""
 
-    __slots__ = ("_dependents", "_ids", "_kinds", "_lane_names", "_queues", "_unmet")
+    __slots__ = ("_dependents", "_ids", "_kinds", "_queues", "_unmet")
 
     def __init__(self, tasks: list[SimTask]) -> None:
         n = len(tasks)
@@ -206,27 +206,28 @@ class SimGraph:
             raise ValueError("tasks: ids must be unique")
         dependents: list[list[int]] = [[] for _ in range(n)]
         unmet = [0] * n
-        lanes: dict[str, list[int]] = {}
+        lane_number: dict[str, int] = {}
+        queues: list[list[int]] = []  # per lane, its task positions in order
         for i, t in enumerate(tasks):
             deps = t.deps
             if len(deps) > 1:
                 deps = set(deps)
             for d in deps:
                 j = d if index is None else index.get(d)
-                if j is None or not (0 <= j < n) or (index is None and type(j) is not int):
+                if j is None or type(j) is not int or not (0 <= j < n):
                     raise ValueError(f"task {t.id}: depends on unknown task {d}")
                 dependents[j].append(i)
             unmet[i] = len(deps)
-            queue = lanes.get(t.lane)
-            if queue is None:
-                queue = lanes[t.lane] = []
-            queue.append(i)
+            lane = lane_number.get(t.lane)
+            if lane is None:
+                lane = lane_number[t.lane] = len(queues)
+                queues.append([])
+            queues[lane].append(i)
         self._ids = ids
         self._kinds = [t.kind for t in tasks]
         self._dependents = dependents
         self._unmet = unmet
-        self._lane_names = list(lanes)
-        self._queues = list(lanes.values())
+        self._queues = queues
 
     def makespan_ms(self, work: list[float], slowdown: Slowdowns | None = None) -> float:
         """When the last task finishes, each task taking ``work[i]`` ms alone (list order)."""
@@ -234,9 +235,13 @@ class SimGraph:
         n = len(self._ids)
         if len(work) != n:
             raise ValueError(f"work: {len(work)} values for {n} tasks")
-        for i, w in enumerate(work):
-            if not (math.isfinite(w) and w >= 0):
-                raise ValueError(f"task {self._ids[i]}: work_ms must be finite and >= 0, got {w}")
+        # one pass in C: a NaN or an infinity makes the sum so
+        if n and not (math.isfinite(sum(work)) and min(work) >= 0):
+            for i, w in enumerate(work):
+                if not (math.isfinite(w) and w >= 0):
+                    raise ValueError(
+                        f"task {self._ids[i]}: work_ms must be finite and >= 0, got {w}"
+                    )
         queues, dependents, kind = self._queues, self._dependents, self._kinds
         unmet = list(self._unmet)
         n_lanes = len(queues)
@@ -245,6 +250,7 @@ class SimGraph:
         head = [0] * n_lanes
         running = [-1] * n_lanes  # lane -> running task position, -1: idle
         remaining = [0.0] * n_lanes
+        done_below = [0.0] * n_lanes  # the running task's "finished" threshold (simulate's)
         rate_cache: dict[tuple[str, ...], tuple[float, ...]] = {}
         now = 0.0
         eps = 1e-12
@@ -272,7 +278,17 @@ class SimGraph:
                     else:
                         running[lane] = i
                         remaining[lane] = w
+                        done_below[lane] = eps * max(1.0, w)
             active = [lane for lane in lanes if running[lane] >= 0]
+            if len(active) == 1:  # one task alone runs at full rate to its end
+                lane = active[0]
+                now += remaining[lane]  # remaining / 1.0, as simulate steps
+                i = running[lane]
+                running[lane] = -1
+                left -= 1
+                for d in dependents[i]:
+                    unmet[d] -= 1
+                continue
             if not active:
                 if not left:
                     return now
@@ -282,15 +298,6 @@ class SimGraph:
                     if head[lane] < lengths[lane]
                 )
                 raise ValueError(f"tasks {stuck}: can never start (a dependency cycle)")
-            if len(active) == 1:  # one task alone runs at full rate to its end
-                lane = active[0]
-                i = running[lane]
-                now += remaining[lane]  # remaining / 1.0
-                running[lane] = -1
-                left -= 1
-                for d in dependents[i]:
-                    unmet[d] -= 1
-                continue
             kinds = tuple([kind[running[lane]] for lane in active])
             rates = rate_cache.get(kinds)
             if rates is None:
@@ -303,8 +310,8 @@ class SimGraph:
             now += step
             for lane, rate in zip(active, rates, strict=True):
                 rem = remaining[lane] - step * rate
-                i = running[lane]
-                if rem <= eps * max(1.0, work[i]):
+                if rem <= done_below[lane]:
+                    i = running[lane]
                     running[lane] = -1
                     left -= 1
                     for d in dependents[i]:
