@@ -298,6 +298,36 @@ class SimGraph:
                     if head[lane] < lengths[lane]
                 )
                 raise ValueError(f"tasks {stuck}: can never start (a dependency cycle)")
+            if len(active) == 2:  # the commonest case, spelled out (the same arithmetic)
+                a, b = active
+                i, j = running[a], running[b]
+                kinds = (kind[i], kind[j])
+                rates = rate_cache.get(kinds)
+                if rates is None:
+                    rates = rate_cache[kinds] = _rates(kinds, slowdown)
+                rate_a, rate_b = rates
+                step = remaining[a] / rate_a
+                until = remaining[b] / rate_b
+                if until < step:
+                    step = until
+                now += step
+                rem = remaining[a] - step * rate_a
+                if rem <= done_below[a]:
+                    running[a] = -1
+                    left -= 1
+                    for d in dependents[i]:
+                        unmet[d] -= 1
+                else:
+                    remaining[a] = rem
+                rem = remaining[b] - step * rate_b
+                if rem <= done_below[b]:
+                    running[b] = -1
+                    left -= 1
+                    for d in dependents[j]:
+                        unmet[d] -= 1
+                else:
+                    remaining[b] = rem
+                continue
             kinds = tuple([kind[running[lane]] for lane in active])
             rates = rate_cache.get(kinds)
             if rates is None:

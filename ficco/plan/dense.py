@@ -28,7 +28,9 @@ from ficco.plan.ops import (
     Region,
     Stream,
     exchange,
+    gemm_op,
     peer_steps,
+    region,
     uses_collective,
     visit_order,
 )
@@ -111,7 +113,7 @@ def plan_ag_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
             transfer_tag(i, j),
             PULL,
             send=(dst, shard_chunk[j], mine_there[j]),
-            recv=(src, Region("a_full", rows, cols), shard_chunk[j]),
+            recv=(src, region("a_full", rows, cols), shard_chunk[j]),
             chunk=j,
         )
 
@@ -138,8 +140,8 @@ def plan_ag_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
         out_rows, _ = rect(src * S, pieces[j])
         accumulate = split_k and j > 0
         tid = bld.add(
-            GemmOp(
-                Region(base_buf, rows, cols), b_of[j], Region("c", out_rows, (0, N)), accumulate
+            gemm_op(
+                region(base_buf, rows, cols), b_of[j], region("c", out_rows, (0, N)), accumulate
             ),
             Stream.COMPUTE,
             [arrived[(i, j)], last_gemm.get(src) if accumulate else None],
@@ -225,7 +227,7 @@ def plan_gemm_rs(p: Problem, s: Schedule, rank: int) -> Plan:
         src, dst = steps[i]  # this step: compute + send dst's block, receive src's block
         out_rows, cols = rect(dst * S, pieces[j])
         a_rows = out_rows
-        out = Region("partial", out_rows, cols)
+        out = region("partial", out_rows, cols)
         if s.compute is Compute.MERGED:
             if dst not in merged_gemm:
                 merged_gemm[dst] = bld.add(
@@ -240,7 +242,7 @@ def plan_gemm_rs(p: Problem, s: Schedule, rank: int) -> Plan:
             g = merged_gemm[dst]
         else:
             g = bld.add(
-                GemmOp(Region("a", a_rows, (0, K)), b_of[j], out),
+                gemm_op(region("a", a_rows, (0, K)), b_of[j], out),
                 Stream.COMPUTE,
                 chunk=(dst, j),
             )
@@ -253,7 +255,7 @@ def plan_gemm_rs(p: Problem, s: Schedule, rank: int) -> Plan:
             transfer_tag(i, j),
             PUSH,
             send=(dst, out, staged_mine[j]),
-            recv=(src, Region("staging", src_rows, cols), partial_mine[j]),
+            recv=(src, region("staging", src_rows, cols), partial_mine[j]),
             send_deps=[g],
             chunk=j,
         )
@@ -281,7 +283,7 @@ def _add_reduce(bld, rank, w, S, rows, cols, local_dep, recv_deps: dict[int, int
     """c_shard[rows, cols] = own partial + every peer's staged partial."""
     own = Region("partial", (rank * S + rows[0], rank * S + rows[1]), cols)
     staged = tuple(
-        Region("staging", (src * S + rows[0], src * S + rows[1]), cols) for src in sorted(recv_deps)
+        region("staging", (src * S + rows[0], src * S + rows[1]), cols) for src in sorted(recv_deps)
     )
     bld.add(
         ReduceOp((own, *staged), Region("c_shard", rows, cols)),
