@@ -263,8 +263,11 @@ class CostModel:
                 if batch_lead is not None and batch_lead[0] == op.tag:
                     sim_id = batch_lead[1]  # the other half of an open batch
                     prev = tasks[sim_id]
-                    merged = tuple(sorted(set(prev.deps) | set(deps)))
-                    tasks[sim_id] = prev._replace(deps=merged)
+                    # (a half without dependencies beside one with at most one changes
+                    # nothing: the merge of those is the first's own)
+                    if deps or len(prev.deps) > 1:
+                        merged = tuple(sorted(set(prev.deps) | set(deps)))
+                        tasks[sim_id] = prev._replace(deps=merged)
                     alias[task.id] = sim_id
                     continue
                 strided = cols[1] - cols[0] != widths[local.buffer]
