@@ -179,15 +179,16 @@ class Predictor:
         timed: dict[tuple, ScheduleTime] = {}
         times = []
         for s in schedules:
-            # keys are tuples of the fields: building Schedule values to key them costs more
-            # than the rest of a W = 2 call
-            twin = (s.granularity, s.chunks, s.split, s.transport, s.order, s.compute)
-            twin += (s.all_reduce, s.gemm, s.sm_reserve)
+            # one plan, lowered for one transport and costed for one GEMM kind and SM reserve,
+            # is one time (the comm priority's twins share it, and so do the orders of a plan
+            # that visits one peer or one chunk); keys are tuples of fields: building Schedule
+            # values to key them costs more than the rest of a W = 2 call
+            shape = plan_key(problem, s)
+            twin = (shape, s.transport, s.gemm, s.sm_reserve)
             t = timed.get(twin)
             if t is None:
                 if s.compute is Compute.FUSED:
                     t = self.schedule_time(problem, s)  # raises: no cost for it
-                shape = plan_key(problem, s)
                 plan = plans.get(shape)
                 if plan is None:
                     plan = plans[shape] = (
