@@ -18,8 +18,8 @@ from ficco.model.costs import CALIBRATED_PATTERNS, CostModel, issue_end_ms
 from ficco.model.machine import Machine, load_machine
 from ficco.model.params import ModelParams, load_params, timed_scale_at
 from ficco.model.simulate import SimGraph, SimTask, makespan_ms
-from ficco.plan import LOWERINGS, Plan, build_plan, plan_key
-from ficco.problem import Problem
+from ficco.plan import LOWERINGS, Plan, build_plan, plan_key, plans_in_orders
+from ficco.problem import Pattern, Problem
 from ficco.space import (
     Compute,
     Granularity,
@@ -44,6 +44,10 @@ PREDICTED_SPACE = SpaceOptions(
     sm_reserves=(0,),
     computes=tuple(c for c in Compute if c is not Compute.FUSED),
 )
+
+
+#: patterns whose finer plans ``predict`` builds in both orders at once
+IN_ORDERS = (Pattern.AG_GEMM, Pattern.GEMM_RS)
 
 
 def graphed(schedule: Schedule) -> bool:
@@ -191,9 +195,16 @@ class Predictor:
                     t = self.schedule_time(problem, s)  # raises: no cost for it
                 plan = plans.get(shape)
                 if plan is None:
-                    plan = plans[shape] = (
-                        lowering(problem, s, 0) if enumerated else build_plan(problem, s, 0)
-                    )
+                    if enumerated and shape[-1] is not None and problem.pattern in IN_ORDERS:
+                        # (the key holds the order: a finer dense plan on W >= 3) the space
+                        # holds it in both orders, built together
+                        for built in plans_in_orders(problem, s, 0):
+                            plans[plan_key(problem, built.schedule)] = built
+                        plan = plans[shape]
+                    else:
+                        plan = plans[shape] = (
+                            lowering(problem, s, 0) if enumerated else build_plan(problem, s, 0)
+                        )
                 tasks = self.costs.lower(plan, s)
                 structure = (shape, s.transport)
                 graph = graphs.get(structure)

@@ -375,6 +375,42 @@ class Builder:
 PULL, PUSH = "receiver", "sender"
 
 
+def transfer_pair(
+    tag: int,
+    initiator: str,
+    send: tuple[int, Region, Region],
+    recv: tuple[int, Region, Region],
+) -> tuple[TransferOp, TransferOp]:
+    """The (send, receive) ops of one ring step of one chunk (see :func:`exchange`)."""
+    if initiator not in (PUSH, PULL):
+        raise ValueError(f"initiator: {PUSH!r} (push) or {PULL!r} (pull), got {initiator!r}")
+    to, send_here, send_there = send
+    frm, recv_here, recv_there = recv
+    return (
+        _transfer_op(to, "send", send_here, send_there, tag, initiator),
+        _transfer_op(frm, "recv", recv_here, recv_there, tag, initiator),
+    )
+
+
+def post_pair(
+    bld: Builder,
+    send_op: TransferOp,
+    recv_op: TransferOp,
+    send_deps: Iterable[int | None] = (),
+    chunk: int | None = None,
+) -> int:
+    """Both halves of a :func:`transfer_pair` as tasks, in the order :func:`exchange` gives
+    them; returns the receive's id."""
+    send_chunk = None if chunk is None else (send_op.peer, chunk)
+    recv_chunk = None if chunk is None else (recv_op.peer, chunk)
+    if send_op.initiator == PUSH:
+        bld.add(send_op, Stream.COMM, send_deps, send_chunk)
+        return bld.add(recv_op, Stream.COMM, (), recv_chunk)
+    received = bld.add(recv_op, Stream.COMM, (), recv_chunk)
+    bld.add(send_op, Stream.COMM, send_deps, send_chunk)
+    return received
+
+
 def exchange(
     bld: Builder,
     tag: int,
@@ -390,20 +426,7 @@ def exchange(
     lands in this rank's ``here``. Pushes list the send first (it follows the GEMM that made
     its data), pulls the receive. ``chunk``: the chunk index the tasks are tagged with
     (``(peer, chunk)``), or None for untagged whole-shard steps. Returns the receive's id."""
-    if initiator not in (PUSH, PULL):
-        raise ValueError(f"initiator: {PUSH!r} (push) or {PULL!r} (pull), got {initiator!r}")
-    to, send_here, send_there = send
-    frm, recv_here, recv_there = recv
-    send_op = _transfer_op(to, "send", send_here, send_there, tag, initiator)
-    recv_op = _transfer_op(frm, "recv", recv_here, recv_there, tag, initiator)
-    send_chunk = None if chunk is None else (to, chunk)
-    recv_chunk = None if chunk is None else (frm, chunk)
-    if initiator == PUSH:
-        bld.add(send_op, Stream.COMM, send_deps, send_chunk)
-        return bld.add(recv_op, Stream.COMM, (), recv_chunk)
-    received = bld.add(recv_op, Stream.COMM, (), recv_chunk)
-    bld.add(send_op, Stream.COMM, send_deps, send_chunk)
-    return received
+    return post_pair(bld, *transfer_pair(tag, initiator, send, recv), send_deps, chunk)
 
 
 def peer_steps(rank: int, world: int, local_last: bool) -> list[tuple[int, int]]:
