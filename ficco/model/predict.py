@@ -11,6 +11,7 @@ than the GPU by more than that lead).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,8 @@ PREDICTED_SPACE = SpaceOptions(
     computes=tuple(c for c in Compute if c is not Compute.FUSED),
 )
 
+
+WORK_MS = operator.attrgetter("work_ms")
 
 #: patterns whose finer plans ``predict`` builds in both orders at once
 IN_ORDERS = (Pattern.AG_GEMM, Pattern.GEMM_RS)
@@ -210,7 +213,7 @@ class Predictor:
                 graph = graphs.get(structure)
                 if graph is None:
                     graph = graphs[structure] = SimGraph(tasks)
-                gpu = graph.makespan_ms([task.work_ms for task in tasks], self.costs.slowdown)
+                gpu = graph.makespan_ms(list(map(WORK_MS, tasks)), self.costs.slowdown)
                 t = timed[twin] = self._timed(problem, s, tasks, gpu)
             times.append(ScheduleTime(str(s), t.ms, t.gpu_ms, t.host_ms, t.graphed))
         times.sort(key=lambda t: (t.ms, t.schedule))

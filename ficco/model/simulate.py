@@ -15,6 +15,7 @@ matching operation finishes when this rank's own one with the same tag does.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -188,6 +189,9 @@ def simulate(
     )
 
 
+_ID, _LANE, _WORK, _KIND, _DEPS = (operator.itemgetter(k) for k in range(5))
+
+
 class SimGraph:
     """A task list's structure (lanes, dependencies), built once and timed for any work: a
     plan lowered with cuBLAS GEMMs and its Triton twin differ only in their GEMMs' work.
@@ -199,35 +203,34 @@ class SimGraph:
 
     def __init__(self, tasks: list[SimTask]) -> None:
         n = len(tasks)
-        ids = [t.id for t in tasks]
+        # fields pulled out in C (a graph at W = 64 has thousands of tasks)
+        ids = list(map(_ID, tasks))
         # lowered tasks are numbered by position: then ids need no index
         index = None if ids == list(range(n)) else {tid: i for i, tid in enumerate(ids)}
         if index is not None and len(index) != n:
             raise ValueError("tasks: ids must be unique")
         dependents: list[list[int]] = [[] for _ in range(n)]
         unmet = [0] * n
-        lane_number: dict[str, int] = {}
-        queues: list[list[int]] = []  # per lane, its task positions in order
-        for i, t in enumerate(tasks):
-            deps = t.deps
+        for i, deps in enumerate(map(_DEPS, tasks)):
+            if not deps:
+                continue
             if len(deps) > 1:
                 deps = set(deps)
             for d in deps:
                 j = d if index is None else index.get(d)
                 if j is None or type(j) is not int or not (0 <= j < n):
-                    raise ValueError(f"task {t.id}: depends on unknown task {d}")
+                    raise ValueError(f"task {ids[i]}: depends on unknown task {d}")
                 dependents[j].append(i)
             unmet[i] = len(deps)
-            lane = lane_number.get(t.lane)
-            if lane is None:
-                lane = lane_number[t.lane] = len(queues)
-                queues.append([])
-            queues[lane].append(i)
+        lane_of = list(map(_LANE, tasks))
         self._ids = ids
-        self._kinds = [t.kind for t in tasks]
+        self._kinds = list(map(_KIND, tasks))
         self._dependents = dependents
         self._unmet = unmet
-        self._queues = queues
+        # per lane (in order of first use), its task positions in order
+        self._queues = [
+            [i for i, lane in enumerate(lane_of) if lane == name] for name in dict.fromkeys(lane_of)
+        ]
 
     def makespan_ms(self, work: list[float], slowdown: Slowdowns | None = None) -> float:
         """When the last task finishes, each task taking ``work[i]`` ms alone (list order)."""
@@ -364,4 +367,4 @@ def _rates(kinds: tuple[str, ...], slowdown: Slowdowns) -> tuple[float, ...]:
 
 def makespan_ms(tasks: list[SimTask], slowdown: Slowdowns | None = None) -> float:
     """``simulate(tasks, slowdown, issue=False).makespan_ms``, the same float, faster."""
-    return SimGraph(tasks).makespan_ms([t.work_ms for t in tasks], slowdown)
+    return SimGraph(tasks).makespan_ms(list(map(_WORK, tasks)), slowdown)
