@@ -276,13 +276,15 @@ def predict_timings(params) -> dict:
     Predictor with machine and parameters loaded, median of 3, per W and pattern; the phases
     of its path measured separately, in wall and CPU ms (enumerating; building one plan per
     ``plan_key``; lowering per plan, transport and GEMM kind; building one task graph per
-    plan and transport; running the event loop per schedule twin); and the whole CLI process
+    plan and transport; running the event loop per schedule twin), the cyclic collector
+    paused as ``predict`` pauses it; and the whole CLI process
     (``python -m ficco.cli predict``: interpreter start, imports, loading, printing)."""
+    import gc
     import subprocess
 
-    from ficco.model.predict import PREDICTED_SPACE
+    from ficco.model.predict import IN_ORDERS, PREDICTED_SPACE
     from ficco.model.simulate import SimGraph
-    from ficco.plan import LOWERINGS, plan_key
+    from ficco.plan import LOWERINGS, plan_key, plans_in_orders
     from ficco.space import enumerate_schedules
 
     api, cli = [], []
@@ -300,7 +302,8 @@ def predict_timings(params) -> dict:
                 prediction = pr.predict(problem)
                 runs.append((time.perf_counter() - began) * 1e3)
                 cpu.append((time.process_time() - began_cpu) * 1e3)
-            # the same path, phase by phase
+            # the same path, phase by phase (the cyclic collector paused, as predict pauses it)
+            gc.disable()
             pr = Predictor(machine, params)
             clock = [(time.perf_counter(), time.process_time())]
             schedules = list(enumerate_schedules(problem, PREDICTED_SPACE))
@@ -308,7 +311,12 @@ def predict_timings(params) -> dict:
             plans = {}
             for s in schedules:
                 key = plan_key(problem, s)
-                if key not in plans:
+                if key in plans:
+                    continue
+                if key[-1] is not None and problem.pattern in IN_ORDERS:  # both orders at once
+                    for built in plans_in_orders(problem, s, 0):
+                        plans[plan_key(problem, built.schedule)] = built
+                else:
                     plans[key] = LOWERINGS[problem.pattern](problem, s, 0)
             clock.append((time.perf_counter(), time.process_time()))
             lowered = {}
@@ -326,6 +334,7 @@ def predict_timings(params) -> dict:
             for (key, transport, _, _), tasks in lowered.items():
                 graphs[(key, transport)].makespan_ms([t.work_ms for t in tasks], pr.costs.slowdown)
             clock.append((time.perf_counter(), time.process_time()))
+            gc.enable()
             names = ("enumerate", "plans", "lower", "graphs", "simulate")
             spans = list(zip(names, clock, clock[1:], strict=False))
             api.append(

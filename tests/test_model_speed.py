@@ -8,6 +8,7 @@ predictor, at W = 2 to 16."""
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 
@@ -258,3 +259,22 @@ def test_lowered_plans_time_alike_on_both_loops(pattern, world, machine):
         assert makespan_ms(tasks, pr.costs.slowdown) == (
             simulate(tasks, pr.costs.slowdown, issue=False).makespan_ms
         ), str(s)
+
+
+def test_predict_leaves_the_cyclic_collector_as_it_found_it():
+    pr = Predictor(load_machine("h200x2"), load_params(SHIPPED_PARAMS))
+    problem = Problem(pattern="ag_gemm", m=4096, n=5120, k=4096, world=2)
+    assert gc.isenabled()
+    pr.predict(problem)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        pr.predict(problem)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    # an error inside (no cost for a fused schedule) restores it too
+    fused = next(s for s in enumerate_schedules(problem) if s.compute is Compute.FUSED)
+    with pytest.raises(ValueError, match="is fused; the cost model has no cost"):
+        pr.predict(problem, [fused])
+    assert gc.isenabled()
