@@ -367,7 +367,13 @@ class Builder:
             deps = () if deps[0] is None else (deps[0],)
         else:
             deps = tuple(sorted({d for d in deps if d is not None}))
-        tasks.append(_task(tid, op, stream, deps, chunk))
+        task = _new(Task)  # _task, inlined: the commonest call of a plan's build
+        _task_id(task, tid)
+        _task_op(task, op)
+        _task_stream(task, stream)
+        _task_deps(task, deps)
+        _task_chunk(task, chunk)
+        tasks.append(task)
         return tid
 
 
@@ -403,10 +409,14 @@ def post_pair(
     them; returns the receive's id."""
     send_chunk = None if chunk is None else (send_op.peer, chunk)
     recv_chunk = None if chunk is None else (recv_op.peer, chunk)
+    tasks = bld.tasks
     if send_op.initiator == PUSH:
         bld.add(send_op, Stream.COMM, send_deps, send_chunk)
-        return bld.add(recv_op, Stream.COMM, (), recv_chunk)
-    received = bld.add(recv_op, Stream.COMM, (), recv_chunk)
+        received = len(tasks)
+        tasks.append(_task(received, recv_op, Stream.COMM, (), recv_chunk))  # no dependency
+        return received
+    received = len(tasks)
+    tasks.append(_task(received, recv_op, Stream.COMM, (), recv_chunk))
     bld.add(send_op, Stream.COMM, send_deps, send_chunk)
     return received
 
