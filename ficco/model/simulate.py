@@ -262,8 +262,10 @@ class SimGraph:
             started = True
             while started:  # start every head that can start now (a zero-work task cascades)
                 started = False
+                active = []  # the lanes running, as the last pass leaves them
                 for lane in lanes:
                     if running[lane] >= 0:
+                        active.append(lane)
                         continue
                     queue_pos = head[lane]
                     if queue_pos == lengths[lane]:
@@ -281,8 +283,8 @@ class SimGraph:
                     else:
                         running[lane] = i
                         remaining[lane] = w
-                        done_below[lane] = eps * max(1.0, w)
-            active = [lane for lane in lanes if running[lane] >= 0]
+                        done_below[lane] = eps * (w if w > 1.0 else 1.0)  # eps * max(1.0, w)
+                        active.append(lane)
             if len(active) == 1:  # one task alone runs at full rate to its end
                 lane = active[0]
                 now += remaining[lane]  # remaining / 1.0, as simulate steps
