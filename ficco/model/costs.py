@@ -227,7 +227,12 @@ class CostModel:
         tuple_new = tuple.__new__
         for task in plan.tasks:
             op = task.op
-            deps = tuple([alias[d] for d in task.deps if d in alias]) if task.deps else ()
+            deps = task.deps
+            if deps:
+                if len(deps) == 1:
+                    deps = (alias[deps[0]],) if deps[0] in alias else ()
+                else:
+                    deps = tuple([alias[d] for d in deps if d in alias])
             lane, kind, work, cost_issue = "compute", "sm", 0.0, 0.0
             terms: tuple[tuple[str, float, float], ...] = ()
             op_type = type(op)
