@@ -358,21 +358,31 @@ def scatter(path: Path, ins: list, oos: list) -> None:
 
 
 #: (W, machine) the predict timings cover, one problem each (M grows with W: 4096 rows per rank)
-TIMED = ((2, "h200x2"), (4, "h200x4"), (8, "h200x8"), (16, "h200x8n2"), (64, "h200x8n8"))
+TIMED = (
+    (2, "h200x2"),
+    (4, "h200x4"),
+    (8, "h200x8"),
+    (16, "h200x8n2"),
+    (32, "h200x8n4"),
+    (64, "h200x8n8"),
+)
 
 
 def predict_timings(params) -> dict:
-    """Wall time of ``Predictor.predict`` (every schedule of one problem) on a fresh Predictor
-    with machine and parameters loaded, median of 3, per W and pattern; the phases measured
-    separately (enumerating, building plans, lowering, simulating); and the whole CLI process
+    """Wall and CPU time of ``Predictor.predict`` (every schedule of one problem) on a fresh
+    Predictor with machine and parameters loaded, median of 3, per W and pattern; the phases
+    of its path measured separately, in wall and CPU ms (enumerating; building one plan per
+    ``plan_key``; lowering per plan, transport and GEMM kind; building one task graph per
+    plan and transport; running the event loop per schedule twin), the cyclic collector
+    paused as ``predict`` pauses it; and the whole CLI process
     (``python -m ficco.cli predict``: interpreter start, imports, loading, printing)."""
-    import dataclasses
+    import gc
     import subprocess
 
-    from ficco.model.predict import PREDICTED_SPACE
-    from ficco.model.simulate import simulate
-    from ficco.plan import LOWERINGS
-    from ficco.space import Gemm, Priority, enumerate_schedules
+    from ficco.model.predict import IN_ORDERS, PREDICTED_SPACE
+    from ficco.model.simulate import SimGraph
+    from ficco.plan import LOWERINGS, plan_key, plans_in_orders
+    from ficco.space import enumerate_schedules
 
     api, cli = [], []
     Predictor(load_machine("h200x2"), params).predict(  # warm the imports and caches
@@ -389,23 +399,41 @@ def predict_timings(params) -> dict:
                 prediction = pr.predict(problem)
                 runs.append((time.perf_counter() - began) * 1e3)
                 cpu.append((time.process_time() - began_cpu) * 1e3)
+            # the same path, phase by phase (the cyclic collector paused, as predict pauses it)
+            gc.disable()
             pr = Predictor(machine, params)
-            clock = [time.perf_counter()]
+            clock = [(time.perf_counter(), time.process_time())]
             schedules = list(enumerate_schedules(problem, PREDICTED_SPACE))
-            clock.append(time.perf_counter())
-            twins = {dataclasses.replace(s, comm_priority=Priority.NORMAL) for s in schedules}
-            shapes = {dataclasses.replace(s, gemm=Gemm.CUBLAS, sm_reserve=0) for s in twins}
-            plans = {s: LOWERINGS[problem.pattern](problem, s, 0) for s in shapes}
-            clock.append(time.perf_counter())
-            lowered = [
-                pr.costs.lower(plans[dataclasses.replace(s, gemm=Gemm.CUBLAS, sm_reserve=0)], s)
-                for s in twins
-            ]
-            clock.append(time.perf_counter())
-            for tasks in lowered:
-                simulate(tasks, pr.costs.slowdown, issue=False)
-            clock.append(time.perf_counter())
-            names = ("enumerate", "plans", "lower", "simulate")
+            clock.append((time.perf_counter(), time.process_time()))
+            plans = {}
+            for s in schedules:
+                key = plan_key(problem, s)
+                if key in plans:
+                    continue
+                if key[-1] is not None and problem.pattern in IN_ORDERS:  # both orders at once
+                    for built in plans_in_orders(problem, s, 0):
+                        plans[plan_key(problem, built.schedule)] = built
+                else:
+                    plans[key] = LOWERINGS[problem.pattern](problem, s, 0)
+            clock.append((time.perf_counter(), time.process_time()))
+            lowered = {}
+            for s in schedules:
+                key = plan_key(problem, s)
+                twin = (key, s.transport, s.gemm, s.sm_reserve)
+                if twin not in lowered:
+                    lowered[twin] = pr.costs.lower(plans[key], s)
+            clock.append((time.perf_counter(), time.process_time()))
+            graphs = {}
+            for (key, transport, _, _), tasks in lowered.items():
+                if (key, transport) not in graphs:
+                    graphs[(key, transport)] = SimGraph(tasks)
+            clock.append((time.perf_counter(), time.process_time()))
+            for (key, transport, _, _), tasks in lowered.items():
+                graphs[(key, transport)].makespan_ms([t.work_ms for t in tasks], pr.costs.slowdown)
+            clock.append((time.perf_counter(), time.process_time()))
+            gc.enable()
+            names = ("enumerate", "plans", "lower", "graphs", "simulate")
+            spans = list(zip(names, clock, clock[1:], strict=False))
             api.append(
                 {
                     "world": world,
@@ -413,13 +441,14 @@ def predict_timings(params) -> dict:
                     "pattern": pattern,
                     "problem": problem.key,
                     "schedules": len(prediction.times),
-                    "tasks_simulated": sum(len(t) for t in lowered),
+                    "plans": len(plans),
+                    "tasks_simulated": sum(len(t) for t in lowered.values()),
                     "api_ms": statistics.median(runs),
                     "api_runs_ms": runs,
                     "api_cpu_ms": statistics.median(cpu),
-                    "phases_ms": {
-                        n: (b - a) * 1e3 for n, a, b in zip(names, clock, clock[1:], strict=False)
-                    },
+                    "api_cpu_runs_ms": cpu,
+                    "phases_ms": {n: (b[0] - a[0]) * 1e3 for n, a, b in spans},
+                    "phases_cpu_ms": {n: (b[1] - a[1]) * 1e3 for n, a, b in spans},
                 }
             )
         command = [sys.executable, "-m", "ficco.cli", "predict", "ag_gemm", "--m"]
@@ -553,10 +582,11 @@ def main() -> int:
     )
     print("predict, every schedule of one problem (API: fresh Predictor; CLI: whole process):")
     for row in timings["api"] if timings else []:
-        phases = " ".join(f"{k} {v:.0f}" for k, v in row["phases_ms"].items())
+        phases = " ".join(f"{k} {v:.0f}" for k, v in row["phases_cpu_ms"].items())
         print(
             f"   W={row['world']:2d} {row['pattern']:8s} {row['schedules']:3d} schedules: "
-            f"API {row['api_ms']:6.1f} ms wall, {row['api_cpu_ms']:6.1f} ms CPU (phases: {phases})"
+            f"API {row['api_ms']:6.1f} ms wall, {row['api_cpu_ms']:6.1f} ms CPU (phases, CPU ms: "
+            f"{phases})"
         )
     for row in timings["cli"] if timings else []:
         print(f"   CLI W={row['world']:2d} {row['pattern']}: {row['wall_ms']:.0f} ms wall")

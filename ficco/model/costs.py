@@ -171,8 +171,13 @@ class CostModel:
         if s.gemm is not Gemm.TRITON:
             return list(tasks)
         out = list(tasks)
-        for pos, (m, n, k) in gemm_at:
-            out[pos] = out[pos]._replace(work_ms=self._task_work(self.gemm_ms(s, m, n, k)))
+        work_of: dict[tuple[int, int, int], float] = {}  # a few GEMM shapes, many GEMMs
+        for pos, shape in gemm_at:
+            work = work_of.get(shape)
+            if work is None:
+                work = work_of[shape] = self._task_work(self.gemm_ms(s, *shape))
+            tid, lane, _, kind, deps, issue_ms, terms = out[pos]
+            out[pos] = SimTask(tid, lane, work, kind, deps, issue_ms, terms)
         return out
 
     def _task_work(self, work: float) -> float:
@@ -212,67 +217,103 @@ class CostModel:
         pending_recv: list[tuple[int, int, tuple[int, ...]]] = []
         issued = host["fixed_ms"]
         batch_lead: tuple[int, int] | None = None  # (tag, sim id) of the open NCCL batch
+        # a plan at W = 64 has thousands of transfers and GEMMs of a few sizes: their terms,
+        # work and issue cost are looked up by size, not recomputed
+        transfer_costs: dict[tuple, tuple] = {}  # (bytes, same node, strided) -> costs
+        gemm_work: dict[tuple[int, int, int], float] = {}
+        copy_ms, p2p_ms, gemm_ms = host["copy_ms"], host["p2p_ms"], host["gemm_ms"]
+        # a SimTask from all seven fields without its keyword-parsing __new__ (a third of
+        # the cost of a transfer's task)
+        tuple_new = tuple.__new__
         for task in plan.tasks:
             op = task.op
-            deps = tuple(alias[d] for d in task.deps if d in alias)
+            deps = task.deps
+            if deps:
+                if len(deps) == 1:
+                    deps = (alias[deps[0]],) if deps[0] in alias else ()
+                else:
+                    deps = tuple([alias[d] for d in deps if d in alias])
             lane, kind, work, cost_issue = "compute", "sm", 0.0, 0.0
             terms: tuple[tuple[str, float, float], ...] = ()
-            if isinstance(op, TransferOp):  # the commonest op first
-                rows, cols = op.local.rows, op.local.cols
+            op_type = type(op)
+            if op_type is TransferOp or isinstance(op, TransferOp):  # the commonest op first
+                local = op.local
+                rows, cols = local.rows, local.cols
                 nbytes = (rows[1] - rows[0]) * (cols[1] - cols[0]) * b
                 if ce:
-                    acting = op.initiator == ("receiver" if op.direction == "recv" else "sender")
-                    if not acting and op.direction == "send":  # a pull's sender: nothing
-                        continue
-                    if not acting:  # pushed to us: wait for the peer's push of this tag
+                    recv = op.direction == "recv"
+                    if op.initiator != ("receiver" if recv else "sender"):  # not acting
+                        if not recv:  # a pull's sender: nothing
+                            continue
+                        # pushed to us: wait for the peer's push of this tag
                         pending_recv.append((len(tasks), op.tag, deps))
                         alias[task.id] = len(tasks)
-                        tasks.append(SimTask(len(tasks), "signal", 0.0, "ce", deps, 0.0))
+                        tasks.append(
+                            tuple_new(SimTask, (len(tasks), "signal", 0.0, "ce", deps, 0.0, ()))
+                        )
                         continue
-                    lane, kind = "comm", "ce"
-                    terms = (
-                        self._link_term_cached("ce", nbytes, op.peer // same_node == rank_node),
+                    cost_key = (nbytes, op.peer // same_node == rank_node, False)
+                    costs = transfer_costs.get(cost_key)
+                    if costs is None:
+                        terms = (self._link_term_cached("ce", nbytes, cost_key[1]),)
+                        costs = transfer_costs[cost_key] = (terms, self._costed(terms), copy_ms)
+                    terms, work, cost_issue = costs
+                    issued += cost_issue
+                    alias[task.id] = tag_send[op.tag] = len(tasks)
+                    tasks.append(
+                        tuple_new(SimTask, (len(tasks), "comm", work, "ce", deps, issued, terms))
                     )
-                    cost_issue = host["copy_ms"]
                     batch_lead = None
-                else:
-                    if batch_lead is not None and batch_lead[0] == op.tag:
-                        sim_id = batch_lead[1]  # the other half of an open batch
-                        prev = tasks[sim_id]
+                    continue
+                if batch_lead is not None and batch_lead[0] == op.tag:
+                    sim_id = batch_lead[1]  # the other half of an open batch
+                    prev = tasks[sim_id]
+                    # (a half without dependencies beside one with at most one changes
+                    # nothing: the merge of those is the first's own)
+                    if deps or len(prev.deps) > 1:
                         merged = tuple(sorted(set(prev.deps) | set(deps)))
                         tasks[sim_id] = prev._replace(deps=merged)
-                        alias[task.id] = sim_id
-                        continue
-                    lane, kind = "comm", "nccl"
-                    link = self._link_term_cached("p2p", nbytes, op.peer // same_node == rank_node)
-                    cost_issue = host["p2p_ms"]
-                    if cols[1] - cols[0] != widths[op.local.buffer]:
+                    alias[task.id] = sim_id
+                    continue
+                strided = cols[1] - cols[0] != widths[local.buffer]
+                cost_key = (nbytes, op.peer // same_node == rank_node, strided)
+                costs = transfer_costs.get(cost_key)
+                if costs is None:
+                    link = self._link_term_cached("p2p", nbytes, cost_key[1])
+                    if strided:
                         # strided: packed before the send, unpacked after the receive
                         terms = (link, self._hbm_term("p2p_strided", 4 * nbytes, count=2))
-                        cost_issue += host["strided_ms"]
+                        cost_issue = p2p_ms + host["strided_ms"]
                     else:
-                        terms = (link,)
-                    batch_lead = (op.tag, len(tasks))
-            elif isinstance(op, GemmOp):
+                        terms, cost_issue = (link,), p2p_ms
+                    costs = transfer_costs[cost_key] = (terms, self._costed(terms), cost_issue)
+                terms, work, cost_issue = costs
+                issued += cost_issue
+                alias[task.id] = len(tasks)
+                batch_lead = (op.tag, len(tasks))
+                tasks.append(
+                    tuple_new(SimTask, (len(tasks), "comm", work, "nccl", deps, issued, terms))
+                )
+                continue
+            if op_type is GemmOp or isinstance(op, GemmOp):
                 a_rows, a_cols = op.a.rows, op.a.cols
                 b_cols = op.b.cols
                 shape = (a_rows[1] - a_rows[0], b_cols[1] - b_cols[0], a_cols[1] - a_cols[0])
-                work = self._task_work(self.cublas_ms(*shape))
+                work = gemm_work.get(shape)
+                if work is None:
+                    work = gemm_work[shape] = self._task_work(self.cublas_ms(*shape))
                 gemm_at.append((len(tasks), shape))
-                cost_issue = host["gemm_ms"]
-                batch_lead = None
+                cost_issue = gemm_ms
             elif isinstance(op, ReduceOp):
                 launches, units = reduce_traffic(len(op.inputs))
                 nbytes = units * op.out.numel * b
                 terms = (self._hbm_term("reduce", nbytes, count=launches),)
                 cost_issue = host["reduce_ms"]  # fitted per reduction (W = 2: one launch)
                 lane = "signal" if (ce and not serial) else task.stream.value
-                batch_lead = None
             elif isinstance(op, LocalCopyOp):
                 lane, kind = task.stream.value, "ce"
                 terms = (self._hbm_term("local", 2 * op.dst.numel * b),)
-                cost_issue = host["copy_ms"]
-                batch_lead = None
+                cost_issue = copy_ms
             elif isinstance(op, CollectiveOp):
                 lane, kind = "comm", "nccl"
                 total = plan.buffer(op.dst).shape[0] if op.kind == "all_gather" else 0
@@ -281,17 +322,15 @@ class CostModel:
                 if op.kind == "all_gather":
                     total_bytes = total * math.prod(src.shape[1:]) * b
                 terms = tuple(self.collective_terms(op, problem.world, total_bytes))
-                cost_issue = host["p2p_ms"]
-                batch_lead = None
+                cost_issue = p2p_ms
             else:  # pragma: no cover - the plan vocabulary is closed
                 raise ValueError(f"task {task.id}: unknown op {type(op).__name__}")
+            batch_lead = None
             issued += cost_issue
             if terms:
                 work = self._costed(terms)
             alias[task.id] = len(tasks)
-            if ce and isinstance(op, TransferOp):
-                tag_send[op.tag] = len(tasks)
-            tasks.append(SimTask(len(tasks), lane, work, kind, deps, issued, terms))
+            tasks.append(tuple_new(SimTask, (len(tasks), lane, work, kind, deps, issued, terms)))
         for sim_id, tag, deps in pending_recv:
             if tag in tag_send:
                 tasks[sim_id] = SimTask(sim_id, "signal", 0.0, "ce", (*deps, tag_send[tag]), 0.0)

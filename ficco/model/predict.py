@@ -11,6 +11,8 @@ holds the candidates queued before it).
 
 from __future__ import annotations
 
+import gc
+import operator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,9 +20,9 @@ from ficco.model.costs import CALIBRATED_PATTERNS, CostModel, issue_end_ms
 from ficco.model.machine import Machine, load_machine
 from ficco.model.params import ModelParams, load_params, timed_scale_at
 from ficco.model.rounds import alone_ms
-from ficco.model.simulate import simulate
-from ficco.plan import LOWERINGS, Plan, build_plan
-from ficco.problem import Problem
+from ficco.model.simulate import SimGraph, SimTask, makespan_ms
+from ficco.plan import LOWERINGS, Plan, build_plan, plan_key, plans_in_orders
+from ficco.problem import Pattern, Problem
 from ficco.space import (
     Compute,
     Granularity,
@@ -45,6 +47,12 @@ PREDICTED_SPACE = SpaceOptions(
     sm_reserves=(0,),
     computes=tuple(c for c in Compute if c is not Compute.FUSED),
 )
+
+
+WORK_MS = operator.attrgetter("work_ms")
+
+#: patterns whose finer plans ``predict`` builds in both orders at once
+IN_ORDERS = (Pattern.AG_GEMM, Pattern.GEMM_RS)
 
 
 def graphed(schedule: Schedule) -> bool:
@@ -107,8 +115,8 @@ class Predictor:
     def schedule_time(
         self, problem: Problem, schedule: Schedule, *, plan: Plan | None = None
     ) -> ScheduleTime:
-        """Predicted time of one schedule. ``plan``: its rank-0 plan, or the plan of a twin that
-        differs only in what plans do not depend on (GEMM kind, SM reserve, comm priority)."""
+        """Predicted time of one schedule. ``plan``: its rank-0 plan, or the plan of a schedule
+        with the same :func:`ficco.plan.plan_key`."""
         self._check(problem)
         if schedule.compute is Compute.FUSED:
             raise ValueError(
@@ -123,10 +131,17 @@ class Predictor:
         key = tuple(tasks)
         gpu = self._makespans.get(key)
         if gpu is None:
-            gpu = simulate(tasks, self.costs.slowdown, issue=False).makespan_ms
+            gpu = makespan_ms(tasks, self.costs.slowdown)
             if len(self._makespans) > 4096:
                 self._makespans.clear()
             self._makespans[key] = gpu
+        return self._timed(problem, schedule, tasks, gpu)
+
+    def _timed(
+        self, problem: Problem, schedule: Schedule, tasks: list[SimTask], gpu: float
+    ) -> ScheduleTime:
+        """The schedule's time from its simulated GPU time: scaled to a timed run's, plus a
+        graph launch, or under queued issue the host's issue time beyond its lead."""
         gpu *= timed_scale_at(self.params.timed_scale, gpu)
         if graphed(schedule):
             host = self.params.host["graph_ms"]
@@ -156,31 +171,62 @@ class Predictor:
         return cached
 
     def predict(self, problem: Problem, schedules: list[Schedule] | None = None) -> Prediction:
+        """Every schedule of ``problem`` (``PREDICTED_SPACE``'s, or ``schedules``), fastest
+        first: each gets what :meth:`schedule_time` gives it alone, with the work shared
+        where schedules share it. One rank-0 plan per :func:`ficco.plan.plan_key`; one
+        lowering per plan and transport (a Triton twin recosts its GEMMs), and one task graph
+        timed for each GEMM kind's work; the comm priority's twin (the model has no term for
+        it) costs what the normal one does."""
+        self._check(problem)
+        # a call makes ~10^5 short-lived values, none in a reference cycle (reference counting
+        # frees them all): the cyclic collector's passes over them cost 10-25% of the call
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            return self._predict(problem, schedules)
+        finally:
+            if paused:
+                gc.enable()
+
+    def _predict(self, problem: Problem, schedules: list[Schedule] | None) -> Prediction:
         enumerated = schedules is None
         if schedules is None:
             schedules = list(enumerate_schedules(problem, PREDICTED_SPACE))
+        lowering = LOWERINGS[problem.pattern]
         plans: dict[tuple, Plan] = {}
-        simulated: dict[tuple, ScheduleTime] = {}
+        graphs: dict[tuple, SimGraph] = {}
+        timed: dict[tuple, ScheduleTime] = {}
         times = []
         for s in schedules:
-            # the model has no term for the comm stream's priority: +hi costs what its
-            # normal-priority twin does, and is simulated once (keys are tuples of the fields:
-            # building Schedule values to key them costs more than the rest of a W = 2 call)
-            shape_key = (s.granularity, s.chunks, s.split, s.transport, s.order, s.compute)
-            shape_key += (s.all_reduce,)
-            twin = (*shape_key, s.gemm, s.sm_reserve)
-            if twin not in simulated:
-                # one plan serves every GEMM kind, SM reserve and priority (the lowering takes
-                # them from the schedule, not the plan)
-                plan = plans.get(shape_key)
+            # one plan, lowered for one transport and costed for one GEMM kind and SM reserve,
+            # is one time (the comm priority's twins share it, and so do the orders of a plan
+            # that visits one peer or one chunk); keys are tuples of fields: building Schedule
+            # values to key them costs more than the rest of a W = 2 call
+            shape = plan_key(problem, s)
+            twin = (shape, s.transport, s.gemm, s.sm_reserve)
+            t = timed.get(twin)
+            if t is None:
+                if s.compute is Compute.FUSED:
+                    t = self.schedule_time(problem, s)  # raises: no cost for it
+                plan = plans.get(shape)
                 if plan is None:
-                    plan = plans[shape_key] = (
-                        LOWERINGS[problem.pattern](problem, s, 0)
-                        if enumerated
-                        else build_plan(problem, s, 0)
-                    )
-                simulated[twin] = self.schedule_time(problem, s, plan=plan)
-            t = simulated[twin]
+                    if enumerated and shape[-1] is not None and problem.pattern in IN_ORDERS:
+                        # (the key holds the order: a finer dense plan on W >= 3) the space
+                        # holds it in both orders, built together
+                        for built in plans_in_orders(problem, s, 0):
+                            plans[plan_key(problem, built.schedule)] = built
+                        plan = plans[shape]
+                    else:
+                        plan = plans[shape] = (
+                            lowering(problem, s, 0) if enumerated else build_plan(problem, s, 0)
+                        )
+                tasks = self.costs.lower(plan, s)
+                structure = (shape, s.transport)
+                graph = graphs.get(structure)
+                if graph is None:
+                    graph = graphs[structure] = SimGraph(tasks)
+                gpu = graph.makespan_ms(list(map(WORK_MS, tasks)), self.costs.slowdown)
+                t = timed[twin] = self._timed(problem, s, tasks, gpu)
             times.append(ScheduleTime(str(s), t.ms, t.gpu_ms, t.host_ms, t.graphed))
         times.sort(key=lambda t: (t.ms, t.schedule))
         gemm, comm = self.parts_ms(problem)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from ficco.plan.allreduce import plan_gemm_ar
 from ficco.plan.alltoall import plan_a2a_gemm, plan_gemm_a2a
-from ficco.plan.dense import plan_ag_gemm, plan_gemm_rs
+from ficco.plan.dense import plan_ag_gemm, plan_gemm_rs, plans_in_orders
 from ficco.plan.ops import (
     BufferSpec,
     CollectiveOp,
@@ -44,7 +44,7 @@ from ficco.plan.ops import (
 )
 from ficco.plan.tags import COLLECTIVE_TAG, TAGS_PER_RUN, run_tag, transfer_tag
 from ficco.problem import Pattern, Problem
-from ficco.space import Schedule, check_legal
+from ficco.space import AllReduce, Compute, Granularity, Schedule, check_legal
 from ficco.space.geometry import Geometry, chunk_bounds, cut, geometry, quantum, split_extent
 
 #: pattern -> its lowering ``(problem, schedule, rank) -> Plan``
@@ -55,6 +55,33 @@ LOWERINGS: dict[Pattern, Callable[[Problem, Schedule, int], Plan]] = {
     Pattern.GEMM_A2A: plan_gemm_a2a,
     Pattern.GEMM_AR: plan_gemm_ar,
 }
+
+
+def plan_key(problem: Problem, schedule: Schedule) -> tuple:
+    """The fields of ``schedule`` its plans depend on: two legal schedules of ``problem`` with
+    one key lower to the same buffers, tasks and output on every rank (their plans differ only
+    in the schedule they record), so a caller lowering many schedules builds one plan per key.
+
+    No plan depends on the GEMM kind, the SM reserve or the comm priority (the executors and
+    the cost model take them from the schedule). The dense patterns' overlapped plans do not
+    depend on the transport (every transport runs the same transfers; only a serial schedule
+    picks NCCL's collective or a ring of transfers by it), and their visit order matters only
+    where there is more than one peer and more than one chunk. gemm_ar's direct plan never
+    visits peers in an order. The key is sound, not complete: schedules with distinct keys may
+    still lower alike."""
+    s = schedule
+    key = (s.granularity, s.chunks, s.split, s.compute, s.all_reduce)
+    fused = s.compute is Compute.FUSED
+    dense = problem.pattern in (Pattern.AG_GEMM, Pattern.GEMM_RS) or (
+        problem.pattern is Pattern.GEMM_AR and s.all_reduce is AllReduce.RS_AG
+    )
+    if dense and not fused:
+        transport = s.transport if s.granularity is Granularity.SERIAL else None
+        one_order = s.granularity is not Granularity.FINER or problem.world == 2
+        return (*key, transport, None if one_order else s.order)
+    if problem.pattern is Pattern.GEMM_AR and not fused:
+        return (*key, s.transport, None)
+    return (*key, s.transport, s.order)
 
 
 def build_plan(problem: Problem, schedule: Schedule, rank: int) -> Plan:
@@ -92,6 +119,8 @@ __all__ = [
     "cut",
     "flag_slot",
     "geometry",
+    "plan_key",
+    "plans_in_orders",
     "quantum",
     "run_tag",
     "split_extent",

@@ -14,6 +14,8 @@ schedules are lowered by ``ficco.plan.fused`` on the same buffers.
 
 from __future__ import annotations
 
+import dataclasses
+
 from ficco.plan.fused import plan_ag_gemm_fused, plan_gemm_rs_fused
 from ficco.plan.ops import (
     PULL,
@@ -27,25 +29,66 @@ from ficco.plan.ops import (
     ReduceOp,
     Region,
     Stream,
+    TransferOp,
     exchange,
+    gemm_op,
     peer_steps,
+    post_pair,
+    region,
+    transfer_pair,
     uses_collective,
     visit_order,
 )
 from ficco.plan.tags import transfer_tag
-from ficco.problem import Problem
-from ficco.space import Compute, Granularity, Schedule, Split
+from ficco.problem import Pattern, Problem
+from ficco.space import Compute, Granularity, Order, Schedule, Split
 from ficco.space.geometry import cut
 
 
-def plan_ag_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
-    w, S, K, N = p.world, p.m_shard, p.k, p.n
-    buffers = (
+def _ag_gemm_buffers(p: Problem) -> tuple[BufferSpec, ...]:
+    S, K, N = p.m_shard, p.k, p.n
+    return (
         BufferSpec("a_shard", (S, K), "input", peer_visible=True),
         BufferSpec("b", (K, N), "input"),
         BufferSpec("a_full", (p.m, K), "workspace"),
         BufferSpec("c", (p.m, N), "output"),
     )
+
+
+def _gemm_rs_buffers(p: Problem) -> tuple[BufferSpec, ...]:
+    w, S, K, N = p.world, p.m_shard, p.k, p.n
+    return (
+        BufferSpec("a", (p.m, K), "input"),
+        BufferSpec("b", (K, N), "input"),
+        BufferSpec("partial", (p.m, N), "workspace", peer_visible=False),
+        BufferSpec("staging", (w * S, N), "workspace", peer_visible=True),
+        BufferSpec("c_shard", (S, N), "output"),
+    )
+
+
+def plans_in_orders(p: Problem, s: Schedule, rank: int) -> list[Plan]:
+    """The plans of ``s`` in both visit orders, ring first, built together: the orders visit
+    the same steps, whose regions and ops are made once (a third less to build than two
+    plans). ``s``: an ag_gemm or gemm_rs schedule, finer, not fused, on W >= 3 (where the
+    orders differ and both are legal); each plan equals its schedule's own lowering."""
+    if p.pattern not in (Pattern.AG_GEMM, Pattern.GEMM_RS):
+        raise ValueError(f"pattern: {p.pattern.value} has no plans built in both orders")
+    if s.granularity is not Granularity.FINER or s.compute is Compute.FUSED or p.world < 3:
+        raise ValueError(
+            f"schedule: {s} on W = {p.world} has one order (plans in both orders need a finer, "
+            "unfused schedule on W >= 3)"
+        )
+    schedules = tuple(
+        s if order is s.order else dataclasses.replace(s, order=order) for order in Order
+    )
+    if p.pattern is Pattern.AG_GEMM:
+        return _ag_gemm_overlapped(p, schedules, rank, _ag_gemm_buffers(p))
+    return _gemm_rs_overlapped(p, schedules, rank, _gemm_rs_buffers(p))
+
+
+def plan_ag_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
+    w, S, K, N = p.world, p.m_shard, p.k, p.n
+    buffers = _ag_gemm_buffers(p)
     if s.compute is Compute.FUSED:
         return plan_ag_gemm_fused(p, s, rank, buffers)
     bld = Builder()
@@ -82,83 +125,97 @@ def plan_ag_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
         )
         return Plan(p, s, rank, buffers, tuple(bld.tasks), "c")
 
+    return _ag_gemm_overlapped(p, (s,), rank, buffers)[0]
+
+
+def _ag_gemm_overlapped(
+    p: Problem, schedules: tuple[Schedule, ...], rank: int, buffers: tuple[BufferSpec, ...]
+) -> list[Plan]:
+    """The overlapped plans of ``schedules``, alike but for their visit order: the orders
+    visit the same steps, whose regions and ops are made once."""
+    w, S, K, N = p.world, p.m_shard, p.k, p.n
+    s = schedules[0]
+    whole_b = Region("b", (0, K), (0, N))
     split_k = s.split is Split.K
+    merged = s.compute is Compute.MERGED
     pieces = cut(K if split_k else S, s)
+    last = len(pieces) - 1
     steps = peer_steps(rank, w, False)
-    order = visit_order(s, w, len(pieces), local_last=False)
 
     def rect(row0: int, piece: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
         if split_k:
             return (row0, row0 + S), piece
         return (row0 + piece[0], row0 + piece[1]), (0, K)
 
-    arrived: dict[tuple[int, int], int | None] = {}
-    # Comm first in program order so sends are posted before any wait (no deadlock on
-    # two-sided transports); the executors run the two streams concurrently anyway. The send
-    # half is a no-op on one-sided pulls (ce) but keeps both halves visible to every executor.
-    for i, j in order:
-        src, dst = steps[i]
-        if src == rank:
-            arrived[(i, j)] = None  # local shard: read in place, no wait
-            continue
-        rows, cols = rect(src * S, pieces[j])
-        shard_rows, _ = rect(0, pieces[j])  # the chunk's rows in every rank's a_shard
-        arrived[(i, j)] = exchange(
-            bld,
-            transfer_tag(i, j),
-            PULL,
-            send=(
-                dst,
-                Region("a_shard", shard_rows, cols),
-                Region("a_full", rect(rank * S, pieces[j])[0], cols),
-            ),
-            recv=(src, Region("a_full", rows, cols), Region("a_shard", shard_rows, cols)),
-            chunk=j,
-        )
-
-    last_gemm: dict[int, int] = {}  # split-k chunks of one shard accumulate in order
-    for i, j in order:
-        src, _ = steps[i]
-        base_buf, base_row = ("a_shard", 0) if src == rank else ("a_full", src * S)
-        if s.compute is Compute.MERGED:
-            if j == len(pieces) - 1:  # the shard's last chunk: one GEMM over the whole shard
-                deps = [arrived[(i, jj)] for jj in range(len(pieces))]
-                bld.add(
-                    GemmOp(
-                        Region(base_buf, (base_row, base_row + S), (0, K)),
-                        whole_b,
-                        Region("c", (src * S, (src + 1) * S), (0, N)),
-                    ),
-                    Stream.COMPUTE,
-                    deps,
-                    chunk=(src, -1),
+    # per chunk, the regions every step shares: the chunk of every rank's a_shard, and where
+    # this rank's chunk lands in a peer's a_full (built once: a plan at W = 64 has thousands)
+    shard_chunk = [Region("a_shard", *rect(0, piece)) for piece in pieces]
+    mine_there = [Region("a_full", rect(rank * S, piece)[0], rect(0, piece)[1]) for piece in pieces]
+    b_of = [Region("b", rect(0, piece)[1], (0, N)) if split_k else whole_b for piece in pieces]
+    pulls: dict[tuple[int, int], tuple[TransferOp, TransferOp]] = {}  # (step, chunk) -> ops
+    gemms: dict[tuple[int, int], GemmOp] = {}
+    plans = []
+    for sched in schedules:
+        bld = Builder()
+        order = visit_order(sched, w, len(pieces), local_last=False)
+        arrived: dict[tuple[int, int], int | None] = {}
+        # Comm first in program order so sends are posted before any wait (no deadlock on
+        # two-sided transports); the executors run the two streams concurrently anyway. The
+        # send half is a no-op on one-sided pulls (ce) but keeps both halves visible to every
+        # executor.
+        for i, j in order:
+            src, dst = steps[i]
+            if src == rank:
+                arrived[(i, j)] = None  # local shard: read in place, no wait
+                continue
+            pair = pulls.get((i, j))
+            if pair is None:
+                rows, cols = rect(src * S, pieces[j])
+                pair = pulls[(i, j)] = transfer_pair(
+                    transfer_tag(i, j),
+                    PULL,
+                    send=(dst, shard_chunk[j], mine_there[j]),
+                    recv=(src, region("a_full", rows, cols), shard_chunk[j]),
                 )
-            continue
-        rows, cols = rect(base_row, pieces[j])
-        out_rows, _ = rect(src * S, pieces[j])
-        b_region = Region("b", cols, (0, N)) if split_k else whole_b
-        accumulate = split_k and j > 0
-        tid = bld.add(
-            GemmOp(
-                Region(base_buf, rows, cols), b_region, Region("c", out_rows, (0, N)), accumulate
-            ),
-            Stream.COMPUTE,
-            [arrived[(i, j)], last_gemm.get(src) if accumulate else None],
-            chunk=(src, j),
-        )
-        last_gemm[src] = tid
-    return Plan(p, s, rank, buffers, tuple(bld.tasks), "c")
+            arrived[(i, j)] = post_pair(bld, *pair, chunk=j)
+
+        last_gemm: dict[int, int] = {}  # split-k chunks of one shard accumulate in order
+        for i, j in order:
+            src, _ = steps[i]
+            base_buf, base_row = ("a_shard", 0) if src == rank else ("a_full", src * S)
+            op = gemms.get((i, j))
+            if merged:
+                if j == last:  # the shard's last chunk: one GEMM over the whole shard
+                    if op is None:
+                        op = gemms[(i, j)] = GemmOp(
+                            Region(base_buf, (base_row, base_row + S), (0, K)),
+                            whole_b,
+                            Region("c", (src * S, (src + 1) * S), (0, N)),
+                        )
+                    deps = [arrived[(i, jj)] for jj in range(len(pieces))]
+                    bld.add(op, Stream.COMPUTE, deps, chunk=(src, -1))
+                continue
+            accumulate = split_k and j > 0
+            if op is None:
+                rows, cols = rect(base_row, pieces[j])
+                out_rows, _ = rect(src * S, pieces[j])
+                op = gemms[(i, j)] = gemm_op(
+                    region(base_buf, rows, cols), b_of[j], region("c", out_rows, (0, N)), accumulate
+                )
+            tid = bld.add(
+                op,
+                Stream.COMPUTE,
+                [arrived[(i, j)], last_gemm.get(src) if accumulate else None],
+                chunk=(src, j),
+            )
+            last_gemm[src] = tid
+        plans.append(Plan(p, sched, rank, buffers, tuple(bld.tasks), "c"))
+    return plans
 
 
 def plan_gemm_rs(p: Problem, s: Schedule, rank: int) -> Plan:
     w, S, K, N = p.world, p.m_shard, p.k, p.n
-    buffers = (
-        BufferSpec("a", (p.m, K), "input"),
-        BufferSpec("b", (K, N), "input"),
-        BufferSpec("partial", (p.m, N), "workspace", peer_visible=False),
-        BufferSpec("staging", (w * S, N), "workspace", peer_visible=True),
-        BufferSpec("c_shard", (S, N), "output"),
-    )
+    buffers = _gemm_rs_buffers(p)
     if s.compute is Compute.FUSED:
         return plan_gemm_rs_fused(p, s, rank, buffers)
     bld = Builder()
@@ -204,88 +261,105 @@ def plan_gemm_rs(p: Problem, s: Schedule, rank: int) -> Plan:
             )
         return Plan(p, s, rank, buffers, tuple(bld.tasks), "c_shard")
 
+    return _gemm_rs_overlapped(p, (s,), rank, buffers)[0]
+
+
+def _gemm_rs_overlapped(
+    p: Problem, schedules: tuple[Schedule, ...], rank: int, buffers: tuple[BufferSpec, ...]
+) -> list[Plan]:
+    """The overlapped plans of ``schedules``, alike but for their visit order: the orders
+    visit the same steps, whose regions and ops are made once."""
+    w, S, K, N = p.world, p.m_shard, p.k, p.n
+    s = schedules[0]
+    whole_b = Region("b", (0, K), (0, N))
     split_n = s.split is Split.N
+    merged = s.compute is Compute.MERGED
     pieces = cut(N if split_n else S, s)
     steps = peer_steps(rank, w, True)  # peers first, local block last
-    order = visit_order(s, w, len(pieces), local_last=True)
 
     def rect(row0: int, piece):
         if split_n:
             return (row0, row0 + S), piece
         return (row0 + piece[0], row0 + piece[1]), (0, N)
 
-    local_gemm: dict[int, int] = {}
-    recv_of: dict[tuple[int, int], int] = {}
-    merged_gemm: dict[int, int] = {}
-    for i, j in order:
-        src, dst = steps[i]  # this step: compute + send dst's block, receive src's block
-        out_rows, cols = rect(dst * S, pieces[j])
-        a_rows = out_rows
-        if s.compute is Compute.MERGED:
-            if dst not in merged_gemm:
-                merged_gemm[dst] = bld.add(
-                    GemmOp(
-                        Region("a", (dst * S, (dst + 1) * S), (0, K)),
-                        whole_b,
-                        Region("partial", (dst * S, (dst + 1) * S), (0, N)),
-                    ),
-                    Stream.COMPUTE,
-                    chunk=(dst, -1),
-                )
-            g = merged_gemm[dst]
-        else:
-            b_cols = cols if split_n else (0, N)
-            g = bld.add(
-                GemmOp(
-                    Region("a", a_rows, (0, K)),
-                    Region("b", (0, K), b_cols),
-                    Region("partial", out_rows, cols),
-                ),
-                Stream.COMPUTE,
-                chunk=(dst, j),
-            )
-        if dst == rank:
-            local_gemm[j] = g
-            continue
-        stage_rows, _ = rect(rank * S, pieces[j])  # this rank's rows, in staging and partial
-        src_rows, _ = rect(src * S, pieces[j])
-        recv_of[(src, j)] = exchange(
-            bld,
-            transfer_tag(i, j),
-            PUSH,
-            send=(dst, Region("partial", out_rows, cols), Region("staging", stage_rows, cols)),
-            recv=(src, Region("staging", src_rows, cols), Region("partial", stage_rows, cols)),
-            send_deps=[g],
-            chunk=j,
-        )
-    for j, piece in enumerate(pieces):
-        rows, cols = rect(0, piece)
-        _add_reduce(
-            bld,
-            rank,
-            w,
-            S,
-            rows,
-            cols,
-            local_gemm[j],
-            {src: recv_of[(src, j)] for src in _sources(rank, w)},
-            chunk=(rank, j),
-        )
-    return Plan(p, s, rank, buffers, tuple(bld.tasks), "c_shard")
+    # per chunk, the regions every step shares (built once: a plan at W = 64 has thousands):
+    # this rank's rows in a peer's staging and in its own partial, and the chunk of b
+    staged_mine = [Region("staging", *rect(rank * S, piece)) for piece in pieces]
+    partial_mine = [Region("partial", *rect(rank * S, piece)) for piece in pieces]
+    b_of = [Region("b", (0, K), rect(0, piece)[1] if split_n else (0, N)) for piece in pieces]
+    # (step, chunk) -> (its GEMM, or None where merged; its transfers, or None if local)
+    step_ops: dict[tuple[int, int], tuple] = {}
+    merged_ops: dict[int, GemmOp] = {}  # shard -> its one GEMM
+    reduce_ops: dict[int, ReduceOp] = {}  # chunk -> its reduction
+    plans = []
+    for sched in schedules:
+        bld = Builder()
+        local_gemm: dict[int, int] = {}
+        recv_of: dict[tuple[int, int], int] = {}
+        merged_gemm: dict[int, int] = {}
+        for i, j in visit_order(sched, w, len(pieces), local_last=True):
+            src, dst = steps[i]  # this step: compute + send dst's block, receive src's block
+            ops = step_ops.get((i, j))
+            if ops is None:
+                out_rows, cols = rect(dst * S, pieces[j])
+                out = region("partial", out_rows, cols)
+                gemm = None if merged else gemm_op(region("a", out_rows, (0, K)), b_of[j], out)
+                pair = None
+                if dst != rank:
+                    src_rows, _ = rect(src * S, pieces[j])
+                    pair = transfer_pair(
+                        transfer_tag(i, j),
+                        PUSH,
+                        send=(dst, out, staged_mine[j]),
+                        recv=(src, region("staging", src_rows, cols), partial_mine[j]),
+                    )
+                ops = step_ops[(i, j)] = (gemm, pair)
+            gemm, pair = ops
+            if merged:
+                if dst not in merged_gemm:
+                    op = merged_ops.get(dst)
+                    if op is None:
+                        op = merged_ops[dst] = GemmOp(
+                            Region("a", (dst * S, (dst + 1) * S), (0, K)),
+                            whole_b,
+                            Region("partial", (dst * S, (dst + 1) * S), (0, N)),
+                        )
+                    merged_gemm[dst] = bld.add(op, Stream.COMPUTE, chunk=(dst, -1))
+                g = merged_gemm[dst]
+            else:
+                g = bld.add(gemm, Stream.COMPUTE, chunk=(dst, j))
+            if dst == rank:
+                local_gemm[j] = g
+                continue
+            recv_of[(src, j)] = post_pair(bld, *pair, send_deps=[g], chunk=j)
+        for j, piece in enumerate(pieces):
+            recvs = {src: recv_of[(src, j)] for src in _sources(rank, w)}
+            op = reduce_ops.get(j)
+            if op is None:
+                rows, cols = rect(0, piece)
+                op = reduce_ops[j] = _reduce_op(rank, S, rows, cols, recvs)
+            bld.add(op, Stream.COMPUTE, [local_gemm[j], *recvs.values()], chunk=(rank, j))
+        plans.append(Plan(p, sched, rank, buffers, tuple(bld.tasks), "c_shard"))
+    return plans
 
 
 def _sources(rank: int, world: int) -> list[int]:
     return [src for src, _ in peer_steps(rank, world, True)[:-1]]
 
 
-def _add_reduce(bld, rank, w, S, rows, cols, local_dep, recv_deps: dict[int, int], chunk=None):
-    """c_shard[rows, cols] = own partial + every peer's staged partial."""
+def _reduce_op(rank, S, rows, cols, sources) -> ReduceOp:
+    """c_shard[rows, cols] = own partial + every source's staged partial (in rank order)."""
     own = Region("partial", (rank * S + rows[0], rank * S + rows[1]), cols)
     staged = tuple(
-        Region("staging", (src * S + rows[0], src * S + rows[1]), cols) for src in sorted(recv_deps)
+        region("staging", (src * S + rows[0], src * S + rows[1]), cols) for src in sorted(sources)
     )
+    return ReduceOp((own, *staged), Region("c_shard", rows, cols))
+
+
+def _add_reduce(bld, rank, w, S, rows, cols, local_dep, recv_deps: dict[int, int], chunk=None):
+    """c_shard[rows, cols] = own partial + every peer's staged partial."""
     bld.add(
-        ReduceOp((own, *staged), Region("c_shard", rows, cols)),
+        _reduce_op(rank, S, rows, cols, recv_deps),
         Stream.COMPUTE,
         [local_dep, *recv_deps.values()],
         chunk=chunk,
