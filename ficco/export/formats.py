@@ -3,8 +3,10 @@
 CSV, in the spirit of NCCL's tuner-plugin config file: ``#`` comment lines carry the machine,
 schema version, roofs and fallback; then one row per rule (a leaf of the table's tree
 intersected with one training range), ``-1`` meaning "any", and the first matching row wins;
-no match means the fallback. Integer features are inclusive ``_min``/``_max`` columns; real
-features ``_gt`` (greater than) / ``_le`` (at most) columns.
+outside the training range (or where no row matches) the answer is the JSON table's: the
+pattern's measured safe default (``lookup.safe_default_answer``). Integer features are
+inclusive ``_min``/``_max`` columns; real features ``_gt`` (greater than) / ``_le`` (at most)
+columns.
 
 C header: ``static`` data and functions, no allocation, no libm; the same features in the same
 floating-point order as the Python lookup, the same tree, the same range check. The header says

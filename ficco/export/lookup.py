@@ -513,18 +513,7 @@ class Table:
 
     def safe_answer(self, pattern: str, why: str, outside: tuple) -> Answer:
         """The answer outside the training range: the pattern's measured safe default."""
-        entry = self.safe.get(pattern)
-        if entry is None:
-            reason = (
-                f"{why}: no measured safe default for {pattern}; answering the fallback "
-                f"{self.fallback}"
-            )
-            return Answer(self.fallback, 1.0, False, None, (), reason, (), outside)
-        reason = (
-            f"{why}: answering the measured safe default {entry['schedule']} (mean regret "
-            f"{100 * entry['mean_regret']:.1f}% over the {pattern} training problems)"
-        )
-        return Answer(entry["schedule"], entry.get("speedup"), False, None, (), reason, (), outside)
+        return safe_default_answer(self.safe, self.fallback, pattern, why, outside)
 
     def lookup(
         self,
@@ -543,16 +532,8 @@ class Table:
         safe default outside the training range."""
         dtype = canonical_dtype(dtype)
         check_problem(pattern, m, n, k, world, experts, routing, top_k)
-        tflops = self.roofs["gemm_tflops"].get(dtype)
-        features = ()
-        if tflops is not None:
-            b = DTYPE_BYTES[dtype]
-            features = table_features(
-                pattern, m, n, k, world, b, experts, self.roofs, tflops, routing, top_k
-            )
-        routed = dict(zip(ROUTING_FEATURES, features[20:], strict=False))  # () out of roofs
-        why, outside = outside_range(
-            self.data["range"], pattern, m, n, k, world, dtype, experts, routed
+        features, why, outside = placed_problem(
+            self.roofs, self.data["range"], pattern, m, n, k, world, dtype, experts, routing, top_k
         )
         if why is not None:
             return self.safe_answer(pattern, why, outside)
@@ -573,6 +554,51 @@ class Table:
         _, speedup, schedule, support = node
         reason = f"rule {i} of the {self.machine} table ({support} training problems in its region)"
         return Answer(schedule, speedup, True, i, tuple(path), reason, features)
+
+
+def placed_problem(
+    roofs: dict,
+    ranges: list,
+    pattern: str,
+    m: int,
+    n: int,
+    k: int,
+    world: int,
+    dtype: str,
+    experts: int | None,
+    routing: Any,
+    top_k: int | None,
+) -> tuple[tuple, str | None, tuple]:
+    """A checked problem's table features (``()`` where the roofs have no figure for its dtype)
+    and where it stands against the training ranges (``outside_range``'s ``(why, outside)``):
+    what every table format computes before it answers."""
+    tflops = roofs["gemm_tflops"].get(dtype)
+    features: tuple = ()
+    if tflops is not None:
+        b = DTYPE_BYTES[dtype]
+        features = table_features(
+            pattern, m, n, k, world, b, experts, roofs, tflops, routing, top_k
+        )
+    # the routing features close the feature tuple; () out of roofs
+    routed = dict(zip(ROUTING_FEATURES, features[-len(ROUTING_FEATURES) :], strict=False))
+    why, outside = outside_range(ranges, pattern, m, n, k, world, dtype, experts, routed)
+    return features, why, outside
+
+
+def safe_default_answer(
+    safe: dict[str, dict[str, Any]], fallback: str, pattern: str, why: str, outside: tuple
+) -> Answer:
+    """The answer outside the training range: the pattern's measured safe default, or the
+    table's fallback where none was measured."""
+    entry = safe.get(pattern)
+    if entry is None:
+        reason = f"{why}: no measured safe default for {pattern}; answering the fallback {fallback}"
+        return Answer(fallback, 1.0, False, None, (), reason, (), outside)
+    reason = (
+        f"{why}: answering the measured safe default {entry['schedule']} (mean regret "
+        f"{100 * entry['mean_regret']:.1f}% over the {pattern} training problems)"
+    )
+    return Answer(entry["schedule"], entry.get("speedup"), False, None, (), reason, (), outside)
 
 
 def load_table(path: str | Path) -> Table:

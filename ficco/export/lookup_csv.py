@@ -15,31 +15,27 @@ from typing import Any
 
 try:
     from ficco.export.lookup import (
-        DTYPE_BYTES,
         FORMAT,
-        ROUTING_FEATURES,
         SCHEMA_VERSION,
         TABLE_FEATURES,
         Answer,
         TableError,
         canonical_dtype,
         check_problem,
-        outside_range,
-        table_features,
+        placed_problem,
+        safe_default_answer,
     )
 except ImportError:  # copied beside lookup.py, without ficco
     from lookup import (  # type: ignore[no-redef]
-        DTYPE_BYTES,
         FORMAT,
-        ROUTING_FEATURES,
         SCHEMA_VERSION,
         TABLE_FEATURES,
         Answer,
         TableError,
         canonical_dtype,
         check_problem,
-        outside_range,
-        table_features,
+        placed_problem,
+        safe_default_answer,
     )
 
 
@@ -97,38 +93,22 @@ class CsvTable:
         """As ``ficco.export.lookup.Table.lookup``."""
         dtype = canonical_dtype(dtype)
         check_problem(pattern, m, n, k, world, experts, routing, top_k)
-        tflops = self.roofs["gemm_tflops"].get(dtype)
-        features = (
-            table_features(
-                pattern,
-                m,
-                n,
-                k,
-                world,
-                DTYPE_BYTES[dtype],
-                experts,
-                self.roofs,
-                tflops,
-                routing,
-                top_k,
-            )
-            if tflops
-            else ()
+        features, why, outside = placed_problem(
+            self.roofs, self.ranges, pattern, m, n, k, world, dtype, experts, routing, top_k
         )
+        if why is not None:  # as the JSON table: outside the training range, the safe default
+            return safe_default_answer(self.safe, self.fallback, pattern, why, outside)
         values = dict(zip(TABLE_FEATURES, features, strict=False))  # () without roofs
-        routed = {name: values[name] for name in ROUTING_FEATURES if name in values}
         for number, row in enumerate(self.rows):
             if row["pattern"] != pattern or row["dtype"] != dtype or int(row["world"]) != world:
                 continue
             if _row_matches(row, values):
                 speedup = float(row["speedup"]) if row["speedup"] else None
                 return Answer(row["schedule"], speedup, True, number, (), f"row {number}", features)
-        why, outside = outside_range(self.ranges, pattern, m, n, k, world, dtype, experts, routed)
-        entry = self.safe.get(pattern)
-        if entry is None:
-            return Answer(self.fallback, 1.0, False, None, (), f"{why}: fallback", (), outside)
-        reason = f"{why}: the measured safe default"
-        return Answer(entry["schedule"], entry.get("speedup"), False, None, (), reason, (), outside)
+        # rows are the leaves cut to the training ranges: a problem inside a range lands in
+        # one; should none match, answer as outside the range rather than guess
+        why = f"no row of {self.source} matches {pattern} {dtype} W={world}"
+        return safe_default_answer(self.safe, self.fallback, pattern, why, outside)
 
 
 def _row_matches(row: dict[str, str], values: dict[str, float]) -> bool:
