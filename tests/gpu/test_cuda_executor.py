@@ -6,9 +6,7 @@ torch = pytest.importorskip("torch")
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
-    ),
+    pytest.mark.gpus(2),
 ]
 
 from ficco.execute import RunOptions, TimingOptions  # noqa: E402

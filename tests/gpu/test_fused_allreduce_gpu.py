@@ -11,16 +11,14 @@ torch = pytest.importorskip("torch")
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"),
+    pytest.mark.gpus(1),
 ]
 
 from ficco.execute import RunOptions, TimingOptions  # noqa: E402
 from ficco.problem import Problem  # noqa: E402
 from ficco.space import Schedule, is_legal  # noqa: E402
 
-two_gpus = pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
-)
+two_gpus = pytest.mark.gpus(2)
 
 # --- the kernel: one tile computed once, stored to every destination (one GPU) ---------------
 

@@ -9,9 +9,7 @@ torch = pytest.importorskip("torch")
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
-    ),
+    pytest.mark.gpus(2),
 ]
 
 SCHEDULES = (
