@@ -511,10 +511,6 @@ class Table:
             (r["pattern"], r["world"], r["dtype"]): r for r in data["range"]
         }
 
-    def safe_answer(self, pattern: str, why: str, outside: tuple) -> Answer:
-        """The answer outside the training range: the pattern's measured safe default."""
-        return safe_default_answer(self.safe, self.fallback, pattern, why, outside)
-
     def lookup(
         self,
         pattern: str,
@@ -532,53 +528,33 @@ class Table:
         safe default outside the training range."""
         dtype = canonical_dtype(dtype)
         check_problem(pattern, m, n, k, world, experts, routing, top_k)
-        features, why, outside = placed_problem(
-            self.roofs, self.data["range"], pattern, m, n, k, world, dtype, experts, routing, top_k
-        )
+        problem = (pattern, m, n, k, world, dtype, experts, routing, top_k)
+        features, why, outside = placed_problem(self.roofs, self.data["range"], problem)
         if why is not None:
-            return self.safe_answer(pattern, why, outside)
-        nodes = self._nodes
-        path = []
-        i = 0
-        node = nodes[0]
-        while node[0] >= 0:
-            feature, threshold, left, right = node
+            return safe_default_answer(self.safe, self.fallback, pattern, why, outside)
+        nodes, path, i = self._nodes, [], 0
+        while nodes[i][0] >= 0:
+            feature, threshold, left, right = nodes[i]
             value = features[feature]
-            if value <= threshold:
-                path.append((TABLE_FEATURES[feature], value, "<=", threshold))
-                i = left
-            else:
-                path.append((TABLE_FEATURES[feature], value, ">", threshold))
-                i = right
-            node = nodes[i]
-        _, speedup, schedule, support = node
+            below = value <= threshold
+            path.append((TABLE_FEATURES[feature], value, "<=" if below else ">", threshold))
+            i = left if below else right
+        _, speedup, schedule, support = nodes[i]
         reason = f"rule {i} of the {self.machine} table ({support} training problems in its region)"
         return Answer(schedule, speedup, True, i, tuple(path), reason, features)
 
 
 def placed_problem(
-    roofs: dict,
-    ranges: list,
-    pattern: str,
-    m: int,
-    n: int,
-    k: int,
-    world: int,
-    dtype: str,
-    experts: int | None,
-    routing: Any,
-    top_k: int | None,
+    roofs: dict, ranges: list, problem: tuple[str, int, int, int, int, str, Any, Any, Any]
 ) -> tuple[tuple, str | None, tuple]:
     """A checked problem's table features (``()`` where the roofs have no figure for its dtype)
     and where it stands against the training ranges (``outside_range``'s ``(why, outside)``):
-    what every table format computes before it answers."""
+    what every table format computes before it answers. ``problem``: ``(pattern, m, n, k,
+    world, dtype, experts, routing, top_k)``, as :meth:`Table.lookup` takes them."""
+    pattern, m, n, k, world, dtype, experts, routing, top_k = problem
     tflops = roofs["gemm_tflops"].get(dtype)
-    features: tuple = ()
-    if tflops is not None:
-        b = DTYPE_BYTES[dtype]
-        features = table_features(
-            pattern, m, n, k, world, b, experts, roofs, tflops, routing, top_k
-        )
+    args = (pattern, m, n, k, world, DTYPE_BYTES[dtype], experts, roofs, tflops, routing, top_k)
+    features = table_features(*args) if tflops is not None else ()
     # the routing features close the feature tuple; () out of roofs
     routed = dict(zip(ROUTING_FEATURES, features[-len(ROUTING_FEATURES) :], strict=False))
     why, outside = outside_range(ranges, pattern, m, n, k, world, dtype, experts, routed)
@@ -588,8 +564,7 @@ def placed_problem(
 def safe_default_answer(
     safe: dict[str, dict[str, Any]], fallback: str, pattern: str, why: str, outside: tuple
 ) -> Answer:
-    """The answer outside the training range: the pattern's measured safe default, or the
-    table's fallback where none was measured."""
+    """Outside the training range: the pattern's measured safe default, else the fallback."""
     entry = safe.get(pattern)
     if entry is None:
         reason = f"{why}: no measured safe default for {pattern}; answering the fallback {fallback}"

@@ -93,9 +93,8 @@ class CsvTable:
         """As ``ficco.export.lookup.Table.lookup``."""
         dtype = canonical_dtype(dtype)
         check_problem(pattern, m, n, k, world, experts, routing, top_k)
-        features, why, outside = placed_problem(
-            self.roofs, self.ranges, pattern, m, n, k, world, dtype, experts, routing, top_k
-        )
+        problem = (pattern, m, n, k, world, dtype, experts, routing, top_k)
+        features, why, outside = placed_problem(self.roofs, self.ranges, problem)
         if why is not None:  # as the JSON table: outside the training range, the safe default
             return safe_default_answer(self.safe, self.fallback, pattern, why, outside)
         values = dict(zip(TABLE_FEATURES, features, strict=False))  # () without roofs
