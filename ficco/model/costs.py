@@ -177,7 +177,7 @@ class CostModel:
             if work is None:
                 work = work_of[shape] = self._task_work(self.gemm_ms(s, *shape))
             tid, lane, _, kind, deps, issue_ms, terms = out[pos]
-            out[pos] = SimTask(tid, lane, work, kind, deps, issue_ms, terms)
+            out[pos] = tuple.__new__(SimTask, (tid, lane, work, kind, deps, issue_ms, terms))
         return out
 
     def _task_work(self, work: float) -> float:

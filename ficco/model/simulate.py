@@ -10,6 +10,15 @@ prediction path never imports numpy.
 
 The one rank simulated stands for all of them: schedules are rank-symmetric, so a peer's
 matching operation finishes when this rank's own one with the same tag does.
+
+``simulate`` records every task's start and finish; ``predict`` needs only the makespan, of
+thousands of tasks per schedule at W = 64, so it builds a :class:`SimGraph` once per task
+structure (a cuBLAS lowering and its Triton twin share one) and runs its makespan-only loop,
+which gives ``simulate``'s float bit for bit (``tests/test_model_speed.py``). Fast-forwarding
+a pipeline's repeated periods was tried and not kept: exact replay needs the lanes' state to
+recur bit for bit, which it does only in some pipelines (a compute lane and a comm lane at
+incommensurate rates drift without end), and proving that the tasks ahead repeat costs as
+much as simulating them.
 """
 
 from __future__ import annotations

@@ -177,7 +177,7 @@ def _ag_gemm_overlapped(
                     send=(dst, shard_chunk[j], mine_there[j]),
                     recv=(src, region("a_full", rows, cols), shard_chunk[j]),
                 )
-            arrived[(i, j)] = post_pair(bld, *pair, chunk=j)
+            arrived[(i, j)] = post_pair(bld, pair[0], pair[1], (), j)
 
         last_gemm: dict[int, int] = {}  # split-k chunks of one shard accumulate in order
         for i, j in order:
@@ -331,7 +331,7 @@ def _gemm_rs_overlapped(
             if dst == rank:
                 local_gemm[j] = g
                 continue
-            recv_of[(src, j)] = post_pair(bld, *pair, send_deps=[g], chunk=j)
+            recv_of[(src, j)] = post_pair(bld, pair[0], pair[1], (g,), j)
         for j, piece in enumerate(pieces):
             recvs = {src: recv_of[(src, j)] for src in _sources(rank, w)}
             op = reduce_ops.get(j)
