@@ -107,6 +107,8 @@ def test_transfer_fit_recovers_synthetic_fixed_costs_and_efficiencies():
     params = load_params(SHIPPED_PARAMS)
     truth = dict(params.transfer, ce_fixed_ms=0.011, ce_eff=0.7, p2p_fixed_ms=0.025, p2p_eff=0.45)
     truth.update(all_gather_fixed_ms=0.03, all_gather_eff=0.6)
+    # a pushed copy-engine copy (gemm_rs) is its own class beside the pulled one (ag_gemm)
+    truth.update(ce_push_fixed_ms=0.017, ce_push_eff=0.9, reduce_fixed_ms=0.004, reduce_eff=0.55)
     machine = load_machine("h200x2")
     # no span overhead in the truth: the synthetic comm sums are the isolated spans themselves
     host = dict(params.host, span_ms=0.0)
@@ -117,9 +119,16 @@ def test_transfer_fit_recovers_synthetic_fixed_costs_and_efficiencies():
         for k in (1024, 4096, 8192)
     ]
     names = ["serial/nccl/cublas", "shard/ce/cublas", "finer-c4-m/ce/cublas", "shard/nccl/cublas"]
-    samples, _ = samples_from_records(_records_from(predictor, problems, names))
+    records = _records_from(predictor, problems, names)
+    scatters = [Problem(pattern="gemm_rs", m=p.m, n=p.n, k=p.k, world=2) for p in problems]
+    # at W = 2 each push comes with one reduction: the NCCL scatters (p2p + the same
+    # reduction) separate the reduction's fixed cost from the push's
+    rs_names = ["serial/ce/cublas", "shard/ce/cublas", "finer-c4-m/ce/cublas", "shard/nccl/cublas"]
+    records += _records_from(predictor, scatters, rs_names)
+    samples, _ = samples_from_records(records)
     fitted = fit_transfers(samples, CostModel(machine, params))
-    for key in ("ce_fixed_ms", "ce_eff", "p2p_fixed_ms", "p2p_eff", "all_gather_eff"):
+    keys = ("ce_fixed_ms", "ce_eff", "p2p_fixed_ms", "p2p_eff", "all_gather_eff")
+    for key in (*keys, "ce_push_fixed_ms", "ce_push_eff", "reduce_fixed_ms", "reduce_eff"):
         assert fitted[key] == pytest.approx(truth[key], rel=1e-3), key
 
 

@@ -252,10 +252,12 @@ class CostModel:
                             tuple_new(SimTask, (len(tasks), "signal", 0.0, "ce", deps, 0.0, ()))
                         )
                         continue
-                    cost_key = (nbytes, op.peer // same_node == rank_node, False)
+                    # pushed copies write into the peer, pulled ones read from it
+                    cost_key = (nbytes, op.peer // same_node == rank_node, recv)
                     costs = transfer_costs.get(cost_key)
                     if costs is None:
-                        terms = (self._link_term_cached("ce", nbytes, cost_key[1]),)
+                        cls = "ce" if recv else "ce_push"
+                        terms = (self._link_term_cached(cls, nbytes, cost_key[1]),)
                         costs = transfer_costs[cost_key] = (terms, self._costed(terms), copy_ms)
                     terms, work, cost_issue = costs
                     issued += cost_issue

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-SCHEMA = "ficco.model/3"
+SCHEMA = "ficco.model/4"
 
 GEMM_KEYS = (
     "launch_ms",
@@ -48,7 +48,8 @@ GEMM_KEYS = (
     "idw_decay",
 )
 TRANSFER_CLASSES = (
-    "ce",  # one copy-engine peer copy (pull or push)
+    "ce",  # one copy-engine peer copy pulled by its receiver (gathers)
+    "ce_push",  # one copy-engine peer copy pushed by its sender into the peer (scatters)
     "local",  # a copy within a GPU
     "reduce",  # sum of W partial chunks (an SM kernel), eff of HBM
     "p2p",  # one NCCL send+recv batch
