@@ -102,7 +102,7 @@ def test_the_round_host_fit_recovers_synthetic_costs_and_lead():
     from ficco.model.calibrate import ISSUE_KEYS, _HostRound, _round_predictions, fit_round_host
 
     rng = np.random.default_rng(0)
-    truth = dict(zip(ISSUE_KEYS, (0.2, 0.05, 0.15, 0.1, 0.08, 0.01), strict=True))
+    truth = dict(zip(ISSUE_KEYS, (0.2, 0.05, 0.04, 0.15, 0.1, 0.08, 0.01), strict=True))
     truth.update(lead_ms=0.06, graph_issue_ms=0.03)
     fits = []
     for _ in range(40):  # rounds of graph candidates and eager ones, host- and GPU-bound
@@ -111,7 +111,7 @@ def test_the_round_host_fit_recovers_synthetic_costs_and_lead():
             names.append(f"c{j}")
             costed.append(True)
             if j % 3:  # eager after a graph and after an eager one
-                c = (1.0, *(float(x) for x in rng.integers(0, 9, 4)), 0.0)
+                c = (1.0, *(float(x) for x in rng.integers(0, 9, 5)), 0.0)
                 counts.append(c)
             else:
                 counts.append(None)
@@ -133,7 +133,7 @@ def test_the_round_host_fit_recovers_synthetic_costs_and_lead():
         )
     got = fit_round_host([(r, gpu) for r, (_, gpu) in zip(measured, fits, strict=True)])
     assert got["copy_ms"] == pytest.approx(0.01)  # never issued: keeps its starting value
-    for key in ("gemm_ms", "p2p_ms", "strided_ms", "reduce_ms"):
+    for key in ("gemm_ms", "gemm_copy_ms", "p2p_ms", "strided_ms", "reduce_ms"):
         assert got[key] == pytest.approx(truth[key], rel=0.05), key
     # raising the fixed cost, the lead and a graph's issue time together changes no time the
     # rounds give (until a backlog runs dry): what they determine is the differences
@@ -155,3 +155,36 @@ def test_gemm_points_take_the_curves_cublas_rows():
     ]
     points = gemm_points([], {}, [], curve)
     assert points == {(16, 3072, 4096): 0.017}  # the median (upper of two), Triton left out
+
+
+def test_a_gemm_into_a_column_chunk_pays_the_copy_class():
+    """The executor runs a cuBLAS GEMM whose output is a column chunk (gemm_rs split along N)
+    into a temporary and a copy: its issue cost has ``gemm_copy_ms`` on top of ``gemm_ms``;
+    row chunks, whole outputs and accumulating chunks do not."""
+    from ficco.model.costs import CostModel, issue_end_ms
+    from ficco.plan import build_plan
+
+    params = load_params(SHIPPED_PARAMS)
+    probe = dict.fromkeys(params.host, 0.0)
+    probe["gemm_copy_ms"] = 1.0
+    costs = CostModel(load_machine("h200x2"), dataclasses.replace(params, host=probe))
+    problem = Problem(pattern="gemm_rs", m=1024, n=4096, k=2048, world=2)
+    copies = {
+        name: issue_end_ms(costs.lower(build_plan(problem, Schedule.parse(name), 0)))
+        for name in (
+            "finer-c4-n/nccl/cublas",
+            "finer-c4-n/nccl/cublas+merged",
+            "finer-c4-m/nccl/cublas",
+            "shard/nccl/cublas",
+        )
+    }
+    # 4 column chunks of each of the 2 blocks (the peer's and the local one)
+    assert copies == {
+        "finer-c4-n/nccl/cublas": 8.0,
+        "finer-c4-n/nccl/cublas+merged": 0.0,
+        "finer-c4-m/nccl/cublas": 0.0,
+        "shard/nccl/cublas": 0.0,
+    }
+    ag = Problem(pattern="ag_gemm", m=1024, n=4096, k=2048, world=2)
+    split_k = build_plan(ag, Schedule.parse("finer-c4-k/nccl/cublas"), 0)
+    assert issue_end_ms(costs.lower(split_k)) == 0.0  # accumulating chunks: an addmm_

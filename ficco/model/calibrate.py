@@ -293,7 +293,15 @@ def fit_overlap(
 
 
 #: the eager host's issue cost classes (``HOST_KEYS``), as ``CostModel.host_ms`` counts them
-ISSUE_KEYS = ("fixed_ms", "gemm_ms", "p2p_ms", "strided_ms", "reduce_ms", "copy_ms")
+ISSUE_KEYS = (
+    "fixed_ms",
+    "gemm_ms",
+    "gemm_copy_ms",
+    "p2p_ms",
+    "strided_ms",
+    "reduce_ms",
+    "copy_ms",
+)
 
 
 @dataclass(frozen=True)
@@ -449,7 +457,7 @@ def fit_round_host(fits: list[tuple[_HostRound, list[float | None]]]) -> dict[st
     upper = np.log([2.0] * len(ISSUE_KEYS) + [0.5, 0.5])[free]
     best = None
     for lead0, issue0 in ((0.05, 0.02), (0.1, 0.1)):
-        start = np.log([0.1, 0.03, 0.13, 0.16, 0.1, 0.01, lead0, issue0])
+        start = np.log([0.1, 0.03, 0.01, 0.13, 0.16, 0.1, 0.01, lead0, issue0])
 
         def host_of(x, start=start) -> dict:
             full = start.copy()

@@ -222,6 +222,7 @@ class CostModel:
         transfer_costs: dict[tuple, tuple] = {}  # (bytes, same node, strided) -> costs
         gemm_work: dict[tuple[int, int, int], float] = {}
         copy_ms, p2p_ms, gemm_ms = host["copy_ms"], host["p2p_ms"], host["gemm_ms"]
+        gemm_copy_ms = host["gemm_copy_ms"]
         # a SimTask from all seven fields without its keyword-parsing __new__ (a third of
         # the cost of a transfer's task)
         tuple_new = tuple.__new__
@@ -305,7 +306,18 @@ class CostModel:
                 if work is None:
                     work = gemm_work[shape] = self._task_work(self.cublas_ms(*shape))
                 gemm_at.append((len(tasks), shape))
-                cost_issue = gemm_ms
+                # the executor's cuBLAS call into an output that is not contiguous (a column
+                # chunk, not accumulated) is a matmul into a temporary and a copy (an addmm_
+                # fitted at no extra cost over a plain matmul: not a class of its own)
+                out_cols = op.out.cols
+                if (
+                    not op.accumulate
+                    and out_cols[1] - out_cols[0] != widths[op.out.buffer]
+                    and op.out.rows[1] - op.out.rows[0] > 1
+                ):
+                    cost_issue = gemm_ms + gemm_copy_ms
+                else:
+                    cost_issue = gemm_ms
             elif isinstance(op, ReduceOp):
                 launches, units = reduce_traffic(len(op.inputs))
                 nbytes = units * op.out.numel * b

@@ -12,7 +12,8 @@ Sections (each a flat object of numbers; the reader refuses a missing, extra or 
 ``transfer``    per op class ``<class>_fixed_ms`` and ``<class>_eff`` (of the link or HBM)
 ``contention``  ``<transport>_gemm`` / ``<transport>_comm``: the slowdown (rate divisor - 1)
                 of a GEMM while a transfer of that transport runs, and of the transfer
-``host``        eager issue costs per op, a CUDA graph's launch cost, ``span_ms``: what
+``host``        eager issue costs per op (``gemm_copy_ms``: what a cuBLAS GEMM into a
+                column chunk adds, a temporary and a copy), a CUDA graph's launch cost, ``span_ms``: what
                 each task's isolated span (the costs' source) carries beyond its work, and
                 ``lead_ms``: the backlog each timed iteration's L2 flush and barrier leave the
                 GPU before the op (their GPU time less their issue time), and
@@ -62,6 +63,7 @@ CONTENTION_KEYS = ("ce_gemm", "ce_comm", "nccl_gemm", "nccl_comm")
 HOST_KEYS = (
     "fixed_ms",
     "gemm_ms",
+    "gemm_copy_ms",
     "p2p_ms",
     "strided_ms",
     "reduce_ms",
