@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ficco.model.costs import CALIBRATED_PATTERNS, CostModel, issue_end_ms
+from ficco.model.dense import DenseLowering, has_dense_lowering, lower_dense
 from ficco.model.machine import Machine, load_machine
 from ficco.model.params import ModelParams, load_params, timed_scale_at
 from ficco.model.rounds import alone_ms
-from ficco.model.simulate import SimGraph, SimTask, makespan_ms
-from ficco.plan import LOWERINGS, Plan, build_plan, plan_key, plans_in_orders
+from ficco.model.simulate import SimGraph, makespan_ms
+from ficco.plan import LOWERINGS, Plan, build_plan, plan_key
 from ficco.problem import Pattern, Problem
 from ficco.space import (
     Compute,
@@ -38,6 +39,7 @@ from ficco.space import (
     Schedule,
     SpaceOptions,
     Transport,
+    check_legal,
     enumerate_schedules,
 )
 
@@ -60,7 +62,8 @@ PREDICTED_SPACE = SpaceOptions(
 
 WORK_MS = operator.attrgetter("work_ms")
 
-#: patterns whose finer plans ``predict`` builds in both orders at once
+#: patterns whose finer plans are built in both orders at once
+#: (``ficco.plan.plans_in_orders``; ``predict`` itself writes their model tasks directly)
 IN_ORDERS = (Pattern.AG_GEMM, Pattern.GEMM_RS)
 
 
@@ -144,13 +147,12 @@ class Predictor:
             if len(self._makespans) > 4096:
                 self._makespans.clear()
             self._makespans[key] = gpu
-        return self._timed(problem, schedule, tasks, gpu)
+        return self._timed(schedule, gpu, None if graphed(schedule) else issue_end_ms(tasks))
 
-    def _timed(
-        self, problem: Problem, schedule: Schedule, tasks: list[SimTask], gpu: float
-    ) -> ScheduleTime:
+    def _timed(self, schedule: Schedule, gpu: float, issue_end: float | None) -> ScheduleTime:
         """The schedule's time from its simulated GPU time: scaled to a timed run's, plus a
-        graph launch, or under queued issue the host's issue time beyond its lead."""
+        graph launch, or under queued issue the host's issue time (``issue_end``: when the
+        eager host has issued its last task; None for a graphed schedule) beyond its lead."""
         gpu *= timed_scale_at(self.params.timed_scale, gpu)
         if graphed(schedule):
             host = self.params.host["graph_ms"]
@@ -158,7 +160,9 @@ class Predictor:
         else:
             # under queued issue the host starts ahead of the GPU by what each iteration
             # queues before the op; its issue time shows only where it outlasts that lead
-            host = issue_end_ms(tasks)
+            if issue_end is None:
+                raise ValueError(f"schedule: {schedule} runs eagerly; its issue end is needed")
+            host = issue_end
             total = alone_ms(gpu, host, self.params.host["lead_ms"])
         return ScheduleTime(str(schedule), total, gpu, host, graphed(schedule))
 
@@ -201,9 +205,11 @@ class Predictor:
         enumerated = schedules is None
         if schedules is None:
             schedules = list(enumerate_schedules(problem, PREDICTED_SPACE))
-        lowering = LOWERINGS[problem.pattern]
+        lowering = LOWERINGS[problem.pattern] if enumerated else build_plan
         plans: dict[tuple, Plan] = {}
         graphs: dict[tuple, SimGraph] = {}
+        dense: dict[tuple, DenseLowering] = {}
+        slowdown = self.costs.slowdown
         timed: dict[tuple, ScheduleTime] = {}
         times = []
         for s in schedules:
@@ -216,26 +222,29 @@ class Predictor:
             t = timed.get(twin)
             if t is None:
                 if s.compute is Compute.FUSED:
-                    t = self.schedule_time(problem, s)  # raises: no cost for it
-                plan = plans.get(shape)
-                if plan is None:
-                    if enumerated and shape[-1] is not None and problem.pattern in IN_ORDERS:
-                        # (the key holds the order: a finer dense plan on W >= 3) the space
-                        # holds it in both orders, built together
-                        for built in plans_in_orders(problem, s, 0):
-                            plans[plan_key(problem, built.schedule)] = built
-                        plan = plans[shape]
-                    else:
-                        plan = plans[shape] = (
-                            lowering(problem, s, 0) if enumerated else build_plan(problem, s, 0)
-                        )
-                tasks = self.costs.lower(plan, s)
+                    self.schedule_time(problem, s)  # raises: no cost for it
                 structure = (shape, s.transport)
-                graph = graphs.get(structure)
-                if graph is None:
-                    graph = graphs[structure] = SimGraph(tasks)
-                gpu = graph.makespan_ms(list(map(WORK_MS, tasks)), self.costs.slowdown)
-                t = timed[twin] = self._timed(problem, s, tasks, gpu)
+                if has_dense_lowering(problem, s):
+                    # an overlapped ag_gemm or gemm_rs schedule: its model tasks are written
+                    # straight from the schedule, with no plan (ficco.model.dense)
+                    lowered = dense.get(structure)
+                    if lowered is None:
+                        if not enumerated:
+                            check_legal(problem, s)
+                        lowered = dense[structure] = lower_dense(self.costs, problem, s)
+                    gpu = lowered.graph.makespan_ms(lowered.work_for(self.costs, s), slowdown)
+                    issue_end = lowered.issue_end_ms
+                else:
+                    plan = plans.get(shape)
+                    if plan is None:
+                        plan = plans[shape] = lowering(problem, s, 0)
+                    tasks = self.costs.lower(plan, s)
+                    graph = graphs.get(structure)
+                    if graph is None:
+                        graph = graphs[structure] = SimGraph(tasks)
+                    gpu = graph.makespan_ms(list(map(WORK_MS, tasks)), slowdown)
+                    issue_end = None if graphed(s) else issue_end_ms(tasks)
+                t = timed[twin] = self._timed(s, gpu, issue_end)
             times.append(ScheduleTime(str(s), t.ms, t.gpu_ms, t.host_ms, t.graphed))
         times.sort(key=lambda t: (t.ms, t.schedule))
         gemm, comm = self.parts_ms(problem)

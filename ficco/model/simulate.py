@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -211,16 +212,39 @@ class SimGraph:
     __slots__ = ("_dependents", "_ids", "_kinds", "_queues", "_unmet")
 
     def __init__(self, tasks: list[SimTask]) -> None:
-        n = len(tasks)
         # fields pulled out in C (a graph at W = 64 has thousands of tasks)
         ids = list(map(_ID, tasks))
+        self._build(ids, list(map(_LANE, tasks)), list(map(_KIND, tasks)), map(_DEPS, tasks))
+
+    @classmethod
+    def from_fields(
+        cls, lanes: list[str], kinds: list[str], deps: Iterable[tuple[int, ...]]
+    ) -> SimGraph:
+        """The graph of tasks numbered by position, given field by field (``lanes[i]``,
+        ``kinds[i]``, ``deps[i]``: the fields of the :class:`SimTask` with id ``i``), for a
+        lowering that makes no task values."""
+        graph = cls.__new__(cls)
+        graph._build(range(len(kinds)), lanes, kinds, deps)
+        return graph
+
+    def _build(
+        self,
+        ids: Sequence[int],
+        lane_of: list[str],
+        kinds: list[str],
+        all_deps: Iterable[tuple[int, ...]],
+    ) -> None:
+        n = len(ids)
+        if len(lane_of) != n or len(kinds) != n:
+            raise ValueError(f"tasks: {n} tasks, {len(lane_of)} lanes, {len(kinds)} kinds")
         # lowered tasks are numbered by position: then ids need no index
-        index = None if ids == list(range(n)) else {tid: i for i, tid in enumerate(ids)}
+        positional = type(ids) is range or ids == list(range(n))
+        index = None if positional else {tid: i for i, tid in enumerate(ids)}
         if index is not None and len(index) != n:
             raise ValueError("tasks: ids must be unique")
         dependents: list[list[int]] = [[] for _ in range(n)]
         unmet = [0] * n
-        for i, deps in enumerate(map(_DEPS, tasks)):
+        for i, deps in enumerate(all_deps):
             if not deps:
                 continue
             if len(deps) > 1:
@@ -231,15 +255,20 @@ class SimGraph:
                     raise ValueError(f"task {ids[i]}: depends on unknown task {d}")
                 dependents[j].append(i)
             unmet[i] = len(deps)
-        lane_of = list(map(_LANE, tasks))
         self._ids = ids
-        self._kinds = list(map(_KIND, tasks))
+        self._kinds = kinds
         self._dependents = dependents
         self._unmet = unmet
         # per lane (in order of first use), its task positions in order
         self._queues = [
             [i for i, lane in enumerate(lane_of) if lane == name] for name in dict.fromkeys(lane_of)
         ]
+
+    @property
+    def structure(self) -> tuple:
+        """(kinds, each task's dependents, its dependency count, each lane's task positions),
+        positions for ids: two graphs with one structure time any work alike."""
+        return (self._kinds, self._dependents, self._unmet, self._queues)
 
     def makespan_ms(self, work: list[float], slowdown: Slowdowns | None = None) -> float:
         """When the last task finishes, each task taking ``work[i]`` ms alone (list order)."""
