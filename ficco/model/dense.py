@@ -83,7 +83,8 @@ def lower_dense(costs: CostModel, problem: Problem, schedule: Schedule) -> Dense
 def _issue_end(fixed_ms: float, issue_costs: list[float], zero_issue: bool) -> float:
     """The latest issue time: the host issues the tasks in list order, each ``issue_costs``
     after the one before (summed left to right, as the generic lowering adds them), from its
-    fixed cost on; ``zero_issue``: some tasks are issued at 0 (a pushed-to receiver's wait)."""
+    fixed cost on; ``zero_issue``: some tasks are issued at 0 (a pushed-to receiver's wait,
+    whose cost here is 0.0: adding it leaves the running sum as it was)."""
     end = max(accumulate(issue_costs[1:], operator.add, initial=fixed_ms + issue_costs[0]))
     return max(end, 0.0) if zero_issue else end
 
@@ -103,8 +104,10 @@ def _ag_gemm(costs: CostModel, p: Problem, s: Schedule) -> DenseLowering:
     ce = s.transport is not Transport.NCCL
     split_k = s.split is Split.K
     sizes = [hi - lo for lo, hi in cut(K if split_k else S, s)]
-    chunks = range(len(sizes))
+    n_chunks = len(sizes)
+    chunks = range(n_chunks)
     gpus_per_node = costs.machine.gpus_per_node
+    host = costs.params.host
     # (chunk, same node) -> one pull's (work, issue cost); peer i is rank i (step i's source)
     pull_cost = {}
     for j, size in enumerate(sizes):
@@ -112,51 +115,58 @@ def _ag_gemm(costs: CostModel, p: Problem, s: Schedule) -> DenseLowering:
         for same_node in _link_classes(w, gpus_per_node):
             _, work, issue = costs.transfer_cost(ce, rows * cols * b, same_node, cols != K)
             pull_cost[(j, same_node)] = (work, issue)
-    if s.order is Order.ALL_PEERS:
-        order = [(i, j) for j in chunks for i in range(1, w)]
-    else:
+    ring = s.order is not Order.ALL_PEERS
+    if ring:
         order = [(i, j) for i in range(1, w) for j in chunks]
-    n_pulls = len(order)
-    pull_at = {step: pos for pos, step in enumerate(order)}
+    else:
+        order = [(i, j) for j in chunks for i in range(1, w)]
+    n_pulls = len(order)  # pull x at position x
     costed = [pull_cost[(j, i < gpus_per_node)] for i, j in order]
     work = [c[0] for c in costed]
     issue = [c[1] for c in costed]
-    deps: list[tuple[int, ...]] = [()] * n_pulls
-    gemms: dict[Shape, list[int]] = {}
     if s.compute is Compute.MERGED:
         # one GEMM per shard, at its last chunk: the local shard's, then peers 1 .. W-1 (in
-        # either order the last chunks come in rank order)
-        shape = (S, N, K)
-        gemms[shape] = list(range(n_pulls, n_pulls + w))
-        deps.append(())
-        deps.extend(tuple([pull_at[(i, j)] for j in chunks]) for i in range(1, w))
+        # either order the last chunks come in rank order), each after all its pulls
         n_gemms = w
-        work.extend([costs.gemm_task_work(None, shape)] * w)
+        shape = (S, N, K)
+        gemms = {shape: list(range(n_pulls, n_pulls + w))}
+        work += [costs.gemm_task_work(None, shape)] * w
+        dependents = [[n_pulls + i] for i, _ in order] + [[] for _ in range(w)]
+        unmet = [0] * n_pulls + [0] + [n_chunks] * (w - 1)
     else:
-        visits = [(0, j) for j in chunks] + order
-        n_gemms = len(visits)
+        # the GEMM of visit v at n_pulls + v: the local shard's chunks, then the pulls' order
+        # (pull x's GEMM is visit n_chunks + x)
+        n_gemms = n_chunks + n_pulls
+        first = n_pulls + n_chunks
         shape_of = [(S, N, size) if split_k else (size, N, K) for size in sizes]
         work_of = [costs.gemm_task_work(None, shape) for shape in shape_of]
-        gemm_at: dict[tuple[int, int], int] = {}
-        for pos, (i, j) in enumerate(visits, start=n_pulls):
-            gemm_at[(i, j)] = pos
+        chunk_of = list(chunks) + [j for _, j in order]
+        work += [work_of[j] for j in chunk_of]
+        gemms = {}
+        for pos, j in enumerate(chunk_of, start=n_pulls):
             gemms.setdefault(shape_of[j], []).append(pos)
-            work.append(work_of[j])
-            if split_k and j:
-                # accumulates onto the shard's previous chunk (in either order its GEMM of
-                # chunk j - 1 is the shard's last one before this)
-                prev = gemm_at[(i, j - 1)]
-                deps.append((pull_at[(i, j)], prev) if i else (prev,))
-            else:
-                deps.append((pull_at[(i, j)],) if i else ())
-    issue.extend([costs.params.host["gemm_ms"]] * n_gemms)
-    lanes = ["comm"] * n_pulls + ["compute"] * n_gemms
+        dependents = [[first + x] for x in range(n_pulls)]
+        if split_k:
+            # a chunk's GEMM accumulates onto its shard's previous chunk's: the next chunk of
+            # the shard is one visit on in a ring, one round of W - 1 peers on across them
+            stride = 1 if ring else w - 1
+            last = n_chunks - 1
+            dependents += [[n_pulls + j + 1] if j < last else [] for j in chunks]
+            dependents += [
+                [first + x + stride] if j < last else [] for x, (_, j) in enumerate(order)
+            ]
+            unmet = [0] * n_pulls + [min(j, 1) for j in chunks] + [1 + min(j, 1) for _, j in order]
+        else:
+            dependents += [[] for _ in range(n_gemms)]
+            unmet = [0] * n_pulls + [0] * n_chunks + [1] * n_pulls
+    issue += [host["gemm_ms"]] * n_gemms
     kinds = ["ce" if ce else "nccl"] * n_pulls + ["sm"] * n_gemms
+    queues = [list(range(n_pulls)), list(range(n_pulls, n_pulls + n_gemms))]  # comm, compute
     return DenseLowering(
-        SimGraph.from_fields(lanes, kinds, deps),
+        SimGraph.from_parts(kinds, dependents, unmet, queues),
         work,
         gemms,
-        _issue_end(costs.params.host["fixed_ms"], issue, False),
+        _issue_end(host["fixed_ms"], issue, False),
     )
 
 
@@ -172,7 +182,8 @@ def _gemm_rs(costs: CostModel, p: Problem, s: Schedule) -> DenseLowering:
     split_n = s.split is Split.N
     merged = s.compute is Compute.MERGED
     sizes = [hi - lo for lo, hi in cut(N if split_n else S, s)]
-    chunks = range(len(sizes))
+    n_chunks = len(sizes)
+    chunks = range(n_chunks)
     gpus_per_node = costs.machine.gpus_per_node
     host = costs.params.host
     blocks = [(S, size) if split_n else (size, N) for size in sizes]  # rows x cols per chunk
@@ -182,64 +193,69 @@ def _gemm_rs(costs: CostModel, p: Problem, s: Schedule) -> DenseLowering:
         for same_node in _link_classes(w, gpus_per_node):
             _, work, issue = costs.transfer_cost(ce, rows * cols * b, same_node, cols != N)
             push_cost[(j, same_node)] = (work, issue)
-    shape_of = [(S, N, K)] * len(sizes) if merged else [(r, c, K) for r, c in blocks]
-    gemm_work = {shape: costs.gemm_task_work(None, shape) for shape in shape_of}
-    gemm_ms = host["gemm_ms"]
-    local = w - 1  # the local block's step, last
+    shape_of = [(S, N, K)] * n_chunks if merged else [(r, c, K) for r, c in blocks]
+    gemm_work = [costs.gemm_task_work(None, shape) for shape in shape_of]
+    peers = w - 1  # steps 0 .. W-2 send to ranks 1 .. W-1; the local block's step is last
     if s.order is Order.ALL_PEERS:
-        order = [(i, j) for j in chunks for i in range(local)]
+        order = [(i, j) for j in chunks for i in range(peers)]
     else:
-        order = [(i, j) for i in range(local) for j in chunks]
-    order += [(local, j) for j in chunks]
+        order = [(i, j) for i in range(peers) for j in chunks]
+    n_visits = len(order)
+    # a peer visit's tasks, from its first position: its GEMM (merged: only at the shard's
+    # first chunk, j = 0 in either order), its push, and on copy engines the wait for the
+    # peer's push to this rank (the arrival the reduction waits on)
+    per_visit = 3 if ce else 2
+    with_gemm = [not merged or j == 0 for _, j in order]
+    base = list(accumulate([per_visit if g else per_visit - 1 for g in with_gemm], initial=0))
+    push = [base[x] + g for x, g in enumerate(with_gemm)]
+    arrival = [x + 1 for x in push] if ce else push
+    local = base[n_visits]
+    local_gemms = [local] if merged else list(range(local, local + n_chunks))
+    first_reduce = local + len(local_gemms)
+    n = first_reduce + n_chunks
+    peer_gemms = [base[x] for x in range(n_visits) if with_gemm[x]]
+    kinds = ["sm"] * n
+    dependents: list[list[int]] = [[] for _ in range(n)]
+    unmet = [0] * n
+    work = [0.0] * n
+    issue = [0.0] * n  # each task's host issue cost (a wait costs none)
     kind = "ce" if ce else "nccl"
-    lanes: list[str] = []
-    kinds: list[str] = []
-    deps: list[tuple[int, ...]] = []
-    work: list[float] = []
-    issue: list[float] = []
+    # merged: step i's one GEMM, made at its first visit (chunk 0)
+    shard_gemm = {i: base[x] for x, (i, j) in enumerate(order) if j == 0} if merged else {}
+    for x, (i, j) in enumerate(order):
+        at = push[x]
+        kinds[at] = kind
+        work[at], issue[at] = push_cost[(j, i + 1 < gpus_per_node)]
+        unmet[at] = 1
+        gemm = at - 1 if with_gemm[x] else shard_gemm[i]
+        dependents[gemm].append(at)
+        if ce:
+            kinds[at + 1] = "ce"
+            dependents[at].append(at + 1)
+            unmet[at + 1] = 1
+        dependents[arrival[x]].append(first_reduce + j)
+    gemm_ms = host["gemm_ms"]
     gemms: dict[Shape, list[int]] = {}
-    merged_gemm: dict[int, int] = {}  # shard -> its one GEMM's position
-    local_gemm = [0] * len(sizes)
-    received: list[list[int]] = [[] for _ in chunks]  # chunk -> each peer's arrival
-    for i, j in order:
-        dst = 0 if i == local else i + 1
-        g = merged_gemm.get(dst) if merged else None
-        if g is None:
-            g = len(work)
-            if merged:
-                merged_gemm[dst] = g
-            shape = shape_of[j]
-            gemms.setdefault(shape, []).append(g)
-            lanes.append("compute")
-            kinds.append("sm")
-            deps.append(())
-            work.append(gemm_work[shape])
-            issue.append(gemm_ms)
-        if i == local:
-            local_gemm[j] = g
-            continue
-        push_work, push_issue = push_cost[(j, dst < gpus_per_node)]
-        lanes.append("comm")
-        kinds.append(kind)
-        deps.append((g,))
-        work.append(push_work)
-        issue.append(push_issue)
-        if ce:  # the peer's push of this chunk to this rank, awaited (no host issue)
-            lanes.append("signal")
-            kinds.append("ce")
-            deps.append((len(work) - 1,))
-            work.append(0.0)
-        received[j].append(len(work) - 1)
-    reduce_lane = "signal" if ce else "compute"
+    gemm_chunks = [j for x, (_, j) in enumerate(order) if with_gemm[x]]
+    for at, j in zip(peer_gemms, gemm_chunks, strict=True):
+        work[at], issue[at] = gemm_work[j], gemm_ms
+        gemms.setdefault(shape_of[j], []).append(at)
+    for at, j in zip(local_gemms, chunks, strict=False):  # merged: one, at chunk 0
+        work[at], issue[at] = gemm_work[j], gemm_ms
+        gemms.setdefault(shape_of[j], []).append(at)
+        dependents[at] += (
+            range(first_reduce, first_reduce + n_chunks) if merged else [first_reduce + j]
+        )
     for j, (rows, cols) in enumerate(blocks):
-        _, reduce_work, reduce_issue = costs.reduce_cost(w, rows * cols * b)
-        lanes.append(reduce_lane)
-        kinds.append("sm")
-        deps.append(tuple(sorted([local_gemm[j], *received[j]])))
-        work.append(reduce_work)
-        issue.append(reduce_issue)
+        at = first_reduce + j
+        _, work[at], issue[at] = costs.reduce_cost(w, rows * cols * b)
+        unmet[at] = w  # the local block and every peer's partial
+    compute = peer_gemms + local_gemms
+    reduces = list(range(first_reduce, n))
+    # lanes in order of first use: compute, comm, and on copy engines signal
+    queues = [compute, push, arrival + reduces] if ce else [compute + reduces, push]
     return DenseLowering(
-        SimGraph.from_fields(lanes, kinds, deps),
+        SimGraph.from_parts(kinds, dependents, unmet, queues),
         work,
         gemms,
         _issue_end(host["fixed_ms"], issue, ce),

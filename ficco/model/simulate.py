@@ -227,6 +227,36 @@ class SimGraph:
         graph._build(range(len(kinds)), lanes, kinds, deps)
         return graph
 
+    @classmethod
+    def from_parts(
+        cls,
+        kinds: list[str],
+        dependents: list[list[int]],
+        unmet: list[int],
+        queues: list[list[int]],
+    ) -> SimGraph:
+        """The graph of tasks numbered by position from the parts a lowering that writes them
+        directly makes (they become the graph's: not copied): each task's kind, the positions
+        of the tasks waiting on it (ascending), its dependency count, and per lane in order
+        of first use its task positions in order. Checked for agreement in size."""
+        n = len(kinds)
+        if len(dependents) != n or len(unmet) != n or sum(map(len, queues)) != n:
+            raise ValueError(
+                f"tasks: {n} kinds, {len(dependents)} dependents lists, {len(unmet)} "
+                f"dependency counts, {sum(map(len, queues))} lane places"
+            )
+        if sum(unmet) != sum(map(len, dependents)):
+            raise ValueError(
+                f"tasks: {sum(unmet)} dependencies counted, {sum(map(len, dependents))} listed"
+            )
+        graph = cls.__new__(cls)
+        graph._ids = range(n)
+        graph._kinds = kinds
+        graph._dependents = dependents
+        graph._unmet = unmet
+        graph._queues = queues
+        return graph
+
     def _build(
         self,
         ids: Sequence[int],
