@@ -13,7 +13,7 @@ from ficco.model import SHIPPED_PARAMS, Predictor, load_machine, load_params
 from ficco.model.costs import CostModel, issue_end_ms
 from ficco.model.dense import has_dense_lowering, lower_dense
 from ficco.model.predict import PREDICTED_SPACE
-from ficco.model.simulate import SimGraph
+from ficco.model.simulate import SimGraph, SimTask
 from ficco.plan import build_plan
 from ficco.problem import Problem
 from ficco.space import Schedule, enumerate_schedules
@@ -99,8 +99,18 @@ def test_predict_refuses_an_illegal_schedule_it_is_given():
         pr.predict(problem, [illegal])
 
 
-def test_a_graph_from_fields_refuses_fields_of_other_lengths():
-    with pytest.raises(ValueError, match="tasks: 2 tasks, 1 lanes, 2 kinds"):
-        SimGraph.from_fields(["a"], ["sm", "sm"], [(), ()])
-    graph = SimGraph.from_fields(["a", "b"], ["sm", "ce"], [(), (0,)])
+def test_a_graph_from_parts_refuses_parts_that_disagree():
+    # two tasks on one lane, the second waiting on the first
+    kinds, dependents, unmet, queues = ["sm", "ce"], [[1], []], [0, 1], [[0, 1]]
+    graph = SimGraph.from_parts(kinds, dependents, unmet, queues)
     assert graph.makespan_ms([1.0, 2.0]) == 3.0
+    assert (
+        graph.structure
+        == SimGraph([SimTask(0, "a", 1.0, "sm"), SimTask(1, "a", 2.0, "ce", (0,))]).structure
+    )
+    with pytest.raises(ValueError, match="tasks: 2 kinds, 1 dependents lists, 2 dependency"):
+        SimGraph.from_parts(kinds, [[1]], unmet, queues)
+    with pytest.raises(ValueError, match="3 lane places"):
+        SimGraph.from_parts(kinds, dependents, unmet, [[0, 1], [1]])
+    with pytest.raises(ValueError, match="tasks: 2 dependencies counted, 1 listed"):
+        SimGraph.from_parts(kinds, dependents, [1, 1], queues)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -212,20 +211,35 @@ class SimGraph:
     __slots__ = ("_dependents", "_ids", "_kinds", "_queues", "_unmet")
 
     def __init__(self, tasks: list[SimTask]) -> None:
+        n = len(tasks)
         # fields pulled out in C (a graph at W = 64 has thousands of tasks)
         ids = list(map(_ID, tasks))
-        self._build(ids, list(map(_LANE, tasks)), list(map(_KIND, tasks)), map(_DEPS, tasks))
-
-    @classmethod
-    def from_fields(
-        cls, lanes: list[str], kinds: list[str], deps: Iterable[tuple[int, ...]]
-    ) -> SimGraph:
-        """The graph of tasks numbered by position, given field by field (``lanes[i]``,
-        ``kinds[i]``, ``deps[i]``: the fields of the :class:`SimTask` with id ``i``), for a
-        lowering that makes no task values."""
-        graph = cls.__new__(cls)
-        graph._build(range(len(kinds)), lanes, kinds, deps)
-        return graph
+        # lowered tasks are numbered by position: then ids need no index
+        index = None if ids == list(range(n)) else {tid: i for i, tid in enumerate(ids)}
+        if index is not None and len(index) != n:
+            raise ValueError("tasks: ids must be unique")
+        dependents: list[list[int]] = [[] for _ in range(n)]
+        unmet = [0] * n
+        for i, deps in enumerate(map(_DEPS, tasks)):
+            if not deps:
+                continue
+            if len(deps) > 1:
+                deps = set(deps)
+            for d in deps:
+                j = d if index is None else index.get(d)
+                if j is None or type(j) is not int or not (0 <= j < n):
+                    raise ValueError(f"task {ids[i]}: depends on unknown task {d}")
+                dependents[j].append(i)
+            unmet[i] = len(deps)
+        lane_of = list(map(_LANE, tasks))
+        self._ids = ids
+        self._kinds = list(map(_KIND, tasks))
+        self._dependents = dependents
+        self._unmet = unmet
+        # per lane (in order of first use), its task positions in order
+        self._queues = [
+            [i for i, lane in enumerate(lane_of) if lane == name] for name in dict.fromkeys(lane_of)
+        ]
 
     @classmethod
     def from_parts(
@@ -256,43 +270,6 @@ class SimGraph:
         graph._unmet = unmet
         graph._queues = queues
         return graph
-
-    def _build(
-        self,
-        ids: Sequence[int],
-        lane_of: list[str],
-        kinds: list[str],
-        all_deps: Iterable[tuple[int, ...]],
-    ) -> None:
-        n = len(ids)
-        if len(lane_of) != n or len(kinds) != n:
-            raise ValueError(f"tasks: {n} tasks, {len(lane_of)} lanes, {len(kinds)} kinds")
-        # lowered tasks are numbered by position: then ids need no index
-        positional = type(ids) is range or ids == list(range(n))
-        index = None if positional else {tid: i for i, tid in enumerate(ids)}
-        if index is not None and len(index) != n:
-            raise ValueError("tasks: ids must be unique")
-        dependents: list[list[int]] = [[] for _ in range(n)]
-        unmet = [0] * n
-        for i, deps in enumerate(all_deps):
-            if not deps:
-                continue
-            if len(deps) > 1:
-                deps = set(deps)
-            for d in deps:
-                j = d if index is None else index.get(d)
-                if j is None or type(j) is not int or not (0 <= j < n):
-                    raise ValueError(f"task {ids[i]}: depends on unknown task {d}")
-                dependents[j].append(i)
-            unmet[i] = len(deps)
-        self._ids = ids
-        self._kinds = kinds
-        self._dependents = dependents
-        self._unmet = unmet
-        # per lane (in order of first use), its task positions in order
-        self._queues = [
-            [i for i, lane in enumerate(lane_of) if lane == name] for name in dict.fromkeys(lane_of)
-        ]
 
     @property
     def structure(self) -> tuple:
