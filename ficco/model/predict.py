@@ -9,13 +9,16 @@ barrier give the host (``ficco.model.rounds``: in a sweep's interleaved round th
 holds the candidates queued before it).
 
 Every schedule of a problem (:meth:`Predictor.predict`) gives each what it gets alone, with
-the work shared where schedules share it: one plan per ``ficco.plan.plan_key`` (a finer
-dense plan's two orders built together), one lowering per plan and transport, one task graph
-per lowering timed for each GEMM kind, the cyclic collector paused. CPU ms on a 2-core
-machine (m = 4096 W, n = 14336, k = 4096; ag_gemm / gemm_rs): W = 8 19 / 21, W = 16 28 / 32,
-W = 32 47 / 53, W = 64 81 / 94 (from 42 / 50, 82 / 99, 167 / 197, 368 / 412 before the
-sharing). What is left grows with W: every schedule's tasks are built, lowered and simulated
-(35 000 to 43 000 at W = 64).
+the work shared where schedules share it: the overlapped ag_gemm and gemm_rs schedules' model
+tasks are written straight from the schedule (``ficco.model.dense``: no plan objects, one
+graph per plan shape and transport, each op costed once per link class); every other
+schedule is lowered from one plan per ``ficco.plan.plan_key``, once per transport; each task
+graph is timed for each GEMM kind, the cyclic collector paused. CPU ms on a 2-core machine
+(m = 4096 W, n = 14336, k = 4096; ag_gemm / gemm_rs; median of 7): W = 2 9 / 9, W = 8 13 /
+14, W = 16 16 / 18, W = 32 22 / 25, W = 64 34 / 41 (from 10 / 11, 18 / 21, 27 / 31, 45 / 51,
+80 / 93 with plans built and lowered for every schedule). What is left grows with W: the
+event loop steps through every task of every schedule (35 000 to 43 000 at W = 64; about half
+of a call there), and each task graph's arrays are still written element by element.
 """
 
 from __future__ import annotations
@@ -186,10 +189,13 @@ class Predictor:
     def predict(self, problem: Problem, schedules: list[Schedule] | None = None) -> Prediction:
         """Every schedule of ``problem`` (``PREDICTED_SPACE``'s, or ``schedules``), fastest
         first: each gets what :meth:`schedule_time` gives it alone, with the work shared
-        where schedules share it. One rank-0 plan per :func:`ficco.plan.plan_key`; one
-        lowering per plan and transport (a Triton twin recosts its GEMMs), and one task graph
-        timed for each GEMM kind's work; the comm priority's twin (the model has no term for
-        it) costs what the normal one does."""
+        where schedules share it. An overlapped ag_gemm or gemm_rs schedule's tasks are
+        written straight from the schedule (:func:`ficco.model.dense.lower_dense`, the
+        generic lowering's tasks without its plan), once per plan shape and transport; any
+        other schedule's come from one rank-0 plan per :func:`ficco.plan.plan_key`, lowered
+        once per transport. Each task graph is timed for each GEMM kind's work (a Triton twin
+        recosts its GEMMs); the comm priority's twin (the model has no term for it) costs
+        what the normal one does. Given ``schedules`` are checked for legality."""
         self._check(problem)
         # a call makes ~10^5 short-lived values, none in a reference cycle (reference counting
         # frees them all): the cyclic collector's passes over them cost 10-25% of the call
