@@ -17,8 +17,8 @@ structure (a cuBLAS lowering and its Triton twin share one; an overlapped dense 
 is written from its parts, ``SimGraph.from_parts``) and runs its makespan-only loop, which
 gives ``simulate``'s float bit for bit (``tests/test_model_speed.py``). That loop is about
 half of a ``predict`` call at W = 64 (18 to 21 ms CPU of 34 to 41): one pass per task that
-ends. Keeping the two-task case in a loop of its own (starting a lane's next task without
-the start pass) was tried and saved nothing measurable. Fast-forwarding a pipeline's
+ends. Stepping a lane's next task without the start pass (in a loop of its own while one
+task runs alone, or two) was tried and saved nothing measurable. Fast-forwarding a pipeline's
 repeated periods was tried and not kept: exact replay needs the lanes' state to recur bit
 for bit, which it does only in some pipelines (a compute lane and a comm lane at
 incommensurate rates drift without end), and proving that the tasks ahead repeat costs as
