@@ -52,7 +52,7 @@ def test_dense_lowering_is_the_generic_lowering(pattern, world, machine, mnk):
         structure, work, issue_end = generic(costs, problem, s)
         assert lowered.graph.structure == structure, str(s)
         assert lowered.work_for(costs, s) == work, str(s)  # floats, exactly
-        assert lowered.issue_end_ms == issue_end, str(s)
+        assert lowered.issue_end_ms() == issue_end, str(s)
         checked += 1
         kinds.add((s.granularity.value, s.split.value, s.compute.value, s.order.value))
         kinds.add((s.transport.value, s.gemm.value))

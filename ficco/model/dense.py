@@ -51,8 +51,21 @@ class DenseLowering:
     """Each task's work with cuBLAS GEMMs (read, never changed: callers share it)."""
     gemms: dict[Shape, list[int]]
     """GEMM (m, n, k) -> the positions of its tasks, for recosting another GEMM kind."""
-    issue_end_ms: float
-    """When the eager host has issued the last task (``costs.issue_end_ms``)."""
+    issue_ms: list[float]
+    """Each task's host issue cost (0.0 for a pushed-to receiver's wait, issued at 0)."""
+    fixed_ms: float
+    """The host's fixed cost before its first task."""
+    waits: bool
+    """Whether some tasks are waits issued at 0."""
+
+    def issue_end_ms(self) -> float:
+        """When the eager host has issued the last task (``costs.issue_end_ms`` of the tasks):
+        the host issues them in list order, each its issue cost after the one before (summed
+        left to right, as the generic lowering adds them), from its fixed cost on; a wait's
+        0.0 leaves the running sum as it was. Only an eager schedule needs it."""
+        costs = self.issue_ms
+        end = max(accumulate(costs[1:], operator.add, initial=self.fixed_ms + costs[0]))
+        return max(end, 0.0) if self.waits else end
 
     def work_for(self, costs: CostModel, schedule: Schedule) -> list[float]:
         """Each task's work with ``schedule``'s GEMM kind and SM reserve (``CostModel.lower``'s
@@ -78,15 +91,6 @@ def lower_dense(costs: CostModel, problem: Problem, schedule: Schedule) -> Dense
     if problem.pattern is Pattern.AG_GEMM:
         return _ag_gemm(costs, problem, schedule)
     return _gemm_rs(costs, problem, schedule)
-
-
-def _issue_end(fixed_ms: float, issue_costs: list[float], zero_issue: bool) -> float:
-    """The latest issue time: the host issues the tasks in list order, each ``issue_costs``
-    after the one before (summed left to right, as the generic lowering adds them), from its
-    fixed cost on; ``zero_issue``: some tasks are issued at 0 (a pushed-to receiver's wait,
-    whose cost here is 0.0: adding it leaves the running sum as it was)."""
-    end = max(accumulate(issue_costs[1:], operator.add, initial=fixed_ms + issue_costs[0]))
-    return max(end, 0.0) if zero_issue else end
 
 
 def _link_classes(world: int, gpus_per_node: int) -> list[bool]:
@@ -166,7 +170,9 @@ def _ag_gemm(costs: CostModel, p: Problem, s: Schedule) -> DenseLowering:
         SimGraph.from_parts(kinds, dependents, unmet, queues),
         work,
         gemms,
-        _issue_end(host["fixed_ms"], issue, False),
+        issue,
+        host["fixed_ms"],
+        False,
     )
 
 
@@ -258,5 +264,7 @@ def _gemm_rs(costs: CostModel, p: Problem, s: Schedule) -> DenseLowering:
         SimGraph.from_parts(kinds, dependents, unmet, queues),
         work,
         gemms,
-        _issue_end(host["fixed_ms"], issue, ce),
+        issue,
+        host["fixed_ms"],
+        ce,
     )

@@ -239,7 +239,7 @@ class Predictor:
                             check_legal(problem, s)
                         lowered = dense[structure] = lower_dense(self.costs, problem, s)
                     gpu = lowered.graph.makespan_ms(lowered.work_for(self.costs, s), slowdown)
-                    issue_end = lowered.issue_end_ms
+                    issue_end = None if graphed(s) else lowered.issue_end_ms()
                 else:
                     plan = plans.get(shape)
                     if plan is None:
