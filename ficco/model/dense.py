@@ -13,7 +13,9 @@ generic lowering calls.
 followed by ``SimGraph`` gives, position for position and float for float
 (``tests/test_model_dense.py`` compares them on every schedule of ``PREDICTED_SPACE``, on one
 and several nodes). The executors keep the full plans; only the model reads these arrays.
-Serial, fused and every other pattern's schedules keep the generic path.
+Serial, fused and every other pattern's schedules keep the generic path. A change to the
+overlapped plans of ``ficco.plan.dense`` (or to ``CostModel.lower``) is a change here too:
+that test fails until both agree.
 """
 
 from __future__ import annotations
