@@ -114,3 +114,26 @@ def test_a_graph_from_parts_refuses_parts_that_disagree():
         SimGraph.from_parts(kinds, dependents, unmet, [[0, 1], [1]])
     with pytest.raises(ValueError, match="tasks: 2 dependencies counted, 1 listed"):
         SimGraph.from_parts(kinds, dependents, [1, 1], queues)
+
+
+@pytest.mark.parametrize("pattern", ["ag_gemm", "gemm_rs"])
+def test_predict_on_given_schedules_gives_each_schedules_own_time(pattern):
+    """Beyond the predicted space (every transport, 16 chunks, SM reserves: the Triton twins
+    recost their GEMMs), given rather than enumerated: each time is the schedule's own."""
+    params = load_params(SHIPPED_PARAMS)
+    problem = Problem(pattern=pattern, m=777 * 12, n=1000, k=999, world=12)
+    schedules = [s for s in enumerate_schedules(problem) if s.compute.value != "fused"]
+    assert {s.transport.value for s in schedules} >= {"ce", "nccl", "nccl_ce"}
+    assert len({s.sm_reserve for s in schedules}) > 1
+    fast = Predictor(load_machine("h200x8n2"), params).predict(problem, schedules)
+    assert len(fast.times) == len(schedules)
+    for t in fast.times:
+        alone = Predictor(load_machine("h200x8n2"), params).schedule_time(
+            problem, Schedule.parse(t.schedule)
+        )
+        assert (t.ms, t.gpu_ms, t.host_ms, t.graphed) == (
+            alone.ms,
+            alone.gpu_ms,
+            alone.host_ms,
+            alone.graphed,
+        ), t.schedule
