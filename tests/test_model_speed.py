@@ -3,8 +3,8 @@ against a reference event loop; the makespan-only event loop (``SimGraph``, one 
 timed for several works) against ``simulate``, float for float, on random and on lowered task
 lists; ``plan_key`` (plans shared across transports and orders) against the plans themselves;
 and ``predict`` (one plan per key, tasks lowered once per plan and transport and recosted per
-GEMM kind) against each schedule predicted on its own, from its own plan, by a fresh
-predictor, at W = 2 to 16."""
+GEMM kind; overlapped dense schedules' tasks written without a plan) against each schedule
+predicted on its own, from its own plan, by a fresh predictor, at W = 2 to 64."""
 
 from __future__ import annotations
 
@@ -225,6 +225,8 @@ def test_plans_in_both_orders_refuse_a_schedule_with_one_order():
         ("gemm_rs", 8, "h200x8"),
         ("ag_gemm", 16, "h200x8n2"),
         ("gemm_rs", 16, "h200x8n2"),
+        ("ag_gemm", 32, "h200x8n4"),
+        ("gemm_rs", 64, "h200x8n8"),
     ],
 )
 def test_predict_gives_what_each_schedule_predicted_alone_gives(pattern, world, machine):

@@ -175,7 +175,7 @@ class CostModel:
         for pos, shape in gemm_at:
             work = work_of.get(shape)
             if work is None:
-                work = work_of[shape] = self._task_work(self.gemm_ms(s, *shape))
+                work = work_of[shape] = self.gemm_task_work(s, shape)
             tid, lane, _, kind, deps, issue_ms, terms = out[pos]
             out[pos] = tuple.__new__(SimTask, (tid, lane, work, kind, deps, issue_ms, terms))
         return out
@@ -186,6 +186,38 @@ class CostModel:
         if work > 0:
             return max(work - self.params.host["span_ms"], 0.1 * work)
         return work
+
+    def gemm_task_work(self, schedule: Schedule | None, shape: tuple[int, int, int]) -> float:
+        """A GEMM task's work: ``schedule``'s GEMM kind and SM reserve (None: cuBLAS)."""
+        ms = self.cublas_ms(*shape) if schedule is None else self.gemm_ms(schedule, *shape)
+        return self._task_work(ms)
+
+    def transfer_cost(
+        self, ce: bool, nbytes: int, same_node: bool, strided: bool, push: bool = False
+    ) -> tuple[tuple[tuple[str, float, float], ...], float, float]:
+        """(terms, work, host issue cost) of one transfer task of ``nbytes``: a copy-engine
+        copy (``ce``; ``push``: its sender writes into the peer, else its receiver pulls) or
+        an NCCL send/recv batch, to a peer on this node or not; a strided NCCL transfer is
+        packed before the send and unpacked after the receive."""
+        host = self.params.host
+        if ce:
+            cls = "ce_push" if push else "ce"
+            terms = (self._link_term_cached(cls, nbytes, same_node),)
+            return terms, self._costed(terms), host["copy_ms"]
+        link = self._link_term_cached("p2p", nbytes, same_node)
+        if strided:
+            terms = (link, self._hbm_term("p2p_strided", 4 * nbytes, count=2))
+            return terms, self._costed(terms), host["p2p_ms"] + host["strided_ms"]
+        return (link,), self._costed((link,)), host["p2p_ms"]
+
+    def reduce_cost(
+        self, inputs: int, out_bytes: int
+    ) -> tuple[tuple[tuple[str, float, float], ...], float, float]:
+        """(terms, work, host issue cost) of the reduction of ``inputs`` partials into an
+        output of ``out_bytes``; the issue cost is fitted per reduction (W = 2: one launch)."""
+        launches, units = reduce_traffic(inputs)
+        terms = (self._hbm_term("reduce", units * out_bytes, count=launches),)
+        return terms, self._costed(terms), self.params.host["reduce_ms"]
 
     def _costed(self, terms: tuple[tuple[str, float, float], ...]) -> float:
         work = self._terms_cache.get(terms)
@@ -219,7 +251,7 @@ class CostModel:
         batch_lead: tuple[int, int] | None = None  # (tag, sim id) of the open NCCL batch
         # a plan at W = 64 has thousands of transfers and GEMMs of a few sizes: their terms,
         # work and issue cost are looked up by size, not recomputed
-        transfer_costs: dict[tuple, tuple] = {}  # (bytes, same node, strided) -> costs
+        transfer_costs: dict[tuple, tuple] = {}  # transfer_cost arguments -> its costs
         gemm_work: dict[tuple[int, int, int], float] = {}
         copy_ms, p2p_ms, gemm_ms = host["copy_ms"], host["p2p_ms"], host["gemm_ms"]
         gemm_copy_ms = host["gemm_copy_ms"]
@@ -254,12 +286,10 @@ class CostModel:
                         )
                         continue
                     # pushed copies write into the peer, pulled ones read from it
-                    cost_key = (nbytes, op.peer // same_node == rank_node, recv)
+                    cost_key = (True, nbytes, op.peer // same_node == rank_node, False, not recv)
                     costs = transfer_costs.get(cost_key)
                     if costs is None:
-                        cls = "ce" if recv else "ce_push"
-                        terms = (self._link_term_cached(cls, nbytes, cost_key[1]),)
-                        costs = transfer_costs[cost_key] = (terms, self._costed(terms), copy_ms)
+                        costs = transfer_costs[cost_key] = self.transfer_cost(*cost_key)
                     terms, work, cost_issue = costs
                     issued += cost_issue
                     alias[task.id] = tag_send[op.tag] = len(tasks)
@@ -279,17 +309,10 @@ class CostModel:
                     alias[task.id] = sim_id
                     continue
                 strided = cols[1] - cols[0] != widths[local.buffer]
-                cost_key = (nbytes, op.peer // same_node == rank_node, strided)
+                cost_key = (False, nbytes, op.peer // same_node == rank_node, strided)
                 costs = transfer_costs.get(cost_key)
                 if costs is None:
-                    link = self._link_term_cached("p2p", nbytes, cost_key[1])
-                    if strided:
-                        # strided: packed before the send, unpacked after the receive
-                        terms = (link, self._hbm_term("p2p_strided", 4 * nbytes, count=2))
-                        cost_issue = p2p_ms + host["strided_ms"]
-                    else:
-                        terms, cost_issue = (link,), p2p_ms
-                    costs = transfer_costs[cost_key] = (terms, self._costed(terms), cost_issue)
+                    costs = transfer_costs[cost_key] = self.transfer_cost(*cost_key)
                 terms, work, cost_issue = costs
                 issued += cost_issue
                 alias[task.id] = len(tasks)
@@ -304,7 +327,7 @@ class CostModel:
                 shape = (a_rows[1] - a_rows[0], b_cols[1] - b_cols[0], a_cols[1] - a_cols[0])
                 work = gemm_work.get(shape)
                 if work is None:
-                    work = gemm_work[shape] = self._task_work(self.cublas_ms(*shape))
+                    work = gemm_work[shape] = self.gemm_task_work(None, shape)
                 gemm_at.append((len(tasks), shape))
                 # the executor's cuBLAS call into an output that is not contiguous (a column
                 # chunk, not accumulated) is a matmul into a temporary and a copy (an addmm_
@@ -319,10 +342,7 @@ class CostModel:
                 else:
                     cost_issue = gemm_ms
             elif isinstance(op, ReduceOp):
-                launches, units = reduce_traffic(len(op.inputs))
-                nbytes = units * op.out.numel * b
-                terms = (self._hbm_term("reduce", nbytes, count=launches),)
-                cost_issue = host["reduce_ms"]  # fitted per reduction (W = 2: one launch)
+                terms, work, cost_issue = self.reduce_cost(len(op.inputs), op.out.numel * b)
                 lane = "signal" if (ce and not serial) else task.stream.value
             elif isinstance(op, LocalCopyOp):
                 lane, kind = task.stream.value, "ce"

@@ -9,13 +9,16 @@ barrier give the host (``ficco.model.rounds``: in a sweep's interleaved round th
 holds the candidates queued before it).
 
 Every schedule of a problem (:meth:`Predictor.predict`) gives each what it gets alone, with
-the work shared where schedules share it: one plan per ``ficco.plan.plan_key`` (a finer
-dense plan's two orders built together), one lowering per plan and transport, one task graph
-per lowering timed for each GEMM kind, the cyclic collector paused. CPU ms on a 2-core
-machine (m = 4096 W, n = 14336, k = 4096; ag_gemm / gemm_rs): W = 8 19 / 21, W = 16 28 / 32,
-W = 32 47 / 53, W = 64 81 / 94 (from 42 / 50, 82 / 99, 167 / 197, 368 / 412 before the
-sharing). What is left grows with W: every schedule's tasks are built, lowered and simulated
-(35 000 to 43 000 at W = 64).
+the work shared where schedules share it: the overlapped ag_gemm and gemm_rs schedules' model
+tasks are written straight from the schedule (``ficco.model.dense``: no plan objects, one
+graph per plan shape and transport, each op costed once per link class); every other
+schedule is lowered from one plan per ``ficco.plan.plan_key``, once per transport; each task
+graph is timed for each GEMM kind, the cyclic collector paused. CPU ms on a 2-core machine
+(m = 4096 W, n = 14336, k = 4096; ag_gemm / gemm_rs; median of 7): W = 2 9 / 9, W = 8 13 /
+14, W = 16 16 / 18, W = 32 22 / 25, W = 64 34 / 41 (from 10 / 11, 18 / 21, 27 / 31, 45 / 51,
+80 / 93 with plans built and lowered for every schedule). What is left grows with W: the
+event loop steps through every task of every schedule (35 000 to 43 000 at W = 64; about half
+of a call there), and each task graph's arrays are still written element by element.
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ficco.model.costs import CALIBRATED_PATTERNS, CostModel, issue_end_ms
+from ficco.model.dense import DenseLowering, has_dense_lowering, lower_dense
 from ficco.model.machine import Machine, load_machine
 from ficco.model.params import ModelParams, load_params, timed_scale_at
 from ficco.model.rounds import alone_ms
-from ficco.model.simulate import SimGraph, SimTask, makespan_ms
-from ficco.plan import LOWERINGS, Plan, build_plan, plan_key, plans_in_orders
+from ficco.model.simulate import SimGraph, makespan_ms
+from ficco.plan import LOWERINGS, Plan, build_plan, plan_key
 from ficco.problem import Pattern, Problem
 from ficco.space import (
     Compute,
@@ -38,6 +42,7 @@ from ficco.space import (
     Schedule,
     SpaceOptions,
     Transport,
+    check_legal,
     enumerate_schedules,
 )
 
@@ -60,7 +65,8 @@ PREDICTED_SPACE = SpaceOptions(
 
 WORK_MS = operator.attrgetter("work_ms")
 
-#: patterns whose finer plans ``predict`` builds in both orders at once
+#: patterns whose finer plans are built in both orders at once
+#: (``ficco.plan.plans_in_orders``; ``predict`` itself writes their model tasks directly)
 IN_ORDERS = (Pattern.AG_GEMM, Pattern.GEMM_RS)
 
 
@@ -144,13 +150,12 @@ class Predictor:
             if len(self._makespans) > 4096:
                 self._makespans.clear()
             self._makespans[key] = gpu
-        return self._timed(problem, schedule, tasks, gpu)
+        return self._timed(schedule, gpu, None if graphed(schedule) else issue_end_ms(tasks))
 
-    def _timed(
-        self, problem: Problem, schedule: Schedule, tasks: list[SimTask], gpu: float
-    ) -> ScheduleTime:
+    def _timed(self, schedule: Schedule, gpu: float, issue_end: float | None) -> ScheduleTime:
         """The schedule's time from its simulated GPU time: scaled to a timed run's, plus a
-        graph launch, or under queued issue the host's issue time beyond its lead."""
+        graph launch, or under queued issue the host's issue time (``issue_end``: when the
+        eager host has issued its last task; None for a graphed schedule) beyond its lead."""
         gpu *= timed_scale_at(self.params.timed_scale, gpu)
         if graphed(schedule):
             host = self.params.host["graph_ms"]
@@ -158,7 +163,9 @@ class Predictor:
         else:
             # under queued issue the host starts ahead of the GPU by what each iteration
             # queues before the op; its issue time shows only where it outlasts that lead
-            host = issue_end_ms(tasks)
+            if issue_end is None:
+                raise ValueError(f"schedule: {schedule} runs eagerly; its issue end is needed")
+            host = issue_end
             total = alone_ms(gpu, host, self.params.host["lead_ms"])
         return ScheduleTime(str(schedule), total, gpu, host, graphed(schedule))
 
@@ -182,10 +189,13 @@ class Predictor:
     def predict(self, problem: Problem, schedules: list[Schedule] | None = None) -> Prediction:
         """Every schedule of ``problem`` (``PREDICTED_SPACE``'s, or ``schedules``), fastest
         first: each gets what :meth:`schedule_time` gives it alone, with the work shared
-        where schedules share it. One rank-0 plan per :func:`ficco.plan.plan_key`; one
-        lowering per plan and transport (a Triton twin recosts its GEMMs), and one task graph
-        timed for each GEMM kind's work; the comm priority's twin (the model has no term for
-        it) costs what the normal one does."""
+        where schedules share it. An overlapped ag_gemm or gemm_rs schedule's tasks are
+        written straight from the schedule (:func:`ficco.model.dense.lower_dense`, the
+        generic lowering's tasks without its plan), once per plan shape and transport; any
+        other schedule's come from one rank-0 plan per :func:`ficco.plan.plan_key`, lowered
+        once per transport. Each task graph is timed for each GEMM kind's work (a Triton twin
+        recosts its GEMMs); the comm priority's twin (the model has no term for it) costs
+        what the normal one does. Given ``schedules`` are checked for legality."""
         self._check(problem)
         # a call makes ~10^5 short-lived values, none in a reference cycle (reference counting
         # frees them all): the cyclic collector's passes over them cost 10-25% of the call
@@ -201,9 +211,11 @@ class Predictor:
         enumerated = schedules is None
         if schedules is None:
             schedules = list(enumerate_schedules(problem, PREDICTED_SPACE))
-        lowering = LOWERINGS[problem.pattern]
+        lowering = LOWERINGS[problem.pattern] if enumerated else build_plan
         plans: dict[tuple, Plan] = {}
         graphs: dict[tuple, SimGraph] = {}
+        dense: dict[tuple, DenseLowering] = {}
+        slowdown = self.costs.slowdown
         timed: dict[tuple, ScheduleTime] = {}
         times = []
         for s in schedules:
@@ -216,26 +228,29 @@ class Predictor:
             t = timed.get(twin)
             if t is None:
                 if s.compute is Compute.FUSED:
-                    t = self.schedule_time(problem, s)  # raises: no cost for it
-                plan = plans.get(shape)
-                if plan is None:
-                    if enumerated and shape[-1] is not None and problem.pattern in IN_ORDERS:
-                        # (the key holds the order: a finer dense plan on W >= 3) the space
-                        # holds it in both orders, built together
-                        for built in plans_in_orders(problem, s, 0):
-                            plans[plan_key(problem, built.schedule)] = built
-                        plan = plans[shape]
-                    else:
-                        plan = plans[shape] = (
-                            lowering(problem, s, 0) if enumerated else build_plan(problem, s, 0)
-                        )
-                tasks = self.costs.lower(plan, s)
+                    self.schedule_time(problem, s)  # raises: no cost for it
                 structure = (shape, s.transport)
-                graph = graphs.get(structure)
-                if graph is None:
-                    graph = graphs[structure] = SimGraph(tasks)
-                gpu = graph.makespan_ms(list(map(WORK_MS, tasks)), self.costs.slowdown)
-                t = timed[twin] = self._timed(problem, s, tasks, gpu)
+                if has_dense_lowering(problem, s):
+                    # an overlapped ag_gemm or gemm_rs schedule: its model tasks are written
+                    # straight from the schedule, with no plan (ficco.model.dense)
+                    lowered = dense.get(structure)
+                    if lowered is None:
+                        if not enumerated:
+                            check_legal(problem, s)
+                        lowered = dense[structure] = lower_dense(self.costs, problem, s)
+                    gpu = lowered.graph.makespan_ms(lowered.work_for(self.costs, s), slowdown)
+                    issue_end = None if graphed(s) else lowered.issue_end_ms()
+                else:
+                    plan = plans.get(shape)
+                    if plan is None:
+                        plan = plans[shape] = lowering(problem, s, 0)
+                    tasks = self.costs.lower(plan, s)
+                    graph = graphs.get(structure)
+                    if graph is None:
+                        graph = graphs[structure] = SimGraph(tasks)
+                    gpu = graph.makespan_ms(list(map(WORK_MS, tasks)), slowdown)
+                    issue_end = None if graphed(s) else issue_end_ms(tasks)
+                t = timed[twin] = self._timed(s, gpu, issue_end)
             times.append(ScheduleTime(str(s), t.ms, t.gpu_ms, t.host_ms, t.graphed))
         times.sort(key=lambda t: (t.ms, t.schedule))
         gemm, comm = self.parts_ms(problem)

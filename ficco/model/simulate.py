@@ -13,10 +13,14 @@ matching operation finishes when this rank's own one with the same tag does.
 
 ``simulate`` records every task's start and finish; ``predict`` needs only the makespan, of
 thousands of tasks per schedule at W = 64, so it builds a :class:`SimGraph` once per task
-structure (a cuBLAS lowering and its Triton twin share one) and runs its makespan-only loop,
-which gives ``simulate``'s float bit for bit (``tests/test_model_speed.py``). Fast-forwarding
-a pipeline's repeated periods was tried and not kept: exact replay needs the lanes' state to
-recur bit for bit, which it does only in some pipelines (a compute lane and a comm lane at
+structure (a cuBLAS lowering and its Triton twin share one; an overlapped dense schedule's
+is written from its parts, ``SimGraph.from_parts``) and runs its makespan-only loop, which
+gives ``simulate``'s float bit for bit (``tests/test_model_speed.py``). That loop is about
+half of a ``predict`` call at W = 64 (18 to 21 ms CPU of 34 to 41): one pass per task that
+ends. Stepping a lane's next task without the start pass (in a loop of its own while one
+task runs alone, or two) was tried and saved nothing measurable. Fast-forwarding a pipeline's
+repeated periods was tried and not kept: exact replay needs the lanes' state to recur bit
+for bit, which it does only in some pipelines (a compute lane and a comm lane at
 incommensurate rates drift without end), and proving that the tasks ahead repeat costs as
 much as simulating them.
 """
@@ -240,6 +244,42 @@ class SimGraph:
         self._queues = [
             [i for i, lane in enumerate(lane_of) if lane == name] for name in dict.fromkeys(lane_of)
         ]
+
+    @classmethod
+    def from_parts(
+        cls,
+        kinds: list[str],
+        dependents: list[list[int]],
+        unmet: list[int],
+        queues: list[list[int]],
+    ) -> SimGraph:
+        """The graph of tasks numbered by position from the parts a lowering that writes them
+        directly makes (they become the graph's: not copied): each task's kind, the positions
+        of the tasks waiting on it (ascending), its dependency count, and per lane in order
+        of first use its task positions in order. Checked for agreement in size."""
+        n = len(kinds)
+        if len(dependents) != n or len(unmet) != n or sum(map(len, queues)) != n:
+            raise ValueError(
+                f"tasks: {n} kinds, {len(dependents)} dependents lists, {len(unmet)} "
+                f"dependency counts, {sum(map(len, queues))} lane places"
+            )
+        if sum(unmet) != sum(map(len, dependents)):
+            raise ValueError(
+                f"tasks: {sum(unmet)} dependencies counted, {sum(map(len, dependents))} listed"
+            )
+        graph = cls.__new__(cls)
+        graph._ids = range(n)
+        graph._kinds = kinds
+        graph._dependents = dependents
+        graph._unmet = unmet
+        graph._queues = queues
+        return graph
+
+    @property
+    def structure(self) -> tuple:
+        """(kinds, each task's dependents, its dependency count, each lane's task positions),
+        positions for ids: two graphs with one structure time any work alike."""
+        return (self._kinds, self._dependents, self._unmet, self._queues)
 
     def makespan_ms(self, work: list[float], slowdown: Slowdowns | None = None) -> float:
         """When the last task finishes, each task taking ``work[i]`` ms alone (list order)."""
