@@ -35,7 +35,7 @@ from ficco.model.params import ModelParams, load_params, timed_scale_at
 from ficco.model.rounds import alone_ms
 from ficco.model.simulate import SimGraph, makespan_ms
 from ficco.plan import LOWERINGS, Plan, build_plan, plan_key
-from ficco.problem import Pattern, Problem
+from ficco.problem import Problem
 from ficco.space import (
     Compute,
     Granularity,
@@ -64,10 +64,6 @@ PREDICTED_SPACE = SpaceOptions(
 
 
 WORK_MS = operator.attrgetter("work_ms")
-
-#: patterns whose finer plans are built in both orders at once
-#: (``ficco.plan.plans_in_orders``; ``predict`` itself writes their model tasks directly)
-IN_ORDERS = (Pattern.AG_GEMM, Pattern.GEMM_RS)
 
 
 def graphed(schedule: Schedule) -> bool:
