@@ -33,6 +33,7 @@ from ficco.model.machine import Machine
 from ficco.model.params import (
     CONTENTION_KEYS,
     HOST_KEYS,
+    ISSUE_KEYS,
     SCHEMA,
     TRANSFER_CLASSES,
     ModelParams,
@@ -290,18 +291,6 @@ def fit_overlap(
         nccl = best[1]
     contention.update(nccl_gemm=nccl[0], nccl_comm=nccl[1])
     return contention, host
-
-
-#: the eager host's issue cost classes (``HOST_KEYS``), as ``CostModel.host_ms`` counts them
-ISSUE_KEYS = (
-    "fixed_ms",
-    "gemm_ms",
-    "gemm_copy_ms",
-    "p2p_ms",
-    "strided_ms",
-    "reduce_ms",
-    "copy_ms",
-)
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,8 @@ TRANSFER_CLASSES = (
 )
 TRANSFER_KEYS = tuple(f"{c}_{s}" for c in TRANSFER_CLASSES for s in ("fixed_ms", "eff"))
 CONTENTION_KEYS = ("ce_gemm", "ce_comm", "nccl_gemm", "nccl_comm")
-HOST_KEYS = (
+#: the eager host's issue cost classes, as ``CostModel.lower`` adds them up per task
+ISSUE_KEYS = (
     "fixed_ms",
     "gemm_ms",
     "gemm_copy_ms",
@@ -68,6 +69,9 @@ HOST_KEYS = (
     "strided_ms",
     "reduce_ms",
     "copy_ms",
+)
+HOST_KEYS = (
+    *ISSUE_KEYS,
     "graph_ms",
     "span_ms",
     "lead_ms",
