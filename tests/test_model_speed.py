@@ -17,9 +17,9 @@ import pytest
 from ficco.model import SHIPPED_PARAMS, Predictor, SimTask, load_machine, load_params, simulate
 from ficco.model.predict import PREDICTED_SPACE
 from ficco.model.simulate import SimGraph, makespan_ms
-from ficco.plan import build_plan, plan_key, plans_in_orders
+from ficco.plan import build_plan, plan_key
 from ficco.problem import Problem
-from ficco.space import Compute, Granularity, Order, Schedule, enumerate_schedules
+from ficco.space import Compute, Schedule, enumerate_schedules
 
 
 def reference_simulate(tasks: list[SimTask], slowdown: dict, issue: bool) -> dict[int, float]:
@@ -183,36 +183,6 @@ def test_schedules_with_one_plan_key_have_one_plan_on_every_rank(problem):
             first = (plans[0].buffers, plans[0].tasks, plans[0].output)
             for s, plan in zip(group[1:], plans[1:], strict=True):
                 assert (plan.buffers, plan.tasks, plan.output) == first, (str(group[0]), str(s))
-
-
-@pytest.mark.parametrize(
-    "problem", [p for p in KEYED if p.pattern.value in ("ag_gemm", "gemm_rs") and p.world > 2]
-)
-def test_plans_built_in_both_orders_are_each_orders_own_plan(problem):
-    built = 0
-    for s in enumerate_schedules(problem):
-        if s.granularity is not Granularity.FINER or s.compute is Compute.FUSED:
-            continue
-        for rank in range(problem.world):
-            together = plans_in_orders(problem, s, rank)
-            assert [p.schedule.order for p in together] == [Order.RING, Order.ALL_PEERS]
-            for plan in together:
-                alone = build_plan(problem, plan.schedule, rank)
-                assert plan == alone, (str(s), str(plan.schedule), rank)
-            built += 1
-    assert built > 10
-
-
-def test_plans_in_both_orders_refuse_a_schedule_with_one_order():
-    ag = Problem(pattern="ag_gemm", m=30, n=40, k=72, world=3)
-    with pytest.raises(ValueError, match="schedule: shard/nccl/cublas on W = 3 has one order"):
-        plans_in_orders(ag, Schedule(granularity="shard"), 0)
-    two = Problem(pattern="gemm_rs", m=96, n=80, k=72, world=2)
-    with pytest.raises(ValueError, match="on W = 2 has one order"):
-        plans_in_orders(two, Schedule(granularity="finer", chunks=2), 0)
-    ar = Problem(pattern="gemm_ar", m=30, n=48, k=24, world=3)
-    with pytest.raises(ValueError, match="pattern: gemm_ar has no plans built in both orders"):
-        plans_in_orders(ar, Schedule(granularity="finer", chunks=2), 0)
 
 
 @pytest.mark.parametrize(

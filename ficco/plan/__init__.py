@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from ficco.plan.allreduce import plan_gemm_ar
 from ficco.plan.alltoall import plan_a2a_gemm, plan_gemm_a2a
-from ficco.plan.dense import plan_ag_gemm, plan_gemm_rs, plans_in_orders
+from ficco.plan.dense import plan_ag_gemm, plan_gemm_rs
 from ficco.plan.ops import (
     BufferSpec,
     CollectiveOp,
@@ -120,7 +120,6 @@ __all__ = [
     "flag_slot",
     "geometry",
     "plan_key",
-    "plans_in_orders",
     "quantum",
     "run_tag",
     "split_extent",

@@ -14,8 +14,6 @@ schedules are lowered by ``ficco.plan.fused`` on the same buffers.
 
 from __future__ import annotations
 
-import dataclasses
-
 from ficco.plan.fused import plan_ag_gemm_fused, plan_gemm_rs_fused
 from ficco.plan.ops import (
     PULL,
@@ -29,7 +27,6 @@ from ficco.plan.ops import (
     ReduceOp,
     Region,
     Stream,
-    TransferOp,
     exchange,
     gemm_op,
     peer_steps,
@@ -40,8 +37,8 @@ from ficco.plan.ops import (
     visit_order,
 )
 from ficco.plan.tags import transfer_tag
-from ficco.problem import Pattern, Problem
-from ficco.space import Compute, Granularity, Order, Schedule, Split
+from ficco.problem import Problem
+from ficco.space import Compute, Granularity, Schedule, Split
 from ficco.space.geometry import cut
 
 
@@ -64,26 +61,6 @@ def _gemm_rs_buffers(p: Problem) -> tuple[BufferSpec, ...]:
         BufferSpec("staging", (w * S, N), "workspace", peer_visible=True),
         BufferSpec("c_shard", (S, N), "output"),
     )
-
-
-def plans_in_orders(p: Problem, s: Schedule, rank: int) -> list[Plan]:
-    """The plans of ``s`` in both visit orders, ring first, built together: the orders visit
-    the same steps, whose regions and ops are made once (a third less to build than two
-    plans). ``s``: an ag_gemm or gemm_rs schedule, finer, not fused, on W >= 3 (where the
-    orders differ and both are legal); each plan equals its schedule's own lowering."""
-    if p.pattern not in (Pattern.AG_GEMM, Pattern.GEMM_RS):
-        raise ValueError(f"pattern: {p.pattern.value} has no plans built in both orders")
-    if s.granularity is not Granularity.FINER or s.compute is Compute.FUSED or p.world < 3:
-        raise ValueError(
-            f"schedule: {s} on W = {p.world} has one order (plans in both orders need a finer, "
-            "unfused schedule on W >= 3)"
-        )
-    schedules = tuple(
-        s if order is s.order else dataclasses.replace(s, order=order) for order in Order
-    )
-    if p.pattern is Pattern.AG_GEMM:
-        return _ag_gemm_overlapped(p, schedules, rank, _ag_gemm_buffers(p))
-    return _gemm_rs_overlapped(p, schedules, rank, _gemm_rs_buffers(p))
 
 
 def plan_ag_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
@@ -125,16 +102,14 @@ def plan_ag_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
         )
         return Plan(p, s, rank, buffers, tuple(bld.tasks), "c")
 
-    return _ag_gemm_overlapped(p, (s,), rank, buffers)[0]
+    return _ag_gemm_overlapped(p, s, rank, buffers)
 
 
 def _ag_gemm_overlapped(
-    p: Problem, schedules: tuple[Schedule, ...], rank: int, buffers: tuple[BufferSpec, ...]
-) -> list[Plan]:
-    """The overlapped plans of ``schedules``, alike but for their visit order: the orders
-    visit the same steps, whose regions and ops are made once."""
+    p: Problem, s: Schedule, rank: int, buffers: tuple[BufferSpec, ...]
+) -> Plan:
+    """The overlapped (shard or finer) plan of ``s``."""
     w, S, K, N = p.world, p.m_shard, p.k, p.n
-    s = schedules[0]
     whole_b = Region("b", (0, K), (0, N))
     split_k = s.split is Split.K
     merged = s.compute is Compute.MERGED
@@ -152,65 +127,55 @@ def _ag_gemm_overlapped(
     shard_chunk = [Region("a_shard", *rect(0, piece)) for piece in pieces]
     mine_there = [Region("a_full", rect(rank * S, piece)[0], rect(0, piece)[1]) for piece in pieces]
     b_of = [Region("b", rect(0, piece)[1], (0, N)) if split_k else whole_b for piece in pieces]
-    pulls: dict[tuple[int, int], tuple[TransferOp, TransferOp]] = {}  # (step, chunk) -> ops
-    gemms: dict[tuple[int, int], GemmOp] = {}
-    plans = []
-    for sched in schedules:
-        bld = Builder()
-        order = visit_order(sched, w, len(pieces), local_last=False)
-        arrived: dict[tuple[int, int], int | None] = {}
-        # Comm first in program order so sends are posted before any wait (no deadlock on
-        # two-sided transports); the executors run the two streams concurrently anyway. The
-        # send half is a no-op on one-sided pulls (ce) but keeps both halves visible to every
-        # executor.
-        for i, j in order:
-            src, dst = steps[i]
-            if src == rank:
-                arrived[(i, j)] = None  # local shard: read in place, no wait
-                continue
-            pair = pulls.get((i, j))
-            if pair is None:
-                rows, cols = rect(src * S, pieces[j])
-                pair = pulls[(i, j)] = transfer_pair(
-                    transfer_tag(i, j),
-                    PULL,
-                    send=(dst, shard_chunk[j], mine_there[j]),
-                    recv=(src, region("a_full", rows, cols), shard_chunk[j]),
-                )
-            arrived[(i, j)] = post_pair(bld, pair[0], pair[1], (), j)
+    bld = Builder()
+    order = visit_order(s, w, len(pieces), local_last=False)
+    arrived: dict[tuple[int, int], int | None] = {}
+    # Comm first in program order so sends are posted before any wait (no deadlock on
+    # two-sided transports); the executors run the two streams concurrently anyway. The
+    # send half is a no-op on one-sided pulls (ce) but keeps both halves visible to every
+    # executor.
+    for i, j in order:
+        src, dst = steps[i]
+        if src == rank:
+            arrived[(i, j)] = None  # local shard: read in place, no wait
+            continue
+        rows, cols = rect(src * S, pieces[j])
+        pair = transfer_pair(
+            transfer_tag(i, j),
+            PULL,
+            send=(dst, shard_chunk[j], mine_there[j]),
+            recv=(src, region("a_full", rows, cols), shard_chunk[j]),
+        )
+        arrived[(i, j)] = post_pair(bld, pair[0], pair[1], (), j)
 
-        last_gemm: dict[int, int] = {}  # split-k chunks of one shard accumulate in order
-        for i, j in order:
-            src, _ = steps[i]
-            base_buf, base_row = ("a_shard", 0) if src == rank else ("a_full", src * S)
-            op = gemms.get((i, j))
-            if merged:
-                if j == last:  # the shard's last chunk: one GEMM over the whole shard
-                    if op is None:
-                        op = gemms[(i, j)] = GemmOp(
-                            Region(base_buf, (base_row, base_row + S), (0, K)),
-                            whole_b,
-                            Region("c", (src * S, (src + 1) * S), (0, N)),
-                        )
-                    deps = [arrived[(i, jj)] for jj in range(len(pieces))]
-                    bld.add(op, Stream.COMPUTE, deps, chunk=(src, -1))
-                continue
-            accumulate = split_k and j > 0
-            if op is None:
-                rows, cols = rect(base_row, pieces[j])
-                out_rows, _ = rect(src * S, pieces[j])
-                op = gemms[(i, j)] = gemm_op(
-                    region(base_buf, rows, cols), b_of[j], region("c", out_rows, (0, N)), accumulate
+    last_gemm: dict[int, int] = {}  # split-k chunks of one shard accumulate in order
+    for i, j in order:
+        src, _ = steps[i]
+        base_buf, base_row = ("a_shard", 0) if src == rank else ("a_full", src * S)
+        if merged:
+            if j == last:  # the shard's last chunk: one GEMM over the whole shard
+                op = GemmOp(
+                    Region(base_buf, (base_row, base_row + S), (0, K)),
+                    whole_b,
+                    Region("c", (src * S, (src + 1) * S), (0, N)),
                 )
-            tid = bld.add(
-                op,
-                Stream.COMPUTE,
-                [arrived[(i, j)], last_gemm.get(src) if accumulate else None],
-                chunk=(src, j),
-            )
-            last_gemm[src] = tid
-        plans.append(Plan(p, sched, rank, buffers, tuple(bld.tasks), "c"))
-    return plans
+                deps = [arrived[(i, jj)] for jj in range(len(pieces))]
+                bld.add(op, Stream.COMPUTE, deps, chunk=(src, -1))
+            continue
+        accumulate = split_k and j > 0
+        rows, cols = rect(base_row, pieces[j])
+        out_rows, _ = rect(src * S, pieces[j])
+        op = gemm_op(
+            region(base_buf, rows, cols), b_of[j], region("c", out_rows, (0, N)), accumulate
+        )
+        tid = bld.add(
+            op,
+            Stream.COMPUTE,
+            [arrived[(i, j)], last_gemm.get(src) if accumulate else None],
+            chunk=(src, j),
+        )
+        last_gemm[src] = tid
+    return Plan(p, s, rank, buffers, tuple(bld.tasks), "c")
 
 
 def plan_gemm_rs(p: Problem, s: Schedule, rank: int) -> Plan:
@@ -261,16 +226,14 @@ def plan_gemm_rs(p: Problem, s: Schedule, rank: int) -> Plan:
             )
         return Plan(p, s, rank, buffers, tuple(bld.tasks), "c_shard")
 
-    return _gemm_rs_overlapped(p, (s,), rank, buffers)[0]
+    return _gemm_rs_overlapped(p, s, rank, buffers)
 
 
 def _gemm_rs_overlapped(
-    p: Problem, schedules: tuple[Schedule, ...], rank: int, buffers: tuple[BufferSpec, ...]
-) -> list[Plan]:
-    """The overlapped plans of ``schedules``, alike but for their visit order: the orders
-    visit the same steps, whose regions and ops are made once."""
+    p: Problem, s: Schedule, rank: int, buffers: tuple[BufferSpec, ...]
+) -> Plan:
+    """The overlapped (shard or finer) plan of ``s``."""
     w, S, K, N = p.world, p.m_shard, p.k, p.n
-    s = schedules[0]
     whole_b = Region("b", (0, K), (0, N))
     split_n = s.split is Split.N
     merged = s.compute is Compute.MERGED
@@ -287,60 +250,43 @@ def _gemm_rs_overlapped(
     staged_mine = [Region("staging", *rect(rank * S, piece)) for piece in pieces]
     partial_mine = [Region("partial", *rect(rank * S, piece)) for piece in pieces]
     b_of = [Region("b", (0, K), rect(0, piece)[1] if split_n else (0, N)) for piece in pieces]
-    # (step, chunk) -> (its GEMM, or None where merged; its transfers, or None if local)
-    step_ops: dict[tuple[int, int], tuple] = {}
-    merged_ops: dict[int, GemmOp] = {}  # shard -> its one GEMM
-    reduce_ops: dict[int, ReduceOp] = {}  # chunk -> its reduction
-    plans = []
-    for sched in schedules:
-        bld = Builder()
-        local_gemm: dict[int, int] = {}
-        recv_of: dict[tuple[int, int], int] = {}
-        merged_gemm: dict[int, int] = {}
-        for i, j in visit_order(sched, w, len(pieces), local_last=True):
-            src, dst = steps[i]  # this step: compute + send dst's block, receive src's block
-            ops = step_ops.get((i, j))
-            if ops is None:
-                out_rows, cols = rect(dst * S, pieces[j])
-                out = region("partial", out_rows, cols)
-                gemm = None if merged else gemm_op(region("a", out_rows, (0, K)), b_of[j], out)
-                pair = None
-                if dst != rank:
-                    src_rows, _ = rect(src * S, pieces[j])
-                    pair = transfer_pair(
-                        transfer_tag(i, j),
-                        PUSH,
-                        send=(dst, out, staged_mine[j]),
-                        recv=(src, region("staging", src_rows, cols), partial_mine[j]),
-                    )
-                ops = step_ops[(i, j)] = (gemm, pair)
-            gemm, pair = ops
-            if merged:
-                if dst not in merged_gemm:
-                    op = merged_ops.get(dst)
-                    if op is None:
-                        op = merged_ops[dst] = GemmOp(
-                            Region("a", (dst * S, (dst + 1) * S), (0, K)),
-                            whole_b,
-                            Region("partial", (dst * S, (dst + 1) * S), (0, N)),
-                        )
-                    merged_gemm[dst] = bld.add(op, Stream.COMPUTE, chunk=(dst, -1))
-                g = merged_gemm[dst]
-            else:
-                g = bld.add(gemm, Stream.COMPUTE, chunk=(dst, j))
-            if dst == rank:
-                local_gemm[j] = g
-                continue
-            recv_of[(src, j)] = post_pair(bld, pair[0], pair[1], (g,), j)
-        for j, piece in enumerate(pieces):
-            recvs = {src: recv_of[(src, j)] for src in _sources(rank, w)}
-            op = reduce_ops.get(j)
-            if op is None:
-                rows, cols = rect(0, piece)
-                op = reduce_ops[j] = _reduce_op(rank, S, rows, cols, recvs)
-            bld.add(op, Stream.COMPUTE, [local_gemm[j], *recvs.values()], chunk=(rank, j))
-        plans.append(Plan(p, sched, rank, buffers, tuple(bld.tasks), "c_shard"))
-    return plans
+    bld = Builder()
+    local_gemm: dict[int, int] = {}
+    recv_of: dict[tuple[int, int], int] = {}
+    merged_gemm: dict[int, int] = {}
+    for i, j in visit_order(s, w, len(pieces), local_last=True):
+        src, dst = steps[i]  # this step: compute + send dst's block, receive src's block
+        out_rows, cols = rect(dst * S, pieces[j])
+        out = region("partial", out_rows, cols)
+        if merged:
+            if dst not in merged_gemm:  # the shard's one GEMM, at its first chunk
+                op = GemmOp(
+                    Region("a", (dst * S, (dst + 1) * S), (0, K)),
+                    whole_b,
+                    Region("partial", (dst * S, (dst + 1) * S), (0, N)),
+                )
+                merged_gemm[dst] = bld.add(op, Stream.COMPUTE, chunk=(dst, -1))
+            g = merged_gemm[dst]
+        else:
+            gemm = gemm_op(region("a", out_rows, (0, K)), b_of[j], out)
+            g = bld.add(gemm, Stream.COMPUTE, chunk=(dst, j))
+        if dst == rank:
+            local_gemm[j] = g
+            continue
+        src_rows, _ = rect(src * S, pieces[j])
+        pair = transfer_pair(
+            transfer_tag(i, j),
+            PUSH,
+            send=(dst, out, staged_mine[j]),
+            recv=(src, region("staging", src_rows, cols), partial_mine[j]),
+        )
+        recv_of[(src, j)] = post_pair(bld, pair[0], pair[1], (g,), j)
+    for j, piece in enumerate(pieces):
+        recvs = {src: recv_of[(src, j)] for src in _sources(rank, w)}
+        rows, cols = rect(0, piece)
+        op = _reduce_op(rank, S, rows, cols, recvs)
+        bld.add(op, Stream.COMPUTE, [local_gemm[j], *recvs.values()], chunk=(rank, j))
+    return Plan(p, s, rank, buffers, tuple(bld.tasks), "c_shard")
 
 
 def _sources(rank: int, world: int) -> list[int]:
