@@ -531,6 +531,8 @@ def main() -> int:
         )
         params.save(params_path)
         print(f"calibrated in {time.time() - began:.0f} s -> {params_path}")
+    from ficco.measure.fingerprint import fingerprint
+
     params = load_params(params_path)
     ins, ins_pairs = in_sample(Predictor(load_machine("h200x2"), params))
     oos, oos_pairs = out_of_sample(Predictor(load_machine("h200x4"), params))
@@ -548,6 +550,7 @@ def main() -> int:
             and all(r["api_cpu_ms"] <= 50 for r in timings["api"]),
         },
         "predict_timings": timings,
+        "fingerprint": fingerprint("cpu"),  # where this ran (the timings' machine)
         "in_sample_w2": ins,
         "out_of_sample_w4": oos,
     }
