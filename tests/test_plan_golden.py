@@ -1,10 +1,13 @@
-"""Lowered plans of the dense and all-reduce patterns stay exactly what they were.
+"""Lowered plans of every pattern stay exactly what they were.
 
 ``tests/data/plan_digests.json`` holds, per (problem, schedule), a digest of every rank's plan
-(its buffers, its task list with every op, stream, dependency and chunk, and its output),
-recorded before the lowerings shared their chunk loop (``ficco.plan.ops``). A refactor of a
-lowering must leave every digest equal; a change that means to change plans regenerates the
-file (``python tests/test_plan_golden.py``) and says why in its commit.
+(its buffers, its task list with every op, stream, dependency and chunk, and its output), and
+per problem a digest of how ``ficco.plan.plan_key`` groups its schedules. The problems cover
+every pattern at W = 2, 3 and 4, every transport each pattern admits, and every option that
+changes a plan (split m/n/k, merged, fused, all_peers, rs_ag); every legal schedule of each is
+recorded, not a sample. A refactor of a lowering, of ``plan_key`` or of where a pattern's parts
+live must leave every digest equal; a change that means to change plans regenerates the file
+(``python tests/test_plan_golden.py``) and says why in its commit.
 """
 
 from __future__ import annotations
@@ -16,22 +19,49 @@ from pathlib import Path
 
 import pytest
 
-from ficco.plan import build_plan
-from ficco.problem import Problem
-from ficco.space import Schedule, enumerate_schedules
+from ficco.plan import build_plan, plan_key
+from ficco.problem import Pattern, Problem
+from ficco.space import AllReduce, Compute, Order, Schedule, Split, Transport, enumerate_schedules
 
 DIGESTS = Path(__file__).parent / "data" / "plan_digests.json"
 
-#: small problems whose every legal schedule is recorded: ragged chunks, W = 2, 3 and 4,
-#: M not divisible by W (gemm_ar), a decode row
+#: small problems whose every legal schedule is recorded: ragged chunks, W = 2, 3 and 4 for
+#: every pattern, M not divisible by W (gemm_ar), a decode row, all-to-all routings uniform,
+#: skewed (with empty blocks) and top-k; rows of 16-byte multiples so seg is legal
 PROBLEMS = (
     Problem(pattern="ag_gemm", m=96, n=80, k=72, world=2),
     Problem(pattern="ag_gemm", m=30, n=40, k=72, world=3),
+    Problem(pattern="ag_gemm", m=32, n=40, k=48, world=4),
     Problem(pattern="gemm_rs", m=96, n=80, k=72, world=2),
+    Problem(pattern="gemm_rs", m=30, n=40, k=24, world=3),
     Problem(pattern="gemm_rs", m=36, n=40, k=24, world=4),
     Problem(pattern="gemm_ar", m=96, n=80, k=72, world=2),
     Problem(pattern="gemm_ar", m=30, n=48, k=24, world=3),
     Problem(pattern="gemm_ar", m=1, n=64, k=16, world=2),
+    Problem(pattern="gemm_ar", m=36, n=40, k=16, world=4),
+    Problem(pattern="gemm_ar", m=7, n=24, k=16, world=3, dtype="fp16"),
+    Problem(pattern="a2a_gemm", m=96, n=80, k=72, world=2, experts=4),
+    Problem(
+        pattern="a2a_gemm",
+        m=60,
+        n=40,
+        k=24,
+        world=3,
+        experts=6,
+        routing=((5, 0, 3, 2, 4, 6), (1, 9, 0, 4, 2, 4), (10, 2, 2, 2, 2, 2)),
+    ),
+    Problem(pattern="a2a_gemm", m=64, n=24, k=40, world=4, experts=8, top_k=2),
+    Problem(pattern="gemm_a2a", m=96, n=80, k=72, world=2, experts=4),
+    Problem(
+        pattern="gemm_a2a",
+        m=60,
+        n=40,
+        k=24,
+        world=3,
+        experts=6,
+        routing=((5, 0, 3, 2, 4, 6), (1, 9, 0, 4, 2, 4), (10, 2, 2, 2, 2, 2)),
+    ),
+    Problem(pattern="gemm_a2a", m=64, n=24, k=40, world=4, experts=8, top_k=2),
 )
 
 
@@ -44,28 +74,104 @@ def plan_digest(problem: Problem, schedule: Schedule) -> str:
     return h.hexdigest()[:16]
 
 
-def record() -> dict[str, dict[str, str]]:
-    return {p.key: {str(s): plan_digest(p, s) for s in enumerate_schedules(p)} for p in PROBLEMS}
+def key_groups_digest(problem: Problem, schedules: list[Schedule]) -> str:
+    """A digest of how ``plan_key`` partitions ``schedules`` (the keys' values are free to
+    change; which schedules share one is not)."""
+    groups: dict[tuple, list[str]] = {}
+    for s in schedules:
+        groups.setdefault(plan_key(problem, s), []).append(str(s))
+    partition = sorted(sorted(g) for g in groups.values())
+    return hashlib.sha256(repr(partition).encode()).hexdigest()[:16]
 
 
-def load() -> dict[str, dict[str, str]]:
+def record() -> dict[str, dict]:
+    plans, keys = {}, {}
+    for p in PROBLEMS:
+        schedules = list(enumerate_schedules(p))
+        plans[p.key] = {str(s): plan_digest(p, s) for s in schedules}
+        keys[p.key] = key_groups_digest(p, schedules)
+    return {"plans": plans, "plan_key_groups": keys}
+
+
+def load() -> dict[str, dict]:
     return json.loads(DIGESTS.read_text())
 
 
 def test_the_recorded_problems_are_the_ones_listed():
-    assert sorted(load()) == sorted(p.key for p in PROBLEMS)
+    recorded = load()
+    assert sorted(recorded["plans"]) == sorted(p.key for p in PROBLEMS)
+    assert sorted(recorded["plan_key_groups"]) == sorted(p.key for p in PROBLEMS)
+
+
+def test_the_problems_cover_every_pattern_transport_and_plan_changing_option():
+    """Every pattern at W = 2, 3, 4; every transport a pattern admits in some schedule of its
+    problems; every split, compute, order and all-reduce value in some pattern."""
+    recorded = load()["plans"]
+    by_pattern: dict[Pattern, list[Problem]] = {}
+    for p in PROBLEMS:
+        by_pattern.setdefault(p.pattern, []).append(p)
+    assert set(by_pattern) == set(Pattern)
+    admitted = {
+        Pattern.AG_GEMM: {Transport.CE, Transport.NCCL, Transport.NCCL_CE},
+        Pattern.GEMM_RS: {Transport.CE, Transport.NCCL, Transport.NCCL_CE},
+        Pattern.GEMM_AR: {
+            Transport.CE,
+            Transport.NCCL,
+            Transport.NCCL_CE,
+            Transport.SYMM1,
+            Transport.SYMM2,
+        },
+        Pattern.A2A_GEMM: {Transport.CE, Transport.NCCL, Transport.NCCL_CE, Transport.SEG},
+        Pattern.GEMM_A2A: {Transport.CE, Transport.NCCL, Transport.NCCL_CE, Transport.SEG},
+    }
+    assert set().union(*admitted.values()) == set(Transport)
+    for pattern, problems in by_pattern.items():
+        assert {p.world for p in problems} >= {2, 3, 4}, pattern
+        schedules = [Schedule.parse(t) for p in problems for t in recorded[p.key]]
+        assert {s.transport for s in schedules} == admitted[pattern], pattern
+        assert {s.order for s in schedules} == set(Order), pattern
+    every = [Schedule.parse(t) for p in PROBLEMS for t in recorded[p.key]]
+    assert {s.split for s in every} == set(Split)
+    assert {s.compute for s in every} == set(Compute)
+    assert {s.all_reduce for s in every} == set(AllReduce)
+
+
+def lowering_fields(schedule: Schedule) -> tuple:
+    """The schedule's fields a lowering reads: no plan depends on the GEMM kind, the SM
+    reserve or the comm priority (the executors and the cost model take them from the
+    schedule), so one plan per distinct tuple is digested (every schedule was, when the file
+    was recorded, and ``test_plans_ignore_the_gemm_the_reserve_and_the_priority`` keeps the
+    claim checked on every schedule of one problem)."""
+    s = schedule
+    return (s.granularity, s.chunks, s.split, s.transport, s.order, s.compute, s.all_reduce)
 
 
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.key)
 def test_plans_equal_the_recorded_ones(problem):
-    recorded = load()[problem.key]
+    recorded = load()["plans"][problem.key]
+    schedules = list(enumerate_schedules(problem))
     assert len(recorded) > 10  # every legal schedule of the problem, not a sample
-    changed = [
-        text
-        for text, digest in recorded.items()
-        if plan_digest(problem, Schedule.parse(text)) != digest
-    ]
+    assert sorted(map(str, schedules)) == sorted(recorded), "the legal schedules changed"
+    groups: dict[tuple, list[str]] = {}
+    for text in sorted(recorded):
+        groups.setdefault(lowering_fields(Schedule.parse(text)), []).append(text)
+    changed = []
+    for texts in groups.values():
+        digest = plan_digest(problem, Schedule.parse(texts[0]))
+        changed += [text for text in texts if recorded[text] != digest]
     assert not changed, f"{len(changed)} plans changed, e.g. {changed[:5]}"
+    assert key_groups_digest(problem, schedules) == load()["plan_key_groups"][problem.key]
+
+
+def test_plans_ignore_the_gemm_the_reserve_and_the_priority():
+    problem = PROBLEMS[0]
+    recorded = load()["plans"][problem.key]
+    by_fields: dict[tuple, set[str]] = {}
+    for text in recorded:
+        schedule = Schedule.parse(text)
+        by_fields.setdefault(lowering_fields(schedule), set()).add(plan_digest(problem, schedule))
+    assert len(by_fields) < len(recorded) / 3  # the three fields do vary in this problem
+    assert all(len(digests) == 1 for digests in by_fields.values())
 
 
 def test_the_shared_ring_step_orders_pushes_send_first_and_pulls_receive_first():
