@@ -652,3 +652,47 @@ def test_noise_ceiling_picks_by_one_half_of_the_rounds_and_scores_on_the_other()
         assert first.times.at[key, pick] == first.times.loc[key].min()
     ceiling = score_picks(second, picks)
     assert 0 <= ceiling.mean_regret < 0.2 and ceiling.n_problems == 4
+
+
+def test_schedule_features_move_with_every_value_of_every_schedule_axis():
+    """The schedule's columns come from its fields: changing any one axis to any other value
+    (every enum member, chunks, sm_reserve) changes the features every family sees."""
+    import dataclasses
+    import typing
+
+    from ficco.select.physics import PHYSICAL_PAIR_FEATURES, pair_physics
+    from ficco.select.schedules import SCHEDULE_AXES, SCHEDULE_FEATURES, schedule_features
+    from ficco.select.selector import PAIR_FEATURES, pair_features
+    from ficco.space import Schedule
+
+    hints = typing.get_type_hints(Schedule)
+    assert [f for f, _ in SCHEDULE_AXES] == [f.name for f in dataclasses.fields(Schedule)]
+    # a finer base: every field shows in the schedule's string
+    base = Schedule.parse("finer-c2-m/ce/cublas+sm8")
+    problem = Problem(pattern="gemm_rs", m=8192, n=4096, k=4096, world=2)
+    seen = 0
+    for field, kind in SCHEDULE_AXES:
+        values = list(kind) if kind is not None else [1, 4, 16]
+        assert kind is not None or hints[field] is int
+        # every value of the axis, not only the base's, is told apart from every other
+        names = {str(dataclasses.replace(base, **{field: value})) for value in values}
+        assert len({tuple(schedule_features(n)) for n in names}) == len(values), field
+        for value in values:
+            if value == getattr(base, field):
+                continue
+            # through its string, as every family reads it (serial drops the chunk count)
+            name = str(dataclasses.replace(base, **{field: value}))
+            assert getattr(Schedule.parse(name), field) == value, name
+            assert schedule_features(name) != schedule_features(str(base)), name
+            assert pair_features(problem, name) != pair_features(problem, str(base)), name
+            assert pair_physics(problem, name, ROOFS) != pair_physics(problem, str(base), ROOFS)
+            seen += 1
+    assert seen == sum(len(kind) - 1 if kind else 3 for _, kind in SCHEDULE_AXES)
+    assert len(schedule_features(str(base))) == len(SCHEDULE_FEATURES)
+    assert set(SCHEDULE_FEATURES) <= set(PAIR_FEATURES) & set(PHYSICAL_PAIR_FEATURES)
+    # the transports the hand-kept list once missed have their own columns
+    named = dict(zip(SCHEDULE_FEATURES, schedule_features("finer-c4-m/symm2/cublas"), strict=True))
+    assert named["transport_symm2"] == 1.0 and named["transport_ce"] == 0.0
+    assert {"transport_seg", "transport_symm1", "compute_fused", "all_reduce_rs_ag"} <= set(
+        SCHEDULE_FEATURES
+    )

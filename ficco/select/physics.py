@@ -17,7 +17,11 @@ tree split learned at M = 4096 still means the same thing at M = 32768:
                          plus one piece of the shorter) / predicted serial time;
 ``sm_left_to_comm``      share of the SMs the GEMM leaves free (``sm_reserve / sm_count``);
 ``comm_on_sms``          1 when the transport's communication runs on SMs (NCCL kernels) and
-                         so competes with the GEMM, 0 on copy engines.
+                         so competes with the GEMM, 0 on copy engines;
+``log2_chunks``          transfers per peer shard the geometry cuts;
+
+then the schedule itself, every axis of it (``ficco.select.schedules``: a column per enum
+member, the integer fields as they are), so no transport or option reads as zeros.
 
 Piece sizes come from ``ficco.space.geometry.geometry`` (the one chunk geometry), so k-split
 and all-to-all schedules are described by the pieces they really cut.
@@ -38,6 +42,7 @@ from functools import lru_cache
 
 from ficco.problem import Problem
 from ficco.select.features import Roofs, raw_features
+from ficco.select.schedules import SCHEDULE_FEATURES, schedule_vector
 from ficco.space import Schedule
 from ficco.space.geometry import geometry
 from ficco.space.schedule import Granularity, Transport
@@ -74,13 +79,8 @@ PHYSICAL_PAIR_FEATURES: tuple[str, ...] = (
     "log2_overlap_gain",
     "sm_left_to_comm",
     "comm_on_sms",
-    "serial",
-    "finer",
     "log2_chunks",
-    "merged",
-    "all_peers",
-    "comm_high_priority",
-    "gemm_triton",
+    *SCHEDULE_FEATURES,
 )
 
 
@@ -196,11 +196,6 @@ def _pair_physics(problem: Problem, name: str, key: tuple) -> tuple[float, ...]:
         _log2(t_pred / serial_pred),
         s.sm_reserve / roofs.sm_count,
         float(s.transport is Transport.NCCL),
-        float(s.granularity is Granularity.SERIAL),
-        float(s.granularity is Granularity.FINER),
         math.log2(g.chunks),
-        float(s.compute.value == "merged"),
-        float(s.order.value == "all_peers"),
-        float(s.comm_priority.value == "high"),
-        float(s.gemm.value == "triton"),
+        *schedule_vector(s),
     )

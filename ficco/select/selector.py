@@ -38,6 +38,7 @@ from ficco.select.families import family_class, registry
 from ficco.select.features import raw_features, roofs_for, selector_feature_names
 from ficco.select.features import selector_features as _problem_features
 from ficco.select.physics import PHYSICAL_PROBLEM_FEATURES, problem_physics
+from ficco.select.schedules import SCHEDULE_FEATURES, schedule_features
 from ficco.space import Schedule, is_legal
 from ficco.space.geometry import geometry
 
@@ -45,22 +46,6 @@ from ficco.space.geometry import geometry
 FAMILIES: tuple[str, ...] = tuple(registry())
 
 FEATURE_SETS: tuple[str, ...] = ("all", "scale_free", "physical")
-
-SCHEDULE_FEATURES: tuple[str, ...] = (
-    "granularity",
-    "log2_chunks",
-    "split_m",
-    "split_n",
-    "split_k",
-    "transport_ce",
-    "transport_nccl",
-    "transport_nccl_ce",
-    "gemm_triton",
-    "merged",
-    "all_peers",
-    "sm_reserve",
-    "comm_high_priority",
-)
 
 
 #: ``feature_set="scale_free"``: no raw N, K, FLOPs or bytes (see the module docstring)
@@ -98,26 +83,6 @@ def _parse(name: str) -> Schedule:
 def complexity_of(name: str) -> int:
     """``Schedule.complexity`` of a schedule string (ties go to the lower)."""
     return _parse(name).complexity
-
-
-def schedule_features(name: str) -> list[float]:
-    """Numeric description of a schedule (for the ``regressor`` family)."""
-    s = _parse(name)
-    return [
-        float(["serial", "shard", "finer"].index(s.granularity.value)),
-        math.log2(s.chunks),
-        float(s.split.value == "m"),
-        float(s.split.value == "n"),
-        float(s.split.value == "k"),
-        float(s.transport.value == "ce"),
-        float(s.transport.value == "nccl"),
-        float(s.transport.value == "nccl_ce"),
-        float(s.gemm.value == "triton"),
-        float(s.compute.value == "merged"),
-        float(s.order.value == "all_peers"),
-        float(s.sm_reserve),
-        float(s.comm_priority.value == "high"),
-    ]
 
 
 def pair_features(problem: Problem, name: str) -> list[float]:

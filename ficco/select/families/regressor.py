@@ -29,7 +29,8 @@ class RegressorFamily(Family):
     needs_times = True
 
     def fit(self, problems, features, labels, times) -> None:
-        from ficco.select.selector import SERIAL, schedule_features
+        from ficco.select.schedules import schedule_features
+        from ficco.select.selector import SERIAL
 
         values = times.to_numpy(dtype=float)
         oracle = np.nanmin(values, axis=1)
@@ -46,7 +47,8 @@ class RegressorFamily(Family):
         self.model = forest_regressor(self.est).fit(np.array(rows), np.array(targets))
 
     def rank(self, problems, features) -> list[list[str]]:
-        from ficco.select.selector import complexity_of, schedule_features
+        from ficco.select.schedules import schedule_features
+        from ficco.select.selector import complexity_of
 
         names = self.classes
         sched = np.array([schedule_features(n) for n in names])
