@@ -1,7 +1,7 @@
 """Where user commands write: the user directory, and the shipped files they never overwrite.
 
-ficco ships measured profiles (``profiles/``) and trained tables (``schedules/``) beside its
-package. A command that writes (a table, a report, an export, a sweep's store) refuses a path
+ficco ships measured profiles (``profiles/``) and trained tables (``schedules/``)
+(:mod:`ficco.shipped` says where). A command that writes (a table, a report, an export, a sweep's store) refuses a path
 inside them unless the caller passes ``force=True`` (``--force``); where the user names no path,
 output goes under :func:`user_dir`.
 """
@@ -12,11 +12,8 @@ import os
 from pathlib import Path
 
 from ficco.defaults import USER_DIR_ENV
+from ficco.shipped import SHIPPED_DIRS, shipped_dir
 from ficco.validate import InputError
-
-#: The directories of shipped files, relative to the directory holding the ``ficco`` package
-#: (the repository of an editable install).
-SHIPPED_DIRS = ("schedules", "profiles")
 
 
 def user_dir() -> Path:
@@ -32,8 +29,7 @@ def user_dir() -> Path:
 
 def shipped_roots() -> tuple[Path, ...]:
     """The shipped ``schedules/`` and ``profiles/`` directories of this installation."""
-    base = Path(__file__).resolve().parents[1]
-    return tuple(base / name for name in SHIPPED_DIRS)
+    return tuple(shipped_dir(name).resolve() for name in SHIPPED_DIRS)
 
 
 def shipped_root_of(path: str | Path) -> Path | None:

@@ -26,6 +26,7 @@ from ficco.defaults import DEFAULT_MACHINE
 from ficco.export.lookup import PATTERNS, ROUTING_FEATURES, TABLE_FEATURES, Table, load_table
 from ficco.problem import Problem
 from ficco.routing import imbalance
+from ficco.shipped import shipped_dir
 from ficco.space import Schedule, violations
 
 TABLE_FILE = "table.json"
@@ -40,19 +41,19 @@ class PatternNotInTables(ValueError):
     """The tables' features have no such pattern: no measurement of it was ever trained on."""
 
 
-_REPO_SCHEDULES = Path(__file__).resolve().parents[2] / "schedules"
+_SHIPPED_SCHEDULES = shipped_dir("schedules")
 
 
 def schedules_dir() -> Path:
-    """Where machine tables live: ``$FICCO_SCHEDULES_DIR``, else the repository's
+    """Where machine tables live: ``$FICCO_SCHEDULES_DIR``, else the shipped
     ``schedules/``."""
     env = os.environ.get(SCHEDULES_ENV)
-    return Path(env) if env else _REPO_SCHEDULES
+    return Path(env) if env else _SHIPPED_SCHEDULES
 
 
 @lru_cache(maxsize=64)
 def _table_file(root: str | None, machine: str) -> str:
-    return str((Path(root) if root else _REPO_SCHEDULES) / machine / TABLE_FILE)
+    return str((Path(root) if root else _SHIPPED_SCHEDULES) / machine / TABLE_FILE)
 
 
 def table_path(machine: str = DEFAULT_MACHINE) -> Path:

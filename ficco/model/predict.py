@@ -36,6 +36,7 @@ from ficco.model.rounds import alone_ms
 from ficco.model.simulate import SimGraph, makespan_ms
 from ficco.plan import LOWERINGS, Plan, build_plan, plan_key
 from ficco.problem import Problem
+from ficco.shipped import shipped_dir
 from ficco.space import (
     Compute,
     Granularity,
@@ -47,7 +48,7 @@ from ficco.space import (
 )
 
 #: where ``ficco predict`` and the recommend fallback find calibrated parameters
-SHIPPED_PARAMS = Path(__file__).resolve().parents[2] / "schedules" / "h200x2" / "model.json"
+SHIPPED_PARAMS = shipped_dir("schedules") / "h200x2" / "model.json"
 
 
 #: the space ``predict`` covers by default: the transports the model is calibrated on
