@@ -8,7 +8,11 @@ output goes under :func:`user_dir`.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from ficco.defaults import USER_DIR_ENV
@@ -84,13 +88,36 @@ def check_output(
 def write_text(field: str, target: Path, text: str) -> Path:
     """Write ``text`` to ``target`` (a path :func:`check_output` admitted), creating its
     directory; an OS refusal (a read-only or virtual file system, a full disk) is an
-    InputError naming ``field`` instead of a traceback."""
+    InputError naming ``field`` instead of a traceback. The text goes to a temporary file
+    beside ``target``, renamed over it once whole: ``target`` is the old file or the new one,
+    never a part."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+        tmp.write_text(text)
+        os.replace(tmp, target)
     except OSError as err:
+        tmp.unlink(missing_ok=True)
         raise InputError(field, str(target), f"cannot be written ({err.strerror or err})") from None
     return target
+
+
+@contextlib.contextmanager
+def staged_directory(field: str, target: Path) -> Iterator[Path]:
+    """A temporary directory to write a command's files into; once the block ends without
+    an error they move into ``target`` (created only then, with its parents). A command that
+    fails part way (a store that cannot be read, a plot that fails) leaves nothing behind:
+    no ``target``, no empty parents, no half of its files."""
+    with tempfile.TemporaryDirectory(prefix="ficco-") as tmp:
+        yield Path(tmp)
+        make_directory(field, target)
+        for item in sorted(Path(tmp).iterdir()):
+            try:
+                shutil.move(str(item), str(target / item.name))
+            except OSError as err:
+                raise InputError(
+                    field, str(target), f"cannot be written ({err.strerror or err})"
+                ) from None
 
 
 def make_directory(field: str, target: Path) -> Path:

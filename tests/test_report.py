@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -135,3 +136,35 @@ def test_training_on_a_cpu_store_is_refused_naming_a_gpu_store(cpu_store, tmp_pa
         selection_frame(cpu_store, purpose="train")
     with pytest.warns(CpuTimingsWarning, match="check the pipeline"):
         assert len(selection_frame(cpu_store, purpose="evaluate")) == 4
+
+
+def test_a_failed_report_writes_nothing(tmp_path, store_dir, monkeypatch):
+    """An unreachable database, or a plot failing part way, leaves no directory (the default
+    one under the user directory included) and no file."""
+    import socket
+
+    import ficco.profile.report as report
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("FICCO_HOME", str(home))
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = CliRunner().invoke(main, ["report", "--store", f"postgresql://u@127.0.0.1:{port}/db"])
+    assert result.exit_code == 1 and "cannot reach the database" in result.output
+    assert not home.exists()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("plot failed")
+
+    monkeypatch.setattr(report, "plot_share_of_ideal", broken)  # after the first plots
+    out = tmp_path / "deep" / "out"
+    with pytest.raises(RuntimeError, match="plot failed"):
+        report.write_report(store_dir, out)
+    assert not (tmp_path / "deep").exists()
+    monkeypatch.undo()
+    written = report.write_report(store_dir, out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        Path(f).name for f in written["files"]
+    )
+    assert all(Path(f).parent == out for f in written["files"])

@@ -382,6 +382,6 @@ def report(
     check_output("out", Path(out) / "summary.md", force=validate.flag("force", force))
     target = check_output("out", out, force=force, directory=True)
     fp = None if fingerprint is None else validate.text("fingerprint", fingerprint)
-    summary = write_report(store, make_directory("out", target), fp)
+    summary = write_report(store, target, fp)
     summary["out"] = str(target)
     return summary

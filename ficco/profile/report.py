@@ -22,6 +22,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ficco.outputs import staged_directory
 from ficco.profile.frame import frame_from_records, pick_fingerprint
 from ficco.profile.report_markdown import CPU_NOTE, markdown
 from ficco.profile.store import Store
@@ -125,38 +126,40 @@ def write_report(
     frame = pick_fingerprint(
         frame_from_records(records), fingerprint, source=f"store {opened.location}"
     )
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    summary = summarize(frame, opened)
-    cpu = summary["timings"] == "cpu harness"
-    files: list[Path] = []
-    not_shown: list[str] = []
-    table = None
-    if len(frame):
-        table = best_table(frame)
-        order = table.sort_values(["model", "problem_name", "pattern", "m"], kind="stable")
-        note = _cpu_subtitle(frame)
-        files += plot_speedup_heatmap(frame, order, out, note)
-        breakdown = plot_signature_breakdown(frame, order, out, note)
-        if not breakdown:
-            not_shown.append(
-                "signature_breakdown.png: no record carries a signature (the GEMM and comm "
-                "parts timed alone and per task); a GPU store has them (ficco sweep --backend "
-                "cuda, with --signatures, the default)"
-            )
-        files += breakdown
-        if cpu:
-            not_shown.append(
-                "share_of_ideal.png and the signature overview: the share of the ideal gain "
-                "and the losses behind it are GPU quantities; CPU harness timings say nothing "
-                "about them (use a GPU store, e.g. ficco report --store profiles/h200x2/store)"
-            )
-        else:
-            files += plot_share_of_ideal(table, out, note)
-    summary["not_shown"] = not_shown
-    md = out / "summary.md"
-    md.write_text(markdown(summary, table, opened, frame, [f.name for f in files]))
-    files.append(md)
+    target = Path(out_dir)
+    # the files are drawn in a temporary directory and moved into out_dir once all exist
+    with staged_directory("out", target) as out:
+        summary = summarize(frame, opened)
+        cpu = summary["timings"] == "cpu harness"
+        files: list[Path] = []
+        not_shown: list[str] = []
+        table = None
+        if len(frame):
+            table = best_table(frame)
+            order = table.sort_values(["model", "problem_name", "pattern", "m"], kind="stable")
+            note = _cpu_subtitle(frame)
+            files += plot_speedup_heatmap(frame, order, out, note)
+            breakdown = plot_signature_breakdown(frame, order, out, note)
+            if not breakdown:
+                not_shown.append(
+                    "signature_breakdown.png: no record carries a signature (the GEMM and comm "
+                    "parts timed alone and per task); a GPU store has them (ficco sweep --backend "
+                    "cuda, with --signatures, the default)"
+                )
+            files += breakdown
+            if cpu:
+                not_shown.append(
+                    "share_of_ideal.png and the signature overview: the share of the ideal gain "
+                    "and the losses behind it are GPU quantities; CPU harness timings say nothing "
+                    "about them (use a GPU store, e.g. ficco report --store profiles/h200x2/store)"
+                )
+            else:
+                files += plot_share_of_ideal(table, out, note)
+        summary["not_shown"] = not_shown
+        md = out / "summary.md"
+        md.write_text(markdown(summary, table, opened, frame, [f.name for f in files]))
+        files.append(md)
+    files = [target / f.name for f in files]
     summary["files"] = [str(f) for f in files]
     return summary
 
