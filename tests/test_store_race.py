@@ -149,3 +149,170 @@ def test_keys_learned_while_appending_are_lost_races_not_errors(tmp_path):
     assert mine.races_lost == 2 and len(mine) == 2
     mine.close()
     other.close()
+
+
+# --- claims: racing sweeps measure each problem once ----------------------------------------
+
+
+def test_a_claim_is_exclusive_names_its_holder_and_is_removed_when_released(tmp_path):
+    import os
+
+    first = ProfileStore.open(tmp_path / "s", FP)
+    second = ProfileStore.open(tmp_path / "s", FP)  # another open file: another writer
+    key = PROBLEMS[0].key
+    with first.claim(key) as mine:
+        assert mine.held
+        other = second.claim(key)
+        assert not other.held and f"pid {os.getpid()} on " in other.holder
+        with second.claim(PROBLEMS[1].key) as another:
+            assert another.held  # other problems stay free
+    assert not mine.held
+    assert not list((tmp_path / "s" / "claims").iterdir())
+    with second.claim(key) as again:
+        assert again.held
+    first.close()
+    second.close()
+
+
+CLAIM_AND_WAIT = """
+import sys, time
+from ficco.profile import open_store
+store = open_store(sys.argv[1], {fp!r})
+claim = store.claim(sys.argv[2])
+print("held" if claim.held else "not held", flush=True)
+time.sleep(120)
+"""
+
+
+def check_sigkill_releases_a_claim(spec: str) -> None:
+    """A claimer killed by SIGKILL, mid-measurement as it were, leaves its problem free."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    key = PROBLEMS[0].key
+    code = CLAIM_AND_WAIT.format(fp=FP)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, spec, key], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        store = open_store(spec, FP)
+        claim = store.claim(key)
+        assert not claim.held and f"pid {proc.pid} on " in claim.holder
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 20  # a database notices the closed connection soon after
+    while not (claim := store.claim(key)).held and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert claim.held
+    claim.release()
+    store.close()
+
+
+def test_sigkill_of_a_claimer_releases_its_claim(tmp_path):
+    check_sigkill_releases_a_claim(str(tmp_path / "s"))
+
+
+class SlowRunner:
+    """A runner whose measurements take a while and name the writer that made them."""
+
+    backend = "synthetic"
+
+    def __init__(self, writer: int) -> None:
+        from ficco.measure.record import BASELINE_COMM, BASELINE_GEMM
+
+        self.writer = writer
+        self.baseline_names = (BASELINE_GEMM, BASELINE_COMM)
+
+    def restrict(self, problem, schedules):
+        return list(schedules)
+
+    def check(self, problems) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    @property
+    def issue_mode(self):
+        return None
+
+    def _made(self, problem, name: str, kind: str) -> Measurement:
+        import time
+
+        time.sleep(0.05)
+        m = measurement(problem, name, self.writer)
+        m.kind = kind
+        return m
+
+    def measure(self, problem, schedules, on_result=None):
+        out = []
+        for s in schedules:
+            out.append(self._made(problem, str(s), "schedule"))
+            if on_result:
+                on_result(out[-1])
+        return out
+
+    def baselines(self, problem):
+        return [self._made(problem, name, "baseline") for name in self.baseline_names]
+
+    def fingerprint(self):
+        return FP
+
+
+SWEEP_PROBLEMS = [
+    Problem(pattern="gemm_rs", m=64 * (i + 1), n=32, k=16, world=2, dtype="fp32", name=f"s.p{i}")
+    for i in range(6)
+]
+
+
+def sweep_writer(spec: str, writer: int, barrier, results) -> None:
+    from ficco.space import SpaceOptions
+    from ficco.sweep import SweepOptions
+    from ficco.sweep.exhaustive import run
+
+    space = SpaceOptions(chunk_counts=(2,), sm_reserves=(0,), gemms=("cublas",))
+    store = open_store(spec, FP)
+    barrier.wait()
+    result = run(SWEEP_PROBLEMS, space, SlowRunner(writer), store, SweepOptions(limit_schedules=3))
+    store.close()
+    measured = sum(o.measured for o in result.outcomes)
+    results.put((writer, measured, store.races_lost, dict(getattr(result, "claimed", {}))))
+
+
+def sweep_race(spec: str, writers: int = 2) -> list[tuple[int, int, int, dict]]:
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(writers, timeout=60)
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=sweep_writer, args=(spec, w, barrier, results)) for w in range(writers)
+    ]
+    for p in procs:
+        p.start()
+    out = [results.get(timeout=120) for _ in range(writers)]
+    for p in procs:
+        p.join(timeout=30)
+    assert [p.exitcode for p in procs] == [0] * writers
+    return out
+
+
+def check_each_problem_measured_once(outcome, records) -> None:
+    """No writer lost a race for a key (no work done twice); every problem's records come
+    from one writer; each writer skipped, as claimed, only problems the others measured."""
+    assert [lost for _, _, lost, _ in outcome] == [0] * len(outcome)
+    writers_of: dict[str, set] = {}
+    for r in records:
+        writers_of.setdefault(r["problem_key"], set()).add(r["detail"])
+    assert set(writers_of) == {p.key for p in SWEEP_PROBLEMS}
+    assert all(len(w) == 1 for w in writers_of.values()), writers_of
+    schedules = sum(1 for r in records if r["kind"] == "schedule")
+    assert sum(measured for _, measured, _, _ in outcome) == schedules
+    assert sum(len(claimed) for *_, claimed in outcome) >= 1  # they did race
+
+
+def test_two_racing_sweeps_on_a_directory_measure_each_problem_once(tmp_path):
+    outcome = sweep_race(str(tmp_path / "s"))
+    check_each_problem_measured_once(outcome, ProfileStore.read(tmp_path / "s").records())

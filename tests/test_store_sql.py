@@ -6,7 +6,14 @@ import time
 import pytest
 from pg_server import postgres_server, why_not
 from synthetic import SYNTHETIC_FINGERPRINT, synthetic_measurements, write_synthetic_store
-from test_store_race import FP, check_one_record_each, race
+from test_store_race import (
+    FP,
+    check_each_problem_measured_once,
+    check_one_record_each,
+    check_sigkill_releases_a_claim,
+    race,
+    sweep_race,
+)
 
 from ficco.measure.record import Measurement
 from ficco.problem import Problem
@@ -201,9 +208,11 @@ def test_two_sweep_commands_racing_into_one_store_record_each_key_once(backend, 
         subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True)
         for _ in range(2)
     ]
-    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    outputs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
-    assert all(json.loads(out)["problems"] == 1 for out in outputs)
+    # each either swept the problem or found it claimed by the other; measured once in all
+    assert all(out["problems"] + len(out["claimed_by_other_writers"]) == 1 for out in outputs)
+    assert sum(out["measured"] for out in outputs) == 1
     with open_store(spec) as store:
         records = store.records()
     counts = Counter((r["problem_key"], r["name"]) for r in records)
@@ -215,3 +224,23 @@ def test_racing_writers_on_sqlite_leave_exactly_one_record_per_key(tmp_path):
     outcome = race(url)
     with open_store(url) as store:
         check_one_record_each(outcome, store.records())
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_two_racing_sweeps_on_a_database_measure_each_problem_once(backend, tmp_path, request):
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'race.db'}"
+    else:
+        url = fresh_database(request.getfixturevalue("pg_url"), "sweeprace")
+    outcome = sweep_race(url)
+    with open_store(url) as store:
+        check_each_problem_measured_once(outcome, store.records())
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_sigkill_of_a_claimer_releases_its_claim_on_a_database(backend, tmp_path, request):
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'claims.db'}"
+    else:
+        url = fresh_database(request.getfixturevalue("pg_url"), "sigkill")
+    check_sigkill_releases_a_claim(url)

@@ -411,6 +411,14 @@ def sweep_cmd(as_json: bool, **params) -> None:
             "command to resume",
             err=True,
         )
+    if result.claimed:
+        holders = sorted(set(result.claimed.values()))
+        click.echo(
+            f"{len(result.claimed)} problems skipped: another writer was measuring them "
+            f"({'; '.join(holders[:3])}); rerun the same command after it ends to measure "
+            "any it left unrecorded",
+            err=True,
+        )
     if request.backend == "cpu":
         click.echo("cpu backend: verdicts are real; timings only exercise the harness.", err=True)
 

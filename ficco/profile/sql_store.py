@@ -14,6 +14,15 @@ The unique key makes racing writers safe: an insert whose key is there does noth
 other databases) and the writer takes the record that is there. The header is checked as a
 local store's is: another schema or machine identity is refused, naming the fields.
 
+A sweep claims each problem before measuring it (``ficco.profile.claims``), so racing sweeps
+measure it once. On PostgreSQL the claim is a session-level advisory lock
+(``pg_try_advisory_lock``) keyed by the problem's claim digest and held on a connection of its
+own while the problem is measured: the server drops it when that connection closes, so a
+claimer killed by SIGKILL frees its problem. The claiming connection names its process
+(``application_name``), which ``pg_stat_activity`` shows to a writer that finds the problem
+claimed. On an SQLite file the claim is a ``flock`` on a file in ``<file>.claims/`` beside it;
+elsewhere (an in-memory SQLite, another database) every claim is held.
+
 An optuna sweep into such a store keeps its studies in the same database
 (``optuna.storages.RDBStorage``), so every machine's study learns from all trials.
 
@@ -30,6 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ficco.profile.claims import Claim, claim_digest, claim_file, claimer
 from ficco.profile.store import (
     Store,
     _json_default,
@@ -223,6 +233,63 @@ class SqlStore(Store):
             finally:
                 conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _SCHEMA_LOCK})
                 conn.commit()
+
+    def claim(self, problem_key: str) -> Claim:
+        """A claim on the problem (see the module docstring), never waiting for one."""
+        digest = claim_digest(self.fingerprint_id, problem_key)
+        dialect = self._engine.dialect.name
+        database = self.url.database or ""
+        if dialect == "sqlite" and database not in ("", ":memory:"):
+            path = Path(f"{database}.claims") / f"{digest.hex()[:32]}.claim"
+            return claim_file(path, problem_key)
+        if dialect != "postgresql":
+            return Claim(problem_key, True)
+        return self._advisory_claim(problem_key, int.from_bytes(digest[:8], "big", signed=True))
+
+    def _advisory_claim(self, problem_key: str, key: int) -> Claim:
+        from sqlalchemy import text
+
+        conn = self._engine.connect()
+        try:
+            conn.execute(
+                text("SELECT set_config('application_name', :who, false)"),
+                {"who": f"ficco {claimer()}"[:63]},
+            )
+            got = conn.execute(text("SELECT pg_try_advisory_lock(:key)"), {"key": key}).scalar()
+            conn.commit()
+            if not got:
+                # a one-key advisory lock shows in pg_locks as (classid, objid) = (high, low)
+                # 32 bits of the key, objsubid 1
+                holder = conn.execute(
+                    text(
+                        "SELECT a.application_name, a.client_addr FROM pg_locks l "
+                        "JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' "
+                        "AND l.granted AND l.objsubid = 1 AND l.classid::bigint = :high "
+                        "AND l.objid::bigint = :low"
+                    ),
+                    {"high": (key >> 32) & 0xFFFFFFFF, "low": key & 0xFFFFFFFF},
+                ).first()
+                conn.close()
+                who = "another writer"
+                if holder is not None and holder[0]:
+                    who = holder[0].removeprefix("ficco ")
+                    who += f" (client {holder[1]})" if holder[1] else ""
+                return Claim(problem_key, False, who)
+        except BaseException:
+            conn.invalidate()  # its session ends: no lock left behind
+            conn.close()
+            raise
+
+        def release() -> None:
+            try:
+                conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+                conn.commit()
+            except Exception:
+                conn.invalidate()  # closing the session drops its locks
+            finally:
+                conn.close()
+
+        return Claim(problem_key, True, release=release)
 
     def _create_tables(self) -> None:
         """Create the tables unless they exist. Outside PostgreSQL (whose advisory lock orders

@@ -27,6 +27,13 @@ a different machine identity (``ficco.measure.fingerprint.IDENTITY_FIELDS``: bac
 driver, CUDA, torch, Triton, NCCL versions) is refused, naming each differing field, since
 mixing machines in one store would rank schedules on timings from different hardware.
 
+A sweep claims each problem before measuring it (:meth:`Store.claim`), so racing sweeps
+measure each problem once instead of each measuring all of them: the claim is an exclusive
+``flock`` on ``STORE/claims/<digest>.claim`` (the digest of the fingerprint id and problem
+key), which holds the claimer's pid and host, taken without waiting and held while the problem
+is measured. The kernel drops the ``flock`` of a process that dies, even by SIGKILL, so a dead
+claimer's problem is free for the next sweep; a claim ended normally removes its file.
+
 A torn last line (a write cut by a kill) or a corrupt line is reported with a warning naming
 its line numbers, and the good records are kept; a writer cuts a torn last line off (under the
 lock, so never a line another writer is still writing) so the next record starts on a line of
@@ -51,6 +58,7 @@ from typing import Any
 from ficco.measure.fingerprint import IDENTITY_FIELDS, fingerprint_id, identity
 from ficco.measure.record import Measurement
 from ficco.problem import Problem
+from ficco.profile.claims import Claim, claim_digest, claim_file
 
 try:  # POSIX; elsewhere a store has a single writer
     import fcntl
@@ -63,6 +71,7 @@ except ImportError:  # pragma: no cover
 SCHEMA_VERSION = 2
 HEADER_FILE = "header.json"
 RECORDS_FILE = "records.jsonl"
+CLAIMS_DIR = "claims"
 _MEASUREMENT_FIELDS = tuple(f.name for f in fields(Measurement))
 
 #: (problem key, schedule or baseline name, fingerprint id): a store holds one record of each
@@ -177,6 +186,13 @@ class Store:
             self.races_lost += 1
         self._arrived.discard(key_of(record))  # the caller now knows this key: it got it back
         return existing
+
+    def claim(self, problem_key: str) -> Claim:
+        """Claim a problem before measuring it, so writers racing on this store measure it
+        once: a held :class:`Claim` (release it when done), or one not held, naming the
+        writer that holds it. A claim dies with its process. In memory: always held (one
+        writer)."""
+        return Claim(problem_key, True)
 
     def close(self) -> None:
         """Release files or connections (nothing in memory)."""
@@ -325,6 +341,11 @@ class ProfileStore(Store):
 
     def __enter__(self) -> ProfileStore:
         return self
+
+    def claim(self, problem_key: str) -> Claim:
+        """A claim through ``STORE/claims/<digest>.claim`` (see the module docstring)."""
+        digest = claim_digest(self.fingerprint_id, problem_key).hex()[:32]
+        return claim_file(self._path / CLAIMS_DIR / f"{digest}.claim", problem_key)
 
     # --- records ----------------------------------------------------------------------------
 

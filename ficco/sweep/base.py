@@ -4,6 +4,11 @@ A strategy is one callable ``run(problems, space, runner, store, options) -> Swe
 It picks which schedules of each problem to measure; :func:`measure_into` measures them
 through the runner and records each measurement in the store as it completes, so the store
 is always the truth about what was measured and a rerun resumes from it.
+
+Sweeps racing on one store (two commands, many machines on one database) share the work: a
+strategy claims a problem before measuring it (:meth:`ficco.profile.store.Store.claim`) and
+skips one another writer holds, reporting it in :attr:`SweepResult.claimed`. A claim dies with
+its claimer, so a rerun measures what a killed claimer left unrecorded.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from pathlib import Path
 
 from ficco.measure.record import Measurement
 from ficco.problem import Problem
-from ficco.profile.store import Store
+from ficco.profile.store import Claim, Store
 from ficco.space import Schedule, SpaceOptions, enumerate_schedules
 from ficco.sweep.runners import BackendUnavailable, Runner
 
@@ -36,6 +41,9 @@ class SweepObserver:
 
     def problem_finished(self, problem: Problem, outcome: ProblemOutcome) -> None:
         """All of ``problem``'s planned measurements are recorded."""
+
+    def problem_claimed(self, problem: Problem, holder: str) -> None:
+        """``problem`` was skipped: another writer (``holder``) is measuring it."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -132,11 +140,15 @@ class SweepResult:
     """Problems not started because the time limit passed (a rerun resumes them)."""
     duplicates: dict[str, str] = field(default_factory=dict)
     """``{name@m: kept name@m}`` of problems dropped as the same shape as an earlier one."""
+    claimed: dict[str, str] = field(default_factory=dict)
+    """``{problem key: holder}`` of problems skipped because another writer was measuring
+    them (a rerun measures what that writer leaves unrecorded)."""
 
     def to_dict(self) -> dict:
         return {
             "problems": len(self.outcomes),
             "skipped_for_time": self.skipped,
+            "claimed_by_other_writers": self.claimed,
             "measured": sum(o.measured for o in self.outcomes),
             "reused": sum(o.reused for o in self.outcomes),
             "failed": sum(o.failed for o in self.outcomes),
@@ -154,11 +166,37 @@ def candidates(
     return found[:limit] if limit else found
 
 
+def claim_or_skip(
+    store: Store, problem: Problem, result: SweepResult, observer: SweepObserver
+) -> Claim | None:
+    """The store's claim on ``problem``, held; or None when another writer holds it, the
+    problem then noted in ``result.claimed`` and told to ``observer``. Read the store again
+    once the claim is held: the writer that held it before may have recorded the problem."""
+    claim = store.claim(problem.key)
+    if claim.held:
+        return claim
+    result.claimed[problem.key] = claim.holder
+    observer.problem_claimed(problem, claim.holder)
+    return None
+
+
+def unrecorded(store: Store, problem: Problem, schedules: Sequence[Schedule]) -> list[Schedule]:
+    """``schedules`` of ``problem`` that the store holds no record of."""
+    done = store.done()
+    return [s for s in schedules if (problem.key, str(s)) not in done]
+
+
+def baselines_missing(store: Store, runner: Runner, problem: Problem) -> bool:
+    """True while one of the problem's baselines is unrecorded."""
+    done = store.done()
+    return not all((problem.key, name) in done for name in runner.baseline_names)
+
+
 def record_baselines(store: Store, runner: Runner, problem: Problem) -> list[Measurement]:
     """Measure and record the problem's baselines unless all of them are recorded."""
-    done = store.done()
-    if all((problem.key, name) in done for name in runner.baseline_names):
+    if not baselines_missing(store, runner, problem):
         return []
+    done = store.done()
     out = []
     try:
         measured = runner.baselines(problem)
