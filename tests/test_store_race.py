@@ -269,26 +269,29 @@ SWEEP_PROBLEMS = [
 ]
 
 
-def sweep_writer(spec: str, writer: int, barrier, results) -> None:
+def sweep_writer(spec: str, writer: int, barrier, results, strategy: str) -> None:
     from ficco.space import SpaceOptions
-    from ficco.sweep import SweepOptions
-    from ficco.sweep.exhaustive import run
+    from ficco.sweep import SweepOptions, get_strategy
 
     space = SpaceOptions(chunk_counts=(2,), sm_reserves=(0,), gemms=("cublas",))
     store = open_store(spec, FP)
+    options = SweepOptions(limit_schedules=3, trials=3, batch=3)
     barrier.wait()
-    result = run(SWEEP_PROBLEMS, space, SlowRunner(writer), store, SweepOptions(limit_schedules=3))
+    result = get_strategy(strategy)(SWEEP_PROBLEMS, space, SlowRunner(writer), store, options)
     store.close()
     measured = sum(o.measured for o in result.outcomes)
     results.put((writer, measured, store.races_lost, dict(getattr(result, "claimed", {}))))
 
 
-def sweep_race(spec: str, writers: int = 2) -> list[tuple[int, int, int, dict]]:
+def sweep_race(
+    spec: str, writers: int = 2, strategy: str = "exhaustive"
+) -> list[tuple[int, int, int, dict]]:
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(writers, timeout=60)
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=sweep_writer, args=(spec, w, barrier, results)) for w in range(writers)
+        ctx.Process(target=sweep_writer, args=(spec, w, barrier, results, strategy))
+        for w in range(writers)
     ]
     for p in procs:
         p.start()
@@ -313,6 +316,7 @@ def check_each_problem_measured_once(outcome, records) -> None:
     assert sum(len(claimed) for *_, claimed in outcome) >= 1  # they did race
 
 
-def test_two_racing_sweeps_on_a_directory_measure_each_problem_once(tmp_path):
-    outcome = sweep_race(str(tmp_path / "s"))
+@pytest.mark.parametrize("strategy", ["exhaustive", "optuna"])
+def test_two_racing_sweeps_on_a_directory_measure_each_problem_once(strategy, tmp_path):
+    outcome = sweep_race(str(tmp_path / "s"), strategy=strategy)
     check_each_problem_measured_once(outcome, ProfileStore.read(tmp_path / "s").records())

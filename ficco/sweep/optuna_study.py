@@ -14,7 +14,9 @@ time (failed schedules are told FAIL). The study is named after the store's fing
 and the problem key and loaded if it exists (``load_if_exists=True``), so an interrupted sweep
 resumes its studies and machines of one kind can share them. It lives in the store's database
 for a store in one (``RDBStorage``), else in an optuna journal
-(``JournalStorage(JournalFileBackend(path))``, by default in the store's directory).
+(``JournalStorage(JournalFileBackend(path))``, by default in the store's directory). A problem
+with trials left is claimed first (``ficco.sweep.base``): racing sweeps study different
+problems, and one whose claimer died is studied by the next.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ from ficco.space import Schedule, SpaceOptions, violations
 from ficco.sweep.base import (
     SweepOptions,
     SweepResult,
+    baselines_missing,
     candidates,
+    claim_or_skip,
     measure_into,
     outcome_of,
     record_baselines,
@@ -176,6 +180,15 @@ def run(
         budget = options.trials or max(1, math.ceil(options.trial_fraction * len(cands)))
         budget = min(budget, len(cands))
         stored = {m.name: m for m in store.measurements(problem.key) if m.kind == "schedule"}
+        claim = None
+        if cands and (
+            len(cand_names & set(stored)) < budget or baselines_missing(store, runner, problem)
+        ):
+            claim = claim_or_skip(store, problem, result, observer)
+            if claim is None:
+                continue
+            # what the claim's last holder recorded
+            stored = {m.name: m for m in store.measurements(problem.key) if m.kind == "schedule"}
         reused = len(cand_names & set(stored))
         used = reused
         observer.problem_started(problem, index, len(problems), max(0, budget - used), reused)
@@ -184,69 +197,73 @@ def run(
             observer.problem_finished(problem, outcome)
             result.outcomes.append(outcome)
             continue
-        axes = AxisSampler(cands)
-        seed = (options.seed * 1_000_003 + zlib.crc32(problem.key.encode())) % 2**32
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            sampler = optuna.samplers.TPESampler(
-                seed=seed,
-                n_startup_trials=max(2, min(10, budget // 3)),
-                multivariate=True,
-                group=True,
+        try:
+            axes = AxisSampler(cands)
+            seed = (options.seed * 1_000_003 + zlib.crc32(problem.key.encode())) % 2**32
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                sampler = optuna.samplers.TPESampler(
+                    seed=seed,
+                    n_startup_trials=max(2, min(10, budget // 3)),
+                    multivariate=True,
+                    group=True,
+                )
+            study = optuna.create_study(
+                study_name=f"ficco:{store.fingerprint_id}:{problem.key}",
+                storage=storage,
+                sampler=sampler,
+                direction="minimize",
+                load_if_exists=True,
             )
-        study = optuna.create_study(
-            study_name=f"ficco:{store.fingerprint_id}:{problem.key}",
-            storage=storage,
-            sampler=sampler,
-            direction="minimize",
-            load_if_exists=True,
-        )
-        study.set_user_attr("problem", problem.to_dict())
-        rng = random.Random(seed)
-        serial = Schedule()
-        if not study.trials and str(serial) in cand_names:
-            study.enqueue_trial(axes.params_of(serial))
-        measured = 0
-        asks, max_asks = 0, 4 * budget + 50
-        while used < budget and asks < max_asks:
-            pending: dict[str, list] = {}
-            while len(pending) < min(options.batch, budget - used) and asks < max_asks:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                    trial = study.ask()
-                asks += 1
-                schedule = axes.suggest(trial)
-                text = str(schedule)
-                trial.set_user_attr("schedule", text)
-                broken = violations(problem, schedule)
-                if broken:
-                    why = [f"{name}: {reason}" for name, reason in broken]
-                    trial.set_user_attr("violations", why)
-                    study.tell(trial, state=TrialState.PRUNED)
-                elif text in stored:
-                    # the sampler prefers a measured point: measure its nearest unmeasured
-                    # neighbour next instead of asking again (local search around the optimum)
-                    _tell(study, trial, stored[text])
-                    near = axes.nearest(schedule, set(stored) | set(pending), rng)
-                    if near is not None:
-                        study.enqueue_trial(axes.params_of(near))
-                else:
-                    pending.setdefault(text, []).append(trial)
-            if not pending:
-                continue
-            got = measure_into(
-                store, runner, problem, [Schedule.parse(t) for t in pending], observer
-            )
-            for text, trials in pending.items():
-                for trial in trials:
-                    _tell(study, trial, got.get(text))
-                if text in got:
-                    stored[text] = got[text]
-            measured += len(got)
-            used += len(pending)
-            if not got:  # the run failed as a whole (warned): leave this problem for a rerun
-                break
-        record_baselines(store, runner, problem)
+            study.set_user_attr("problem", problem.to_dict())
+            rng = random.Random(seed)
+            serial = Schedule()
+            if not study.trials and str(serial) in cand_names:
+                study.enqueue_trial(axes.params_of(serial))
+            measured = 0
+            asks, max_asks = 0, 4 * budget + 50
+            while used < budget and asks < max_asks:
+                pending: dict[str, list] = {}
+                while len(pending) < min(options.batch, budget - used) and asks < max_asks:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                        trial = study.ask()
+                    asks += 1
+                    schedule = axes.suggest(trial)
+                    text = str(schedule)
+                    trial.set_user_attr("schedule", text)
+                    broken = violations(problem, schedule)
+                    if broken:
+                        why = [f"{name}: {reason}" for name, reason in broken]
+                        trial.set_user_attr("violations", why)
+                        study.tell(trial, state=TrialState.PRUNED)
+                    elif text in stored:
+                        # the sampler prefers a measured point: measure its nearest unmeasured
+                        # neighbour next instead of asking again (local search around the optimum)
+                        _tell(study, trial, stored[text])
+                        near = axes.nearest(schedule, set(stored) | set(pending), rng)
+                        if near is not None:
+                            study.enqueue_trial(axes.params_of(near))
+                    else:
+                        pending.setdefault(text, []).append(trial)
+                if not pending:
+                    continue
+                got = measure_into(
+                    store, runner, problem, [Schedule.parse(t) for t in pending], observer
+                )
+                for text, trials in pending.items():
+                    for trial in trials:
+                        _tell(study, trial, got.get(text))
+                    if text in got:
+                        stored[text] = got[text]
+                measured += len(got)
+                used += len(pending)
+                if not got:  # the run failed as a whole (warned): leave this problem for a rerun
+                    break
+            record_baselines(store, runner, problem)
+        finally:
+            if claim is not None:
+                claim.release()
         outcome = outcome_of(store, problem, len(cands), measured, reused)
         observer.problem_finished(problem, outcome)
         result.outcomes.append(outcome)
