@@ -179,14 +179,28 @@ def test_fallback_to_serial_warns_once(tmp_path):
 
 
 def _diverged(rank, world):
-    from ficco.ops import all_gather_matmul
+    from ficco.ops import all_gather_matmul, choice
 
     a_shard, b = rand(rank, 4, 6), rand(5, 6, 3)
     same = all_gather_matmul(a_shard, b, schedule="shard/ce/cublas")  # agreed: the check passes
     close(same, ag_reference(a_shard, b, world))
     mine = "shard/ce/cublas" if rank == 0 else "serial/nccl/cublas"
-    with pytest.raises(RuntimeError, match="ranks took different decisions"):
+    with pytest.raises(ValueError, match="every rank passes the same schedule="):
         all_gather_matmul(a_shard, b, schedule=mine)
+    # operands agreed, decisions not (another table or ficco version on one rank): the
+    # debug check blames the decision, not the operands
+    real = choice._choose
+
+    def skewed(problem, schedule, table, target):
+        picked = real(problem, schedule, table, target)
+        return picked if rank == 0 else choice.Choice(problem, choice.SERIAL, "table", "skew")
+
+    choice._choose = skewed
+    try:
+        with pytest.raises(RuntimeError, match="ranks took different decisions"):
+            all_gather_matmul(a_shard[:3], b)
+    finally:
+        choice._choose = real
 
 
 def test_debug_check_catches_rank_divergent_decisions():
@@ -326,10 +340,10 @@ def test_fake_shapes():
             name = dist.group.WORLD.group_name
             with FakeTensorMode():
                 c, a_full = torch.ops.ficco.all_gather_matmul(
-                    torch.empty(5, 7), torch.empty(7, 9), name, "", ""
+                    torch.empty(5, 7), torch.empty(7, 9), name, "", "", []
                 )
                 out = torch.ops.ficco.matmul_reduce_scatter(
-                    torch.empty(6, 7), torch.empty(7, 9), name, "", ""
+                    torch.empty(6, 7), torch.empty(7, 9), name, "", "", []
                 )
             assert (tuple(c.shape), tuple(a_full.shape), tuple(out.shape)) == (
                 (5, 9),

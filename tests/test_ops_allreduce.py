@@ -53,7 +53,7 @@ def _fallback_and_autograd(rank, world):
         b = rand(70 + rank, 8, 12).requires_grad_(True)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            c = matmul_all_reduce(a, b)
+            c = matmul_all_reduce(a, b, replicated_grad=True)
         close(c.detach(), ar_reference(a.detach(), b.detach(), world))
         if m == 1:  # said once per reason, not once per call
             assert [w.category for w in caught] == [FallbackWarning]
@@ -89,7 +89,7 @@ def _regroup(rank, world, init_dir):
     from ficco.ops.runner import call_plan
 
     name = dist.group.WORLD.group_name
-    assert call_plan("gemm_ar", a, b, name, "", "").group is dist.group.WORLD
+    assert call_plan("matmul_all_reduce", a, b, name, "", "").group is dist.group.WORLD
 
 
 def test_a_call_after_the_default_group_is_recreated(tmp_path):

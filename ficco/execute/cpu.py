@@ -118,7 +118,12 @@ class _Settled:
 class CpuPrimitives(FusedPrimitives, Primitives):
     """gloo transports, torch.matmul / interpreted Triton GEMMs, all on the host thread
     (fused plans: the GPU's flag kernels too, with ``shared`` standing in for symmetric
-    memory; without it they are unavailable)."""
+    memory; without it they are unavailable).
+
+    ``group``: the ranks' process group (None: the default group, as ficco's rank pools
+    run). Plan ranks are ranks of ``group``: a point-to-point peer is translated to its
+    global rank, and every collective runs on ``group`` (the drop-in ops run plans on the
+    caller's group this way)."""
 
     synchronous = True  # the interpreter runs a kernel to its end inside the call
 
@@ -129,8 +134,9 @@ class CpuPrimitives(FusedPrimitives, Primitives):
         run: int,
         shared: SharedCpuMemory | None = None,
         flag_timeout_s: float = FLAG_TIMEOUT_S,
+        group: dist.ProcessGroup | None = None,
     ) -> None:
-        self.plan, self.tensors, self.run = plan, tensors, run
+        self.plan, self.tensors, self.run, self.group = plan, tensors, run, group
         self.budget = max(1, CPU_PROGRAMS - plan.schedule.sm_reserve)
         self.sm_budget = self.budget
         self.pending: dict[int, tuple] = {}
@@ -160,7 +166,7 @@ class CpuPrimitives(FusedPrimitives, Primitives):
             self.flags[: self.flag_slots].fill_(0 if mode == "full" else 1)
             # every rank has reset its flags (and poisoned its buffers) before any peer's
             # fused GEMM writes into them
-            dist.barrier()
+            dist.barrier(group=self.group)
 
     def wait(self, lane: str, deps: Sequence[int]) -> None:
         if lane == "signal":
@@ -246,13 +252,19 @@ class CpuPrimitives(FusedPrimitives, Primitives):
         pending = self.pending if pending is None else pending
         for op, task_id in zip(ops, task_ids, strict=True):
             local = view(self.tensors, op.local)
-            tag = run_tag(self.run, op.tag)
+            tag, peer = run_tag(self.run, op.tag), self._global(op.peer)
             if op.direction == "send":
                 staged = local.contiguous().clone()
-                pending[task_id] = (dist.isend(staged, op.peer, tag=tag), staged, None)
+                req = dist.isend(staged, peer, group=self.group, tag=tag)
+                pending[task_id] = (req, staged, None)
             else:
                 staged = torch.empty(local.shape, dtype=local.dtype)
-                pending[task_id] = (dist.irecv(staged, op.peer, tag=tag), staged, local)
+                req = dist.irecv(staged, peer, group=self.group, tag=tag)
+                pending[task_id] = (req, staged, local)
+
+    def _global(self, rank: int) -> int:
+        """The global rank of plan rank ``rank`` (a rank of ``group``)."""
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
 
     def transfer_group(self, op: TransferGroupOp, task_id: int) -> None:
         """seg over gloo: the group's local copies now, its transfers posted as the plain
@@ -271,47 +283,47 @@ class CpuPrimitives(FusedPrimitives, Primitives):
         world = self.plan.problem.world
         if op.kind == "all_gather":
             parts = list(dst.chunk(world))
-            dist.all_gather(parts, src.contiguous())
+            dist.all_gather(parts, src.contiguous(), group=self.group)
             if parts[0].data_ptr() != dst.data_ptr():  # all_gather may not write into views
                 dst.copy_(torch.cat(parts))
         elif op.kind == "reduce_scatter":
             # gloo has no reduce_scatter: all-reduce in fp32 and keep this rank's rows
             total = src.float().contiguous()
-            dist.all_reduce(total)
-            rows = dst.shape[0]
-            dst.copy_(total[dist.get_rank() * rows : (dist.get_rank() + 1) * rows])
+            dist.all_reduce(total, group=self.group)
+            rows, me = dst.shape[0], self.plan.rank
+            dst.copy_(total[me * rows : (me + 1) * rows])
         elif op.kind == "all_to_all":
             self._all_to_all(op, src, dst, world)
         elif op.kind == "all_reduce":
             # fp32 sum of the rectangle, one rounding, as the reduce-scatter above
             total = view(self.tensors, Region(op.src, op.rows, op.cols)).float().contiguous()
-            dist.all_reduce(total)
+            dist.all_reduce(total, group=self.group)
             view(self.tensors, Region(op.dst, op.rows, op.cols)).copy_(total)
         elif op.kind in SYMM_KINDS:
             self.symm_all_reduce(op)
         else:
             raise ValueError(f"collective: unknown kind {op.kind!r}")
 
-    def symm_all_reduce(self, op: CollectiveOp, group: dist.ProcessGroup | None = None) -> None:
-        """symm1 / symm2: the symmetric-memory kernels' algorithms over gloo (``group``:
-        the ranks' group, None for the default one)."""
+    def symm_all_reduce(self, op: CollectiveOp) -> None:
+        """symm1 / symm2: the symmetric-memory kernels' algorithms over gloo."""
         src = view(self.tensors, Region(op.src, op.rows, op.cols))
         dst = view(self.tensors, Region(op.dst, op.rows, op.cols))
-        gloo_symm_all_reduce(op.kind, src, dst, group)
+        gloo_symm_all_reduce(op.kind, src, dst, self.group)
 
     def _all_to_all(self, op: CollectiveOp, src, dst, world: int) -> None:
         """gloo's all_to_all needs equal splits: point-to-point on the run's collective tag."""
         sends = list(src.split(list(op.send_rows)))
         recvs = [torch.empty((n, dst.shape[1]), dtype=dst.dtype) for n in op.recv_rows]
-        tag, me, reqs = run_tag(self.run, COLLECTIVE_TAG), dist.get_rank(), []
+        tag, me, reqs = run_tag(self.run, COLLECTIVE_TAG), self.plan.rank, []
         for peer in range(world):
             if peer == me:
                 recvs[peer].copy_(sends[peer])
                 continue
+            to = self._global(peer)
             if op.send_rows[peer]:
-                reqs.append(dist.isend(sends[peer].contiguous(), peer, tag=tag))
+                reqs.append(dist.isend(sends[peer].contiguous(), to, group=self.group, tag=tag))
             if op.recv_rows[peer]:
-                reqs.append(dist.irecv(recvs[peer], peer, tag=tag))
+                reqs.append(dist.irecv(recvs[peer], to, group=self.group, tag=tag))
         for req in reqs:
             req.wait()
         dst.copy_(torch.cat(recvs))

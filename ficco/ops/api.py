@@ -1,7 +1,18 @@
-"""The public ops: drop-in overlapped all-gather + matmul and matmul + reduce-scatter."""
+"""The public ops: drop-in overlapped all-gather + matmul, matmul + reduce-scatter and
+matmul + all-reduce, in the ``[K, N]`` weight form and in ``torch.nn.Linear``'s ``[out, in]``.
+
+Shapes: ``a [..., K]``; every dimension but the last is flattened into rows (row-major),
+and the first one is the dimension sharded across ranks (the sequence, in Megatron's
+``[s, b, h]`` layout). A gathered result is every rank's shard in rank order along that first
+dimension, as ``torch.distributed.all_gather_into_tensor`` concatenates; a reduce-scattered
+one is this rank's slice of it. ``rows``: every rank's size of that first dimension where
+the shards differ (a length W does not divide; ``ficco.ops.even_rows``), the same list on
+every rank.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -12,13 +23,25 @@ from ficco.ops.runner import resolve_group
 from ficco.space import Schedule
 
 
-def _call(name: str, a, b, group, schedule, table):
-    """Op ``name`` with the group passed by name and schedule/table as strings ('' = none)."""
+def _args(group, schedule, table) -> tuple[str, str, str]:
+    """(group name, schedule, table) as the custom ops take them ('' = none)."""
     if schedule is not None and not isinstance(schedule, (Schedule, str)):
         raise ValueError(f"schedule: expected a ficco.Schedule or its string, got {schedule!r}")
     group_name = group if isinstance(group, str) else resolve_group(group).group_name
     schedule_text = "" if schedule is None else str(schedule)
-    return call(name, a, b, group_name, schedule_text, "" if table is None else str(table))
+    return group_name, schedule_text, "" if table is None else str(table)
+
+
+def _rows(rows: Sequence[int] | None) -> list[int]:
+    if rows is None:
+        return []
+    if isinstance(rows, (str, bytes)) or not all(isinstance(r, int) for r in rows):
+        raise ValueError(f"rows: expected every rank's count (a sequence of ints), got {rows!r}")
+    return list(rows)
+
+
+def _with_bias(out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return out if bias is None else out + bias
 
 
 def all_gather_matmul(
@@ -26,18 +49,24 @@ def all_gather_matmul(
     b: torch.Tensor,
     group: dist.ProcessGroup | str | None = None,
     *,
+    rows: Sequence[int] | None = None,
     schedule: Schedule | str | None = None,
     table: str | Path | None = None,
 ) -> torch.Tensor:
-    """``all_gather(a_shard) @ b`` over ``group``: ``a_shard [M/W, K]``, ``b [K, N]`` ->
-    ``[M, N]`` on every rank (a sequence-parallel column-linear).
+    """``all_gather(a_shard) @ b`` over ``group``: ``a_shard [S, ..., K]``, ``b [K, N]`` ->
+    ``[W*S, ..., N]`` on every rank, rank r's rows r-th (a sequence-parallel column-linear).
 
     ``group``: a process group, its ``group_name``, or None for the default group.
-    ``schedule``: run this schedule (refused if illegal for the call's shape or not runnable
-    on this backend); else the shipped table's answer for this call's shape (``table``: another
-    table file), serial with one warning where that answer cannot run here. Differentiable:
-    the input gradient runs as a matmul_reduce_scatter through ficco."""
-    c, _ = _call("all_gather_matmul", a_shard, b, group, schedule, table)
+    ``rows``: every rank's S where they differ (``sum(rows)`` rows come back).
+    ``schedule``: run this schedule (refused, on every rank, if illegal for the call's shape
+    or not runnable on the group's backend); else the shipped table's answer for this call's
+    shape (``table``: another table file), serial with one warning where that answer cannot
+    run here. Differentiable: the input gradient runs as a matmul_reduce_scatter through
+    ficco."""
+    group_name, schedule_text, table_text = _args(group, schedule, table)
+    c, _ = call(
+        "all_gather_matmul", a_shard, b, group_name, schedule_text, table_text, _rows(rows)
+    )
     return c
 
 
@@ -46,14 +75,20 @@ def matmul_reduce_scatter(
     b: torch.Tensor,
     group: dist.ProcessGroup | str | None = None,
     *,
+    rows: Sequence[int] | None = None,
     schedule: Schedule | str | None = None,
     table: str | Path | None = None,
 ) -> torch.Tensor:
-    """``reduce_scatter(a @ b)`` over ``group``: ``a [M, K]`` (K this rank's slice of the
-    reduced dimension), ``b [K, N]`` -> this rank's rows ``[M/W, N]`` (a sequence-parallel
-    row-linear). Arguments as :func:`all_gather_matmul`; the input gradient runs as an
-    all_gather_matmul through ficco."""
-    return _call("matmul_reduce_scatter", a, b, group, schedule, table)
+    """``reduce_scatter(a @ b)`` over ``group``: ``a [M, ..., K]`` (K this rank's slice of the
+    reduced dimension), ``b [K, N]`` -> this rank's rows ``[M/W, ..., N]`` (a
+    sequence-parallel row-linear); ``rows``: every rank's count where W does not divide M
+    (rank r gets ``rows[r]``, after the rows of the ranks before it). Arguments as
+    :func:`all_gather_matmul`; the input gradient runs as an all_gather_matmul through
+    ficco."""
+    group_name, schedule_text, table_text = _args(group, schedule, table)
+    return call(
+        "matmul_reduce_scatter", a, b, group_name, schedule_text, table_text, _rows(rows)
+    )
 
 
 def matmul_all_reduce(
@@ -61,12 +96,81 @@ def matmul_all_reduce(
     b: torch.Tensor,
     group: dist.ProcessGroup | str | None = None,
     *,
+    replicated_grad: bool = False,
     schedule: Schedule | str | None = None,
     table: str | Path | None = None,
 ) -> torch.Tensor:
-    """``all_reduce(a @ b)`` over ``group``: ``a [M, K]`` (K this rank's slice of the reduced
-    dimension), ``b [K, N]`` -> ``[M, N]`` on every rank (a row-parallel linear of
-    tensor-parallel inference; M may be 1). Arguments as :func:`all_gather_matmul`; where no
-    table covers gemm_ar, the op runs ``serial/nccl/cublas`` and says so once. Differentiable
-    (the all-reduce's backward is the identity)."""
-    return _call("matmul_all_reduce", a, b, group, schedule, table)
+    """``all_reduce(a @ b)`` over ``group``: ``a [..., K]`` (K this rank's slice of the
+    reduced dimension), ``b [K, N]`` -> ``[..., N]`` on every rank (a row-parallel linear of
+    tensor-parallel inference; one row is fine). Arguments as :func:`all_gather_matmul`;
+    where no table covers gemm_ar, the op runs ``serial/nccl/cublas`` and says so once.
+
+    Differentiable: the backward all-reduces ``grad_c`` (the all-reduce's adjoint: right
+    whatever each rank's loss reads). ``replicated_grad=True`` asserts that every rank holds
+    the same ``grad_c`` (everything after the op is replicated, Megatron's row-parallel
+    convention) and skips that all-reduce; with a replicated loss the default would count
+    it W times. ``FICCO_OPS_CHECK=1`` verifies the assertion."""
+    if not isinstance(replicated_grad, bool):
+        raise ValueError(f"replicated_grad: expected a bool, got {replicated_grad!r}")
+    group_name, schedule_text, table_text = _args(group, schedule, table)
+    return call(
+        "matmul_all_reduce", a, b, group_name, schedule_text, table_text, replicated_grad
+    )
+
+
+# -- torch.nn.Linear's layout: weight [out, in], passed to the ops as its transpose (a view) --
+
+
+def all_gather_linear(
+    x_shard: torch.Tensor,
+    weight: torch.Tensor,
+    group: dist.ProcessGroup | str | None = None,
+    *,
+    bias: torch.Tensor | None = None,
+    rows: Sequence[int] | None = None,
+    schedule: Schedule | str | None = None,
+    table: str | Path | None = None,
+) -> torch.Tensor:
+    """``F.linear(all_gather(x_shard), weight, bias)``: a column-parallel linear on a
+    sequence shard, ``weight [out/W, in]`` (this rank's rows of a ``torch.nn.Linear``'s
+    weight) used as is, no copy. As :func:`all_gather_matmul` with ``b = weight.t()``."""
+    out = all_gather_matmul(
+        x_shard, weight.t(), group, rows=rows, schedule=schedule, table=table
+    )
+    return _with_bias(out, bias)
+
+
+def linear_reduce_scatter(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    group: dist.ProcessGroup | str | None = None,
+    *,
+    bias: torch.Tensor | None = None,
+    rows: Sequence[int] | None = None,
+    schedule: Schedule | str | None = None,
+    table: str | Path | None = None,
+) -> torch.Tensor:
+    """``reduce_scatter(F.linear(x, weight)) + bias``: a row-parallel linear into a sequence
+    shard, ``weight [out, in/W]`` (this rank's columns), ``bias [out]`` added once, after the
+    reduction. As :func:`matmul_reduce_scatter` with ``b = weight.t()``."""
+    out = matmul_reduce_scatter(x, weight.t(), group, rows=rows, schedule=schedule, table=table)
+    return _with_bias(out, bias)
+
+
+def linear_all_reduce(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    group: dist.ProcessGroup | str | None = None,
+    *,
+    bias: torch.Tensor | None = None,
+    replicated_grad: bool = False,
+    schedule: Schedule | str | None = None,
+    table: str | Path | None = None,
+) -> torch.Tensor:
+    """``all_reduce(F.linear(x, weight)) + bias``: a row-parallel linear, ``weight [out,
+    in/W]``, ``bias [out]`` added once, after the reduction. As :func:`matmul_all_reduce`
+    with ``b = weight.t()``."""
+    out = matmul_all_reduce(
+        x, weight.t(), group, replicated_grad=replicated_grad, schedule=schedule, table=table
+    )
+    return _with_bias(out, bias)

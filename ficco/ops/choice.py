@@ -2,14 +2,15 @@
 
 Every rank of a group must take the same decision (a rank that runs another schedule posts
 other messages, and the group deadlocks). The decision depends only on values every rank
-shares: the problem (shapes, dtype, W), the explicit schedule string or the table, and the
-backend kind. Nothing here reads a clock, a rank, a random state or a measurement, so equal
-inputs give equal answers on every rank; ``FICCO_OPS_CHECK=1`` makes the ops verify it with
-one all-gather of the decision's hash per call (``ficco.ops.runner``).
+shares once the ranks agree on the call's operands (``ficco.ops.agree``): the problem
+(shapes, dtype, W), the explicit schedule string or the table, and the target (device kind,
+hosts of the group). Nothing here reads a clock, a rank, a random state or a measurement, so
+equal inputs give equal answers on every rank; ``FICCO_OPS_CHECK=1`` makes the ops verify it
+with one all-gather of the decision's hash per call (``ficco.ops.runner``).
 
 Order of precedence: an explicit ``schedule`` (refused with the rules it breaks if it is not
-legal for the call's problem, or if this backend cannot run it: an explicit request is never
-silently replaced); else the table's answer (``ficco.recommend``: the shipped table, or the
+legal for the call's problem, or with the reason the group's backend cannot run it: an
+explicit request is never silently replaced, and never fails later); else the table's answer (``ficco.recommend``: the shipped table, or the
 file ``table``), which outside the table's training range is the measured safe default; where
 the table's answer cannot run on this backend, ``serial/nccl/cublas`` with one warning per
 distinct reason, since a silent fallback is indistinguishable from the feature working.
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ficco.defaults import DEFAULT_MACHINE
+from ficco.execute.cpu import cpu_capability
 from ficco.problem import Problem
 from ficco.space import Compute, Gemm, Schedule, Transport, violations
 
@@ -55,30 +57,73 @@ class Choice:
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
 
 
-def backend_limit(problem: Problem, schedule: Schedule, device: str) -> str | None:
-    """Why ``device`` ('cpu' or 'cuda') cannot run ``schedule`` inside an op call, or None."""
-    if device == "cuda":
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where a call runs, as far as a schedule's feasibility depends on it."""
+
+    device: str
+    """The tensors' device type: 'cpu' (a gloo group) or 'cuda' (an NCCL group)."""
+    hosts: int = 1
+    """Distinct hosts among the group's ranks (symmetric memory spans one host)."""
+
+
+def needs_symmetric_memory(schedule: Schedule) -> bool:
+    """Whether ``schedule`` on CUDA reads or writes peers' buffers directly: copy-engine
+    transfers, the symmetric-memory all-reduces and fused flag kernels."""
+    transport = schedule.transport
+    return (
+        transport.is_one_sided
+        or transport.is_symm_all_reduce
+        or schedule.compute is Compute.FUSED
+    )
+
+
+def backend_limit(problem: Problem, schedule: Schedule, target: Target | str) -> str | None:
+    """Why the caller's group (``target``; a device type string: one host) cannot run
+    ``schedule`` inside an op call, or None."""
+    target = Target(target) if isinstance(target, str) else target
+    if target.device == "cuda":
         if schedule.transport is Transport.NCCL_CE:
             return "nccl_ce needs a zero-CTA NCCL communicator, which ficco.ops does not create"
+        if needs_symmetric_memory(schedule) and target.hosts > 1:
+            return (
+                f"{schedule} reads peers' buffers through symmetric memory, which spans the "
+                f"GPUs of one host: this group's ranks are on {target.hosts} hosts"
+            )
         if schedule.compute is Compute.FUSED and os.environ.get("CUDA_MODULE_LOADING") != "EAGER":
             # a kernel loaded lazily while a flag wait spins blocks the host (a deadlock
             # that only the flag timeout ends); the variable must be set before CUDA starts
             return "fused schedules need CUDA_MODULE_LOADING=EAGER in the environment"
         return None
-    if device != "cpu":
-        return f"ficco.ops runs on cpu or cuda tensors, not on {device!r}"
-    if schedule.gemm is Gemm.TRITON:
-        if problem.dtype == "bf16":
-            return "Triton's CPU interpreter computes bf16 dot products wrongly"
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            return "a Triton GEMM on CPU needs TRITON_INTERPRET=1 set before Triton is imported"
+    if target.device != "cpu":
+        return f"ficco.ops runs on cpu or cuda tensors, not on {target.device!r}"
+    if schedule.compute is Compute.FUSED:
+        # ficco's rank pools stand symmetric memory in with shared files; a caller's gloo
+        # group has no such memory between its processes
+        return (
+            "fused schedules need symmetric memory between the ranks, which a caller's gloo "
+            "group does not have"
+        )
+    limit = cpu_capability(problem, schedule)
+    if limit:
+        return limit
+    if schedule.gemm is Gemm.TRITON and os.environ.get("TRITON_INTERPRET") != "1":
+        return "a Triton GEMM on CPU needs TRITON_INTERPRET=1 set before Triton is imported"
     return None
 
 
+def choose(
+    problem: Problem, schedule: str = "", table: str = "", target: Target | str = "cpu"
+) -> Choice:
+    """The schedule ``problem`` runs on ``target`` (a ``Target``, or a device type: one
+    host): ``schedule`` if not empty, else the table's answer (``table``: a table file, or
+    empty for the shipped ``DEFAULT_MACHINE`` table)."""
+    return _choose(problem, schedule, table, Target(target) if isinstance(target, str) else target)
+
+
 @lru_cache(maxsize=4096)
-def choose(problem: Problem, schedule: str, table: str, device: str) -> Choice:
-    """The schedule ``problem`` runs on ``device``: ``schedule`` if not empty, else the table's
-    answer (``table``: a table file, or empty for the shipped ``DEFAULT_MACHINE`` table)."""
+def _choose(problem: Problem, schedule: str, table: str, target: Target) -> Choice:
+    device = target.device
     if schedule:
         picked = Schedule.parse(schedule)
         broken = violations(problem, picked)
@@ -86,7 +131,7 @@ def choose(problem: Problem, schedule: str, table: str, device: str) -> Choice:
             raise ValueError(
                 f"schedule: {schedule!r} is not legal for {problem.key}: {'; '.join(f'{name}: {why}' for name, why in broken)}"
             )
-        limit = backend_limit(problem, picked, device)
+        limit = backend_limit(problem, picked, target)
         if limit:
             raise ValueError(f"schedule: {schedule!r} cannot run on {device} here: {limit}")
         return Choice(problem, picked, "explicit", "asked for explicitly")
@@ -103,7 +148,7 @@ def choose(problem: Problem, schedule: str, table: str, device: str) -> Choice:
         warn_once(f"pattern:{problem.pattern}", f"ficco.ops: {reason}; running {SERIAL}")
         return Choice(problem, SERIAL, "fallback", reason)
     picked = Schedule.parse(answer.schedule)
-    limit = backend_limit(problem, picked, device)
+    limit = backend_limit(problem, picked, target)
     if limit is None:
         return Choice(problem, picked, "table", answer.reason)
     reason = f"the table picked {picked} for {problem.key}, which cannot run here ({limit})"

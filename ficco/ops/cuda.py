@@ -114,12 +114,15 @@ def run_plan_cuda(
     plan: Plan, tensors: dict[str, torch.Tensor], group: dist.ProcessGroup, device
 ) -> None:
     """Run ``plan`` on the caller's stream; ``tensors``: the caller's inputs and this call's
-    workspaces and output by buffer name (peer-visible ones are swapped for symmetric ones)."""
+    workspaces and output by buffer name. Peer-visible buffers run in symmetric ones (an
+    input copied in; an output, which gemm_ar's is, copied back out into the caller's
+    tensor: the symmetric one is reused by the next call)."""
     from ficco.execute.cuda import CudaPrimitives
     from ficco.space import Transport
 
     ctx = rank_context(group, device)
     handles: dict = {}
+    bound = dict(tensors)
     transport = plan.schedule.transport
     if transport is Transport.CE or transport.is_symm_all_reduce:
         symmetric, handles = symmetric_buffers(plan, group, device)
@@ -129,5 +132,8 @@ def run_plan_cuda(
         for name, buf in symmetric.items():
             if plan.buffer(name).role == "input":
                 buf.copy_(tensors[name])
-            tensors[name] = buf
-    interpret(CudaPrimitives(ctx, plan, Buffers(tensors, handles=handles)))
+            bound[name] = buf
+    interpret(CudaPrimitives(ctx, plan, Buffers(bound, handles=handles)))
+    for name, buf in bound.items():
+        if buf is not tensors[name] and plan.buffer(name).role == "output":
+            tensors[name].copy_(buf)

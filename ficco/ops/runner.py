@@ -1,33 +1,53 @@
-"""One op call: the problem of the call, its schedule, its cached plan, its buffers, the run.
+"""One op call: the ranks' agreement, the call's problem and schedule, its cached plan, the
+plan's buffers, the run.
 
-The plan of (problem, schedule, rank) is built once and cached (:func:`plan_for`); the plan's
-buffers are the caller's tensors (inputs, used in place) plus a fresh workspace and output per
-call (the output is handed to the caller, and the gathered ``a_full`` is kept for the weight
-gradient, so neither may be reused by the next call). The one interpreter
-(``ficco.execute.interpreter``) runs the plan through the CPU primitives on the caller's group
-(``ficco.ops.cpu``).
+The first call of a signature (op, shapes, dtype, group, schedule, table, rows) exchanges it
+with the group's other ranks (``ficco.ops.agree``: a disagreement raises on every rank), then
+decides (``ficco.ops.choice``) and builds the plan of (problem, schedule, rank) once
+(:func:`plan_for`); later calls of the signature are one dict lookup. The call's tensors are
+the plan's buffers (``Plan.buffers``): the caller's inputs, used in place, and a fresh tensor
+for every other buffer of its spec (the output is handed to the caller, and the gathered
+``a_full`` is kept for the weight gradient, so neither may be reused by the next call). The
+one interpreter (``ficco.execute.interpreter``) runs the plan through the CPU primitives on
+the caller's group (``ficco.execute.cpu``), or through ficco's CUDA primitives on the
+caller's NCCL group and stream (``ficco.ops.cuda``).
 
-On CUDA tensors the same plan runs through ficco's CUDA primitives on the caller's NCCL group
-and stream, with symmetric-memory buffers made once per (problem, group) (``ficco.ops.cuda``).
+Shapes: ``a [..., K]`` has its leading dimensions flattened into rows (row-major), the first
+one being the dimension sharded across ranks. Uneven shards (``rows``: every rank's size of
+that first dimension) run as the even problem of the largest shard: each rank's rows are
+padded with zeros to the largest count before the plan runs, and the padding is cut from the
+result (one copy of the output, and of ``a`` for a reduce-scatter), so every schedule carries
+them.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 import torch.distributed as dist
 
+from ficco.execute.cpu import CpuPrimitives
 from ficco.execute.interpreter import interpret
-from ficco.ops.choice import Choice, check_enabled, choose
-from ficco.ops.cpu import GroupCpuPrimitives
+from ficco.ops.agree import Signature, agree, agree_decision, hosts
+from ficco.ops.choice import Choice, Target, check_enabled, choose
 from ficco.ops.groups import group_cache, prune
+from ficco.ops.observe import count, profiled, record_name, tally_key
 from ficco.plan import Plan, build_plan
 from ficco.problem import Problem
 from ficco.space import Schedule
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+#: op -> pattern
+PATTERNS = {
+    "all_gather_matmul": "ag_gemm",
+    "matmul_reduce_scatter": "gemm_rs",
+    "matmul_all_reduce": "gemm_ar",
+}
+#: the group backend each device's tensors travel on
+_CARRIERS = {"cpu": "gloo", "cuda": "nccl"}
 
 
 def resolve_group(group: dist.ProcessGroup | str | None) -> dist.ProcessGroup:
@@ -53,21 +73,67 @@ def dtype_name(field: str, tensor: torch.Tensor) -> str:
 
 
 def check_operands(a: torch.Tensor, b: torch.Tensor, a_field: str) -> str:
-    """The common dtype name of ``a @ b``; refuses mismatches with the field and rule."""
-    if a.dim() != 2 or b.dim() != 2:
+    """The common dtype name of ``a @ b`` (``a [..., rows, K]``); refuses mismatches with the
+    field and rule."""
+    if a.dim() < 2 or b.dim() != 2:
         raise ValueError(
-            f"{a_field}, b: must be 2-D matrices, got shapes {tuple(a.shape)} and {tuple(b.shape)}"
+            f"{a_field}, b: {a_field} must be [..., rows, K] and b [K, N], got shapes "
+            f"{tuple(a.shape)} and {tuple(b.shape)}"
         )
-    if a.shape[1] != b.shape[0]:
+    if a.shape[-1] != b.shape[0]:
         raise ValueError(
-            f"b: has {b.shape[0]} rows but {a_field} has {a.shape[1]} columns (a @ b needs them "
-            "equal)"
+            f"b: has {b.shape[0]} rows but {a_field} has {a.shape[-1]} columns (a @ b needs "
+            "them equal)"
         )
     if a.dtype != b.dtype:
         raise ValueError(f"b: dtype {b.dtype} differs from {a_field}'s {a.dtype}")
     if a.device != b.device:
         raise ValueError(f"b: on {b.device}, {a_field} on {a.device}: must be on one device")
     return dtype_name(a_field, a)
+
+
+def check_group(pg: dist.ProcessGroup, device: torch.device) -> None:
+    """Refuses a group whose backend cannot carry ``device``'s tensors (the same on every rank)."""
+    carrier = _CARRIERS.get(device.type)
+    backend = str(dist.get_backend(pg))
+    if carrier is None or carrier not in backend:
+        raise ValueError(
+            f"group: its backend {backend!r} cannot carry {device.type} tensors (ficco.ops runs "
+            "cpu tensors on gloo groups and cuda tensors on NCCL groups)"
+        )
+
+
+def even_rows(total: int, world: int) -> list[int]:
+    """Every rank's share of ``total`` rows as ``torch.tensor_split`` deals them (the first
+    ``total % world`` ranks one more): a ``rows=`` for a length W does not divide."""
+    return [total // world + (r < total % world) for r in range(world)]
+
+
+def shard_rows(op: str, a: torch.Tensor, rows: tuple[int, ...], world: int) -> tuple[int, ...]:
+    """Every rank's size of the sharded first dimension (the operands already agreed)."""
+    if op == "matmul_all_reduce":
+        if rows:
+            raise ValueError("rows: matmul_all_reduce shards no rows (every rank gets all M)")
+        return ()
+    if rows:
+        if len(rows) != world or min(rows) < 0:
+            raise ValueError(
+                f"rows: {list(rows)} must give one count >= 0 per rank of the group ({world})"
+            )
+        if op == "matmul_reduce_scatter" and sum(rows) != a.shape[0]:
+            raise ValueError(
+                f"rows: {list(rows)} sums to {sum(rows)}, but a's first dimension has "
+                f"{a.shape[0]} (the reduce-scatter deals them out)"
+            )
+        return rows
+    if op == "all_gather_matmul":
+        return (a.shape[0],) * world
+    if a.shape[0] % world:
+        raise ValueError(
+            f"a: has {a.shape[0]} rows, which {world} ranks cannot share evenly (pass rows= "
+            f"with every rank's count, e.g. rows={even_rows(a.shape[0], world)})"
+        )
+    return (a.shape[0] // world,) * world
 
 
 @lru_cache(maxsize=256)
@@ -87,21 +153,6 @@ def next_run(pg: dist.ProcessGroup) -> int:
     return _runs[name]
 
 
-def decide(problem: Problem, schedule: str, table: str, device: torch.device, group) -> Choice:
-    choice = choose(problem, schedule, table, device.type)
-    if check_enabled():
-        mine = torch.tensor([choice.digest], dtype=torch.int64, device=device)
-        every = [torch.empty_like(mine) for _ in range(problem.world)]
-        dist.all_gather(every, mine, group=group)
-        if len({int(t) for t in every}) != 1:
-            raise RuntimeError(
-                f"ficco.ops: ranks took different decisions for {problem.key} (this rank "
-                f"{choice.schedule}, hashes {[int(t) for t in every]}): check that every rank "
-                "reads the same table and ficco version"
-            )
-    return choice
-
-
 def execute(plan: Plan, tensors: dict, group: dist.ProcessGroup, device: torch.device) -> None:
     """Run ``plan`` over ``tensors`` (buffer name -> tensor) on ``group``, on CPU or CUDA."""
     if device.type == "cuda":
@@ -109,119 +160,186 @@ def execute(plan: Plan, tensors: dict, group: dist.ProcessGroup, device: torch.d
 
         run_plan_cuda(plan, tensors, group, device)
     else:
-        interpret(GroupCpuPrimitives(plan, tensors, next_run(pg=group), group))
+        interpret(CpuPrimitives(plan, tensors, next_run(pg=group), group=group))
 
 
-@dataclass(frozen=True, slots=True)
+def bind(plan: Plan, inputs: dict[str, torch.Tensor], like: torch.Tensor) -> dict:
+    """The plan's buffers: ``inputs`` by name (checked against their specs), a fresh tensor
+    (``like``'s dtype and device) of its spec's shape for every other buffer."""
+    tensors = {}
+    for spec in plan.buffers:
+        if spec.role == "input":
+            t = inputs[spec.name]
+            if tuple(t.shape) != spec.shape:
+                raise AssertionError(f"{spec.name}: shape {tuple(t.shape)}, plan {spec.shape}")
+        else:
+            t = like.new_empty(spec.shape)
+        tensors[spec.name] = t
+    return tensors
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class CallPlan:
     """What every call of one signature runs: the group, the problem, the choice, the plan."""
 
+    op: str
     group: dist.ProcessGroup
     rank: int
+    firsts: tuple[int, ...]
+    """Every rank's size of a's sharded first dimension (matmul_all_reduce: none)."""
+    counts: tuple[int, ...]
+    """Every rank's rows after flattening (``firsts`` times the inner dimensions)."""
     problem: Problem | None
     """None (with choice and plan) for a group of one rank: the call is its matmul."""
     choice: Choice | None
     plan: Plan | None
+    tally: tuple = ()
+    record: str = ""
+
+    @property
+    def uneven(self) -> bool:
+        return len(set(self.counts)) > 1
 
 
-#: (pattern, a shape, b shape, dtype, device type, group, schedule, table) -> CallPlan. A
+#: (op, a shape, b shape, dtype, device type, group, schedule, table, rows) -> CallPlan. A
 #: step calls the same few shapes again and again: after the first call, one dict lookup
-#: replaces resolving the group, checking operands, building the Problem and the choice.
+#: replaces the exchange, resolving the group, checking operands and the choice.
 _calls: dict[tuple, CallPlan] = group_cache(lambda key, call: call.group)
 
 
 def call_plan(
-    pattern: str, a: torch.Tensor, b: torch.Tensor, group, schedule: str, table: str
+    op: str, a: torch.Tensor, b: torch.Tensor, group, schedule: str, table: str, rows=()
 ) -> CallPlan:
-    """The (cached) CallPlan of one op call; the first call of a signature checks it fully."""
-    key = (pattern, a.shape, b.shape, a.dtype, a.device.type, group, schedule, table)
+    """The (cached) CallPlan of one op call; the first call of a signature agrees with the
+    group's other ranks and checks it fully."""
+    rows = tuple(rows)
+    key = (op, a.shape, b.shape, a.dtype, a.device.type, group, schedule, table, rows)
     hit = _calls.get(key)
     pg = resolve_group(group)
     # a group name outlives its group: after destroy_process_group and a new init, the new
     # default group is named "0" again, so a hit counts only for the very same group
     if hit is not None and hit.group is pg:
-        if check_enabled() and hit.problem is not None:  # rank agreement, every call if asked
-            decide(hit.problem, schedule, table, a.device, hit.group)
+        if check_enabled() and hit.problem is not None:  # agreement on every call, if asked
+            agree(Signature.of(op, a, b, schedule, table, rows), pg, a.device)
+            agree_decision(op, hit.choice.digest, str(hit.choice.schedule), pg, a.device)
+        if hit.choice is not None:
+            count(hit.tally, hit.choice)
         return hit
     prune()  # a miss is rare: drop what destroyed groups left behind
     world, rank = pg.size(), pg.rank()
-    a_field = "a_shard" if pattern == "ag_gemm" else "a"
-    dtype = check_operands(a, b, a_field)
+    a_field = "a_shard" if op == "all_gather_matmul" else "a"
     if world == 1:
         # a group of one rank (tensor parallelism of 1): the op is its matmul, nothing to overlap
+        check_operands(a, b, a_field)
         if schedule:
             raise ValueError(
                 f"schedule: {schedule!r} given for a group of 1 rank, which has no "
                 "communication to schedule (pass no schedule: the op runs its matmul)"
             )
-        call = CallPlan(pg, rank, None, None, None)
-        if isinstance(group, str) or group is None:
-            _calls[key] = call
-        return call
-    rows, k = a.shape
-    if pattern == "gemm_rs" and rows % world:
-        raise ValueError(
-            f"a: has {rows} rows, which {world} ranks cannot share evenly (reduce_scatter gives "
-            "every rank M/W rows: M must be divisible by W)"
+        firsts = shard_rows(op, a, rows, 1)
+        call = CallPlan(op, pg, rank, firsts, firsts, None, None, None)
+    else:
+        check_group(pg, a.device)
+        every = agree(Signature.of(op, a, b, schedule, table, rows), pg, a.device)
+        # the ranks agree: every check below answers alike on every rank
+        dtype = check_operands(a, b, a_field)
+        firsts = shard_rows(op, a, rows, world)
+        inner = math.prod(a.shape[1:-1])
+        counts = tuple(f * inner for f in firsts)
+        m = world * max(counts) if counts else math.prod(a.shape[:-1])
+        problem = Problem(
+            pattern=PATTERNS[op], m=m, n=b.shape[1], k=a.shape[-1], world=world, dtype=dtype
         )
-    m = rows * world if pattern == "ag_gemm" else rows
-    problem = Problem(pattern=pattern, m=m, n=b.shape[1], k=k, world=world, dtype=dtype)
-    choice = decide(problem, schedule, table, a.device, pg)
-    call = CallPlan(pg, rank, problem, choice, plan_for(problem, choice.schedule, rank))
+        choice = choose(problem, schedule, table, Target(a.device.type, hosts(every)))
+        if check_enabled():
+            agree_decision(op, choice.digest, str(choice.schedule), pg, a.device)
+        plan = plan_for(problem, choice.schedule, rank)
+        tally = tally_key(op, choice)
+        call = CallPlan(
+            op, pg, rank, firsts, counts, problem, choice, plan, tally, record_name(op, choice)
+        )
+        count(tally, choice)
     if isinstance(group, str) or group is None:  # a ProcessGroup key would pin the group
         _calls[key] = call
     return call
 
 
+def pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """``t [r, K]`` with zero rows below it: ``[rows, K]``."""
+    padded = t.new_zeros((rows, t.shape[1]))
+    padded[: t.shape[0]].copy_(t)
+    return padded
+
+
+def spread(t: torch.Tensor, counts: tuple[int, ...], rows: int) -> torch.Tensor:
+    """``t [sum(counts), K]`` with rank r's ``counts[r]`` rows at ``r * rows``, zeros between:
+    ``[W * rows, K]``."""
+    out = t.new_zeros((len(counts) * rows, t.shape[1]))
+    start = 0
+    for r, n in enumerate(counts):
+        out[r * rows : r * rows + n].copy_(t[start : start + n])
+        start += n
+    return out
+
+
+def compact(t: torch.Tensor, counts: tuple[int, ...], rows: int) -> torch.Tensor:
+    """The inverse of :func:`spread`: rank r's first ``counts[r]`` rows of its ``rows``."""
+    return torch.cat([t[r * rows : r * rows + n] for r, n in enumerate(counts)])
+
+
 def run_ag_gemm(
-    a_shard: torch.Tensor, b: torch.Tensor, group, schedule: str, table: str
+    a_shard: torch.Tensor, b: torch.Tensor, group, schedule: str, table: str, rows=()
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(c [M, N], a_full [M, K])``: ``c = all_gather(a_shard) @ b`` on ``group``."""
-    call = call_plan("ag_gemm", a_shard, b, group, schedule, table)
+    """``(c [sum(rows), ..., N], a_full [M, K])``: ``c = all_gather(a_shard) @ b`` on
+    ``group``, every rank's rows in rank order (``a_full``: the gathered rows, flattened)."""
+    call = call_plan("all_gather_matmul", a_shard, b, group, schedule, table, rows)
+    k, n = a_shard.shape[-1], b.shape[1]
+    shape = (sum(call.firsts), *a_shard.shape[1:-1], n)
+    a_rows = a_shard.reshape(-1, k)
     if call.plan is None:
-        return a_shard @ b, a_shard.clone()  # a custom op may not return an alias of an input
-    problem, rank = call.problem, call.rank
-    S = a_shard.shape[0]  # noqa: N806 - the plan's names
-    a_full = a_shard.new_empty((problem.m, problem.k))
-    tensors = {
-        "a_shard": a_shard,
-        "b": b,
-        "a_full": a_full,
-        "c": a_shard.new_empty((problem.m, problem.n)),
-    }
-    execute(call.plan, tensors, call.group, a_shard.device)
+        return (a_rows @ b).view(shape), a_rows.clone()  # a custom op may not alias an input
+    rank, S = call.rank, call.problem.m_shard  # noqa: N806 - the plan's names
+    a_in = a_rows if a_rows.shape[0] == S else pad_rows(a_rows, S)
+    with profiled(call.record):
+        tensors = bind(call.plan, {"a_shard": a_in, "b": b}, a_rows)
+        execute(call.plan, tensors, call.group, a_shard.device)
+    c, a_full = tensors["c"], tensors["a_full"]
     # overlapped plans read the local shard in place and leave its rows of a_full unwritten
-    a_full[rank * S : (rank + 1) * S].copy_(a_shard)
-    return tensors["c"], a_full
+    a_full[rank * S : (rank + 1) * S].copy_(a_in)
+    if call.uneven:
+        c, a_full = compact(c, call.counts, S), compact(a_full, call.counts, S)
+    return c.view(shape), a_full
 
 
-def run_gemm_rs(a: torch.Tensor, b: torch.Tensor, group, schedule: str, table: str) -> torch.Tensor:
-    """``reduce_scatter(a @ b)`` on ``group``: this rank's rows, ``[M/W, N]``."""
-    call = call_plan("gemm_rs", a, b, group, schedule, table)
+def run_gemm_rs(
+    a: torch.Tensor, b: torch.Tensor, group, schedule: str, table: str, rows=()
+) -> torch.Tensor:
+    """``reduce_scatter(a @ b)`` on ``group``: this rank's rows, ``[rows[rank], ..., N]``."""
+    call = call_plan("matmul_reduce_scatter", a, b, group, schedule, table, rows)
+    k, n = a.shape[-1], b.shape[1]
+    shape = (call.firsts[call.rank], *a.shape[1:-1], n)
+    a_rows = a.reshape(-1, k)
     if call.plan is None:
-        return a @ b
-    problem = call.problem
-    S, N = problem.m_shard, problem.n  # noqa: N806
-    tensors = {
-        "a": a,
-        "b": b,
-        "partial": a.new_empty((problem.m, N)),
-        "staging": a.new_empty((problem.world * S, N)),
-        "c_shard": a.new_empty((S, N)),
-    }
-    execute(call.plan, tensors, call.group, a.device)
-    return tensors["c_shard"]
+        return (a_rows @ b).view(shape)
+    S = call.problem.m_shard  # noqa: N806
+    a_in = spread(a_rows, call.counts, S) if call.uneven else a_rows
+    with profiled(call.record):
+        tensors = bind(call.plan, {"a": a_in, "b": b}, a_rows)
+        execute(call.plan, tensors, call.group, a.device)
+    return tensors["c_shard"][: call.counts[call.rank]].view(shape)
 
 
-def run_gemm_ar(a: torch.Tensor, b: torch.Tensor, group, schedule: str, table: str) -> torch.Tensor:
-    """``all_reduce(a @ b)`` on ``group``: ``[M, N]`` on every rank (a row-parallel linear
+def run_gemm_ar(
+    a: torch.Tensor, b: torch.Tensor, group, schedule: str, table: str
+) -> torch.Tensor:
+    """``all_reduce(a @ b)`` on ``group``: ``[..., N]`` on every rank (a row-parallel linear
     without sequence parallelism, as inference engines run it)."""
-    call = call_plan("gemm_ar", a, b, group, schedule, table)
+    call = call_plan("matmul_all_reduce", a, b, group, schedule, table)
+    shape = (*a.shape[:-1], b.shape[1])
+    a_rows = a.reshape(-1, a.shape[-1])
     if call.plan is None:
-        return a @ b
-    tensors = {"a": a, "b": b}
-    for spec in call.plan.buffers:
-        if spec.role != "input":
-            tensors[spec.name] = a.new_empty(spec.shape)
-    execute(call.plan, tensors, call.group, a.device)
-    return tensors["c"]
+        return (a_rows @ b).view(shape)
+    with profiled(call.record):
+        tensors = bind(call.plan, {"a": a_rows, "b": b}, a_rows)
+        execute(call.plan, tensors, call.group, a.device)
+    return tensors["c"].view(shape)
