@@ -193,34 +193,23 @@ class _AsyncTpMatmulReduceScatter(torch.autograd.Function):
         return grad_a, a.t() @ grad_full, None
 
 
-#: problem key -> "schedule (source)" of every ficco op call of the run, forward and backward
-FICCO_CHOICES: dict[str, str] = {}
+def ficco_choices() -> dict[str, str]:
+    """problem key -> "schedule (source)" of every ficco op call of the run, forward and
+    backward (where the table's pick could not run here, the op says so and runs serial:
+    the JSON shows which)."""
+    import sys
 
+    if "ficco.ops" not in sys.modules:
+        return {}
+    from ficco.ops import schedule_counts
 
-def _record_choices() -> None:
-    """Wrap ``ficco.ops.runner.decide`` to note what each call ran (where the table's pick
-    could not run here, the op says so and runs serial: the JSON shows which)."""
-    import ficco.ops.runner as runner
-
-    if getattr(runner.decide, "records_choices", False):
-        return
-    decide = runner.decide
-
-    def recording(problem, *args, **kwargs):
-        choice = decide(problem, *args, **kwargs)
-        FICCO_CHOICES[problem.key] = f"{choice.schedule} ({choice.source})"
-        return choice
-
-    recording.records_choices = True
-    runner.decide = recording
+    return {c.problem.key: f"{c.schedule} ({c.source})" for c in schedule_counts()}
 
 
 def linears(impl: str, group):
     """(all_gather_matmul, matmul_reduce_scatter) of ``impl``, both ``f(a, b)``."""
     if impl == "ficco":
         import ficco.ops
-
-        _record_choices()
 
         return (
             lambda a, b: ficco.ops.all_gather_matmul(a, b, group),
@@ -314,7 +303,7 @@ def rank_main(rank: int, world: int, init_file: str, args: dict, result_file: st
         enable_symm_mem_for_group(group.group_name)
     rows = run_suite(rank, world, device, group, args)
     if rank == 0:
-        result = {"rows": rows, "ficco_choices": dict(sorted(FICCO_CHOICES.items()))}
+        result = {"rows": rows, "ficco_choices": dict(sorted(ficco_choices().items()))}
         Path(result_file).write_text(json.dumps(result))
     dist.barrier()
     end_rank(cuda)

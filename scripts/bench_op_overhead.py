@@ -64,15 +64,15 @@ def rank_main(rank: int, world: int, init: str, args: dict, result_file: str) ->
     b_rs = torch.randn(k // world, n, device=device).to(dtype)
     name = dist.group.WORLD.group_name
     cases = {
-        "all_gather_matmul": (ficco.ops.all_gather_matmul, runner.run_ag_gemm, "ag_gemm", a_shard, b_ag),
-        "matmul_reduce_scatter": (ficco.ops.matmul_reduce_scatter, runner.run_gemm_rs, "gemm_rs", a, b_rs),
-        "matmul_all_reduce": (ficco.ops.matmul_all_reduce, runner.run_gemm_ar, "gemm_ar", a, b_rs),
+        "all_gather_matmul": (ficco.ops.all_gather_matmul, runner.run_ag_gemm, a_shard, b_ag),
+        "matmul_reduce_scatter": (ficco.ops.matmul_reduce_scatter, runner.run_gemm_rs, a, b_rs),
+        "matmul_all_reduce": (ficco.ops.matmul_all_reduce, runner.run_gemm_ar, a, b_rs),
     }  # fmt: skip
     rows = {}
     import warnings
 
     warnings.simplefilter("ignore")  # gemm_ar's one fallback warning
-    for op_name, (op, run, pattern, lhs, rhs) in cases.items():
+    for op_name, (op, run, lhs, rhs) in cases.items():
         for _ in range(3):
             op(lhs, rhs)  # real calls: decide, plan, rendezvous
         if cuda:
@@ -80,12 +80,12 @@ def rank_main(rank: int, world: int, init: str, args: dict, result_file: str) ->
         real = runner.execute
         runner.execute = lambda *a, **kw: None
         try:
-            call = runner.call_plan(pattern, lhs, rhs, name, "", "")
+            call = runner.call_plan(op_name, lhs, rhs, name, "", "")
             rows[op_name] = {
                 "schedule": str(call.choice.schedule),
                 "op_call_us": per_call_us(lambda op=op, lhs=lhs, rhs=rhs: op(lhs, rhs), args["calls"]),
                 "runner_us": per_call_us(lambda run=run, lhs=lhs, rhs=rhs: run(lhs, rhs, name, "", ""), args["calls"]),
-                "call_plan_us": per_call_us(lambda p=pattern, lhs=lhs, rhs=rhs: runner.call_plan(p, lhs, rhs, name, "", ""), args["calls"]),
+                "call_plan_us": per_call_us(lambda p=op_name, lhs=lhs, rhs=rhs: runner.call_plan(p, lhs, rhs, name, "", ""), args["calls"]),
                 "one_output_allocation_us": per_call_us(lambda lhs=lhs: lhs.new_empty((m, n)), args["calls"]),
             }  # fmt: skip
         finally:

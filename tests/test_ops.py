@@ -187,6 +187,8 @@ def _diverged(rank, world):
     mine = "shard/ce/cublas" if rank == 0 else "serial/nccl/cublas"
     with pytest.raises(ValueError, match="every rank passes the same schedule="):
         all_gather_matmul(a_shard, b, schedule=mine)
+    with pytest.raises(ValueError, match="operands disagree"):  # shapes, never the table
+        all_gather_matmul(a_shard[: 2 + rank], b)
     # operands agreed, decisions not (another table or ficco version on one rank): the
     # debug check blames the decision, not the operands
     real = choice._choose
@@ -345,11 +347,21 @@ def test_fake_shapes():
                 out = torch.ops.ficco.matmul_reduce_scatter(
                     torch.empty(6, 7), torch.empty(7, 9), name, "", "", []
                 )
+                # leading dimensions, uneven rows, the all-reduce and its backward's sum
+                c3, a3 = torch.ops.ficco.all_gather_matmul(
+                    torch.empty(5, 2, 7), torch.empty(7, 9), name, "", "", [5]
+                )
+                ar = torch.ops.ficco.matmul_all_reduce(
+                    torch.empty(3, 2, 7), torch.empty(7, 9), name, "", "", False
+                )
+                summed = torch.ops.ficco.all_reduce(torch.empty(3, 9), name)
             assert (tuple(c.shape), tuple(a_full.shape), tuple(out.shape)) == (
                 (5, 9),
                 (5, 7),
                 (6, 9),
             )
+            assert (tuple(c3.shape), tuple(a3.shape)) == ((5, 2, 9), (10, 7))
+            assert (tuple(ar.shape), tuple(summed.shape)) == ((3, 2, 9), (3, 9))
         finally:
             dist.destroy_process_group()
 

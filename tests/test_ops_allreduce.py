@@ -66,8 +66,52 @@ def _fallback_and_autograd(rank, world):
         close(b.grad, (a.detach().double().t() @ probe.double()))
 
 
+def _adjoint(rank, world):
+    """Each rank's loss reads only its own rows of c: the gradient needs every rank's
+    grad_c (the all-reduce's adjoint), which the identity would miss."""
+    import os
+
+    import pytest
+
+    from ficco.ops import linear_all_reduce
+
+    rows = slice(2 * rank, 2 * rank + 2)
+    a = rand(100 + rank, 2 * world, 3, 8).requires_grad_(True)  # [M, B, K/W]: leading dims
+    weight = rand(110 + rank, 5, 8).requires_grad_(True)  # an nn.Linear's [out, in/W]
+    g = rand(120 + rank, 2, 3, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = linear_all_reduce(a, weight)
+    (c[rows] * g).sum().backward()
+    a_ref, w_ref, g_ref = (
+        [t.double().requires_grad_(True) for t in gathered(v.detach(), world)]
+        for v in (a, weight, g)
+    )
+    total = sum(a_ref[r] @ w_ref[r].t() for r in range(world))
+    sum((total[2 * r : 2 * r + 2] * g_ref[r]).sum() for r in range(world)).backward()
+    close(a.grad, a_ref[rank].grad)
+    close(weight.grad, w_ref[rank].grad)
+    # the identity (replicated_grad=True) would be wrong here: the debug check says so
+    os.environ["FICCO_OPS_CHECK"] = "1"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            c = linear_all_reduce(a, weight, replicated_grad=True)
+        with pytest.raises(ValueError, match="replicated_grad: True asserts every rank's grad_c"):
+            (c[rows] * g).sum().backward()
+    finally:
+        del os.environ["FICCO_OPS_CHECK"]
+
+
+def _fallback_autograd_adjoint(rank, world):
+    _fallback_and_autograd(rank, world)
+    _adjoint(rank, world)
+
+
 def test_table_fallback_and_autograd():
-    spawn(_fallback_and_autograd, 2)
+    """The fallback said once; the replicated-gradient backward (asserted); the true adjoint
+    by default, against the unsharded model where each rank's loss reads other rows."""
+    spawn(_fallback_autograd_adjoint, 2)
 
 
 def _regroup(rank, world, init_dir):

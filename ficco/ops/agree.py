@@ -132,7 +132,9 @@ def disagreement(every: list[Signature]) -> str | None:
     first, world = every[0], len(every)
     ops = [s.op for s in every]
     if len(set(ops)) > 1:
-        return f"the ranks called different ops ({ops}): every rank calls a group's ops in one order"
+        return (
+            f"the ranks called different ops ({ops}): every rank calls a group's ops in one order"
+        )
     op = first.op
     differs = lambda field: len({getattr(s, field) for s in every}) > 1  # noqa: E731
     if differs("dtype"):
@@ -158,7 +160,11 @@ def disagreement(every: list[Signature]) -> str | None:
                 f"giving every rank's count (here rows={firsts})"
             )
     elif differs("a"):
-        what = "M and K" if op == "matmul_all_reduce" else "all M rows (the reduce-scatter splits them) and K"
+        what = (
+            "M and K"
+            if op == "matmul_all_reduce"
+            else "all M rows (the reduce-scatter splits them) and K"
+        )
         return f"every rank's a needs the same shape: every rank holds {what}"
     if differs("b"):
         return "every rank's b needs the same shape [K, N]"

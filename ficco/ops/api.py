@@ -64,9 +64,7 @@ def all_gather_matmul(
     run here. Differentiable: the input gradient runs as a matmul_reduce_scatter through
     ficco."""
     group_name, schedule_text, table_text = _args(group, schedule, table)
-    c, _ = call(
-        "all_gather_matmul", a_shard, b, group_name, schedule_text, table_text, _rows(rows)
-    )
+    c, _ = call("all_gather_matmul", a_shard, b, group_name, schedule_text, table_text, _rows(rows))
     return c
 
 
@@ -86,9 +84,7 @@ def matmul_reduce_scatter(
     :func:`all_gather_matmul`; the input gradient runs as an all_gather_matmul through
     ficco."""
     group_name, schedule_text, table_text = _args(group, schedule, table)
-    return call(
-        "matmul_reduce_scatter", a, b, group_name, schedule_text, table_text, _rows(rows)
-    )
+    return call("matmul_reduce_scatter", a, b, group_name, schedule_text, table_text, _rows(rows))
 
 
 def matmul_all_reduce(
@@ -113,9 +109,7 @@ def matmul_all_reduce(
     if not isinstance(replicated_grad, bool):
         raise ValueError(f"replicated_grad: expected a bool, got {replicated_grad!r}")
     group_name, schedule_text, table_text = _args(group, schedule, table)
-    return call(
-        "matmul_all_reduce", a, b, group_name, schedule_text, table_text, replicated_grad
-    )
+    return call("matmul_all_reduce", a, b, group_name, schedule_text, table_text, replicated_grad)
 
 
 # -- torch.nn.Linear's layout: weight [out, in], passed to the ops as its transpose (a view) --
@@ -134,9 +128,7 @@ def all_gather_linear(
     """``F.linear(all_gather(x_shard), weight, bias)``: a column-parallel linear on a
     sequence shard, ``weight [out/W, in]`` (this rank's rows of a ``torch.nn.Linear``'s
     weight) used as is, no copy. As :func:`all_gather_matmul` with ``b = weight.t()``."""
-    out = all_gather_matmul(
-        x_shard, weight.t(), group, rows=rows, schedule=schedule, table=table
-    )
+    out = all_gather_matmul(x_shard, weight.t(), group, rows=rows, schedule=schedule, table=table)
     return _with_bias(out, bias)
 
 

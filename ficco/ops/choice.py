@@ -72,9 +72,7 @@ def needs_symmetric_memory(schedule: Schedule) -> bool:
     transfers, the symmetric-memory all-reduces and fused flag kernels."""
     transport = schedule.transport
     return (
-        transport.is_one_sided
-        or transport.is_symm_all_reduce
-        or schedule.compute is Compute.FUSED
+        transport.is_one_sided or transport.is_symm_all_reduce or schedule.compute is Compute.FUSED
     )
 
 

@@ -329,9 +329,7 @@ def run_gemm_rs(
     return tensors["c_shard"][: call.counts[call.rank]].view(shape)
 
 
-def run_gemm_ar(
-    a: torch.Tensor, b: torch.Tensor, group, schedule: str, table: str
-) -> torch.Tensor:
+def run_gemm_ar(a: torch.Tensor, b: torch.Tensor, group, schedule: str, table: str) -> torch.Tensor:
     """``all_reduce(a @ b)`` on ``group``: ``[..., N]`` on every rank (a row-parallel linear
     without sequence parallelism, as inference engines run it)."""
     call = call_plan("matmul_all_reduce", a, b, group, schedule, table)
