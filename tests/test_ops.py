@@ -325,6 +325,34 @@ def _compiled(rank, world):
     graph_ops = {str(n.target) for g in counter.graphs for n in g.graph.nodes}
     assert any("ficco.all_gather_matmul" in t for t in graph_ops), graph_ops
     assert any("ficco.matmul_reduce_scatter" in t for t in graph_ops), graph_ops
+    _compiled_all_reduce(rank, world)
+
+
+def _compiled_all_reduce(rank, world):
+    """linear_all_reduce compiled: its backward's all-reduce of grad_c is traced too."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from ficco.ops import linear_all_reduce
+
+    def row_linear(x, weight):
+        return linear_all_reduce(x, weight, dist.group.WORLD.group_name)
+
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(row_linear, backend=counter, fullgraph=True)
+    weight = rand(50 + rank, 4, 6).requires_grad_()
+    x = rand(60 + rank, 3, 2, 6)
+    g = rand(70 + rank, 3, 2, 4)  # another loss on every rank: grad_c is all-reduced
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no table covers gemm_ar: serial, said once
+        (row_linear(x, weight) * g).sum().backward()
+        eager, weight.grad = weight.grad, None
+        (compiled(x, weight) * g).sum().backward()
+    close(weight.grad, eager.double())
+    total_g = g.clone()
+    dist.all_reduce(total_g)
+    close(weight.grad, total_g.reshape(-1, 4).t().double() @ x.reshape(-1, 6).double())
+    graph_ops = {str(n.target) for gm in counter.graphs for n in gm.graph.nodes}
+    assert any("ficco.matmul_all_reduce" in t for t in graph_ops), graph_ops
 
 
 def test_torch_compile_matches_eager():

@@ -19,7 +19,7 @@ package. ``schedule_counts()`` says which schedule every call ran, and why
 Per-group state (call plans, CUDA contexts, symmetric buffers) is dropped when its group is
 destroyed, or on request: ``ficco.ops.release(group)`` before ``destroy_process_group``.
 
-Modules: ``choice`` (the decision, pure Python), ``agree`` (the ranks' agreement on a
+Modules: ``choice`` (the decision, a pure function), ``agree`` (the ranks' agreement on a
 call), ``runner`` (one call), ``library`` (custom ops, fakes, autograd), ``observe``
 (counters, profiler records), ``groups`` (per-group caches), ``cuda`` (the CUDA path), ``api``.
 """
