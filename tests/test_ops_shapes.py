@@ -136,10 +136,17 @@ def _linear_mlp(rank, world):
 def _observed(rank, world):
     import warnings
 
-    from ficco.ops import all_gather_matmul, matmul_all_reduce, reset_counts, schedule_counts
+    from ficco.ops import (
+        all_gather_matmul,
+        chosen,
+        matmul_all_reduce,
+        reset_counts,
+        schedule_counts,
+    )
 
     reset_counts()
     a_shard, b = rand(rank, 4, 6), rand(5 + rank, 6, 3)
+    assert chosen("all_gather_matmul", a_shard[:3], b) is None  # not called yet
     for _ in range(3):
         all_gather_matmul(a_shard, b, schedule="shard/ce/cublas")
     all_gather_matmul(a_shard[:3], b)  # the table's pick
@@ -155,6 +162,12 @@ def _observed(rank, world):
     assert counts[("all_gather_matmul", 8, "finer-c2-m/nccl/cublas", "explicit")] == 1, counts
     table = [c for c in schedule_counts("all_gather_matmul") if c.problem.m == 6]
     assert len(table) == 1 and table[0].source == "table" and table[0].calls == 1, table
+    picked = chosen("all_gather_matmul", a_shard[:3], b)
+    assert picked.source == "table" and picked.schedule == table[0].schedule, picked
+    assert (
+        str(chosen("all_gather_matmul", a_shard, b, schedule="shard/ce/cublas").schedule)
+        == "shard/ce/cublas"
+    )
     (fallback,) = schedule_counts("matmul_all_reduce")
     assert fallback.source == "fallback" and str(fallback.schedule) == "serial/nccl/cublas"
     assert "no table covers gemm_ar" in fallback.reason

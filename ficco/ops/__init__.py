@@ -14,7 +14,7 @@ process group (``ficco.ops.runner``). They are ``torch.library`` custom ops
 ``torch.compile`` traces models that call them, and differentiable (the backward of each
 sharded one is the other pattern, through ficco). ``import ficco`` does not load this
 package. ``schedule_counts()`` says which schedule every call ran, and why
-(``ficco.ops.observe``).
+(``ficco.ops.observe``); ``chosen(op, a, b, ...)`` what calls of one signature run.
 
 Per-group state (call plans, CUDA contexts, symmetric buffers) is dropped when its group is
 destroyed, or on request: ``ficco.ops.release(group)`` before ``destroy_process_group``.
@@ -27,6 +27,7 @@ call), ``runner`` (one call), ``library`` (custom ops, fakes, autograd), ``obser
 from ficco.ops.api import (
     all_gather_linear,
     all_gather_matmul,
+    chosen,
     linear_all_reduce,
     linear_reduce_scatter,
     matmul_all_reduce,
@@ -46,6 +47,7 @@ __all__ = [
     "all_gather_linear",
     "all_gather_matmul",
     "choose",
+    "chosen",
     "even_rows",
     "linear_all_reduce",
     "linear_reduce_scatter",

@@ -18,8 +18,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ficco.ops.choice import Choice
 from ficco.ops.library import call  # importing it registers torch.ops.ficco.*
-from ficco.ops.runner import resolve_group
+from ficco.ops.runner import PATTERNS, cached_choice, resolve_group
 from ficco.space import Schedule
 
 
@@ -110,6 +111,27 @@ def matmul_all_reduce(
         raise ValueError(f"replicated_grad: expected a bool, got {replicated_grad!r}")
     group_name, schedule_text, table_text = _args(group, schedule, table)
     return call("matmul_all_reduce", a, b, group_name, schedule_text, table_text, replicated_grad)
+
+
+def chosen(
+    op: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group: dist.ProcessGroup | str | None = None,
+    *,
+    rows: Sequence[int] | None = None,
+    replicated_grad: bool = False,
+    schedule: Schedule | str | None = None,
+    table: str | Path | None = None,
+) -> Choice | None:
+    """The schedule that calls of ``op`` (a ``[K, N]`` op's name) with these arguments run on
+    this rank, and why (``Choice.source``, ``Choice.reason``: a fallback's reason included);
+    None until one such call has run. Local: no communication. For a ``*_linear`` call, pass
+    ``b=weight.t()``; ``replicated_grad`` is accepted so a call's keywords can be reused."""
+    if op not in PATTERNS:
+        raise ValueError(f"op: one of {', '.join(PATTERNS)}, got {op!r}")
+    group_name, schedule_text, table_text = _args(group, schedule, table)
+    return cached_choice(op, a, b, group_name, schedule_text, table_text, _rows(rows))
 
 
 # -- torch.nn.Linear's layout: weight [out, in], passed to the ops as its transpose (a view) --

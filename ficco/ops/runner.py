@@ -207,13 +207,23 @@ class CallPlan:
 _calls: dict[tuple, CallPlan] = group_cache(lambda key, call: call.group)
 
 
+def signature_key(op: str, a, b, group, schedule: str, table: str, rows) -> tuple:
+    return (op, a.shape, b.shape, a.dtype, a.device.type, group, schedule, table, tuple(rows))
+
+
+def cached_choice(op: str, a, b, group, schedule: str, table: str, rows=()) -> Choice | None:
+    """The choice calls of this signature run, once one has run on this rank (else None)."""
+    hit = _calls.get(signature_key(op, a, b, group, schedule, table, rows))
+    return None if hit is None or hit.group is not resolve_group(group) else hit.choice
+
+
 def call_plan(
     op: str, a: torch.Tensor, b: torch.Tensor, group, schedule: str, table: str, rows=()
 ) -> CallPlan:
     """The (cached) CallPlan of one op call; the first call of a signature agrees with the
     group's other ranks and checks it fully."""
     rows = tuple(rows)
-    key = (op, a.shape, b.shape, a.dtype, a.device.type, group, schedule, table, rows)
+    key = signature_key(op, a, b, group, schedule, table, rows)
     hit = _calls.get(key)
     pg = resolve_group(group)
     # a group name outlives its group: after destroy_process_group and a new init, the new
