@@ -15,13 +15,28 @@ from collections.abc import Iterable
 
 class InputError(ValueError):
     """A value given to ficco breaks a rule. ``field`` names the parameter (the command-line
-    option of the same name, with dashes); ``str(err)`` is ``"field: rule, got value"``."""
+    option of the same name, with dashes); ``str(err)`` is ``"field: rule, got value"``, or
+    ``"field: rule"`` where the rule already names the value (or no value was given)."""
 
     def __init__(self, field: str, value: object, rule: str) -> None:
         self.field = field
         self.value = value
         self.rule = rule
-        super().__init__(f"{field}: {rule}, got {value!r}")
+        shown = "" if value is None or names_value(rule, value) else f", got {value!r}"
+        super().__init__(f"{field}: {rule}{shown}")
+
+
+def names_value(text: str, value: object) -> bool:
+    """Whether ``text`` already shows ``value``: its repr anywhere, or a string of 4 or more
+    characters standing alone (not inside a longer name: 'llama3' is not in 'llama3-8b')."""
+    if not isinstance(value, str):
+        return not isinstance(value, numbers.Number) and repr(value) in text
+    if repr(value) in text:
+        return True
+    word = value.strip()
+    if len(word) < 4:
+        return False
+    return re.search(rf"(?<![\w.\-/+]){re.escape(word)}(?![\w\-/+]|\.\w)", text) is not None
 
 
 _INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")

@@ -112,17 +112,29 @@ def table_console():
     return console if console.is_terminal else Console(width=200)
 
 
-def dtype_option(default_help: str = "bf16; fp32 with --backend cpu") -> Callable:
+def dtype_option(with_backend: bool) -> Callable:
+    """``--dtype``; its default is the backend's (``with_backend``: the command has
+    ``--backend``), else the GPU backend's, which the commands without one describe."""
+    from ficco.api import default_dtype
+
+    if with_backend:
+        default = ", ".join(f"{default_dtype(b)} {b}" for b in ("cpu", "cuda"))
+        default = f"the backend's: {default}"
+    else:
+        default = default_dtype("cuda")
     return click.option(
         "--dtype",
         type=click.Choice(sorted(DTYPE_BYTES)),
         default=None,
-        help=f"Element type [default: {default_help}].",
+        help=f"Element type [default: {default}].",
     )
 
 
-def problem_options(func: Callable) -> Callable:
-    """The options of every command that takes one problem (``api.make_problem``'s fields)."""
+def problem_options(func: Callable | None = None, *, with_backend: bool = False) -> Callable:
+    """The options of every command that takes one problem (``api.make_problem``'s fields);
+    ``with_backend``: the command has ``--backend`` (the dtype's default follows it)."""
+    if func is None:
+        return lambda f: problem_options(f, with_backend=with_backend)
     options = [
         click.argument("pattern", type=click.Choice(PATTERNS)),
         click.option("--m", "m", metavar="INT", required=True, help="Global rows (tokens)."),
@@ -133,7 +145,7 @@ def problem_options(func: Callable) -> Callable:
         click.option(
             "--world", "-w", "world", metavar="INT", required=True, help="Ranks W (one GPU each)."
         ),
-        dtype_option(),
+        dtype_option(with_backend),
         click.option(
             "--experts", metavar="INT", default=None, help="All-to-all patterns: total experts."
         ),

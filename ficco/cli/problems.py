@@ -61,7 +61,7 @@ def enumerate_cmd(as_json: bool, **params) -> None:
 
 
 @click.command("run", cls=ApiCommand)
-@problem_options
+@problem_options(with_backend=True)
 @click.option(
     "--backend",
     type=click.Choice(["cpu", "cuda"]),
@@ -283,8 +283,13 @@ def recommend_cmd(
     if as_json:
         click.echo(json.dumps(rec.to_dict(), indent=2))
         return
-    speedup = "unknown" if rec.predicted_speedup is None else f"{rec.predicted_speedup:.2f}x"
-    click.echo(f"{rec.schedule}  (predicted speedup over serial: {speedup})")
+    if rec.fallback:
+        speedup = "fallback: a safe default, no predicted speedup for this problem"
+    elif rec.predicted_speedup is None:
+        speedup = "predicted speedup over serial: unknown"
+    else:
+        speedup = f"predicted speedup over serial: {rec.predicted_speedup:.2f}x"
+    click.echo(f"{rec.schedule}  ({speedup})")
     click.echo(f"why: {rec.reason}")
     for rule in rec.rules:
         click.echo(f"  {rule}")

@@ -43,7 +43,6 @@ _MODEL_CHOICE = click.Choice(list(MODELS), case_sensitive=False)
 @click.command("workloads", cls=ManyValuesCommand)
 @click.option(
     "--model",
-    "-m",
     "model",
     multiple=True,
     type=_MODEL_CHOICE,
@@ -216,7 +215,7 @@ class _ProgressObserver(SweepObserver):
 @click.option(
     "--tokens", "-t", metavar="INT", type=str, multiple=True, help="Token counts (one or more)."
 )
-@dtype_option()
+@dtype_option(with_backend=True)
 @click.option(
     "--store",
     "store",

@@ -68,7 +68,9 @@ class Recommendation:
     schedule: str
     """The schedule string (``Schedule.parse`` reads it)."""
     predicted_speedup: float | None
-    """Predicted serial time / this schedule's time; 1.0 for the fallback; None if unknown."""
+    """Predicted serial time / this schedule's time for this problem; None for a fallback
+    (a safe default answers outside the table's range: no prediction covers the problem)
+    and where unknown."""
     fallback: bool
     """True when the answer is the safe schedule instead of a table rule."""
     in_range: bool
@@ -278,7 +280,7 @@ def recommend(
             schedule, speedup, fallback = tab.fallback, 1.0, True
     return Recommendation(
         schedule=schedule,
-        predicted_speedup=speedup,
+        predicted_speedup=None if fallback else speedup,
         fallback=fallback,
         in_range=answer.in_range,
         reason=reason,
