@@ -35,8 +35,9 @@ def main() -> None:
     Patterns: ag_gemm (all-gather then GEMM), gemm_rs (GEMM then reduce-scatter),
     a2a_gemm (MoE dispatch then expert GEMM), gemm_a2a (expert GEMM then combine),
     gemm_ar (GEMM then all-reduce: tensor-parallel inference).
-    Shapes are global: --m is all tokens, every rank holds M/W of them (gemm_rs, gemm_ar:
-    --k is each rank's slice of the reduced dimension).
+    --m is global (all tokens; each rank holds M/W of the sharded rows); --n and --k are
+    the GEMM one rank computes (ag_gemm: N = out-features / W; gemm_rs, gemm_ar: K =
+    in-features / W).
     Output the user names no path for goes under $FICCO_HOME (default
     ~/.local/share/ficco); files shipped with ficco are never overwritten without --force.
     """

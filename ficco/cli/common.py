@@ -137,10 +137,26 @@ def problem_options(func: Callable | None = None, *, with_backend: bool = False)
         return lambda f: problem_options(f, with_backend=with_backend)
     options = [
         click.argument("pattern", type=click.Choice(PATTERNS)),
-        click.option("--m", "m", metavar="INT", required=True, help="Global rows (tokens)."),
-        click.option("--n", "n", metavar="INT", required=True, help="Output columns of the GEMM."),
         click.option(
-            "--k", "k", metavar="INT", required=True, help="Reduction dimension of the GEMM."
+            "--m",
+            "m",
+            metavar="INT",
+            required=True,
+            help="Rows, global: all tokens of the W ranks.",
+        ),
+        click.option(
+            "--n",
+            "n",
+            metavar="INT",
+            required=True,
+            help="Output columns of one rank's GEMM (ag_gemm: out-features / W).",
+        ),
+        click.option(
+            "--k",
+            "k",
+            metavar="INT",
+            required=True,
+            help="Reduction dimension of one rank's GEMM (gemm_rs, gemm_ar: in-features / W).",
         ),
         click.option(
             "--world", "-w", "world", metavar="INT", required=True, help="Ranks W (one GPU each)."
