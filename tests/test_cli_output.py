@@ -39,3 +39,39 @@ def test_an_answer_of_the_table_keeps_its_predicted_speedup():
     got = CliRunner().invoke(main, OUT_OF_RANGE[:-2])
     assert got.exit_code == 0, got.output
     assert "(predicted speedup over serial: " in got.output.splitlines()[0]
+
+
+def _fake_sweep(monkeypatch):
+    """``ficco sweep`` over a fake API call: one problem whose best schedule took 36.9 ms."""
+    import types
+
+    import ficco.api as api
+    from ficco.measure.record import Measurement
+    from ficco.problem import Problem
+    from ficco.sweep.base import ProblemOutcome, SweepResult
+
+    problem = Problem(pattern="gemm_rs", m=64, n=64, k=64, world=2, dtype="fp32", name="toy")
+    best = Measurement(problem=problem.to_dict(), name="serial/nccl/cublas", median_ms=36.9)
+    outcome = ProblemOutcome(
+        problem=problem, candidates=2, measured=2, reused=0, failed=0, best=best, serial_ms=34.7
+    )
+
+    def sweep(request, *, observer=None, notify=None):
+        observer.problem_started(problem, 0, 1, 2, 0)
+        observer.measured(problem, best)
+        observer.problem_finished(problem, outcome)
+        return types.SimpleNamespace(store=request.store, result=SweepResult(outcomes=[outcome]))
+
+    monkeypatch.setattr(api, "sweep", sweep)
+
+
+def test_a_cpu_sweep_prints_no_timing_as_if_measured(monkeypatch, tmp_path):
+    _fake_sweep(monkeypatch)
+    args = ["sweep", "--workloads", "llama3-8b", "-w", "2", "-t", "64", "--store", str(tmp_path)]
+    cpu = CliRunner().invoke(main, [*args, "--backend", "cpu"])
+    assert cpu.exit_code == 0, cpu.output
+    assert "36.9" not in cpu.output and "x serial" not in cpu.output
+    assert "CPU harness emulates every transport over gloo" in cpu.output
+    cuda = CliRunner().invoke(main, [*args, "--backend", "cuda"])
+    assert cuda.exit_code == 0, cuda.output
+    assert "36.900 ms, 0.94x serial" in cuda.output and "harness" not in cuda.output

@@ -151,12 +151,18 @@ def workloads_cmd(model, world, ep, tokens, dtype, phase, csv, force, as_json) -
         click.echo(f"wrote {len(problems)} shapes to {found.csv}", err=True)
 
 
-class _ProgressObserver(SweepObserver):
-    """Rich progress: problems done, schedules of the current problem, best so far, ETA."""
+#: What a sweep on a harness backend (its timings are no measurement) says in place of them.
+HARNESS_NOTE = "verdicts only: the CPU harness emulates every transport over gloo, untimed"
 
-    def __init__(self, progress, total: int, lines: bool = False) -> None:
+
+class _ProgressObserver(SweepObserver):
+    """Rich progress: problems done, schedules of the current problem, best so far, ETA
+    (``timed``: the backend's timings are measurements; else verdicts only)."""
+
+    def __init__(self, progress, total: int, lines: bool = False, timed: bool = True) -> None:
         self.progress = progress
         self.lines = lines
+        self.timed = timed
         self.problems = progress.add_task("problems", total=total, best="")
         self.schedules = progress.add_task("schedules", total=None, best="")
         self.best_ms = math.inf
@@ -168,17 +174,18 @@ class _ProgressObserver(SweepObserver):
 
     def measured(self, problem, m) -> None:
         self.progress.advance(self.schedules)
-        if m.verdict == "ok" and m.median_ms < self.best_ms:
+        if self.timed and m.verdict == "ok" and m.median_ms < self.best_ms:
             self.best_ms = m.median_ms
             self.progress.update(self.schedules, best=f"best {m.name} {m.median_ms:.3f} ms")
 
     def problem_finished(self, problem, outcome) -> None:
         best = outcome.best
-        text = (
-            f"last: {best.name} {best.median_ms:.3f} ms, {outcome.speedup:.2f}x serial"
-            if best
-            else "last: no correct schedule"
-        )
+        if not self.timed:
+            text = f"last: {HARNESS_NOTE}" if best else "last: no correct schedule"
+        elif best:
+            text = f"last: {best.name} {best.median_ms:.3f} ms, {outcome.speedup:.2f}x serial"
+        else:
+            text = "last: no correct schedule"
         self.progress.update(self.problems, advance=1, best=text)
         if self.progress.disable and self.lines:
             # no live display (a log file, a pipe): one line per problem instead
@@ -348,6 +355,7 @@ def sweep_cmd(as_json: bool, **params) -> None:
       ficco sweep --workloads llama3-70b --world 2 --store my_store --strategy optuna
     """
     request = api.SweepRequest(**params)
+    timed = request.backend != "cpu"  # cpu timings exercise the harness, never a profile
 
     from rich.console import Console
     from rich.progress import (
@@ -372,7 +380,7 @@ def sweep_cmd(as_json: bool, **params) -> None:
         disable=as_json or not console.is_terminal,
     ) as progress:
         # the observer's problem count is set once the API has loaded the problems
-        observer = _LazyObserver(progress, lines=not as_json)
+        observer = _LazyObserver(progress, lines=not as_json, timed=timed)
         done = api.sweep(request, observer=observer, notify=lambda line: click.echo(line, err=True))
     result = done.result
     if as_json:
@@ -380,19 +388,22 @@ def sweep_cmd(as_json: bool, **params) -> None:
         return
     from rich.table import Table
 
-    table = Table(
-        title=f"{len(result.outcomes)} problems swept into {done.store} ({request.backend})"
-    )
-    for col in ("problem", "m", "best", "ms", "x serial", "new", "reused", "failed"):
+    title = f"{len(result.outcomes)} problems swept into {done.store} ({request.backend})"
+    timing = ("best", "ms", "x serial") if timed else ()
+    table = Table(title=title if timed else f"{title}: {HARNESS_NOTE}")
+    for col in ("problem", "m", *timing, "new", "reused", "failed"):
         justify = "left" if col in ("problem", "best") else "right"
         table.add_column(col, justify=justify, no_wrap=True)
     for o in result.outcomes:
-        table.add_row(
-            o.problem.name or o.problem.key,
-            str(o.problem.m),
+        times = (
             o.best.name if o.best else "[red]none correct[/]",
             f"{o.best.median_ms:.4g}" if o.best else "",
             f"{o.speedup:.2f}" if math.isfinite(o.speedup) else "",
+        )
+        table.add_row(
+            o.problem.name or o.problem.key,
+            str(o.problem.m),
+            *(times if timed else ()),
             str(o.measured),
             str(o.reused),
             str(o.failed),
@@ -425,14 +436,15 @@ def sweep_cmd(as_json: bool, **params) -> None:
 class _LazyObserver(SweepObserver):
     """Builds the progress display on the first event, when the problem count is known."""
 
-    def __init__(self, progress, lines: bool) -> None:
+    def __init__(self, progress, lines: bool, timed: bool) -> None:
         self.progress = progress
         self.lines = lines
+        self.timed = timed
         self.inner: _ProgressObserver | None = None
 
     def problem_started(self, problem, index, total, to_measure, already) -> None:
         if self.inner is None:
-            self.inner = _ProgressObserver(self.progress, total, lines=self.lines)
+            self.inner = _ProgressObserver(self.progress, total, lines=self.lines, timed=self.timed)
         self.inner.problem_started(problem, index, total, to_measure, already)
 
     def measured(self, problem, m) -> None:
