@@ -15,6 +15,11 @@
 #              slice; the rest: --models M --tokens T per call)       -> bench_moe*.json
 #   fused      scripts/tune_fused_gpu.py (one GPU) and scripts/nccl_ce_repro.py (W GPUs)
 #   timeline   scripts/timeline.py: one shape per pattern, per-task GPU spans -> timeline.{json,png}
+#   shared     the one-GPU lane (not in the default STAGES; W is ignored): W = 2, 4 (and 8)
+#              ranks that share one GPU (ficco.execute.cuda_shared, verification only):
+#              tests/gpu in that lane, then scripts/gpu_shared.py (every ce/seg/nccl schedule
+#              of every pattern, captured where the real backend captures, and a sweep with a
+#              hang, an OOM, a killed rank and a corrupted chunk)  -> gpu_shared.json
 set -uo pipefail
 W=${1:?usage: $0 W}
 STAGES=${STAGES:-tests overlap block allreduce moe fused timeline}
@@ -52,6 +57,14 @@ fi
 if has fused; then
   run fused_single_gpu 400 python3 scripts/tune_fused_gpu.py
   [ -f scripts/nccl_ce_repro.py ] && run nccl_ce_repro 280 python3 scripts/nccl_ce_repro.py --world "$W"
+fi
+if has shared; then
+  # timings mean nothing here: untuned Triton configurations, no tuning on the shared GPU
+  run shared_tests "${SHARED_TESTS_LIMIT:-330}" env FICCO_GEMM_AUTOTUNE=0 FICCO_SHARED_WORLDS="${SHARED_WORLDS:-2 4}" \
+    python3 -m pytest -q -rs tests/gpu --junitxml "$DEST/shared_tests.xml"
+  run gpu_shared "${SHARED_LIMIT:-240}" env FICCO_GEMM_AUTOTUNE=0 python3 scripts/gpu_shared.py \
+    --out "$DEST" --worlds ${SHARED_MATRIX_WORLDS:-2 4 8} --junit "$DEST/shared_tests.xml" \
+    --budget-s "${SHARED_BUDGET_S:-150}"
 fi
 has timeline && run timeline 400 python3 scripts/timeline.py --world "$W" --out "$DEST"
 exit 0

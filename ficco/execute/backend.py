@@ -36,6 +36,9 @@ class Backend(abc.ABC):
     world: int = 1
     #: whether verified candidates can be captured and replayed (CUDA graphs)
     can_capture: bool = False
+    #: why this backend's timings mean nothing (None: they count); stamped on every
+    #: measurement as ``extra['verification_only']``, which a profile store refuses
+    timing_note: str | None = None
 
     @abc.abstractmethod
     def allocate(self, problem: Problem, seed: int) -> Buffers:

@@ -37,7 +37,7 @@ from ficco.execute.interpreter import interpret
 from ficco.execute.options import TimingOptions
 from ficco.execute.timing import time_rounds
 from ficco.execute.verify import RankVerdict, check_output, judge, merge_verdicts
-from ficco.measure.record import Measurement, Summary
+from ficco.measure.record import VERIFICATION_ONLY, Measurement, Summary
 from ficco.plan import Plan, build_plan
 from ficco.problem import Problem
 from ficco.space import Schedule
@@ -141,7 +141,7 @@ def measure_problem(
         results[name] = m
         report({"phase": "verified", "name": name, "verdict": m.verdict, "measurement": m})
     if options is None:
-        return [results[str(s)] for s in schedules]
+        return _noted(backend, [results[str(s)] for s in schedules])
 
     base = backend.baselines(problem, bufs) if baselines else {}
     for name, fn in base.items():
@@ -196,9 +196,19 @@ def measure_problem(
         graphed = {n for n, note in graph_notes.items() if note == "graph"}
         live = {n: r for n, r in traced.items() if n in runners}
         backend.signatures(results, live, graphed, options)
-    return [results[str(s)] for s in schedules] + [
-        results[n] for n in (*base, BASELINE_SERIAL_GRAPH) if n in results
-    ]
+    return _noted(
+        backend,
+        [results[str(s)] for s in schedules]
+        + [results[n] for n in (*base, BASELINE_SERIAL_GRAPH) if n in results],
+    )
+
+
+def _noted(backend: Backend, measured: list[Measurement]) -> list[Measurement]:
+    """Every measurement of a backend whose timings mean nothing says so."""
+    if backend.timing_note:
+        for m in measured:
+            m.extra[VERIFICATION_ONLY] = backend.timing_note
+    return measured
 
 
 def _capture_and_verify(backend, run, plan, bufs, reference, problem, schedule):

@@ -42,7 +42,8 @@ class Job:
 
 
 def make_backend(backend: str, rank: int, world: int, init_file: str | None, timeout_s: float):
-    """Set this process up as ``rank`` of ``world`` on ``backend`` ('cpu' or 'cuda')."""
+    """Set this process up as ``rank`` of ``world`` on ``backend`` ('cpu', 'cuda', or
+    'cuda_shared': ranks that share GPUs, ``ficco.execute.cuda_shared``)."""
     if backend == "cpu":
         from ficco.execute.cpu import CpuBackend
         from ficco.execute.cpu_group import init_gloo_rank
@@ -61,7 +62,11 @@ def make_backend(backend: str, rank: int, world: int, init_file: str | None, tim
         from ficco.execute.cuda_setup import init_rank
 
         return CudaBackend(init_rank(rank, world, init_file, timeout_s))
-    raise ValueError(f"backend: unknown backend {backend!r}; expected cpu or cuda")
+    if backend == "cuda_shared":
+        from ficco.execute.cuda_shared import CudaSharedBackend, init_shared_rank
+
+        return CudaSharedBackend(init_shared_rank(rank, world, init_file, timeout_s))
+    raise ValueError(f"backend: unknown backend {backend!r}; expected cpu, cuda or cuda_shared")
 
 
 def serve(

@@ -39,6 +39,9 @@ BASELINE_COMM = "comm_alone"  # undecomposed NCCL collective, isolated: t_comm
 BASELINE_ASYNC_TP = (
     "async_tp"  # torch.ops.symm_mem fused_all_gather_matmul / fused_matmul_reduce_scatter
 )
+#: ``Measurement.extra`` key of a run whose timings mean nothing (ranks that share a GPU): its
+#: value says why; such records are verdicts only, and a profile store refuses them
+VERIFICATION_ONLY = "verification_only"
 
 
 @dataclass(frozen=True, slots=True)

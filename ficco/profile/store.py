@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from ficco.measure.fingerprint import IDENTITY_FIELDS, fingerprint_id, identity
-from ficco.measure.record import Measurement
+from ficco.measure.record import VERIFICATION_ONLY, Measurement
 from ficco.problem import Problem
 from ficco.profile.claims import Claim, claim_digest, claim_file
 
@@ -205,6 +205,12 @@ class Store:
 
     def _record(self, m: Measurement) -> dict[str, Any]:
         key = Problem.from_dict(m.problem).key
+        if m.extra.get(VERIFICATION_ONLY):
+            raise ValueError(
+                f"record: ({key}, {m.name}) has extra[{VERIFICATION_ONLY!r}] = "
+                f"{m.extra[VERIFICATION_ONLY]!r}; a profile store keeps timings that mean "
+                "something, never a verification-only run's"
+            )
         record_key = (key, m.name, self.fingerprint_id)
         if record_key in self._by_key and record_key not in self._arrived:
             raise ValueError(

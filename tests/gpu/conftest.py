@@ -1,11 +1,31 @@
-"""GPU tests say how many GPUs they need once, as ``pytest.mark.gpus(n)``; this skips them,
-naming the count, on a machine with fewer (or without CUDA)."""
+"""GPU tests say how many GPUs they need once, as ``pytest.mark.gpus(n, why=...)``; this skips
+them, naming the count and why, on a machine with fewer (or without CUDA).
+
+Tests that run plans on W ranks take the ``lane`` fixture: each runs on ``cuda`` (one GPU per
+rank, W = 2) and on ``cuda_shared`` (W ranks that share one GPU, ``ficco.execute.cuda_shared``:
+verification only) at every W of ``FICCO_SHARED_WORLDS`` (default ``2 4``). Each lane's rank
+pool is started once and kept for the session.
+"""
+
+import os
+from dataclasses import dataclass
 
 import pytest
 
+#: the world sizes of the one-GPU lane
+SHARED_WORLDS = tuple(int(w) for w in os.environ.get("FICCO_SHARED_WORLDS", "2 4").split())
+LANES = (("cuda", 2), *(("cuda_shared", w) for w in SHARED_WORLDS))
+
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpus(n): needs at least n CUDA GPUs (skipped otherwise)")
+    config.addinivalue_line(
+        "markers", "gpus(n, why=''): needs at least n CUDA GPUs (skipped otherwise, saying why)"
+    )
+
+
+def gpu_count() -> int:
+    torch = pytest.importorskip("torch")
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def pytest_runtest_setup(item):
@@ -13,7 +33,52 @@ def pytest_runtest_setup(item):
     if marker is None:
         return
     need = marker.args[0] if marker.args else 1
-    torch = pytest.importorskip("torch")
-    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    have = gpu_count()
     if have < need:
-        pytest.skip(f"needs {need} GPU{'s' if need > 1 else ''}, found {have}")
+        why = marker.kwargs.get("why")
+        pytest.skip(
+            f"needs {need} GPU{'s' if need > 1 else ''}, found {have}" + (f": {why}" if why else "")
+        )
+
+
+@dataclass
+class Lane:
+    """Where a test's ranks run: ``backend`` 'cuda' or 'cuda_shared', ``world`` ranks."""
+
+    backend: str
+    world: int
+    pool: object
+
+    @property
+    def shared(self) -> bool:
+        """Ranks share a GPU: verdicts count, timings mean nothing."""
+        return self.backend == "cuda_shared"
+
+    def run(self, problem, schedules, options):
+        from ficco.execute.run import run_cuda
+
+        return run_cuda(problem, schedules, options=options, pool=self.pool)
+
+
+@pytest.fixture(scope="session")
+def lane_pools():
+    pools: dict = {}
+    yield pools
+    for pool in pools.values():
+        pool.close()
+
+
+@pytest.fixture(params=LANES, ids=[f"{b}-w{w}" for b, w in LANES])
+def lane(request, lane_pools):
+    from ficco.execute import RunOptions
+    from ficco.execute.pool import RankPool
+
+    backend, world = request.param
+    need = world if backend == "cuda" else 1
+    have = gpu_count()
+    if have < need:
+        pytest.skip(f"{backend} at W = {world} needs {need} GPU{'s' * (need > 1)}, found {have}")
+    key = (backend, world)
+    if key not in lane_pools:
+        lane_pools[key] = RankPool.for_backend(backend, world, RunOptions(timeout_s=120))
+    return Lane(backend, world, lane_pools[key])

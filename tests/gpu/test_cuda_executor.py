@@ -1,4 +1,5 @@
-"""GPU executor: every transport and GEMM verified on real GPUs (skipped without 2 GPUs)."""
+"""GPU executor: every transport and GEMM verified on real GPUs, on one GPU per rank and with
+ranks that share a GPU (the ``lane`` fixture; timing assertions only where timings count)."""
 
 import pytest
 
@@ -6,11 +7,10 @@ torch = pytest.importorskip("torch")
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.gpus(2),
+    pytest.mark.gpus(1),
 ]
 
 from ficco.execute import RunOptions, TimingOptions  # noqa: E402
-from ficco.execute.run import run_cuda  # noqa: E402
 from ficco.problem import Problem  # noqa: E402
 from ficco.space import Schedule  # noqa: E402
 
@@ -28,11 +28,11 @@ SCHEDULES = [
     ("pattern", "extra"),
     [("ag_gemm", ["finer-c2-k/nccl/cublas"]), ("gemm_rs", ["finer-c2-n/nccl/triton"])],
 )
-def test_schedules_verify_and_time_on_gpus(pattern, extra):
-    problem = Problem(pattern=pattern, m=1024, n=512, k=256, world=2)
+def test_schedules_verify_and_time_on_gpus(pattern, extra, lane):
+    problem = Problem(pattern=pattern, m=1024, n=512, k=256, world=lane.world)
     schedules = [Schedule.parse(s) for s in SCHEDULES + extra]
     opts = RunOptions(timing=TimingOptions(rounds=3, warmup=1))
-    measured = run_cuda(problem, schedules, options=opts)
+    measured = lane.run(problem, schedules, opts)
     by = {m.name: m for m in measured}
     for s in schedules:
         assert by[str(s)].verdict == "ok", (str(s), by[str(s)].detail)
@@ -43,13 +43,13 @@ def test_schedules_verify_and_time_on_gpus(pattern, extra):
         assert by[name].verdict == "ok" and by[name].median_ms > 0
 
 
-def test_both_issue_modes_time_every_candidate():
+def test_both_issue_modes_time_every_candidate(lane):
     """'synced' then 'queued': every candidate carries both timings, the first fills the
     median, and the isolated parts of ideal keep the faster of their eager and graph issue."""
-    problem = Problem(pattern="ag_gemm", m=1024, n=512, k=256, world=2)
+    problem = Problem(pattern="ag_gemm", m=1024, n=512, k=256, world=lane.world)
     schedules = [Schedule.parse(s) for s in ("serial/nccl/cublas", "shard/ce/cublas")]
     opts = TimingOptions(rounds=3, warmup=1, issue=("synced", "queued"))
-    measured = run_cuda(problem, schedules, options=RunOptions(timing=opts))
+    measured = lane.run(problem, schedules, RunOptions(timing=opts))
     for m in measured:
         if m.verdict != "ok":
             continue
@@ -63,17 +63,18 @@ def test_both_issue_modes_time_every_candidate():
 
 
 @pytest.mark.parametrize("pattern", ["ag_gemm", "gemm_rs"])
-def test_signatures_time_gpu_work_not_host_issue(pattern):
+def test_signatures_time_gpu_work_not_host_issue(pattern, lane):
     """A small problem's eager run is host-bound: spans of its tasks must still time GPU work.
     Nothing runs beside a serial schedule's GEMM, so its GEMM contention is near zero, and a
-    lone GEMM's span agrees with the GEMM part's time alone."""
+    lone GEMM's span agrees with the GEMM part's time alone (where timings count: ranks that
+    share a GPU check that every signature field is filled)."""
     import math
 
-    problem = Problem(pattern=pattern, m=512, n=3072, k=4096, world=2)
+    problem = Problem(pattern=pattern, m=512, n=3072, k=4096, world=lane.world)
     names = ["serial/ce/cublas", "serial/nccl/cublas", "shard/ce/cublas", "finer-c4-m/ce/cublas"]
     opts = TimingOptions(rounds=3, warmup=1, signatures=True, signature_rounds=5)
     schedules = [Schedule.parse(s) for s in names]
-    measured = run_cuda(problem, schedules, options=RunOptions(timing=opts))
+    measured = lane.run(problem, schedules, RunOptions(timing=opts))
     by = {m.name: m for m in measured}
     for name in names:
         m = by[name]
@@ -88,6 +89,8 @@ def test_signatures_time_gpu_work_not_host_issue(pattern):
         ):
             value = getattr(m, field)
             assert math.isfinite(value) and value > 0, (name, field, value)
+    if lane.shared:
+        return
     for name in ("serial/ce/cublas", "serial/nccl/cublas"):
         m = by[name]
         assert abs(m.gemm_in_overlap_ms / m.gemm_tasks_alone_ms - 1) < 0.15, (name, m)
@@ -120,6 +123,7 @@ def _cli_json(args: list[str], torchrun: bool) -> dict:
     return json.loads(done.stdout[done.stdout.index("{") :])
 
 
+@pytest.mark.gpus(2, why="the CLI's --backend cuda and torchrun put one rank on each GPU")
 @pytest.mark.parametrize("torchrun", [False, True])
 def test_cli_run_cuda_spawned_and_under_torchrun(torchrun):
     args = ["run", "gemm_rs", "--m", "1024", "--n", "512", "--k", "256", "-w", "2"]
@@ -133,15 +137,15 @@ def test_cli_run_cuda_spawned_and_under_torchrun(torchrun):
     assert out["serial_ms"] > 0 and out["ideal_ms"] > 0
 
 
-def test_timeline_spans_add_up_on_gpus():
+def test_timeline_spans_add_up_on_gpus(lane):
     """The signature pass's timeline: one held run's spans on the plan's lanes; the breakdown
-    adds up to the makespan, and a pulled chunk's copy overlaps a GEMM."""
+    adds up to the makespan, and (where timings count) a pulled chunk's copy overlaps a GEMM."""
     from ficco.measure.timeline import breakdown
 
-    problem = Problem(pattern="ag_gemm", m=4096, n=2048, k=2048, world=2)
+    problem = Problem(pattern="ag_gemm", m=4096, n=2048, k=2048, world=lane.world)
     schedules = [Schedule.parse(s) for s in ("serial/nccl/cublas", "finer-c4-m/ce/cublas")]
     opts = TimingOptions(rounds=2, warmup=1, signatures=True, signature_rounds=2, timeline=True)
-    measured = {m.name: m for m in run_cuda(problem, schedules, options=RunOptions(timing=opts))}
+    measured = {m.name: m for m in lane.run(problem, schedules, RunOptions(timing=opts))}
     for name in map(str, schedules):
         timeline = measured[name].extra["timeline"]
         lanes = {s["lane"] for s in timeline["spans"]}
@@ -151,5 +155,7 @@ def test_timeline_spans_add_up_on_gpus():
         parts = breakdown(timeline)
         total = parts.head_ms + parts.gemm_ms + parts.stall_ms + parts.tail_ms
         assert abs(total - parts.makespan_ms) < 1e-6
+    if lane.shared:
+        return
     assert breakdown(measured["finer-c4-m/ce/cublas"].extra["timeline"]).overlap_ms > 0
     assert breakdown(measured["serial/nccl/cublas"].extra["timeline"]).overlap_ms == 0

@@ -18,7 +18,11 @@ from ficco.execute import RunOptions, TimingOptions  # noqa: E402
 from ficco.problem import Problem  # noqa: E402
 from ficco.space import Schedule, is_legal  # noqa: E402
 
-two_gpus = pytest.mark.gpus(2)
+two_gpus = pytest.mark.gpus(
+    2,
+    why="fused schedules wait on peers' flags inside a kernel, and kernels of ranks that share "
+    "a GPU do not run concurrently",
+)
 
 # --- the kernel: one tile computed once, stored to every destination (one GPU) ---------------
 

@@ -1,6 +1,6 @@
-"""The seg transport on 2 GPUs: each step's transfers as one segment-copy kernel over the
-peers' symmetric buffers, verified eagerly and as a captured graph, beside its ce twin
-(skipped without 2 GPUs)."""
+"""The seg transport on GPUs: each step's transfers as one segment-copy kernel over the peers'
+buffers, verified eagerly and as a captured graph, beside its ce twin (the ``lane`` fixture:
+one GPU per rank, or ranks that share a GPU)."""
 
 import pytest
 
@@ -8,11 +8,10 @@ torch = pytest.importorskip("torch")
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.gpus(2),
+    pytest.mark.gpus(1),
 ]
 
 from ficco.execute import RunOptions, TimingOptions  # noqa: E402
-from ficco.execute.run import run_cuda  # noqa: E402
 from ficco.problem import Problem  # noqa: E402
 from ficco.routing import with_skewed_routing  # noqa: E402
 from ficco.space import Schedule  # noqa: E402
@@ -30,13 +29,13 @@ SCHEDULES = [
 
 @pytest.mark.parametrize("pattern", ["a2a_gemm", "gemm_a2a"])
 @pytest.mark.parametrize("skewed", [False, True])
-def test_seg_schedules_verify_and_capture_on_gpus(pattern, skewed):
-    problem = Problem(pattern=pattern, m=2048, n=512, k=256, world=2, experts=8)
+def test_seg_schedules_verify_and_capture_on_gpus(pattern, skewed, lane):
+    problem = Problem(pattern=pattern, m=2048, n=512, k=256, world=lane.world, experts=8)
     if skewed:
         problem = with_skewed_routing(problem, top_k=2, alpha=1.2, seed=0)
     schedules = [Schedule.parse(s) for s in SCHEDULES]
     opts = RunOptions(timing=TimingOptions(rounds=3, warmup=1))
-    by = {m.name: m for m in run_cuda(problem, schedules, options=opts)}
+    by = {m.name: m for m in lane.run(problem, schedules, opts)}
     for s in schedules:
         assert by[str(s)].verdict == "ok", (str(s), by[str(s)].detail)
         assert by[str(s)].median_ms > 0

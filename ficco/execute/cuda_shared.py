@@ -1,0 +1,415 @@
+"""Ranks that share a GPU: the CUDA backend for verification on fewer GPUs than ranks.
+
+W rank processes on one GPU (rank r on ``cuda:(r % GPUs)``) run the same ``CudaBackend``
+flow and the same interpreter as on W GPUs; only the primitives that need distinct GPUs
+change. Measured on one H100 (torch 2.11, NCCL 2.28): NCCL refuses two ranks on one GPU
+("Duplicate GPU detected") and symmetric memory refuses ranks on overlapping devices, while
+CUDA IPC buffers, copy-engine copies from them (eager and captured), stream memory writes into
+them, and gloo's collectives on CUDA tensors all work; kernels of different processes do not
+run concurrently, so a kernel that spins on a peer's flag waits until its own budget ends.
+
+What stands in for what:
+
+- symmetric memory -> :class:`IpcHandle`: every rank's peer-visible buffers opened in every
+  process through CUDA IPC (``torch.multiprocessing.reductions.reduce_tensor`` handles,
+  exchanged with ``all_gather_object``), with the handle's interface (``get_buffer``,
+  ``put_signal``, ``wait_signal``), so the ``ce`` and ``seg`` transports run unchanged. A
+  signal is a stream memory write into the peer's signal pad (behind the copy it follows);
+  its wait is a stream memory wait (``cuStreamWaitValue32``), which stalls the stream without
+  a kernel, so the peer's work still gets the GPU. Both capture into CUDA graphs.
+- the device-side barrier -> :class:`HostFence`: every rank synchronizes its GPU and the
+  ranks meet at a gloo barrier. Inside a capture it records nothing; a captured graph meets
+  the peers before every replay instead (:class:`SharedReplay`), and signal pads are cleared
+  while every GPU is idle, before the meeting, so no run sees a stale signal.
+- NCCL collectives -> gloo on CUDA tensors (the default group is gloo); ``nccl`` transfers
+  (point-to-point) -> gloo sends and receives of host copies (gloo's ``batch_isend_irecv``
+  on CUDA tensors killed a rank). Both are host calls: such plans are never captured.
+
+Unavailable here, with the reason (:func:`shared_capability`): fused schedules (cross-rank
+flag waits inside a kernel), ``symm1``/``symm2`` (symmetric memory's kernels), ``nccl_ce``
+(NCCL), and PyTorch async-TP (symmetric memory).
+
+Timings mean nothing: the ranks' kernels take turns on one GPU. Every measurement says so
+(``extra['verification_only']``), and a profile store refuses such records.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Callable
+
+from ficco.execute.backend import Buffers
+from ficco.execute.cuda import CudaBackend, CudaPrimitives
+from ficco.execute.cuda_setup import FLUSH_BYTES, RankContext
+from ficco.plan import CollectiveOp, Plan, TransferOp, build_plan, run_tag
+from ficco.problem import Pattern, Problem
+from ficco.space import Compute, Schedule, Transport
+from ficco.verdict import Unavailable
+
+#: what every run of this backend says about its timings
+VERIFICATION_ONLY = "ranks share a GPU: verification only"
+
+NEEDS_DISTINCT_GPUS = "needs distinct GPUs"
+FUSED_REASON = (
+    "fused schedules wait on peers' flags inside a running kernel, and kernels of ranks that "
+    f"share a GPU do not run concurrently ({NEEDS_DISTINCT_GPUS})"
+)
+SYMM_REASON = (
+    "symm1/symm2 run symmetric memory's all-reduce kernels, and symmetric memory refuses ranks "
+    f"on one GPU ({NEEDS_DISTINCT_GPUS})"
+)
+NCCL_CE_REASON = f"nccl_ce needs NCCL, which refuses two ranks on one GPU ({NEEDS_DISTINCT_GPUS})"
+ASYNC_TP_REASON = (
+    "PyTorch async-TP needs symmetric memory, which refuses ranks on one GPU "
+    f"({NEEDS_DISTINCT_GPUS})"
+)
+CAPTURE_REASON = (
+    "collectives and nccl transfers of ranks that share a GPU are gloo host calls: a CUDA "
+    "graph cannot capture them"
+)
+#: signal channels per peer-visible buffer (a plan's transfer tags; finer-c16 at W = 8: 128)
+SIGNAL_CHANNELS = 1024
+
+
+def shared_capability(problem: Problem, schedule: Schedule) -> str | None:
+    """Why ranks that share a GPU cannot run ``schedule``, or None."""
+    if schedule.compute is Compute.FUSED:
+        return FUSED_REASON
+    if schedule.transport.is_symm_all_reduce:
+        return SYMM_REASON
+    if schedule.transport is Transport.NCCL_CE:
+        return NCCL_CE_REASON
+    return None
+
+
+# --- stream memory operations ------------------------------------------------------------
+
+#: cuStreamWaitValue32's "greater or equal" comparison
+CU_STREAM_WAIT_VALUE_GEQ = 0
+
+
+@functools.cache
+def _driver_wait_value32():
+    """The CUDA driver's ``cuStreamWaitValue32`` (torch exposes only the write)."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuStreamWaitValue32_v2
+    except (OSError, AttributeError) as err:
+        raise Unavailable(f"no cuStreamWaitValue32 in this CUDA driver: {err}") from None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def stream_wait_value32(flag, value: int) -> None:
+    """Stall the current stream until the int32 ``flag`` (a 1-element tensor) >= ``value``."""
+    import torch
+
+    stream = torch.cuda.current_stream()
+    rc = _driver_wait_value32()(stream.cuda_stream, flag.data_ptr(), value, 0)
+    if rc != 0:
+        raise RuntimeError(f"cuStreamWaitValue32 failed: CUresult {rc}")
+
+
+def stream_write_value32(flag, value: int) -> None:
+    """Write ``value`` into the int32 ``flag`` (a 1-element tensor) behind the current stream's
+    work (the write follows a memory fence)."""
+    import torch
+    import torch.distributed._symmetric_memory  # noqa: F401 - registers the op
+
+    torch.ops.symm_mem.stream_write_value32_(flag.view(torch.uint32), 0, value)
+
+
+# --- CUDA IPC in place of symmetric memory ------------------------------------------------
+
+
+def exchange(tensors: list, rank: int, world: int, group=None) -> list[list]:
+    """Every rank's ``tensors``, opened in this process through CUDA IPC: ``[rank][i]`` (this
+    rank's own are the tensors themselves). A collective."""
+    import torch.distributed as dist
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    handles: list = [None] * world
+    dist.all_gather_object(handles, [reduce_tensor(t) for t in tensors], group=group)
+    return [
+        list(tensors) if r == rank else [rebuild(*args) for rebuild, args in handles[r]]
+        for r in range(world)
+    ]
+
+
+class IpcHandle:
+    """One peer-visible buffer on every rank, with symmetric memory's handle interface."""
+
+    def __init__(self, rank: int, world: int, buffers: list, pads: list) -> None:
+        self.rank, self.world = rank, world
+        self.buffers, self.pads = buffers, pads  # per rank: the buffer, its int32 signal pad
+
+    def get_buffer(self, rank: int, sizes, dtype, storage_offset: int = 0):
+        whole = self.buffers[rank]
+        if whole.dtype != dtype:
+            whole = whole.view(dtype)
+        numel = 1
+        for d in sizes:
+            numel *= d
+        return whole.reshape(-1)[storage_offset : storage_offset + numel].view(tuple(sizes))
+
+    def _slot(self, channel: int, src: int) -> int:
+        if not 0 <= channel < SIGNAL_CHANNELS:
+            raise ValueError(f"channel: must be in [0, {SIGNAL_CHANNELS}), got {channel}")
+        return channel * self.world + src
+
+    def put_signal(self, dst_rank: int, channel: int = 0) -> None:
+        """Tell ``dst_rank`` that this rank's data on ``channel`` has landed (stream-ordered)."""
+        slot = self._slot(channel, self.rank)
+        stream_write_value32(self.pads[dst_rank][slot : slot + 1], 1)
+
+    def wait_signal(self, src_rank: int, channel: int = 0) -> None:
+        """Hold the current stream until ``src_rank`` signalled ``channel``, then consume it."""
+        slot = self._slot(channel, src_rank)
+        flag = self.pads[self.rank][slot : slot + 1]
+        stream_wait_value32(flag, 1)
+        stream_write_value32(flag, 0)
+
+    def clear(self) -> None:
+        """Zero this rank's signal pad (while no peer can signal: before the ranks meet)."""
+        self.pads[self.rank].zero_()
+
+
+class HostFence:
+    """The ranks' barrier: every GPU idle, then a gloo barrier. Records nothing inside a CUDA
+    graph capture (a captured graph meets the peers before each replay: :class:`SharedReplay`).
+    ``before``: called once this rank's GPU is idle, before the meeting (clearing pads)."""
+
+    def __init__(self, group) -> None:
+        self.group = group
+        self.before: Callable[[], None] | None = None
+
+    def barrier(self, channel: int = 0) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if torch.cuda.is_current_stream_capturing():
+            return
+        torch.cuda.synchronize()
+        if self.before is not None:
+            self.before()
+            torch.cuda.synchronize()
+        dist.barrier(group=self.group)
+
+
+class SharedReplay:
+    """A captured graph that meets the peers (:class:`HostFence`) before every replay."""
+
+    def __init__(self, graph, fence: HostFence) -> None:
+        self.graph, self.fence = graph, fence
+
+    def replay(self) -> None:
+        self.fence.barrier()
+        self.graph.replay()
+
+
+def init_shared_rank(rank: int, world: int, init_file: str | None, timeout_s: float) -> RankContext:
+    """Set up ``rank`` of ``world`` ranks that share this machine's GPUs (rank r on GPU
+    ``r % GPUs``): a gloo default group (collectives on CUDA tensors), streams, the host
+    fence. ``init_file`` None: ``env://``."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    local = rank % torch.cuda.device_count()
+    torch.cuda.set_device(local)
+    device = torch.device("cuda", local)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}" if init_file else "env://",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    group = dist.group.WORLD
+    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must be fp32
+    ctx = RankContext(
+        rank=rank,
+        world=world,
+        device=device,
+        group=group,
+        group_hi=group,  # gloo has no stream priorities: +hi only picks the side streams
+        comm={
+            "normal": torch.cuda.Stream(device),
+            "high": torch.cuda.Stream(device, priority=-1),
+        },
+        signal={
+            "normal": torch.cuda.Stream(device),
+            "high": torch.cuda.Stream(device, priority=-1),
+        },
+        sm_count=torch.cuda.get_device_properties(device).multi_processor_count,
+        host_group=group,
+        timeout_s=timeout_s,
+        nccl_ce_error=NCCL_CE_REASON,
+    )
+    ctx.fence = HostFence(group)
+    ctx.flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+    return ctx
+
+
+# --- the primitives and the backend -------------------------------------------------------
+
+
+def host_comm(plan: Plan) -> bool:
+    """Whether ``plan`` moves data through gloo (collectives, two-sided transfers)."""
+    one_sided = plan.schedule.transport.is_one_sided
+    return any(
+        isinstance(t.op, CollectiveOp) or (isinstance(t.op, TransferOp) and not one_sided)
+        for t in plan.tasks
+    )
+
+
+class SharedPrimitives(CudaPrimitives):
+    """``CudaPrimitives`` for ranks that share a GPU: IPC handles stand in for symmetric
+    memory (through ``bufs.handles``), the host fence for the device barrier, gloo for NCCL."""
+
+    def __init__(self, ctx: RankContext, plan: Plan, bufs: Buffers, run: int) -> None:
+        reason = shared_capability(plan.problem, plan.schedule)
+        if reason:
+            raise Unavailable(reason)
+        super().__init__(ctx, plan, bufs)
+        self.run = run
+        self.host_comm = host_comm(plan)
+
+    def begin(self, mode: str) -> None:
+        import torch
+
+        if mode != "gemm" and self.host_comm and torch.cuda.is_current_stream_capturing():
+            raise Unavailable(CAPTURE_REASON)  # before any stream forks: the capture ends clean
+        super().begin(mode)
+
+    def _nccl_batch(self, batch) -> None:
+        """A batch of two-sided transfers over gloo: sends leave as host copies (taken once
+        the lane's dependencies completed), every request of the batch posted before any
+        is waited on (so a ring cannot deadlock), receives land from host copies."""
+        import torch
+        import torch.distributed as dist
+
+        requests, landings = [], []
+        for t in batch:
+            local = self.view(t.local)
+            tag = run_tag(self.run, t.tag)
+            if t.direction == "send":
+                staged = local.to("cpu")  # synchronizes the lane: the chunk is complete
+                requests.append(dist.isend(staged, t.peer, group=self.group, tag=tag))
+            else:
+                staged = torch.empty(local.shape, dtype=local.dtype)
+                requests.append(dist.irecv(staged, t.peer, group=self.group, tag=tag))
+                landings.append((local, staged))
+        for request in requests:
+            request.wait()
+        for local, staged in landings:
+            local.copy_(staged)
+
+
+def _unavailable(reason: str) -> Callable[[], None]:
+    def baseline() -> None:
+        raise Unavailable(reason)
+
+    return baseline
+
+
+class CudaSharedBackend(CudaBackend):
+    """The CUDA backend with ranks that share GPUs (:mod:`ficco.execute.cuda_shared`)."""
+
+    name = "cuda_shared"
+    timing_note = VERIFICATION_ONLY
+
+    def __init__(self, ctx: RankContext) -> None:
+        super().__init__(ctx)
+        self.note = VERIFICATION_ONLY
+        self._runs = 0  # plans run in this process: each gets its own gloo tag range
+        self._handles: list[IpcHandle] = []  # the current problem's (their pads are cleared)
+        ctx.fence.before = self._clear_pads
+
+    def _clear_pads(self) -> None:
+        for handle in self._handles:
+            handle.clear()
+
+    def allocate(self, problem: Problem, seed: int) -> Buffers:
+        """Peer-visible buffers and their signal pads in CUDA IPC, exchanged per problem."""
+        import torch
+
+        from ficco.execute.buffers import allocate
+
+        plan = build_plan(problem, Schedule(), self.rank)
+        tensors = allocate(plan, seed, device=self.ctx.device)
+        names = [spec.name for spec in plan.buffers if spec.peer_visible]
+        pads = [
+            torch.zeros(SIGNAL_CHANNELS * self.world, dtype=torch.int32, device=self.ctx.device)
+            for _ in names
+        ]
+        torch.cuda.synchronize()  # inputs written before a peer can open them
+        opened = exchange([tensors[n] for n in names] + pads, self.rank, self.world)
+        handles = {
+            name: IpcHandle(
+                self.rank,
+                self.world,
+                [opened[r][i] for r in range(self.world)],
+                [opened[r][len(names) + i] for r in range(self.world)],
+            )
+            for i, name in enumerate(names)
+        }
+        self._handles = list(handles.values())
+        return Buffers(tensors, handles=handles, keep=[opened], flags=None, flag_handle=None)
+
+    def primitives(self, plan: Plan, bufs: Buffers, run: int) -> SharedPrimitives:
+        self._runs += 1
+        return SharedPrimitives(self.ctx, plan, bufs, self._runs)
+
+    def baselines(self, problem: Problem, bufs: Buffers) -> dict[str, Callable[[], None]]:
+        """The serial plan (gloo collective, cuBLAS) and its parts; async-TP and the
+        symmetric-memory all-reduces are recorded unavailable, with the reason."""
+        from ficco.execute.baselines import (
+            BASELINE_ASYNC_TP,
+            BASELINE_COMM_ONE_SHOT,
+            BASELINE_COMM_TWO_SHOT,
+            plan_baselines,
+        )
+        from ficco.execute.interpreter import interpret
+
+        plan = build_plan(problem, Schedule(), self.rank)
+        out = plan_baselines(
+            functools.partial(interpret, self.primitives(plan, bufs, 0)),
+            bufs.tensors[plan.output],
+        )
+        if problem.pattern in (Pattern.AG_GEMM, Pattern.GEMM_RS):
+            out[BASELINE_ASYNC_TP] = _unavailable(ASYNC_TP_REASON)
+        if problem.pattern is Pattern.GEMM_AR:
+            out[BASELINE_COMM_ONE_SHOT] = _unavailable(SYMM_REASON)
+            out[BASELINE_COMM_TWO_SHOT] = _unavailable(SYMM_REASON)
+        return out
+
+    def wants_graph(self, options, schedule: Schedule) -> bool:
+        """Copy-engine and segment-copy plans are captured (their signals are stream memory
+        operations); gloo plans never are (host calls)."""
+        return schedule.transport.is_one_sided and options.graphs in ("all", "ce")
+
+    def capture(self, fn: Callable[[], None]) -> SharedReplay:
+        return SharedReplay(super().capture(fn), self.ctx.fence)
+
+    def recover(self) -> None:
+        super().recover()
+        self._clear_pads()  # a failed run may leave signals set (cleared again at the fence)
+
+    def after_problem(self) -> None:
+        self._handles = []
+        super().after_problem()
+
+
+def shared_pool(world: int, options):
+    """A pool of ``world`` ranks that share this machine's GPUs (``options``: RunOptions)."""
+    import torch
+
+    from ficco.execute.pool import RankPool
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("the cuda_shared backend needs a GPU (ranks share it); found none")
+    return RankPool.for_backend("cuda_shared", world, options)
