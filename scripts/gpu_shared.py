@@ -150,6 +150,11 @@ def run_matrix(backend: str, worlds, dtype: str, deadline: float, log) -> dict:
                                     "graph": m.extra.get("graph"),
                                 }
                             )
+                for m in got:
+                    if m.verdict not in ("ok", "unavailable") or (
+                        m.verdict == "unavailable" and not expected_unavailable(backend, m.name)
+                    ):
+                        log(f"  {m.name}: {m.verdict}: {m.detail[:400]}")
                 bad = sum(1 for m in got if m.verdict not in ("ok", "unavailable"))
                 log(
                     f"W={world} {problem.key}: {len(schedules)} schedules, {bad} not ok, "

@@ -42,6 +42,7 @@ class RankContext:
     host_group: object = None  # gloo group: the host barrier of 'synced' issue
     sleep_cycles_per_ms: float = 0.0  # torch.cuda._sleep calibration (0: not yet)
     timeout_s: float = 120.0  # the process group's timeout (a flag wait gives up sooner)
+    shares_gpu: bool = False  # ranks share a GPU: the fence synchronizes, nothing can be held
 
 
 def init_rank(

@@ -248,6 +248,7 @@ def init_shared_rank(rank: int, world: int, init_file: str | None, timeout_s: fl
         host_group=group,
         timeout_s=timeout_s,
         nccl_ce_error=NCCL_CE_REASON,
+        shares_gpu=True,
     )
     ctx.fence = HostFence(group)
     ctx.flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
@@ -404,12 +405,48 @@ class CudaSharedBackend(CudaBackend):
         super().after_problem()
 
 
-def shared_pool(world: int, options):
-    """A pool of ``world`` ranks that share this machine's GPUs (``options``: RunOptions)."""
+# --- the ops' CUDA path on a caller's gloo group (``ficco.ops.cuda``) ----------------------
+
+
+def group_context(group, device) -> RankContext:
+    """A rank context around the caller's gloo ``group`` whose ranks share GPUs."""
     import torch
 
-    from ficco.execute.pool import RankPool
+    ctx = RankContext(
+        rank=group.rank(),
+        world=group.size(),
+        device=device,
+        group=group,
+        group_hi=group,
+        comm={p: torch.cuda.Stream(device, priority=v) for p, v in (("normal", 0), ("high", -1))},
+        signal={p: torch.cuda.Stream(device, priority=v) for p, v in (("normal", 0), ("high", -1))},
+        sm_count=torch.cuda.get_device_properties(device).multi_processor_count,
+        host_group=group,
+        nccl_ce_error=NCCL_CE_REASON,
+        shares_gpu=True,
+    )
+    ctx.fence = HostFence(group)
+    return ctx
 
-    if not torch.cuda.is_available():
-        raise RuntimeError("the cuda_shared backend needs a GPU (ranks share it); found none")
-    return RankPool.for_backend("cuda_shared", world, options)
+
+def ipc_buffer(shape, dtype, device, group):
+    """``(tensor, handle)``: a peer-visible buffer of this rank, opened by every rank of
+    ``group`` (a collective), with its signal pad."""
+    import torch
+
+    whole = torch.empty(shape, dtype=dtype, device=device)
+    pad = torch.zeros(SIGNAL_CHANNELS * group.size(), dtype=torch.int32, device=device)
+    torch.cuda.synchronize()
+    opened = exchange([whole, pad], group.rank(), group.size(), group)
+    handle = IpcHandle(group.rank(), group.size(), [o[0] for o in opened], [o[1] for o in opened])
+    return whole, handle
+
+
+def group_primitives(ctx: RankContext, plan: Plan, bufs: Buffers) -> SharedPrimitives:
+    """The primitives of one op call on ranks that share a GPU (the fence clears the pads of
+    this call's buffers before the ranks meet)."""
+    handles = list(getattr(bufs, "handles", {}).values())
+    ctx.fence.before = lambda: [h.clear() for h in handles]
+    runs = getattr(ctx, "runs", 0) + 1
+    ctx.runs = runs  # gloo tags: every rank of the group counts its calls alike
+    return SharedPrimitives(ctx, plan, bufs, runs)

@@ -116,13 +116,18 @@ def _held_spans(
     began = time.perf_counter()
     runner(mode, [])  # warm, and time the host's issue of a traced run
     hold_ms = min(HOLD_LIMIT_MS, 2.0 * (time.perf_counter() - began) * 1e3 + 0.2)
+    if ctx.shares_gpu:
+        # the ranks' fence waits for the GPU, so no hold outlasts it: spans include issue
+        # (the timings of ranks that share a GPU mean nothing anyway)
+        hold_ms = 0.0
     torch.cuda.synchronize()
     sums: dict = {"gemm": [], "comm": [], "retries": 0}
     while len(sums["gemm"]) < rounds:
         trace: list = []
         if flush_l2:
             ctx.flush.zero_()
-        torch.cuda._sleep(int(hold_ms * cycles_per_ms))
+        if hold_ms:
+            torch.cuda._sleep(int(hold_ms * cycles_per_ms))
         held = torch.cuda.Event()
         held.record()
         ctx.fence.barrier(channel=0)
@@ -131,7 +136,7 @@ def _held_spans(
         runner(mode, trace)
         covered = not held.query()  # still held when the host finished issuing
         # every rank decides alike whether this round counts (the ranks run it together)
-        short = not backend.all_ranks(covered) and hold_ms < HOLD_LIMIT_MS
+        short = not backend.all_ranks(covered) and 0 < hold_ms < HOLD_LIMIT_MS
         torch.cuda.synchronize()
         if short:
             hold_ms = min(HOLD_LIMIT_MS, 2.0 * hold_ms)

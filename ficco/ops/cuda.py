@@ -41,9 +41,20 @@ _symmetric: dict[tuple[Problem, dist.ProcessGroup], tuple[dict, dict]] = group_c
 )
 
 
+def shares_gpu(group: dist.ProcessGroup) -> bool:
+    """A gloo group on CUDA tensors: ranks that share a GPU (``ficco.execute.cuda_shared``:
+    CUDA IPC for symmetric memory, gloo for NCCL; for verification)."""
+    return dist.get_backend(group) == "gloo"
+
+
 def rank_context(group: dist.ProcessGroup, device: torch.device):
     """The rank context of ``group`` on ``device`` (made once; a collective the first time)."""
     key = (group, device.index)
+    if key not in _contexts and shares_gpu(group):
+        from ficco.execute.cuda_shared import group_context
+
+        prune()
+        _contexts[key] = group_context(group, device)
     if key not in _contexts:
         prune()
         import torch.distributed._symmetric_memory as symm_mem
@@ -101,6 +112,10 @@ def symmetric_buffers(plan: Plan, group: dist.ProcessGroup, device: torch.device
                 rows, *rest = spec.shape
                 shape = (class_rows(rows), *rest)
                 slot = (group, spec.name, shape, dtype, str(device))
+                if slot not in _pool and shares_gpu(group):
+                    from ficco.execute.cuda_shared import ipc_buffer
+
+                    _pool[slot] = ipc_buffer(shape, dtype, device, group)
                 if slot not in _pool:
                     whole = symm_mem.empty(shape, dtype=dtype, device=device)
                     _pool[slot] = (whole, symm_mem.rendezvous(whole, group.group_name))
@@ -133,7 +148,13 @@ def run_plan_cuda(
             if plan.buffer(name).role == "input":
                 buf.copy_(tensors[name])
             bound[name] = buf
-    interpret(CudaPrimitives(ctx, plan, Buffers(bound, handles=handles)))
+    bufs = Buffers(bound, handles=handles)
+    if ctx.shares_gpu:
+        from ficco.execute.cuda_shared import group_primitives
+
+        interpret(group_primitives(ctx, plan, bufs))
+    else:
+        interpret(CudaPrimitives(ctx, plan, bufs))
     for name, buf in bound.items():
         if buf is not tensors[name] and plan.buffer(name).role == "output":
             tensors[name].copy_(buf)
