@@ -4,7 +4,7 @@ sweep survives real faults (``ficco.execute.cuda_shared``; timings mean nothing 
     python scripts/gpu_shared.py --out DIR [--worlds 2 4 8] [--junit tests.xml] [--budget-s 400]
     python scripts/gpu_shared.py --backend cpu --out DIR --worlds 2   # the driver on CPU
 
-Parts, each in one rank pool per world size (started once):
+Parts (faults first), each in one rank pool per world size (started once):
 
 ``matrix``  every ``ce``, ``seg`` and ``nccl`` schedule of every pattern (cuBLAS GEMMs), the
             all-to-alls also with a skewed routing, plus a covering set of the whole space
@@ -104,7 +104,7 @@ def run_matrix(backend: str, worlds, dtype: str, deadline: float, log) -> dict:
     for world in worlds:
         every = world != max(worlds) or len(worlds) == 1
         done = 0
-        with RankPool.for_backend(backend, world, RunOptions(timeout_s=90)) as pool:
+        with RankPool.for_backend(backend, world, RunOptions(timeout_s=45)) as pool:
             for problem in problems(world, dtype):
                 if time.monotonic() > deadline:
                     summary["skipped_for_time"].append(problem.key)
@@ -302,12 +302,12 @@ def main(argv: list[str] | None = None) -> int:
         "fingerprint": fingerprint("cuda" if args.backend == "cuda_shared" else "cpu"),
         "worlds": args.worlds,
     }
+    if "faults" in args.parts:  # first: the faults must run whatever the matrix costs
+        result["faults"] = run_faults(args.backend, args.dtype, args.fault_timeout_s, log)
     if "matrix" in args.parts:
         result["matrix"] = run_matrix(
             args.backend, args.worlds, args.dtype, started + args.budget_s, log
         )
-    if "faults" in args.parts:
-        result["faults"] = run_faults(args.backend, args.dtype, args.fault_timeout_s, log)
     if args.junit:
         result["tests"] = junit_counts(args.junit)
     matrix = result.get("matrix", {})

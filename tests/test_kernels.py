@@ -333,11 +333,21 @@ def test_accumulate_fits_shared_memory():
     # 128x256 config (229,376 bytes) would need 262,144 and fail to launch on Hopper.
     cfg = GPU_CONFIGS[0]
     assert cfg.shared_memory_bytes(2, 2, True) > HOPPER_SHARED_MEMORY_BYTES
-    fitted = kernel_paths._fit_accumulate(cfg, 2, 2, HOPPER_SHARED_MEMORY_BYTES)
+    fitted = kernel_paths.fit_shared_memory(cfg, 2, 2, HOPPER_SHARED_MEMORY_BYTES, True)
     assert fitted == replace(cfg, num_stages=3)
     assert fitted.shared_memory_bytes(2, 2, True) <= HOPPER_SHARED_MEMORY_BYTES
     small = GemmConfig(64, 128, 64, 8, 5, 4)
-    assert kernel_paths._fit_accumulate(small, 2, 2, HOPPER_SHARED_MEMORY_BYTES) == small
+    assert kernel_paths.fit_shared_memory(small, 2, 2, HOPPER_SHARED_MEMORY_BYTES, True) == small
+
+
+def test_fp32_configs_fit_shared_memory_without_accumulate():
+    # fp32 tiles are twice bf16's: the 4-stage 128x128x64 config needs 327,680 bytes even
+    # without accumulating (an untuned heuristic config failed to launch so on an H100)
+    cfg = GemmConfig(128, 128, 64, 8, 4, 8)
+    assert cfg.shared_memory_bytes(4, 4, False) > HOPPER_SHARED_MEMORY_BYTES
+    fitted = kernel_paths.fit_shared_memory(cfg, 4, 4, HOPPER_SHARED_MEMORY_BYTES, False)
+    assert fitted.num_stages < cfg.num_stages
+    assert fitted.shared_memory_bytes(4, 4, False) <= HOPPER_SHARED_MEMORY_BYTES
 
 
 # ---------------------------------------------------------------------------------------------

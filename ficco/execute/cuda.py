@@ -291,7 +291,9 @@ class CudaPrimitives(SegmentPrimitives, FusedPrimitives, Primitives):
         if len(views) == 2:
             torch.add(views[0], views[1], out=out)
         else:
-            total = views[0].float()
+            # a copy even in fp32 (.float() would alias it): the first input may still be on
+            # its way to the peers (gemm_ar pushes the whole partial to every peer)
+            total = views[0].to(torch.float32, copy=True)
             for v in views[1:]:
                 total.add_(v)
             out.copy_(total)

@@ -382,10 +382,14 @@ def _lock_buffer(device: torch.device, count: int) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=256)
-def _fit_accumulate(config: GemmConfig, in_bytes: int, out_bytes: int, limit: int) -> GemmConfig:
-    # accumulate=True also stages the C tile it reads: drop pipeline stages until it fits.
+def fit_shared_memory(
+    config: GemmConfig, in_bytes: int, out_bytes: int, limit: int, accumulate: bool
+) -> GemmConfig:
+    """``config`` with pipeline stages dropped until its tiles fit ``limit`` bytes of shared
+    memory (accumulate=True also stages the C tile it reads). An untuned heuristic config can
+    exceed it (fp32 tiles of a 1024-row GEMM: 262168 > 232448 bytes on an H100)."""
     cfg = config
-    while cfg.num_stages > 2 and cfg.shared_memory_bytes(in_bytes, out_bytes, True) > limit:
+    while cfg.num_stages > 2 and cfg.shared_memory_bytes(in_bytes, out_bytes, accumulate) > limit:
         cfg = replace(cfg, num_stages=cfg.num_stages - 1)
     return cfg
 
@@ -407,9 +411,8 @@ def launch(
     if path == "ptr":
         _launch_ptr(a, b, out, accumulate, sm_budget, config, precision)
         return out
-    if accumulate:
-        limit = device_info(out.device).shared_memory_bytes
-        config = _fit_accumulate(config, a.element_size(), out.element_size(), limit)
+    limit = device_info(out.device).shared_memory_bytes
+    config = fit_shared_memory(config, a.element_size(), out.element_size(), limit, accumulate)
     num_tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     plan = (
         split_plan(num_tiles, sm_budget, triton.cdiv(k, config.block_k))
