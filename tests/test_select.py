@@ -368,6 +368,39 @@ def test_evaluate_compares_families_and_baselines():
     json.dumps(summary)
 
 
+def test_evaluate_reports_every_figure_per_pattern():
+    """Per pattern: the shipped family's figures are its picks scored on that pattern's
+    problems alone, beside every family, baseline and the noise ceiling, in every evaluation."""
+    ds = build_dataset(synthetic_frame())
+    result = evaluate(ds, families=light_families(), holdout_by="model", halves=(ds, ds))
+    summary = result.to_dict()
+    patterns = ds.problems["pattern"].astype(str)
+    assert set(summary["per_pattern"]) == set(patterns) >= {"ag_gemm", "gemm_rs"}
+    total = 0
+    for pattern, entry in summary["per_pattern"].items():
+        mine = [k for k in ds.keys if patterns[k] == pattern]
+        picks = result.picks[summary["family"]].reindex(mine)
+        alone = score_picks(ds, picks).to_dict()
+        for key in ("top1", "within_3pct", "mean_regret", "worst_regret", "n_problems"):
+            assert entry[key] == alone[key], (pattern, key)
+        assert entry["families"][summary["family"]] == alone
+        assert set(entry["families"]) == set(summary["families"])
+        assert {"always_serial", "always_shard_ce", "roofline", "async_tp_rule"} <= set(
+            entry["baselines"]
+        )
+        # the ceiling picks each problem's fastest by the first half: here both halves are the
+        # whole dataset, so it is the oracle itself
+        assert entry["noise_ceiling"]["within_3pct"] == 1.0
+        assert entry["noise_ceiling"]["n_problems"] == len(mine)
+        assert set(entry["evaluations"]) == {"extrapolation", "both"}
+        for name, pickers in entry["evaluations"].items():
+            split = summary["evaluations"][name]["per_pattern"][pattern]
+            assert pickers[summary["family"]] == split[summary["family"]]
+            assert "noise_ceiling" in pickers
+        total += entry["n_problems"]
+    assert total == summary["n_problems"]
+
+
 # --- baselines --------------------------------------------------------------------------------
 
 
@@ -422,6 +455,7 @@ def test_cli_evaluate_json(tmp_path, monkeypatch):
     assert table.exit_code == 0 and "baseline:always_serial" in table.output
     assert "extrapolation: train M <= 4096, test M >= 8192" in table.output
     assert "selector:safe_default" in table.output
+    assert "leave one model out, gemm_rs only" in table.output
     assert f"shipped family: {data['family']}" in table.output
     missing = CliRunner().invoke(cli.main, ["evaluate", "--store", str(tmp_path / "nope")])
     assert missing.exit_code != 0 and "does not exist" in missing.output

@@ -95,6 +95,19 @@ def print_evaluation(summary: dict, holdout_by: str) -> None:
                     f"on {shipped['n_problems']} problems"
                     + (f"; noise ceiling {_pct(ceiling['within_3pct'])}" if ceiling else "")
                 )
+    for pattern, entry in summary.get("per_pattern", {}).items():
+        view = {**entry, "family": summary["family"]}
+        title = EVALUATION_TITLES["lomo"].format(by=holdout_by) + f", {pattern} only"
+        console.print(_metrics_table(view, title, entry.get("noise_ceiling")))
+        for name, pickers in entry.get("evaluations", {}).items():
+            shipped, ceiling = pickers.get(summary["family"]), pickers.get("noise_ceiling")
+            if shipped:
+                click.echo(
+                    f"  {name}, {pattern}: shipped within 3% {_pct(shipped['within_3pct'])}, "
+                    f"mean regret {_pct(shipped['mean_regret'])}, worst "
+                    f"{_pct(shipped['worst_regret'])}"
+                    + (f"; noise ceiling {_pct(ceiling['within_3pct'])}" if ceiling else "")
+                )
     safe = summary.get("safe_default", {})
     for pattern, entry in safe.get("per_pattern", {}).items():
         click.echo(

@@ -33,13 +33,14 @@ _LAZY = {
     "EVALUATIONS": "ficco.select.evaluate",
     "BASELINES": "ficco.select.baselines",
     "Evaluation": "ficco.select.evaluate",
-    "Metrics": "ficco.select.evaluate",
+    "Metrics": "ficco.select.metrics",
     "cross_val_picks": "ficco.select.evaluate",
     "default_families": "ficco.select.evaluate",
     "evaluate": "ficco.select.evaluate",
     "fit_selector": "ficco.select.evaluate",
     "grouped_splits": "ficco.select.evaluate",
-    "score_picks": "ficco.select.evaluate",
+    "score_picks": "ficco.select.metrics",
+    "per_pattern": "ficco.select.metrics",
 }
 
 __all__ = [

@@ -19,36 +19,30 @@ current choice only when its mean regret, fold by fold over the folds of all thr
 is lower on average by more than the spread of the cross-validation: two standard errors of the
 mean per-fold difference (``SPREAD_SE * std / sqrt(folds)``).
 
-Metrics of a set of picks (one schedule per problem):
-
-``top1``          share of problems whose pick is the label;
-``within_3pct``   share whose pick's time is within 3% of the oracle (the fastest measured);
-``mean_regret``   mean of ``t_pick / t_oracle - 1``; ``worst_regret`` its maximum.
-
-A pick with no ok measurement on its problem (never measured, failed or incorrect) counts as a
-miss for ``top1`` and ``within_3pct`` and is charged the serial schedule's time, what a runtime
-falls back to; ``n_unmeasured`` says how many.
+Metrics (``ficco.select.metrics``): top-1, within 3% of the oracle, mean and worst regret, pooled
+and per pattern for every picker, the noise ceiling included (``SplitResult.patterns``,
+``Evaluation.pattern_summary``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 from sklearn.base import clone
 
 from ficco.select.baselines import BASELINES
-from ficco.select.dataset import SERIAL, Dataset
+from ficco.select.dataset import Dataset
 from ficco.select.families import registry
 from ficco.select.features import roofs_for
+from ficco.select.metrics import Metrics, per_pattern, score_picks
 from ficco.select.noise import ceiling_picks
 from ficco.select.safe import best_fixed, safe_defaults
 from ficco.select.selector import ScheduleSelector
 
-WITHIN = 0.03
 #: The extrapolation splits: "low" problems have M <= LOW_MAX_M, "high" ones M >= HIGH_MIN_M.
 LOW_MAX_M = 4096
 HIGH_MIN_M = 8192
@@ -60,65 +54,6 @@ COMPARED: tuple[str, ...] = ("safe_default", "tree", "near", "physical", "pairwi
 SPREAD_SE = 2.0
 
 Fold = tuple[str, list[str], list[str]]  # (label, train keys, test keys)
-
-
-@dataclass(frozen=True, slots=True)
-class Metrics:
-    """How good one way of picking schedules is, over a set of problems."""
-
-    top1: float
-    """Share of problems where the pick is the label."""
-    within_3pct: float
-    """Share of problems where the pick's time is within 3% of the oracle."""
-    mean_regret: float
-    """Mean of t_pick / t_oracle - 1."""
-    worst_regret: float
-    """Largest t_pick / t_oracle - 1."""
-    n_problems: int
-    """Problems scored."""
-    n_unmeasured: int = 0
-    """Picks with no ok measurement on their problem (charged the serial time)."""
-
-    def to_dict(self) -> dict[str, float | int | None]:
-        return {
-            k: (None if isinstance(v, float) and math.isnan(v) else v)
-            for k, v in asdict(self).items()
-        }
-
-
-def score_picks(
-    dataset: Dataset, picks: Mapping[str, str] | pd.Series, times: Mapping[str, float] | None = None
-) -> Metrics:
-    """Metrics of ``picks`` (problem_key -> schedule) over the problems they name.
-
-    ``times`` (problem_key -> ms) scores picks that are not schedules of the space (a measured
-    baseline): then ``top1`` is NaN."""
-    keys = list(picks.keys())
-    hits, within, regrets, unmeasured = 0, 0, [], 0
-    for key in keys:
-        oracle = float(dataset.oracle_ms[key])
-        if times is not None:
-            t = float(times[key])
-        else:
-            t = dataset.time_of(key, picks[key])
-            hits += picks[key] == dataset.labels[key]
-        if math.isnan(t):
-            unmeasured += 1
-            t = dataset.time_of(key, SERIAL)
-            if math.isnan(t):
-                continue
-        else:
-            within += t <= oracle * (1 + WITHIN)
-        regrets.append(t / oracle - 1)
-    n = len(keys)
-    return Metrics(
-        top1=math.nan if times is not None or not n else hits / n,
-        within_3pct=within / n if n else math.nan,
-        mean_regret=float(np.mean(regrets)) if regrets else math.nan,
-        worst_regret=float(np.max(regrets)) if regrets else math.nan,
-        n_problems=n,
-        n_unmeasured=unmeasured,
-    )
 
 
 def grouped_splits(
@@ -302,6 +237,9 @@ class SplitResult:
     noise_ceiling: Metrics | None
     directions: dict[str, dict[str, Metrics]] = field(default_factory=dict)
     """extrapolation and both: per direction (M up / M down), every picker's metrics."""
+    patterns: dict[str, dict[str, Metrics]] = field(default_factory=dict)
+    """Per pattern, every picker's metrics on its problems: the families by name, the baselines
+    as ``baseline:<name>``, and ``noise_ceiling``."""
 
     def to_dict(self) -> dict:
         return {
@@ -312,6 +250,10 @@ class SplitResult:
             "directions": {
                 d: {n: m.to_dict() for n, m in pickers.items()}
                 for d, pickers in self.directions.items()
+            },
+            "per_pattern": {
+                p: {n: m.to_dict() for n, m in pickers.items()}
+                for p, pickers in self.patterns.items()
             },
         }
 
@@ -374,8 +316,39 @@ class Evaluation:
             },
             "safe_default": dict(self.safe_default),
             "best_fixed": dict(self.best_fixed),
+            "per_pattern": self.pattern_summary(),
             "fingerprints": list(self.fingerprints),
         }
+
+    def pattern_summary(self) -> dict[str, dict]:
+        """Per pattern: the shipped family's leave-one-model-out figures, then every family,
+        baseline and the noise ceiling on the same problems, and the shipped family beside the
+        ceiling in the other evaluations."""
+        out: dict[str, dict] = {}
+        for pattern, pickers in self.splits["lomo"].patterns.items():
+            best = pickers[self.best].to_dict()
+            ceiling = pickers.get("noise_ceiling")
+            out[pattern] = {
+                **{k: best[k] for k in ("top1", "within_3pct", "mean_regret", "worst_regret")},
+                "n_problems": best["n_problems"],
+                "noise_ceiling": None if ceiling is None else ceiling.to_dict(),
+                "families": {n: pickers[n].to_dict() for n in self.families if n in pickers},
+                "baselines": {
+                    n.removeprefix("baseline:"): m.to_dict()
+                    for n, m in pickers.items()
+                    if n.startswith("baseline:")
+                },
+                "evaluations": {
+                    name: {
+                        picker: split.patterns[pattern][picker].to_dict()
+                        for picker in (self.best, "noise_ceiling")
+                        if picker in split.patterns.get(pattern, {})
+                    }
+                    for name, split in self.splits.items()
+                    if name != "lomo"
+                },
+            }
+        return out
 
 
 def _directions(folds: list[Fold]) -> dict[str, list[str]]:
@@ -447,6 +420,7 @@ def evaluate(
             families=_score_all(dataset, picks, tested),
             baselines=_score_all(dataset, rules, tested),
             noise_ceiling=_ceiling(ceiling, tested),
+            patterns=_pattern_metrics(dataset, picks, rules, ceiling, tested),
         )
         if evaluation != "lomo":
             for direction, keys in _directions(folds).items():
@@ -500,6 +474,24 @@ def evaluate(
         },
         fingerprints=list(dataset.fingerprints),
     )
+
+
+def _pattern_metrics(
+    dataset: Dataset,
+    picks: Mapping[str, pd.Series],
+    rules: Mapping[str, pd.Series],
+    ceiling,
+    keys: list[str],
+) -> dict[str, dict[str, Metrics]]:
+    """``SplitResult.patterns``: every picker per pattern of ``keys``."""
+    pickers = {**picks, **{f"baseline:{n}": p for n, p in rules.items()}}
+    out = per_pattern(dataset, pickers, keys)
+    if ceiling is not None:
+        second, chosen = ceiling
+        scored = [k for k in keys if k in chosen.index]
+        for pattern, metrics in per_pattern(second, {"noise_ceiling": chosen}, scored).items():
+            out.setdefault(pattern, {}).update(metrics)
+    return out
 
 
 def _ceiling(ceiling, keys: list[str]) -> Metrics | None:
