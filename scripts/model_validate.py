@@ -14,8 +14,15 @@ benchmark) and writes ``schedules/h200x2/model.json``. Then, from that file:
   from the W = 2 calibration alone;
 * ranking, per problem: does the predicted best schedule run within 3% of the measured best,
   and is it the measured best (top-1)?
+* the model as a picker, per pattern: its picks on the W = 4 bench (held out: calibrated at
+  W = 2 only) beside the measured safe default of the h200x2 table on the same problems;
+  ``recommend`` answers from the model, where no table covers the machine or W, only for the
+  patterns whose held-out picks beat the safe default (less mean regret and at least as many
+  within 3%). ``--picker-only`` recomputes this from the committed ``model_validate.json``
+  without predicting again.
 
-Writes ``model_validate.json`` (figures) and ``model_validate.png`` (predicted vs measured).
+Writes ``model_validate.json`` (figures), ``model_validate.png`` (predicted vs measured) and
+``schedules/h200x2/model_picker.json`` (the per-pattern verdict ``recommend`` reads).
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ BENCH_GEMM = ROOT / "profiles" / "h200" / "bench_gemm.json"
 BENCH_W4 = ROOT / "profiles" / "h200x4" / "bench_overlap.json"
 GEMM_CURVE = ROOT / "profiles" / "h200" / "gemm_curve.json"
 PARAMS = ROOT / "schedules" / "h200x2" / "model.json"
+TABLE = ROOT / "schedules" / "h200x2" / "table.json"
+PICKER = ROOT / "schedules" / "h200x2" / "model_picker.json"
 WITHIN = 0.03
 
 
@@ -97,6 +106,74 @@ def ranking(by_problem: dict[str, list[tuple[str, float, float]]]) -> dict:
         "worst_regret": max(regrets) if regrets else math.nan,
         "per_problem": rows,
     }
+
+
+def _pick_figures(regrets: list[float]) -> dict:
+    return {
+        "within_3pct": sum(r <= WITHIN for r in regrets) / len(regrets),
+        "mean_regret": statistics.fmean(regrets),
+        "worst_regret": max(regrets),
+    }
+
+
+def picks_vs_safe_default(oos_ranking: dict) -> dict:
+    """Per pattern: the model's held-out picks on the W = 4 bench beside the h200x2 table's
+    measured safe default on the same problems, and whether the model answers ``recommend``
+    there (less mean regret and at least as many within 3% as the safe default)."""
+    from ficco.export.lookup import load_table
+
+    safe = load_table(TABLE).safe
+    bench = json.loads(BENCH_W4.read_text())
+    safe_regret: dict[str, float] = {}
+    for shape in bench["by_issue"]["queued"]["shapes"]:
+        problem = Problem.from_dict(shape["problem"])
+        ok = {
+            n: c["median_ms"]
+            for n, c in shape["candidates"].items()
+            if c.get("kind") == "schedule" and c.get("verdict") == "ok"
+        }
+        entry = safe.get(problem.pattern.value)
+        if entry and entry["schedule"] in ok:
+            safe_regret[problem.key] = ok[entry["schedule"]] / min(ok.values()) - 1
+    out = {}
+    for pattern in sorted(oos_ranking["by_pattern"]):
+        rows = [
+            r
+            for r in oos_ranking["per_problem"]
+            if r["problem"].startswith(pattern + ":") and r["problem"] in safe_regret
+        ]
+        if not rows:
+            continue
+        model = _pick_figures([r["regret"] for r in rows])
+        default = _pick_figures([safe_regret[r["problem"]] for r in rows])
+        out[pattern] = {
+            "problems": len(rows),
+            "model": model,
+            "safe_default": {"schedule": safe[pattern]["schedule"], **default},
+            "model_answers": model["mean_regret"] < default["mean_regret"]
+            and model["within_3pct"] >= default["within_3pct"],
+        }
+    return out
+
+
+def write_picker(verdict: dict) -> None:
+    PICKER.write_text(
+        json.dumps(
+            {
+                "format": "ficco.model-picker",
+                "source": "scripts/model_validate.py: the cost model calibrated at W = 2 "
+                "(profiles/h200x2/store) picking the fastest predicted schedule on the W = 4 "
+                "bench (profiles/h200x4/bench_overlap.json), beside the h200x2 table's measured "
+                "safe default on the same problems",
+                "rule": "the model answers recommend for a pattern, where no table covers the "
+                "machine or W, only when its held-out mean regret is lower than the safe "
+                "default's and its share within 3% at least as high",
+                "patterns": verdict,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 def group_name(pattern: str, schedule: Schedule) -> str:
@@ -513,7 +590,21 @@ def main() -> int:
         help="calibrate the eager host on each schedule timed alone, not on the store's rounds",
     )
     parser.add_argument("--no-timings", action="store_true", help="skip the predict timings")
+    parser.add_argument(
+        "--picker-only",
+        action="store_true",
+        help="only recompute the model-vs-safe-default verdict from --out's model_validate.json",
+    )
     args = parser.parse_args()
+    if args.picker_only:
+        path = Path(args.out) / "model_validate.json"
+        result = json.loads(path.read_text())
+        verdict = picks_vs_safe_default(result["out_of_sample_w4"]["ranking"])
+        result["out_of_sample_w4"]["picks_vs_safe_default"] = verdict
+        path.write_text(json.dumps(result, indent=1) + "\n")
+        write_picker(verdict)
+        print_picker(verdict)
+        return 0
     params_path = Path(args.params).resolve()
     if args.calibrate:
         from ficco.model.calibrate import calibrate_store
@@ -536,6 +627,7 @@ def main() -> int:
     params = load_params(params_path)
     ins, ins_pairs = in_sample(Predictor(load_machine("h200x2"), params))
     oos, oos_pairs = out_of_sample(Predictor(load_machine("h200x4"), params))
+    oos["picks_vs_safe_default"] = picks_vs_safe_default(oos["ranking"])
     timings = None if args.no_timings else predict_timings(params)
     result = {
         "params": str(params_path.relative_to(ROOT))
@@ -606,8 +698,22 @@ def main() -> int:
         )
     for row in timings["cli"] if timings else []:
         print(f"   CLI W={row['world']:2d} {row['pattern']}: {row['wall_ms']:.0f} ms wall")
+    write_picker(oos["picks_vs_safe_default"])
+    print_picker(oos["picks_vs_safe_default"])
     print("targets:", json.dumps(result["targets"]))
     return 0
+
+
+def print_picker(verdict: dict) -> None:
+    print("the model as a picker, W = 4 bench (held out), beside the measured safe default:")
+    for pattern, v in verdict.items():
+        m, d = v["model"], v["safe_default"]
+        print(
+            f"   {pattern}: model within 3% {m['within_3pct']:.2f}, mean regret "
+            f"{m['mean_regret']:.3f}; safe default {d['schedule']} {d['within_3pct']:.2f}, "
+            f"{d['mean_regret']:.3f} over {v['problems']} problems -> "
+            + ("the model answers" if v["model_answers"] else "the safe default answers")
+        )
 
 
 if __name__ == "__main__":

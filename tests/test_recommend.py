@@ -265,3 +265,59 @@ def test_recommend_for_gemm_ar_says_no_table_measured_it():
     with pytest.raises(ValueError, match="no measured table answers gemm_ar") as err:
         ficco.recommend(problem)
     assert str(err.value).startswith("pattern:") and "ficco sweep" in str(err.value)
+
+
+# --- the cost model as a picker, where no table covers the machine or W -----------------------
+
+
+def test_the_model_answers_only_patterns_whose_held_out_picks_beat_the_safe_default():
+    """h200x4 has no measured table. The shipped verdict (scripts/model_validate.py, the W = 4
+    bench) says which patterns the cost model answers; the others get the measured safe
+    default, and every answer says which answered."""
+    import ficco.api as api
+    from ficco.api.tables import model_picker_verdict
+    from ficco.export.lookup import load_table
+    from ficco.model import SHIPPED_PARAMS
+
+    picker = json.loads((SHIPPED_PARAMS.parent / "model_picker.json").read_text())
+    validated = json.loads(
+        (SHIPPED_PARAMS.parents[2] / "profiles" / "h200x2" / "model_validate.json").read_text()
+    )
+    assert picker["patterns"] == validated["out_of_sample_w4"]["picks_vs_safe_default"]
+    safe = load_table(SHIPPED_PARAMS.parent / "table.json").safe
+    answered = set()
+    for pattern in ("ag_gemm", "gemm_rs"):
+        verdict = model_picker_verdict(pattern)
+        m, d = verdict["model"], verdict["safe_default"]
+        # the declared rule, applied to the recorded figures
+        assert verdict["model_answers"] == (
+            m["mean_regret"] < d["mean_regret"] and m["within_3pct"] >= d["within_3pct"]
+        )
+        assert d["schedule"] == safe[pattern]["schedule"]
+        rec = api.recommend(Problem(pattern=pattern, m=8192, n=8192, k=2048, world=4), "h200x4")
+        assert not rec.in_range and rec.to_dict()["source"] == rec.source
+        if verdict["model_answers"]:
+            assert rec.source == "model" and "cost model" in rec.reason
+            assert any("beat the measured safe default" in n for n in rec.notes)
+        else:
+            assert rec.source == "safe_default" and rec.schedule == safe[pattern]["schedule"]
+            assert any("do not beat it" in n for n in rec.notes)
+        answered.add(rec.source)
+    # on the shipped figures the two patterns differ: one each
+    assert answered == {"model", "safe_default"}
+
+
+def test_without_a_verdict_the_model_never_answers(monkeypatch):
+    import ficco.api as api
+    import ficco.api.tables as tables
+
+    monkeypatch.setattr(tables, "model_picker_verdict", lambda pattern: None)
+    rec = api.recommend(Problem(pattern="gemm_rs", m=8192, n=8192, k=2048, world=4), "h200x4")
+    assert rec.source == "safe_default" and rec.fallback and not rec.in_range
+
+
+def test_the_answer_says_which_answered(env):
+    rec = recommend(Problem(pattern="ag_gemm", m=4096, n=4096, k=4096, world=2))
+    assert rec.source == ("table" if rec.in_range and not rec.fallback else "safe_default")
+    outside = recommend(Problem(pattern="ag_gemm", m=64, n=4096, k=4096, world=2))
+    assert outside.source == "safe_default" and not outside.in_range

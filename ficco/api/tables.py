@@ -197,10 +197,17 @@ def recommend(
     try:
         rec = lookup(problem, validate.name("machine", machine), table=table, described=described)
     except TableNotFound as err:
-        # no measured table for this machine: the cost model answers where it describes it
-        model_rec = _model_recommendation(problem, machine, f"no measured table for {machine}")
-        if table is None and model_rec is not None:
+        # no measured table for this machine: where the cost model describes it, the model
+        # answers if its held-out picks beat the measured safe default, else that safe default
+        # (measured on DEFAULT_MACHINE)
+        why = f"no measured table for {machine}"
+        model_rec = _model_recommendation(problem, machine, why) if table is None else None
+        if model_rec is not None:
             return model_rec
+        if table is None and _model_describes(machine, problem.world):
+            safe_rec = _measured_safe_default(problem, machine, why)
+            if safe_rec is not None:
+                return safe_rec
         raise InputError(
             "machine" if table is None else "table", table or machine, str(err)
         ) from None
@@ -209,32 +216,121 @@ def recommend(
     except PatternNotInTables as err:
         raise InputError("pattern", problem.pattern.value, str(err)) from None
     if table is None and any(field == "world" for field, *_ in rec.outside):
-        # the table was measured at other W: the cost model covers this W where it can
+        # the table was measured at other W: the cost model covers this W where its held-out
+        # picks beat the measured safe default the table answers
         model_rec = _model_recommendation(
             problem, machine, f"{machine}'s table was measured at other W than {problem.world}"
         )
         if model_rec is not None:
             return model_rec
-        hint = (
-            f"{machine} has too few GPUs for W={problem.world}; the cost model predicts it on "
-            f"a machine that has them: ficco predict ... --machine h200x4 (or h200x8, h200x8n2 ...)"
-        )
-        return dataclasses.replace(rec, notes=(*rec.notes, hint))
+        notes = [_picker_note(problem)]
+        if problem.world > _gpus_of(machine):
+            notes.append(
+                f"{machine} has too few GPUs for W={problem.world}; the cost model predicts it "
+                "on a machine that has them: ficco predict ... --machine h200x4 (or h200x8, "
+                "h200x8n2 ...)"
+            )
+        return dataclasses.replace(rec, notes=(*rec.notes, *filter(None, notes)))
     return rec
 
 
+#: The cost model's held-out picks beside the measured safe default, per pattern
+#: (``scripts/model_validate.py`` writes it next to the shipped parameters).
+MODEL_PICKER = "model_picker.json"
+
+
+def model_picker_verdict(pattern: str) -> dict | None:
+    """The cost model's held-out picking figures for ``pattern`` beside the measured safe
+    default's, with ``model_answers`` (``scripts/model_validate.py``); None when the file or
+    the pattern is missing (then the model never answers)."""
+    from ficco.model import SHIPPED_PARAMS
+
+    path = SHIPPED_PARAMS.parent / MODEL_PICKER
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    entry = data.get("patterns", {}).get(pattern)
+    return entry if isinstance(entry, dict) else None
+
+
+def _picker_note(problem: Problem) -> str | None:
+    verdict = model_picker_verdict(problem.pattern.value)
+    if verdict is None:
+        return None
+    m, d = verdict["model"], verdict["safe_default"]
+    return (
+        f"source: the measured safe default; the cost model's held-out picks for "
+        f"{problem.pattern.value} (W=4 bench, calibrated at W=2) do not beat it: within 3% "
+        f"{100 * m['within_3pct']:.0f}% / mean regret {100 * m['mean_regret']:.1f}% against "
+        f"{100 * d['within_3pct']:.0f}% / {100 * d['mean_regret']:.1f}% over "
+        f"{verdict['problems']} problems"
+    )
+
+
+def _gpus_of(machine: str) -> int:
+    """GPUs of a machine kind with roofs (0 when it has none)."""
+    from ficco.select.features import MACHINES
+
+    roofs = MACHINES.get(machine)
+    return roofs.gpus if roofs is not None else 0
+
+
+def _model_describes(machine: str, world: int) -> bool:
+    """Whether the cost model describes ``machine`` with at least ``world`` GPUs (where it could
+    answer, the measured safe default answers instead when the model's picks lose to it)."""
+    from ficco.model import load_machine
+
+    try:
+        described = load_machine(machine)
+    except (ValueError, OSError):
+        return False
+    return described.gpus_per_node * described.nodes >= world
+
+
+def _measured_safe_default(problem: Problem, machine: str, why: str):
+    """``DEFAULT_MACHINE``'s measured safe default for a machine without a table, or None."""
+    try:
+        rec = lookup(problem, DEFAULT_MACHINE)
+    except (TableNotFound, TableError, PatternNotInTables):
+        return None
+    safe = open_table(DEFAULT_MACHINE).safe.get(problem.pattern.value)
+    if safe is None:
+        return None
+    note = _picker_note(problem)
+    return dataclasses.replace(
+        rec,
+        schedule=safe["schedule"],
+        predicted_speedup=safe.get("speedup"),
+        fallback=True,
+        in_range=False,
+        reason=f"{why}: answering {DEFAULT_MACHINE}'s measured safe default {safe['schedule']}",
+        path=(),
+        feature_values=(),
+        machine=machine,
+        notes=(*rec.notes, *([note] if note else [])),
+        source="safe_default",
+    )
+
+
 def _model_recommendation(problem: Problem, machine: str, why: str):
-    """The cost model's answer (``ficco.model``), or None where the model cannot answer:
-    no description of ``machine``, too few GPUs in it, or a pattern it was not calibrated on."""
+    """The cost model's answer (``ficco.model``), or None where the model does not answer: no
+    description of ``machine``, too few GPUs in it, a pattern it was not calibrated on, or a
+    pattern whose held-out picks do not beat the measured safe default
+    (:func:`model_picker_verdict`)."""
     from ficco.export.recommend import Recommendation
     from ficco.model import SHIPPED_PARAMS, predictor
 
+    verdict = model_picker_verdict(problem.pattern.value)
+    if verdict is None or not verdict.get("model_answers"):
+        return None
     try:
         prediction = predictor(machine).predict(problem)
     except ValueError:
         return None
     best = prediction.best
     origin = "measured" if prediction.machine.measured else "described from vendor figures"
+    m, d = verdict["model"], verdict["safe_default"]
     return Recommendation(
         schedule=best.schedule,
         predicted_speedup=prediction.serial_ms / best.ms,
@@ -249,7 +345,13 @@ def _model_recommendation(problem: Problem, machine: str, why: str):
         problem=problem,
         machine=machine,
         table=str(SHIPPED_PARAMS),
-        notes=("source: model (no measured table covers this machine or W)",),
+        notes=(
+            "source: model (no measured table covers this machine or W); its held-out picks "
+            f"for {problem.pattern.value} (W=4 bench) beat the measured safe default: within "
+            f"3% {100 * m['within_3pct']:.0f}% / mean regret {100 * m['mean_regret']:.1f}% "
+            f"against {100 * d['within_3pct']:.0f}% / {100 * d['mean_regret']:.1f}%",
+        ),
+        source="model",
     )
 
 

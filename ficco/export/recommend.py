@@ -30,6 +30,8 @@ from ficco.shipped import shipped_dir
 from ficco.space import Schedule, violations
 
 TABLE_FILE = "table.json"
+#: What can answer a recommendation (``Recommendation.source``).
+SOURCES: tuple[str, ...] = ("table", "safe_default", "fallback", "model")
 SCHEDULES_ENV = "FICCO_SCHEDULES_DIR"
 
 
@@ -95,6 +97,10 @@ class Recommendation:
     routing: dict[str, Any] | None = field(default=None)
     """All-to-alls: the routing the answer assumed (see :func:`routing_summary`); None for
     the other patterns."""
+    source: str = "table"
+    """What answered (``SOURCES``): ``table`` (a rule of the measured table), ``safe_default``
+    (the pattern's measured safe default), ``fallback`` (serial, legal everywhere) or
+    ``model`` (ficco's cost model, where no table covers the machine or W)."""
 
     @property
     def rules(self) -> tuple[str, ...]:
@@ -128,6 +134,7 @@ class Recommendation:
             "table": self.table,
             "notes": list(self.notes),
             "routing": self.routing,
+            "source": self.source,
         }
 
 
@@ -278,6 +285,11 @@ def recommend(
                 f"{tab.fallback}, legal everywhere"
             )
             schedule, speedup, fallback = tab.fallback, 1.0, True
+    if not fallback:
+        source = "table"
+    else:
+        safe = tab.safe.get(pattern)
+        source = "safe_default" if safe and safe["schedule"] == schedule else "fallback"
     return Recommendation(
         schedule=schedule,
         predicted_speedup=None if fallback else speedup,
@@ -292,4 +304,5 @@ def recommend(
         notes=notes,
         outside=answer.outside,
         routing=routing_summary(problem, described),
+        source=source,
     )
