@@ -301,7 +301,7 @@ def _measured_safe_default(problem: Problem, machine: str, why: str):
     return dataclasses.replace(
         rec,
         schedule=safe["schedule"],
-        predicted_speedup=safe.get("speedup"),
+        predicted_speedup=None,  # a fallback: no prediction covers the problem
         fallback=True,
         in_range=False,
         reason=f"{why}: answering {DEFAULT_MACHINE}'s measured safe default {safe['schedule']}",
