@@ -220,6 +220,10 @@ def test_backend_limits_name_the_reason():
     symm = ficco.Schedule.parse("finer-c2-m/symm1/cublas")
     assert "symmetric memory" in backend_limit(ar, symm, Target("cuda", hosts=2))
     assert backend_limit(ar, symm, "cpu") is None  # gloo runs the kernels' algorithms
+    # ranks sharing a GPU (cuda tensors on a gloo group): IPC buffers, no symmetric memory
+    shared = Target("cuda", shares_gpu=True)
+    assert "symmetric memory refuses ranks on one GPU" in backend_limit(ar, symm, shared)
+    assert backend_limit(p, ce, shared) is None
 
 
 def test_disagreement_rules_without_processes():

@@ -108,7 +108,10 @@ class Signature:
 
 
 def exchange(group: dist.ProcessGroup, device: torch.device, values: list[int]) -> list[list[int]]:
-    """Every rank's ``values`` (one all-gather on ``group``, on ``device``)."""
+    """Every rank's ``values`` (one all-gather on ``group``: on ``device``, on the host where
+    the group is gloo's)."""
+    if "nccl" not in str(dist.get_backend(group)):
+        device = torch.device("cpu")
     mine = torch.tensor(values, dtype=torch.int64, device=device)
     every = [torch.empty_like(mine) for _ in range(group.size())]
     dist.all_gather(every, mine, group=group)

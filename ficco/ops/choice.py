@@ -62,9 +62,12 @@ class Target:
     """Where a call runs, as far as a schedule's feasibility depends on it."""
 
     device: str
-    """The tensors' device type: 'cpu' (a gloo group) or 'cuda' (an NCCL group)."""
+    """The tensors' device type: 'cpu' (a gloo group) or 'cuda'."""
     hosts: int = 1
     """Distinct hosts among the group's ranks (symmetric memory spans one host)."""
+    shares_gpu: bool = False
+    """CUDA tensors on a gloo group: ranks that share a GPU (``ficco.execute.cuda_shared``:
+    CUDA IPC for symmetric memory, gloo for NCCL; for verification)."""
 
 
 def needs_symmetric_memory(schedule: Schedule) -> bool:
@@ -81,6 +84,10 @@ def backend_limit(problem: Problem, schedule: Schedule, target: Target | str) ->
     ``schedule`` inside an op call, or None."""
     target = Target(target) if isinstance(target, str) else target
     if target.device == "cuda":
+        if target.shares_gpu:
+            from ficco.execute.cuda_shared import shared_capability
+
+            return shared_capability(problem, schedule)
         if schedule.transport is Transport.NCCL_CE:
             return "nccl_ce needs a zero-CTA NCCL communicator, which ficco.ops does not create"
         if needs_symmetric_memory(schedule) and target.hosts > 1:

@@ -22,6 +22,7 @@ them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -46,8 +47,8 @@ PATTERNS = {
     "matmul_reduce_scatter": "gemm_rs",
     "matmul_all_reduce": "gemm_ar",
 }
-#: the group backend each device's tensors travel on
-_CARRIERS = {"cpu": "gloo", "cuda": "nccl"}
+#: the group backends each device's tensors travel on (cuda on gloo: ranks sharing a GPU)
+_CARRIERS = {"cpu": ("gloo",), "cuda": ("nccl", "gloo")}
 
 
 def resolve_group(group: dist.ProcessGroup | str | None) -> dist.ProcessGroup:
@@ -92,15 +93,18 @@ def check_operands(a: torch.Tensor, b: torch.Tensor, a_field: str) -> str:
     return dtype_name(a_field, a)
 
 
-def check_group(pg: dist.ProcessGroup, device: torch.device) -> None:
-    """Refuses a group whose backend cannot carry ``device``'s tensors (the same on every rank)."""
-    carrier = _CARRIERS.get(device.type)
+def check_group(pg: dist.ProcessGroup, device: torch.device) -> Target:
+    """The target of ``device``'s tensors on ``pg`` (hosts still to count); refuses a group
+    whose backend cannot carry them (the same answer on every rank)."""
     backend = str(dist.get_backend(pg))
-    if carrier is None or carrier not in backend:
+    carriers = _CARRIERS.get(device.type, ())
+    if not any(c in backend for c in carriers):
         raise ValueError(
             f"group: its backend {backend!r} cannot carry {device.type} tensors (ficco.ops runs "
-            "cpu tensors on gloo groups and cuda tensors on NCCL groups)"
+            "cpu tensors on gloo groups, cuda tensors on NCCL groups, or on gloo groups of "
+            "ranks that share a GPU)"
         )
+    return Target(device.type, shares_gpu=device.type == "cuda" and "nccl" not in backend)
 
 
 def even_rows(total: int, world: int) -> list[int]:
@@ -249,7 +253,7 @@ def call_plan(
         firsts = shard_rows(op, a, rows, 1)
         call = CallPlan(op, pg, rank, firsts, firsts, None, None, None)
     else:
-        check_group(pg, a.device)
+        target = check_group(pg, a.device)
         every = agree(Signature.of(op, a, b, schedule, table, rows), pg, a.device)
         # the ranks agree: every check below answers alike on every rank
         dtype = check_operands(a, b, a_field)
@@ -260,7 +264,8 @@ def call_plan(
         problem = Problem(
             pattern=PATTERNS[op], m=m, n=b.shape[1], k=a.shape[-1], world=world, dtype=dtype
         )
-        choice = choose(problem, schedule, table, Target(a.device.type, hosts(every)))
+        target = dataclasses.replace(target, hosts=hosts(every))
+        choice = choose(problem, schedule, table, target)
         if check_enabled():
             agree_decision(op, choice.digest, str(choice.schedule), pg, a.device)
         plan = plan_for(problem, choice.schedule, rank)
