@@ -75,3 +75,18 @@ def test_a_cpu_sweep_prints_no_timing_as_if_measured(monkeypatch, tmp_path):
     cuda = CliRunner().invoke(main, [*args, "--backend", "cuda"])
     assert cuda.exit_code == 0, cuda.output
     assert "36.900 ms, 0.94x serial" in cuda.output and "harness" not in cuda.output
+
+
+def test_a_cpu_run_labels_its_verdicts_as_gloo_emulations():
+    args = ["run", "gemm_rs", "--m", "8", "--n", "8", "--k", "8", "-w", "2", "--backend", "cpu"]
+    args += ["-s", "shard/ce/cublas", "-s", "shard/nccl/cublas+hi"]
+    got = CliRunner().invoke(main, args)
+    assert got.exit_code == 0, got.output
+    assert "verdicts of emulations" in got.output
+    assert "gloo emulation of ce" in got.output
+    assert "gloo emulation of nccl (+hi: no CPU effect)" in got.output
+    rows = json.loads(CliRunner().invoke(main, [*args, "--json"]).output)["results"]
+    assert [r["ran_as"] for r in rows] == [
+        "gloo emulation of ce",
+        "gloo emulation of nccl (+hi: no CPU effect)",
+    ]

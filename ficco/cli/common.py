@@ -260,3 +260,23 @@ def table_options(func: Callable) -> Callable:
     return click.option(
         "--machine", default=DEFAULT_MACHINE, show_default=True, help="Machine kind of the table."
     )(func)
+
+
+def emulation(backend: str, schedule: str) -> str:
+    """What a ``backend`` run of ``schedule`` stands in for, where it is an emulation: on cpu
+    every transport is gloo sends and collectives between processes, and a stream priority
+    (``+hi``) or an SM reserve (``+smR``) changes nothing but the Triton GEMM's program count
+    (``ficco.execute.cpu``). Empty where the run is the real thing."""
+    if backend != "cpu":
+        return ""
+    from ficco.space import Priority, Schedule
+
+    try:
+        parsed = Schedule.parse(schedule)
+    except ValueError:  # a baseline (serial_eager, gemm_alone, ...)
+        return "gloo emulation"
+    inert = [f"+sm{parsed.sm_reserve}"] if parsed.sm_reserve else []
+    if parsed.comm_priority == Priority.HIGH:
+        inert.append("+hi")
+    text = f"gloo emulation of {parsed.transport.value}"
+    return f"{text} ({', '.join(inert)}: no CPU effect)" if inert else text

@@ -11,6 +11,7 @@ import click
 import ficco.api as api
 from ficco.cli.common import (
     ApiCommand,
+    emulation,
     graphs_option,
     issue_option,
     problem_of,
@@ -161,7 +162,11 @@ def run_cmd(
         results = api.run(problem, chosen, **settings, on_result=lambda r: progress.advance(task))
     incorrect = [r for r in results if r.verdict.value == "incorrect"]
     if as_json:
-        payload = {"problem": problem.to_dict(), "results": [r.to_dict() for r in results]}
+        rows = []
+        for r in results:
+            label = emulation(backend, r.schedule)
+            rows.append({**r.to_dict(), **({"ran_as": label} if label else {})})
+        payload = {"problem": problem.to_dict(), "results": rows}
         click.echo(json.dumps(payload, indent=2))
     else:
         _print_cpu(problem, results, backend)
@@ -172,18 +177,22 @@ def run_cmd(
 def _print_cpu(problem, results, backend: str) -> None:
     from rich.table import Table
 
-    table = Table(title=f"{problem.key}: {len(results)} schedules, backend {backend}")
+    ran_as = [emulation(backend, r.schedule) for r in results]
+    emulated = any(ran_as)
+    title = f"{problem.key}: {len(results)} schedules, backend {backend}"
+    table = Table(title=f"{title} (verdicts of emulations)" if emulated else title)
     table.add_column("schedule", no_wrap=True)
-    for col in ("verdict", "max error", "tolerance", "detail"):
+    for col in ("verdict", "max error", "tolerance", *(("ran as",) if emulated else ()), "detail"):
         table.add_column(col)
     styles = {"ok": "green", "incorrect": "bold red"}
-    for r in results:
+    for r, label in zip(results, ran_as, strict=True):
         verdict = r.verdict.value
         table.add_row(
             r.schedule,
             f"[{styles.get(verdict, 'yellow')}]{verdict}[/]",
             f"{r.max_abs_err:.3g}",
             f"{r.tolerance:.3g}",
+            *((label,) if emulated else ()),
             r.detail,
         )
     table_console().print(table)
