@@ -1,21 +1,10 @@
 """Problems: one GEMM glued to one collective, on W ranks.
 
-Shapes are global unless named ``_shard``. The four patterns (rank r of W):
-
-``ag_gemm``   holds ``a_shard [M/W, K]`` and ``b [K, N]``; produces ``c = all_gather(a) @ b [M, N]``.
-``gemm_rs``   holds ``a [M, K]`` and ``b [K, N]`` (K is this rank's slice of the reduced
-              dimension); produces ``reduce_scatter(a @ b)``, this rank's rows ``[M/W, N]``.
-``a2a_gemm``  MoE dispatch + expert GEMM. Each rank holds its tokens ``x [T_r, K]`` sorted by
-              expert; ``experts`` experts, ``experts/W`` per rank, expert ``e`` owned by rank
-              ``e // (experts/W)`` with weight ``b_e [K, N]``. Each rank receives the tokens routed
-              to its experts and produces ``y [R_r, N]``, rows ordered (local expert, source rank).
-``gemm_a2a``  MoE expert GEMM + combine, the mirror: each rank holds the received tokens
-              ``x [R_r, K]`` (same order), computes ``x_e @ b_e`` and returns every row to its
-              source rank, which ends with ``y [T_r, N]`` in its original expert-sorted order.
-``gemm_ar``   holds ``a [M, K]`` and ``b [K, N]`` (K is this rank's slice of the reduced
-              dimension, as for gemm_rs); produces ``all_reduce(a @ b) [M, N]`` on every rank.
-              M need not divide by W: only the schedules that reduce-scatter and then
-              all-gather (``+rs_ag``) cut M into W shards, and a rule refuses them otherwise.
+Shapes are global unless named ``_shard``. What each pattern's ranks hold and produce, and
+every other fact of a pattern, is in its module under ``ficco.patterns`` (``ag_gemm``,
+``gemm_rs``, ``a2a_gemm``, ``gemm_a2a``, ``gemm_ar``); the rules a problem checks here are the
+pattern-independent ones, plus what its spec says (M divisible by W where every rank holds
+M/W rows; experts and a routing where tokens are routed).
 
 For the all-to-all patterns ``m`` is the global number of routed tokens and ``routing[s][e]`` the
 tokens rank ``s`` sends to expert ``e`` (uniform routing spreads ``m/W`` tokens per rank evenly).
@@ -26,26 +15,13 @@ touch CUDA.
 
 from __future__ import annotations
 
-import enum
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import ficco.validate as validate
+from ficco.patterns import Pattern, spec_of
 from ficco.validate import InputError
-
-
-class Pattern(enum.StrEnum):
-    AG_GEMM = "ag_gemm"
-    GEMM_RS = "gemm_rs"
-    A2A_GEMM = "a2a_gemm"
-    GEMM_A2A = "gemm_a2a"
-    GEMM_AR = "gemm_ar"
-
-    @property
-    def is_all_to_all(self) -> bool:
-        return self in (Pattern.A2A_GEMM, Pattern.GEMM_A2A)
-
 
 #: element size in bytes of each supported dtype name
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -152,7 +128,7 @@ class Problem:
                 raise InputError(
                     "top_k", self.top_k, f"only the all-to-all patterns take it, not {self.pattern}"
                 )
-            if self.m % self.world and self.pattern is not Pattern.GEMM_AR:
+            if self.m % self.world and spec_of(self.pattern).rows_per_rank:
                 raise InputError(
                     "m",
                     self.m,
@@ -273,27 +249,11 @@ class Problem:
     @property
     def flops(self) -> int:
         """Multiply-adds x 2 of the whole GEMM across all ranks."""
-        if self.pattern in (Pattern.GEMM_RS, Pattern.GEMM_AR):
-            return 2 * self.m * self.n * self.k * self.world
-        return 2 * self.m * self.n * self.k
+        return spec_of(self.pattern).flops(self)
 
     def comm_bytes_per_rank(self) -> int:
-        """Bytes the busiest rank receives. gemm_ar: a bandwidth-optimal all-reduce (ring, or
-        reduce-scatter + all-gather) receives 2 (W-1)/W of the M x N partial, rounded up."""
-        w, b = self.world, self.dtype_bytes
-        if self.pattern is Pattern.GEMM_AR:
-            return -(-2 * (w - 1) * self.m * self.n // w) * b
-        if self.pattern is Pattern.AG_GEMM:
-            return (w - 1) * self.m_shard * self.k * b
-        if self.pattern is Pattern.GEMM_RS:
-            return (w - 1) * self.m_shard * self.n * b
-        between = self.tokens_between()
-        cols = self.k if self.pattern is Pattern.A2A_GEMM else self.n
-        if self.pattern is Pattern.A2A_GEMM:
-            recv = [sum(sum(between[s][d]) for s in range(w) if s != d) for d in range(w)]
-        else:
-            recv = [sum(sum(between[s][d]) for d in range(w) if d != s) for s in range(w)]
-        return max(recv) * cols * b
+        """Bytes the busiest rank receives (the pattern's spec says how)."""
+        return spec_of(self.pattern).comm_bytes(self)
 
     # --- identity ------------------------------------------------------------------------
 

@@ -342,13 +342,13 @@ def layer_row(problem, measured) -> dict:
 
     from bench_overlap import shape_row
 
+    from ficco.patterns import ideal_ms, spec_of
+
     row = shape_row(problem, measured)
     ok = {m.name: m.median_ms for m in measured if m.verdict == "ok"}
-    comm = {
-        name: ok[name] for name in ("comm_alone", "comm_one_shot", "comm_two_shot") if name in ok
-    }
+    comm = {name: ok[name] for name in spec_of(problem.pattern).comm_alone if name in ok}
     fastest = min(comm, key=comm.get) if comm else None
-    ideal = max(ok.get("gemm_alone", math.nan), comm[fastest] if fastest else math.nan)
+    ideal = ideal_ms(problem.pattern, ok)
     serial_graph = row["serial_graph_ms"]
     best = row["best_ms"]
     row.update(

@@ -77,10 +77,10 @@ def test_a_row_takes_the_ideal_from_the_fastest_all_reduce_alone():
 def test_the_symm_comm_baselines_exist_where_the_space_allows_the_kernels():
     import torch
 
-    from ficco.execute.baselines import (
+    from ficco.patterns.gemm_ar import (
         BASELINE_COMM_ONE_SHOT,
         BASELINE_COMM_TWO_SHOT,
-        _symm_comm_parts,
+        symm_comm_parts,
     )
 
     def buffers(p):
@@ -92,7 +92,7 @@ def test_the_symm_comm_baselines_exist_where_the_space_allows_the_kernels():
 
     bf16 = Problem(pattern="gemm_ar", m=3, n=8, k=4, world=2)
     tensors = buffers(bf16)
-    parts = _symm_comm_parts(bf16, tensors, "0")
+    parts = symm_comm_parts(bf16, tensors, "0")
     assert set(parts) == {BASELINE_COMM_ONE_SHOT, BASELINE_COMM_TWO_SHOT}
     kind, src, dst, group = parts[BASELINE_COMM_ONE_SHOT].args
     # one-shot reads row block 0 of staging (where symm1's GEMM writes) into c
@@ -101,4 +101,4 @@ def test_the_symm_comm_baselines_exist_where_the_space_allows_the_kernels():
     kind, src, dst, _ = parts[BASELINE_COMM_TWO_SHOT].args
     assert src is dst is tensors["c"]  # in place, as symm2 schedules reduce
     fp16 = Problem(pattern="gemm_ar", m=3, n=8, k=4, world=2, dtype="fp16")
-    assert _symm_comm_parts(fp16, buffers(fp16), "0") == {}
+    assert symm_comm_parts(fp16, buffers(fp16), "0") == {}

@@ -104,14 +104,14 @@ def test_all_to_all_uses_the_largest_block():
 def test_signatures_carry_the_one_chunk_geometry():
     import math
 
-    from ficco.measure.record import Measurement, signature
+    from ficco.measure.record import BASELINE_COMM, BASELINE_GEMM, Measurement, signature
 
     p = Problem(pattern="gemm_rs", m=96, n=80, k=72, world=2, dtype="fp32")
     s = Schedule.parse("finer-c2-m/ce/cublas")
     m = Measurement(problem=p.to_dict(), name=str(s), median_ms=1.0)
-    sig, geo = signature(m, 0.6, 0.5), geometry(p, s)
+    sig, geo = signature(m, {BASELINE_GEMM: 0.6, BASELINE_COMM: 0.5}), geometry(p, s)
     assert sig["chunk_bytes"] == geo.transfer_bytes == 24 * 80 * 4
     assert (sig["gemm_launches"], sig["transfers"]) == (geo.gemm_launches, geo.transfers)
     assert sig["chunk_gemm_flops"] == geo.gemm_flops and sig["speedup"] == 1.1
     baseline = Measurement(problem=p.to_dict(), name="gemm_alone", kind="baseline")
-    assert math.isnan(signature(baseline, 0.6, 0.5)["chunk_bytes"])
+    assert math.isnan(signature(baseline, {BASELINE_GEMM: 0.6, BASELINE_COMM: 0.5})["chunk_bytes"])

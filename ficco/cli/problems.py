@@ -28,6 +28,7 @@ from ficco.defaults import (
     SEED,
     TIMEOUT_S,
 )
+from ficco.patterns import ideal_ms
 
 
 @click.command("enumerate", cls=ApiCommand)
@@ -215,7 +216,7 @@ def _print_cuda(problem, measured, options: api.RunRequest, as_json: bool) -> No
         return by[name].median_ms if name in by else math.nan
 
     serial = ms("serial_eager")
-    ideal = max(ms("gemm_alone"), ms("comm_alone"))
+    ideal = ideal_ms(problem.pattern, {name: m.median_ms for name, m in by.items()})
     incorrect = [m for m in measured if m.verdict == "incorrect"]
     issue = options.issue or ("queued",)
     if as_json:

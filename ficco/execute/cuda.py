@@ -52,6 +52,7 @@ from ficco.execute.fused import FusedPrimitives
 from ficco.execute.interpreter import Primitives
 from ficco.execute.options import TimingOptions
 from ficco.execute.segment import SegmentPrimitives
+from ficco.patterns import SERIAL_PLAN_PARTS, spec_of
 from ficco.plan import (
     CollectiveOp,
     GemmOp,
@@ -66,7 +67,7 @@ from ficco.plan import (
     build_plan,
 )
 from ficco.plan.ops import GEMM_OPS, Region
-from ficco.problem import Pattern, Problem
+from ficco.problem import Problem
 from ficco.space import Gemm, Schedule, Transport
 from ficco.verdict import Unavailable
 
@@ -477,9 +478,10 @@ class CudaBackend(Backend):
         return CudaPrimitives(self.ctx, plan, bufs)
 
     def baselines(self, problem: Problem, bufs: Buffers) -> dict[str, Callable[[], None]]:
-        if problem.pattern in (Pattern.A2A_GEMM, Pattern.GEMM_A2A):
-            # the serial plan (all_to_all_single with splits, one cuBLAS GEMM per expert block)
-            # is the eager serial baseline, and its parts the isolated GEMM and collective
+        if spec_of(problem.pattern).cuda_baselines == SERIAL_PLAN_PARTS:
+            # the serial plan (all-to-alls: all_to_all_single with splits, one cuBLAS GEMM per
+            # expert block) is the eager serial baseline, and its parts the isolated GEMM and
+            # collective
             from ficco.execute.baselines import plan_baselines
             from ficco.execute.interpreter import interpret
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ficco.problem import Pattern, Problem
+from ficco.patterns import spec_of
+from ficco.problem import Problem
 from ficco.space import Schedule, Split
 from ficco.verdict import Verdict
 
@@ -38,12 +39,10 @@ class Check:
 
 
 def extra_roundings(problem: Problem, schedule: Schedule) -> int:
-    extra = 0
-    if schedule.split is Split.K:
-        extra += schedule.chunks - 1
-    if problem.pattern in (Pattern.GEMM_RS, Pattern.GEMM_AR):
-        extra += problem.world - 1
-    return extra
+    """A K split keeps chunks - 1 partial sums in the working dtype; the pattern adds its own
+    (a reduction of W partials: W - 1)."""
+    extra = schedule.chunks - 1 if schedule.split is Split.K else 0
+    return extra + spec_of(problem.pattern).extra_roundings(problem)
 
 
 def check_output(

@@ -25,11 +25,11 @@ A table (JSON, ``format: ficco.schedule-table``, ``schema_version: 2``) holds:
               examples}`` answer (``speedup``: serial time / schedule time, the geometric mean
               over the training problems the leaf covers; ``support``: how many).
 
-Features are quantities computed from the problem (see ``table_features``). For the
-all-to-all patterns a lookup takes the routing as a W x experts table of token counts
-(``routing=``, e.g. a runtime's router counts; ``ficco.recommend`` also draws one from a skew
-description) and the experts per token (``top_k=``), else assumes uniform routing, top-1. The
-routing features
+Features are quantities computed from the problem (see ``table_features``; each pattern's
+sizes are ``SIZES``, the twins of its spec's in ``ficco.patterns``). For the all-to-all patterns
+a lookup takes the routing as a W x experts table of token counts (``routing=``, e.g. a
+runtime's router counts; ``ficco.recommend`` also draws one from a skew description) and the
+experts per token (``top_k=``), else assumes uniform routing, top-1. The routing features
 (``ROUTING_FEATURES``: top-k, experts per rank, tokens per expert, and the imbalance of tokens
 received per rank and per expert) are ratios and counts that keep their meaning as sizes grow.
 A table lists the features it was trained on (any of ``TABLE_FEATURES``: tables written before
@@ -50,7 +50,6 @@ SCHEMA_VERSION = 2
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 _DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32"}
-PATTERNS = ("ag_gemm", "gemm_rs", "a2a_gemm", "gemm_a2a")
 
 #: Feature names in the order ``table_features`` returns them.
 _FEATURE_NAMES = (
@@ -60,6 +59,10 @@ _FEATURE_NAMES = (
     " top_k experts_per_rank tokens_per_expert rank_imbalance expert_imbalance"
 )
 TABLE_FEATURES: tuple[str, ...] = tuple(_FEATURE_NAMES.split())
+#: Patterns a table answers: those with a one-hot column (``ficco``'s selector patterns).
+PATTERNS: tuple[str, ...] = tuple(f[3:] for f in TABLE_FEATURES if f.startswith("is_"))
+#: Patterns whose tokens are routed to experts (they take experts, routing and top_k).
+ROUTED_PATTERNS = frozenset({"a2a_gemm", "gemm_a2a"})
 #: The routing features (the last five): 0 / 0 / 0.0 / 1.0 / 1.0 for ag_gemm and gemm_rs.
 ROUTING_FEATURES: tuple[str, ...] = TABLE_FEATURES[20:]
 #: Features that are integers for every problem (the rest are real-valued).
@@ -123,7 +126,7 @@ def check_problem(
             raise ValueError(f"{name}: must be a positive integer, got {value!r}")
     if world < 2:
         raise ValueError(f"world: needs at least 2 ranks, got {world}")
-    a2a = pattern in ("a2a_gemm", "gemm_a2a")
+    a2a = pattern in ROUTED_PATTERNS
     if not a2a and (routing is not None or top_k is not None):
         raise ValueError(
             f"routing/top_k: only the all-to-all patterns take them, not {pattern}, got "
@@ -185,6 +188,54 @@ def routing_summary(routing: Any, world: int, experts: int) -> tuple[int, ...]:
     )
 
 
+# --- sizes: twins of each pattern spec's ``sizes`` (``ficco.patterns``; a parity test holds
+# them equal): ``(rows, weights, comm_bytes, shard_bytes, experts)`` of one rank -------------
+
+
+def _sharded_sizes(m: int, n: int, k: int, w: int, b: int, cols: int) -> tuple[int, ...]:
+    shard_bytes = m // w * cols * b
+    return m, k * n, (w - 1) * shard_bytes, shard_bytes, 0
+
+
+def _uniform_blocks(m: int, w: int, e: int) -> tuple[int, int, int, int]:
+    """Uniform routing: ``(per_rank, largest block, smallest block, busiest expert)``."""
+    per_rank = m // w
+    base, extra = divmod(per_rank, e)
+    epr = e // w
+    block_max = epr * base + min(extra, epr)
+    block_min = epr * base + max(0, min(extra - (w - 1) * epr, epr))
+    return per_rank, block_max, block_min, w * (base + (extra > 0))
+
+
+def _routed_sizes(m, n, k, w, b, experts, routing, dispatch: bool) -> tuple[int, ...]:
+    e = experts or 0
+    weights = e // w * k * n
+    cols = k if dispatch else n
+    if routing is None:
+        per_rank, block_max, block_min, _ = _uniform_blocks(m, w, e)
+        rows, shard_bytes = w * block_max, block_max * cols * b
+        comm_rows = (w - 1) * block_max if dispatch else per_rank - block_min
+    else:
+        rows, block, recv_max, back_max, _, _ = routing_summary(routing, w, e)
+        shard_bytes, comm_rows = block * cols * b, recv_max if dispatch else back_max
+    return rows, weights, comm_rows * cols * b, shard_bytes, e
+
+
+SIZES = {
+    "ag_gemm": lambda m, n, k, w, b, e, r: _sharded_sizes(m, n, k, w, b, k),
+    "gemm_rs": lambda m, n, k, w, b, e, r: _sharded_sizes(m, n, k, w, b, n),
+    "a2a_gemm": lambda m, n, k, w, b, e, r: _routed_sizes(m, n, k, w, b, e, r, True),
+    "gemm_a2a": lambda m, n, k, w, b, e, r: _routed_sizes(m, n, k, w, b, e, r, False),
+    "gemm_ar": lambda m, n, k, w, b, e, r: (
+        m,
+        k * n,
+        -(-2 * (w - 1) * m * n // w) * b,
+        -(-m // w) * n * b,
+        0,
+    ),
+}
+
+
 def table_features(
     pattern: str,
     m: int,
@@ -205,75 +256,30 @@ def table_features(
     ``ficco.select.features.raw_features``."""
     b = dtype_bytes
     w = world
-    if pattern == "ag_gemm" or pattern == "gemm_rs":
-        cols = k if pattern == "ag_gemm" else n
-        m_shard = m // w
-        rows = m
-        weights = k * n
-        shard_bytes = m_shard * cols * b
-        comm_bytes = (w - 1) * shard_bytes
-        e = 0
-        routed = (0, 0, 0.0, 1.0, 1.0)
-    else:
-        e = experts or 0
-        epr = e // w
-        m_shard = m // w
-        weights = epr * k * n
-        cols = k if pattern == "a2a_gemm" else n
+    rows, weights, comm_bytes, shard_bytes, e = SIZES[pattern](m, n, k, w, b, experts, routing)
+    if pattern in ROUTED_PATTERNS:
         if routing is None:
-            per_rank = m // w
-            base, extra = divmod(per_rank, e)
-            block_max = epr * base + min(extra, epr)
-            block_min = epr * base + max(0, min(extra - (w - 1) * epr, epr))
-            rows = w * block_max
-            shard_bytes = block_max * cols * b
-            if pattern == "a2a_gemm":
-                comm_bytes = (w - 1) * block_max * k * b
-            else:
-                comm_bytes = (per_rank - block_min) * n * b
-            expert_max, total = w * (base + (extra > 0)), m
+            expert_max, total = _uniform_blocks(m, w, e)[3], m
         else:
-            rows, block, recv_max, back_max, expert_max, total = routing_summary(routing, w, e)
-            shard_bytes = block * cols * b
-            comm_bytes = (recv_max if pattern == "a2a_gemm" else back_max) * cols * b
-        routed = (
-            1 if top_k is None else top_k,
-            epr,
-            m / e,
-            rows * w / total if total else 1.0,
-            expert_max * e / total if total else 1.0,
-        )
+            expert_max, total = routing_summary(routing, w, e)[4:]
+        share = (rows * w / total, expert_max * e / total) if total else (1.0, 1.0)
+        routed = (top_k or 1, e // w, m / e, *share)
+    else:
+        routed = (0, 0, 0.0, 1.0, 1.0)
     flops = 2 * rows * n * k
     touched = (rows * k + weights + rows * n) * b
     t_gemm = flops / (tflops * 1e9) + roofs["gemm_floor_us"] / 1000.0
     t_ce = (w - 1) * roofs["ce_floor_us"] / 1000.0 + comm_bytes / (roofs["ce_gbps"] * 1e6)
     t_nccl = roofs["nccl_floor_us"] / 1000.0 + comm_bytes / (roofs["nccl_gbps"] * 1e6)
     return (
-        float(pattern == "ag_gemm"),
-        float(pattern == "gemm_rs"),
-        float(pattern == "a2a_gemm"),
-        float(pattern == "gemm_a2a"),
-        float(w),
-        float(b),
-        float(e),
-        float(m),
-        float(n),
-        float(k),
-        float(m_shard),
-        float(rows),
-        float(flops),
-        float(comm_bytes),
-        float(shard_bytes),
+        *(float(pattern == p) for p in PATTERNS),
+        *map(float, (w, b, e, m, n, k, m // w, rows, flops, comm_bytes, shard_bytes)),
         flops / touched,
         t_gemm,
         t_ce,
         t_nccl,
         t_ce / t_gemm,
-        float(routed[0]),
-        float(routed[1]),
-        float(routed[2]),
-        float(routed[3]),
-        float(routed[4]),
+        *(float(x) for x in routed),
     )
 
 
@@ -379,7 +385,7 @@ def validate_table(data: Any, source: str = "table") -> None:
             raise _fail(f"{where}.world", f"must be an integer >= 2, got {world!r}")
         for dim in ("m", "n", "k"):
             _int_range(f"{where}.{dim}", entry.get(dim))
-        if entry["pattern"] in ("a2a_gemm", "gemm_a2a"):
+        if entry["pattern"] in ROUTED_PATTERNS:
             _int_range(f"{where}.experts", entry.get("experts"))
             for name in ROUTING_RANGES:
                 bounds = entry.get(name)
@@ -465,7 +471,7 @@ def outside_range(
             return why, (("dtype", dtype, dtypes[0], dtypes[-1], None),)
         return why, (("pattern", pattern, None, None, None),)
     dims = [("m", m), ("n", n), ("k", k)]
-    if pattern in ("a2a_gemm", "gemm_a2a"):
+    if pattern in ROUTED_PATTERNS:
         dims.append(("experts", experts))
         dims += [(name, (routed or {})[name]) for name in ROUTING_RANGES if name in entry]
     outside = []

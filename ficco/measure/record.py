@@ -8,7 +8,8 @@ Signature, for problem P and schedule S, times isolated unless named:
 
 =====================  ======================================================================
 ``t_gemm``, ``t_comm``  the undecomposed GEMM (cuBLAS) and collective (NCCL), each alone
-``serial``              ``t_gemm + t_comm``; ``ideal`` = ``max(t_gemm, t_comm)``
+``serial``              ``t_gemm + t_comm``; ``ideal`` = ``max(t_gemm, the fastest collective
+                        alone)`` (``ficco.patterns.ideal_ms``: gemm_ar's fastest all-reduce)
 ``gemm_decomp_loss``    (S's GEMM chunks run alone, back to back) / ``t_gemm`` - 1
 ``comm_decomp_loss``    (S's comm chunks run alone) / ``t_comm`` - 1
 ``gemm_contention``     S's GEMM chunks inside the overlapped run / the same chunks alone - 1
@@ -28,17 +29,19 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ficco.patterns import ideal_ms
+from ficco.patterns.spec import BASELINE_ASYNC_TP as BASELINE_ASYNC_TP
+from ficco.patterns.spec import BASELINE_COMM as BASELINE_COMM
+from ficco.patterns.spec import BASELINE_GEMM as BASELINE_GEMM
 from ficco.verdict import Verdict
 
-#: Names of the baselines every benchmark measures beside the schedules.
-BASELINE_GEMM = "gemm_alone"  # undecomposed cuBLAS GEMM, isolated: t_gemm
-BASELINE_COMM = "comm_alone"  # undecomposed NCCL collective, isolated: t_comm
-BASELINE_ASYNC_TP = (
-    "async_tp"  # torch.ops.symm_mem fused_all_gather_matmul / fused_matmul_reduce_scatter
-)
+# Names of the baselines every benchmark measures beside the schedules (defined with the
+# pattern specs, whose baselines and ideal name them): gemm_alone (undecomposed cuBLAS GEMM,
+# isolated: t_gemm), comm_alone (undecomposed NCCL collective, isolated: t_comm), async_tp
 #: ``Measurement.extra`` key of a run whose timings mean nothing (ranks that share a GPU): its
 #: value says why; such records are verdicts only, and a profile store refuses them
 VERIFICATION_ONLY = "verification_only"
@@ -143,16 +146,20 @@ def chunk_geometry(m: Measurement) -> dict[str, float]:
     }
 
 
-def signature(m: Measurement, t_gemm_ms: float, t_comm_ms: float) -> dict[str, float]:
+def signature(m: Measurement, isolated_ms: Mapping[str, float]) -> dict[str, float]:
     """The inefficiency signature of a schedule's measurement given the problem's isolated
-    GEMM and collective times, with its chunk geometry (:func:`chunk_geometry`). Quantities
-    that were not measured come out NaN."""
+    baselines (``isolated_ms``: baseline name -> median ms; ``gemm_alone`` is ``t_gemm``,
+    ``comm_alone`` is ``t_comm``, and the ideal is :func:`ficco.patterns.ideal_ms` of them
+    all), with its chunk geometry (:func:`chunk_geometry`). Quantities that were not measured
+    come out NaN."""
 
     def ratio(num: float, den: float) -> float:
         return num / den - 1 if den and not math.isnan(num) and not math.isnan(den) else math.nan
 
+    t_gemm_ms = isolated_ms.get(BASELINE_GEMM, math.nan)
+    t_comm_ms = isolated_ms.get(BASELINE_COMM, math.nan)
     serial = t_gemm_ms + t_comm_ms
-    ideal = max(t_gemm_ms, t_comm_ms)
+    ideal = ideal_ms(m.problem["pattern"], isolated_ms)
     speedup = serial / m.median_ms if m.median_ms and not math.isnan(m.median_ms) else math.nan
     headroom = serial / ideal - 1 if ideal else math.nan
     return {

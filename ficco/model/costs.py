@@ -19,13 +19,14 @@ import math
 from ficco.model.machine import Machine
 from ficco.model.params import ModelParams
 from ficco.model.simulate import SimTask, Slowdowns
+from ficco.patterns import ModelSupport, patterns_where
 from ficco.plan import CollectiveOp, GemmOp, LocalCopyOp, Plan, ReduceOp, TransferOp
-from ficco.problem import Pattern
 from ficco.space import Gemm, Granularity, Schedule, Transport
 
-#: patterns whose ops the model was calibrated on, and those whose ops it reuses
-CALIBRATED_PATTERNS = (Pattern.AG_GEMM, Pattern.GEMM_RS)
-REUSED_PATTERNS = (Pattern.GEMM_AR,)
+#: patterns whose ops the model was calibrated on, and those whose ops it reuses (their
+#: spec's ``cost_model``)
+CALIBRATED_PATTERNS = patterns_where(lambda spec: spec.cost_model is ModelSupport.CALIBRATED)
+REUSED_PATTERNS = patterns_where(lambda spec: spec.cost_model is ModelSupport.REUSED)
 
 
 def reduce_traffic(inputs: int) -> tuple[int, int]:

@@ -11,17 +11,15 @@ A plan is the single description every executor backend runs. Modules:
 ``allreduce`` gemm_ar's lowering (direct chunked all-reduce, or gemm_rs's + an all-gather)
 
 Chunk geometry (how a schedule cuts a problem) is ``ficco.space.geometry``, re-exported here.
-Adding a pattern means a lowering registered in :data:`LOWERINGS`, a reference
-(``ficco.execute.reference``) and, where it needs one, a transport primitive.
+A pattern's spec (``ficco.patterns``) names its lowering: :data:`LOWERINGS` is read from the
+registry, and adding a pattern is the recipe in ``ficco.patterns``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from ficco.plan.allreduce import plan_gemm_ar
-from ficco.plan.alltoall import plan_a2a_gemm, plan_gemm_a2a
-from ficco.plan.dense import plan_ag_gemm, plan_gemm_rs
+from ficco.patterns import spec_of, specs
 from ficco.plan.ops import (
     BufferSpec,
     CollectiveOp,
@@ -44,16 +42,12 @@ from ficco.plan.ops import (
 )
 from ficco.plan.tags import COLLECTIVE_TAG, TAGS_PER_RUN, run_tag, transfer_tag
 from ficco.problem import Pattern, Problem
-from ficco.space import AllReduce, Compute, Granularity, Schedule, check_legal
+from ficco.space import Schedule, check_legal
 from ficco.space.geometry import Geometry, chunk_bounds, cut, geometry, quantum, split_extent
 
-#: pattern -> its lowering ``(problem, schedule, rank) -> Plan``
+#: pattern -> its lowering ``(problem, schedule, rank) -> Plan``, as its spec names it
 LOWERINGS: dict[Pattern, Callable[[Problem, Schedule, int], Plan]] = {
-    Pattern.AG_GEMM: plan_ag_gemm,
-    Pattern.GEMM_RS: plan_gemm_rs,
-    Pattern.A2A_GEMM: plan_a2a_gemm,
-    Pattern.GEMM_A2A: plan_gemm_a2a,
-    Pattern.GEMM_AR: plan_gemm_ar,
+    spec.pattern: spec.lowering.load() for spec in specs()
 }
 
 
@@ -63,25 +57,14 @@ def plan_key(problem: Problem, schedule: Schedule) -> tuple:
     in the schedule they record), so a caller lowering many schedules builds one plan per key.
 
     No plan depends on the GEMM kind, the SM reserve or the comm priority (the executors and
-    the cost model take them from the schedule). The dense patterns' overlapped plans do not
-    depend on the transport (every transport runs the same transfers; only a serial schedule
-    picks NCCL's collective or a ring of transfers by it), and their visit order matters only
-    where there is more than one peer and more than one chunk. gemm_ar's direct plan never
-    visits peers in an order. The key is sound, not complete: schedules with distinct keys may
-    still lower alike."""
+    the cost model take them from the schedule); which transport and order fields a plan
+    depends on is the pattern's (its spec's ``plan_key``: the dense patterns' overlapped plans
+    run the same transfers on every transport, gemm_ar's direct plan never visits peers in an
+    order). The key is sound, not complete: schedules with distinct keys may still lower
+    alike."""
     s = schedule
     key = (s.granularity, s.chunks, s.split, s.compute, s.all_reduce)
-    fused = s.compute is Compute.FUSED
-    dense = problem.pattern in (Pattern.AG_GEMM, Pattern.GEMM_RS) or (
-        problem.pattern is Pattern.GEMM_AR and s.all_reduce is AllReduce.RS_AG
-    )
-    if dense and not fused:
-        transport = s.transport if s.granularity is Granularity.SERIAL else None
-        one_order = s.granularity is not Granularity.FINER or problem.world == 2
-        return (*key, transport, None if one_order else s.order)
-    if problem.pattern is Pattern.GEMM_AR and not fused:
-        return (*key, s.transport, None)
-    return (*key, s.transport, s.order)
+    return (*key, *spec_of(problem.pattern).plan_key(problem, s))
 
 
 def build_plan(problem: Problem, schedule: Schedule, rank: int) -> Plan:

@@ -55,7 +55,8 @@ from ficco.space import AllReduce, Compute, Granularity, Schedule, Split, Transp
 from ficco.space.geometry import cut
 
 
-def ar_buffers(p: Problem) -> tuple[BufferSpec, ...]:
+def ar_buffers(p: Problem, rank: int = 0) -> tuple[BufferSpec, ...]:
+    """Every rank's buffers (the same on every rank)."""
     w, M, K, N = p.world, p.m, p.k, p.n
     return (
         BufferSpec("a", (M, K), "input"),

@@ -138,17 +138,41 @@ def add_serial_moves(
     return ids
 
 
-def plan_a2a_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
-    w, K, N, epr = p.world, p.k, p.n, p.experts_per_rank
-    between, send_off, recv_off = _a2a_layout(p, rank)
-    t_rows = sum(sum(between[rank][d]) for d in range(w))
-    r_rows = sum(sum(between[src][rank]) for src in range(w))
-    buffers = (
+def _rows(p: Problem, rank: int) -> tuple[int, int]:
+    """(tokens ``rank`` sends, tokens it receives), its own included."""
+    between, w = p.tokens_between(), p.world
+    return (
+        sum(sum(between[rank][d]) for d in range(w)),
+        sum(sum(between[src][rank]) for src in range(w)),
+    )
+
+
+def a2a_gemm_buffers(p: Problem, rank: int) -> tuple[BufferSpec, ...]:
+    t_rows, r_rows = _rows(p, rank)
+    K, N, epr = p.k, p.n, p.experts_per_rank
+    return (
         BufferSpec("x", (t_rows, K), "input", peer_visible=True),
         BufferSpec("b", (epr, K, N), "input"),
         BufferSpec("x_recv", (r_rows, K), "workspace"),
         BufferSpec("y", (r_rows, N), "output"),
     )
+
+
+def gemm_a2a_buffers(p: Problem, rank: int) -> tuple[BufferSpec, ...]:
+    t_rows, r_rows = _rows(p, rank)
+    K, N, epr = p.k, p.n, p.experts_per_rank
+    return (
+        BufferSpec("x", (r_rows, K), "input"),
+        BufferSpec("b", (epr, K, N), "input"),
+        BufferSpec("y_local", (r_rows, N), "workspace"),
+        BufferSpec("y", (t_rows, N), "output", peer_visible=True),
+    )
+
+
+def plan_a2a_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
+    w, K, N, epr = p.world, p.k, p.n, p.experts_per_rank
+    between, send_off, recv_off = _a2a_layout(p, rank)
+    buffers = a2a_gemm_buffers(p, rank)
     bld = Builder()
 
     def gemm(a_buf, a_row0, out_row0, j, lo, hi, deps, chunk):
@@ -316,16 +340,9 @@ def plan_a2a_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
 
 
 def plan_gemm_a2a(p: Problem, s: Schedule, rank: int) -> Plan:
-    w, K, N, epr = p.world, p.k, p.n, p.experts_per_rank
+    w, K, N = p.world, p.k, p.n
     between, send_off, recv_off = _a2a_layout(p, rank)
-    t_rows = sum(sum(between[rank][d]) for d in range(w))
-    r_rows = sum(sum(between[src][rank]) for src in range(w))
-    buffers = (
-        BufferSpec("x", (r_rows, K), "input"),
-        BufferSpec("b", (epr, K, N), "input"),
-        BufferSpec("y_local", (r_rows, N), "workspace"),
-        BufferSpec("y", (t_rows, N), "output", peer_visible=True),
-    )
+    buffers = gemm_a2a_buffers(p, rank)
     bld = Builder()
     initiator = "sender"
     # Block for source s (rows recv_off[s][0]..) goes back to s, landing at s's send_off[rank].

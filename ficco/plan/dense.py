@@ -42,7 +42,8 @@ from ficco.space import Compute, Granularity, Schedule, Split
 from ficco.space.geometry import cut
 
 
-def _ag_gemm_buffers(p: Problem) -> tuple[BufferSpec, ...]:
+def ag_gemm_buffers(p: Problem, rank: int = 0) -> tuple[BufferSpec, ...]:
+    """Every rank's buffers (the same on every rank)."""
     S, K, N = p.m_shard, p.k, p.n
     return (
         BufferSpec("a_shard", (S, K), "input", peer_visible=True),
@@ -52,7 +53,8 @@ def _ag_gemm_buffers(p: Problem) -> tuple[BufferSpec, ...]:
     )
 
 
-def _gemm_rs_buffers(p: Problem) -> tuple[BufferSpec, ...]:
+def gemm_rs_buffers(p: Problem, rank: int = 0) -> tuple[BufferSpec, ...]:
+    """Every rank's buffers (the same on every rank)."""
     w, S, K, N = p.world, p.m_shard, p.k, p.n
     return (
         BufferSpec("a", (p.m, K), "input"),
@@ -65,7 +67,7 @@ def _gemm_rs_buffers(p: Problem) -> tuple[BufferSpec, ...]:
 
 def plan_ag_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
     w, S, K, N = p.world, p.m_shard, p.k, p.n
-    buffers = _ag_gemm_buffers(p)
+    buffers = ag_gemm_buffers(p)
     if s.compute is Compute.FUSED:
         return plan_ag_gemm_fused(p, s, rank, buffers)
     bld = Builder()
@@ -180,7 +182,7 @@ def _ag_gemm_overlapped(
 
 def plan_gemm_rs(p: Problem, s: Schedule, rank: int) -> Plan:
     w, S, K, N = p.world, p.m_shard, p.k, p.n
-    buffers = _gemm_rs_buffers(p)
+    buffers = gemm_rs_buffers(p)
     if s.compute is Compute.FUSED:
         return plan_gemm_rs_fused(p, s, rank, buffers)
     bld = Builder()

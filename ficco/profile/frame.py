@@ -21,7 +21,9 @@ signature columns                       ``t_gemm_ms t_comm_ms serial_ms ideal_ms
                                         comm_contention speedup pct_ideal``, from
                                         :func:`ficco.measure.record.signature` with the
                                         problem's ``gemm_alone`` / ``comm_alone`` baselines
-                                        (NaN where a baseline was not measured or failed),
+                                        (and gemm_ar's symmetric-memory all-reduces alone,
+                                        for its ideal; NaN where a baseline was not
+                                        measured or failed),
                                         baselines of the same fingerprint only
 
 A store whose records carry more than one fingerprint (machines or software stacks mixed,
@@ -37,7 +39,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ficco.measure.record import BASELINE_COMM, BASELINE_GEMM, signature
+from ficco.measure.record import BASELINE_GEMM, signature
+from ficco.patterns import spec_of
 from ficco.profile.store import Store, measurement_of
 
 if TYPE_CHECKING:
@@ -101,19 +104,22 @@ def device_of(fp: dict[str, Any]) -> str:
     return f"host {fp.get('host_cpu') or '?'} ({backend})"
 
 
-def baseline_times(records: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[float, float]]:
-    """``{(problem_key, fingerprint_id): (t_gemm_ms, t_comm_ms)}`` from the ok
-    ``gemm_alone``/``comm_alone`` baseline records (NaN for one that is missing or failed)."""
+def baseline_times(records: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, float]]:
+    """``{(problem_key, fingerprint_id): {baseline: median ms}}`` of the ok isolated-part
+    baseline records: ``gemm_alone`` and the pattern's collectives alone (its spec's
+    ``comm_alone``; a missing or failed one is absent)."""
     found: dict[tuple[str, str], dict[str, float]] = {}
     for r in records:
         ok = r.get("kind") == "baseline" and r.get("verdict") == "ok"
-        if ok and r["name"] in (BASELINE_GEMM, BASELINE_COMM):
+        if ok and r["name"] in isolated_parts(r["problem"]["pattern"]):
             key = (r["problem_key"], r.get("fingerprint_id", ""))
             found.setdefault(key, {}).setdefault(r["name"], r["median_ms"])
-    return {
-        key: (times.get(BASELINE_GEMM, math.nan), times.get(BASELINE_COMM, math.nan))
-        for key, times in found.items()
-    }
+    return found
+
+
+def isolated_parts(pattern: str) -> tuple[str, ...]:
+    """The baselines a pattern's signature reads: the GEMM alone and its collectives alone."""
+    return (BASELINE_GEMM, *spec_of(pattern).comm_alone)
 
 
 def frame_from_records(records: list[dict[str, Any]]) -> pd.DataFrame:
@@ -126,7 +132,7 @@ def frame_from_records(records: list[dict[str, Any]]) -> pd.DataFrame:
         problem = r["problem"]
         name = problem.get("name", "") or ""
         key = (r["problem_key"], r.get("fingerprint_id", ""))
-        t_gemm, t_comm = times.get(key, (math.nan, math.nan))
+        isolated = times.get(key, {})
         fp = r.get("fingerprint") or {}
         row = {col: problem.get(col) for col in PROBLEM_COLUMNS}
         routing = problem.get("routing")
@@ -143,8 +149,8 @@ def frame_from_records(records: list[dict[str, Any]]) -> pd.DataFrame:
             recorded_at=r.get("recorded_at", ""),
             device=device_of(fp),
         )
-        sig = signature(measurement_of(r), t_gemm, t_comm)
-        if r["name"] in (BASELINE_GEMM, BASELINE_COMM):  # the parts of serial, not schedules
+        sig = signature(measurement_of(r), isolated)
+        if r["name"] in isolated_parts(problem["pattern"]):  # the parts, not schedules
             sig.update(dict.fromkeys(SIGNATURE_COLUMNS[4:], math.nan))
         row.update(sig)
         rows.append(row)

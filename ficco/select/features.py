@@ -34,6 +34,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from ficco.patterns import Sizes, patterns_where, spec_of
 from ficco.problem import Pattern, Problem
 from ficco.routing import imbalance
 
@@ -136,14 +137,10 @@ REAL_FEATURES: tuple[str, ...] = (
     "t_comm_nccl_pred_ms",
     "comm_compute_ratio",
 )
-#: Patterns the features (and the tables, ``ficco.export.lookup``) know: those measured on GPUs.
-#: gemm_ar joins once its profiles exist; until then a table cannot answer it.
-FEATURE_PATTERNS: tuple[Pattern, ...] = (
-    Pattern.AG_GEMM,
-    Pattern.GEMM_RS,
-    Pattern.A2A_GEMM,
-    Pattern.GEMM_A2A,
-)
+#: Patterns the features (and the tables, ``ficco.export.lookup``) know: those measured on GPUs
+#: (their spec's ``in_selector``), in the enum's order. gemm_ar joins once its profiles exist;
+#: until then a table cannot answer it.
+FEATURE_PATTERNS: tuple[Pattern, ...] = patterns_where(lambda spec: spec.in_selector)
 PATTERN_FEATURES: tuple[str, ...] = tuple(f"is_{p.value}" for p in FEATURE_PATTERNS)
 #: The routing of the all-to-alls, as counts and ratios that keep their meaning as the token
 #: count grows (0 / 0 / 0.0 / 1.0 / 1.0 for ag_gemm and gemm_rs). Last, so tables written
@@ -198,26 +195,15 @@ LOG_FEATURES: frozenset[str] = frozenset(INTEGER_FEATURES[3:] + REAL_FEATURES) |
 _LOG_OR_ZERO = frozenset({"experts", "tokens_per_expert"})
 
 
-def _sizes(problem: Problem) -> tuple[int, int, int, int, int]:
-    """``(rows, weights, comm_bytes, shard_bytes, experts)`` of one rank."""
+def _sizes(problem: Problem) -> Sizes:
+    """``(rows, weights, comm_bytes, shard_bytes, experts)`` of one rank: the pattern's spec's
+    ``sizes`` (whose stdlib twin ``ficco.export.lookup`` computes alike)."""
     if problem.pattern not in FEATURE_PATTERNS:
         raise ValueError(
             f"pattern: the selector's features cover {', '.join(map(str, FEATURE_PATTERNS))}; "
             f"{problem.pattern} has no measured profiles to train on yet (sweep it on GPUs first)"
         )
-    b = problem.dtype_bytes
-    w = problem.world
-    if not problem.pattern.is_all_to_all:
-        cols = problem.k if problem.pattern is Pattern.AG_GEMM else problem.n
-        shard_bytes = problem.m_shard * cols * b
-        return problem.m, problem.k * problem.n, problem.comm_bytes_per_rank(), shard_bytes, 0
-    between = problem.tokens_between()
-    received = [sum(sum(between[s][d]) for s in range(w)) for d in range(w)]
-    block = max(sum(between[s][d]) for s in range(w) for d in range(w) if s != d)
-    cols = problem.k if problem.pattern is Pattern.A2A_GEMM else problem.n
-    assert problem.experts is not None
-    weights = problem.experts_per_rank * problem.k * problem.n
-    return max(received), weights, problem.comm_bytes_per_rank(), block * cols * b, problem.experts
+    return spec_of(problem.pattern).sizes(problem)
 
 
 def raw_features(problem: Problem, roofs: Roofs) -> dict[str, float]:

@@ -41,7 +41,7 @@ import math
 from functools import lru_cache
 
 from ficco.problem import Problem
-from ficco.select.features import Roofs, raw_features
+from ficco.select.features import PATTERN_FEATURES, Roofs, raw_features
 from ficco.select.schedules import SCHEDULE_FEATURES, schedule_vector
 from ficco.space import Schedule
 from ficco.space.geometry import geometry
@@ -56,11 +56,8 @@ GEMM_EFFICIENCY: tuple[tuple[int, float], ...] = (
     (8192, 1.0),
 )
 
-PHYSICAL_PROBLEM_FEATURES: tuple[str, ...] = (
-    "is_ag_gemm",
-    "is_gemm_rs",
-    "is_a2a_gemm",
-    "is_gemm_a2a",
+#: the pattern one-hots (the selector's patterns, ``PATTERN_FEATURES``), then the physics
+PHYSICAL_PROBLEM_FEATURES: tuple[str, ...] = PATTERN_FEATURES + (
     "world",
     "log2_comm_compute_ratio",
     "ce_floor_share",
@@ -123,10 +120,7 @@ def problem_physics(problem: Problem, roofs: Roofs) -> list[float]:
     t_ce = raw["t_comm_ce_pred_ms"]
     rows = int(raw["rows"])
     return [
-        raw["is_ag_gemm"],
-        raw["is_gemm_rs"],
-        raw["is_a2a_gemm"],
-        raw["is_gemm_a2a"],
+        *(raw[name] for name in PATTERN_FEATURES),
         raw["world"],
         _log2(raw["comm_compute_ratio"]),
         (problem.world - 1) * roofs.ce_floor_us / 1e3 / t_ce,

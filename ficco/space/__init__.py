@@ -6,7 +6,8 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ficco.problem import Pattern, Problem
+from ficco.patterns import spec_of
+from ficco.problem import Problem
 from ficco.space.rules import RULES, check_legal, is_legal, violations
 from ficco.space.schedule import (
     AllReduce,
@@ -62,8 +63,8 @@ def enumerate_schedules(
     shapes = [(Granularity.SERIAL, 1), (Granularity.SHARD, 1)] + [
         (Granularity.FINER, c) for c in opts.chunk_counts
     ]
-    # +rs_ag is legal for gemm_ar alone: the other patterns skip half the product untried
-    all_reduces = tuple(AllReduce) if problem.pattern is Pattern.GEMM_AR else (AllReduce.DIRECT,)
+    # +rs_ag is legal for an all-reduce alone: the other patterns skip half the product untried
+    all_reduces = tuple(AllReduce) if spec_of(problem.pattern).all_reduce else (AllReduce.DIRECT,)
     seen: set[Schedule] = set()
     for (
         granularity,

@@ -35,8 +35,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ficco.problem import Pattern, Problem, split_evenly
-from ficco.space.schedule import AllReduce, Compute, Granularity, Schedule, Split
+from ficco.patterns import spec_of
+from ficco.problem import Problem, split_evenly
+from ficco.space.schedule import Compute, Granularity, Schedule, Split
 
 #: Column chunks are cut on multiples of this many elements, so strided slices keep the
 #: 16-byte alignment that TMA descriptors and vectorized copies need.
@@ -62,27 +63,12 @@ def chunk_bounds(length: int, parts: int, quantum: int = 1) -> list[tuple[int, i
     return [b for b in bounds if b[1] > b[0]]
 
 
-def largest_block_rows(problem: Problem) -> int:
-    """All-to-all patterns: the most token rows one rank sends one other rank (itself too)."""
-    between = problem.tokens_between()
-    w = problem.world
-    return max(sum(between[s][d]) for s in range(w) for d in range(w))
-
-
-def direct_all_reduce(problem: Problem, schedule: Schedule | None) -> bool:
-    """gemm_ar whose chunks are all-reduced whole (not ``+rs_ag``): no shards, one step."""
-    return problem.pattern is Pattern.GEMM_AR and (
-        schedule is None or schedule.all_reduce is AllReduce.DIRECT
-    )
-
-
 def split_extent(problem: Problem, split: Split, schedule: Schedule | None = None) -> int:
-    """Length of the dimension a schedule's chunks cut, per shard (largest block for a2a;
-    the whole M for gemm_ar's direct all-reduce, which ``schedule=None`` means there)."""
-    if split is Split.M and direct_all_reduce(problem, schedule):
-        return problem.m
+    """Length of the dimension a schedule's chunks cut, per shard (the pattern's shard rows:
+    the largest block for a2a; the whole M for gemm_ar's direct all-reduce, which
+    ``schedule=None`` means there)."""
     if split is Split.M:
-        return largest_block_rows(problem) if problem.pattern.is_all_to_all else problem.m_shard
+        return spec_of(problem.pattern).shard_rows(problem, schedule)
     return problem.n if split is Split.N else problem.k
 
 
@@ -128,18 +114,10 @@ class Geometry:
 def geometry(problem: Problem, schedule: Schedule) -> Geometry:
     """The chunk geometry of ``schedule`` on ``problem`` (see the module's table)."""
     w, b = problem.world, problem.dtype_bytes
-    p, split = problem.pattern, schedule.split
+    spec, split = spec_of(problem.pattern), schedule.split
     serial = schedule.granularity is Granularity.SERIAL
-    direct = direct_all_reduce(problem, schedule)
-    steps = 1 if serial or direct else w
-    if p.is_all_to_all:
-        shard_rows = largest_block_rows(problem)
-        moved_cols = problem.k if p is Pattern.A2A_GEMM else problem.n
-    elif direct:
-        shard_rows, moved_cols = problem.m, problem.n
-    else:
-        shard_rows = problem.m_shard
-        moved_cols = problem.k if p is Pattern.AG_GEMM else problem.n
+    steps = 1 if serial or spec.one_step(schedule) else w
+    shard_rows, moved_cols = spec.shard_rows(problem, schedule), spec.moved_cols(problem)
     extent = split_extent(problem, split, schedule)
     ranges = cut(extent, schedule)
     n_chunks = max(len(ranges), 1)
@@ -152,8 +130,7 @@ def geometry(problem: Problem, schedule: Schedule) -> Geometry:
 
     if serial:
         # the whole gathered A / the whole partial C; all-to-all: every block received
-        dense = (Pattern.AG_GEMM, Pattern.GEMM_RS, Pattern.GEMM_AR)
-        gemm_rows = problem.m if p in dense else shard_rows * w
+        gemm_rows = spec.serial_gemm_rows(problem)
         gemm_cols, gemm_k, launches = problem.n, problem.k, 1
         transfer_rows, transfer_cols = shard_rows, moved_cols
     elif schedule.compute is Compute.FUSED:
@@ -166,9 +143,8 @@ def geometry(problem: Problem, schedule: Schedule) -> Geometry:
         gemm_cols = largest if split is Split.N else problem.n
         gemm_k = largest if split is Split.K else problem.k
         launches = steps * n_chunks
-    transfers = (w - 1) * (1 if serial else n_chunks)
-    if p is Pattern.GEMM_AR and not direct:
-        transfers *= 2  # each reduced chunk is all-gathered too
+    # gemm_ar's +rs_ag: each reduced chunk is all-gathered too
+    transfers = (w - 1) * (1 if serial else n_chunks) * spec.transfer_passes(schedule)
     return Geometry(
         steps=steps,
         chunks=1 if serial else n_chunks,

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ficco.defaults import SM_COUNT
-from ficco.problem import Pattern, Problem
+from ficco.patterns import patterns_where, spec_of
+from ficco.problem import Problem
 from ficco.space.geometry import cut, quantum, split_extent
 from ficco.space.schedule import (
     AllReduce,
@@ -30,16 +31,6 @@ from ficco.space.schedule import (
 
 Rule = Callable[[Problem, Schedule], "str | None"]
 
-#: Which dimension each pattern may cut. ag_gemm's collective moves A, so N cannot cut it;
-#: gemm_rs's and gemm_ar's move C, so K cannot; the all-to-alls move whole token rows.
-SPLITS_BY_PATTERN: dict[Pattern, tuple[Split, ...]] = {
-    Pattern.AG_GEMM: (Split.M, Split.K),
-    Pattern.GEMM_RS: (Split.M, Split.N),
-    Pattern.A2A_GEMM: (Split.M,),
-    Pattern.GEMM_A2A: (Split.M,),
-    Pattern.GEMM_AR: (Split.M, Split.N),
-}
-
 
 def granularity_fixes_chunks(p: Problem, s: Schedule) -> str | None:
     if s.granularity is Granularity.FINER:
@@ -51,7 +42,9 @@ def granularity_fixes_chunks(p: Problem, s: Schedule) -> str | None:
 
 
 def split_applies_to_pattern(p: Problem, s: Schedule) -> str | None:
-    allowed = SPLITS_BY_PATTERN[p.pattern]
+    # ag_gemm's collective moves A, so N cannot cut it; gemm_rs's and gemm_ar's move C, so K
+    # cannot; the all-to-alls move whole token rows (each spec's ``splits``)
+    allowed = spec_of(p.pattern).splits
     if s.split not in allowed:
         names = ", ".join(x.value for x in allowed)
         return (
@@ -79,13 +72,13 @@ def copy_engine_needs_contiguous_chunks(p: Problem, s: Schedule) -> str | None:
 
 def copy_engine_cannot_reduce(p: Problem, s: Schedule) -> str | None:
     # NCCL's zero-CTA collectives have no reductions; ficco's own CE plans reduce locally.
+    collective = spec_of(p.pattern).collective
     if (
         s.transport is Transport.NCCL_CE
-        and p.pattern in (Pattern.GEMM_RS, Pattern.GEMM_AR)
+        and collective.reduces
         and s.granularity is Granularity.SERIAL
     ):
-        kind = "reduce-scatter" if p.pattern is Pattern.GEMM_RS else "all-reduce"
-        return f"nccl_ce has no {kind} (copy engines do not reduce)"
+        return f"nccl_ce has no {collective.value} (copy engines do not reduce)"
     return None
 
 
@@ -98,7 +91,7 @@ SYMM_ALIGNMENT_BYTES = 4
 
 
 def symm_kernels_need_all_reduce(p: Problem, s: Schedule) -> str | None:
-    if s.transport.is_symm_all_reduce and p.pattern is not Pattern.GEMM_AR:
+    if s.transport.is_symm_all_reduce and not spec_of(p.pattern).all_reduce:
         return (
             f"{s.transport.value} is PyTorch symmetric memory's all-reduce kernel; {p.pattern} "
             "has no all-reduce (use ce, nccl or nccl_ce)"
@@ -156,7 +149,7 @@ def symm_kernels_need_aligned_chunks(p: Problem, s: Schedule) -> str | None:
 
 
 def rs_ag_needs_all_reduce(p: Problem, s: Schedule) -> str | None:
-    if s.all_reduce is AllReduce.RS_AG and p.pattern is not Pattern.GEMM_AR:
+    if s.all_reduce is AllReduce.RS_AG and not spec_of(p.pattern).all_reduce:
         return f"rs_ag builds an all-reduce; {p.pattern} has none"
     return None
 
@@ -181,7 +174,7 @@ def rs_ag_needs_even_shards(p: Problem, s: Schedule) -> str | None:
 
 
 def _direct_all_reduce(p: Problem, s: Schedule) -> bool:
-    return p.pattern is Pattern.GEMM_AR and s.all_reduce is AllReduce.DIRECT
+    return spec_of(p.pattern).all_reduce and s.all_reduce is AllReduce.DIRECT
 
 
 def direct_all_reduce_has_no_shards(p: Problem, s: Schedule) -> str | None:
@@ -216,16 +209,14 @@ def merged_needs_finer(p: Problem, s: Schedule) -> str | None:
     return None
 
 
-#: Patterns with a fused schedule: ag_gemm (tiles wait on arrival flags), gemm_rs (the
-#: epilogue stores tiles into the owner's buffer) and gemm_ar (the epilogue stores each tile
-#: into every rank's staging: a one-shot all-reduce by the producer; or, with rs_ag, gemm_rs's
-#: fused reduce-scatter). The all-to-alls' blocks have no fixed place per tile yet.
-FUSED_PATTERNS = (Pattern.AG_GEMM, Pattern.GEMM_RS, Pattern.GEMM_AR)
-
-
 def fused_needs_dense_pattern(p: Problem, s: Schedule) -> str | None:
-    if s.compute is Compute.FUSED and p.pattern not in FUSED_PATTERNS:
-        names = ", ".join(str(x) for x in FUSED_PATTERNS)
+    # Patterns with a fused schedule (their spec's ``fused``): ag_gemm (tiles wait on arrival
+    # flags), gemm_rs (the epilogue stores tiles into the owner's buffer) and gemm_ar (the
+    # epilogue stores each tile into every rank's staging: a one-shot all-reduce by the
+    # producer; or, with rs_ag, gemm_rs's fused reduce-scatter). The all-to-alls' blocks have
+    # no fixed place per tile yet.
+    if s.compute is Compute.FUSED and not spec_of(p.pattern).fused:
+        names = ", ".join(map(str, patterns_where(lambda spec: spec.fused)))
         return f"fused compute exists for {names} only, not {p.pattern}"
     return None
 
@@ -265,8 +256,6 @@ def fused_needs_symmetric_memory(p: Problem, s: Schedule) -> str | None:
 
 # --- seg: one segment-copy kernel per step (the all-to-all patterns) ------------------------
 
-#: patterns whose steps move several row blocks at once (one per peer, and the local block)
-SEG_PATTERNS = (Pattern.A2A_GEMM, Pattern.GEMM_A2A)
 #: the segment-copy kernel moves 16-byte vectors (``ficco.kernels.segment_copy.ALIGN_BYTES``):
 #: every segment's offset and length must be multiples of it
 SEG_ALIGNMENT_BYTES = 16
@@ -275,8 +264,9 @@ SEG_ALIGNMENT_BYTES = 16
 def seg_needs_all_to_all(p: Problem, s: Schedule) -> str | None:
     # ag_gemm / gemm_rs steps move one contiguous chunk of one peer, and the serial
     # collectives are one copy per peer behind a reduction or a gather: nothing to batch
-    # that ce does not already issue as one copy; gemm_ar reduces
-    if s.transport is Transport.SEG and p.pattern not in SEG_PATTERNS:
+    # that ce does not already issue as one copy; gemm_ar reduces (the spec's
+    # ``batched_blocks``: steps that move several row blocks at once, one per peer)
+    if s.transport is Transport.SEG and not spec_of(p.pattern).batched_blocks:
         return (
             f"seg batches a step's per-peer blocks of an all-to-all into one kernel; "
             f"{p.pattern} has no all-to-all (use ce)"
@@ -287,9 +277,10 @@ def seg_needs_all_to_all(p: Problem, s: Schedule) -> str | None:
 def seg_needs_aligned_rows(p: Problem, s: Schedule) -> str | None:
     # a segment is whole rows of x [*, K] (dispatch) or y [*, N] (combine) in a buffer whose
     # base is aligned: rows of a multiple of 16 bytes keep every segment aligned
-    if s.transport is not Transport.SEG or p.pattern not in SEG_PATTERNS:
+    spec = spec_of(p.pattern)
+    if s.transport is not Transport.SEG or not spec.batched_blocks:
         return None
-    width, name = (p.k, "k") if p.pattern is Pattern.A2A_GEMM else (p.n, "n")
+    width, name = spec.moved_cols(p), spec.moved_dim
     if (width * p.dtype_bytes) % SEG_ALIGNMENT_BYTES:
         return (
             f"seg copies {SEG_ALIGNMENT_BYTES}-byte vectors: a row of {name}={width} "

@@ -1,0 +1,71 @@
+"""Parts shared by the dense patterns (ag_gemm, gemm_rs, gemm_ar): every rank holds whole
+rows of A (or of its shard) and the collective moves whole [rows, K] or [rows, N] blocks."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ficco.patterns.spec import Sizes
+from ficco.space.schedule import Compute, Granularity
+
+if TYPE_CHECKING:
+    from ficco.problem import Problem
+    from ficco.space.schedule import Schedule
+
+
+def gemm_flops(p: Problem) -> int:
+    """One [M, N, K] GEMM (ag_gemm: the gathered A; the all-to-alls: all routed tokens)."""
+    return 2 * p.m * p.n * p.k
+
+
+def every_rank_gemm_flops(p: Problem) -> int:
+    """W GEMMs of [M, N, K], one per rank's slice of K (gemm_rs, gemm_ar)."""
+    return 2 * p.m * p.n * p.k * p.world
+
+
+def shard_rows(p: Problem, schedule: Schedule | None = None) -> int:
+    return p.m_shard
+
+
+def whole_m(p: Problem) -> int:
+    return p.m
+
+
+def never(schedule: Schedule | None = None) -> bool:
+    return False
+
+
+def once(schedule: Schedule | None = None) -> int:
+    return 1
+
+
+def no_roundings(p: Problem) -> int:
+    return 0
+
+
+def reduced_roundings(p: Problem) -> int:
+    """A reduction of W partials in the working dtype: W - 1 roundings."""
+    return p.world - 1
+
+
+def ring_comm_bytes(p: Problem, cols: int) -> int:
+    """W - 1 peer shards of [M/W, cols] received."""
+    return (p.world - 1) * p.m_shard * cols * p.dtype_bytes
+
+
+def sharded_sizes(p: Problem, cols: int) -> Sizes:
+    """ag_gemm and gemm_rs: the whole M computed, a shard of [M/W, cols] per peer."""
+    shard_bytes = p.m_shard * cols * p.dtype_bytes
+    return Sizes(p.m, p.k * p.n, p.comm_bytes_per_rank(), shard_bytes, 0)
+
+
+def plan_key(p: Problem, s: Schedule) -> tuple:
+    """The dense patterns' overlapped plans do not depend on the transport (every transport
+    runs the same transfers; only a serial schedule picks NCCL's collective or a ring of
+    transfers by it), and their visit order matters only where there is more than one peer
+    and more than one chunk; a fused plan's flags depend on both."""
+    if s.compute is Compute.FUSED:
+        return (s.transport, s.order)
+    transport = s.transport if s.granularity is Granularity.SERIAL else None
+    one_order = s.granularity is not Granularity.FINER or p.world == 2
+    return (transport, None if one_order else s.order)

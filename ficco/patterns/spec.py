@@ -1,0 +1,164 @@
+"""The pattern spec: everything ficco knows about one GEMM + collective pattern, in one value.
+
+A spec holds plain data and pure functions (problem sizes, geometry, legality facts, the
+plan-key fields its plans depend on), torch-using functions that import torch inside
+themselves (references, CUDA baselines), and :class:`Ref` names of parts that live in higher
+layers (its lowering and buffers in ``ficco.plan``), resolved on first use, so reading a spec
+never imports torch, Triton or the planner.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from ficco.patterns import Pattern
+    from ficco.problem import Problem
+    from ficco.space.schedule import Schedule, Split
+
+
+class Collective(enum.StrEnum):
+    """The collective that surrounds the GEMM."""
+
+    ALL_GATHER = "all-gather"
+    REDUCE_SCATTER = "reduce-scatter"
+    ALL_REDUCE = "all-reduce"
+    ALL_TO_ALL = "all-to-all"
+
+    @property
+    def reduces(self) -> bool:
+        """Sums partials from every rank (copy engines cannot; each adds W - 1 roundings)."""
+        return self in (Collective.REDUCE_SCATTER, Collective.ALL_REDUCE)
+
+
+class ModelSupport(enum.StrEnum):
+    """How the cost model (``ficco.model``) knows the pattern's ops."""
+
+    CALIBRATED = "calibrated"  # its ops were measured and fitted
+    REUSED = "reused"  # its ops are the calibrated patterns' ops (copies, NCCL, GEMMs)
+    NONE = "none"  # not modelled: predictions refuse it
+
+
+#: the baseline timing the undecomposed GEMM alone (``t_gemm``), measured for every pattern
+BASELINE_GEMM = "gemm_alone"
+#: the baseline timing the serial schedule's collective alone (NCCL's: ``t_comm``)
+BASELINE_COMM = "comm_alone"
+#: the baseline of the serial NCCL collective then cuBLAS, issued the plain eager way
+BASELINE_SERIAL_EAGER = "serial_eager"
+#: the baseline of PyTorch's async-TP (``torch.ops.symm_mem`` fused_all_gather_matmul /
+#: fused_matmul_reduce_scatter), where the pattern has one
+BASELINE_ASYNC_TP = "async_tp"
+
+#: ``PatternSpec.cuda_baselines`` value: the CUDA baselines are the serial plan run whole
+#: (``serial_eager``) and its collective and GEMM parts alone (``ficco.execute.baselines``)
+SERIAL_PLAN_PARTS = "serial plan parts"
+
+
+class Sizes(NamedTuple):
+    """One rank's sizes, the selector's features and the lookup twin are built on."""
+
+    rows: int
+    """GEMM rows one rank computes (the all-to-alls: the most tokens any rank receives)."""
+    weights: int
+    """Weight elements one rank's GEMM reads."""
+    comm_bytes: int
+    """Bytes the busiest rank receives."""
+    shard_bytes: int
+    """Bytes of one peer's shard (the all-to-alls: the largest rank-to-rank block)."""
+    experts: int
+    """Total experts (0 without experts)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """A part named by ``"module:attribute"``, imported on first :meth:`load`: how a spec
+    names code of a higher layer without importing it."""
+
+    target: str
+
+    def load(self) -> Any:
+        module, _, name = self.target.partition(":")
+        if not module or not name:
+            raise ValueError(f"ref: {self.target!r} must be 'module:attribute'")
+        return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PatternSpec:
+    """One pattern's parts. Every field is required: :func:`ficco.patterns.missing_parts`
+    names any left None, and registration refuses such a spec."""
+
+    pattern: Pattern
+    collective: Collective
+    """The collective around the GEMM."""
+    routed: bool
+    """Tokens routed to experts: the problem takes ``experts``, ``routing`` and ``top_k``."""
+    rows_per_rank: bool
+    """Every rank holds (or ends with) M/W rows, so M must divide by W."""
+    splits: tuple[Split, ...]
+    """Dimensions a finer schedule may cut (those that cut the collective's matrix)."""
+    fused: bool
+    """Has a ``+fused`` schedule (one persistent GEMM on per-chunk flags)."""
+    batched_blocks: bool
+    """Each step moves several row blocks (one per peer): the ``seg`` transport applies."""
+    in_selector: bool
+    """Measured profiles exist: the selector's features and the tables have its column."""
+    cost_model: ModelSupport
+    comm_alone: tuple[str, ...]
+    """Baselines timing the whole collective alone; the ideal takes the fastest of those
+    measured (``ficco.patterns.ideal``). The first is the serial schedule's collective."""
+
+    flops: Callable[[Problem], int]
+    """Multiply-adds x 2 of the whole GEMM, all ranks."""
+    comm_bytes: Callable[[Problem], int]
+    """Bytes the busiest rank receives."""
+    moved_dim: str
+    """The problem's dimension (``"k"`` or ``"n"``) that is the width of the rows the
+    collective moves: K of A (gathered or dispatched), N of C (reduced or combined)."""
+    shard_rows: Callable[[Problem, Schedule | None], int]
+    """Rows of one shard (the all-to-alls: the largest block) a step moves; schedule
+    ``None``: the pattern's default reading (gemm_ar: its direct all-reduce)."""
+    serial_gemm_rows: Callable[[Problem], int]
+    """Rows of the serial schedule's one GEMM."""
+    one_step: Callable[[Schedule | None], bool]
+    """Every chunk goes to all peers at once: one step, no peer shards (gemm_ar's direct
+    all-reduce; ``None``: the pattern's default reading)."""
+    transfer_passes: Callable[[Schedule], int]
+    """How many times each chunk crosses the links (2: reduce-scattered, then all-gathered)."""
+    plan_key: Callable[[Problem, Schedule], tuple]
+    """The transport and order fields its plans depend on (see ``ficco.plan.plan_key``)."""
+    extra_roundings: Callable[[Problem], int]
+    """Roundings a correct schedule adds to the plain computation (reductions of partials)."""
+    sizes: Callable[[Problem], Sizes]
+    """Sizes of one rank (the selector's features)."""
+    lookup_sizes: str
+    """Key of the stdlib twin of ``sizes`` in ``ficco.export.lookup.SIZES``."""
+    reference: Callable[..., tuple]
+    """``(problem, rank, inputs(rank, name)) -> (exact float64, plain)``: this rank's output
+    from every rank's inputs, without communication (imports torch inside)."""
+    reference_by_collectives: Callable[..., tuple]
+    """``(problem, tensors, device) -> (exact fp32, plain)`` through the serial collective."""
+    cuda_baselines: Callable[..., dict] | str
+    """``(problem, tensors, device, group_name) -> {name: callable}``, or
+    :data:`SERIAL_PLAN_PARTS`."""
+    lowering: Ref
+    """``(problem, schedule, rank) -> Plan``."""
+    buffers: Ref
+    """``(problem, rank) -> tuple[BufferSpec, ...]``: what every schedule's plan allocates."""
+
+    @property
+    def all_reduce(self) -> bool:
+        return self.collective is Collective.ALL_REDUCE
+
+    def moved_cols(self, problem: Problem) -> int:
+        """Columns of the rows the collective moves (``moved_dim`` of ``problem``)."""
+        return getattr(problem, self.moved_dim)
+
+
+def spec_parts() -> tuple[str, ...]:
+    """The names of a spec's parts (every field)."""
+    return tuple(f.name for f in fields(PatternSpec))
