@@ -479,9 +479,8 @@ class CudaBackend(Backend):
 
     def baselines(self, problem: Problem, bufs: Buffers) -> dict[str, Callable[[], None]]:
         if spec_of(problem.pattern).cuda_baselines == SERIAL_PLAN_PARTS:
-            # the serial plan (all-to-alls: all_to_all_single with splits, one cuBLAS GEMM per
-            # expert block) is the eager serial baseline, and its parts the isolated GEMM and
-            # collective
+            # the serial plan (all_to_all_single with splits, one cuBLAS GEMM per expert block)
+            # is the eager serial baseline, and its parts the isolated GEMM and collective
             from ficco.execute.baselines import plan_baselines
             from ficco.execute.interpreter import interpret
 
