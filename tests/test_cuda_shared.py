@@ -126,3 +126,39 @@ def test_a_measurement_without_the_note_is_not_refused():
         verdict="ok",
     )
     assert MemoryStore().append(m)["name"] == "serial/nccl/cublas"
+
+
+def test_signal_channels_agree_between_ranks_under_a_skewed_routing():
+    """Every push's signal channel is the same on its sender and its receiver: channels once
+    numbered the tags of each rank's own plan, and with this skewed routing at W = 8 (empty
+    chunks left out on some ranks) they disagreed and every one-sided finer-c4 schedule hung."""
+    from ficco.plan.tags import signal_channel
+    from ficco.routing import with_skewed_routing
+
+    p = Problem(pattern="gemm_a2a", m=1024, n=96, k=64, world=8, dtype="fp32", experts=16)
+    p = with_skewed_routing(p, top_k=2, alpha=1.2, seed=8)
+    for name in ("finer-c4-m/ce/cublas", "finer-c4-m/seg/cublas", "finer-c2-m/ce/cublas"):
+        s = Schedule.parse(name)
+        plans = [build_plan(p, s, r) for r in range(8)]
+        tag_sets = {frozenset(x.tag for x in plan.transfers()) for plan in plans}
+        pushes = [
+            (r, x)
+            for r, plan in enumerate(plans)
+            for x in plan.transfers()
+            if x.direction == "send" and x.initiator == "sender"
+        ]
+        assert pushes
+        for r, x in pushes:
+            waits = [
+                y
+                for y in plans[x.peer].transfers()
+                if y.direction == "recv" and y.peer == r and y.tag == x.tag
+            ]
+            assert len(waits) == 1
+            assert signal_channel(x.tag, s.chunks) == signal_channel(waits[0].tag, s.chunks)
+        channels = [signal_channel(x.tag, s.chunks) for _, x in pushes]
+        assert len({(r, x.peer, c) for (r, x), c in zip(pushes, channels, strict=True)}) == len(
+            pushes
+        )
+        if name == "finer-c4-m/ce/cublas":
+            assert len(tag_sets) > 1  # the ranks' plans hold different tag sets

@@ -67,6 +67,7 @@ from ficco.plan import (
     build_plan,
 )
 from ficco.plan.ops import GEMM_OPS, Region
+from ficco.plan.tags import signal_channel
 from ficco.problem import Problem
 from ficco.space import Gemm, Schedule, Transport
 from ficco.verdict import Unavailable
@@ -155,8 +156,8 @@ class CudaPrimitives(SegmentPrimitives, FusedPrimitives, Primitives):
         self.channel_of: dict[int, int] = {}
         if self.ce:
             # a channel per (step, chunk) so signals of different chunks never alias
-            tags = sorted({t.tag for t in plan.transfers()})  # a seg group's members too
-            self.channel_of = {tag: i for i, tag in enumerate(tags)}
+            tags = {t.tag for t in plan.transfers()}  # a seg group's members too
+            self.channel_of = {tag: signal_channel(tag, s.chunks) for tag in tags}
         self.streams: dict = {}
 
     # --- walking the plan ---
@@ -292,8 +293,7 @@ class CudaPrimitives(SegmentPrimitives, FusedPrimitives, Primitives):
         if len(views) == 2:
             torch.add(views[0], views[1], out=out)
         else:
-            # a copy even in fp32 (.float() would alias it): the first input may still be on
-            # its way to the peers (gemm_ar pushes the whole partial to every peer)
+            # a copy even in fp32: the first input may still be on its way to peers (gemm_ar)
             total = views[0].to(torch.float32, copy=True)
             for v in views[1:]:
                 total.add_(v)

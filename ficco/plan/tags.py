@@ -40,3 +40,14 @@ def run_tag(run: int, tag: int) -> int:
     if run < 0:
         raise ValueError(f"run: must be >= 0, got {run}")
     return (run % RUN_SLOTS) * TAGS_PER_RUN + tag
+
+
+def signal_channel(tag: int, chunks: int) -> int:
+    """The signal channel of a transfer's tag, the same on every rank: from the tag's (step,
+    chunk) alone. Channels once numbered the tags of each rank's own plan; with a skewed
+    routing a rank's plan leaves out empty chunks a peer's has, the two numberings disagreed,
+    and a receiver waited on a channel its sender never signalled (a hang at W = 8)."""
+    step, chunk = divmod(tag, TAG_CHUNK_SLOTS)
+    if chunk >= max(1, chunks):
+        raise ValueError(f"tag: chunk {chunk} of tag {tag} is not below the {chunks} chunks")
+    return step * max(1, chunks) + chunk
