@@ -21,7 +21,7 @@ import dataclasses
 import itertools
 import random
 
-from ficco.problem import Pattern, Problem
+from ficco.problem import Problem
 from ficco.validate import InputError
 
 
@@ -77,7 +77,7 @@ def with_skewed_routing(
 ) -> Problem:
     """``problem`` (an all-to-all pattern; its ``m`` the routed rows ``tokens * top_k`` of all
     ranks) with a skewed routing of the same size; the name gets a ``+skew`` suffix."""
-    if problem.pattern not in (Pattern.A2A_GEMM, Pattern.GEMM_A2A):
+    if not problem.pattern.is_all_to_all:
         raise InputError(
             "pattern", problem.pattern.value, "routing applies to a2a_gemm and gemm_a2a"
         )

@@ -6,7 +6,7 @@ import pytest
 
 from ficco.execute import Verdict, run_cpu
 from ficco.plan import GemmOp, Plan, ReduceOp, TransferOp
-from ficco.problem import Problem
+from ficco.problem import Pattern, Problem
 from ficco.space import Gemm, Schedule, SpaceOptions, enumerate_schedules
 
 AXES = (
@@ -46,7 +46,7 @@ def assert_all_ok(results, expected):
     assert not bad
 
 
-PATTERNS = ["ag_gemm", "gemm_rs", "a2a_gemm", "gemm_a2a", "gemm_ar"]
+PATTERNS = [p.value for p in Pattern]  # every registered pattern
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)

@@ -38,7 +38,7 @@ from ficco.export.lookup import (
     Table,
     table_features,
 )
-from ficco.problem import Problem
+from ficco.problem import Pattern, Problem
 from ficco.routing import imbalance
 from ficco.select.dataset import SERIAL, Dataset, problem_from_row
 from ficco.select.features import FEATURE_DOC, roofs_for
@@ -61,7 +61,7 @@ def _group_ranges(dataset: Dataset) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"pattern": str(pattern), "world": int(world), "dtype": str(dtype)}
         for dim in ("m", "n", "k"):
             entry[dim] = [int(rows[dim].min()), int(rows[dim].max())]
-        if str(pattern) in ("a2a_gemm", "gemm_a2a"):
+        if Pattern(str(pattern)).is_all_to_all:
             entry["experts"] = [int(rows["experts"].min()), int(rows["experts"].max())]
             problems = [problem_from_row(row) for _, row in rows.iterrows()]
             top_k = [p.top_k or 1 for p in problems]
@@ -89,7 +89,7 @@ def sample_problems(ranges: list[dict[str, Any]], per_group: int, seed: int = 0)
     out = []
     for entry in ranges:
         pattern, world = entry["pattern"], entry["world"]
-        a2a = pattern in ("a2a_gemm", "gemm_a2a")
+        a2a = Pattern(pattern).is_all_to_all
         for _ in range(per_group):
             experts = top_k = None
             if a2a:

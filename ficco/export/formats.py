@@ -25,6 +25,7 @@ from ficco.export.lookup import (
     FORMAT,
     INTEGER_FEATURES,
     PATTERNS,
+    ROUTED_PATTERNS,
     SCHEMA_VERSION,
     TABLE_FEATURES,
     Table,
@@ -73,7 +74,7 @@ def _rules(table: Table) -> list[tuple[dict[str, Any], dict[str, Any], Box]]:
                 "world": float(entry["world"]),
                 "dtype_bytes": float(DTYPE_BYTES[entry["dtype"]]),
             }
-            if entry["pattern"] not in ("a2a_gemm", "gemm_a2a"):
+            if entry["pattern"] not in ROUTED_PATTERNS:
                 fixed["experts"] = 0.0
             if any(not (box[f][0] < v <= box[f][1]) for f, v in fixed.items() if f in box):
                 continue

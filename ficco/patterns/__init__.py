@@ -1,8 +1,8 @@
 """Patterns as registered specs: one module per pattern, found through one table.
 
-Every pattern (:class:`Pattern`, re-exported by ``ficco.problem``) has a module ``ficco.patterns.<value>`` whose
-``SPEC`` (a :class:`PatternSpec`, registered with :func:`register`) holds all that ficco knows
-of it: its collective, the problem's rules (rows per rank, routing), the splits, fused and
+Every pattern (:class:`Pattern`, re-exported by ``ficco.problem``) has a module
+``ficco.patterns.<value>`` whose ``SPEC`` (a :class:`PatternSpec`, registered with
+:func:`register`) holds all that ficco knows of it: its collective, the problem's rules (rows per rank, routing), the splits, fused and
 seg schedules it admits, its sizes and chunk geometry, the fields its plans depend on, its
 lowering and buffers (named by :class:`Ref`, in ``ficco.plan``), its exact and collective
 references, the extra roundings verification allows, its CUDA baselines, its ideal
@@ -12,19 +12,31 @@ The table is the enum itself: :data:`MODULES` maps each value to its module, imp
 first use, so reading the registry imports neither torch nor the planner (``ficco
 recommend`` reads it). Every list of patterns elsewhere is derived from it.
 
-How to add a pattern (``emb_a2a``, say): five files, tests aside.
+How to add a pattern (``emb_a2a``, say): four files, tests aside; five once the selector
+knows it.
 
 1. ``ficco/patterns/__init__.py``: the enum value ``Pattern.EMB_A2A = "emb_a2a"`` (the
    value names the module of step 2).
-2. ``ficco/patterns/emb_a2a.py``: ``SPEC = register(PatternSpec(...))`` with every part
-   (shared helpers of the dense and routed patterns are in ``_dense`` and ``_routed``).
-   Its references and CUDA baselines import torch inside their functions.
-3. ``ficco/plan/emb_a2a.py``: its lowering and buffers (the spec names them by ``Ref``).
-4. ``ficco/export/lookup.py``: its stdlib sizes twin in ``SIZES`` (the parity test compares
-   it with the spec's ``sizes``); once the selector knows it (``in_selector``, measured
-   profiles), also its ``is_emb_a2a`` column in ``TABLE_FEATURES``.
-5. Where the pattern needs one, a transport primitive (``ficco.execute``); none if its
-   plan uses the existing ops.
+2. ``ficco/patterns/emb_a2a.py``: ``SPEC = register(PatternSpec(...))`` with every part (the
+   module docstring says what each rank holds and produces; helpers shared by the dense and
+   routed patterns are in ``_dense`` and ``_routed``). Its references and CUDA baselines
+   import torch inside their functions, so the registry stays importable without torch.
+3. ``ficco/plan/emb_a2a.py``: its lowering and buffers (the spec names them by ``Ref``),
+   built from ``ficco.plan.ops`` (a new op kind would also need its primitive in
+   ``ficco.execute``).
+4. ``ficco/export/lookup.py``: its stdlib sizes twin in ``SIZES`` (the parity test holds it
+   to the spec's ``sizes``).
+5. Once measured profiles exist (``in_selector=True``): its ``is_emb_a2a`` column in
+   ``lookup.TABLE_FEATURES`` (same file as 4) and in the C header's features in
+   ``ficco/export/formats.py``; the selector's one-hots (``FEATURE_PATTERNS``) follow the
+   registry, and the tables are retrained (the column moves every later index).
+
+Nothing else branches on a pattern's name: rules, geometry, plan keys, references,
+verification, baselines, ideal, features, physics and the cost model read the spec. The
+exceptions are implementations of one pattern's own path (``ficco.model.dense``'s ag_gemm /
+gemm_rs task graphs, ``ficco.select.baselines``' async-TP rule, the CUDA-only baselines that
+``ficco.execute.cuda_shared`` records unavailable, gemm_ar's ``+rs_ag`` lowering reusing
+gemm_rs's).
 
 ``tests/test_patterns.py`` fails while a pattern lacks any part or its lookup twin disagrees,
 and ``tests/test_plan_golden.py`` pins every pattern's plans.
