@@ -1,4 +1,5 @@
-"""Defaults in one place: every module and the CLI read them from here."""
+"""Defaults in one place: every module and the CLI read them from here. A backend's own
+defaults (its rounds, timeout, dtype) are in its spec (``ficco.backends``)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,9 @@ DEFAULT_MACHINE = "h200x2"
 
 #: Seconds a schedule may run (verification and timing) before it counts as hung.
 TIMEOUT_S = 120.0
-#: Seconds a GPU problem (all its schedules) may take in a sweep before its ranks are killed.
-CUDA_PROBLEM_TIMEOUT_S = 300.0
 
-#: Interleaved timing rounds, per backend (CPU timings only exercise the harness).
-ROUNDS = {"cpu": 3, "cuda": 10}
+#: Interleaved timing rounds of a timed run (a backend's spec may set its own).
+ROUNDS = 10
 #: Rounds of the per-task signature runs.
 SIGNATURE_ROUNDS = 3
 

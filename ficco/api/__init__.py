@@ -9,6 +9,8 @@ Importing this module loads neither torch nor pandas; each function imports what
 ``schedules``        every legal schedule of a problem
 ``parse_schedules``  schedule strings, parsed and checked legal for a problem
 ``run``              run and verify schedules (CPU processes or GPUs), timed on GPUs
+``timing_options``   a backend's default timing with rounds, issue modes, graphs given
+``backend_names``    the registered backends (``ficco.backends``)
 ``workloads``        the problems of real models' layers (optionally a shapes CSV)
 ``sweep``            measure many problems into a resumable profile store (:class:`SweepRequest`)
 ``report``           plots and a summary of a profile store
@@ -18,14 +20,13 @@ Importing this module loads neither torch nor pandas; each function imports what
 ``routed_problem``   an all-to-all problem with its routing described (top-k, skew, seed)
 ``export``           a machine's table as JSON, CSV rules or a C header
 
-Modules: ``problems`` (problems, schedules, run, the CPU world limit), ``profiles``
+Modules: ``problems`` (problems, schedules, run, timing, a backend's world limit), ``profiles``
 (workloads, sweep, report), ``tables`` (train, evaluate, recommend, export).
 """
 
 from __future__ import annotations
 
 from ficco.api.problems import (
-    BACKENDS,
     RunRequest,
     check_world,
     default_dtype,
@@ -33,6 +34,7 @@ from ficco.api.problems import (
     parse_schedules,
     run,
     schedules,
+    timing_options,
 )
 from ficco.api.profiles import (
     SweepReport,
@@ -54,10 +56,10 @@ from ficco.api.tables import (
     routed_problem,
     train,
 )
+from ficco.backends import backend_names
 from ficco.validate import InputError
 
 __all__ = [
-    "BACKENDS",
     "Exported",
     "InputError",
     "RunRequest",
@@ -65,6 +67,7 @@ __all__ = [
     "SweepRequest",
     "Trained",
     "Workloads",
+    "backend_names",
     "check_world",
     "default_dtype",
     "evaluate",
@@ -80,6 +83,7 @@ __all__ = [
     "skipped_lines",
     "sweep",
     "sweep_problems",
+    "timing_options",
     "train",
     "workloads",
 ]

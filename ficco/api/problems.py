@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ficco.validate as validate
-from ficco.defaults import CPU_MAX_WORLD, CPU_RANK_MEMORY_GB, ROUNDS, SEED, TIMEOUT_S
+from ficco.backends import GPU_BACKEND, RUN_BACKEND, backend_spec
+from ficco.defaults import SEED
+from ficco.execute.options import GRAPH_MODES, ISSUE_MODES, TimingOptions
 from ficco.problem import Problem
 from ficco.space import Gemm, Schedule, SpaceOptions, Transport, check_legal, enumerate_schedules
 from ficco.validate import InputError
 
-BACKENDS = ("cpu", "cuda")
-ISSUE_MODES = ("queued", "synced")
-GRAPH_MODES = ("all", "ce", "none")
 EXPORT_FORMATS = ("json", "csv", "header")
 GEMMS = tuple(g.value for g in Gemm)
 TRANSPORTS = tuple(t.value for t in Transport)
@@ -32,8 +30,9 @@ def to_stderr(message: str) -> None:
 
 
 def default_dtype(backend: str) -> str:
-    """fp32 on CPU (Triton's interpreter is wrong in bf16), bf16 on GPUs."""
-    return "fp32" if backend == "cpu" else "bf16"
+    """The dtype of problems made for ``backend`` when none is given (its spec's: fp32 on
+    cpu, where Triton's interpreter is wrong in bf16; bf16 on GPUs)."""
+    return backend_spec(backend).dtype
 
 
 def make_problem(
@@ -46,7 +45,7 @@ def make_problem(
     dtype: str | None = None,
     experts: int | str | None = None,
     routing: str | Sequence[Sequence[int]] | None = None,
-    backend: str = "cuda",
+    backend: str = GPU_BACKEND,
 ) -> Problem:
     """A :class:`Problem`; ``routing`` may be JSON text (``'[[3,1],[2,2]]'``); ``dtype`` None
     is :func:`default_dtype` of ``backend``."""
@@ -61,7 +60,7 @@ def make_problem(
         n=n,
         k=k,
         world=world,
-        dtype=dtype or default_dtype(validate.choice("backend", backend, BACKENDS)),
+        dtype=dtype or default_dtype(backend),
         experts=experts,
         routing=routing,
     )
@@ -97,97 +96,116 @@ def _legal(problem: Problem, schedule: Schedule) -> Schedule:
 
 
 def check_world(world: int, backend: str) -> None:
-    """Refuse a world this machine cannot host before anything is spawned.
-
-    CPU: at most ``CPU_MAX_WORLD`` ranks (``ficco.defaults`` says why), and
-    ``CPU_RANK_MEMORY_GB`` per rank must fit in the memory available now. CUDA: one GPU per
-    rank, checked by the executor when it starts (it imports torch)."""
-    if backend != "cpu":
-        return
-    if world > CPU_MAX_WORLD:
-        raise InputError(
-            "world",
-            world,
-            f"the cpu backend runs one process per rank and allows at most {CPU_MAX_WORLD} "
-            "(ficco.defaults.CPU_MAX_WORLD: each rank loads torch, ~0.26 GB)",
-        )
-    available = _available_memory_gb()
-    if available is not None and world * CPU_RANK_MEMORY_GB > available:
-        raise InputError(
-            "world",
-            world,
-            f"{world} cpu ranks need about {world * CPU_RANK_MEMORY_GB:.1f} GB "
-            f"({CPU_RANK_MEMORY_GB} GB each) and this machine has {available:.1f} GB available",
-        )
-
-
-def _available_memory_gb() -> float | None:
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
-    except (ValueError, OSError, AttributeError):  # not a POSIX system that reports it
-        return None
+    """Refuse a world this machine cannot host on ``backend`` before anything is spawned
+    (its spec's ``check_world``: on cpu, at most ``CPU_MAX_WORLD`` ranks that fit in the
+    memory available now; GPUs are counted by the executor when it starts)."""
+    reason = backend_spec(backend).check_world(world)
+    if reason is not None:
+        raise InputError("world", world, reason)
 
 
 # --- run ----------------------------------------------------------------------------------------
 
 
+def timing_options(
+    backend: str,
+    *,
+    rounds: int | str | None = None,
+    issue: Iterable[str] | str = (),
+    graphs: str | None = None,
+    signatures: bool | None = None,
+) -> TimingOptions:
+    """``backend``'s default timing (its spec's) with the values given here, each validated
+    (InputError naming it): ``rounds`` a count >= 1 or ``"auto"`` (at least 5, then rounds
+    until each median's 95% confidence interval is within 2%, at most 50); ``issue`` the
+    issue modes, one timing pass each (queued, synced); ``graphs`` which verified schedules
+    are captured in CUDA graphs (all, ce, none); ``signatures`` whether each schedule's
+    inefficiency signature is measured too. None or empty: the backend's default."""
+    changes: dict = {}
+    if rounds is not None:
+        changes["rounds"] = validate.rounds("rounds", rounds)
+    if issue:
+        changes["issue"] = validate.choices("issue", issue, ISSUE_MODES)
+    if graphs is not None:
+        changes["graphs"] = validate.choice("graphs", graphs, GRAPH_MODES)
+    if signatures is not None:
+        changes["signatures"] = validate.flag("signatures", signatures)
+    return replace(backend_spec(backend).timing, **changes)
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunRequest:
-    """How :func:`run` runs schedules; every field validated on construction."""
+    """How :func:`run` runs schedules; every field validated on construction
+    (:meth:`of` builds one from loose values, as the CLI gives them)."""
 
-    backend: str = "cpu"
-    """cpu: W processes over gloo (verifies; times nothing). cuda: W GPUs, verified then timed."""
+    backend: str = RUN_BACKEND
+    """A registered backend (``ficco.backends``): cpu, W processes over gloo (verifies); cuda,
+    W GPUs, verified then timed."""
     seed: int = SEED
     """Seed of the random inputs (an integer >= 0)."""
-    timeout_s: float = TIMEOUT_S
-    """Seconds a schedule may run before it counts as hung (> 0)."""
-    rounds: int | str | None = None
-    """cuda: interleaved timing rounds (>= 1) or ``"auto"`` (at least 5, then rounds until
-    each median's 95% confidence interval is within 2%, at most 50); None: ``ROUNDS[backend]``."""
-    issue: tuple[str, ...] = ()
-    """cuda: issue modes, one timing pass each (queued, synced); empty: queued."""
-    graphs: str = "all"
-    """cuda: capture verified schedules in CUDA graphs (all, ce, none)."""
+    timeout_s: float | None = None
+    """Seconds without progress before the ranks count as hung (> 0); None: the backend's."""
+    timing: TimingOptions | None = None
+    """How verified schedules are timed; None: verify only."""
 
     def __post_init__(self) -> None:
-        backend = validate.choice("backend", self.backend, BACKENDS)
-        rounds = ROUNDS[backend] if self.rounds is None else self.rounds
-        values = {
-            "backend": backend,
-            "seed": validate.integer("seed", self.seed, minimum=0),
-            "timeout_s": validate.seconds("timeout_s", self.timeout_s),
-            "rounds": validate.rounds("rounds", rounds),
-            "issue": validate.choices("issue", self.issue, ISSUE_MODES),
-            "graphs": validate.choice("graphs", self.graphs, GRAPH_MODES),
-        }
-        for name, value in values.items():
-            object.__setattr__(self, name, value)
+        spec = backend_spec(self.backend)
+        timeout = spec.timeout_s if self.timeout_s is None else self.timeout_s
+        object.__setattr__(self, "seed", validate.integer("seed", self.seed, minimum=0))
+        object.__setattr__(self, "timeout_s", validate.seconds("timeout_s", timeout))
+        if self.timing is not None and not isinstance(self.timing, TimingOptions):
+            raise InputError("timing", self.timing, "must be a ficco.execute.TimingOptions")
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        backend: str = RUN_BACKEND,
+        seed: int | str = SEED,
+        timeout_s: float | str | None = None,
+        rounds: int | str | None = None,
+        issue: Iterable[str] | str = (),
+        graphs: str | None = None,
+    ) -> RunRequest:
+        """A request from loose values (strings of digits are numbers): the backend's default
+        timing with ``rounds``, ``issue`` and ``graphs`` (:func:`timing_options`; no
+        signatures) where the backend times its runs, else verify only."""
+        timing = timing_options(
+            backend, rounds=rounds, issue=issue, graphs=graphs, signatures=False
+        )
+        timed = backend_spec(backend).run_timed
+        return cls(
+            backend=backend, seed=seed, timeout_s=timeout_s, timing=timing if timed else None
+        )
 
 
 def run(
     problem: Problem,
     to_run: Iterable[Schedule | str] | None = None,
     *,
-    backend: str = "cpu",
+    backend: str = RUN_BACKEND,
     seed: int = SEED,
-    timeout_s: float = TIMEOUT_S,
+    timeout_s: float | None = None,
     rounds: int | str | None = None,
     issue: Sequence[str] = (),
-    graphs: str = "all",
+    graphs: str | None = None,
     on_result: Callable | None = None,
 ):
     """Run and verify schedules of ``problem`` (all legal ones when ``to_run`` is None;
-    strings are parsed).
+    strings are parsed) on ``backend``; returns one :class:`ficco.execute.ScheduleResult` per
+    schedule, in order (``schedule``, ``verdict``, ``max_abs_err``, ``median_ms`` ...), then
+    one per baseline where the run was timed. ``on_result`` gets each result once it is final.
 
-    ``cpu``: W processes over gloo; returns one :class:`ficco.execute.ScheduleResult` per
-    schedule, in order. ``cuda``: W GPUs (spawned here, or this process is one rank of a
-    torchrun launch); every schedule verified, then timed with the baselines beside it;
-    returns one :class:`ficco.measure.Measurement` per schedule, in order, then one per
-    baseline. Works from a plain script, a notebook or an interactive session: the ranks are
-    fresh ``python -m ficco.execute.rank`` processes that never import the caller's script."""
+    ``cpu``: W processes over gloo, verify only. ``cuda``: W GPUs (spawned here, or this
+    process is one rank of a torchrun launch); every schedule verified, then timed with the
+    baselines beside it (:func:`timing_options`: ``rounds``, ``issue``, ``graphs``). A
+    schedule the backend cannot run is ``unavailable``; one left unfinished by ranks that hung
+    or died is ``timeout`` or ``error``. ``timeout_s`` None: the backend's. Works from a plain
+    script, a notebook or an interactive session: the ranks are fresh
+    ``python -m ficco.execute.rank`` processes that never import the caller's script."""
     if not isinstance(problem, Problem):
         raise InputError("problem", problem, "must be a ficco.Problem")
-    request = RunRequest(
+    request = RunRequest.of(
         backend=backend,
         seed=seed,
         timeout_s=timeout_s,
@@ -205,19 +223,10 @@ def run(
         ]
         if not chosen:
             raise InputError("schedule", to_run, "give at least one schedule (None: all of them)")
-    from ficco.execute import RunOptions, TimingOptions
+    from ficco.execute import RunOptions
+    from ficco.execute.run import run_problem
 
-    if request.backend == "cpu":
-        from ficco.execute.run import run_cpu
-
-        options = RunOptions(seed=request.seed, timeout_s=request.timeout_s)
-        return run_cpu(problem, chosen, options=options, on_result=on_result)
-    from ficco.execute.run import measure_here, run_cuda, torchrun_env
-
-    timing = TimingOptions(
-        rounds=request.rounds, graphs=request.graphs, issue=request.issue or ("queued",)
+    options = RunOptions(seed=request.seed, timeout_s=request.timeout_s, timing=request.timing)
+    return run_problem(
+        problem, chosen, backend=request.backend, options=options, on_result=on_result
     )
-    options = RunOptions(seed=request.seed, timeout_s=request.timeout_s, timing=timing)
-    if torchrun_env() is not None:
-        return measure_here(problem, chosen, options=options)
-    return run_cuda(problem, chosen, options=options, on_result=on_result)

@@ -9,17 +9,16 @@ from typing import Any
 
 import ficco.validate as validate
 from ficco.api.problems import (
-    BACKENDS,
     GEMMS,
-    GRAPH_MODES,
-    ISSUE_MODES,
     TRANSPORTS,
     Notify,
     check_world,
     default_dtype,
     to_stderr,
 )
-from ficco.defaults import CUDA_PROBLEM_TIMEOUT_S, ROUNDS, SEED, TIMEOUT_S
+from ficco.backends import GPU_BACKEND, backend_spec
+from ficco.defaults import SEED
+from ficco.execute.options import TimingOptions
 from ficco.outputs import check_output, make_directory, user_dir
 from ficco.problem import DTYPE_BYTES, Problem
 from ficco.profile.stores import is_store_url
@@ -136,7 +135,7 @@ class SweepRequest:
     strategy: str = "exhaustive"
     trials: int | None = None
     trial_fraction: float = 0.3
-    backend: str = "cuda"
+    backend: str = GPU_BACKEND
     limit_schedules: int | None = None
     gemms: tuple[str, ...] = ()
     transports: tuple[str, ...] = ()
@@ -144,12 +143,11 @@ class SweepRequest:
     """Chunk counts of finer schedules (each >= 2: one chunk is the shard schedule)."""
     seed: int = SEED
     timeout_s: float | None = None
-    """None: ``TIMEOUT_S`` on cpu, ``CUDA_PROBLEM_TIMEOUT_S`` on cuda."""
-    rounds: int | str | None = None
-    """None: ``ROUNDS[backend]``."""
-    graphs: str = "all"
-    signatures: bool = True
-    issue: str = "queued"
+    """None: the backend's (``ficco.backends``: 120 s on cpu, 300 s on cuda)."""
+    timing: TimingOptions | None = None
+    """How verified schedules are timed (``ficco.api.timing_options`` builds one from loose
+    values); None: the backend's default (3 rounds on cpu; 10 rounds with signatures on cuda).
+    A store holds one way of timing: its first issue mode."""
     time_limit_s: float | None = None
     batch: int = 4
     journal: str | None = None
@@ -157,7 +155,8 @@ class SweepRequest:
     """Allow a store inside ficco's shipped ``profiles/`` (appending to shipped records)."""
 
     def __post_init__(self) -> None:
-        backend = validate.choice("backend", self.backend, BACKENDS)
+        spec = backend_spec(self.backend)
+        backend = spec.name
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
         set_("backend", backend)
         set_("store", validate.text("store", self.store))
@@ -189,15 +188,12 @@ class SweepRequest:
         set_("transports", validate.choices("transport", self.transports, TRANSPORTS))
         set_("chunks", validate.counts("chunks", self.chunks, minimum=2))
         set_("seed", validate.integer("seed", self.seed, minimum=0))
-        timeout = self.timeout_s
-        if timeout is None:
-            timeout = TIMEOUT_S if backend == "cpu" else CUDA_PROBLEM_TIMEOUT_S
+        timeout = spec.timeout_s if self.timeout_s is None else self.timeout_s
         set_("timeout_s", validate.seconds("timeout_s", timeout))
-        rounds = ROUNDS[backend] if self.rounds is None else self.rounds
-        set_("rounds", validate.rounds("rounds", rounds))
-        set_("graphs", validate.choice("graphs", self.graphs, GRAPH_MODES))
-        set_("signatures", validate.flag("signatures", self.signatures))
-        set_("issue", validate.choice("issue", self.issue, ISSUE_MODES))
+        timing = spec.timing if self.timing is None else self.timing
+        if not isinstance(timing, TimingOptions):
+            raise InputError("timing", timing, "must be a ficco.execute.TimingOptions")
+        set_("timing", timing)
         if self.time_limit_s is not None:
             set_("time_limit_s", validate.number("time_limit_s", self.time_limit_s, at_least=0))
         set_("batch", validate.count("batch", self.batch))
@@ -314,20 +310,12 @@ def sweep(
         seed=request.seed,
         time_limit_s=request.time_limit_s,
         journal=request.journal,
+        **({} if observer is None else {"observer": observer}),
     )
-    if observer is not None:
-        options.observer = observer
-    runner_kwargs: dict[str, Any] = {
-        "seed": request.seed,
-        "timeout_s": request.timeout_s,
-        "rounds": request.rounds,
-    }
-    if request.backend == "cuda":
-        runner_kwargs.update(
-            graphs=request.graphs, signatures=request.signatures, issue=request.issue
-        )
-    runner = make_runner(request.backend, **runner_kwargs)
-    if request.backend == "cpu" and "triton" in space.gemms:
+    runner = make_runner(
+        request.backend, seed=request.seed, timeout_s=request.timeout_s, timing=request.timing
+    )
+    if backend_spec(request.backend).device == "cpu" and "triton" in space.gemms:
         largest = max(problems, key=lambda p: p.flops)
         if largest.flops > INTERPRETER_WARN_FLOPS:
             # without this the sweep looks hung: a Llama-3 8B layer at 64 tokens ran over ten

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import click
 
+from ficco.backends import GPU_BACKEND
 from ficco.defaults import DEFAULT_MACHINE
 from ficco.problem import DTYPE_BYTES, Pattern
 from ficco.validate import InputError
@@ -112,16 +113,38 @@ def table_console():
     return console if console.is_terminal else Console(width=200)
 
 
+def backend_option(default: str) -> Callable:
+    """``--backend``: the registered backends (``ficco.backends``), each with its summary."""
+    from ficco.backends import registry
+
+    specs = registry()  # light: registering imports no torch
+    return click.option(
+        "--backend",
+        type=click.Choice(list(specs)),
+        default=default,
+        show_default=True,
+        help=" ".join(f"{name}: {spec.summary}" for name, spec in specs.items()),
+    )
+
+
+def per_backend(value: Callable, *, timed_runs: bool = False) -> str:
+    """``'3 cpu, 10 cuda'``: ``value(spec)`` of every registered backend (``timed_runs``: of
+    those whose ``ficco run`` times), for an option's help."""
+    from ficco.backends import registry
+
+    specs = [s for s in registry().values() if s.run_timed or not timed_runs]
+    return ", ".join(f"{value(spec)} {spec.name}" for spec in specs)
+
+
 def dtype_option(with_backend: bool) -> Callable:
     """``--dtype``; its default is the backend's (``with_backend``: the command has
     ``--backend``), else the GPU backend's, which the commands without one describe."""
     from ficco.api import default_dtype
 
     if with_backend:
-        default = ", ".join(f"{default_dtype(b)} {b}" for b in ("cpu", "cuda"))
-        default = f"the backend's: {default}"
+        default = f"the backend's: {per_backend(lambda spec: spec.dtype)}"
     else:
-        default = default_dtype("cuda")
+        default = default_dtype(GPU_BACKEND)
     return click.option(
         "--dtype",
         type=click.Choice(sorted(DTYPE_BYTES)),
@@ -177,7 +200,7 @@ def problem_options(func: Callable | None = None, *, with_backend: bool = False)
     return func
 
 
-def problem_of(params: dict, backend: str = "cuda"):
+def problem_of(params: dict, backend: str = GPU_BACKEND):
     """The Problem of a command's problem options (``api.make_problem`` validates them)."""
     import ficco.api as api
 
@@ -267,9 +290,11 @@ def emulation(backend: str, schedule: str) -> str:
     every transport is gloo sends and collectives between processes, and a stream priority
     (``+hi``) or an SM reserve (``+smR``) changes nothing but the Triton GEMM's program count
     (``ficco.execute.cpu``). Empty where the run is the real thing."""
-    if backend != "cpu":
-        return ""
+    from ficco.backends import backend_spec
     from ficco.space import Priority, Schedule
+
+    if backend_spec(backend).device != "cpu":
+        return ""
 
     try:
         parsed = Schedule.parse(schedule)

@@ -9,11 +9,14 @@ import sys
 import click
 
 import ficco.api as api
+from ficco.backends import RUN_BACKEND
 from ficco.cli.common import (
     ApiCommand,
+    backend_option,
     emulation,
     graphs_option,
     issue_option,
+    per_backend,
     problem_of,
     problem_options,
     table_console,
@@ -24,9 +27,7 @@ from ficco.defaults import (
     AUTO_MAX_ROUNDS,
     AUTO_MIN_ROUNDS,
     AUTO_TARGET_REL_CI,
-    ROUNDS,
     SEED,
-    TIMEOUT_S,
 )
 from ficco.patterns import ideal_ms
 
@@ -62,25 +63,25 @@ def enumerate_cmd(as_json: bool, **params) -> None:
     table_console().print(table)
 
 
+def _rounds(spec) -> str:
+    return str(spec.timing.rounds)
+
+
+def _timeout(spec) -> str:
+    return f"{spec.timeout_s:g}"
+
+
 @click.command("run", cls=ApiCommand)
 @problem_options(with_backend=True)
-@click.option(
-    "--backend",
-    type=click.Choice(["cpu", "cuda"]),
-    default="cpu",
-    show_default=True,
-    help="cpu: W processes over gloo, Triton under its interpreter (verifies, times nothing). "
-    "cuda: W GPUs (spawned, or one rank per process under torchrun); verifies every "
-    "schedule, then times it beside the baselines.",
-)
+@backend_option(RUN_BACKEND)
 @click.option(
     "--rounds",
     metavar="INT|auto",
     type=str,
     default=None,
-    help=f"cuda: interleaved timing rounds, or 'auto' (at least {AUTO_MIN_ROUNDS}, then until "
-    f"each median's {AUTO_CONFIDENCE:.0%} confidence interval is within "
-    f"{AUTO_TARGET_REL_CI:.0%}, at most {AUTO_MAX_ROUNDS}) [default: {ROUNDS['cuda']}].",
+    help=f"Timed backends: interleaved timing rounds, or 'auto' (at least {AUTO_MIN_ROUNDS}, "
+    f"then until each median's {AUTO_CONFIDENCE:.0%} confidence interval is within "
+    f"{AUTO_TARGET_REL_CI:.0%}, at most {AUTO_MAX_ROUNDS}) [default: {per_backend(_rounds, timed_runs=True)}].",
 )
 @issue_option(multiple=True)
 @graphs_option
@@ -99,9 +100,8 @@ def enumerate_cmd(as_json: bool, **params) -> None:
     "timeout_s",
     metavar="SECONDS",
     type=str,
-    default=TIMEOUT_S,
-    show_default=True,
-    help="Seconds before a hang counts.",
+    default=None,
+    help=f"Seconds without progress before a hang counts [default: {per_backend(_timeout)}].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON results instead of a table.")
 def run_cmd(
@@ -139,12 +139,9 @@ def run_cmd(
     problem = problem_of(params, backend)
     chosen = api.schedules(problem) if run_all else list(schedule)
     settings = dict(backend=backend, seed=seed, timeout_s=timeout_s, rounds=rounds)
-    if backend == "cuda":
-        # validated (rounds, seed, timeout, world) before any GPU work starts
-        options = api.RunRequest(**settings, issue=issue, graphs=graphs)
-        measured = api.run(problem, chosen, **settings, issue=issue, graphs=graphs)
-        _print_cuda(problem, measured, options, as_json)
-        return
+    settings.update(issue=issue, graphs=graphs)
+    # validated (rounds, seed, timeout, world) before any process starts
+    request = api.RunRequest.of(**settings)
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
@@ -161,99 +158,84 @@ def run_cmd(
     ) as progress:
         task = progress.add_task(f"{problem.key} on {backend}", total=len(chosen))
         results = api.run(problem, chosen, **settings, on_result=lambda r: progress.advance(task))
-    incorrect = [r for r in results if r.verdict.value == "incorrect"]
-    if as_json:
-        rows = []
-        for r in results:
-            label = emulation(backend, r.schedule)
-            rows.append({**r.to_dict(), **({"ran_as": label} if label else {})})
-        payload = {"problem": problem.to_dict(), "results": rows}
-        click.echo(json.dumps(payload, indent=2))
-    else:
-        _print_cpu(problem, results, backend)
-    if incorrect:
-        sys.exit(1)
+    _print_results(problem, results, request, as_json)
 
 
-def _print_cpu(problem, results, backend: str) -> None:
-    from rich.table import Table
-
-    ran_as = [emulation(backend, r.schedule) for r in results]
-    emulated = any(ran_as)
-    title = f"{problem.key}: {len(results)} schedules, backend {backend}"
-    table = Table(title=f"{title} (verdicts of emulations)" if emulated else title)
-    table.add_column("schedule", no_wrap=True)
-    for col in ("verdict", "max error", "tolerance", *(("ran as",) if emulated else ()), "detail"):
-        table.add_column(col)
-    styles = {"ok": "green", "incorrect": "bold red"}
-    for r, label in zip(results, ran_as, strict=True):
-        verdict = r.verdict.value
-        table.add_row(
-            r.schedule,
-            f"[{styles.get(verdict, 'yellow')}]{verdict}[/]",
-            f"{r.max_abs_err:.3g}",
-            f"{r.tolerance:.3g}",
-            *((label,) if emulated else ()),
-            r.detail,
-        )
-    table_console().print(table)
-    counts: dict[str, int] = {}
-    for r in results:
-        counts[r.verdict.value] = counts.get(r.verdict.value, 0) + 1
-    click.echo(", ".join(f"{v}: {c}" for v, c in sorted(counts.items())))
-
-
-def _print_cuda(problem, measured, options: api.RunRequest, as_json: bool) -> None:
-    """``ficco run --backend cuda``'s output (rank 0 only under torchrun)."""
+def _print_results(problem, results, request: api.RunRequest, as_json: bool) -> None:
+    """``ficco run``'s output, on every backend (rank 0 only under torchrun): one row per
+    schedule and baseline; timing columns where the run was timed."""
     from ficco.execute.run import torchrun_env
 
     launch = torchrun_env()
     if launch is not None and launch[0] != 0:
         return  # every rank holds the same merged results; rank 0 speaks
-    by = {m.name: m for m in measured if m.verdict == "ok"}
+    by = {r.schedule: r for r in results if r.ok}
 
     def ms(name):
         return by[name].median_ms if name in by else math.nan
 
     serial = ms("serial_eager")
-    ideal = ideal_ms(problem.pattern, {name: m.median_ms for name, m in by.items()})
-    incorrect = [m for m in measured if m.verdict == "incorrect"]
-    issue = options.issue or ("queued",)
+    ideal = ideal_ms(problem.pattern, {name: r.median_ms for name, r in by.items()})
+    incorrect = [r for r in results if r.verdict.value == "incorrect"]
+    timing = request.timing
+    ran_as = [emulation(request.backend, r.schedule) for r in results]
+    emulated = any(ran_as)
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.verdict.value] = counts.get(r.verdict.value, 0) + 1
     if as_json:
         payload = {
             "problem": problem.to_dict(),
-            "timing": {"rounds": options.rounds, "graphs": options.graphs, "issue": list(issue)},
+            "backend": request.backend,
+            "timing": None
+            if timing is None
+            else {"rounds": timing.rounds, "graphs": timing.graphs, "issue": list(timing.issue)},
             "serial_ms": serial,
             "ideal_ms": ideal,
-            "measurements": [m.to_dict() for m in measured],
+            "results": [
+                {**r.to_dict(), **({"ran_as": label} if label else {})}
+                for r, label in zip(results, ran_as, strict=True)
+            ],
         }
         click.echo(json.dumps(payload, indent=2, default=float))
     else:
         from rich.table import Table
 
-        table = Table(
-            title=f"{problem.key} on {problem.world} GPUs: median of {options.rounds} rounds, "
-            f"{issue[0]} issue"
-        )
+        title = f"{problem.key}: {len(results)} runs, backend {request.backend}"
+        if timing is not None:
+            title += f", median of {timing.rounds} rounds, {timing.issue[0]} issue"
+        table = Table(title=f"{title} (verdicts of emulations)" if emulated else title)
         table.add_column("schedule / baseline", no_wrap=True)
-        for col in ("verdict", "ms", "spread", "serial / t", "t / ideal", "graph"):
+        columns = ["verdict", "max error", "tolerance"]
+        if timing is not None:
+            columns += ["ms", "spread", "serial / t", "t / ideal", "graph"]
+        for col in columns:
             table.add_column(col, justify="right")
+        if emulated:
+            table.add_column("ran as")
+        table.add_column("detail")
         styles = {"ok": "green", "incorrect": "bold red"}
-        for m in measured:
-            ok = m.verdict == "ok" and m.median_ms == m.median_ms
-            table.add_row(
-                m.name if m.kind == "schedule" else f"[dim]{m.name}[/]",
-                f"[{styles.get(m.verdict, 'yellow')}]{m.verdict}[/]",
-                f"{m.median_ms:.4g}" if ok else "-",
-                f"{m.spread_ms:.2g}" if ok else "-",
-                f"{serial / m.median_ms:.2f}" if ok else "-",
-                f"{m.median_ms / ideal:.2f}" if ok else "-",
-                m.extra.get("graph", ""),
-            )
+        for r, label in zip(results, ran_as, strict=True):
+            verdict = r.verdict.value
+            row = [
+                r.schedule if r.kind == "schedule" else f"[dim]{r.schedule}[/]",
+                f"[{styles.get(verdict, 'yellow')}]{verdict}[/]",
+                f"{r.max_abs_err:.3g}",
+                f"{r.tolerance:.3g}",
+            ]
+            if timing is not None:
+                timed = r.ok and r.median_ms == r.median_ms
+                graph = r.measurement.extra.get("graph", "") if r.measurement else ""
+                row += [
+                    f"{r.median_ms:.4g}" if timed else "-",
+                    f"{r.spread_ms:.2g}" if timed else "-",
+                    f"{serial / r.median_ms:.2f}" if timed else "-",
+                    f"{r.median_ms / ideal:.2f}" if timed else "-",
+                    graph,
+                ]
+            table.add_row(*row, *((label,) if emulated else ()), r.detail)
         table_console().print(table)
-        for m in measured:
-            if m.verdict != "ok" and m.detail:
-                click.echo(f"{m.name}: {m.verdict}: {m.detail}", err=True)
+        click.echo(", ".join(f"{v}: {c}" for v, c in sorted(counts.items())))
     if incorrect:
         sys.exit(1)
 

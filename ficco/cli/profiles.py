@@ -12,14 +12,17 @@ import math
 import click
 
 import ficco.api as api
+from ficco.backends import GPU_BACKEND, backend_spec
 from ficco.cli.common import (
     ApiCommand,
     ManyValuesCommand,
+    backend_option,
     dtype_option,
     fingerprint_option,
     force_option,
     graphs_option,
     issue_option,
+    per_backend,
     table_console,
 )
 from ficco.defaults import (
@@ -27,10 +30,7 @@ from ficco.defaults import (
     AUTO_MAX_ROUNDS,
     AUTO_MIN_ROUNDS,
     AUTO_TARGET_REL_CI,
-    CUDA_PROBLEM_TIMEOUT_S,
-    ROUNDS,
     SEED,
-    TIMEOUT_S,
 )
 from ficco.problem import DTYPE_BYTES
 from ficco.space import Gemm, Transport
@@ -248,13 +248,7 @@ class _ProgressObserver(SweepObserver):
     show_default=True,
     help="optuna: share of the candidates measured when --trials is not given.",
 )
-@click.option(
-    "--backend",
-    type=click.Choice(["cuda", "cpu"]),
-    default="cuda",
-    show_default=True,
-    help="cuda: one process per GPU. cpu: gloo processes; timings exercise the harness only.",
-)
+@backend_option(GPU_BACKEND)
 @click.option(
     "--limit-schedules",
     metavar="INT",
@@ -290,8 +284,7 @@ class _ProgressObserver(SweepObserver):
     metavar="SECONDS",
     type=str,
     default=None,
-    help=f"Seconds before a hang counts [default: {TIMEOUT_S:g} cpu, "
-    f"{CUDA_PROBLEM_TIMEOUT_S:g} cuda].",
+    help=f"Seconds before a hang counts [default: {per_backend(lambda s: f'{s.timeout_s:g}')}].",
 )
 @click.option(
     "--rounds",
@@ -301,15 +294,15 @@ class _ProgressObserver(SweepObserver):
     help=f"Interleaved timing rounds, or 'auto' (at least {AUTO_MIN_ROUNDS}, then until each "
     f"median's {AUTO_CONFIDENCE:.0%} confidence interval is within {AUTO_TARGET_REL_CI:.0%}, "
     f"at most {AUTO_MAX_ROUNDS}; each record keeps its rounds) "
-    f"[default: {ROUNDS['cpu']} cpu, {ROUNDS['cuda']} cuda].",
+    f"[default: {per_backend(lambda s: s.timing.rounds)}].",
 )
 @graphs_option
 @click.option(
     "--signatures/--no-signatures",
-    default=True,
-    show_default=True,
-    help="cuda: also time each schedule's GEMM and comm parts alone and per task (the "
-    "inefficiency signature: decomposition loss and contention of each side).",
+    default=None,
+    help="Also time each schedule's GEMM and comm parts alone and per task (the "
+    "inefficiency signature: decomposition loss and contention of each side) [default: "
+    f"{per_backend(lambda s: 'on' if s.timing.signatures else 'off')}].",
 )
 @issue_option(multiple=False)
 @click.option(
@@ -354,8 +347,10 @@ def sweep_cmd(as_json: bool, **params) -> None:
     On 2 GPUs:
       ficco sweep --workloads llama3-70b --world 2 --store my_store --strategy optuna
     """
-    request = api.SweepRequest(**params)
-    timed = request.backend != "cpu"  # cpu timings exercise the harness, never a profile
+    timing = {name: params.pop(name) for name in ("rounds", "issue", "graphs", "signatures")}
+    request = api.SweepRequest(**params, timing=api.timing_options(params["backend"], **timing))
+    # timings that may not be profiles (cpu: the harness) show no best time or speedup
+    timed = backend_spec(request.backend).profiles
 
     from rich.console import Console
     from rich.progress import (
@@ -429,8 +424,11 @@ def sweep_cmd(as_json: bool, **params) -> None:
             "any it left unrecorded",
             err=True,
         )
-    if request.backend == "cpu":
-        click.echo("cpu backend: verdicts are real; timings only exercise the harness.", err=True)
+    if not backend_spec(request.backend).profiles:
+        click.echo(
+            f"{request.backend} backend: verdicts are real; timings only exercise the harness.",
+            err=True,
+        )
 
 
 class _LazyObserver(SweepObserver):

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from ficco.backends import backend_spec
 from ficco.defaults import FLAG_SLOTS, FLAG_TIMEOUT_S
 from ficco.execute.allreduce import SYMM_KINDS, gloo_symm_all_reduce
 from ficco.execute.backend import Backend, Buffers
@@ -58,13 +59,6 @@ from ficco.verdict import Unavailable
 
 #: programs the Triton GEMM gets on CPU before an SM reserve is taken off
 CPU_PROGRAMS = 64
-
-
-def cpu_capability(problem: Problem, schedule: Schedule) -> str | None:
-    """Why the CPU backend cannot run ``schedule`` faithfully, or None."""
-    if schedule.gemm is Gemm.TRITON and problem.dtype == "bf16":
-        return "Triton's CPU interpreter computes bf16 dot products wrongly; use fp32 or fp16"
-    return None
 
 
 class SharedCpuMemory:
@@ -388,7 +382,7 @@ class CpuBackend(Backend):
         return reference_output(problem, self.rank, seed)
 
     def primitives(self, plan: Plan, bufs: Buffers, run: int) -> CpuPrimitives:
-        reason = cpu_capability(plan.problem, plan.schedule)
+        reason = backend_spec(self.name).check(plan.problem, plan.schedule)
         if reason:
             raise Unavailable(reason)
         self._runs += 1

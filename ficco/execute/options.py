@@ -35,7 +35,7 @@ class TimingOptions:
 
     warmup: int = defaults.WARMUP
     """Untimed runs of each candidate before the rounds."""
-    rounds: Rounds = defaults.ROUNDS["cuda"]
+    rounds: Rounds = defaults.ROUNDS
     """Interleaved rounds, each timing every candidate once; or ``"auto"``: ``min_rounds``
     rounds, then one more round at a time over the candidates whose median is not yet known
     to ``target_rel_ci``, until ``max_rounds``."""

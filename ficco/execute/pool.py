@@ -7,8 +7,9 @@ a script with no ``__main__`` guard works), joined to the parent by a private so
 
 :meth:`RankPool.run` sends one job to every rank and waits for rank 0's answer, reading
 progress reports as they come. When no report comes for ``timeout_s`` (a hang) or a rank
-dies, the pool is killed, the job's answer is the reason (``timeout: ...`` or
-``error: ...``), and the next :meth:`run` starts fresh processes. A fresh pool gets
+dies or fails the job, the job's answer is a :class:`PoolFailure` carrying its verdict
+(``timeout`` or ``error``) and reason; after a hang or a death the pool is killed and the
+next :meth:`run` starts fresh processes. A fresh pool gets
 ``startup_s`` more seconds before its first report. ``body`` replaces the rank body
 (``ficco.execute.rank.serve``; tests drive the supervision with stand-ins).
 """
@@ -23,13 +24,29 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
+from ficco.backends import backend_spec
 from ficco.execute.options import RunOptions
+from ficco.verdict import Verdict
 
 #: the CUDA driver's module-loading mode variable; ficco's ranks load eagerly (``_env``)
 CUDA_MODULE_LOADING = "CUDA_MODULE_LOADING"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolFailure:
+    """Why a job failed as a whole, with the verdict of every schedule it left unfinished:
+    ``timeout`` when the ranks went silent, ``error`` when one died or raised outside any
+    schedule. ``str()`` reads ``"verdict: reason"``."""
+
+    verdict: Verdict
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.verdict.value}: {self.reason}"
 
 
 class RankPool:
@@ -57,13 +74,18 @@ class RankPool:
         self._jobs_sent = 0
 
     @classmethod
-    def for_backend(cls, backend: str, world: int, options: RunOptions) -> RankPool:
-        """A pool of real ranks (``serve``) on ``backend`` ('cpu' or 'cuda')."""
+    def for_backend(
+        cls, backend: str, world: int, options: RunOptions, body: Callable | None = None
+    ) -> RankPool:
+        """A pool of real ranks (``serve``, or ``body``) on ``backend``, supervised as its
+        spec says (``ficco.backends``); GPUs are not counted here
+        (``ficco.execute.run.backend_pool`` does)."""
+        spec = backend_spec(backend)
         return cls(
             world,
-            None,
-            (backend, options),
-            timeout_s=options.timeout_s,
+            body,
+            (spec.name, options),
+            timeout_s=spec.silence_s(options.timeout_s),
             startup_s=options.startup_s,
         )
 
@@ -112,8 +134,8 @@ class RankPool:
         return [code for p in self._procs if (code := p.poll()) is not None]
 
     def run(self, job_of: Callable[[int], object], on_progress: Callable[[dict], None] | None):
-        """Send ``job_of(tag)`` to every rank; returns rank 0's ``done`` body, or the reason
-        the job failed (``'timeout: ...'``, ``'error: ...'``)."""
+        """Send ``job_of(tag)`` to every rank; returns rank 0's ``done`` body, or the
+        :class:`PoolFailure` of the job."""
         if self._procs and self._dead():
             self.close(kill=True)  # a rank died after its last answer (a late CUDA error)
         if not self._procs:
@@ -155,17 +177,19 @@ class RankPool:
                 elif kind == "done":
                     return body
                 else:
-                    return f"error: {body}"
+                    return PoolFailure(Verdict.ERROR, body)
                 continue
             dead = self._dead()
             if dead:
-                reason = f"error: rank process exited with code {dead[0]}"
+                failure = PoolFailure(Verdict.ERROR, f"rank process exited with code {dead[0]}")
             elif time.monotonic() - last > allowance:
-                reason = f"timeout: no progress for {allowance:.0f} s after {last_msg}"
+                failure = PoolFailure(
+                    Verdict.TIMEOUT, f"no progress for {allowance:.0f} s after {last_msg}"
+                )
             else:
                 continue
             self.close(kill=True)
-            return reason
+            return failure
 
     def close(self, kill: bool = False) -> None:
         """Stop the ranks (politely unless ``kill``)."""

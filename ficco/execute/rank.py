@@ -6,9 +6,9 @@ hands each rank one end of a private socket pair: first the parent's ``sys.path`
 rank body and any test hook unpickle from the same modules), then ``(body, args)``; the body
 is called as ``body(rank, world, init_file, conn, *args)`` and talks over ``conn``.
 
-:func:`serve` is the body of every real rank, CPU or GPU: set up the backend once, then
-measure the jobs that arrive (``(tag, Job)``; ``None`` ends) until told to stop. Rank 0
-reports ``("ready" | "progress" | "done" | "failed", tag, body)``.
+:func:`serve` is the body of every real rank, of every backend: set up the backend once (its
+spec's ``setup_rank``, ``ficco.backends``), then measure the jobs that arrive
+(``(tag, Job)``; ``None`` ends) until told to stop. Rank 0 reports ``("ready" | "progress" | "done" | "failed", tag, body)``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from ficco.defaults import FLAG_TIMEOUT_S
+from ficco.backends import backend_spec
 from ficco.execute.options import RunOptions, TimingOptions
 from ficco.problem import Problem
 from ficco.space import Schedule
@@ -41,34 +41,6 @@ class Job:
     """A module-level ``Plan -> Plan`` function (fault injection for tests), or None."""
 
 
-def make_backend(backend: str, rank: int, world: int, init_file: str | None, timeout_s: float):
-    """Set this process up as ``rank`` of ``world`` on ``backend`` ('cpu', 'cuda', or
-    'cuda_shared': ranks that share GPUs, ``ficco.execute.cuda_shared``)."""
-    if backend == "cpu":
-        from ficco.execute.cpu import CpuBackend
-        from ficco.execute.cpu_group import init_gloo_rank
-
-        init_gloo_rank(rank, world, init_file, timeout_s)
-        # the pool's private directory holds the ranks' shared (symmetric) buffers too; a
-        # flag wait gives up well before the ranks' own timeout
-        return CpuBackend(
-            rank,
-            world,
-            shared_dir=os.path.dirname(init_file) if init_file else None,
-            flag_timeout_s=min(FLAG_TIMEOUT_S, timeout_s / 4),
-        )
-    if backend == "cuda":
-        from ficco.execute.cuda import CudaBackend
-        from ficco.execute.cuda_setup import init_rank
-
-        return CudaBackend(init_rank(rank, world, init_file, timeout_s))
-    if backend == "cuda_shared":
-        from ficco.execute.cuda_shared import CudaSharedBackend, init_shared_rank
-
-        return CudaSharedBackend(init_shared_rank(rank, world, init_file, timeout_s))
-    raise ValueError(f"backend: unknown backend {backend!r}; expected cpu, cuda or cuda_shared")
-
-
 def serve(
     rank: int, world: int, init_file: str, conn: Connection, backend: str, options: RunOptions
 ) -> None:
@@ -83,7 +55,7 @@ def serve(
     if dump_s > 0:
         faulthandler.dump_traceback_later(dump_s, repeat=True, file=sys.stderr)
     send = conn.send if rank == 0 else (lambda message: None)
-    ranks = make_backend(backend, rank, world, init_file, options.timeout_s)
+    ranks = backend_spec(backend).setup_rank(rank, world, init_file, options.timeout_s)
     send(("ready", None, {"phase": "init", "name": getattr(ranks, "note", backend)}))
     try:
         while (message := conn.recv()) is not None:

@@ -1,11 +1,13 @@
-"""Entry points: run problems' schedules in a rank pool, on CPU processes or GPUs.
+"""Entry points: run problems' schedules in a rank pool of any backend (``ficco.backends``).
 
-``run_schedules`` one problem on a fresh pool of W ranks of either backend: verified, and
-                  timed beside its baselines when the options say how
-``run_cpu``       verify schedules of one problem in W gloo processes (``ScheduleResult`` each)
+``run_problem``   one problem on a fresh pool: every schedule verified (refused ones recorded
+                  ``unavailable`` without running), timed beside the baselines when the
+                  options say how; one :class:`ScheduleResult` per schedule and baseline
+``run_cpu``       ``run_problem`` on the cpu backend, verify only (tests' entry point)
+``run_schedules`` one problem on a fresh pool, its measurements (raises if the pool failed)
 ``run_cuda``      verify and time schedules of one problem plus its baselines on W GPUs
 ``run_cuda_jobs`` several problems in one GPU pool; a problem that hangs or crashes is
-                  recorded by its reason and the others go on
+                  recorded by its :class:`PoolFailure` and the others go on
 ``measure_in``    one problem in a pool the caller keeps (sweeps, benchmarks)
 ``measure_here``  this process as one rank of a torchrun launch
 """
@@ -13,12 +15,14 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, replace
 
+from ficco.backends import backend_spec
 from ficco.execute.options import RunOptions, TimingOptions
-from ficco.execute.pool import RankPool
+from ficco.execute.pool import PoolFailure, RankPool
 from ficco.execute.rank import Job
 from ficco.measure.record import Measurement
 from ficco.plan import Plan
@@ -29,38 +33,85 @@ from ficco.verdict import Verdict
 
 @dataclass(frozen=True, slots=True)
 class ScheduleResult:
-    """A schedule's verdict from a verify-only run."""
+    """One schedule's (or baseline's) outcome of a run, on every backend: its verdict, and
+    its timing where it was timed (NaN and 0 rounds where it was only verified)."""
 
     schedule: str
+    """The schedule's string form, or the baseline's name."""
     verdict: Verdict
-    max_abs_err: float = float("nan")
-    tolerance: float = float("nan")
+    max_abs_err: float = math.nan
+    tolerance: float = math.nan
     detail: str = ""
+    kind: str = "schedule"
+    """'schedule' or 'baseline'."""
+    median_ms: float = math.nan
+    spread_ms: float = math.nan
+    """p90 - p10 of the timed rounds."""
+    rounds: int = 0
+    measurement: Measurement | None = field(default=None, repr=False, compare=False)
+    """The full record (signature fields, per-issue timings, graph notes in ``extra``)."""
 
     @property
     def ok(self) -> bool:
         return self.verdict is Verdict.OK
 
+    @property
+    def timed(self) -> bool:
+        return self.rounds > 0
+
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["verdict"] = self.verdict.value
-        return d
+        """The plain fields, then ``extra`` (graph, issue modes) of the record when timed."""
+        out = {
+            "schedule": self.schedule,
+            "kind": self.kind,
+            "verdict": self.verdict.value,
+            "max_abs_err": self.max_abs_err,
+            "tolerance": self.tolerance,
+            "detail": self.detail,
+            "median_ms": self.median_ms,
+            "spread_ms": self.spread_ms,
+            "rounds": self.rounds,
+        }
+        if self.measurement is not None and self.timed:
+            out["measurement"] = self.measurement.to_dict()
+        return out
 
     @classmethod
     def of(cls, m: Measurement) -> ScheduleResult:
-        return cls(m.name, Verdict(m.verdict), m.max_abs_err, m.tolerance, m.detail)
+        return cls(
+            m.name,
+            Verdict(m.verdict),
+            m.max_abs_err,
+            m.tolerance,
+            m.detail,
+            m.kind,
+            m.median_ms,
+            m.spread_ms,
+            m.rounds,
+            m,
+        )
 
 
-def cpu_pool(world: int, options: RunOptions) -> RankPool:
-    """A CPU pool. It waits ``2 * timeout_s + 60`` s for progress: the ranks' own gloo
-    timeout (``timeout_s``) fires first and records a ``timeout`` verdict."""
-    return RankPool(
-        world,
-        None,
-        ("cpu", options),
-        timeout_s=2 * options.timeout_s + 60,
-        startup_s=options.startup_s,
-    )
+def check_gpus(world: int, backend: str = "cuda") -> None:
+    """RuntimeError unless this machine has the GPUs ``world`` ranks of ``backend`` need."""
+    needed = backend_spec(backend).gpus(world)
+    if not needed:
+        return
+    import torch
+
+    have = torch.cuda.device_count()
+    if have < needed:
+        raise RuntimeError(f"the {backend} backend needs {needed} GPUs, this machine has {have}")
+
+
+def backend_pool(
+    backend: str, world: int, options: RunOptions, body: Callable | None = None
+) -> RankPool:
+    """A pool of ``world`` ranks of ``backend``, supervised as its spec says (``body``: a
+    stand-in rank body for tests; it needs no GPU)."""
+    if body is None:
+        check_gpus(world, backend)
+    return RankPool.for_backend(backend, world, options, body)
 
 
 def measure_in(
@@ -72,7 +123,7 @@ def measure_in(
     *,
     baselines: bool = True,
     plan_hook: Callable[[Plan], Plan] | None = None,
-) -> list[Measurement] | str:
+) -> list[Measurement] | PoolFailure:
     """Measure one problem in ``pool`` (verify only when ``timing`` is None); returns its
     measurements (schedules in order, then baselines) or why the problem failed."""
     if problem.world != pool.world:
@@ -93,6 +144,80 @@ def measure_in(
     return pool.run(job, on_progress)
 
 
+def run_problem(
+    problem: Problem,
+    schedules: Iterable[Schedule],
+    *,
+    backend: str,
+    options: RunOptions | None = None,
+    on_result: Callable[[ScheduleResult], None] | None = None,
+    plan_hook: Callable[[Plan], Plan] | None = None,
+) -> list[ScheduleResult]:
+    """Run ``schedules`` of ``problem`` on ``problem.world`` fresh ranks of ``backend`` (or,
+    under torchrun, this process as one of them, where the backend can): every schedule
+    verified; with ``options.timing`` also timed, beside the baselines. Returns one
+    result per schedule in order, then one per baseline; ``on_result`` gets each as it is
+    final (verify-only: as it is verified).
+
+    A schedule the backend's capability check refuses is ``unavailable`` without running. A
+    schedule that raises is recorded with its failure kind and the run goes on; when the
+    ranks hang or die, every schedule the run still owed something (its verification, or
+    its timing) gets the pool failure's verdict. ``plan_hook`` (a module-level function)
+    rewrites each rank's plan before it runs: fault injection for tests of the verifier."""
+    spec = backend_spec(backend)
+    options = options or RunOptions()
+    schedules = list(schedules)
+    timed = options.timing is not None
+    results: dict[str, ScheduleResult] = {}
+
+    def final(result: ScheduleResult) -> None:
+        results[result.schedule] = result
+        if on_result:
+            on_result(result)
+
+    for schedule in schedules:
+        if (reason := spec.check(problem, schedule)) is not None:
+            final(ScheduleResult(str(schedule), Verdict.UNAVAILABLE, detail=reason))
+    to_run = [s for s in schedules if str(s) not in results]
+    verified: dict[str, Measurement] = {}
+
+    def progress(msg: dict) -> None:
+        m = msg.get("measurement")
+        if msg.get("phase") == "verified" and m is not None:
+            verified[m.name] = m
+            if not timed:
+                final(ScheduleResult.of(m))
+
+    got: list[Measurement] | PoolFailure = []
+    if to_run and spec.setup_here is not None and torchrun_env() is not None:
+        got = measure_here(problem, to_run, backend=backend, options=options)
+        for m in got if not timed else ():
+            final(ScheduleResult.of(m))
+    elif to_run:
+        with backend_pool(backend, problem.world, options) as pool:
+            got = measure_in(pool, problem, to_run, options.timing, progress, plan_hook=plan_hook)
+    baselines: list[ScheduleResult] = []
+    if isinstance(got, PoolFailure):
+        for schedule in to_run:
+            name = str(schedule)
+            m = verified.get(name)
+            if m is not None and not (timed and m.verdict == Verdict.OK):
+                if timed:
+                    final(ScheduleResult.of(m))
+                continue
+            final(ScheduleResult(name, got.verdict, detail=str(got)))
+    elif timed:
+        for m in got:
+            result = ScheduleResult.of(m)
+            if m.kind == "schedule":
+                final(result)
+            else:
+                baselines.append(result)
+                if on_result:
+                    on_result(result)
+    return [results[str(s)] for s in schedules] + baselines
+
+
 def run_cpu(
     problem: Problem,
     schedules: Iterable[Schedule],
@@ -101,48 +226,11 @@ def run_cpu(
     on_result: Callable[[ScheduleResult], None] | None = None,
     plan_hook: Callable[[Plan], Plan] | None = None,
 ) -> list[ScheduleResult]:
-    """Run and verify ``schedules`` of ``problem`` in ``problem.world`` CPU processes.
-
-    A schedule that raises is recorded with its failure kind and the run goes on; a rank that
-    dies or hangs ends the run with the remaining schedules marked. ``plan_hook`` (a
-    module-level function) rewrites each rank's plan before it runs: fault injection for
-    tests of the verifier."""
-    options = options or RunOptions()
-    schedules = list(schedules)
-    out: list[ScheduleResult] = []
-
-    def progress(msg: dict) -> None:
-        if msg.get("phase") == "verified" and "measurement" in msg:
-            out.append(ScheduleResult.of(msg["measurement"]))
-            if on_result:
-                on_result(out[-1])
-
-    with cpu_pool(problem.world, options) as pool:
-        got = measure_in(pool, problem, schedules, None, progress, plan_hook=plan_hook)
-    if isinstance(got, str):
-        kind = Verdict.TIMEOUT if got.startswith("timeout") else Verdict.ERROR
-        for schedule in schedules[len(out) :]:
-            out.append(ScheduleResult(str(schedule), kind, detail=got))
-            if on_result:
-                on_result(out[-1])
-    return out
-
-
-def check_gpus(world: int) -> None:
-    import torch
-
-    if torch.cuda.device_count() < world:
-        raise RuntimeError(
-            f"the cuda backend needs {world} GPUs, this machine has {torch.cuda.device_count()}"
-        )
-
-
-def cuda_pool(world: int, options: RunOptions, body: Callable | None = None) -> RankPool:
-    """A GPU pool, one rank per GPU (``body``: a stand-in rank body for tests)."""
-    if body is None:
-        check_gpus(world)
-    return RankPool(
-        world, body, ("cuda", options), timeout_s=options.timeout_s, startup_s=options.startup_s
+    """Verify ``schedules`` of ``problem`` in ``problem.world`` CPU processes
+    (:func:`run_problem` on the cpu backend, verify only)."""
+    options = replace(options or RunOptions(), timing=None)
+    return run_problem(
+        problem, schedules, backend="cpu", options=options, on_result=on_result, plan_hook=plan_hook
     )
 
 
@@ -153,23 +241,23 @@ def run_cuda_jobs(
     on_result: Callable[[int, list[Measurement]], None] | None = None,
     on_progress: Callable[[int, dict], None] | None = None,
     body: Callable | None = None,
-) -> list[list[Measurement] | str]:
+) -> list[list[Measurement] | PoolFailure]:
     """Measure several problems (same world) in one GPU pool; a problem that hangs or
-    crashes is recorded by its reason and the others go on. Returns, per job, its
-    measurements or the reason it failed."""
+    crashes is recorded by its failure and the others go on. Returns, per job, its
+    measurements or its :class:`PoolFailure`."""
     if not jobs:
         return []
-    options = options or RunOptions(timing=TimingOptions())
+    options = options or RunOptions(timing=backend_spec("cuda").timing)
     world = jobs[0][0].world
     if any(p.world != world for p, _ in jobs):
         raise ValueError("world: every problem of one run must have the same world size")
     out: list = []
-    with cuda_pool(world, options, body) as pool:
+    with backend_pool("cuda", world, options, body) as pool:
         for index, (problem, schedules) in enumerate(jobs):
             progress = (lambda msg, i=index: on_progress(i, msg)) if on_progress else None
             result = measure_in(pool, problem, schedules, options.timing, progress)
             out.append(result)
-            if on_result and not isinstance(result, str):
+            if on_result and not isinstance(result, PoolFailure):
                 on_result(index, result)
     return out
 
@@ -182,19 +270,13 @@ def run_schedules(
     options: RunOptions | None = None,
     on_progress: Callable[[dict], None] | None = None,
 ) -> list[Measurement]:
-    """``schedules`` of ``problem`` on ``problem.world`` fresh ranks of ``backend`` ('cpu' or
-    'cuda'): every schedule verified; with ``options.timing`` also timed, beside the
-    baselines. Raises RuntimeError if the problem failed as a whole (a hang, a dead rank)."""
+    """``schedules`` of ``problem`` on ``problem.world`` fresh ranks of ``backend``: every
+    schedule verified; with ``options.timing`` also timed, beside the baselines. Raises
+    RuntimeError if the problem failed as a whole (a hang, a dead rank)."""
     options = options or RunOptions()
-    if backend == "cpu":
-        pool = cpu_pool(problem.world, options)
-    elif backend == "cuda":
-        pool = cuda_pool(problem.world, options)
-    else:
-        raise ValueError(f"backend: unknown backend {backend!r}; expected cpu or cuda")
-    with pool:
+    with backend_pool(backend, problem.world, options) as pool:
         result = measure_in(pool, problem, list(schedules), options.timing, on_progress)
-    if isinstance(result, str):
+    if isinstance(result, PoolFailure):
         raise RuntimeError(f"{backend} run of {problem.key} failed: {result}")
     return result
 
@@ -214,14 +296,15 @@ def run_cuda(
     failed as a whole."""
     options = options or RunOptions()
     if options.timing is None:  # this entry point always times
-        options = replace(options, timing=TimingOptions())
+        options = replace(options, timing=backend_spec("cuda").timing)
     timing = options.timing
     if pool is None and baselines:
         result = run_schedules(problem, schedules, backend="cuda", options=options)
     else:
-        with contextlib.nullcontext(pool) if pool else cuda_pool(problem.world, options) as use:
+        kept = contextlib.nullcontext(pool) if pool else None
+        with kept or backend_pool("cuda", problem.world, options) as use:
             result = measure_in(use, problem, list(schedules), timing, baselines=baselines)
-        if isinstance(result, str):
+        if isinstance(result, PoolFailure):
             raise RuntimeError(f"cuda run of {problem.key} failed: {result}")
     if on_result:
         for m in result:
@@ -238,16 +321,21 @@ def torchrun_env() -> tuple[int, int, int] | None:
 
 
 def measure_here(
-    problem: Problem, schedules: Iterable[Schedule], *, options: RunOptions | None = None
+    problem: Problem,
+    schedules: Iterable[Schedule],
+    *,
+    backend: str = "cuda",
+    options: RunOptions | None = None,
 ) -> list[Measurement]:
     """This process as one rank of a torchrun launch (``torchrun --nproc-per-node W``): set
-    up, verify and time ``schedules`` and the baselines, tear down. Every rank returns the
-    same rank-merged measurements."""
-    from ficco.execute.cuda import CudaBackend
-    from ficco.execute.cuda_setup import init_rank
+    up (the spec's ``setup_here``), verify and, with ``options.timing``, time ``schedules``
+    and the baselines, tear down. Every rank returns the same rank-merged measurements."""
     from ficco.execute.measure import measure_problem
 
-    options = options or RunOptions(timing=TimingOptions())
+    spec = backend_spec(backend)
+    if spec.setup_here is None:
+        raise ValueError(f"backend: the {backend} backend does not run under torchrun")
+    options = options or RunOptions(timing=spec.timing)
     launch = torchrun_env()
     if launch is None:
         raise RuntimeError("measure_here: not launched by torchrun (RANK, LOCAL_RANK, WORLD_SIZE)")
@@ -256,16 +344,11 @@ def measure_here(
         raise ValueError(
             f"world: the problem has W = {problem.world} but torchrun started {world} ranks"
         )
-    backend = CudaBackend(init_rank(rank, world, None, options.timeout_s, local_rank=local_rank))
+    ranks = spec.setup_here(rank, local_rank, world, options.timeout_s)
     try:
         return measure_problem(
-            backend,
-            problem,
-            list(schedules),
-            options.seed,
-            options.timing or TimingOptions(),
-            lambda msg: None,
+            ranks, problem, list(schedules), options.seed, options.timing, lambda msg: None
         )
     finally:
         with contextlib.suppress(Exception):
-            backend.close()
+            ranks.close()

@@ -68,9 +68,11 @@ def source_digest(root: str | Path | None = None) -> str:
 
 
 def fingerprint(backend: str = "cuda") -> dict[str, Any]:
-    """Describe this machine. Imports torch (and Triton if installed) lazily."""
+    """Describe this machine as ``backend`` (``ficco.backends``) uses it: its GPUs where the
+    backend's ranks compute on CUDA devices. Imports torch (and Triton if installed) lazily."""
     import torch
 
+    from ficco.backends import backend_spec
     from ficco.version import __version__
 
     info: dict[str, Any] = {
@@ -96,7 +98,7 @@ def fingerprint(backend: str = "cuda") -> dict[str, Any]:
         info["triton"] = triton.__version__
     except ImportError:
         pass
-    if backend == "cuda" and torch.cuda.is_available():
+    if backend_spec(backend).device == "cuda" and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info.update(
             gpu=props.name,

@@ -6,7 +6,8 @@ found by name in :data:`STRATEGIES` (imported only when chosen):
 ``exhaustive``  every candidate schedule of every problem
 ``optuna``      a TPE study per problem over the schedule axes, a share of the candidates
 
-Runners (``CpuRunner``, ``CudaRunner``, ``ReplayRunner``) share the :class:`Runner` base.
+Runners (``CpuRunner``, ``CudaRunner``, ``ReplayRunner``) share the :class:`Runner` base;
+:func:`make_runner` builds the one a backend's spec names.
 Importing this package loads neither torch nor optuna.
 """
 
@@ -15,7 +16,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable
 
-from ficco.defaults import CUDA_PROBLEM_TIMEOUT_S, ROUNDS, SEED, SIGNATURE_ROUNDS, TIMEOUT_S
+from ficco.backends import backend_spec
+from ficco.defaults import SEED
+from ficco.execute.options import TimingOptions
 from ficco.problem import Problem
 from ficco.profile.store import Store
 from ficco.space import SpaceOptions
@@ -84,31 +87,12 @@ def make_runner(
     *,
     seed: int = SEED,
     timeout_s: float | None = None,
-    rounds: int | str | None = None,
-    graphs: str = "all",
-    signatures: bool = True,
-    issue: str = "queued",
+    timing: TimingOptions | None = None,
 ) -> Runner:
-    """A runner for ``backend`` ('cpu' or 'cuda') from command-line values: ``rounds`` a
-    count, ``'auto'`` or None (the backend's default); ``graphs``, ``signatures``, ``issue``
-    for cuda. ValueError naming a bad field; BackendUnavailable if it cannot run here."""
-    from ficco.execute.options import TimingOptions, parse_rounds
-
-    rounds = ROUNDS[backend] if rounds is None and backend in ROUNDS else rounds
-    if backend == "cpu":
-        timing = TimingOptions(rounds=parse_rounds(rounds))
-        return CpuRunner(seed=seed, timeout_s=timeout_s or TIMEOUT_S, timing=timing)
-    if backend == "cuda":
-        timing = TimingOptions(
-            rounds=parse_rounds(rounds),
-            warmup=2,
-            graphs=graphs,
-            signatures=signatures,
-            signature_rounds=SIGNATURE_ROUNDS,
-            issue=(issue,),
-        )
-        return CudaRunner(seed=seed, timeout_s=timeout_s or CUDA_PROBLEM_TIMEOUT_S, timing=timing)
-    raise ValueError(f"backend: unknown backend {backend!r}; expected cpu or cuda")
+    """The runner ``backend``'s spec names (``ficco.backends``); ``timeout_s`` and ``timing``
+    None: the backend's defaults. InputError for an unknown backend, ValueError naming a
+    field the backend refuses, BackendUnavailable if it cannot run here."""
+    return backend_spec(backend).runner(seed=seed, timeout_s=timeout_s, timing=timing)
 
 
 def issue_of(record: dict) -> str:

@@ -46,7 +46,7 @@ class SweepObserver:
         """``problem`` was skipped: another writer (``holder``) is measuring it."""
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SweepOptions:
     """How a sweep runs (strategy-specific fields say which strategy reads them)."""
 

@@ -1,8 +1,10 @@
 """Runners: what measures schedules for a sweep, behind one small abstract base.
 
-``CpuRunner``     W gloo processes in a rank pool: verdicts are real; times are host clock,
-                  marked ``backend: cpu``, for exercising the harness only (never shipped).
-``CudaRunner``    the GPU executor, one rank per GPU in a pool kept across problems.
+``PoolRunner``    a backend's rank pool (``ficco.backends``), kept across problems; each
+                  backend's spec names its runner:
+``CpuRunner``     W gloo processes: verdicts are real; times are host clock, marked
+                  ``backend: cpu``, for exercising the harness only (never shipped).
+``CudaRunner``    the GPU executor, one rank per GPU.
 ``ReplayRunner``  serves the measurements of a stored profile: strategies are tested and
                   compared without a GPU (Kernel Tuner's simulation runner).
 """
@@ -12,13 +14,18 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ficco.defaults import CUDA_PROBLEM_TIMEOUT_S, ROUNDS, SEED, SIGNATURE_ROUNDS, TIMEOUT_S
+from ficco.backends import backend_spec
+from ficco.defaults import SEED
 from ficco.execute.options import TimingOptions
 from ficco.measure.record import BASELINE_COMM, BASELINE_GEMM, Measurement
 from ficco.problem import Problem
 from ficco.space import Schedule
+from ficco.verdict import Verdict
+
+if TYPE_CHECKING:
+    from ficco.execute.pool import PoolFailure
 
 OnResult = Callable[[Measurement], None]
 
@@ -80,27 +87,38 @@ class Runner(abc.ABC):
 
 
 class PoolRunner(Runner):
-    """Measures each problem in a rank pool kept across problems (set-up is paid once).
+    """Measures each problem in a rank pool of its backend, kept across problems (set-up is
+    paid once); ``timeout_s`` and ``timing`` default to the backend's spec.
 
     The pool measures a problem's baselines in the same run as its schedules (interleaved, as
     the protocol asks); they are kept and served by :meth:`baselines`, which runs them alone
     only for a problem measured without them."""
 
-    def __init__(self, *, seed: int, timeout_s: float, timing: TimingOptions | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        seed: int = SEED,
+        timeout_s: float | None = None,
+        timing: TimingOptions | None = None,
+        backend: str | None = None,
+    ) -> None:
         from ficco.execute.options import RunOptions
 
+        self.spec = backend_spec(backend or self.backend)
+        self.backend = self.spec.name
         self.options = RunOptions(
-            seed=seed, timeout_s=timeout_s, timing=timing or TimingOptions(rounds=self.rounds)
+            seed=seed,
+            timeout_s=timeout_s or self.spec.timeout_s,
+            timing=timing or self.spec.timing,
         )
         self._baselines: dict[str, list[Measurement]] = {}
         self._pool = None
 
-    #: the default round count of the backend
-    rounds: int = ROUNDS["cuda"]
-
-    @abc.abstractmethod
     def _new_pool(self, world: int):
         """A rank pool of ``world`` ranks on this runner's backend."""
+        from ficco.execute.run import backend_pool
+
+        return backend_pool(self.backend, world, self.options)
 
     def _measure_in(self, pool, problem, schedules, timing, *, baselines):
         """``ficco.execute.run.measure_in`` (measures one problem in a pool)."""
@@ -119,17 +137,39 @@ class PoolRunner(Runner):
             self._pool.close()
             self._pool = None
 
-    def _failed(self, problem: Problem, schedules: list[Schedule], why: str) -> list[Measurement]:
-        raise RuntimeError(f"{self.backend} run of {problem.key} failed: {why}")
+    def fingerprint(self) -> dict[str, Any]:
+        from ficco.measure.fingerprint import fingerprint
+
+        return fingerprint(self.backend)
+
+    def _failed(
+        self, problem: Problem, schedules: list[Schedule], failure: PoolFailure
+    ) -> list[Measurement]:
+        """What a run that failed as a whole returns: raises, so its schedules stay
+        unrecorded and a rerun measures them."""
+        raise RuntimeError(f"{self.backend} run of {problem.key} failed: {failure}")
 
     def _run(
         self, problem: Problem, schedules: list[Schedule], on_result: OnResult | None
     ) -> list[Measurement]:
+        from ficco.execute.pool import PoolFailure
+
+        refused = {
+            str(s): reason for s in schedules if (reason := self.spec.check(problem, s)) is not None
+        }
         wanted = problem.key not in self._baselines
-        pool = self._pool_for(problem.world)
-        out = self._measure_in(pool, problem, schedules, self.options.timing, baselines=wanted)
-        if isinstance(out, str):
-            out = self._failed(problem, schedules, out)
+        to_run = [s for s in schedules if str(s) not in refused]
+        out: list[Measurement] = []
+        if to_run or wanted:
+            pool = self._pool_for(problem.world)
+            got = self._measure_in(pool, problem, to_run, self.options.timing, baselines=wanted)
+            out = self._failed(problem, to_run, got) if isinstance(got, PoolFailure) else got
+        out += [
+            Measurement(
+                problem=problem.to_dict(), name=name, verdict=Verdict.UNAVAILABLE, detail=reason
+            )
+            for name, reason in refused.items()
+        ]
         for m in out:
             m.extra.update(self.notes(m))
         found = [m for m in out if m.kind == "baseline"]
@@ -168,35 +208,26 @@ class CpuRunner(PoolRunner):
     collective, each alone) are timed with the shared protocol (``ficco.execute.timing``):
     interleaved rounds, a barrier before each iteration, host ``perf_counter``, the max
     across ranks. A rank pool that hangs or dies fails the problem's remaining schedules
-    with its reason; a fresh pool takes the next problem."""
+    with its verdict; a fresh pool takes the next problem."""
 
     backend = "cpu"
-    rounds = ROUNDS["cpu"]
 
-    def __init__(
-        self, *, seed: int = SEED, timeout_s: float = TIMEOUT_S, timing: TimingOptions | None = None
-    ) -> None:
+    def __init__(self, **options) -> None:
+        timing = options.get("timing")
         if timing is not None and timing.signatures:
             raise ValueError(
                 "signatures: the cpu backend times no per-task spans; use signatures=False "
                 "(signatures are measured on GPUs)"
             )
-        super().__init__(seed=seed, timeout_s=timeout_s, timing=timing)
+        super().__init__(**options)
 
-    def fingerprint(self) -> dict[str, Any]:
-        from ficco.measure.fingerprint import fingerprint
-
-        return fingerprint("cpu")
-
-    def _new_pool(self, world: int):
-        from ficco.execute.run import cpu_pool
-
-        return cpu_pool(world, self.options)
-
-    def _failed(self, problem: Problem, schedules: list[Schedule], why: str) -> list[Measurement]:
-        verdict = "timeout" if why.startswith("timeout") else "error"
+    def _failed(
+        self, problem: Problem, schedules: list[Schedule], failure: PoolFailure
+    ) -> list[Measurement]:
         return [
-            Measurement(problem=problem.to_dict(), name=str(s), verdict=verdict, detail=why)
+            Measurement(
+                problem=problem.to_dict(), name=str(s), verdict=failure.verdict, detail=str(failure)
+            )
             for s in schedules
         ]
 
@@ -205,64 +236,46 @@ class CpuRunner(PoolRunner):
 
 
 class CudaRunner(PoolRunner):
-    """The GPU executor, one process per GPU (``ficco.execute.run.measure_in``)."""
+    """The GPU executor, one process per GPU (``ficco.execute.run.measure_in``); a run that
+    fails as a whole leaves its schedules unrecorded for a rerun."""
 
     backend = "cuda"
-    rounds = ROUNDS["cuda"]
 
-    def __init__(
-        self,
-        *,
-        seed: int = SEED,
-        timeout_s: float = CUDA_PROBLEM_TIMEOUT_S,
-        timing: TimingOptions | None = None,
-    ) -> None:
-        timing = timing or TimingOptions(
-            rounds=ROUNDS["cuda"], warmup=2, signatures=True, signature_rounds=SIGNATURE_ROUNDS
-        )
-        super().__init__(seed=seed, timeout_s=timeout_s, timing=timing)
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
         self._check_available()
 
     @property
     def issue_mode(self) -> str | None:
         return self.options.timing.issue[0]
 
-    @staticmethod
-    def _check_available() -> None:
+    def _check_available(self) -> None:
         try:
             import torch
 
             if not torch.cuda.is_available():
                 raise BackendUnavailable(
-                    "backend cuda: needs CUDA GPUs (one per rank) and none is visible here; "
-                    "use --backend cpu to exercise the harness without GPUs"
+                    f"backend {self.backend}: needs CUDA GPUs and none is visible here; use "
+                    "--backend cpu to exercise the harness without GPUs"
                 )
             import ficco.execute.cuda  # noqa: F401
         except ImportError as err:
             raise BackendUnavailable(
-                f"backend cuda: the GPU executor could not be imported ({err}); it needs CUDA "
-                "GPUs and a CUDA build of torch. Use --backend cpu to exercise the harness"
+                f"backend {self.backend}: the GPU executor could not be imported ({err}); it "
+                "needs CUDA GPUs and a CUDA build of torch. Use --backend cpu to exercise the "
+                "harness"
             ) from err
-
-    def _new_pool(self, world: int):
-        from ficco.execute.run import cuda_pool
-
-        return cuda_pool(world, self.options)
-
-    def fingerprint(self) -> dict[str, Any]:
-        from ficco.measure.fingerprint import fingerprint
-
-        return fingerprint("cuda")
 
     def check(self, problems: Sequence[Problem]) -> None:
         import torch
 
         have = torch.cuda.device_count()
-        too_wide = sorted({p.world for p in problems if p.world > have})
-        if too_wide:
+        short = sorted({p.world for p in problems if self.spec.gpus(p.world) > have})
+        if short:
             raise BackendUnavailable(
-                f"backend cuda: problems need world={too_wide[-1]} GPUs (one per rank), this "
-                f"machine has {have}; sweep a smaller --world"
+                f"backend {self.backend}: problems of world={short[-1]} need "
+                f"{self.spec.gpus(short[-1])} GPUs, this machine has {have}; sweep a smaller "
+                "--world"
             )
 
 
