@@ -38,8 +38,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from ficco.execute.pool import PoolFailure  # noqa: E402
 from ficco.problem import Problem  # noqa: E402
 from ficco.space import Schedule  # noqa: E402
+from ficco.verdict import Verdict  # noqa: E402
 
 #: The suite: the tensor-parallel layers of these models (ficco.workloads), AG+GEMM (QKV, FC1)
 #: and GEMM+RS (out-proj, FC2), at any W. At W = 2 these are the shapes of FACTS.md's table.
@@ -185,32 +187,33 @@ def run_suite(jobs, opts, world: int, stall_timeout: float, progress, done):
     """Measure every (problem, schedules) job on one pool of ``world`` GPU ranks (set-up paid
     once). A problem that hangs with NCCL calls captured in graphs is retried once with
     copy-engine graphs only (``--graphs ce``), and the rest of the suite keeps that mode.
-    Returns (results: measurements or an error string per job, graphs mode per job);
+    Returns (results: measurements or a PoolFailure per job, graphs mode per job);
     ``done(index, measured, graphs)`` is called as each job completes."""
     from ficco.execute import RunOptions
-    from ficco.execute.run import cuda_pool, measure_in
+    from ficco.execute.run import backend_pool, measure_in
 
     graphs = opts.graphs
     results: list = []
     graphs_of: dict[int, str] = {}
     pool_options = RunOptions(timeout_s=stall_timeout)
-    pool = cuda_pool(world, pool_options)
+    pool = backend_pool("cuda", world, pool_options)
     try:
         for index, (problem, schedules) in enumerate(jobs):
             on_progress = lambda msg, i=index: progress(i, msg)  # noqa: E731
             res = measure_in(pool, problem, schedules, opts, on_progress)
-            if isinstance(res, str) and res.startswith("timeout") and graphs == "all":
+            hung = isinstance(res, PoolFailure) and res.verdict is Verdict.TIMEOUT
+            if hung and graphs == "all":
                 print(
                     f"  {problem.name} m={problem.m}: {res}; retrying with --graphs ce", flush=True
                 )
                 pool.close(kill=True)
                 graphs = "ce"
                 opts = dataclasses.replace(opts, graphs=graphs)
-                pool = cuda_pool(world, pool_options)
+                pool = backend_pool("cuda", world, pool_options)
                 res = measure_in(pool, problem, schedules, opts, on_progress)
             graphs_of[index] = graphs
             results.append(res)
-            if isinstance(res, str):
+            if isinstance(res, PoolFailure):
                 print(f"  {problem.name} m={problem.m}: FAILED {res}", flush=True)
             else:
                 done(index, res, graphs)
@@ -306,8 +309,8 @@ def main() -> int:
     rows_of: dict[str, list] = {issue: [] for issue in issues}
     failures = []
     for index, ((problem, _), res) in enumerate(zip(jobs, results, strict=True)):
-        if isinstance(res, str):
-            failures.append({"key": problem.key, "name": problem.name, "error": res})
+        if isinstance(res, PoolFailure):
+            failures.append({"key": problem.key, "name": problem.name, "error": str(res)})
         else:
             for issue in issues:
                 rows_of[issue].append(partial[index][issue])

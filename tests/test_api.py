@@ -2,6 +2,7 @@
 overwrites shipped files without force, and shows itself in help(ficco)."""
 
 import pydoc
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -67,9 +68,17 @@ def test_run_refuses_bad_options_before_any_work(kwargs, field):
 
 
 def test_run_options_accept_integers_and_their_strings_and_fill_defaults():
-    options = api.RunRequest(backend="cuda", rounds="7", seed="3", timeout_s="2.5")
-    assert (options.rounds, options.seed, options.timeout_s) == (7, 3, 2.5)
-    assert api.RunRequest(backend="cpu").rounds == 3 and api.RunRequest(backend="cuda").rounds == 10
+    from ficco.backends import backend_spec
+
+    options = api.RunRequest.of(backend="cuda", rounds="7", seed="3", timeout_s="2.5")
+    assert (options.timing.rounds, options.seed, options.timeout_s) == (7, 3, 2.5)
+    assert not options.timing.signatures  # a run shows times; a sweep measures signatures
+    cuda = backend_spec("cuda")
+    assert api.RunRequest.of(backend="cuda").timing == replace(cuda.timing, signatures=False)
+    assert api.RunRequest.of(backend="cuda").timeout_s == cuda.timeout_s
+    assert api.RunRequest.of(backend="cpu").timing is None  # cpu verifies only
+    with pytest.raises(InputError, match="rounds: needs at least 1 round"):
+        api.RunRequest.of(backend="cpu", rounds=0)  # refused even where nothing is timed
 
 
 def test_run_refuses_a_cpu_world_past_the_limit_before_spawning():
@@ -100,9 +109,9 @@ def test_make_problem_reads_routing_json_and_refuses_fractions():
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
-        (dict(rounds=0), "rounds"),
         (dict(timeout_s=0), "timeout_s"),
         (dict(world=1000), "world"),
+        (dict(timing=dict(rounds=3)), "timing"),
         (dict(trials=0), "trials"),
         (dict(trials=2.5), "trials"),
         (dict(trial_fraction=0), "trial_fraction"),
@@ -124,13 +133,23 @@ def test_sweep_request_refuses_what_the_cli_refuses(kwargs, field, tmp_path):
     assert err.value.field == field
 
 
-def test_sweep_request_defaults_come_from_the_defaults_module(tmp_path):
-    from ficco.defaults import CUDA_PROBLEM_TIMEOUT_S, ROUNDS, TIMEOUT_S
+def test_sweep_request_defaults_come_from_the_backend_specs(tmp_path):
+    from ficco.backends import backend_spec
 
     cpu = api.SweepRequest(workloads=("llama3-8b",), world=2, backend="cpu", store=str(tmp_path))
     cuda = api.SweepRequest(workloads=("llama3-8b",), world="2", store=str(tmp_path))
-    assert (cpu.rounds, cpu.timeout_s) == (ROUNDS["cpu"], TIMEOUT_S)
-    assert (cuda.rounds, cuda.timeout_s, cuda.world) == (ROUNDS["cuda"], CUDA_PROBLEM_TIMEOUT_S, 2)
+    for request, name in ((cpu, "cpu"), (cuda, "cuda")):
+        spec = backend_spec(name)
+        assert (request.timing, request.timeout_s) == (spec.timing, spec.timeout_s)
+    assert (cpu.timing.rounds, cuda.timing.rounds, cuda.world) == (3, 10, 2)
+    assert cuda.timing.signatures and not cpu.timing.signatures
+    timing = api.timing_options("cuda", rounds="auto", issue="synced", signatures=False)
+    assert (timing.rounds, timing.issue, timing.signatures, timing.warmup) == (
+        "auto",
+        ("synced",),
+        False,
+        backend_spec("cuda").timing.warmup,
+    )
     shipped = str(REPO / "profiles" / "h200x2" / "store")
     assert api.SweepRequest(workloads=("llama3-8b",), world=2, store=shipped, force=True)
 

@@ -11,6 +11,7 @@ from ficco.execute.run import run_cuda_jobs
 from ficco.measure.record import Measurement
 from ficco.problem import Problem
 from ficco.space import Schedule
+from ficco.verdict import Verdict
 
 
 def fake_rank(rank, world, init_file, conn, backend, options):
@@ -51,9 +52,10 @@ def test_hang_and_crash_are_recorded_and_the_run_goes_on():
         on_progress=lambda i, msg: progress.append(i),
         on_result=lambda i, ms: finished.append(i),
     )
-    assert [o[0].median_ms for o in out if not isinstance(o, str)] == [16.0, 64.0, 80.0]
-    assert out[1].startswith("timeout: no progress for 3 s after verified shard/ce/cublas")
-    assert out[3].startswith("error: rank process exited with code 3")
+    assert [o[0].median_ms for o in out if isinstance(o, list)] == [16.0, 64.0, 80.0]
+    assert out[1].verdict is Verdict.TIMEOUT and out[3].verdict is Verdict.ERROR
+    assert str(out[1]).startswith("timeout: no progress for 3 s after verified shard/ce/cublas")
+    assert str(out[3]).startswith("error: rank process exited with code 3")
     assert finished == [0, 2, 4]
     assert set(progress) == {0, 1, 2, 3, 4}
 

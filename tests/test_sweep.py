@@ -256,19 +256,19 @@ def test_strategy_table_and_backends():
     assert callable(get_strategy("optuna"))
     with pytest.raises(ValueError, match="strategy: unknown strategy 'grid'"):
         get_strategy("grid")
+    from ficco.execute.options import TimingOptions
     from ficco.sweep import CpuRunner, make_runner
 
     cpu = make_runner("cpu")
     assert isinstance(cpu, CpuRunner) and cpu.options.timing.rounds == 3
-    assert make_runner("cpu", rounds="auto").options.timing.auto
-    with pytest.raises(ValueError, match="rounds: needs at least 1 round, got 0"):
-        make_runner("cpu", rounds="0")
-    with pytest.raises(ValueError, match="backend: unknown backend 'tpu'"):
+    assert cpu.options.timeout_s == 120
+    assert make_runner("cpu", timing=TimingOptions(rounds="auto")).options.timing.auto
+    with pytest.raises(ValueError, match="backend: must be one of cpu, cuda, got 'tpu'"):
         make_runner("tpu")
     import torch
 
     if torch.cuda.is_available():
-        cuda = make_runner("cuda", rounds="auto", issue="synced")
+        cuda = make_runner("cuda", timing=TimingOptions(rounds="auto", issue=("synced",)))
         assert isinstance(cuda, CudaRunner) and cuda.options.timing.issue == ("synced",)
     else:
         with pytest.raises(BackendUnavailable, match="needs CUDA GPUs"):
@@ -355,7 +355,7 @@ def test_cuda_runner_keeps_the_baselines_run_cuda_measures_with_the_schedules(mo
     monkeypatch.setattr(CudaRunner, "_check_available", staticmethod(lambda: None))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     runner = CudaRunner()
-    with pytest.raises(BackendUnavailable, match="world=4 GPUs"):
+    with pytest.raises(BackendUnavailable, match="world=4 need 4 GPUs"):
         sweep([REPLAYED[0]], runner=runner, store=MemoryStore())
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     store = MemoryStore({"backend": "cuda"})
