@@ -86,7 +86,9 @@ def test_a_registered_backend_is_a_cli_choice_and_a_default_source(monkeypatch):
         pass
 
     (option,) = command.params
-    assert tuple(option.type.choices) == ("cpu", "cuda", "fake") and "fake: stands in." in option.help
+    assert (
+        tuple(option.type.choices) == ("cpu", "cuda", "fake") and "fake: stands in." in option.help
+    )
     assert per_backend(lambda s: f"{s.timeout_s:g}") == "120 cpu, 300 cuda, 7 fake"
     assert api.RunRequest(backend="fake").timeout_s == 7.0
 

@@ -206,7 +206,8 @@ def _print_results(problem, results, request: api.RunRequest, as_json: bool) -> 
             title += f", median of {timing.rounds} rounds, {timing.issue[0]} issue"
         table = Table(title=f"{title} (verdicts of emulations)" if emulated else title)
         table.add_column("schedule / baseline", no_wrap=True)
-        columns = ["verdict", "max error", "tolerance"]
+        table.add_column("verdict")
+        columns = ["max error", "tolerance"]
         if timing is not None:
             columns += ["ms", "spread", "serial / t", "t / ideal", "graph"]
         for col in columns:

@@ -14,9 +14,11 @@ in their primitives (transports, GEMM kernels) and clocks. Modules:
 ``timing``       the interleaved-rounds protocol (fixed or ``rounds="auto"``)
 ``baselines``    serial, async-TP, the isolated GEMM and collective
 ``reference``, ``verify``, ``buffers``   what the output must be; is it; the tensors
-``pool``, ``rank``  the rank pool and its supervisor; a rank process
-``run``          entry points: run_schedules, run_cpu, run_cuda, run_cuda_jobs, measure_in,
-                 measure_here
+``pool``, ``rank``  the rank pool and its supervisor (a failed job is a typed
+                 ``PoolFailure``); a rank process, set up by its backend's spec
+                 (``ficco.backends``)
+``run``          entry points: run_problem (``ScheduleResult`` per schedule, every backend),
+                 run_schedules, run_cpu, run_cuda, run_cuda_jobs, measure_in, measure_here
 
 Importing this package loads no torch.
 """
@@ -30,6 +32,7 @@ def __getattr__(name: str):
     if name in (
         "ScheduleResult",
         "measure_in",
+        "run_problem",
         "run_cpu",
         "run_cuda",
         "run_cuda_jobs",
@@ -50,5 +53,6 @@ __all__ = [
     "run_cpu",
     "run_cuda",
     "run_cuda_jobs",
+    "run_problem",
     "run_schedules",
 ]

@@ -191,8 +191,6 @@ def run_problem(
     got: list[Measurement] | PoolFailure = []
     if to_run and spec.setup_here is not None and torchrun_env() is not None:
         got = measure_here(problem, to_run, backend=backend, options=options)
-        for m in got if not timed else ():
-            final(ScheduleResult.of(m))
     elif to_run:
         with backend_pool(backend, problem.world, options) as pool:
             got = measure_in(pool, problem, to_run, options.timing, progress, plan_hook=plan_hook)
@@ -206,15 +204,15 @@ def run_problem(
                     final(ScheduleResult.of(m))
                 continue
             final(ScheduleResult(name, got.verdict, detail=str(got)))
-    elif timed:
+    else:
         for m in got:
             result = ScheduleResult.of(m)
-            if m.kind == "schedule":
-                final(result)
-            else:
+            if m.kind != "schedule":
                 baselines.append(result)
                 if on_result:
                     on_result(result)
+            elif timed or m.name not in results:  # verify-only results came as verified
+                final(result)
     return [results[str(s)] for s in schedules] + baselines
 
 
@@ -241,18 +239,19 @@ def run_cuda_jobs(
     on_result: Callable[[int, list[Measurement]], None] | None = None,
     on_progress: Callable[[int, dict], None] | None = None,
     body: Callable | None = None,
+    backend: str = "cuda",
 ) -> list[list[Measurement] | PoolFailure]:
-    """Measure several problems (same world) in one GPU pool; a problem that hangs or
-    crashes is recorded by its failure and the others go on. Returns, per job, its
+    """Measure several problems (same world) in one pool of ``backend``; a problem that
+    hangs or crashes is recorded by its failure and the others go on. Returns, per job, its
     measurements or its :class:`PoolFailure`."""
     if not jobs:
         return []
-    options = options or RunOptions(timing=backend_spec("cuda").timing)
+    options = options or RunOptions(timing=backend_spec(backend).timing)
     world = jobs[0][0].world
     if any(p.world != world for p, _ in jobs):
         raise ValueError("world: every problem of one run must have the same world size")
     out: list = []
-    with backend_pool("cuda", world, options, body) as pool:
+    with backend_pool(backend, world, options, body) as pool:
         for index, (problem, schedules) in enumerate(jobs):
             progress = (lambda msg, i=index: on_progress(i, msg)) if on_progress else None
             result = measure_in(pool, problem, schedules, options.timing, progress)
@@ -289,23 +288,24 @@ def run_cuda(
     on_result: Callable[[Measurement], None] | None = None,
     pool: RankPool | None = None,
     baselines: bool = True,
+    backend: str = "cuda",
 ) -> list[Measurement]:
     """Verify and time ``schedules`` of one problem plus its baselines on ``problem.world``
-    GPUs, in ``pool`` when given (keep one across problems: set-up is paid once). With
-    ``baselines=False`` only the schedules are timed. Raises RuntimeError if the problem
-    failed as a whole."""
+    ranks of ``backend`` (GPUs), in ``pool`` when given (keep one across problems: set-up is
+    paid once). With ``baselines=False`` only the schedules are timed. Raises RuntimeError
+    if the problem failed as a whole."""
     options = options or RunOptions()
     if options.timing is None:  # this entry point always times
-        options = replace(options, timing=backend_spec("cuda").timing)
+        options = replace(options, timing=backend_spec(backend).timing)
     timing = options.timing
     if pool is None and baselines:
-        result = run_schedules(problem, schedules, backend="cuda", options=options)
+        result = run_schedules(problem, schedules, backend=backend, options=options)
     else:
         kept = contextlib.nullcontext(pool) if pool else None
-        with kept or backend_pool("cuda", problem.world, options) as use:
+        with kept or backend_pool(backend, problem.world, options) as use:
             result = measure_in(use, problem, list(schedules), timing, baselines=baselines)
         if isinstance(result, PoolFailure):
-            raise RuntimeError(f"cuda run of {problem.key} failed: {result}")
+            raise RuntimeError(f"{backend} run of {problem.key} failed: {result}")
     if on_result:
         for m in result:
             on_result(m)

@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from ficco.backends import unprofiled
 from ficco.profile.frame import MixedFingerprints, load_frame, pick_fingerprint
 from ficco.profile.store import Store
 
@@ -65,17 +66,18 @@ def selection_frame(
         frame = load_frame(source, fingerprint)
         where = f"store {source.location if isinstance(source, Store) else source}"
     backends = set(frame["backend"].dropna().astype(str)) if "backend" in frame.columns else set()
-    if "cpu" in backends:
+    harness = unprofiled(backends)  # backends whose timings may not be profiles
+    if harness:
         if purpose == "train":
             raise CpuTimings(
-                f"{where}: its records come from the cpu backend, whose timings measure the "
-                "harness (host wall clock, verification included), not a GPU; a table trained "
+                f"{where}: its records come from the {', '.join(harness)} backend, whose "
+                "timings measure the harness, not a GPU's schedules; a table trained "
                 "on them would recommend schedules for no machine. Train on a GPU store: the "
                 f"shipped {SHIPPED_GPU_STORE} (ficco train --store {SHIPPED_GPU_STORE} --out "
                 "DIR), or one a GPU sweep wrote (ficco sweep --backend cuda --store DIR)"
             )
         warnings.warn(
-            f"{where}: cpu-backend records; these metrics check the pipeline, not any "
+            f"{where}: {', '.join(harness)}-backend records; these metrics check the pipeline, not any "
             f"machine's schedules (a GPU store, e.g. {SHIPPED_GPU_STORE}, measures those)",
             CpuTimingsWarning,
             stacklevel=2,
