@@ -39,12 +39,11 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import shared_faults  # noqa: E402
 
 from ficco.execute import RunOptions, TimingOptions  # noqa: E402
-from ficco.execute.pool import RankPool  # noqa: E402
+from ficco.execute.pool import PoolFailure, RankPool  # noqa: E402
 from ficco.execute.run import measure_in  # noqa: E402
 from ficco.problem import Problem  # noqa: E402
 from ficco.routing import with_skewed_routing  # noqa: E402
 from ficco.space import Gemm, SpaceOptions, enumerate_schedules  # noqa: E402
-from ficco.verdict import classify_failure  # noqa: E402
 
 PATTERNS = ("ag_gemm", "gemm_rs", "gemm_ar", "a2a_gemm", "gemm_a2a")
 TRANSPORTS = ("ce", "seg", "nccl")
@@ -112,8 +111,8 @@ def run_matrix(backend: str, worlds, dtype: str, deadline: float, log) -> dict:
                 schedules = matrix_schedules(problem, every)
                 t0 = time.monotonic()
                 got = measure_in(pool, problem, schedules, timing)
-                if isinstance(got, str):
-                    summary["failed"].append({"problem": problem.key, "reason": got})
+                if isinstance(got, PoolFailure):
+                    summary["failed"].append({"problem": problem.key, "reason": str(got)})
                     log(f"W={world} {problem.key}: FAILED {got}")
                     continue
                 for m in got:
@@ -214,23 +213,18 @@ def run_faults(backend: str, dtype: str, timeout_s: float, log) -> dict:
                     )
                 recorded = {m.name for m in got_now}
                 todo = [s for s in todo if str(s) not in recorded]
-                if isinstance(answer, str) and todo:
-                    kind = answer.split(":", 1)[0]
-                    verdict = (
-                        "timeout"
-                        if kind == "timeout"
-                        else classify_failure(RuntimeError(answer)).value
-                    )
+                if isinstance(answer, PoolFailure) and todo:
+                    verdict = answer.verdict.value
                     verdict = "error" if verdict == "launch" else verdict
                     ledger.append(
                         {
                             "problem": problem.key,
                             "name": str(todo[0]),
                             "verdict": verdict,
-                            "detail": answer[:200],
+                            "detail": str(answer)[:200],
                         }
                     )
-                    log(f"fault {hook.__name__}: pool answered {answer[:160]}")
+                    log(f"fault {hook.__name__}: pool answered {str(answer)[:160]}")
                     todo = todo[1:]
             got = {r["name"]: r for r in ledger if r["problem"] == problem.key}
             fault = got.get(target, {})

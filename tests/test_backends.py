@@ -190,3 +190,20 @@ def test_run_returns_one_result_type_on_cpu():
     assert ran.measurement is not None and ran.measurement.name == str(CUBLAS)
     assert refused.verdict is Verdict.UNAVAILABLE and "bf16" in refused.detail
     assert refused.to_dict()["verdict"] == "unavailable" and "measurement" not in refused.to_dict()
+
+
+def failing_rank(rank, world, init_file, conn, *args):
+    """Stands in for a rank whose job raises outside any schedule (``serve``'s ``failed``)."""
+    while (message := conn.recv()) is not None:
+        tag, _job = message
+        if rank == 0:
+            conn.send(("failed", tag, (Verdict.OOM.value, "OutOfMemoryError: 2 GiB")))
+
+
+def test_a_job_that_raises_fails_with_the_exception_kind():
+    from ficco.execute.pool import RankPool
+
+    with RankPool(2, failing_rank, (), timeout_s=60, startup_s=60) as pool:
+        got = run_module.measure_in(pool, BF16, [CUBLAS], None)
+    assert got == PoolFailure(Verdict.OOM, "OutOfMemoryError: 2 GiB")
+    assert str(got) == "oom: OutOfMemoryError: 2 GiB"

@@ -5,12 +5,14 @@ How to add a backend (at most 3 files):
 1. ``ficco/backends/NAME.py``: one ``register_backend(BackendSpec(name="NAME", ...))``: how
    a rank process sets itself up, the GPUs a world needs, how long the pool waits, the sweep
    runner, the default timing, timeout and dtype, whether its timings may be profiles, and
-   the capability checks. Every module of this package is imported when the registry is
-   first read, and nothing else lists backends: the CLI's ``--backend`` choices, the API's
-   defaults and checks, the rank, the pools and the sweep's runners read them here.
+   the capability checks. A variant copies a spec and changes what differs
+   (``cuda_shared.py``: ``replace(CUDA, name="cuda_shared", ...)``). Every module of this
+   package is imported when the registry is first read, and nothing else lists backends: the
+   CLI's ``--backend`` choices and defaults, the API's defaults and checks, the rank, the
+   pools and the sweep's runners read them here.
 2. ``ficco/execute/NAME.py``: the rank's :class:`ficco.execute.backend.Backend` (buffers,
    reference, the interpreter's primitives, baselines, clock), unless the spec reuses an
-   existing one (a variant that only sets ranks up differently, e.g. ranks sharing a GPU).
+   existing one.
 3. ``tests/test_backend_NAME.py``: ``ficco.run(problem, backend="NAME")`` verifies schedules.
 
 Registering imports neither torch nor CUDA modules (``import ficco`` and ``ficco recommend``

@@ -39,8 +39,9 @@ CUDA_MODULE_LOADING = "CUDA_MODULE_LOADING"
 @dataclass(frozen=True, slots=True)
 class PoolFailure:
     """Why a job failed as a whole, with the verdict of every schedule it left unfinished:
-    ``timeout`` when the ranks went silent, ``error`` when one died or raised outside any
-    schedule. ``str()`` reads ``"verdict: reason"``."""
+    ``timeout`` when the ranks went silent, ``error`` when one died, the exception's kind
+    (``ficco.verdict.classify_failure``) when one raised outside any schedule. ``str()``
+    reads ``"verdict: reason"``."""
 
     verdict: Verdict
     reason: str
@@ -176,8 +177,9 @@ class RankPool:
                         on_progress(body)
                 elif kind == "done":
                     return body
-                else:
-                    return PoolFailure(Verdict.ERROR, body)
+                else:  # "failed": the job raised outside any schedule
+                    verdict, reason = body
+                    return PoolFailure(Verdict(verdict), reason)
                 continue
             dead = self._dead()
             if dead:

@@ -8,7 +8,9 @@ is called as ``body(rank, world, init_file, conn, *args)`` and talks over ``conn
 
 :func:`serve` is the body of every real rank, of every backend: set up the backend once (its
 spec's ``setup_rank``, ``ficco.backends``), then measure the jobs that arrive
-(``(tag, Job)``; ``None`` ends) until told to stop. Rank 0 reports ``("ready" | "progress" | "done" | "failed", tag, body)``.
+(``(tag, Job)``; ``None`` ends) until told to stop. Rank 0 reports
+``("ready" | "progress" | "done" | "failed", tag, body)``; a ``failed`` body is
+``(verdict, reason)``, the verdict of the exception (``ficco.verdict.classify_failure``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ficco.backends import backend_spec
 from ficco.execute.options import RunOptions, TimingOptions
 from ficco.problem import Problem
 from ficco.space import Schedule
+from ficco.verdict import classify_failure
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,7 +76,8 @@ def serve(
                 )
                 send(("done", tag, measured))
             except Exception as err:
-                send(("failed", tag, f"{type(err).__name__}: {str(err)[:500]}"))
+                reason = f"{type(err).__name__}: {str(err)[:500]}"
+                send(("failed", tag, (classify_failure(err).value, reason)))
                 if os.environ.get("FICCO_DEBUG"):
                     traceback.print_exc()
             ranks.after_problem()
