@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_shared import expected_unavailable, matrix_schedules, problems
 
 from ficco.execute import RunOptions, TimingOptions
-from ficco.execute.pool import RankPool
+from ficco.execute.pool import PoolFailure, RankPool
 from ficco.execute.run import measure_in
 from ficco.measure.fingerprint import fingerprint
 
@@ -26,8 +26,8 @@ with RankPool.for_backend("cuda_shared", 8, RunOptions(timeout_s=45)) as pool:
         got = measure_in(
             pool, p, matrix_schedules(p, False), TimingOptions(rounds=1, warmup=0, graphs="ce")
         )
-        if isinstance(got, str):
-            row = {"problem": p.key, "failed": got}
+        if isinstance(got, PoolFailure):
+            row = {"problem": p.key, "failed": str(got)}
         else:
             v = {}
             for m in got:
