@@ -398,6 +398,7 @@ def run_layers(args, world: int, out: str | None) -> dict:
     from bench_overlap import run_suite
 
     from ficco.execute import TimingOptions
+    from ficco.execute.pool import PoolFailure
     from ficco.execute.run import check_gpus
 
     check_gpus(world)
@@ -432,9 +433,9 @@ def run_layers(args, world: int, out: str | None) -> dict:
 
     results, _ = run_suite(jobs, opts, world, args.stall_timeout, progress, done)
     failures = [
-        {"key": p.key, "name": p.name, "error": res}
+        {"key": p.key, "name": p.name, "error": str(res)}
         for (p, _), res in zip(jobs, results, strict=True)
-        if isinstance(res, str)
+        if isinstance(res, PoolFailure)
     ]
     shapes = [rows[i] for i in sorted(rows)]
     return {

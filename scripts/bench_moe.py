@@ -116,6 +116,7 @@ def run_layers(args) -> dict:
     import bench_overlap as bo
 
     from ficco.execute import TimingOptions
+    from ficco.execute.pool import PoolFailure
     from ficco.execute.run import check_gpus
     from ficco.measure.fingerprint import fingerprint
 
@@ -148,9 +149,9 @@ def run_layers(args) -> dict:
     check_gpus(args.world)
     results, _ = bo.run_suite(jobs, opts, args.world, args.stall_timeout, progress, done)
     failures = [
-        {"key": p.key, "name": p.name, "error": res}
+        {"key": p.key, "name": p.name, "error": str(res)}
         for (p, _), res in zip(jobs, results, strict=True)
-        if isinstance(res, str)
+        if isinstance(res, PoolFailure)
     ]
     rows_of = {issue: [partial[i][issue] for i in sorted(partial)] for issue in issues}
     summary = {}

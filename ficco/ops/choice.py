@@ -24,8 +24,8 @@ import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ficco.backends import backend_spec
 from ficco.defaults import DEFAULT_MACHINE
-from ficco.execute.cpu import cpu_capability
 from ficco.problem import Problem
 from ficco.space import Compute, Gemm, Schedule, Transport, violations
 
@@ -109,7 +109,7 @@ def backend_limit(problem: Problem, schedule: Schedule, target: Target | str) ->
             "fused schedules need symmetric memory between the ranks, which a caller's gloo "
             "group does not have"
         )
-    limit = cpu_capability(problem, schedule)
+    limit = backend_spec("cpu").check(problem, schedule)
     if limit:
         return limit
     if schedule.gemm is Gemm.TRITON and os.environ.get("TRITON_INTERPRET") != "1":
