@@ -69,6 +69,13 @@ class Target:
     """CUDA tensors on a gloo group: ranks that share a GPU (``ficco.execute.cuda_shared``:
     CUDA IPC for symmetric memory, gloo for NCCL; for verification)."""
 
+    @property
+    def backend(self) -> str:
+        """The registered backend (``ficco.backends``) whose primitives run the call."""
+        if self.device == "cuda":
+            return "cuda_shared" if self.shares_gpu else "cuda"
+        return self.device
+
 
 def needs_symmetric_memory(schedule: Schedule) -> bool:
     """Whether ``schedule`` on CUDA reads or writes peers' buffers directly: copy-engine
@@ -81,13 +88,19 @@ def needs_symmetric_memory(schedule: Schedule) -> bool:
 
 def backend_limit(problem: Problem, schedule: Schedule, target: Target | str) -> str | None:
     """Why the caller's group (``target``; a device type string: one host) cannot run
-    ``schedule`` inside an op call, or None."""
+    ``schedule`` inside an op call, or None: what the group lacks, else what its backend
+    (``ficco.backends``) cannot run."""
     target = Target(target) if isinstance(target, str) else target
-    if target.device == "cuda":
-        if target.shares_gpu:
-            from ficco.execute.cuda_shared import shared_capability
+    if target.device not in ("cpu", "cuda"):
+        return f"ficco.ops runs on cpu or cuda tensors, not on {target.device!r}"
+    return _group_limit(schedule, target) or backend_spec(target.backend).check(problem, schedule)
 
-            return shared_capability(problem, schedule)
+
+def _group_limit(schedule: Schedule, target: Target) -> str | None:
+    """What a caller's group lacks that ficco's own rank pools have."""
+    if target.shares_gpu:
+        return None  # the cuda_shared backend's own check says it all
+    if target.device == "cuda":
         if schedule.transport is Transport.NCCL_CE:
             return "nccl_ce needs a zero-CTA NCCL communicator, which ficco.ops does not create"
         if needs_symmetric_memory(schedule) and target.hosts > 1:
@@ -100,8 +113,6 @@ def backend_limit(problem: Problem, schedule: Schedule, target: Target | str) ->
             # that only the flag timeout ends); the variable must be set before CUDA starts
             return "fused schedules need CUDA_MODULE_LOADING=EAGER in the environment"
         return None
-    if target.device != "cpu":
-        return f"ficco.ops runs on cpu or cuda tensors, not on {target.device!r}"
     if schedule.compute is Compute.FUSED:
         # ficco's rank pools stand symmetric memory in with shared files; a caller's gloo
         # group has no such memory between its processes
@@ -109,9 +120,6 @@ def backend_limit(problem: Problem, schedule: Schedule, target: Target | str) ->
             "fused schedules need symmetric memory between the ranks, which a caller's gloo "
             "group does not have"
         )
-    limit = backend_spec("cpu").check(problem, schedule)
-    if limit:
-        return limit
     if schedule.gemm is Gemm.TRITON and os.environ.get("TRITON_INTERPRET") != "1":
         return "a Triton GEMM on CPU needs TRITON_INTERPRET=1 set before Triton is imported"
     return None
