@@ -35,6 +35,7 @@ def test_counts_of_one_class_share_one_allocation(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "torch.distributed._symmetric_memory", fake)
     monkeypatch.setattr(ops_cuda, "_pool", {})
     monkeypatch.setattr(ops_cuda, "_symmetric", {})
+    monkeypatch.setattr(ops_cuda, "shares_gpu", lambda group: False)  # an NCCL group's path
     group = FakeGroup()
     schedule = Schedule.parse("shard/ce/cublas")
     views = {}
