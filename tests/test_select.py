@@ -257,6 +257,41 @@ def test_every_family_fits_and_predicts_legal_schedules(family):
     assert 0.0 <= est.score(ds.problems, ds.labels) <= 1.0
 
 
+def test_by_pattern_fits_a_pattern_its_own_model_where_it_has_the_problems():
+    every = build_dataset(synthetic_frame())
+    # the dense patterns: with an all-to-all in training every model would see routing features
+    pattern_of = every.problems["pattern"].astype(str)
+    ag = [k for k in every.keys if pattern_of[k] == "ag_gemm"]
+    rs = [k for k in every.keys if pattern_of[k] == "gemm_rs"]
+    ds = every.subset(ag + rs[: len(rs) // 2])  # more ag_gemm problems than gemm_rs
+    patterns = ds.problems["pattern"].astype(str)
+    counts = patterns.value_counts()
+    est = ScheduleSelector(family="near", n_estimators=20, min_samples_leaf=2, by_pattern=1)
+    est.fit(ds.problems, ds.labels.to_numpy(), times=ds.times)
+    assert set(est.model_) == set(est.family_) == set(patterns)
+    picks = pd.Series(est.predict(ds.problems), index=ds.keys)
+    shared = clone(est).set_params(by_pattern=0)
+    shared.fit(ds.problems, ds.labels.to_numpy(), times=ds.times)
+    for pattern in sorted(set(patterns)):
+        mine = ds.subset([k for k in ds.keys if patterns[k] == pattern])
+        alone = clone(shared).fit(mine.problems, mine.labels.to_numpy(), times=mine.times)
+        assert list(picks[mine.keys]) == list(alone.predict(mine.problems)), pattern
+    # a pattern with fewer problems than the threshold is answered by the shared model
+    fewer = clone(est).set_params(by_pattern=int(counts.max()))
+    fewer.fit(ds.problems, ds.labels.to_numpy(), times=ds.times)
+    small = counts.idxmin()
+    assert set(fewer.family_) == {counts.idxmax(), "*"} and counts.min() < counts.max()
+    small_keys = [k for k in ds.keys if patterns[k] == small]
+    assert list(fewer.predict(ds.problems.loc[small_keys])) == list(
+        shared.predict(ds.problems.loc[small_keys])
+    )
+    # a pattern no model covers is answered serial, always legal
+    only_ag = ds.subset([k for k in ds.keys if patterns[k] == "ag_gemm"])
+    est.fit(only_ag.problems, only_ag.labels.to_numpy(), times=only_ag.times)
+    rs = [Problem(pattern="gemm_rs", m=4096, n=4096, k=4096, world=2)]
+    assert est.rank(rs) == [[SERIAL]] and list(est.predict(rs)) == [SERIAL]
+
+
 def test_a_single_class_is_answered_without_a_model():
     ds = build_dataset(synthetic_frame())
     est = ScheduleSelector(family="forest").fit(ds.problems, [SHARD_CE] * len(ds))

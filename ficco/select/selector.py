@@ -105,6 +105,23 @@ def as_problems(X) -> list[Problem]:
     )
 
 
+#: ``family_``'s key of the model over every pattern (answering those without their own).
+ALL_PATTERNS = "*"
+
+
+def _pattern_rows(problems: list[Problem], by_pattern: int) -> dict[str, list[int]]:
+    """Row indices of the training ``problems`` per model: a pattern with at least
+    ``by_pattern`` problems (``by_pattern`` > 0) gets its own rows; when any pattern has fewer,
+    one model over every problem (``ALL_PATTERNS``) answers those."""
+    per_pattern: dict[str, list[int]] = {}
+    for i, problem in enumerate(problems):
+        per_pattern.setdefault(problem.pattern.value, []).append(i)
+    out = {p: rows for p, rows in per_pattern.items() if 0 < by_pattern <= len(rows)}
+    if len(out) < len(per_pattern):
+        out[ALL_PATTERNS] = list(range(len(problems)))
+    return out
+
+
 class ScheduleSelector(ClassifierMixin, BaseEstimator):
     """Pick a schedule for a problem, from features of the problem alone.
 
@@ -132,6 +149,12 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
     safe_margin : float
         Nearness families: answer the pattern's measured safe default unless the best
         candidate's predicted nearness exceeds the safe default's by more than this (0: off).
+    by_pattern : int
+        A pattern with at least this many training problems gets its own model, fitted on its
+        problems alone (the patterns' costs differ in kind: an all-gather feeds the GEMM, a
+        reduce-scatter drains it); the others share one model fitted on every problem, which
+        is fitted only when some pattern needs it. 0: one model for every pattern. A pattern no
+        model covers (none of its own, no shared one) is answered serial.
     random_state : int or None
         Seed of the models' randomness.
 
@@ -139,8 +162,9 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
     ----------
     classes_ : ndarray of str
         Schedules the selector can answer (labels seen, or the regressor's candidates).
-    model_ : estimator or None
-        The fitted scikit-learn model (None when training had a single class).
+    model_ : estimator, None, or dict
+        The fitted scikit-learn model (None when training had a single class); with
+        per-pattern models, a dict of them by pattern (``ALL_PATTERNS``: the shared one).
     roofs_ : ficco.select.features.Roofs
     feature_names_ : list of str
         Problem features, in column order.
@@ -159,6 +183,7 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
         near_oracle: float = 0.03,
         softness: float = 0.01,
         safe_margin: float = 0.0,
+        by_pattern: int = 0,
         random_state: int | None = 0,
     ):
         self.family = family
@@ -171,6 +196,7 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
         self.near_oracle = near_oracle
         self.softness = softness
         self.safe_margin = safe_margin
+        self.by_pattern = by_pattern
         self.random_state = random_state
 
     # --- fitting ---------------------------------------------------------------------------
@@ -227,11 +253,23 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
         self.feature_columns_ = [every.index(name) for name in wanted]
         self.feature_names_ = list(wanted)
         self.n_features_in_ = len(self.feature_names_)
-        family = cls(self)
-        family.fit(problems, self._features(problems), labels, times)
-        self.family_ = family
-        self.classes_ = np.array(family.classes, dtype=object)
-        self.model_ = family.model
+        features = self._features(problems)
+        groups = _pattern_rows(problems, self.by_pattern)
+        self.family_ = {}
+        for pattern, rows in groups.items():
+            family = cls(self)
+            family.fit(
+                [problems[i] for i in rows],
+                features[rows],
+                labels[rows],
+                None if times is None else times.iloc[rows],
+            )
+            self.family_[pattern] = family
+        self.classes_ = np.array(
+            sorted({c for f in self.family_.values() for c in f.classes}), dtype=object
+        )
+        models = {pattern: f.model for pattern, f in self.family_.items()}
+        self.model_ = models[ALL_PATTERNS] if list(models) == [ALL_PATTERNS] else models
         return self
 
     # --- prediction ------------------------------------------------------------------------
@@ -243,7 +281,19 @@ class ScheduleSelector(ClassifierMixin, BaseEstimator):
         problems = as_problems(X)
         if not problems:
             return []
-        return self.family_.rank(problems, self._features(problems))
+        features = self._features(problems)
+        out: list[list[str]] = [[SERIAL] for _ in problems]  # a pattern no model answers
+        rows_of: dict[str, list[int]] = {}
+        for i, problem in enumerate(problems):
+            pattern = problem.pattern.value
+            key = pattern if pattern in self.family_ else ALL_PATTERNS
+            if key in self.family_:
+                rows_of.setdefault(key, []).append(i)
+        for key, rows in rows_of.items():
+            ranked = self.family_[key].rank([problems[i] for i in rows], features[rows])
+            for i, ranking in zip(rows, ranked, strict=True):
+                out[i] = ranking
+        return out
 
     def predict(self, X) -> np.ndarray:
         """The most preferred legal schedule of each problem (serial when none is legal)."""
