@@ -94,3 +94,26 @@ def test_a_refused_command_line_names_its_value_once():
     )
     assert got.exit_code == 2
     assert got.output.count("'nowhere'") == 1 and ", got" not in got.output
+
+
+def test_every_backend_default_is_the_one_default():
+    import dataclasses
+    import inspect
+
+    import ficco.api as api
+    from ficco.backends import DEFAULT_BACKEND, backend_names
+
+    backends = [
+        (name, o)
+        for name, command in COMMANDS.items()
+        for o in _options(command)
+        if o.name == "backend"
+    ]
+    assert {name for name, _ in backends} >= {"run", "sweep"}
+    for name, option in backends:
+        assert option.default == DEFAULT_BACKEND, name
+        assert list(option.type.choices) == list(backend_names()), name
+    assert inspect.signature(api.run).parameters["backend"].default == DEFAULT_BACKEND
+    for request in (api.RunRequest, api.SweepRequest):
+        field = next(f for f in dataclasses.fields(request) if f.name == "backend")
+        assert field.default == DEFAULT_BACKEND, request.__name__

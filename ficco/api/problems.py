@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import ficco.validate as validate
-from ficco.backends import GPU_BACKEND, RUN_BACKEND, backend_spec
+from ficco.backends import DEFAULT_BACKEND, backend_spec
 from ficco.defaults import SEED
 from ficco.execute.options import GRAPH_MODES, ISSUE_MODES, TimingOptions
 from ficco.problem import Problem
@@ -45,7 +45,7 @@ def make_problem(
     dtype: str | None = None,
     experts: int | str | None = None,
     routing: str | Sequence[Sequence[int]] | None = None,
-    backend: str = GPU_BACKEND,
+    backend: str = DEFAULT_BACKEND,
 ) -> Problem:
     """A :class:`Problem`; ``routing`` may be JSON text (``'[[3,1],[2,2]]'``); ``dtype`` None
     is :func:`default_dtype` of ``backend``."""
@@ -138,7 +138,7 @@ class RunRequest:
     """How :func:`run` runs schedules; every field validated on construction
     (:meth:`of` builds one from loose values, as the CLI gives them)."""
 
-    backend: str = RUN_BACKEND
+    backend: str = DEFAULT_BACKEND
     """A registered backend (``ficco.backends``): cpu, W processes over gloo (verifies); cuda,
     W GPUs, verified then timed."""
     seed: int = SEED
@@ -160,7 +160,7 @@ class RunRequest:
     def of(
         cls,
         *,
-        backend: str = RUN_BACKEND,
+        backend: str = DEFAULT_BACKEND,
         seed: int | str = SEED,
         timeout_s: float | str | None = None,
         rounds: int | str | None = None,
@@ -183,7 +183,7 @@ def run(
     problem: Problem,
     to_run: Iterable[Schedule | str] | None = None,
     *,
-    backend: str = RUN_BACKEND,
+    backend: str = DEFAULT_BACKEND,
     seed: int = SEED,
     timeout_s: float | None = None,
     rounds: int | str | None = None,

@@ -16,7 +16,7 @@ from ficco.api.problems import (
     default_dtype,
     to_stderr,
 )
-from ficco.backends import GPU_BACKEND, backend_spec
+from ficco.backends import DEFAULT_BACKEND, backend_spec
 from ficco.defaults import SEED
 from ficco.execute.options import TimingOptions
 from ficco.outputs import check_output, make_directory, user_dir
@@ -135,7 +135,7 @@ class SweepRequest:
     strategy: str = "exhaustive"
     trials: int | None = None
     trial_fraction: float = 0.3
-    backend: str = GPU_BACKEND
+    backend: str = DEFAULT_BACKEND
     limit_schedules: int | None = None
     gemms: tuple[str, ...] = ()
     transports: tuple[str, ...] = ()

@@ -40,11 +40,11 @@ if TYPE_CHECKING:
 #: A capability check: None when the backend can run it, else the reason it cannot.
 Refusal = str | None
 
-#: ``ficco run``'s backend when none is named: it runs anywhere.
-RUN_BACKEND = "cpu"
-#: ``ficco sweep``'s backend when none is named, and the one problems take their dtype from:
-#: the GPUs whose timings are profiles.
-GPU_BACKEND = "cuda"
+#: The backend of every command and call that runs schedules when none is named (``ficco
+#: run``, ``ficco sweep``, ``ficco.run``, ``RunRequest``, ``SweepRequest``), and the one the
+#: commands without ``--backend`` describe (its dtype): the GPUs, whose timings are
+#: measurements. The CPU harness (``cpu``) is asked for by name.
+DEFAULT_BACKEND = "cuda"
 
 
 def _no_refusal(*_args) -> Refusal:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import click
 
-from ficco.backends import GPU_BACKEND
+from ficco.backends import DEFAULT_BACKEND
 from ficco.defaults import DEFAULT_MACHINE
 from ficco.problem import DTYPE_BYTES, Pattern
 from ficco.validate import InputError
@@ -144,7 +144,7 @@ def dtype_option(with_backend: bool) -> Callable:
     if with_backend:
         default = f"the backend's: {per_backend(lambda spec: spec.dtype)}"
     else:
-        default = default_dtype(GPU_BACKEND)
+        default = default_dtype(DEFAULT_BACKEND)
     return click.option(
         "--dtype",
         type=click.Choice(sorted(DTYPE_BYTES)),
@@ -200,7 +200,7 @@ def problem_options(func: Callable | None = None, *, with_backend: bool = False)
     return func
 
 
-def problem_of(params: dict, backend: str = GPU_BACKEND):
+def problem_of(params: dict, backend: str = DEFAULT_BACKEND):
     """The Problem of a command's problem options (``api.make_problem`` validates them)."""
     import ficco.api as api
 

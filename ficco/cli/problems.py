@@ -9,7 +9,7 @@ import sys
 import click
 
 import ficco.api as api
-from ficco.backends import RUN_BACKEND
+from ficco.backends import DEFAULT_BACKEND
 from ficco.cli.common import (
     ApiCommand,
     backend_option,
@@ -73,7 +73,7 @@ def _timeout(spec) -> str:
 
 @click.command("run", cls=ApiCommand)
 @problem_options(with_backend=True)
-@backend_option(RUN_BACKEND)
+@backend_option(DEFAULT_BACKEND)
 @click.option(
     "--rounds",
     metavar="INT|auto",

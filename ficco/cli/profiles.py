@@ -12,7 +12,7 @@ import math
 import click
 
 import ficco.api as api
-from ficco.backends import GPU_BACKEND, backend_spec
+from ficco.backends import DEFAULT_BACKEND, backend_spec
 from ficco.cli.common import (
     ApiCommand,
     ManyValuesCommand,
@@ -248,7 +248,7 @@ class _ProgressObserver(SweepObserver):
     show_default=True,
     help="optuna: share of the candidates measured when --trials is not given.",
 )
-@backend_option(GPU_BACKEND)
+@backend_option(DEFAULT_BACKEND)
 @click.option(
     "--limit-schedules",
     metavar="INT",

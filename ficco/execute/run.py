@@ -101,7 +101,10 @@ def check_gpus(world: int, backend: str = "cuda") -> None:
 
     have = torch.cuda.device_count()
     if have < needed:
-        raise RuntimeError(f"the {backend} backend needs {needed} GPUs, this machine has {have}")
+        raise RuntimeError(
+            f"the {backend} backend needs {needed} GPUs, this machine has {have} (the cpu "
+            "backend, --backend cpu, checks the same plans on CPU processes)"
+        )
 
 
 def backend_pool(

@@ -60,7 +60,6 @@ def cuda_baselines(p: Problem, tensors: dict, device, group_name: str) -> dict:
     import torch
     import torch.distributed as dist
 
-
     a_shard, b = tensors["a_shard"], tensors["b"]
     a_full = torch.empty((p.m, p.k), dtype=a_shard.dtype, device=device)
     c = torch.empty((p.m, p.n), dtype=a_shard.dtype, device=device)

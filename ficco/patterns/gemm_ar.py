@@ -98,7 +98,6 @@ def cuda_baselines(p: Problem, tensors: dict, device, group_name: str) -> dict:
     import torch
     import torch.distributed as dist
 
-
     a, b = tensors["a"], tensors["b"]
     c = torch.empty((p.m, p.n), dtype=a.dtype, device=device)
 

@@ -64,7 +64,6 @@ def cuda_baselines(p: Problem, tensors: dict, device, group_name: str) -> dict:
     import torch
     import torch.distributed as dist
 
-
     a, b = tensors["a"], tensors["b"]
     partial = torch.empty((p.m, p.n), dtype=a.dtype, device=device)
     c_shard = torch.empty((p.m_shard, p.n), dtype=a.dtype, device=device)
