@@ -69,7 +69,7 @@ def split_evenly(total: int, parts: int) -> list[int]:
 def _token_count(value: Any, source: int, expert: int) -> int:
     where = f"tokens rank {source} sends to expert {expert}"
     try:
-        return validate.integer("routing", value, minimum=0)
+        return validate.integer("routing", value, minimum=0, text=False)
     except InputError as err:
         rule = "token counts must be >= 0" if "must be an integer >=" in err.rule else err.rule
         raise InputError("routing", value, f"{rule} ({where})") from None
@@ -105,10 +105,11 @@ class Problem:
     def __post_init__(self) -> None:
         object.__setattr__(self, "pattern", parse_pattern(self.pattern))
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
-        # integers, or strings of digits ("64"): never 64.7, "12.9" or True
+        # integers: never 64.7, "12.9", True or the string "64" (text is parsed by its reader:
+        # ficco.workloads.read_shapes_csv, ficco.api.make_problem)
         for fname in ("m", "n", "k", "world"):
             value = validate.integer(
-                fname, getattr(self, fname), minimum=1, rule="must be positive"
+                fname, getattr(self, fname), minimum=1, rule="must be positive", text=False
             )
             object.__setattr__(self, fname, value)
         if self.world < 2:
@@ -139,7 +140,7 @@ class Problem:
     def _validate_all_to_all(self) -> None:
         if self.experts is None:
             raise InputError("experts", None, f"{self.pattern} needs the number of experts")
-        experts = validate.integer("experts", self.experts)
+        experts = validate.integer("experts", self.experts, text=False)
         object.__setattr__(self, "experts", experts)
         if experts <= 0 or experts % self.world:
             raise InputError(
@@ -149,7 +150,7 @@ class Problem:
                 "of them)",
             )
         if self.top_k is not None:
-            top_k = validate.integer("top_k", self.top_k, minimum=1)
+            top_k = validate.integer("top_k", self.top_k, minimum=1, text=False)
             if top_k > experts:
                 raise InputError(
                     "top_k", top_k, f"must be <= experts={experts} (distinct experts per token)"

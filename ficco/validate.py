@@ -49,13 +49,19 @@ def integer(
     minimum: int | None = None,
     maximum: int | None = None,
     rule: str | None = None,
+    text: bool = True,
 ) -> int:
-    """``value`` as an int: an int (not a bool) or a string of decimal digits ("64").
+    """``value`` as an int: an int (not a bool) or, with ``text``, a string of decimal digits
+    ("64": what a command line or a CSV cell holds).
 
-    Floats are refused even when integral (64.0), as are "12.9", "1e3" and True. ``rule``
-    replaces the default wording of a bound's refusal."""
+    Floats are refused even when integral (64.0), as are "12.9", "1e3" and True. Without
+    ``text`` a string is refused too: where values arrive typed (Python, JSON), ``"3"`` is a
+    string where a count belongs, not a count. ``rule`` replaces the default wording of a
+    bound's refusal."""
     if isinstance(value, bool):
         raise InputError(field, value, "must be an integer, not a boolean")
+    if not text and isinstance(value, str | bytes):
+        raise InputError(field, value, "must be an integer, not a string")
     if isinstance(value, numbers.Integral):
         number = int(value)
     elif isinstance(value, str) and _INTEGER_TEXT.fullmatch(value.strip()):

@@ -50,7 +50,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ficco import validate
 from ficco.problem import Pattern, Problem, canonical_dtype, parse_pattern
+from ficco.validate import InputError
 
 #: Token counts of the TP group (sequence length x micro-batch) swept by default: 256 to
 #: 32768: powers of two, and from 1024 up the 1.5x steps between them (1536 ... 24576), so a
@@ -547,30 +549,36 @@ def write_shapes_csv(problems: Iterable[Problem], path: str | Path) -> None:
 
 
 def read_shapes_csv(path: str | Path) -> list[Problem]:
-    """Problems from a shapes CSV; ValueError naming the row and the rule for a bad row."""
-    import pandas as pd
+    """Problems from a shapes CSV (``ficco.tabular.csv_rows``: text, a header, as many fields
+    per row as columns); an error names the file, and the line and column of a bad cell. The
+    columns are ``SHAPES_COLUMNS`` (name, dtype and experts may be left out); another column
+    is refused rather than ignored."""
+    from ficco.tabular import csv_rows
 
-    # every cell as text: Problem refuses 64.7 instead of int() truncating it to 64
-    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    missing = [c for c in ("pattern", "m", "n", "k", "world") if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{path}: shapes CSV lacks column(s) {missing}; needs {SHAPES_COLUMNS}")
+    expect = ",".join(SHAPES_COLUMNS)
+    header, rows = csv_rows("shapes", path, expect=expect)
+    missing = [c for c in ("pattern", "m", "n", "k", "world") if c not in header]
+    unknown = [c for c in header if c not in SHAPES_COLUMNS]
+    if missing or unknown:
+        what = f"lacks the column(s) {missing}" if missing else f"has unknown column(s) {unknown}"
+        raise InputError("shapes", str(path), f"{what}; a shapes CSV has the columns {expect}")
     problems = []
-    for index, row in frame.iterrows():
-        experts = row.get("experts", "").strip()
+    for line, row in rows:
+        cells = {col: row.get(col, "").strip() for col in SHAPES_COLUMNS}
         try:
+            # a cell is text: integers are parsed here, so Problem sees numbers (never 64.7
+            # truncated to 64)
+            sizes = {col: validate.integer(col, cells[col]) for col in ("m", "n", "k", "world")}
+            experts = validate.integer("experts", cells["experts"]) if cells["experts"] else None
             problems.append(
                 Problem(
-                    pattern=row["pattern"].strip(),
-                    m=row["m"].strip(),
-                    n=row["n"].strip(),
-                    k=row["k"].strip(),
-                    world=row["world"].strip(),
-                    dtype=row.get("dtype", "").strip() or "bf16",
-                    experts=experts or None,
-                    name=row.get("name", "").strip(),
+                    pattern=cells["pattern"],
+                    **sizes,
+                    dtype=cells["dtype"] or "bf16",
+                    experts=experts,
+                    name=cells["name"],
                 )
             )
         except (ValueError, TypeError) as err:
-            raise ValueError(f"{path}: row {int(index) + 2}: {err}") from None
+            raise ValueError(f"{path}: line {line}: {err}") from None
     return problems

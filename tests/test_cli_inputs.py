@@ -12,6 +12,7 @@ AG = ["ag_gemm", "--m", "64", "--n", "16", "--k", "16", "-w", "2"]
 RS = ["gemm_rs", "--m", "96", "--n", "80", "--k", "72", "-w", "2"]
 RUN_CPU = ["run", *RS, "--backend", "cpu", "-s", "shard/ce/cublas"]
 SWEEP_CPU = ["sweep", "--workloads", "llama3-8b", "-w", "2", "--backend", "cpu"]
+SWEEP_TINY = ["sweep", "--shapes", "tiny.csv", "--backend", "cpu", "--store", "s"]
 A2A = ["a2a_gemm", "--m", "25", "--n", "8", "--k", "8", "-w", "2", "--experts", "2"]
 
 # (class, arguments, text the refusal must contain: the option it names)
@@ -49,6 +50,25 @@ BAD_INPUTS = [
     ("machine name that is a path", ["recommend", *AG, "--machine", "../etc"], "--machine"),
     ("shapes CSV size not an integer", ["sweep", "--shapes", "bad_shapes.csv", "--backend", "cpu", "--store", "s"], "m: must be an integer, got '64.7'"),
     ("table file that does not exist", ["export", "--format", "csv", "--table", "nope.json"], "--table"),
+    ("routing count given as a string", ["enumerate", *A2A, "--routing", '[["13",0],[6,6]]'], "--routing: must be an integer, not a string"),
+    ("routing count given as a boolean", ["enumerate", *A2A, "--routing", '[[13,0],[6,true]]'], "--routing: must be an integer, not a boolean"),
+    ("sweep chunk count no shape admits", [*SWEEP_TINY, "--chunks", "999999"], "--chunks: no shape of this sweep admits it; the largest legal chunk count is 16"),
+    ("run too large for memory", ["run", "ag_gemm", "--m", str(2**28), "--n", "4096", "--k", "4096", "-w", "2", "--backend", "cpu", "-s", "serial/nccl/cublas"], "GB for its tensors"),
+    ("sweep too large for memory", ["sweep", "--shapes", "huge_shapes.csv", "--backend", "cpu", "--store", "s"], "--shapes: huge.fc1 ag_gemm m=268435456"),
+    ("shapes CSV empty", ["sweep", "--shapes", "empty.csv", "--backend", "cpu", "--store", "s"], "--shapes: is empty; it needs a header row"),
+    ("shapes CSV binary", ["sweep", "--shapes", "binary.csv", "--backend", "cpu", "--store", "s"], "--shapes: is not a text CSV"),
+    ("shapes CSV row with an extra field", ["sweep", "--shapes", "extra_field.csv", "--backend", "cpu", "--store", "s"], "extra_field.csv: line 3: 9 fields, the header has 8"),
+    ("shapes CSV unknown column", ["sweep", "--shapes", "unknown_column.csv", "--backend", "cpu", "--store", "s"], "has unknown column(s) ['top_k']"),
+    ("frame file missing columns", ["evaluate", "--store", "frame_missing.csv"], "--store: lacks the column(s)"),
+    ("frame file empty", ["train", "--store", "empty.csv", "--out", "t"], "--store: is empty"),
+    ("frame file not parquet", ["evaluate", "--store", "binary.parquet"], "--store: cannot be read as parquet"),
+    ("empty schedule", ["run", *RS, "-s", ""], "--schedule"),
+    ("empty model list", ["sweep", "--workloads", "", "-w", "2", "--backend", "cpu", "--store", "s"], "--workloads: names no model"),
+    ("model list of commas", ["sweep", "--workloads", ",", "-w", "2", "--backend", "cpu", "--store", "s"], "--workloads: names no model"),
+    ("empty table file", ["export", "--format", "json", "--table", ""], "--table: must be a non-empty string"),
+    ("empty table file for recommend", ["recommend", *AG, "--table", ""], "--table: must be a non-empty string"),
+    ("empty model parameters", ["predict", *AG, "--params", ""], "--params: must be a non-empty string"),
+    ("negative top", ["predict", *AG, "--top", "-1"], "--top"),
 ]  # fmt: skip
 
 
@@ -69,6 +89,19 @@ def test_bad_input_is_refused_in_one_line(kind, args, names, tmp_path):
     (tmp_path / "profiles").symlink_to(REPO / "profiles")
     (tmp_path / "a_file").write_text("not a directory")
     (tmp_path / "bad_shapes.csv").write_text("name,pattern,m,n,k,world\nx,ag_gemm,64.7,16,16,2\n")
+    header = "name,pattern,m,n,k,world,dtype,experts\n"
+    (tmp_path / "tiny.csv").write_text(header + "t,gemm_rs,32,16,16,2,fp32,\n")
+    (tmp_path / "huge_shapes.csv").write_text(header + f"huge.fc1,ag_gemm,{2**28},4096,4096,2,,\n")
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "binary.csv").write_bytes(bytes(range(256)))
+    (tmp_path / "binary.parquet").write_bytes(bytes(range(256)))
+    (tmp_path / "extra_field.csv").write_text(
+        header + "a,gemm_rs,32,16,16,2,fp32,\nb,gemm_rs,64,16,16,2,fp32,,8\n"
+    )
+    (tmp_path / "unknown_column.csv").write_text(
+        "name,pattern,m,n,k,world,top_k\nt,gemm_rs,32,16,16,2,2\n"
+    )
+    (tmp_path / "frame_missing.csv").write_text("pattern,m,n\ngemm_rs,32,16\n")
     shipped = {p: p.stat().st_mtime_ns for p in (REPO / "schedules").rglob("*") if p.is_file()}
     out = ficco(args, tmp_path)
     text = out.stdout + out.stderr

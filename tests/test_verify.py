@@ -72,9 +72,10 @@ def test_one_merge_of_rank_verdicts_for_every_backend():
     ok = RankVerdict(Verdict.OK, 1e-6, 1e-4)
     wrong = RankVerdict(Verdict.INCORRECT, 3.0, 2e-4, "rank 1: off")
     oom = RankVerdict(Verdict.OOM, float("nan"), float("nan"), "rank 0: OutOfMemoryError")
-    assert merge_verdicts([ok, RankVerdict(Verdict.OK, 2e-6, 3e-4)]) == RankVerdict(
-        Verdict.OK, 2e-6, 1e-4
-    )
+    # one rank's pair: the rank nearest its own tolerance (1e-6 of 1e-4 beats 2e-6 of 3e-4)
+    assert merge_verdicts([ok, RankVerdict(Verdict.OK, 2e-6, 3e-4)]) == ok
+    idle = RankVerdict(Verdict.OK, 0.0, 2e-30)  # a rank with no rows: nothing to be off by
+    assert merge_verdicts([idle, ok]) == ok and merge_verdicts([ok, idle]) == ok
     merged = merge_verdicts([ok, wrong])
     assert (merged.verdict, merged.max_abs_err, merged.detail) == (
         Verdict.INCORRECT,
@@ -87,3 +88,18 @@ def test_one_merge_of_rank_verdicts_for_every_backend():
     with pytest.raises(ValueError, match="verdict: 'fine' is not one of ok, incorrect"):
         Measurement(problem={}, name="x", verdict="fine")
     assert Measurement(problem={}, name="x", verdict=Verdict.OOM).to_dict()["verdict"] == "oom"
+
+
+def test_a_routing_with_an_idle_rank_reports_one_ranks_error_and_tolerance():
+    """Rank 1 receives no token: its tolerance (~0) must not sit beside rank 0's error."""
+    from ficco.api import run
+    from ficco.problem import Problem
+
+    problem = Problem(
+        pattern="a2a_gemm", m=8, n=16, k=16, world=2, dtype="fp32", experts=2,
+        routing=((4, 0), (4, 0)),
+    )  # fmt: skip
+    results = run(problem, ["serial/nccl/cublas", "finer-c2-m/nccl/cublas"], backend="cpu")
+    for r in results:
+        assert r.verdict == "ok", r
+        assert 0 < r.max_abs_err <= r.tolerance and r.tolerance > 1e-12, r

@@ -130,7 +130,7 @@ def test_shapes_csv_bad_row_names_the_row(tmp_path):
         "name,pattern,m,n,k,world,dtype,experts\nx.a,ag_gemm,64,8,8,2,bf16,\n"
         "x.b,ag_gemm,63,8,8,2,bf16,\n"
     )
-    with pytest.raises(ValueError, match="row 3: m:"):
+    with pytest.raises(ValueError, match="bad.csv: line 3: m:"):
         read_shapes_csv(path)
 
 

@@ -54,14 +54,14 @@ def make_problem(
             routing = json.loads(routing)
         except json.JSONDecodeError as err:
             raise InputError("routing", routing, f"must be JSON ({err})") from None
+    # sizes may come as command-line text ("64"); the routing is JSON, typed: a "3" in it is
+    # a string where a count belongs, refused by Problem
+    sizes = {f: validate.integer(f, v) for f, v in (("m", m), ("n", n), ("k", k), ("world", world))}
     return Problem(
         pattern=pattern,
-        m=m,
-        n=n,
-        k=k,
-        world=world,
+        **sizes,
         dtype=dtype or default_dtype(backend),
-        experts=experts,
+        experts=None if experts is None else validate.integer("experts", experts),
         routing=routing,
     )
 
@@ -214,6 +214,9 @@ def run(
         graphs=graphs,
     )
     check_world(problem.world, request.backend)
+    from ficco.api.checks import check_memory
+
+    check_memory([problem], request.backend)
     if to_run is None:
         chosen = schedules(problem)
     else:

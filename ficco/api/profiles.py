@@ -48,7 +48,10 @@ def _model_names(models: Iterable[str], field_name: str) -> list[str]:
 
     if isinstance(models, str):
         models = [models]
+    models = list(models)
     names = [n.strip().lower() for item in models for n in str(item).split(",") if n.strip()]
+    if models and not names:  # '' or ',' names no model; it does not mean all of them
+        raise InputError(field_name, models, "names no model; give model names or all")
     if "all" in names:
         return list(MODELS)
     unknown = [n for n in names if n not in MODELS]
@@ -302,6 +305,11 @@ def sweep(
             "workloads/shapes", request.shapes or request.workloads, "no problems to sweep"
         )
     space = request.space()
+    from ficco.api.checks import check_chunk_counts, check_memory
+
+    check_chunk_counts(problems, space)
+    sizes_from = "shapes" if request.shapes else ("tokens" if request.tokens else "workloads")
+    check_memory(problems, request.backend, sizes_from)
     options = SweepOptions(
         limit_schedules=request.limit_schedules,
         trials=request.trials,

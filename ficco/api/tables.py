@@ -35,9 +35,9 @@ def load_frame(
     fp = None if fingerprint is None else validate.text("fingerprint", fingerprint)
     path = Path(store)
     if not is_store_url(store) and path.is_file() and path.suffix in (".parquet", ".csv"):
-        import pandas as pd
+        from ficco.api.checks import read_frame_file
 
-        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+        frame = read_frame_file("store", path)
         return selection_frame(frame, fingerprint=fp, purpose=purpose)
     return selection_frame(store, fingerprint=fp, purpose=purpose)
 
@@ -130,6 +130,8 @@ def evaluate(
 
 def _open_table(machine: str, table: str | Path | None):
     machine = validate.name("machine", machine)
+    if table is not None:
+        table = validate.text("table", str(table))
     try:
         return open_table(machine, table)
     except TableNotFound as err:
@@ -194,6 +196,8 @@ def recommend(
     if not isinstance(problem, Problem):
         raise InputError("problem", problem, "must be a ficco.Problem")
     problem, described = routed_problem(problem, top_k=top_k, skew=skew, seed=seed)
+    if table is not None:  # '' is no file: it must not read the machine's table instead
+        table = validate.text("table", str(table))
     try:
         rec = lookup(problem, validate.name("machine", machine), table=table, described=described)
     except TableNotFound as err:

@@ -23,7 +23,12 @@ from ficco.cli.common import ApiCommand, problem_of, problem_options
     default=None,
     help="Calibrated model parameters (JSON) [default: schedules/h200x2/model.json].",
 )
-@click.option("--top", type=int, default=0, help="Print only the N fastest schedules (0: all).")
+@click.option(
+    "--top",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Print only the N fastest schedules (0: all).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 def predict_cmd(machine: str, params: str | None, top: int, as_json: bool, **problem) -> None:
     """Every schedule's predicted time for a problem on a machine, serial, ideal, the winner.

@@ -84,13 +84,25 @@ def judge(check: Check | None, failure: Verdict | None = None, detail: str = "")
     return RankVerdict(verdict, check.max_abs_err, check.tolerance, detail)
 
 
+def _closeness(r: RankVerdict) -> tuple[int, float]:
+    """How near a rank's error came to its tolerance (NaN errors last, as the worst)."""
+    err, tol = r.max_abs_err, r.tolerance
+    if err != err:
+        return (1, math.inf)
+    if not tol > 0:  # no tolerance: any error at all is the worst
+        return (0, math.inf if err > 0 else 0.0)
+    return (0, err / tol)
+
+
 def merge_verdicts(per_rank: list[RankVerdict]) -> RankVerdict:
-    """One verdict for a candidate: ok only if every rank verified its part. The error is
-    the worst rank's (NaN counts as worst), the tolerance the tightest; a failure kind (oom,
-    launch, ...) explains more than "incorrect" on another rank, so it wins, with its rank's
-    detail."""
-    worst = max((r.max_abs_err for r in per_rank), key=lambda e: (e != e, e))
-    tol = min(r.tolerance for r in per_rank)
+    """One verdict for a candidate: ok only if every rank verified its part. The error and
+    tolerance shown are one rank's pair, the rank whose error came nearest its own tolerance
+    (NaN counts as worst): each rank's tolerance scales with its own output, so the worst
+    error beside another rank's tolerance would compare two ranks (a rank with no rows, whose
+    tolerance is ~0, beside the others' errors); a failure kind (oom, launch, ...) explains
+    more than "incorrect" on another rank, so it wins, with its rank's detail."""
+    nearest = max(per_rank, key=_closeness)
+    worst, tol = nearest.max_abs_err, nearest.tolerance
     failed = [r for r in per_rank if r.verdict is not Verdict.OK]
     if not failed:
         return RankVerdict(Verdict.OK, worst, tol)

@@ -269,8 +269,14 @@ class Predictor:
 def predictor(machine: str | Machine, params: str | Path | ModelParams | None = None) -> Predictor:
     """A Predictor from a machine (name, path or value) and parameters (path or value; the
     shipped 2xH200 calibration by default)."""
+    from ficco import validate
+
     m = machine if isinstance(machine, Machine) else load_machine(machine)
-    p = params if isinstance(params, ModelParams) else load_params(params or SHIPPED_PARAMS)
+    if params is None:
+        params = SHIPPED_PARAMS
+    elif not isinstance(params, ModelParams):  # '' is no file, not the shipped parameters
+        params = validate.text("params", str(params))
+    p = params if isinstance(params, ModelParams) else load_params(params)
     return Predictor(m, p)
 
 
