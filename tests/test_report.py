@@ -164,7 +164,5 @@ def test_a_failed_report_writes_nothing(tmp_path, store_dir, monkeypatch):
     assert not (tmp_path / "deep").exists()
     monkeypatch.undo()
     written = report.write_report(store_dir, out)
-    assert sorted(p.name for p in out.iterdir()) == sorted(
-        Path(f).name for f in written["files"]
-    )
+    assert sorted(p.name for p in out.iterdir()) == sorted(Path(f).name for f in written["files"])
     assert all(Path(f).parent == out for f in written["files"])
