@@ -69,6 +69,10 @@ BAD_INPUTS = [
     ("empty table file for recommend", ["recommend", *AG, "--table", ""], "--table: must be a non-empty string"),
     ("empty model parameters", ["predict", *AG, "--params", ""], "--params: must be a non-empty string"),
     ("negative top", ["predict", *AG, "--top", "-1"], "--top"),
+    ("machine file binary", ["predict", *AG, "--machine", "binary.json"], "binary.json is not a JSON text file"),
+    ("model parameters binary", ["predict", *AG, "--params", "binary.json"], "binary.json: not a JSON text file"),
+    ("table file binary", ["recommend", *AG, "--table", "binary.json"], "binary.json: not a JSON text file"),
+    ("table file binary for export", ["export", "--format", "json", "--table", "binary.csv"], "binary.csv: not a JSON text file"),
 ]  # fmt: skip
 
 
@@ -95,6 +99,7 @@ def test_bad_input_is_refused_in_one_line(kind, args, names, tmp_path):
     (tmp_path / "empty.csv").write_text("")
     (tmp_path / "binary.csv").write_bytes(bytes(range(256)))
     (tmp_path / "binary.parquet").write_bytes(bytes(range(256)))
+    (tmp_path / "binary.json").write_bytes(bytes(range(256)))
     (tmp_path / "extra_field.csv").write_text(
         header + "a,gemm_rs,32,16,16,2,fp32,\nb,gemm_rs,64,16,16,2,fp32,,8\n"
     )
@@ -128,3 +133,11 @@ def test_user_output_goes_to_the_user_directory_and_says_where(tmp_path):
     assert out.returncode == 0, out.stderr
     written = tmp_path / "exports" / "ficco_h200x2.csv"
     assert written.read_text() and f"wrote {written}" in out.stdout
+
+
+def test_a_csv_rule_table_that_is_not_text_names_the_file(tmp_path):
+    from ficco.export import TableError, load_csv_table
+
+    (tmp_path / "rules.csv").write_bytes(bytes(range(256)))
+    with pytest.raises(TableError, match=r"rules.csv: not a CSV text file \(byte 128"):
+        load_csv_table(tmp_path / "rules.csv")

@@ -589,6 +589,8 @@ def load_table(path: str | Path) -> Table:
         text = path.read_text()
     except OSError as err:
         raise TableError(f"{path}: cannot read the table ({err.strerror or err})") from None
+    except UnicodeDecodeError as err:
+        raise TableError(f"{path}: not a JSON text file (byte {err.start} is not UTF-8)") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:

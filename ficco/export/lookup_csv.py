@@ -135,3 +135,5 @@ def load_csv_table(path: str | Path) -> CsvTable:
         return CsvTable(path.read_text(), str(path))
     except OSError as err:
         raise TableError(f"{path}: cannot read the table ({err.strerror or err})") from None
+    except UnicodeDecodeError as err:
+        raise TableError(f"{path}: not a CSV text file (byte {err.start} is not UTF-8)") from None

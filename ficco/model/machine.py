@@ -123,4 +123,8 @@ def load_machine(name_or_path: str | Path) -> Machine:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"machine: cannot read {path}: {err}") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"machine: {path} is not a JSON text file (byte {err.start} is not UTF-8)"
+        ) from None
     return machine_from_dict(data, where=f"machine {path.name}")

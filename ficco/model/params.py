@@ -190,6 +190,10 @@ def load_params(path: str | Path) -> ModelParams:
         raise ValueError(f"model {path}: cannot read: {err}") from None
     except json.JSONDecodeError as err:
         raise ValueError(f"model {path}: not valid JSON: {err}") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"model {path}: not a JSON text file (byte {err.start} is not UTF-8)"
+        ) from None
     return params_from_dict(data, where=f"model {path}")
 
 
