@@ -71,8 +71,8 @@ BAD_INPUTS = [
     ("negative top", ["predict", *AG, "--top", "-1"], "--top"),
     ("machine file binary", ["predict", *AG, "--machine", "binary.json"], "binary.json is not a JSON text file"),
     ("model parameters binary", ["predict", *AG, "--params", "binary.json"], "binary.json: not a JSON text file"),
-    ("table file binary", ["recommend", *AG, "--table", "binary.json"], "binary.json: not a JSON text file"),
-    ("table file binary for export", ["export", "--format", "json", "--table", "binary.csv"], "binary.csv: not a JSON text file"),
+    ("table file binary", ["recommend", *AG, "--table", "binary.json"], "binary.json: not valid JSON"),
+    ("table file binary for export", ["export", "--format", "json", "--table", "binary.csv"], "binary.csv: not valid JSON"),
 ]  # fmt: skip
 
 

@@ -84,7 +84,15 @@ def test_dtype_aliases():
 
 @pytest.mark.parametrize(
     ("value", "accepted"),
-    [(64, 64), ("64", None), (64.7, None), (64.0, None), ("12.9", None), (True, None), ("1e3", None)],
+    [
+        (64, 64),
+        ("64", None),
+        (64.7, None),
+        (64.0, None),
+        ("12.9", None),
+        (True, None),
+        ("1e3", None),
+    ],
 )
 def test_sizes_are_integers_never_coerced(value, accepted):
     """A Problem takes typed values: text ("64", from a command line or a CSV cell) is parsed

@@ -586,11 +586,9 @@ def load_table(path: str | Path) -> Table:
     """Read and validate a JSON table; :class:`TableError` says what is wrong."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(errors="replace")  # a binary file: then invalid JSON, below
     except OSError as err:
         raise TableError(f"{path}: cannot read the table ({err.strerror or err})") from None
-    except UnicodeDecodeError as err:
-        raise TableError(f"{path}: not a JSON text file (byte {err.start} is not UTF-8)") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
