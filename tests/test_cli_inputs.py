@@ -141,3 +141,20 @@ def test_a_csv_rule_table_that_is_not_text_names_the_file(tmp_path):
     (tmp_path / "rules.csv").write_bytes(bytes(range(256)))
     with pytest.raises(TableError, match=r"rules.csv: not a CSV text file \(byte 128"):
         load_csv_table(tmp_path / "rules.csv")
+
+
+def test_memory_is_checked_per_gpu_before_any_rank_starts(monkeypatch):
+    """Without a GPU here: the check reads the GPU's memory (nvidia-smi, patched) and refuses
+    before the backend is asked for GPUs; a problem that fits goes on to that question."""
+    import ficco.api.checks as checks
+    from ficco import api
+    from ficco.problem import Problem
+    from ficco.validate import InputError
+
+    monkeypatch.setattr(checks, "gpu_memory_bytes", lambda: 80 * 2**30)
+    huge = Problem(pattern="ag_gemm", m=2**24, n=8192, k=8192, world=2)
+    with pytest.raises(
+        InputError, match=r"^m: ag_gemm m=16777216 .* GB .* a GPU here has 80\.0 GB"
+    ):
+        api.run(huge, ["serial/nccl/cublas"], backend="cuda")
+    checks.check_memory([Problem(pattern="ag_gemm", m=64, n=16, k=16, world=2)], "cuda")

@@ -27,7 +27,7 @@ GB = 2**30
 # --- memory ------------------------------------------------------------------------------------
 
 
-def rank_bytes(problem: Problem, rank: int, backend: str) -> int:
+def rank_bytes(problem: Problem, rank: int, device: str) -> int:
     """At least what one rank of ``problem`` holds at once: the serial plan's buffers (its
     inputs, workspaces and output, in the working dtype; overlapped plans add workspaces) and
     the reference of its output, exact (float64 on cpu, fp32 on cuda) and plain (working
@@ -40,8 +40,8 @@ def rank_bytes(problem: Problem, rank: int, backend: str) -> int:
     own = build_plan(problem, Schedule(), rank)
     total = sum(_elements(b.shape) for b in own.buffers) * size
     output = next(_elements(b.shape) for b in own.buffers if b.name == own.output)
-    total += output * ((8 if backend == "cpu" else 4) + size)
-    if backend == "cpu":
+    total += output * ((8 if device == "cpu" else 4) + size)
+    if device == "cpu":
         total += size * sum(
             _elements(b.shape)
             for r in range(problem.world)
@@ -95,34 +95,39 @@ def gpu_memory_bytes() -> int | None:
 
 
 def check_memory(problems: Sequence[Problem], backend: str, field: str = "m") -> None:
-    """Refuse, before any rank starts, a problem whose ranks cannot fit: on cpu all W ranks
-    against the host's available memory (their processes' own memory is
-    ``ficco.api.problems.check_world``'s); on cuda one rank against its GPU's memory, where
-    ``nvidia-smi`` reports it. The estimate (:func:`rank_bytes`) counts tensors that must
-    exist together, a lower bound: what it refuses cannot run."""
+    """Refuse, before any rank starts, a problem whose ranks cannot fit: on a cpu backend
+    all W ranks against the host's available memory (their processes' own memory is the
+    backend's ``check_world``); on a cuda backend the ranks one GPU hosts (W over the GPUs
+    the backend uses for W) against that GPU's memory, where ``nvidia-smi`` reports it. The
+    estimate (:func:`rank_bytes`) counts tensors that must exist together, a lower bound:
+    what it refuses cannot run."""
+    from ficco.backends import backend_spec
+
+    spec = backend_spec(backend)
     if not problems:
         return
-    if backend == "cpu":
+    if spec.device == "cpu":
         limit, where = available_memory_bytes(), "this host has available"
     else:
-        limit, where = gpu_memory_bytes(), "its GPU has"
+        limit, where = gpu_memory_bytes(), "a GPU here has"
     if limit is None:
         return
     for p in problems:
-        if backend == "cpu":
-            need = sum(rank_bytes(p, r, backend) for r in range(p.world))
+        if spec.device == "cpu":
+            need = sum(rank_bytes(p, r, "cpu") for r in range(p.world))
             what = f"its {p.world} cpu ranks need at least"
         else:
-            need = max(rank_bytes(p, r, backend) for r in range(p.world))
-            what = "each rank needs at least"
+            per_gpu = -(-p.world // max(1, spec.gpus(p.world)))
+            need = per_gpu * max(rank_bytes(p, r, "cuda") for r in range(p.world))
+            what = f"the {per_gpu} rank(s) on one GPU need at least"
         if need > limit:
             name = f"{p.name} " if p.name else ""
             raise InputError(
                 field,
                 p.m,
                 f"{name}{p.pattern} m={p.m} n={p.n} k={p.k} world={p.world} {p.dtype}: {what} "
-                f"{need / GB:.1f} GB for its tensors (inputs, outputs, the reference) and {where} "
-                f"{limit / GB:.1f} GB; use a smaller m (--tokens), n or k",
+                f"{need / GB:.1f} GB for its tensors (inputs, outputs, the reference) and "
+                f"{where} {limit / GB:.1f} GB; use a smaller m (--tokens), n or k",
             )
 
 
