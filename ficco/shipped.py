@@ -1,10 +1,12 @@
 """Where ficco's shipped files are: the trained tables and calibrated model (``schedules/``) and
 the measured profiles (``profiles/``).
 
-The repository keeps both at its top level, beside the ``ficco`` package, and an editable
-install reads them there. A wheel carries the files read at run time (``schedules/``) inside
-the package, as ``ficco/_shipped/schedules/`` (``setup.py`` maps the top-level directory in),
-since an installed package has no repository beside it.
+The repository keeps both at its top level, beside the ``ficco`` package. The tables and
+models are read at run time, so they travel inside the package: ``ficco/_shipped/schedules``
+is a link to the top-level ``schedules/`` in the repository, and a wheel or an sdist holds
+the files themselves there (``pyproject.toml``'s package data). One path serves a checkout,
+an editable install and a wheel. ``profiles/`` (measurements and notes, 18 MB) is read only
+where a user names it, so it stays in the repository.
 """
 
 from __future__ import annotations
@@ -15,18 +17,16 @@ from pathlib import Path
 SHIPPED_DIRS = ("schedules", "profiles")
 
 _PACKAGE = Path(__file__).resolve().parent
-#: Where an installed wheel holds them, inside the package.
+#: Where the package holds the files it reads at run time.
 PACKAGED_ROOT = _PACKAGE / "_shipped"
 
 
-def shipped_root() -> Path:
-    """The directory holding ``schedules/`` and ``profiles/``: ``ficco/_shipped`` in an
-    installed wheel, else the repository (a checkout, an editable install)."""
-    return PACKAGED_ROOT if PACKAGED_ROOT.is_dir() else _PACKAGE.parent
-
-
 def shipped_dir(name: str) -> Path:
-    """One shipped directory (``schedules`` or ``profiles``) of this installation."""
+    """One shipped directory of this installation: ``schedules`` inside the package (in a
+    checkout, a link to the repository's), ``profiles`` in the repository (absent from a
+    wheel)."""
     if name not in SHIPPED_DIRS:
         raise ValueError(f"shipped directory {name!r} is not one of {', '.join(SHIPPED_DIRS)}")
-    return shipped_root() / name
+    if name == "schedules":
+        return PACKAGED_ROOT / name
+    return _PACKAGE.parent / name

@@ -46,7 +46,9 @@ def built(tmp_path_factory) -> dict[str, Path]:
         tar.extractall(out / "src", filter="data")
     (unpacked,) = (out / "src").iterdir()
     wheel = _hook("build_wheel", unpacked, out)
-    return {"sdist": sdist, "wheel": wheel}
+    # and the wheel `pip install .` builds straight from the checkout (through the link)
+    direct = _hook("build_wheel", ROOT, out / "direct")
+    return {"sdist": sdist, "wheel": wheel, "direct": direct}
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +97,12 @@ def test_the_sdist_and_the_wheel_carry_the_shipped_tables(built):
         in_sdist = {name.partition("/")[2] for name in tar.getnames()}
     with zipfile.ZipFile(built["wheel"]) as whl:
         in_wheel = set(whl.namelist())
+    with zipfile.ZipFile(built["direct"]) as whl:
+        in_direct = set(whl.namelist())
     for name in _shipped_files():
-        assert name in in_sdist
+        assert f"ficco/_shipped/{name}" in in_sdist
         assert f"ficco/_shipped/{name}" in in_wheel
+        assert f"ficco/_shipped/{name}" in in_direct
     # the measured profiles stay in the repository: no command reads them unless named
     assert not any("profiles/" in name for name in in_wheel)
 

@@ -278,11 +278,10 @@ def test_the_model_answers_only_patterns_whose_held_out_picks_beat_the_safe_defa
     from ficco.api.tables import model_picker_verdict
     from ficco.export.lookup import load_table
     from ficco.model import SHIPPED_PARAMS
+    from ficco.shipped import shipped_dir
 
     picker = json.loads((SHIPPED_PARAMS.parent / "model_picker.json").read_text())
-    validated = json.loads(
-        (SHIPPED_PARAMS.parents[2] / "profiles" / "h200x2" / "model_validate.json").read_text()
-    )
+    validated = json.loads((shipped_dir("profiles") / "h200x2" / "model_validate.json").read_text())
     assert picker["patterns"] == validated["out_of_sample_w4"]["picks_vs_safe_default"]
     safe = load_table(SHIPPED_PARAMS.parent / "table.json").safe
     answered = set()
