@@ -65,17 +65,17 @@ def test_other_patterns_refuse_the_symm_transports_with_the_reason(problem):
     for transport in SYMM:
         for text in (f"serial/{transport}/cublas", f"finer-c2-m/{transport}/cublas"):
             broken = dict(violations(problem, Schedule.parse(text)))
-            assert "symm_kernels_need_all_reduce" in broken, text
-            assert f"{problem.pattern} has no all-reduce" in broken["symm_kernels_need_all_reduce"]
+            assert "transport_serves_pattern" in broken, text
+            assert f"gemm_ar only, not {problem.pattern}" in broken["transport_serves_pattern"]
     assert not symm_schedules(problem)
 
 
 @pytest.mark.parametrize(
     ("text", "dtype", "n", "rule"),
     [
-        ("finer-c2-n/symm1/cublas", "fp32", 80, "symm_kernels_need_contiguous_chunks"),
-        ("finer-c2-m/symm2/cublas+rs_ag", "fp32", 80, "symm_kernels_reduce_whole_chunks"),
-        ("serial/symm1/cublas", "fp16", 80, "symm_kernels_need_fp32_or_bf16"),
+        ("finer-c2-n/symm1/cublas", "fp32", 80, "transport_needs_contiguous_chunks"),
+        ("finer-c2-m/symm2/cublas+rs_ag", "fp32", 80, "rs_ag_needs_transfers"),
+        ("serial/symm1/cublas", "fp16", 80, "transport_moves_dtype"),
         ("finer-c2-m/symm2/triton+sm16", "fp32", 80, "sm_reserve_needs_sm_comm"),
         ("shard/symm1/cublas", "fp32", 80, "direct_all_reduce_has_no_shards"),
         ("finer-c2-m/symm1/cublas+merged", "fp32", 80, "direct_all_reduce_has_no_merge"),
@@ -83,7 +83,7 @@ def test_other_patterns_refuse_the_symm_transports_with_the_reason(problem):
         ("serial/symm1/cublas+hi", "fp32", 80, "priority_needs_overlap"),
         # bf16 rows of 81 columns are 162 bytes: rows 0..5 of a 2-chunk cut (11 rows) break
         # the kernels' 4-byte vectors
-        ("finer-c2-m/symm2/cublas", "bf16", 81, "symm_kernels_need_aligned_chunks"),
+        ("finer-c2-m/symm2/cublas", "bf16", 81, "transport_needs_aligned_ranges"),
     ],
 )
 def test_rules_refuse_what_the_kernels_cannot_do(text, dtype, n, rule):

@@ -66,15 +66,15 @@ def test_seg_names_round_trip_and_old_names_still_parse():
     ):
         assert str(Schedule.parse(text)) == text
     assert Schedule.parse("shard/seg/cublas").transport is Transport.SEG
-    assert Transport.SEG.is_one_sided and Transport.CE.is_one_sided
-    assert not Transport.NCCL.is_one_sided
+    assert Transport.SEG.traits.one_sided and Transport.CE.traits.one_sided
+    assert not Transport.NCCL.traits.one_sided
 
 
 @pytest.mark.parametrize("pattern", ["ag_gemm", "gemm_rs", "gemm_ar"])
 def test_seg_is_for_the_all_to_alls_only(pattern):
     p = Problem(pattern=pattern, m=96, n=80, k=72, world=2)
     broken = dict(violations(p, Schedule.parse("shard/seg/cublas")))
-    assert "has no all-to-all" in broken["seg_needs_all_to_all"]
+    assert "serves a2a_gemm, gemm_a2a only" in broken["transport_serves_pattern"]
     assert not any(s.transport is Transport.SEG for s in enumerate_schedules(p))
 
 
@@ -82,12 +82,14 @@ def test_seg_needs_rows_of_whole_16_byte_vectors():
     # dispatch moves rows of x [*, K]; combine rows of y [*, N]
     bad_k = a2a("a2a_gemm", 2, k=70)  # 280-byte fp32 rows
     broken = dict(violations(bad_k, Schedule.parse("serial/seg/cublas")))
-    assert "k=70" in broken["seg_needs_aligned_rows"]
+    assert "k=70" in broken["transport_needs_aligned_ranges"]
     assert is_legal(a2a("gemm_a2a", 2, k=70), Schedule.parse("serial/seg/cublas"))
     bad_n = a2a("gemm_a2a", 2, n=36, dtype="fp16")  # 72-byte rows
     assert (
         "n=36"
-        in dict(violations(bad_n, Schedule.parse("shard/seg/cublas")))["seg_needs_aligned_rows"]
+        in dict(violations(bad_n, Schedule.parse("shard/seg/cublas")))[
+            "transport_needs_aligned_ranges"
+        ]
     )
 
 

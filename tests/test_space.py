@@ -123,7 +123,7 @@ def test_parse_errors_say_what_is_wrong(text, needle):
 
 
 def test_check_legal_names_the_rule():
-    with pytest.raises(ValueError, match="copy_engine_needs_contiguous_chunks"):
+    with pytest.raises(ValueError, match="transport_needs_contiguous_chunks"):
         check_legal(AG, Schedule.parse("finer-c2-k/ce/cublas"))
 
 

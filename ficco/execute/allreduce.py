@@ -13,7 +13,7 @@ synchronize the ranks themselves (signal pads at the kernel's start and end), so
 barrier around them, and they capture into CUDA graphs. They take no SM budget: their grids
 (at most 24 blocks) are fixed inside the op, so ``+smR`` is not offered with them. They
 dispatch fp32 and bf16 only and need each range's offset and size 4-byte aligned (the space's
-``symm_kernels_*`` rules).
+``transport_*`` rules, from their ``ficco.space.transports`` traits).
 
 CPU (gloo): the same algorithms, moved by gloo collectives: one-shot gathers every rank's
 partial chunk and each rank sums them in rank order; two-shot is a reduce-scatter (an
@@ -29,10 +29,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ficco.space.transports import ONE_SHOT_ALL_REDUCE as ONE_SHOT
+from ficco.space.transports import TWO_SHOT_ALL_REDUCE as TWO_SHOT
 from ficco.verdict import Unavailable
 
-ONE_SHOT = "one_shot_all_reduce"
-TWO_SHOT = "two_shot_all_reduce"
 #: the CollectiveOp kinds this module runs
 SYMM_KINDS = (ONE_SHOT, TWO_SHOT)
 

@@ -69,7 +69,7 @@ from ficco.plan import (
 from ficco.plan.ops import GEMM_OPS, Region
 from ficco.plan.tags import signal_channel
 from ficco.problem import Problem
-from ficco.space import Gemm, Schedule, Transport
+from ficco.space import Gemm, Schedule, runs_as_graph
 from ficco.verdict import Unavailable
 
 
@@ -86,19 +86,20 @@ class CudaPrimitives(SegmentPrimitives, FusedPrimitives, Primitives):
         self.comm = ctx.comm[prio]
         self.signal = ctx.signal[prio]
         self.transport = s.transport
-        self.ce = s.transport.is_one_sided  # ce, seg: symmetric memory, pulls and pushes
-        if s.transport is Transport.NCCL_CE:
+        traits = s.transport.traits
+        self.one_sided = traits.one_sided  # pulls and pushes through symmetric memory
+        if traits.communicator == "nccl_zero_cta":
             if ctx.nccl_ce_group is None:
-                raise Unavailable(ctx.nccl_ce_error or "nccl_ce unavailable")
+                raise Unavailable(ctx.nccl_ce_error or f"{s.transport.value} unavailable")
             self.group = ctx.nccl_ce_group
         else:
             self.group = ctx.group_hi if prio == "high" else ctx.group
         pushes = any(t.initiator == "sender" for t in plan.transfers())
-        if self.ce and not ctx.has_signals and pushes:
+        if traits.needs_signals and not ctx.has_signals and pushes:
             raise Unavailable("this torch's symmetric memory has no put_signal/wait_signal")
-        if s.transport.is_symm_all_reduce:
-            from ficco.execute.allreduce import require_symm_ops
+        from ficco.execute.allreduce import SYMM_KINDS, require_symm_ops
 
+        if traits.all_reduce_kind in SYMM_KINDS:
             require_symm_ops()
         self.sm_budget = max(1, ctx.sm_count - s.sm_reserve)
         self.flag_slots = plan.flag_slots
@@ -122,7 +123,7 @@ class CudaPrimitives(SegmentPrimitives, FusedPrimitives, Primitives):
             op = task.op
             if isinstance(op, TransferOp):
                 ours = op.initiator == ("receiver" if op.direction == "recv" else "sender")
-                if self.ce and not ours:
+                if self.one_sided and not ours:
                     # push receivers wait on the signal stream; pull senders do nothing
                     self.stream_of[task.id] = "signal" if op.direction == "recv" else None
                 else:
@@ -138,7 +139,7 @@ class CudaPrimitives(SegmentPrimitives, FusedPrimitives, Primitives):
         # NCCL: group consecutive transfers that share a tag into one batch (both halves of a
         # step go together, so no rank can block its peer's matching operation).
         self.batches: dict[int, list[int]] = {}
-        if not self.ce:
+        if traits.batches_pairs:
             lead, lead_tag = None, None
             for task in plan.tasks:
                 if isinstance(task.op, TransferOp):
@@ -154,7 +155,7 @@ class CudaPrimitives(SegmentPrimitives, FusedPrimitives, Primitives):
                 else:
                     lead = None
         self.channel_of: dict[int, int] = {}
-        if self.ce:
+        if self.one_sided:
             # a channel per (step, chunk) so signals of different chunks never alias
             tags = {t.tag for t in plan.transfers()}  # a seg group's members too
             self.channel_of = {tag: signal_channel(tag, s.chunks) for tag in tags}
@@ -165,7 +166,7 @@ class CudaPrimitives(SegmentPrimitives, FusedPrimitives, Primitives):
         return self.stream_of[task.id]
 
     def batch(self, task: Task) -> Sequence[int] | None:
-        if isinstance(task.op, TransferOp) and not self.ce:
+        if isinstance(task.op, TransferOp) and self.transport.traits.batches_pairs:
             return self.batches.get(task.id)  # None: issued with its batch leader
         return (task.id,)
 
@@ -181,7 +182,7 @@ class CudaPrimitives(SegmentPrimitives, FusedPrimitives, Primitives):
             self.bufs.flags[: self.flag_slots].fill_(0 if mode == "full" else 1)
         self.comm.wait_stream(compute)
         self.signal.wait_stream(compute)
-        if self.ce and mode != "gemm":
+        if self.one_sided and mode != "gemm":
             # all ranks are past their previous use of peer-visible buffers and have written
             # their inputs before anyone reads or writes a peer's buffer
             with torch.cuda.stream(self.comm):
@@ -230,7 +231,7 @@ class CudaPrimitives(SegmentPrimitives, FusedPrimitives, Primitives):
         op = task.op
         if (
             isinstance(op, TransferOp)
-            and self.ce
+            and self.one_sided
             and op.direction == "recv"
             and op.initiator == "sender"
         ) or isinstance(op, WaitFlagsOp):
@@ -305,6 +306,8 @@ class CudaPrimitives(SegmentPrimitives, FusedPrimitives, Primitives):
     def collective(self, op: CollectiveOp) -> None:
         import torch.distributed as dist
 
+        from ficco.execute.allreduce import SYMM_KINDS, cuda_symm_all_reduce
+
         t = self.bufs.tensors
         if op.kind == "all_gather":
             dist.all_gather_into_tensor(t[op.dst], t[op.src], group=self.group)
@@ -323,8 +326,7 @@ class CudaPrimitives(SegmentPrimitives, FusedPrimitives, Primitives):
             dist.all_reduce(flat, group=self.group)
             if flat.data_ptr() != out.data_ptr():
                 out.copy_(flat)
-        elif op.kind in ("one_shot_all_reduce", "two_shot_all_reduce"):
-            from ficco.execute.allreduce import cuda_symm_all_reduce
+        elif op.kind in SYMM_KINDS:
 
             # on the buffers' own group (the one they were rendezvoused on), whatever the
             # schedule's priority: +hi only picks the stream the kernel runs on
@@ -335,7 +337,7 @@ class CudaPrimitives(SegmentPrimitives, FusedPrimitives, Primitives):
             raise ValueError(f"collective: unknown kind {op.kind!r}")
 
     def transfer(self, ops: Sequence[TransferOp], task_ids: Sequence[int]) -> None:
-        if self.ce:
+        if self.one_sided:
             self._ce_transfer(ops[0])
         else:
             self._nccl_batch(ops)
@@ -521,18 +523,9 @@ class CudaBackend(Backend):
             torch.cuda.synchronize()
 
     def wants_graph(self, options: TimingOptions, schedule: Schedule) -> bool:
-        """Copy-engine plans and serial NCCL collectives are captured; NCCL point-to-point
-        plans (``shard``/``finer`` over ``nccl``) never are: captured ``batch_isend_irecv``
-        replays read NaN, hung, or hit an illegal address on 2xH200 (torch 2.11, NCCL 2.28),
-        so they are timed as issued eagerly."""
-        transport = schedule.transport.value
-        if transport == "nccl_ce":
-            return False  # zero-CTA NCCL collectives are not known to survive graph capture
-        if schedule.transport.is_one_sided or schedule.transport.is_symm_all_reduce:
-            # plans without NCCL calls (symmetric-memory kernels synchronize through signal
-            # pads, which capture)
-            return options.graphs in ("all", "ce")
-        return options.graphs == "all" and schedule.granularity.value == "serial"
+        """``ficco.space.runs_as_graph`` under ``options.graphs`` (the transport's traits say
+        which of its schedules capture)."""
+        return runs_as_graph(schedule, options.graphs)
 
     def capture(self, fn: Callable[[], None]):
         import torch

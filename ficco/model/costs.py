@@ -21,7 +21,7 @@ from ficco.model.params import ModelParams
 from ficco.model.simulate import SimTask, Slowdowns
 from ficco.patterns import ModelSupport, patterns_where
 from ficco.plan import CollectiveOp, GemmOp, LocalCopyOp, Plan, ReduceOp, TransferOp
-from ficco.space import Gemm, Granularity, Schedule, Transport
+from ficco.space import Gemm, Granularity, Schedule
 
 #: patterns whose ops the model was calibrated on, and those whose ops it reuses (their
 #: spec's ``cost_model``)
@@ -237,7 +237,7 @@ class CostModel:
                 f"(calibrated: {', '.join(p.value for p in CALIBRATED_PATTERNS)})"
             )
         b = problem.dtype_bytes
-        ce = s.transport is not Transport.NCCL
+        ce = s.transport.traits.cost_class == "ce"  # one-sided copies, else NCCL batches
         serial = s.granularity is Granularity.SERIAL
         host = self.params.host
         widths = {spec.name: spec.shape[-1] for spec in plan.buffers}

@@ -27,7 +27,7 @@ from itertools import accumulate
 from ficco.model.costs import CostModel
 from ficco.model.simulate import SimGraph
 from ficco.problem import Pattern, Problem
-from ficco.space import Compute, Gemm, Granularity, Order, Schedule, Split, Transport
+from ficco.space import Compute, Gemm, Granularity, Order, Schedule, Split
 from ficco.space.geometry import cut
 
 Shape = tuple[int, int, int]
@@ -107,7 +107,7 @@ def _ag_gemm(costs: CostModel, p: Problem, s: Schedule) -> DenseLowering:
     pull (and, split along K, on the shard's previous chunk, which it accumulates onto); a
     merged plan runs one GEMM per shard once all its chunks arrived."""
     w, S, K, N, b = p.world, p.m_shard, p.k, p.n, p.dtype_bytes
-    ce = s.transport is not Transport.NCCL
+    ce = s.transport.traits.cost_class == "ce"
     split_k = s.split is Split.K
     sizes = [hi - lo for lo, hi in cut(K if split_k else S, s)]
     n_chunks = len(sizes)
@@ -186,7 +186,7 @@ def _gemm_rs(costs: CostModel, p: Problem, s: Schedule) -> DenseLowering:
     reduction of the local block and every peer's partial (signal lane on copy engines,
     compute over NCCL)."""
     w, S, K, N, b = p.world, p.m_shard, p.k, p.n, p.dtype_bytes
-    ce = s.transport is not Transport.NCCL
+    ce = s.transport.traits.cost_class == "ce"
     split_n = s.split is Split.N
     merged = s.compute is Compute.MERGED
     sizes = [hi - lo for lo, hi in cut(N if split_n else S, s)]

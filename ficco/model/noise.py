@@ -3,10 +3,11 @@
 A record's ``median_ms`` is the median of its rounds (``extra.times_ms``, interleaved with the
 other candidates of its problem). Two readings of how far a second measurement would land:
 
-``halves``     the rounds split in time order (first half, second half): the relative
-               difference of the two half-medians, over the record's median. Drift and the
-               bimodal runs of host-bound eager schedules (a few fast rounds, then slow ones)
-               show here.
+``halves``     the rounds split in time order (first half, second half; the cut is
+               ``ficco.measure.repeat``'s, as the selector's noise ceiling makes it): the
+               relative difference of the two half-medians, over the record's median. Drift
+               and the bimodal runs of host-bound eager schedules (a few fast rounds, then
+               slow ones) show here.
 ``odd_even``   the rounds split alternately: the same figure without the drift.
 
 Either is the disagreement of two measurements of half the rounds each; a model predicting the
@@ -31,19 +32,20 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
+from ficco.measure.repeat import record_rounds, split_medians
+
 
 def split_rel_diffs(times: list[float]) -> tuple[float, float] | None:
-    """(halves, odd_even) relative differences of a record's rounds, over their median;
-    None with fewer than 4 rounds or a non-positive median."""
+    """(halves, odd_even) relative differences of a record's rounds (cut by
+    ``ficco.measure.repeat.split_medians``), over their median; None with fewer than 4
+    rounds or a non-positive median."""
     if len(times) < 4:
         return None
     whole = statistics.median(times)
     if not (whole > 0 and math.isfinite(whole)):
         return None
-    half = len(times) // 2
-    halves = abs(statistics.median(times[:half]) - statistics.median(times[half:])) / whole
-    odd_even = abs(statistics.median(times[0::2]) - statistics.median(times[1::2])) / whole
-    return halves, odd_even
+    (a, b), (odd, even) = split_medians(times, "halves"), split_medians(times, "odd_even")
+    return abs(a - b) / whole, abs(odd - even) / whole
 
 
 def quantiles(values: Iterable[float]) -> dict:
@@ -76,7 +78,7 @@ def noise_floor(records: list[dict], group_of: Callable[[dict], str | None]) -> 
             groups["all"].append(rec)
     out = {}
     for group, recs in sorted(groups.items()):
-        splits = [split_rel_diffs(list((r.get("extra") or {}).get("times_ms") or [])) for r in recs]
+        splits = [split_rel_diffs(record_rounds(r)) for r in recs]
         splits = [s for s in splits if s is not None]
         problem = [r["problem"] for r in recs]
         schedule_only = [

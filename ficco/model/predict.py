@@ -2,8 +2,8 @@
 
 One schedule: its plan (rank 0 stands for all) lowered to tasks and simulated; the simulated
 GPU time is scaled to a timed run's (``ModelParams.timed_scale``, by duration). A schedule the
-executor captures in a CUDA graph (all but the overlapped NCCL ones, whose grouped send/recv
-does not capture) costs that plus a graph launch; an eager one, timed alone under queued
+executor captures in a CUDA graph (``ficco.space.runs_as_graph``: all but the overlapped NCCL
+ones, whose grouped send/recv does not capture, and nccl_ce's) costs that plus a graph launch; an eager one, timed alone under queued
 issue, the longer of it and the host's issue time less the lead each iteration's flush and
 barrier give the host (``ficco.model.rounds``: in a sweep's interleaved round the lead also
 holds the candidates queued before it).
@@ -39,12 +39,12 @@ from ficco.problem import Problem
 from ficco.shipped import shipped_dir
 from ficco.space import (
     Compute,
-    Granularity,
     Schedule,
     SpaceOptions,
     Transport,
     check_legal,
     enumerate_schedules,
+    runs_as_graph,
 )
 
 #: where ``ficco predict`` and the recommend fallback find calibrated parameters
@@ -58,7 +58,7 @@ SHIPPED_PARAMS = shipped_dir("schedules") / "h200x2" / "model.json"
 #: happen inside one kernel, a task the simulator has no cost for yet.
 PREDICTED_SPACE = SpaceOptions(
     chunk_counts=(2, 4, 8),
-    transports=(Transport.CE, Transport.NCCL),
+    transports=tuple(t for t in Transport if t.traits.calibrated),
     sm_reserves=(0,),
     computes=tuple(c for c in Compute if c is not Compute.FUSED),
 )
@@ -67,11 +67,15 @@ PREDICTED_SPACE = SpaceOptions(
 WORK_MS = operator.attrgetter("work_ms")
 
 
-def graphed(schedule: Schedule) -> bool:
-    """Whether the executor runs it as a CUDA graph (overlapped NCCL p2p does not capture)."""
-    return not (
-        schedule.granularity is not Granularity.SERIAL and schedule.transport is Transport.NCCL
-    )
+#: ``TimingOptions.graphs`` of the runs the model predicts: the store's records were timed
+#: under the default, which captures every schedule whose transport captures
+MEASURED_GRAPHS = "all"
+
+
+def graphed(schedule: Schedule, graphs: str = MEASURED_GRAPHS) -> bool:
+    """Whether the executor runs it as a CUDA graph: ``ficco.space.runs_as_graph``, the
+    executor's own answer, under ``graphs`` (the records' mode by default)."""
+    return runs_as_graph(schedule, graphs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from functools import lru_cache
 from ficco.backends import backend_spec
 from ficco.defaults import DEFAULT_MACHINE
 from ficco.problem import Problem
-from ficco.space import Compute, Gemm, Schedule, Transport, violations
+from ficco.space import Compute, Gemm, Schedule, violations
 
 #: the schedule a call falls back to where the pick cannot run: always legal, runs anywhere
 SERIAL = Schedule()
@@ -80,10 +80,7 @@ class Target:
 def needs_symmetric_memory(schedule: Schedule) -> bool:
     """Whether ``schedule`` on CUDA reads or writes peers' buffers directly: copy-engine
     transfers, the symmetric-memory all-reduces and fused flag kernels."""
-    transport = schedule.transport
-    return (
-        transport.is_one_sided or transport.is_symm_all_reduce or schedule.compute is Compute.FUSED
-    )
+    return schedule.transport.traits.symmetric_memory or schedule.compute is Compute.FUSED
 
 
 def backend_limit(problem: Problem, schedule: Schedule, target: Target | str) -> str | None:
@@ -101,8 +98,11 @@ def _group_limit(schedule: Schedule, target: Target) -> str | None:
     if target.shares_gpu:
         return None  # the cuda_shared backend's own check says it all
     if target.device == "cuda":
-        if schedule.transport is Transport.NCCL_CE:
-            return "nccl_ce needs a zero-CTA NCCL communicator, which ficco.ops does not create"
+        if schedule.transport.traits.communicator == "nccl_zero_cta":
+            return (
+                f"{schedule.transport.value} needs a zero-CTA NCCL communicator, which "
+                "ficco.ops does not create"
+            )
         if needs_symmetric_memory(schedule) and target.hosts > 1:
             return (
                 f"{schedule} reads peers' buffers through symmetric memory, which spans the "

@@ -133,13 +133,11 @@ def run_plan_cuda(
     input copied in; an output, which gemm_ar's is, copied back out into the caller's
     tensor: the symmetric one is reused by the next call)."""
     from ficco.execute.cuda import CudaPrimitives
-    from ficco.space import Transport
 
     ctx = rank_context(group, device)
     handles: dict = {}
     bound = dict(tensors)
-    transport = plan.schedule.transport
-    if transport is Transport.CE or transport.is_symm_all_reduce:
+    if plan.schedule.transport.traits.symmetric_memory:
         symmetric, handles = symmetric_buffers(plan, group, device)
         # every peer is past its previous call's reads of our buffers before we overwrite them
         # (its previous call joined its side streams into the stream this barrier runs on)

@@ -37,7 +37,7 @@ from ficco.plan.ops import (
 )
 from ficco.plan.tags import transfer_tag
 from ficco.problem import Problem
-from ficco.space import Compute, Granularity, Order, Schedule, Transport
+from ficco.space import Compute, Granularity, Order, Schedule
 from ficco.space.geometry import cut
 
 
@@ -87,7 +87,7 @@ def issue_steps(
     ``all_peers`` moves a chunk index from every peer at once (consecutive in that order);
     every other overlapped schedule moves one (peer, chunk) per operation, as does the local
     step ``local``."""
-    batch_peers = s.transport is Transport.SEG and s.order is Order.ALL_PEERS
+    batch_peers = s.transport.traits.batches_segments and s.order is Order.ALL_PEERS
     out: list[list[tuple[int, int]]] = []
     last = None
     for i, c in order:
@@ -117,7 +117,7 @@ def add_serial_moves(
     :class:`TransferGroupOp`, then the passive halves. ``deps``: what the moves wait on.
     Returns the ids of the acting tasks (what the GEMMs, or the output, wait on)."""
     acting = [a for a, _ in moves if a is not None]
-    if s.transport is Transport.SEG:
+    if s.transport.traits.batches_segments:
         ids = []
         if acting:
             group = TransferGroupOp(
@@ -293,7 +293,7 @@ def plan_a2a_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
                         ),
                     )
                 )
-        if s.transport is Transport.SEG and pulls:
+        if s.transport.traits.batches_segments and pulls:
             group = bld.add(
                 TransferGroupOp(tuple(op for _, op in pulls)),
                 Stream.COMM,
@@ -461,7 +461,7 @@ def plan_gemm_a2a(p: Problem, s: Schedule, rank: int) -> Plan:
                     initiator,
                 )
                 received.append((c, recv))
-        if s.transport is Transport.SEG and pushes:
+        if s.transport.traits.batches_segments and pushes:
             bld.add(
                 TransferGroupOp(tuple(op for _, op, _ in pushes)),
                 Stream.COMM,

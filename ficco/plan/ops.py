@@ -463,5 +463,6 @@ def visit_order(
 
 
 def uses_collective(schedule: Schedule) -> bool:
-    """Serial schedules over NCCL transports run the collective itself, not transfers."""
-    return schedule.granularity is Granularity.SERIAL and not schedule.transport.is_one_sided
+    """Serial schedules over two-sided transports (nccl, nccl_ce, the symmetric-memory
+    kernels) run the collective itself, not transfers."""
+    return schedule.granularity is Granularity.SERIAL and not schedule.transport.traits.one_sided

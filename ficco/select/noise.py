@@ -1,7 +1,7 @@
 """The noise ceiling of a profile store: how well a perfect picker could do on these timings.
 
 Each record keeps its per-round times (``extra.times_ms``). Split every record's rounds in two
-halves (the first half and the second), build one dataset from each, pick the fastest schedule
+halves (the first half and the second, ``ficco.measure.repeat``), build one dataset from each, pick the fastest schedule
 of each problem by the first half, and score that pick against the second half. Even a picker
 that knew the first half's answer exactly reaches only this share within 3%: a figure above it
 is not a measurement of the selector but of the noise.
@@ -15,17 +15,18 @@ from typing import Any
 
 import pandas as pd
 
+from ficco.measure.repeat import record_rounds, split_rounds
 from ficco.select.dataset import Dataset, build_dataset
 
 
 def half_medians(records: list[dict[str, Any]], half: int) -> list[dict[str, Any]]:
-    """The records with each median taken over one half (0: first, 1: second) of its rounds."""
+    """The records with each median taken over one half (0: first, 1: second) of its rounds,
+    cut in time order (``ficco.measure.repeat.split_rounds``)."""
     out = []
     for record in records:
-        samples = (record.get("extra") or {}).get("times_ms")
-        if samples and len(samples) >= 2:
-            mid = len(samples) // 2
-            part = samples[:mid] if half == 0 else samples[mid:]
+        samples = record_rounds(record)
+        if len(samples) >= 2:
+            part = split_rounds(samples, "halves")[half]
             record = {**record, "median_ms": statistics.median(part), "samples": len(part)}
         out.append(record)
     return out

@@ -18,12 +18,23 @@ from ficco.space.schedule import (
     Priority,
     Schedule,
     Split,
+)
+from ficco.space.transports import (
+    GRAPH_MODES,
+    TRAITS,
+    Capture,
     Transport,
+    TransportTraits,
+    runs_as_graph,
+    traits,
 )
 
 __all__ = [
+    "GRAPH_MODES",
     "RULES",
+    "TRAITS",
     "AllReduce",
+    "Capture",
     "Compute",
     "Gemm",
     "Granularity",
@@ -33,9 +44,12 @@ __all__ = [
     "SpaceOptions",
     "Split",
     "Transport",
+    "TransportTraits",
     "check_legal",
     "enumerate_schedules",
     "is_legal",
+    "runs_as_graph",
+    "traits",
     "violations",
 ]
 

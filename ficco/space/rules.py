@@ -26,8 +26,8 @@ from ficco.space.schedule import (
     Priority,
     Schedule,
     Split,
-    Transport,
 )
+from ficco.space.transports import names, transports_where
 
 Rule = Callable[[Problem, Schedule], "str | None"]
 
@@ -63,88 +63,89 @@ def chunks_fit_extent(p: Problem, s: Schedule) -> str | None:
     return None
 
 
-def copy_engine_needs_contiguous_chunks(p: Problem, s: Schedule) -> str | None:
-    # A strided slice makes copy_ launch an SM kernel, which defeats the copy engine.
-    if s.transport in (Transport.CE, Transport.NCCL_CE) and s.split is not Split.M:
-        return f"{s.transport.value} moves contiguous row chunks only; split {s.split.value} is strided"
-    return None
+# --- what the transport can do (its traits, ficco.space.transports) ------------------------
 
 
-def copy_engine_cannot_reduce(p: Problem, s: Schedule) -> str | None:
-    # NCCL's zero-CTA collectives have no reductions; ficco's own CE plans reduce locally.
-    collective = spec_of(p.pattern).collective
-    if (
-        s.transport is Transport.NCCL_CE
-        and collective.reduces
-        and s.granularity is Granularity.SERIAL
-    ):
-        return f"nccl_ce has no {collective.value} (copy engines do not reduce)"
-    return None
-
-
-#: dtypes torch's symmetric-memory all-reduce kernels dispatch (``AT_DISPATCH_FLOAT_AND_BFLOAT16``
-#: in ``CUDASymmetricMemoryOps.cu``): no fp16
-SYMM_DTYPES = ("fp32", "bf16")
-#: the kernels' smallest vector: a range's offset and size in bytes are multiples of this
-#: (``get_and_verify_alignment``: max(4, element size))
-SYMM_ALIGNMENT_BYTES = 4
-
-
-def symm_kernels_need_all_reduce(p: Problem, s: Schedule) -> str | None:
-    if s.transport.is_symm_all_reduce and not spec_of(p.pattern).all_reduce:
+def transport_serves_pattern(p: Problem, s: Schedule) -> str | None:
+    t = s.transport.traits
+    if not t.serves(spec_of(p.pattern)):
+        alternatives = names(transports_where(lambda x: x.serves(spec_of(p.pattern))))
         return (
-            f"{s.transport.value} is PyTorch symmetric memory's all-reduce kernel; {p.pattern} "
-            "has no all-reduce (use ce, nccl or nccl_ce)"
+            f"{s.transport.value} ({t.summary}) serves {', '.join(map(str, t.patterns))} only, "
+            f"not {p.pattern} (use {alternatives})"
         )
     return None
 
 
-def symm_kernels_reduce_whole_chunks(p: Problem, s: Schedule) -> str | None:
-    # rs_ag builds its all-reduce from gemm_rs's transfers and reductions; a symmetric-memory
-    # kernel is a whole all-reduce of its chunk (two-shot is itself a reduce-scatter then an
-    # all-gather, inside one kernel)
-    if s.transport.is_symm_all_reduce and s.all_reduce is AllReduce.RS_AG:
+def transport_moves_dtype(p: Problem, s: Schedule) -> str | None:
+    t = s.transport.traits
+    if t.dtypes is not None and p.dtype not in t.dtypes:
         return (
-            f"{s.transport.value} all-reduces each chunk whole in one kernel; rs_ag builds its "
-            "all-reduce from transfers (use ce, nccl or nccl_ce with rs_ag)"
+            f"{s.transport.value} ({t.summary}) runs {' and '.join(t.dtypes)} only, not dtype "
+            f"{p.dtype}"
         )
     return None
 
 
-def symm_kernels_need_contiguous_chunks(p: Problem, s: Schedule) -> str | None:
-    # the kernels take one contiguous range of a symmetric buffer (the same offset on every
-    # rank); a column chunk of the row-major [M, N] output is strided
-    if s.transport.is_symm_all_reduce and s.split is not Split.M:
+def transport_needs_contiguous_chunks(p: Problem, s: Schedule) -> str | None:
+    # A strided slice makes copy_ launch an SM kernel, which defeats the copy engine; the
+    # symmetric-memory kernels take one contiguous range of the buffer (the same offset on
+    # every rank).
+    t = s.transport.traits
+    if t.contiguous_only and s.split is not Split.M:
         return (
-            f"{s.transport.value} reduces a contiguous range of the symmetric buffer; split "
+            f"{s.transport.value} ({t.summary}) moves contiguous row chunks only; split "
             f"{s.split.value} chunks are strided (use row chunks, -m)"
         )
     return None
 
 
-def symm_kernels_need_fp32_or_bf16(p: Problem, s: Schedule) -> str | None:
-    if s.transport.is_symm_all_reduce and p.dtype not in SYMM_DTYPES:
+def transport_needs_aligned_ranges(p: Problem, s: Schedule) -> str | None:
+    t = s.transport.traits
+    align, spec = t.alignment_bytes, spec_of(p.pattern)
+    if align == 1 or not t.serves(spec) or s.split is not Split.M:
+        return None  # strided chunks and other patterns are refused by the rules above
+    # a range is whole rows of the matrix the collective moves (A or x [*, K]; C or y [*, N])
+    width, name = spec.moved_cols(p), spec.moved_dim
+    row_bytes = width * p.dtype_bytes
+    if row_bytes % align == 0:
+        return None
+    if spec.routed:
+        # a block's segments start at whatever row the routing puts them
         return (
-            f"torch's symmetric-memory all-reduce kernels run {' and '.join(SYMM_DTYPES)} only, "
-            f"not dtype {p.dtype}"
+            f"{s.transport.value} moves {align}-byte vectors: a row of {name}={width} "
+            f"{p.dtype} elements is {row_bytes} bytes, not a multiple of {align}"
         )
+    for r0, r1 in cut(split_extent(p, s.split, s), s):
+        if (r0 * row_bytes) % align or ((r1 - r0) * row_bytes) % align:
+            return (
+                f"{s.transport.value} needs every chunk's offset and size to be multiples of "
+                f"{align} bytes; rows {r0}..{r1} of {name}={width} {p.dtype} are not"
+            )
     return None
 
 
-def symm_kernels_need_aligned_chunks(p: Problem, s: Schedule) -> str | None:
-    # a row chunk [r0, r1) of the [M, N] buffer starts r0 * N elements in and holds
-    # (r1 - r0) * N: with an odd N in bf16 an odd row count breaks the kernels' 4-byte vectors
-    if not s.transport.is_symm_all_reduce or s.split is not Split.M:
-        return None
-    row_bytes = p.n * p.dtype_bytes
-    for r0, r1 in cut(p.m, s):
-        if (r0 * row_bytes) % SYMM_ALIGNMENT_BYTES or (
-            (r1 - r0) * row_bytes
-        ) % SYMM_ALIGNMENT_BYTES:
-            return (
-                f"{s.transport.value} needs every chunk's offset and size to be multiples of "
-                f"{SYMM_ALIGNMENT_BYTES} bytes; rows {r0}..{r1} of n={p.n} {p.dtype} are not"
-            )
+def transport_reduces(p: Problem, s: Schedule) -> str | None:
+    # ficco's own one-sided plans reduce what they push; a serial schedule's own collective
+    # must reduce by itself
+    t, collective = s.transport.traits, spec_of(p.pattern).collective
+    if not t.reduces and collective.reduces and s.granularity is Granularity.SERIAL:
+        return f"{s.transport.value} has no {collective.value} ({t.summary}: they do not reduce)"
+    return None
+
+
+def rs_ag_needs_transfers(p: Problem, s: Schedule) -> str | None:
+    # rs_ag builds its all-reduce from gemm_rs's transfers and reductions; a symmetric-memory
+    # kernel is a whole all-reduce of its chunk (two-shot is itself a reduce-scatter then an
+    # all-gather, inside one kernel)
+    t = s.transport.traits
+    if s.all_reduce is AllReduce.RS_AG and not t.moves_transfers:
+        spec = spec_of(p.pattern)
+        movers = transports_where(lambda x: x.moves_transfers and x.serves(spec))
+        return (
+            f"{s.transport.value} ({t.summary}) all-reduces each chunk whole; rs_ag builds "
+            f"its all-reduce from transfers (use {names(movers)} with rs_ag)"
+        )
     return None
 
 
@@ -246,52 +247,13 @@ def fused_needs_symmetric_memory(p: Problem, s: Schedule) -> str | None:
     # stores); an SM-based transport beside a GEMM that spins on its SMs could starve. For
     # gemm_ar the fused GEMM's stores are the all-reduce's transport: symm1/symm2 would be a
     # second one.
-    if s.compute is Compute.FUSED and s.transport is not Transport.CE:
+    if s.compute is Compute.FUSED and not s.transport.traits.carries_flags:
+        carriers = names(transports_where(lambda t: t.carries_flags))
         return (
-            f"fused compute needs the ce transport (flags in symmetric memory set after "
-            f"copy-engine copies or the peer's stores), not {s.transport.value}"
+            f"fused compute needs the {carriers} transport (flags in symmetric memory set "
+            f"after its copies or the peer's stores), not {s.transport.value}"
         )
     return None
-
-
-# --- seg: one segment-copy kernel per step (the all-to-all patterns) ------------------------
-
-#: the segment-copy kernel moves 16-byte vectors (``ficco.kernels.segment_copy.ALIGN_BYTES``):
-#: every segment's offset and length must be multiples of it
-SEG_ALIGNMENT_BYTES = 16
-
-
-def seg_needs_all_to_all(p: Problem, s: Schedule) -> str | None:
-    # ag_gemm / gemm_rs steps move one contiguous chunk of one peer, and the serial
-    # collectives are one copy per peer behind a reduction or a gather: nothing to batch
-    # that ce does not already issue as one copy; gemm_ar reduces (the spec's
-    # ``batched_blocks``: steps that move several row blocks at once, one per peer)
-    if s.transport is Transport.SEG and not spec_of(p.pattern).batched_blocks:
-        return (
-            f"seg batches a step's per-peer blocks of an all-to-all into one kernel; "
-            f"{p.pattern} has no all-to-all (use ce)"
-        )
-    return None
-
-
-def seg_needs_aligned_rows(p: Problem, s: Schedule) -> str | None:
-    # a segment is whole rows of x [*, K] (dispatch) or y [*, N] (combine) in a buffer whose
-    # base is aligned: rows of a multiple of 16 bytes keep every segment aligned
-    spec = spec_of(p.pattern)
-    if s.transport is not Transport.SEG or not spec.batched_blocks:
-        return None
-    width, name = spec.moved_cols(p), spec.moved_dim
-    if (width * p.dtype_bytes) % SEG_ALIGNMENT_BYTES:
-        return (
-            f"seg copies {SEG_ALIGNMENT_BYTES}-byte vectors: a row of {name}={width} "
-            f"{p.dtype} elements is {width * p.dtype_bytes} bytes, not a multiple of "
-            f"{SEG_ALIGNMENT_BYTES}"
-        )
-    return None
-
-
-#: transports that communicate on SMs, beside which an SM reserve can leave the GEMM room
-SM_COMM_TRANSPORTS = (Transport.NCCL, Transport.SEG)
 
 
 def sm_reserve_needs_triton(p: Problem, s: Schedule) -> str | None:
@@ -306,11 +268,12 @@ def sm_reserve_needs_sm_comm(p: Problem, s: Schedule) -> str | None:
     if s.compute is Compute.FUSED:
         return None
     # symm1/symm2 run on SMs too, but torch's ops take no SM budget (their grids, at most 24
-    # blocks, are fixed inside the op, CUDASymmetricMemoryOps.cu), so they are left out of
-    # the reserve like the copy engines until a measurement shows a GEMM-side reserve pays
-    if s.sm_reserve and (s.transport not in SM_COMM_TRANSPORTS or not s.overlapped):
+    # blocks, are fixed inside the op, CUDASymmetricMemoryOps.cu), so their traits leave them
+    # out of the reserve like the copy engines until a measurement shows a GEMM-side one pays
+    if s.sm_reserve and (not s.transport.traits.sm_reserve or not s.overlapped):
+        reserved = names(transports_where(lambda t: t.sm_reserve))
         return (
-            "an SM reserve only helps SM-based communication (nccl, seg) or a fused GEMM "
+            f"an SM reserve only helps SM-based communication ({reserved}) or a fused GEMM "
             "running beside other work"
         )
     return None
@@ -336,13 +299,12 @@ RULES: tuple[Rule, ...] = (
     granularity_fixes_chunks,
     split_applies_to_pattern,
     chunks_fit_extent,
-    copy_engine_needs_contiguous_chunks,
-    copy_engine_cannot_reduce,
-    symm_kernels_need_all_reduce,
-    symm_kernels_reduce_whole_chunks,
-    symm_kernels_need_contiguous_chunks,
-    symm_kernels_need_fp32_or_bf16,
-    symm_kernels_need_aligned_chunks,
+    transport_serves_pattern,
+    transport_moves_dtype,
+    transport_needs_contiguous_chunks,
+    transport_needs_aligned_ranges,
+    transport_reduces,
+    rs_ag_needs_transfers,
     rs_ag_needs_all_reduce,
     rs_ag_needs_overlap,
     rs_ag_needs_even_shards,
@@ -356,8 +318,6 @@ RULES: tuple[Rule, ...] = (
     fused_needs_triton,
     fused_needs_row_chunks,
     fused_needs_symmetric_memory,
-    seg_needs_all_to_all,
-    seg_needs_aligned_rows,
     sm_reserve_needs_triton,
     sm_reserve_needs_sm_comm,
     sm_reserve_leaves_sms,

@@ -27,6 +27,8 @@ import enum
 import re
 from dataclasses import dataclass
 
+from ficco.space.transports import Transport
+
 
 class Granularity(enum.StrEnum):
     SERIAL = "serial"  # whole collective, then whole GEMM: "don't overlap" is always legal
@@ -38,30 +40,6 @@ class Split(enum.StrEnum):
     M = "m"  # rows: contiguous chunks
     N = "n"  # output columns: strided chunks
     K = "k"  # reduction columns: strided chunks, partial sums accumulate
-
-
-class Transport(enum.StrEnum):
-    CE = "ce"  # copy engines through symmetric memory (pull for gathers, push for scatters)
-    NCCL = "nccl"  # NCCL kernels on SMs
-    NCCL_CE = "nccl_ce"  # NCCL zero-CTA (copy-engine) collectives, where the build has them
-    # gemm_ar only: PyTorch symmetric memory's all-reduce kernels (on SMs) over the symmetric
-    # buffer the chunk's GEMM wrote
-    SYMM1 = "symm1"  # one-shot: every rank reads every peer's chunk and sums them
-    SYMM2 = "symm2"  # two-shot: each rank reduces 1/W of the chunk, then all-gathers it
-    # all-to-all patterns only: each step's segments (every peer's chunk, the local block)
-    # moved by one segment-copy kernel launch (on SMs) over the peers' symmetric buffers
-    SEG = "seg"
-
-    @property
-    def is_one_sided(self) -> bool:
-        """Moves data through peers' symmetric buffers (ce, seg): pulls and pushes, no
-        collective, a start barrier."""
-        return self in (Transport.CE, Transport.SEG)
-
-    @property
-    def is_symm_all_reduce(self) -> bool:
-        """One of symmetric memory's all-reduce kernels (symm1, symm2)."""
-        return self in (Transport.SYMM1, Transport.SYMM2)
 
 
 class Order(enum.StrEnum):

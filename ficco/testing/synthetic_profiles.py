@@ -21,6 +21,7 @@ import math
 from functools import lru_cache
 
 from ficco.problem import Problem
+from ficco.space.transports import traits
 
 #: Made-up models: (hidden, ffn); names say they are synthetic.
 SYNTHETIC_MODELS: dict[str, tuple[int, int]] = {
@@ -109,20 +110,21 @@ def synthetic_time_ms(problem: Problem, schedule: str) -> float:
     rows, _, comm_bytes, shard_bytes, _ = _sizes(problem)
     w = problem.world
     head, transport, gemm = schedule.split("+")[0].split("/")
+    nccl = traits(transport).cost_class == "nccl"  # SM kernels, else copy-engine copies
     hi = schedule.endswith("+hi")
     triton = gemm == "triton"
     if head == "serial":
         comm = (
             0.06 + comm_bytes / 100e6
-            if transport == "nccl"
+            if nccl
             else (w - 1) * (0.013 + shard_bytes / 150e6)
         )
         return _gemm_ms(rows, problem.n, problem.k, triton) + comm
     chunks = 1 if head == "shard" else int(head.split("-")[1][1:])
-    slow = 1.35 if transport == "nccl" else 1.05 + (0.02 if hi else 0.0)
+    slow = 1.35 if nccl else 1.05 + (0.02 if hi else 0.0)
     g = _gemm_ms(rows / (w * chunks), problem.n, problem.k, triton) * slow
     piece = shard_bytes / chunks
-    copy = 0.03 + piece / 100e6 if transport == "nccl" else (0.013 + piece / 150e6)
+    copy = 0.03 + piece / 100e6 if nccl else (0.013 + piece / 150e6)
     copy *= 0.97 if hi else 1.0
     t = chunks * g  # the local shard first, needing no transfer
     for i in range((w - 1) * chunks):
