@@ -11,7 +11,7 @@ from ficco.execute.allreduce import SYMM_KINDS
 from ficco.execute.options import TimingOptions
 from ficco.model import graphed
 from ficco.model.predict import PREDICTED_SPACE
-from ficco.plan.allreduce import WRITTEN_BY_KIND
+from ficco.plan.allreduce import all_reduce_source
 from ficco.problem import Pattern, Problem
 from ficco.space import (
     GRAPH_MODES,
@@ -62,13 +62,21 @@ def test_every_transport_that_moves_transfers_has_one_way_to_issue_them():
         assert r.cost_class in COST_CLASSES
 
 
-def test_every_all_reduce_kind_is_lowered_and_run_by_both_backends():
+def test_every_all_reduce_kind_is_run_by_both_backends_from_its_source():
     # the CPU and CUDA primitives run NCCL's "all_reduce" and the symmetric-memory kinds
     for t in Transport:
         kind = t.traits.all_reduce_kind
-        if kind is not None:
-            assert kind in WRITTEN_BY_KIND, t
-            assert kind == "all_reduce" or kind in SYMM_KINDS, t
+        assert kind is None or kind == "all_reduce" or kind in SYMM_KINDS, t
+    # where a gemm_ar chunk's GEMM writes (what the plans lowered before the traits)
+    source = {t: all_reduce_source(Schedule(transport=t)) for t in Transport}
+    assert source == {
+        Transport.CE: "partial",
+        Transport.NCCL: "partial",
+        Transport.NCCL_CE: "partial",
+        Transport.SYMM1: "staging",
+        Transport.SYMM2: "c",
+        Transport.SEG: "partial",
+    }
 
 
 def test_the_answers_the_layers_used_to_list_by_hand():

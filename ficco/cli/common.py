@@ -15,6 +15,7 @@ import click
 from ficco.backends import DEFAULT_BACKEND
 from ficco.defaults import DEFAULT_MACHINE
 from ficco.problem import DTYPE_BYTES, Pattern
+from ficco.space.transports import GRAPH_MODES, names, transports_where
 from ficco.validate import InputError
 
 PATTERNS = [p.value for p in Pattern]
@@ -220,12 +221,12 @@ def problem_of(params: dict, backend: str = DEFAULT_BACKEND):
 #: ``--graphs``, shared by ``ficco run`` and ``ficco sweep``
 graphs_option = click.option(
     "--graphs",
-    type=click.Choice(["all", "ce", "none"]),
+    type=click.Choice(list(GRAPH_MODES)),
     default="all",
     show_default=True,
     help=(
         "cuda: capture verified schedules in CUDA graphs (all; ce: only plans without NCCL "
-        "calls: ce, seg, symm1, symm2)."
+        f"calls: {names(transports_where(lambda t: t.communicator is None))})."
     ),
 )
 

@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ficco import defaults
+from ficco.space.transports import GRAPH_MODES  # graphs values, beside runs_as_graph
 
 #: ``TimingOptions.issue`` entries
 ISSUE_MODES = ("queued", "synced")
-#: ``TimingOptions.graphs`` values
-GRAPH_MODES = ("all", "ce", "none")
 
 Rounds = int | Literal["auto"]
 

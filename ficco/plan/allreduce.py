@@ -17,8 +17,8 @@ Two ways to build the all-reduce:
   two-shot kernels) the chunk's GEMM writes a peer-visible buffer at the same offset on
   every rank (``staging`` row block 0, or ``c`` itself) and one collective of kind
   ``one_shot_all_reduce`` (into ``c``) or ``two_shot_all_reduce`` (in place) reduces it
-  (the transport's ``all_reduce_kind``, :data:`WRITTEN_BY_KIND`; the kernels synchronize the
-  ranks themselves).
+  (the transport's ``all_reduce_kind``, :func:`all_reduce_source`; the kernels synchronize
+  the ranks themselves).
   ``+fused`` (``finer``, ``ce``): one persistent GEMM whose epilogue stores each tile into
   every rank's staging block and flags it there; each rank reduces chunk j once the W
   sources' flags are set (``ficco.plan.fused``).
@@ -54,7 +54,6 @@ from ficco.plan.tags import transfer_tag
 from ficco.problem import Pattern, Problem
 from ficco.space import AllReduce, Compute, Granularity, Schedule, Split
 from ficco.space.geometry import cut
-from ficco.space.transports import ONE_SHOT_ALL_REDUCE, TWO_SHOT_ALL_REDUCE
 
 
 def ar_buffers(p: Problem, rank: int = 0) -> tuple[BufferSpec, ...]:
@@ -77,16 +76,16 @@ def plan_gemm_ar(p: Problem, s: Schedule, rank: int) -> Plan:
     return _plan_direct(p, s, rank)
 
 
-#: where a chunk's GEMM writes its partial, by the collective kind its all-reduce lowers to
-#: (``TransportTraits.all_reduce_kind``): NCCL's reduces ``partial`` into ``c``; the
-#: symmetric-memory kernels read every rank at the same offset: one-shot reads ``staging``
-#: row block 0 of every rank and writes ``c``, two-shot reduces ``c`` in place (each rank
-#: reduces 1/W of the chunk and stores it into every rank's ``c``)
-WRITTEN_BY_KIND: dict[str, str] = {
-    "all_reduce": "partial",
-    ONE_SHOT_ALL_REDUCE: "staging",
-    TWO_SHOT_ALL_REDUCE: "c",
-}
+def all_reduce_source(s: Schedule) -> str:
+    """The buffer a direct chunk's GEMM writes and its all-reduce reads: the output ``c``
+    for an in-place kernel (two-shot: each rank reduces 1/W of the chunk and stores it into
+    every rank's ``c``); peer-visible ``staging`` row block 0 for a symmetric-memory kernel
+    that reads every rank at the same offset (one-shot); else ``partial`` (NCCL's, which
+    the executor copies into ``c`` and reduces there; pushed partials reduced by the ranks)."""
+    t = s.transport.traits
+    if t.all_reduce_in_place:
+        return "c"
+    return "staging" if t.all_reduce_kind is not None and t.symmetric_memory else "partial"
 
 
 def _plan_direct(p: Problem, s: Schedule, rank: int) -> Plan:
@@ -97,8 +96,7 @@ def _plan_direct(p: Problem, s: Schedule, rank: int) -> Plan:
     # NCCL's all-reduce, or a symmetric-memory kernel, is one collective per chunk; copy
     # engines and NCCL's zero-CTA copies cannot reduce, so they push the partials and the
     # ranks reduce them (the space refuses serial nccl_ce)
-    kind = s.transport.traits.all_reduce_kind
-    written = "partial" if kind is None else WRITTEN_BY_KIND[kind]
+    kind, written = s.transport.traits.all_reduce_kind, all_reduce_source(s)
     peers = peer_steps(rank, w, True)[:-1]  # (receive from, send to), step by step
     for j, piece in enumerate(pieces):
         rows, cols = ((0, M), piece) if split_n else (piece, (0, N))

@@ -15,17 +15,19 @@ How to add a transport (the files it touches):
    pushes, NCCL-style paired batches, segment groups, or a chunk all-reduce kind), the
    executors issue it by them and ``runs_as_graph`` decides its capture.
    ``tests/test_transports.py`` fails until the record exists.
-2. Its primitive on each backend, in one module beside ``ficco/execute/allreduce.py`` (the
-   symmetric-memory kernels on CUDA and their gloo stand-in on CPU) or
-   ``ficco/execute/segment.py``; needed only where it moves data in a way no existing
-   transport does (a new ``CollectiveOp`` kind, or a new way to issue a transfer).
+2. Its primitive on each backend, where it moves data in a way no transport does yet: a
+   new all-reduce kernel is a ``CollectiveOp`` kind in ``ficco/execute/allreduce.py`` (its
+   CUDA call, its gloo stand-in, and ``SYMM_KINDS``, on which both executors dispatch). A
+   transport that issues like an existing one (one-sided copies, paired NCCL batches, one
+   segment-copy kernel per step, a chunk all-reduce of an existing kind) needs none.
 3. Where the cost model should price it apart from the existing classes: its cost class in
    ``ficco/model/costs.py`` (``cost_class`` names one of ``COST_CLASSES``; a transport
    priced as an existing class touches nothing there). Until it has been measured and the
    model calibrated on it (``calibrated``), ``ficco predict`` leaves it out.
 
-Tests aside, that is at most three files. The selector's schedule features are derived from
-the enum, so a new value gets its own column without an edit.
+Tests aside, that is at most three files. (A wholly new way of moving data, such as ``seg``'s
+one launch over many segments, is a new plan op, not only a transport: it adds the op to
+``ficco.plan.ops``, its lowering, and a method to each backend's primitives.)
 """
 
 from __future__ import annotations
@@ -131,6 +133,10 @@ class TransportTraits:
     all_reduce_kind: str | None
     """The ``CollectiveOp`` kind one chunk's direct all-reduce (gemm_ar) lowers to; None:
     the partials are pushed and every rank reduces them."""
+    all_reduce_in_place: bool = False
+    """That all-reduce sums the chunk where the GEMM wrote it (the output); otherwise it
+    reads a separate buffer (peer-visible ``staging`` on symmetric memory, else
+    ``partial``)."""
     capture: Capture
     communicator: str | None
     """The NCCL communicator it issues on (one of ``COMMUNICATORS``); None: its plans hold no
@@ -286,6 +292,7 @@ TRAITS: dict[Transport, TransportTraits] = {
             transport=Transport.SYMM2,
             summary="symmetric memory's two-shot all-reduce kernel",
             all_reduce_kind=TWO_SHOT_ALL_REDUCE,
+            all_reduce_in_place=True,
             **_SYMM_KERNEL,
         ),
         TransportTraits(
