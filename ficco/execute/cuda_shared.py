@@ -44,7 +44,8 @@ from ficco.execute.cuda import CudaBackend, CudaPrimitives
 from ficco.execute.cuda_setup import FLUSH_BYTES, RankContext
 from ficco.plan import CollectiveOp, Plan, TransferOp, build_plan, run_tag
 from ficco.problem import Pattern, Problem
-from ficco.space import Compute, Schedule, Transport
+from ficco.space import Compute, Schedule, runs_as_graph
+from ficco.space.transports import SYMM_MEM_KINDS
 from ficco.verdict import Unavailable
 
 #: what every run of this backend says about its timings
@@ -76,9 +77,10 @@ def shared_capability(problem: Problem, schedule: Schedule) -> str | None:
     """Why ranks that share a GPU cannot run ``schedule``, or None."""
     if schedule.compute is Compute.FUSED:
         return FUSED_REASON
-    if schedule.transport.is_symm_all_reduce:
+    traits = schedule.transport.traits
+    if traits.all_reduce_kind in SYMM_MEM_KINDS:  # torch's symmetric-memory kernels
         return SYMM_REASON
-    if schedule.transport is Transport.NCCL_CE:
+    if traits.communicator == "nccl_zero_cta":
         return NCCL_CE_REASON
     return None
 
@@ -260,7 +262,7 @@ def init_shared_rank(rank: int, world: int, init_file: str | None, timeout_s: fl
 
 def host_comm(plan: Plan) -> bool:
     """Whether ``plan`` moves data through gloo (collectives, two-sided transfers)."""
-    one_sided = plan.schedule.transport.is_one_sided
+    one_sided = plan.schedule.transport.traits.one_sided
     return any(
         isinstance(t.op, CollectiveOp) or (isinstance(t.op, TransferOp) and not one_sided)
         for t in plan.tasks
@@ -389,9 +391,10 @@ class CudaSharedBackend(CudaBackend):
         return out
 
     def wants_graph(self, options, schedule: Schedule) -> bool:
-        """Copy-engine and segment-copy plans are captured (their signals are stream memory
-        operations); gloo plans never are (host calls)."""
-        return schedule.transport.is_one_sided and options.graphs in ("all", "ce")
+        """``ficco.space.runs_as_graph``'s answer for the one-sided plans (copy-engine and
+        segment-copy: their signals are stream memory operations); every other plan's
+        collectives and transfers are gloo host calls here, which no graph captures."""
+        return schedule.transport.traits.one_sided and runs_as_graph(schedule, options.graphs)
 
     def capture(self, fn: Callable[[], None]) -> SharedReplay:
         return SharedReplay(super().capture(fn), self.ctx.fence)

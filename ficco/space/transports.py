@@ -54,6 +54,7 @@ COMMUNICATORS = ("nccl", "nccl_zero_cta")
 #: ``CollectiveOp`` kinds of torch's symmetric-memory all-reduce kernels (symm1, symm2)
 ONE_SHOT_ALL_REDUCE = "one_shot_all_reduce"
 TWO_SHOT_ALL_REDUCE = "two_shot_all_reduce"
+SYMM_MEM_KINDS = (ONE_SHOT_ALL_REDUCE, TWO_SHOT_ALL_REDUCE)
 
 
 class Transport(enum.StrEnum):
