@@ -60,6 +60,11 @@ def test_every_transport_that_moves_transfers_has_one_way_to_issue_them():
             assert r.one_sided != r.batches_pairs, t
         assert not r.batches_segments or r.one_sided, t  # segment groups are one-sided
         assert r.cost_class in COST_CLASSES
+        # bytes move on copy engines or on SMs; a copy engine moves contiguous ranges only;
+        # only SM-based communication takes an SM reserve
+        assert r.copy_engine != r.on_sms, t
+        assert not r.copy_engine or r.contiguous_only, t
+        assert not r.sm_reserve or r.on_sms, t
 
 
 def test_every_all_reduce_kind_is_run_by_both_backends_from_its_source():

@@ -143,7 +143,9 @@ class TransportTraits:
     """The NCCL communicator it issues on (one of ``COMMUNICATORS``); None: its plans hold no
     NCCL call."""
     cost_class: str
-    """The cost model's class of its transfers (one of ``COST_CLASSES``)."""
+    """The cost model's class of its transfers (one of ``COST_CLASSES``): ``ce`` prices them
+    as one-sided copy-engine copies (a push's receiver waits on its signal), ``nccl`` as
+    NCCL send/recv batches. Uncalibrated transports are priced as the nearer class."""
     calibrated: bool
     """The shipped cost model was fitted on measurements of it (``ficco predict`` covers
     only these by default)."""
