@@ -147,7 +147,7 @@ def test_cli_workloads_json_and_csv(tmp_path):
         main,
         [
             "workloads",
-            "-m",
+            "--model",
             "llama3-70b",
             "--world",
             "8",
@@ -168,10 +168,10 @@ def test_cli_workloads_json_and_csv(tmp_path):
 
 def test_cli_workloads_table_and_unknown_model():
     runner = CliRunner()
-    result = runner.invoke(main, ["workloads", "-m", "mixtral-8x7b", "-w", "16", "-t", "4096"])
+    result = runner.invoke(main, ["workloads", "--model", "mixtral-8x7b", "-w", "16", "-t", "4096"])
     assert result.exit_code == 0, result.output
     assert "mixtral-8x7b.qkv" in result.output and "skipped" in result.output
-    assert runner.invoke(main, ["workloads", "-m", "nope"]).exit_code == 2
+    assert runner.invoke(main, ["workloads", "--model", "nope"]).exit_code == 2
 
 
 def test_cli_workloads_takes_several_values_after_one_flag():
@@ -179,8 +179,20 @@ def test_cli_workloads_takes_several_values_after_one_flag():
     and `--tokens=1024 2048`: the same problems."""
     runner = CliRunner()
     spelled = [
-        ["-m", "llama3-8b", "gpt3-175b", "-w", "2", "--tokens", "1024", "2048", "--json"],
-        ["-m", "llama3-8b", "-m", "gpt3-175b", "-w", "2", "-t", "1024", "-t", "2048", "--json"],
+        ["--model", "llama3-8b", "gpt3-175b", "-w", "2", "--tokens", "1024", "2048", "--json"],
+        [
+            "--model",
+            "llama3-8b",
+            "--model",
+            "gpt3-175b",
+            "-w",
+            "2",
+            "-t",
+            "1024",
+            "-t",
+            "2048",
+            "--json",
+        ],
         ["--json", "-w", "2", "--tokens=1024", "2048", "--model", "llama3-8b", "gpt3-175b"],
     ]
     keys = []
@@ -453,7 +465,7 @@ def test_inference_phases_give_the_row_parallel_layers_as_gemm_ar():
 
 def test_cli_workloads_phase_uses_the_phase_tokens_unless_given():
     runner = CliRunner()
-    args = ["workloads", "-m", "llama3-8b", "-w", "2", "--json"]
+    args = ["workloads", "--model", "llama3-8b", "-w", "2", "--json"]
     decode = json.loads(runner.invoke(main, [*args, "--phase", "decode"]).stdout)
     assert decode["setup"]["phase"] == "decode"
     assert decode["setup"]["tokens"] == list(PHASE_TOKENS["decode"])
