@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import ficco.api as api
+
 REPO = Path(__file__).resolve().parents[1]
 AG = ["ag_gemm", "--m", "64", "--n", "16", "--k", "16", "-w", "2"]
 RS = ["gemm_rs", "--m", "96", "--n", "80", "--k", "72", "-w", "2"]
@@ -35,6 +37,14 @@ BAD_INPUTS = [
     ("sweep timeout zero", [*SWEEP_CPU, "--store", "s", "--timeout", "0"], "--timeout"),
     ("sweep trials zero", [*SWEEP_CPU, "--store", "s", "--strategy", "optuna", "--trials", "0"], "--trials"),
     ("sweep trial fraction above 1", [*SWEEP_CPU, "--store", "s", "--trial-fraction", "1.5"], "--trial-fraction"),
+    # options that the run would ignore are refused, not dropped
+    ("optuna trials on an exhaustive sweep", [*SWEEP_CPU, "--store", "s", "--trials", "3"], "--trials"),
+    ("optuna batch on an exhaustive sweep", [*SWEEP_CPU, "--store", "s", "--batch", "2"], "--batch"),
+    ("optuna journal on an exhaustive sweep", [*SWEEP_CPU, "--store", "s", "--journal", "j"], "--journal"),
+    ("issue mode on a cpu sweep", [*SWEEP_CPU, "--store", "s", "--issue", "synced"], "--issue"),
+    ("graphs on a cpu sweep", [*SWEEP_CPU, "--store", "s", "--graphs", "none"], "--graphs"),
+    ("rounds on a cpu run that verifies only", [*RUN_CPU, "--rounds", "3"], "--rounds"),
+    ("graphs on a cpu run", [*RUN_CPU, "--graphs", "ce"], "--graphs"),
     ("sweep chunk count of one", [*SWEEP_CPU, "--store", "s", "--chunks", "1"], "--chunks"),
     ("sweep schedule limit not a number", [*SWEEP_CPU, "--store", "s", "--limit-schedules", "all"], "--limit-schedules"),
     ("sweep time limit negative", [*SWEEP_CPU, "--store", "s", "--time-limit", "-1"], "--time-limit"),
@@ -116,6 +126,19 @@ def test_bad_input_is_refused_in_one_line(kind, args, names, tmp_path):
     assert not (tmp_path / "s").exists(), f"{kind}: a store was created before the refusal"
     after = {p: p.stat().st_mtime_ns for p in (REPO / "schedules").rglob("*") if p.is_file()}
     assert after == shipped, f"{kind}: a shipped file changed"
+
+
+def test_ignored_options_are_refused_with_the_rule(tmp_path):
+    out = ficco([*SWEEP_CPU, "--store", "s", "--trials", "3"], tmp_path)
+    assert "applies to --strategy optuna only (this sweep's is exhaustive)" in out.stderr
+    out = ficco([*RUN_CPU, "--rounds", "3"], tmp_path)
+    assert "the cpu backend's runs verify only, untimed" in out.stderr
+    out = ficco([*SWEEP_CPU, "--store", "s", "--issue", "synced"], tmp_path)
+    assert "applies to GPU timing only" in out.stderr
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("placeholder\n")
+    with pytest.raises(ValueError, match="ep: .*applies to --workloads only"):
+        api.SweepRequest(store=str(tmp_path / "s"), shapes=str(shapes), ep=2, backend="cpu")
 
 
 def test_refusals_name_value_and_rule(tmp_path):

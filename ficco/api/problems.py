@@ -121,6 +121,17 @@ def timing_options(
     issue modes, one timing pass each (queued, synced); ``graphs`` which verified schedules
     are captured in CUDA graphs (all, ce, none); ``signatures`` whether each schedule's
     inefficiency signature is measured too. None or empty: the backend's default."""
+    spec = backend_spec(backend)
+    if spec.device == "cpu":
+        # a host clock times synchronously and captures nothing: these would be ignored
+        for name, value in (("issue", issue), ("graphs", graphs)):
+            if value:
+                raise InputError(
+                    name,
+                    value,
+                    f"applies to GPU timing only; the {spec.name} backend's host "
+                    "timing is synchronous and captures nothing",
+                )
     changes: dict = {}
     if rounds is not None:
         changes["rounds"] = validate.rounds("rounds", rounds)
@@ -130,7 +141,7 @@ def timing_options(
         changes["graphs"] = validate.choice("graphs", graphs, GRAPH_MODES)
     if signatures is not None:
         changes["signatures"] = validate.flag("signatures", signatures)
-    return replace(backend_spec(backend).timing, **changes)
+    return replace(spec.timing, **changes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,6 +185,13 @@ class RunRequest:
             backend, rounds=rounds, issue=issue, graphs=graphs, signatures=False
         )
         timed = backend_spec(backend).run_timed
+        if not timed:
+            # a run that only verifies would ignore them
+            for name, value in (("rounds", rounds), ("issue", issue), ("graphs", graphs)):
+                if value:
+                    raise InputError(
+                        name, value, f"the {backend} backend's runs verify only, untimed"
+                    )
         return cls(
             backend=backend, seed=seed, timeout_s=timeout_s, timing=timing if timed else None
         )

@@ -137,7 +137,9 @@ class SweepRequest:
     """None: fp32 on cpu, bf16 on cuda (with ``shapes``: the CSV's)."""
     strategy: str = "exhaustive"
     trials: int | None = None
-    trial_fraction: float = 0.3
+    """optuna: schedules per problem (None: ``trial_fraction`` of them)."""
+    trial_fraction: float | None = None
+    """optuna: share of the candidates measured without ``trials`` (None: the sweep's default)."""
     backend: str = DEFAULT_BACKEND
     limit_schedules: int | None = None
     gemms: tuple[str, ...] = ()
@@ -152,8 +154,10 @@ class SweepRequest:
     values); None: the backend's default (3 rounds on cpu; 10 rounds with signatures on cuda).
     A store holds one way of timing: its first issue mode."""
     time_limit_s: float | None = None
-    batch: int = 4
+    batch: int | None = None
+    """optuna: trials per call (None: the sweep's default)."""
     journal: str | None = None
+    """optuna: the studies' journal file."""
     force: bool = False
     """Allow a store inside ficco's shipped ``profiles/`` (appending to shipped records)."""
 
@@ -182,10 +186,11 @@ class SweepRequest:
 
         set_("strategy", validate.choice("strategy", self.strategy, tuple(STRATEGIES)))
         set_("trials", validate.optional_count("trials", self.trials))
-        set_(
-            "trial_fraction",
-            validate.number("trial_fraction", self.trial_fraction, above=0, at_most=1),
-        )
+        if self.trial_fraction is not None:
+            set_(
+                "trial_fraction",
+                validate.number("trial_fraction", self.trial_fraction, above=0, at_most=1),
+            )
         set_("limit_schedules", validate.optional_count("limit_schedules", self.limit_schedules))
         set_("gemms", validate.choices("gemm", self.gemms, GEMMS))
         set_("transports", validate.choices("transport", self.transports, TRANSPORTS))
@@ -199,7 +204,17 @@ class SweepRequest:
         set_("timing", timing)
         if self.time_limit_s is not None:
             set_("time_limit_s", validate.number("time_limit_s", self.time_limit_s, at_least=0))
-        set_("batch", validate.count("batch", self.batch))
+        if self.batch is not None:
+            set_("batch", validate.count("batch", self.batch))
+        if self.strategy != "optuna":
+            # an optuna option on another strategy would be silently ignored
+            for name in ("trials", "trial_fraction", "batch", "journal"):
+                if getattr(self, name) is not None:
+                    raise InputError(
+                        name,
+                        getattr(self, name),
+                        f"applies to --strategy optuna only (this sweep's is {self.strategy})",
+                    )
         set_("force", validate.flag("force", self.force))
         if bool(self.workloads) == bool(self.shapes):
             raise InputError(
@@ -209,6 +224,10 @@ class SweepRequest:
             )
         if self.workloads and self.world is None:
             raise InputError("world", None, "--workloads needs --world W")
+        if self.shapes and self.ep is not None:
+            raise InputError(
+                "ep", self.ep, "applies to --workloads only (a shapes CSV gives each problem's)"
+            )
         if self.shapes is not None and not Path(self.shapes).is_file():
             raise InputError("shapes", self.shapes, "no such file")
         if self.journal is not None:
@@ -310,14 +329,19 @@ def sweep(
     check_chunk_counts(problems, space)
     sizes_from = "shapes" if request.shapes else ("tokens" if request.tokens else "workloads")
     check_memory(problems, request.backend, sizes_from)
+    # optuna's knobs the request leaves out keep SweepOptions' defaults (one definition)
+    optuna = {
+        name: getattr(request, name)
+        for name in ("trial_fraction", "batch")
+        if getattr(request, name) is not None
+    }
     options = SweepOptions(
         limit_schedules=request.limit_schedules,
         trials=request.trials,
-        trial_fraction=request.trial_fraction,
-        batch=request.batch,
         seed=request.seed,
         time_limit_s=request.time_limit_s,
         journal=request.journal,
+        **optuna,
         **({} if observer is None else {"observer": observer}),
     )
     runner = make_runner(

@@ -222,11 +222,10 @@ def problem_of(params: dict, backend: str = DEFAULT_BACKEND):
 graphs_option = click.option(
     "--graphs",
     type=click.Choice(list(GRAPH_MODES)),
-    default="all",
-    show_default=True,
+    default=None,
     help=(
         "cuda: capture verified schedules in CUDA graphs (all; ce: only plans without NCCL "
-        f"calls: {names(transports_where(lambda t: t.communicator is None))})."
+        f"calls: {names(transports_where(lambda t: t.communicator is None))}) [default: all]."
     ),
 )
 
@@ -249,9 +248,8 @@ def issue_option(multiple: bool) -> Callable:
     return click.option(
         "--issue",
         type=click.Choice(["queued", "synced"]),
-        default="queued",
-        show_default=True,
-        help=_ISSUE_HELP,
+        default=None,
+        help=_ISSUE_HELP + " [default: queued]",
     )
 
 

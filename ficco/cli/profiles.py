@@ -34,7 +34,7 @@ from ficco.defaults import (
 )
 from ficco.problem import DTYPE_BYTES
 from ficco.space import Gemm, Transport
-from ficco.sweep.base import SweepObserver
+from ficco.sweep.base import SWEEP_DEFAULTS, SweepObserver
 from ficco.workloads import DEFAULT_TOKENS, MODELS, PHASE_TOKENS
 
 _MODEL_CHOICE = click.Choice(list(MODELS), case_sensitive=False)
@@ -244,9 +244,9 @@ class _ProgressObserver(SweepObserver):
     "--trial-fraction",
     metavar="FRACTION",
     type=str,
-    default=0.3,
-    show_default=True,
-    help="optuna: share of the candidates measured when --trials is not given.",
+    default=None,
+    help="optuna: share of the candidates measured when --trials is not given "
+    f"[default: {SWEEP_DEFAULTS.trial_fraction}].",
 )
 @backend_option(DEFAULT_BACKEND)
 @click.option(
@@ -317,9 +317,8 @@ class _ProgressObserver(SweepObserver):
     "--batch",
     metavar="INT",
     type=str,
-    default=4,
-    show_default=True,
-    help="optuna: trials per call.",
+    default=None,
+    help=f"optuna: trials per call [default: {SWEEP_DEFAULTS.batch}].",
 )
 @click.option(
     "--journal",

@@ -92,6 +92,10 @@ class SweepOptions:
             raise ValueError(f"time_limit_s: must be >= 0, got {self.time_limit_s}")
 
 
+#: the options of a sweep that names none (help texts show their defaults from here)
+SWEEP_DEFAULTS = SweepOptions()
+
+
 @dataclass(kw_only=True, slots=True)
 class ProblemOutcome:
     """What a sweep knows about one problem once it is done with it."""
