@@ -52,6 +52,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from ficco.execute.options import TimingOptions  # noqa: E402
+from ficco.execute.timing import DeviceClock, time_rounds  # noqa: E402
 from ficco.kernels import matmul, tune  # noqa: E402
 from ficco.kernels import persistent as kernel_paths  # noqa: E402
 from ficco.kernels.configs import split_plan  # noqa: E402
@@ -139,7 +141,8 @@ def fingerprint(commit: str | None) -> dict:
 
 
 class Timer:
-    """Interleaved per-launch CUDA-event timing with an L2 flush before every launch."""
+    """Interleaved per-launch CUDA-event timing with an L2 flush before every launch, rounds
+    in batches that the host queues behind a GPU sleep (`ficco.execute.timing`)."""
 
     def __init__(self, batch_rounds: int = 6, head_start_ms: float = 3.0) -> None:
         props = torch.cuda.get_device_properties(0)
@@ -159,25 +162,8 @@ class Timer:
         return 2_000_000 / max(s.elapsed_time(e), 1e-3)
 
     def interleaved(self, fns: dict[str, callable], rounds: int) -> dict[str, list[float]]:
-        names = list(fns)
-        times: dict[str, list[float]] = {name: [] for name in names}
-        for r0 in range(0, rounds, self.batch_rounds):
-            events = []
-            torch.cuda._sleep(self.sleep_cycles)  # the host queues this batch meanwhile
-            for r in range(r0, min(rounds, r0 + self.batch_rounds)):
-                shift = r % len(names)
-                for name in names[shift:] + names[:shift]:
-                    self.flush_buf.zero_()
-                    start = torch.cuda.Event(enable_timing=True)
-                    end = torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    fns[name]()
-                    end.record()
-                    events.append((name, start, end))
-            torch.cuda.synchronize()
-            for name, start, end in events:
-                times[name].append(start.elapsed_time(end))
-        return times
+        clock = DeviceClock(self.flush_buf, self.sleep_cycles, self.batch_rounds * len(fns))
+        return time_rounds(fns, TimingOptions(warmup=0, rounds=rounds), clock, rotate=True)
 
 
 def _median(xs: list[float]) -> float:

@@ -61,6 +61,8 @@ from fused_gpu_cases import (  # noqa: E402
     symmetric_flags,
 )
 
+from ficco.execute.options import TimingOptions  # noqa: E402
+from ficco.execute.timing import DeviceClock, time_rounds  # noqa: E402
 from ficco.kernels import matmul  # noqa: E402
 from ficco.kernels.fused import FusedChunkViews, FusedGemm  # noqa: E402
 from ficco.kernels.fused_configs import pointer_config  # noqa: E402
@@ -90,24 +92,11 @@ def catalog_shapes(sms: int) -> list[tuple[int, int, int]]:
     return sorted(shapes, key=lambda s: (s[0] * s[1] * s[2], s))
 
 
-def time_rounds(candidates: dict, rounds: int, cover_cycles: int) -> dict:
-    times: dict[str, list[float]] = {name: [] for name in candidates}
-    for fn in candidates.values():
-        fn()
-    torch.cuda.synchronize()
-    names = list(candidates)
-    for r in range(rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for name in order:
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            torch.cuda._sleep(cover_cycles)
-            start.record()
-            candidates[name]()
-            end.record()
-            torch.cuda.synchronize()
-            times[name].append(start.elapsed_time(end))
+def time_candidates(candidates: dict, rounds: int, cover_cycles: int) -> dict:
+    """One warm-up each, then ``rounds`` interleaved rounds (order rotated), each launch alone
+    on an idle GPU behind a ``cover_cycles`` sleep; median and IQR per candidate."""
+    clock = DeviceClock(cover_cycles=cover_cycles, sync_every=1)
+    times = time_rounds(candidates, TimingOptions(warmup=1, rounds=rounds), clock, rotate=True)
     out = {}
     for name, ts in times.items():
         q = statistics.quantiles(ts, n=4)
@@ -247,7 +236,7 @@ def run_shape(
     timed = {name: fn for name, fn in candidates.items() if name not in bad}
     timed["copies_alone"] = copies_alone
     flags.fill_(1)
-    result["timing"] = time_rounds(timed, rounds, int(COVER_US * cycles_per_us))
+    result["timing"] = time_candidates(timed, rounds, int(COVER_US * cycles_per_us))
     return result
 
 

@@ -78,25 +78,79 @@ def time_rounds(
     options: TimingOptions,
     clock: Clock,
     issue: str = "queued",
+    *,
+    rotate: bool = False,
 ) -> dict[str, list[float]]:
     """Interleaved rounds over ``candidates``; per candidate its per-iteration times (ms,
-    max across ranks), one per round it took. A collective: every rank calls it alike."""
+    max across ranks), one per round it took. A collective: every rank calls it alike.
+    ``rotate``: round r starts at the r-th candidate (A B C, B C A, ...), so no candidate
+    always follows the same one."""
     names = list(candidates)
     for _ in range(options.warmup):
         for name in names:
             candidates[name]()
     clock.synchronize()
     samples: dict[str, list[float]] = {name: [] for name in names}
-    active, rounds = names, options.first_rounds
+    active, rounds, round_no = names, options.first_rounds, 0
     while active:
         pending: dict[str, list] = {name: [] for name in active}
         for _ in range(rounds):
-            for name in active:
+            shift = round_no % len(active) if rotate else 0
+            for name in active[shift:] + active[:shift]:
                 clock.prepare(issue)
                 pending[name].append(clock.time(candidates[name]))
+            round_no += 1
         for name, got in clock.collect(pending).items():
             samples[name].extend(got)
         if not options.auto:
             break
         active, rounds = [n for n in active if needs_more(samples[n], options)], 1
     return samples
+
+
+class DeviceClock:
+    """One CUDA device, no ranks: events around each launch, after an optional L2 flush (a
+    write over ``flush``, a scratch tensor larger than the L2) and a GPU sleep of
+    ``cover_cycles`` that the host's enqueue hides behind (so host launch cost stays out of
+    the events). The host waits for the GPU every ``sync_every`` iterations (1: each launch
+    alone on an idle queue; more: the host queues a batch ahead). Benchmarks of single
+    kernels use it with `time_rounds`."""
+
+    def __init__(self, flush=None, cover_cycles: int = 0, sync_every: int = 1) -> None:
+        if sync_every < 1:
+            raise ValueError(f"sync_every: must be >= 1, got {sync_every}")
+        self.flush, self.cover_cycles, self.sync_every, self.count = (
+            flush,
+            int(cover_cycles),
+            sync_every,
+            0,
+        )
+
+    def prepare(self, issue: str) -> None:
+        import torch
+
+        if self.count % self.sync_every == 0:
+            torch.cuda.synchronize()
+            if self.cover_cycles:
+                torch.cuda._sleep(self.cover_cycles)
+        self.count += 1
+        if self.flush is not None:
+            self.flush.zero_()
+
+    def time(self, fn: Callable[[], None]):
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        return start, end
+
+    def collect(self, pending: dict[str, list]) -> dict[str, list[float]]:
+        self.synchronize()
+        return {name: [s.elapsed_time(e) for s, e in got] for name, got in pending.items()}
+
+    def synchronize(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()

@@ -1,17 +1,16 @@
 """Tuning the fused GEMM's tile for one shape: `tune_fused`.
 
 The candidates are the persistent GEMM's space (`configs.fused_candidate_configs`), each
-checked against `torch.matmul` before it is timed (do_bench median, every flag ready), and the
+checked against `torch.matmul` before it is timed (`trials.check_then_time`, the loop the
+persistent GEMM's tuner runs too; do_bench median, every flag ready), and the
 winner is cached in the persistent GEMM's tuning file under a `FusedTuningKey`, where
 `fused_configs.fused_config` finds it.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 
 import torch
 
@@ -19,15 +18,8 @@ from ficco.kernels.configs import GemmConfig, fused_candidate_configs
 from ficco.kernels.fused import FusedChunkViews, FusedGemm
 from ficco.kernels.fused_configs import FusedTuningKey
 from ficco.kernels.persistent import device_info
+from ficco.kernels.trials import Rejected, check_then_time, tuning_record
 from ficco.kernels.tuning import cached_config, do_bench_timer, store
-
-# Largest accepted ||out - ref|| / ||ref|| against torch.matmul (as tuning.tune checks).
-_CHECK_TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-4}
-
-
-def _relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    diff = torch.linalg.vector_norm((out.float() - ref.float()).flatten())
-    return float(diff / torch.linalg.vector_norm(ref.float().flatten()).clamp_min(1e-30))
 
 
 def tune_fused(
@@ -74,7 +66,6 @@ def tune_fused(
             elem,
             shared_memory_bytes=device_info(device).shared_memory_bytes,
         )
-    timer = timer or do_bench_timer
     start = time.perf_counter()
     gen = torch.Generator(device=device).manual_seed(m * 1_000_003 + n * 1_009 + k)
     a = torch.randn((m, k), device=device, generator=gen).to(dtype)
@@ -85,42 +76,22 @@ def tune_fused(
         FusedChunkViews(ai, oi)
         for ai, oi in zip(a.tensor_split(chunks), out.tensor_split(chunks), strict=True)
     ]
-    timings: dict[str, float] = {}
-    failures: dict[str, str] = {}
-    by_name: dict[str, GemmConfig] = {}
-    for cfg in configs:
-        try:
-            fused = FusedGemm(views, b, sm_budget=budget, timeout_s=10.0, config=cfg, path="tma")
-            out.fill_(float("nan"))  # every element must be written
-            fused()
-            torch.cuda.synchronize(device)
-        except Exception as exc:  # compile and resource errors surface as several types
-            failures[cfg.name] = f"{type(exc).__name__}: {exc}"[:200]
-            continue
+
+    def build(cfg: GemmConfig) -> FusedGemm:
+        fused = FusedGemm(views, b, sm_budget=budget, timeout_s=10.0, config=cfg, path="tma")
         if fused.config != cfg:  # a smaller tile stood in: not this candidate's figure
-            failures[cfg.name] = f"ran as {fused.config.name} (out of resources)"
-            continue
-        err = _relative_error(out, ref)
-        if not err <= _CHECK_TOLERANCE[dtype]:  # NaN fails too
-            failures[cfg.name] = f"incorrect: relative error {err:.3g}"
-            continue
-        timings[cfg.name] = float(timer(fused))
-        by_name[cfg.name] = cfg
-    if not timings:
-        raise RuntimeError(f"no fused GEMM configuration ran correctly for {key}: {failures}")
-    best_name = min(timings, key=timings.__getitem__)
-    best_ms = timings[best_name]
-    entry = {
-        "config": by_name[best_name].to_dict(),
-        "name": best_name,
-        "ms": best_ms,
-        "tflops": 2.0 * m * n * k / (best_ms * 1e-3) / 1e12 if best_ms > 0 else math.nan,
-        "path": "tma",
-        "timings_ms": timings,
-        "failures": failures,
-        "tune_s": round(time.perf_counter() - start, 3),
-        "tuned_at": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
+            raise Rejected(f"ran as {fused.config.name} (out of resources)")
+        return fused
+
+    trials = check_then_time(
+        configs, build, out, ref, timer or do_bench_timer, lambda: torch.cuda.synchronize(device)
+    )
+    if not trials.timings_ms:
+        raise RuntimeError(
+            f"no fused GEMM configuration ran correctly for {key}: {trials.failures}"
+        )
+    best = trials.configs[trials.best()]
+    entry = tuning_record(trials, m, n, k, "tma", start)
     if write_cache:
         store(key, entry)
-    return by_name[best_name], entry
+    return best, entry

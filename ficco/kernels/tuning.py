@@ -24,14 +24,12 @@ values); after that a shape tunes in ~1-3 s over its 18-36 candidates (do_bench,
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -45,6 +43,7 @@ from ficco.kernels.persistent import (
     launch,
     select_path,
 )
+from ficco.kernels.trials import CHECK_TOLERANCE, Timer, check_then_time, tuning_record
 
 CACHE_DIR_ENV = "FICCO_CACHE_DIR"
 AUTOTUNE_ENV = "FICCO_GEMM_AUTOTUNE"
@@ -54,12 +53,6 @@ CACHE_FORMAT = 1
 # do_bench arguments are milliseconds of warm-up and of timed repeats.
 TUNE_WARMUP_MS = 5
 TUNE_REP_MS = 30
-
-# Largest accepted ||out - ref|| / ||ref|| against torch.matmul in the same dtype: two
-# roundings of the output plus accumulation-order differences.
-_CHECK_TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-4}
-
-Timer = Callable[[Callable[[], object]], float]
 
 
 def cache_path() -> Path:
@@ -221,11 +214,6 @@ def wall_clock_timer(fn: Callable[[], object], repeats: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def _relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    diff = torch.linalg.vector_norm((out.float() - ref.float()).flatten())
-    return float(diff / torch.linalg.vector_norm(ref.float().flatten()).clamp_min(1e-30))
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -253,7 +241,7 @@ def tune(
     """
     if min(m, n, k) < 1:
         raise ValueError(f"m, n, k must be positive, got {(m, n, k)}")
-    if dtype not in _CHECK_TOLERANCE:
+    if dtype not in CHECK_TOLERANCE:
         raise ValueError(f"dtype must be one of bfloat16, float16, float32, got {dtype}")
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -294,47 +282,14 @@ def tune(
     ref = torch.matmul(a, b)
     path = select_path(a, b, out)
 
-    timings: dict[str, float] = {}
-    failures: dict[str, str] = {}
-    by_name: dict[str, GemmConfig] = {}
-    for cfg in configs:
+    def build(cfg: GemmConfig) -> Callable[[], object]:
+        return lambda: launch(a, b, out, accumulate=False, sm_budget=budget, config=cfg, path=path)
 
-        def run(cfg: GemmConfig = cfg) -> None:
-            launch(a, b, out, accumulate=False, sm_budget=budget, config=cfg, path=path)
-
-        out.fill_(float("nan"))  # every element must be written
-        try:
-            run()
-            _sync(device)
-        except triton.runtime.errors.OutOfResources as exc:
-            failures[cfg.name] = f"resources: {exc}"[:200]
-            continue
-        except Exception as exc:  # compile errors surface as several exception types
-            failures[cfg.name] = f"compile: {type(exc).__name__}: {exc}"[:200]
-            continue
-        err = _relative_error(out, ref)
-        if not err <= _CHECK_TOLERANCE[dtype]:  # NaN fails too
-            failures[cfg.name] = f"incorrect: relative error {err:.3g}"
-            continue
-        timings[cfg.name] = float(timer(run))
-        by_name[cfg.name] = cfg
-    if not timings:
-        raise RuntimeError(f"no GEMM configuration ran correctly for {key}: {failures}")
-
-    best_name = min(timings, key=timings.__getitem__)
-    best = by_name[best_name]
-    best_ms = timings[best_name]
-    entry = {
-        "config": best.to_dict(),
-        "name": best_name,
-        "ms": best_ms,
-        "tflops": 2.0 * m * n * k / (best_ms * 1e-3) / 1e12 if best_ms > 0 else math.nan,
-        "path": path,
-        "timings_ms": timings,
-        "failures": failures,
-        "tune_s": round(time.perf_counter() - t_start, 3),
-        "tuned_at": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
+    trials = check_then_time(configs, build, out, ref, timer, lambda: _sync(device))
+    if not trials.timings_ms:
+        raise RuntimeError(f"no GEMM configuration ran correctly for {key}: {trials.failures}")
+    best = trials.configs[trials.best()]
+    entry = tuning_record(trials, m, n, k, path, t_start)
     if write_cache:
         store(key, entry)
     return best

@@ -1,0 +1,115 @@
+"""The check-then-time loop both GEMM tuners share (`ficco.kernels.trials`), and the rotated
+interleaving the single-kernel benchmarks time with (`ficco.execute.timing`)."""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from ficco.execute.options import TimingOptions  # noqa: E402
+from ficco.execute.timing import time_rounds  # noqa: E402
+from ficco.kernels.configs import INTERPRETER_CONFIGS, GemmConfig  # noqa: E402
+from ficco.kernels.trials import (  # noqa: E402
+    Rejected,
+    Trials,
+    check_then_time,
+    relative_error,
+    tuning_record,
+)
+
+GOOD, WRONG, PARTIAL, REJECTED, BROKEN = (
+    GemmConfig(16, 16, 16, 4, 1, 4),
+    GemmConfig(32, 32, 32, 4, 1, 4),
+    GemmConfig(16, 32, 16, 4, 1, 4),
+    GemmConfig(32, 16, 16, 4, 1, 4),
+    GemmConfig(64, 64, 64, 4, 1, 4),
+)
+
+
+def test_only_correct_candidates_are_timed():
+    gen = torch.Generator().manual_seed(7)
+    a, b = torch.randn(8, 6, generator=gen), torch.randn(6, 5, generator=gen)
+    ref = a @ b
+    out = torch.empty(8, 5)
+
+    def build(cfg):
+        if cfg == REJECTED:
+            raise Rejected("ran as something smaller")
+        if cfg == BROKEN:
+            raise RuntimeError("does not compile")
+
+        def run():
+            if cfg == GOOD:
+                torch.matmul(a, b, out=out)
+            elif cfg == WRONG:
+                torch.matmul(a, b, out=out).mul_(1.5)
+            else:  # PARTIAL: one row never written
+                out[1:] = (a @ b)[1:]
+
+        return run
+
+    timed = []
+
+    def timer(fn):
+        timed.append(fn)
+        return 2.5
+
+    trials = check_then_time(
+        [GOOD, WRONG, PARTIAL, REJECTED, BROKEN], build, out, ref, timer, lambda: None
+    )
+    assert trials.timings_ms == {GOOD.name: 2.5} and len(timed) == 1
+    assert trials.failures[WRONG.name].startswith("incorrect: relative error 0.5")
+    assert trials.failures[PARTIAL.name] == "incorrect: relative error nan"
+    assert trials.failures[REJECTED.name] == "ran as something smaller"
+    assert trials.failures[BROKEN.name] == "compile: RuntimeError: does not compile"
+    assert trials.best() == GOOD.name
+    entry = tuning_record(trials, 8, 5, 6, "tma", 0.0)
+    assert entry["config"] == GOOD.to_dict() and entry["ms"] == 2.5
+    assert entry["failures"] == trials.failures
+
+
+def test_best_is_the_fastest():
+    cfgs = {c.name: c for c in INTERPRETER_CONFIGS[:3]}
+    names = list(cfgs)
+    trials = Trials({names[0]: 3.0, names[1]: 1.0, names[2]: 2.0}, {}, cfgs)
+    assert trials.best() == names[1]
+
+
+def test_relative_error():
+    ref = torch.tensor([3.0, 4.0])
+    assert relative_error(ref.clone(), ref) == 0.0
+    assert relative_error(torch.tensor([3.0, 4.5]), ref) == pytest.approx(0.1)
+
+
+class _LogClock:
+    def __init__(self):
+        self.calls = []
+
+    def prepare(self, issue):
+        pass
+
+    def time(self, fn):
+        fn()
+        return 1.0
+
+    def collect(self, pending):
+        return {name: list(got) for name, got in pending.items()}
+
+    def synchronize(self):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("rotate", "expected"),
+    [(False, "ABCABCABC"), (True, "ABCBCACAB")],
+)
+def test_rotated_rounds(rotate, expected):
+    clock = _LogClock()
+    fns = {name: (lambda name=name: clock.calls.append(name)) for name in "ABC"}
+    samples = time_rounds(fns, TimingOptions(warmup=0, rounds=3), clock, rotate=rotate)
+    assert "".join(clock.calls) == expected
+    assert {name: len(s) for name, s in samples.items()} == {"A": 3, "B": 3, "C": 3}
