@@ -161,7 +161,7 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def candidates(tables, picks, bags, configs, fbgemm):
     """name -> (launch fn, output [B, T, D] getter)."""
-    from ficco.kernels.embedding import BagTable, EmbeddingPool, PoolChunk
+    from ficco.kernels.embedding import BagTable, EmbeddingPool, PoolSegmentViews
 
     batch = bags[0][1].numel() - 1
     bag_tables = [
@@ -171,8 +171,8 @@ def candidates(tables, picks, bags, configs, fbgemm):
     out_tri = torch.empty(batch, len(picks), DIM, dtype=tables.weight.dtype, device=device)
     found = {}
     for name, cfg in configs.items():
-        chunks = [PoolChunk(k, 0, batch, out_tri[:, k]) for k in range(len(picks))]
-        pool = EmbeddingPool(bag_tables, chunks, mode="sum", config=cfg)
+        segments = [PoolSegmentViews(k, 0, batch, out_tri[:, k]) for k in range(len(picks))]
+        pool = EmbeddingPool(bag_tables, segments, mode="sum", config=cfg)
         found[name] = (pool, lambda: out_tri)
     eb_outs: list[torch.Tensor] = []
 
@@ -282,9 +282,9 @@ def tile_space():
 
     return {
         f"triton_b{b}_u{u}_w{w}": PoolConfig(b, u, w)
-        for b in (16, 32, 64)
-        for u in (2, 4, 8)
-        for w in (4, 8)
+        for b in (4, 8, 16, 32, 64)
+        for u in (1, 2, 4)
+        for w in (1, 2, 4, 8)
     }
 
 
@@ -322,7 +322,7 @@ def shape_record(tables, picks, batch, pooling, uneven, config, fbgemm, dtype, r
 
 def fused_check(tables, dtype, config, world, batch, seed) -> dict:
     """W receive buffers on one GPU, each its sample block of every table, one flag each."""
-    from ficco.kernels.embedding import BagTable, EmbeddingPool, PoolChunk
+    from ficco.kernels.embedding import BagTable, EmbeddingPool, PoolSegmentViews
 
     picks, device = list(range(len(DCNV2_ROWS))), tables.weight.device
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -334,12 +334,12 @@ def fused_check(tables, dtype, config, world, batch, seed) -> dict:
     block = batch // world
     recv = [torch.empty(block, len(picks), DIM, dtype=dtype, device=device) for _ in range(world)]
     flags = torch.zeros(world, 8, dtype=torch.int32, device=device)
-    chunks = [
-        PoolChunk(t, r * block, block, recv[r][:, t], flags[r, 0].view(1))
+    segments = [
+        PoolSegmentViews(t, r * block, block, recv[r][:, t], flags[r, 0].view(1))
         for r in range(world)
         for t in range(len(picks))
     ]
-    pool = EmbeddingPool(bag_tables, chunks, mode="sum", config=config)
+    pool = EmbeddingPool(bag_tables, segments, mode="sum", config=config)
     errors, flag_ok = [], []
     for _ in range(3):
         for r in recv:

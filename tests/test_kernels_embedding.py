@@ -18,8 +18,8 @@ pytest.importorskip("triton")
 from ficco.kernels.embedding import (  # noqa: E402
     BagTable,
     EmbeddingPool,
-    PoolChunk,
     PoolConfig,
+    PoolSegmentViews,
     pool_bags,
 )
 
@@ -114,20 +114,20 @@ def test_fp32_output_from_bf16_weights_and_fbgemm_layout():
     assert _rel(out, ref) < 1e-6
 
 
-def test_chunks_store_into_strided_views_and_nothing_else():
+def test_segments_store_into_strided_views_and_nothing_else():
     gen = torch.Generator().manual_seed(4)
     table = _table(20, 8, [3, 0, 2, 5, 1, 4], gen)
     # rows 1.. of every other row of a poisoned buffer, 3 columns of padding per row
     buf = torch.full((16, 11), -7.0, device=DEVICE)
     views = [buf[0:6:2, 2:10], buf[7:13:2, 1:9]]
-    chunks = [PoolChunk(0, 0, 3, views[0]), PoolChunk(0, 3, 3, views[1])]
-    EmbeddingPool([table], chunks, mode="mean")()
+    segments = [PoolSegmentViews(0, 0, 3, views[0]), PoolSegmentViews(0, 3, 3, views[1])]
+    EmbeddingPool([table], segments, mode="mean")()
     ref = _reference(table, "mean")
     assert _rel(torch.cat(views), ref) < 1e-6
     written = torch.zeros_like(buf, dtype=torch.bool)
     written[0:6:2, 2:10] = True
     written[7:13:2, 1:9] = True
-    assert (buf.cpu()[~written.cpu()] == -7).all(), "a store landed outside the chunks' views"
+    assert (buf.cpu()[~written.cpu()] == -7).all(), "a store landed outside the segments' views"
 
 
 def test_multi_destination_chunks_set_their_flags_once_every_row_is_stored():
@@ -145,7 +145,9 @@ def test_multi_destination_chunks_set_their_flags_once_every_row_is_stored():
     for dest, n in enumerate(blocks):
         for t in range(len(tables)):
             # group 0: table 0; group 1: every further table (a table group of one here)
-            chunks.append(PoolChunk(t, start, n, recv[dest][t], flags[dest, min(t, 1)].view(1)))
+            chunks.append(
+                PoolSegmentViews(t, start, n, recv[dest][t], flags[dest, min(t, 1)].view(1))
+            )
         start += n
     pool = EmbeddingPool(tables, chunks, mode="sum")
     for launch in range(2):
@@ -177,7 +179,7 @@ def test_bad_inputs_are_refused_naming_the_field_and_rule():
     good = _table(10, 8, [1, 2], gen)
     out = torch.empty(2, 8, device=DEVICE)
     with pytest.raises(ValueError, match=r"mode: must be one of"):
-        EmbeddingPool([good], [PoolChunk(0, 0, 2, out)], mode="max")
+        EmbeddingPool([good], [PoolSegmentViews(0, 0, 2, out)], mode="max")
     with pytest.raises(ValueError, match=r"tables\[1\].weight: every table must share D"):
         pool_bags([good, _table(10, 4, [1, 2], gen)])
     with pytest.raises(ValueError, match=r"tables\[0\].indices: dtype must be int32 or int64"):
@@ -186,14 +188,14 @@ def test_bad_inputs_are_refused_naming_the_field_and_rule():
         pool_bags([BagTable(good.weight, good.indices, good.offsets.int())])
     with pytest.raises(ValueError, match=r"tables\[1\].offsets: every table needs B = 2 bags"):
         pool_bags([good, _table(10, 8, [1, 2, 3], gen)])
-    with pytest.raises(ValueError, match=r"chunks\[0\]: bags \[1, 3\) must lie in table 0's"):
-        EmbeddingPool([good], [PoolChunk(0, 1, 2, out)])
-    with pytest.raises(ValueError, match=r"chunks\[0\].out: must be \[count, D\] = \[2, 8\]"):
-        EmbeddingPool([good], [PoolChunk(0, 0, 2, out.T)])
-    with pytest.raises(ValueError, match=r"chunks\[0\].table: must be in \[0, 1\)"):
-        EmbeddingPool([good], [PoolChunk(1, 0, 2, out)])
-    with pytest.raises(ValueError, match=r"chunks\[0\].signal: must be a 1-element int32"):
-        EmbeddingPool([good], [PoolChunk(0, 0, 2, out, torch.zeros(2, dtype=torch.int32))])
+    with pytest.raises(ValueError, match=r"segments\[0\]: bags \[1, 3\) must lie in table 0's"):
+        EmbeddingPool([good], [PoolSegmentViews(0, 1, 2, out)])
+    with pytest.raises(ValueError, match=r"segments\[0\].out: must be \[count, D\] = \[2, 8\]"):
+        EmbeddingPool([good], [PoolSegmentViews(0, 0, 2, out.T)])
+    with pytest.raises(ValueError, match=r"segments\[0\].table: must be in \[0, 1\)"):
+        EmbeddingPool([good], [PoolSegmentViews(1, 0, 2, out)])
+    with pytest.raises(ValueError, match=r"segments\[0\].signal: must be a 1-element int32"):
+        EmbeddingPool([good], [PoolSegmentViews(0, 0, 2, out, torch.zeros(2, dtype=torch.int32))])
     with pytest.raises(ValueError, match=r"block_bags: must be a power of two, got 3"):
         PoolConfig(block_bags=3)
     with pytest.raises(ValueError, match=r"tables: needs at least one table"):

@@ -60,7 +60,7 @@ def test_multi_destination_stores_release_flags_a_consumer_waits_on():
     """W = 4 receive buffers (separate allocations, as peers' are); a one-program flag wait
     on another stream, queued before the pool, gates a copy of every buffer: the copies see
     every row once the flags are set. Then the same launch is replayed from a CUDA graph."""
-    from ficco.kernels.embedding import EmbeddingPool, PoolChunk
+    from ficco.kernels.embedding import EmbeddingPool, PoolSegmentViews
     from ficco.kernels.flags import FlagWait
 
     world, batch = 4, 2048
@@ -70,7 +70,7 @@ def test_multi_destination_stores_release_flags_a_consumer_waits_on():
     recv = [torch.empty(block, 3, 128, dtype=torch.bfloat16, device="cuda") for _ in range(world)]
     flags = torch.zeros(world, dtype=torch.int32, device="cuda")
     chunks = [
-        PoolChunk(t, r * block, block, recv[r][:, t], flags[r : r + 1])
+        PoolSegmentViews(t, r * block, block, recv[r][:, t], flags[r : r + 1])
         for r in range(world)
         for t in range(3)
     ]
