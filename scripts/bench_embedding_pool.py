@@ -26,8 +26,10 @@ Protocol: inputs random (never zeros); every candidate's output poisoned with Na
 and compared with an fp32 reference (``embedding_bag`` per table on fp32 weights) by
 ||out - ref|| / ||ref|| (limits: fp32 1e-5, bf16 8e-3) before any timing; each candidate is
 captured in a CUDA graph (eager where capture fails, recorded) so host launch cost is out of
-every candidate; then ficco's timing (``ficco.execute.timing.time_rounds``): warm-up, rounds
-interleaved across candidates, an L2 flush and CUDA events around each launch, the median.
+every candidate; then ficco's timing (``ficco.execute.timing.time_rounds`` with its
+``DeviceClock``): warm-up, rounds interleaved across candidates in rotated order, an L2 flush
+before and CUDA events around each launch (the host waits for the GPU before each), the
+median.
 ratio = best baseline ms / triton ms (> 1: Triton faster); the headline is the geomean over the
 26-table shapes.
 
@@ -56,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ficco.execute.options import TimingOptions  # noqa: E402
-from ficco.execute.timing import time_rounds  # noqa: E402
+from ficco.execute.timing import DeviceClock, time_rounds  # noqa: E402
 from ficco.measure.fingerprint import fingerprint  # noqa: E402
 
 # MLPerf DLRM-DCNv2 (training v3.0+, torchrec's dlrm_v2 reference): Criteo 1TB's 26 sparse
@@ -72,31 +74,6 @@ TUNE_BATCH = 16384
 SINGLE_TABLES = ((0, 1), (19, 12), (20, 100))  # (table, pooling): 40M-row tables
 LIMITS = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
-
-
-class OneGpuClock:
-    """ficco's ``Clock`` on one GPU: an L2 flush before each launch, CUDA events around it."""
-
-    def __init__(self) -> None:
-        l2 = torch.cuda.get_device_properties(0).L2_cache_size or (64 << 20)
-        self.flush = torch.empty(max(4 * l2, 256 << 20), dtype=torch.int8, device="cuda")
-
-    def prepare(self, issue: str) -> None:
-        self.flush.zero_()
-
-    def time(self, fn):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        return start, end
-
-    def collect(self, pending):
-        torch.cuda.synchronize()
-        return {n: [s.elapsed_time(e) for s, e in got] for n, got in pending.items()}
-
-    def synchronize(self) -> None:
-        torch.cuda.synchronize()
 
 
 def fbgemm_status() -> tuple[object | None, str]:
@@ -268,7 +245,10 @@ def measure(found, ref, dtype, rounds, timed_names=None, twice="triton"):
             runners[name] = runner
     if twice in runners:
         runners[twice + "2"] = runners[twice]
-    times = time_rounds(runners, TimingOptions(warmup=3, rounds=rounds), OneGpuClock())
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size or (64 << 20)
+    flush = torch.empty(max(4 * l2, 256 << 20), dtype=torch.int8, device="cuda")
+    options = TimingOptions(warmup=3, rounds=rounds)
+    times = time_rounds(runners, options, DeviceClock(flush=flush), rotate=True)
     for name, samples in times.items():
         q = statistics.quantiles(samples, n=10) if len(samples) >= 2 else [samples[0]] * 9
         rec.setdefault(name, {}).update(
