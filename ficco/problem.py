@@ -99,6 +99,15 @@ class Problem:
     """All-to-all patterns only: experts each token is routed to (its rows appear top_k times
     in ``m``); None = not stated (read as 1). The routing cannot tell it: rows summing to 4096
     are 4096 tokens routed once or 1024 routed to 4 experts."""
+    tables: tuple[int, ...] | None = None
+    """emb_a2a only: rows of each embedding table (skewed sizes allowed), at least ``world``
+    tables; ``m`` is the global batch, ``n`` the embedding dim, ``k`` the pooling factor
+    (mean indices per bag). Tables are dealt out to ranks whole (``ficco.patterns.emb_a2a``)."""
+    pooling: str | None = None
+    """emb_a2a only: how a bag's rows are pooled, ``sum`` or ``mean`` (None: sum)."""
+    bags: str | None = None
+    """emb_a2a only: bag sizes, ``fixed`` (every bag k indices) or ``uniform`` (each bag's
+    size drawn uniformly from 1 .. 2k-1, seeded per table; None: fixed)."""
     name: str = field(default="", compare=False)
     """Optional label (e.g. ``l3-70b.fc1``); not part of the problem's identity."""
 
@@ -116,6 +125,14 @@ class Problem:
             raise InputError("world", self.world, "needs at least 2 ranks to communicate")
         if not isinstance(self.name, str):
             raise InputError("name", self.name, "must be a string")
+        if self.pattern.pools_tables:
+            self._validate_tables()
+        elif (self.tables, self.pooling, self.bags) != (None, None, None):
+            raise InputError(
+                "tables/pooling/bags",
+                (self.tables, self.pooling, self.bags),
+                f"only emb_a2a takes them, not {self.pattern}",
+            )
         if self.pattern.is_all_to_all:
             self._validate_all_to_all()
         else:
@@ -136,6 +153,12 @@ class Problem:
                     f"{self.pattern} gives every rank M/W rows, so m must be divisible by "
                     f"world={self.world}",
                 )
+
+    def _validate_tables(self) -> None:
+        from ficco.patterns.emb_a2a import validate_tables
+
+        for fname, value in zip(("tables", "pooling", "bags"), validate_tables(self), strict=True):
+            object.__setattr__(self, fname, value)
 
     def _validate_all_to_all(self) -> None:
         if self.experts is None:
@@ -268,6 +291,8 @@ class Problem:
                 base += ":r" + "/".join(",".join(map(str, row)) for row in self.routing)
             if self.top_k is not None:
                 base += f":t{self.top_k}"
+        if self.pattern.pools_tables:
+            base += f":tables{','.join(map(str, self.tables or ()))}:{self.pooling}:{self.bags}"
         return base
 
     def to_dict(self) -> dict[str, Any]:
@@ -284,6 +309,8 @@ class Problem:
             out["routing"] = [list(r) for r in self.routing] if self.routing else None
             if self.top_k is not None:  # absent, not null: records written before it match
                 out["top_k"] = self.top_k
+        if self.pattern.pools_tables:
+            out.update(tables=list(self.tables or ()), pooling=self.pooling, bags=self.bags)
         if self.name:
             out["name"] = self.name
         return out
@@ -291,12 +318,15 @@ class Problem:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Problem:
         known = {"pattern", "m", "n", "k", "world", "dtype", "experts", "routing", "top_k", "name"}
+        known |= {"tables", "pooling", "bags"}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"problem: unknown field(s) {sorted(unknown)}")
         data = dict(data)
         if data.get("routing") is not None:
             data["routing"] = tuple(tuple(r) for r in data["routing"])
+        if isinstance(data.get("tables"), list):
+            data["tables"] = tuple(data["tables"])
         return cls(**data)
 
     def __str__(self) -> str:

@@ -6,12 +6,14 @@ regenerate any other rank's inputs to compute a reference without communicating.
 
 from __future__ import annotations
 
+import importlib
 import zlib
 
 import torch
 
+from ficco.patterns import MODULES
 from ficco.plan import Plan, Region
-from ficco.problem import torch_dtype
+from ficco.problem import Problem, torch_dtype
 
 
 def input_seed(seed: int, rank: int, name: str) -> int:
@@ -27,13 +29,19 @@ def random_input(shape, dtype: torch.dtype, seed: int, device="cpu") -> torch.Te
 def allocate(
     plan: Plan, seed: int, device="cpu", empty=torch.empty, peer_visible_empty=None
 ) -> dict[str, torch.Tensor]:
-    """Inputs filled with random values; workspaces and outputs poisoned with NaN so an
+    """Inputs filled with random values (integer ``index`` inputs with the problem's own,
+    :func:`index_input`); workspaces and outputs poisoned with NaN so an
     unwritten element can never pass verification. ``peer_visible_empty(shape, dtype, device,
     name)`` allocates buffers other ranks access directly (symmetric memory on GPUs, shared
     files on CPU)."""
     dtype = torch_dtype(plan.problem.dtype)
     tensors = {}
     for spec in plan.buffers:
+        if spec.role == "index":
+            values = index_input(plan.problem, plan.rank, spec.name)
+            tensors[spec.name] = empty(spec.shape, dtype=torch.int64, device=device)
+            tensors[spec.name].copy_(values)
+            continue
         if spec.peer_visible and peer_visible_empty:
             t = peer_visible_empty(spec.shape, dtype=dtype, device=device, name=spec.name)
         else:
@@ -44,6 +52,13 @@ def allocate(
             t.fill_(float("nan"))
         tensors[spec.name] = t
     return tensors
+
+
+def index_input(problem: Problem, rank: int, name: str) -> torch.Tensor:
+    """The values of an integer input (role ``index``, e.g. emb_a2a's bags): the problem's
+    own, from its pattern module's ``index_inputs`` (the same for every seed)."""
+    module = importlib.import_module(MODULES[problem.pattern])
+    return module.index_inputs(problem, rank, name)
 
 
 def view(tensors: dict[str, torch.Tensor], region: Region) -> torch.Tensor:

@@ -38,6 +38,7 @@ from ficco.execute.fused import FusedPrimitives
 from ficco.execute.interpreter import Primitives, interpret
 from ficco.execute.options import TimingOptions
 from ficco.execute.reference import reference_output
+from ficco.patterns import spec_of
 from ficco.plan import (
     COLLECTIVE_TAG,
     CollectiveOp,
@@ -93,6 +94,12 @@ def _region(t: torch.Tensor, region: Region) -> torch.Tensor:
     if region.index is not None:
         t = t[region.index]
     return t[region.rows[0] : region.rows[1], region.cols[0] : region.cols[1]]
+
+
+@functools.lru_cache(maxsize=64)
+def _buffer_shapes(problem: Problem, rank: int) -> dict[str, tuple[int, ...]]:
+    """Rank ``rank``'s buffer shapes (its pattern's, ``PatternSpec.buffers``)."""
+    return {b.name: b.shape for b in spec_of(problem.pattern).buffers.load()(problem, rank)}
 
 
 class _Settled:
@@ -222,7 +229,11 @@ class CpuPrimitives(FusedPrimitives, Primitives):
         return view(self.tensors, region)
 
     def _remote(self, region: Region, rank: int) -> torch.Tensor:
-        return _region(self.shared.peer(self.tensors[region.buffer], region.buffer, rank), region)
+        like = self.tensors[region.buffer]
+        shape = like.shape
+        if rank != self.plan.rank:  # a peer's buffer of this name may be larger or smaller
+            shape = _buffer_shapes(self.plan.problem, rank)[region.buffer]
+        return _region(self.shared.empty(region.buffer, shape, like.dtype, rank), region)
 
     def _flag(self, rank: int, slot: int) -> torch.Tensor:
         flags = self.shared.empty("flags", (FLAG_SLOTS,), torch.int32, rank)

@@ -10,11 +10,12 @@ the device, so a CUDA graph can capture the launches) and issued on each run.
 
 from __future__ import annotations
 
-from ficco.plan import FusedGemmOp, Plan, WaitFlagsOp
+from ficco.plan import FusedGemmOp, Plan, PoolChunk, PoolOp, WaitFlagsOp
 
 
 class FusedPrimitives:
-    """``fused_gemm``, ``wait_flags`` and ``raise_failures`` for ``ficco.execute.interpreter``."""
+    """``fused_gemm``, ``pool``, ``wait_flags`` and ``raise_failures`` for
+    ``ficco.execute.interpreter``."""
 
     plan: Plan
     sm_budget: int
@@ -96,6 +97,36 @@ class FusedPrimitives:
         kernel()
         if self.synchronous:
             kernel.raise_on_timeout(f"rank {self.plan.rank}: fused GEMM")
+
+    def pool(self, op: PoolOp) -> None:
+        """Embedding-bag pooling (emb_a2a): each chunk's segments pooled into their output
+        (this rank's buffer, or zero-copy into a peer's), then the chunk's flag set."""
+        for chunk in op.chunks:
+            self._pool_chunk(op, chunk)
+            if chunk.signal is not None:
+                self._flag(*chunk.signal).fill_(1)
+
+    def _pool_chunk(self, op: PoolOp, chunk: PoolChunk) -> None:
+        """One chunk's segments with torch (fp32 accumulation, one rounding into the output:
+        ``ficco.patterns.emb_a2a.pool``); a backend with a pooling kernel overrides it."""
+        from ficco.patterns.emb_a2a import pool
+
+        weights = self._local_buffer(op.weights)
+        indices, offsets = self._local_buffer(op.indices), self._local_buffer(op.offsets)
+        rank = self.plan.rank
+        for seg in chunk.segments:
+            out = (
+                self._local(seg.out)
+                if chunk.out_rank == rank
+                else self._remote(seg.out, chunk.out_rank)
+            )
+            out.copy_(pool(weights, indices, offsets, seg.bags, op.mode))
+
+    def _local_buffer(self, name: str):
+        """This rank's whole buffer ``name`` (the CPU primitives hold ``tensors``, the CUDA
+        ones ``bufs.tensors``)."""
+        tensors = getattr(self, "tensors", None)
+        return (self.bufs.tensors if tensors is None else tensors)[name]
 
     def wait_flags(self, op: WaitFlagsOp) -> None:
         kernel = self._kernel(op)

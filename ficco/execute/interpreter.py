@@ -24,6 +24,7 @@ from ficco.plan import (
     GemmOp,
     LocalCopyOp,
     Plan,
+    PoolOp,
     ReduceOp,
     SignalOp,
     Task,
@@ -95,6 +96,11 @@ class Primitives(abc.ABC):
         """The acting transfers and local copies of one step as one operation (``seg``)."""
         raise Unavailable(f"{type(self).__name__} has no batched transfers (seg)")
 
+    def pool(self, op: PoolOp) -> None:
+        """Embedding-bag pooling (``PoolOp``), storing into peers' buffers and setting their
+        flags where its chunks say so."""
+        raise Unavailable(f"{type(self).__name__} has no embedding pooling")
+
     # --- fused schedules (backends without flags refuse them) ---
     def fused_gemm(self, op: FusedGemmOp) -> None:
         """The one persistent GEMM of a fused plan (waits on and sets flags itself)."""
@@ -138,6 +144,8 @@ def interpret(prims: Primitives, mode: str = "full", trace: list | None = None) 
                 prims.gemm(op)
             elif isinstance(op, FusedGemmOp):
                 prims.fused_gemm(op)
+            elif isinstance(op, PoolOp):
+                prims.pool(op)
             elif isinstance(op, SignalOp):
                 prims.signal(op, deps)
             elif isinstance(op, WaitFlagsOp):

@@ -49,7 +49,7 @@ Report = Callable[[dict], None]
 def poison(plan: Plan, bufs: Buffers) -> None:
     """NaN into every non-input buffer: an unwritten element can never pass verification."""
     for spec in plan.buffers:
-        if spec.role != "input":
+        if spec.role not in ("input", "index"):
             bufs.tensors[spec.name].fill_(float("nan"))
 
 

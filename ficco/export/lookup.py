@@ -221,11 +221,28 @@ def _routed_sizes(m, n, k, w, b, experts, routing, dispatch: bool) -> tuple[int,
     return rows, weights, comm_rows * cols * b, shard_bytes, e
 
 
+def _split_evenly(total: int, parts: int) -> list[int]:
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def _emb_sizes(m, n, k, w, b, tables) -> tuple[int, ...]:
+    """emb_a2a (``tables``: each table's rows, the layout argument): tables dealt out whole
+    and in order, samples ``split_evenly(m, w)``; ``k`` (the pooling factor) sizes nothing."""
+    counts, samples = _split_evenly(len(tables), w), _split_evenly(m, w)
+    starts = [sum(counts[:r]) for r in range(w)]
+    weights = max(sum(tables[starts[r] : starts[r] + counts[r]]) for r in range(w)) * n
+    block = max(counts[s] * samples[d] for s in range(w) for d in range(w) if s != d)
+    received = max(sum(counts[s] for s in range(w) if s != d) * samples[d] for d in range(w))
+    return max(counts) * m, weights, received * n * b, block * n * b, 0
+
+
 SIZES = {
     "ag_gemm": lambda m, n, k, w, b, e, r: _sharded_sizes(m, n, k, w, b, k),
     "gemm_rs": lambda m, n, k, w, b, e, r: _sharded_sizes(m, n, k, w, b, n),
     "a2a_gemm": lambda m, n, k, w, b, e, r: _routed_sizes(m, n, k, w, b, e, r, True),
     "gemm_a2a": lambda m, n, k, w, b, e, r: _routed_sizes(m, n, k, w, b, e, r, False),
+    "emb_a2a": lambda m, n, k, w, b, e, r: _emb_sizes(m, n, k, w, b, r),
     "gemm_ar": lambda m, n, k, w, b, e, r: (
         m,
         k * n,

@@ -71,11 +71,17 @@ class Pattern(enum.StrEnum):
     A2A_GEMM = "a2a_gemm"
     GEMM_A2A = "gemm_a2a"
     GEMM_AR = "gemm_ar"
+    EMB_A2A = "emb_a2a"
 
     @property
     def is_all_to_all(self) -> bool:
         """Tokens routed to experts (the problem takes experts, routing and top_k)."""
         return spec_of(self).routed
+
+    @property
+    def pools_tables(self) -> bool:
+        """Embedding bags pooled from tables (the problem takes tables, pooling and bags)."""
+        return self is Pattern.EMB_A2A
 
 
 #: pattern -> the module that registers its spec (the module is named by the pattern's value)

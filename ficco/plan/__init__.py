@@ -9,6 +9,8 @@ A plan is the single description every executor backend runs. Modules:
 ``fused``     ``+fused`` schedules of ag_gemm, gemm_rs and gemm_ar (one persistent GEMM,
               flag ops)
 ``allreduce`` gemm_ar's lowering (direct chunked all-reduce, or gemm_rs's + an all-gather)
+``emb_a2a``   embedding-bag pooling, then the all-to-all of pooled rows (``+fused``: the
+              pooling stores into the destinations and flags each chunk)
 
 Chunk geometry (how a schedule cuts a problem) is ``ficco.space.geometry``, re-exported here.
 A pattern's spec (``ficco.patterns``) names its lowering: :data:`LOWERINGS` is read from the
@@ -30,6 +32,9 @@ from ficco.plan.ops import (
     LocalCopyOp,
     Op,
     Plan,
+    PoolChunk,
+    PoolOp,
+    PoolSegment,
     ReduceOp,
     Region,
     SignalOp,
@@ -89,6 +94,9 @@ __all__ = [
     "LocalCopyOp",
     "Op",
     "Plan",
+    "PoolChunk",
+    "PoolOp",
+    "PoolSegment",
     "ReduceOp",
     "Region",
     "SignalOp",

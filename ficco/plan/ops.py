@@ -189,6 +189,43 @@ class WaitFlagsOp:
     slots: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class PoolSegment:
+    """Bags ``[bags[0], bags[1])`` pooled into rows ``out.rows[0] + i`` (all D columns)."""
+
+    bags: tuple[int, int]
+    out: Region
+
+
+@dataclass(frozen=True, slots=True)
+class PoolChunk:
+    """Segments stored into buffers of ``out_rank`` (this rank's, or zero-copy into a peer's
+    peer-visible buffer); once every segment is stored, flag ``signal = (rank, slot)`` is set
+    (None: no one waits)."""
+
+    segments: tuple[PoolSegment, ...]
+    out_rank: int
+    signal: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolOp:
+    """Embedding-bag pooling (emb_a2a). Bag ``j`` is ``weights`` rows
+    ``indices[offsets[j]:offsets[j+1]]`` (int64 ``index`` buffers; an index is a row of the
+    stacked ``weights [rows, D]``). For each chunk in order and each of its segments, bag
+    ``bags[0] + i`` pooled -- the sum of its rows, divided by its size for ``mean`` (an empty
+    bag pools to zeros), accumulated in fp32 and stored once in the buffer's dtype -- lands in
+    row ``out.rows[0] + i`` of ``out`` on ``out_rank``; then the chunk's ``signal`` flag is
+    set. A ``+fused`` plan holds one such task whose peer chunks store into the destination's
+    receive buffer and flag it; the other plans' chunks stay on this rank, without flags."""
+
+    weights: str
+    indices: str
+    offsets: str
+    mode: str  # "sum" | "mean"
+    chunks: tuple[PoolChunk, ...]
+
+
 Op = (
     GemmOp
     | TransferOp
@@ -199,10 +236,12 @@ Op = (
     | FusedGemmOp
     | SignalOp
     | WaitFlagsOp
+    | PoolOp
 )
 
-#: ops that run GEMM work (the ``gemm`` side of the interpreter's modes)
-GEMM_OPS = (GemmOp, FusedGemmOp)
+#: ops that run GEMM work, or a pattern's compute in its place (the ``gemm`` side of the
+#: interpreter's modes)
+GEMM_OPS = (GemmOp, FusedGemmOp, PoolOp)
 
 
 def flag_slot(source: int, chunk: int, chunks: int) -> int:
@@ -224,7 +263,7 @@ class Task:
 class BufferSpec:
     name: str
     shape: tuple[int, ...]
-    role: str  # "input" | "workspace" | "output"
+    role: str  # "input" | "index" (an int64 input the problem defines) | "workspace" | "output"
     peer_visible: bool = False
     """Other ranks read or write it directly (symmetric memory on the ce transport)."""
 
@@ -275,6 +314,8 @@ class Plan:
                 for c in t.op.chunks:
                     used.append(0 if c.wait is None else c.wait + 1)
                     used.extend(0 if d.signal is None else d.signal[1] + 1 for d in c.stores)
+            elif isinstance(t.op, PoolOp):
+                used.extend(0 if c.signal is None else c.signal[1] + 1 for c in t.op.chunks)
         return max(used)
 
 

@@ -110,8 +110,8 @@ def transport_needs_aligned_ranges(p: Problem, s: Schedule) -> str | None:
     row_bytes = width * p.dtype_bytes
     if row_bytes % align == 0:
         return None
-    if spec.routed:
-        # a block's segments start at whatever row the routing puts them
+    if spec.batched_blocks:
+        # a block's segments start at whatever row the routing (or table layout) puts them
         return (
             f"{s.transport.value} moves {align}-byte vectors: a row of {name}={width} "
             f"{p.dtype} elements is {row_bytes} bytes, not a multiple of {align}"
