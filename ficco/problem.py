@@ -105,9 +105,10 @@ class Problem:
     (mean indices per bag). Tables are dealt out to ranks whole (``ficco.patterns.emb_a2a``)."""
     pooling: str | None = None
     """emb_a2a only: how a bag's rows are pooled, ``sum`` or ``mean`` (None: sum)."""
-    bags: str | None = None
-    """emb_a2a only: bag sizes, ``fixed`` (every bag k indices) or ``uniform`` (each bag's
-    size drawn uniformly from 1 .. 2k-1, seeded per table; None: fixed)."""
+    bags: str | tuple[int, ...] | None = None
+    """emb_a2a only: bag sizes, ``fixed`` (every bag k indices), ``uniform`` (each bag's
+    size drawn uniformly from 1 .. 2k-1, seeded per table) or one size per table (k the
+    largest); None: fixed."""
     name: str = field(default="", compare=False)
     """Optional label (e.g. ``l3-70b.fc1``); not part of the problem's identity."""
 
@@ -292,7 +293,8 @@ class Problem:
             if self.top_k is not None:
                 base += f":t{self.top_k}"
         if self.pattern.pools_tables:
-            base += f":tables{','.join(map(str, self.tables or ()))}:{self.pooling}:{self.bags}"
+            bags = self.bags if isinstance(self.bags, str) else ",".join(map(str, self.bags or ()))
+            base += f":tables{','.join(map(str, self.tables or ()))}:{self.pooling}:{bags}"
         return base
 
     def to_dict(self) -> dict[str, Any]:
@@ -310,7 +312,8 @@ class Problem:
             if self.top_k is not None:  # absent, not null: records written before it match
                 out["top_k"] = self.top_k
         if self.pattern.pools_tables:
-            out.update(tables=list(self.tables or ()), pooling=self.pooling, bags=self.bags)
+            bags = list(self.bags) if isinstance(self.bags, tuple) else self.bags
+            out.update(tables=list(self.tables or ()), pooling=self.pooling, bags=bags)
         if self.name:
             out["name"] = self.name
         return out
@@ -325,8 +328,9 @@ class Problem:
         data = dict(data)
         if data.get("routing") is not None:
             data["routing"] = tuple(tuple(r) for r in data["routing"])
-        if isinstance(data.get("tables"), list):
-            data["tables"] = tuple(data["tables"])
+        for fname in ("tables", "bags"):
+            if isinstance(data.get(fname), list):
+                data[fname] = tuple(data[fname])
         return cls(**data)
 
     def __str__(self) -> str:

@@ -53,6 +53,7 @@ from pathlib import Path
 from ficco import validate
 from ficco.problem import Pattern, Problem, canonical_dtype, parse_pattern
 from ficco.validate import InputError
+from ficco.workloads_dlrm import EMBEDDING_MODELS, EmbeddingModel, embedding_problems
 
 #: Token counts of the TP group (sequence length x micro-batch) swept by default: 256 to
 #: 32768: powers of two, and from 1024 up the 1.5x steps between them (1536 ... 24576), so a
@@ -453,20 +454,28 @@ def _layers(model: ModelConfig, w: int) -> tuple[list[_Layer], list[tuple[str, P
     return layers, bad
 
 
-def get_model(name: str) -> ModelConfig:
+#: every model name: the transformers ("all") and the DLRMs (``ficco.workloads_dlrm``)
+CATALOG: tuple[str, ...] = (*MODELS, *EMBEDDING_MODELS)
+
+
+def get_model(name: str) -> ModelConfig | EmbeddingModel:
     """The catalog entry called ``name`` (ValueError listing the known names otherwise)."""
     try:
-        return MODELS[name.lower()]
+        return EMBEDDING_MODELS.get(name.lower()) or MODELS[name.lower()]
     except KeyError:
         raise ValueError(
-            f"model: unknown model {name!r}; expected one of {', '.join(MODELS)}"
+            f"model: unknown model {name!r}; expected one of {', '.join(CATALOG)}"
         ) from None
 
 
-def model_problems(model: ModelConfig, setup: ParallelSetup) -> tuple[list[Problem], list[Skipped]]:
-    """Every layer's problem of ``model`` at each token count, and what was skipped (why)."""
+def model_problems(model: ModelConfig | EmbeddingModel, setup: ParallelSetup) -> tuple[list, list]:
+    """Every layer's problem of ``model`` at each token count (a DLRM: its embeddings at its
+    published batches), and what was skipped (why)."""
     problems: list[Problem] = []
     skipped: list[Skipped] = []
+    if isinstance(model, EmbeddingModel):
+        problems, refused = embedding_problems(model, setup.ep_world, setup.dtype)
+        return problems, [Skipped(n, b, why, Pattern.EMB_A2A) for n, b, why in refused]
     layers, bad = _layers(model, setup.world)
     if setup.phase is not None:  # inference: only the row-parallel layers communicate
         layers = [
@@ -538,8 +547,13 @@ def unique_problems(problems: Iterable[Problem]) -> tuple[list[Problem], dict[st
 
 
 def write_shapes_csv(problems: Iterable[Problem], path: str | Path) -> None:
-    """Write ``problems`` as a shapes CSV (columns ``SHAPES_COLUMNS``)."""
+    """Write ``problems`` as a shapes CSV (columns ``SHAPES_COLUMNS``; it has no tables
+    column, so an emb_a2a problem is refused)."""
     import pandas as pd
+
+    problems = list(problems)
+    if tabled := [p.name or p.key for p in problems if p.tables is not None]:
+        raise InputError("csv", tabled, "a shapes CSV has no tables column: emb_a2a is not kept")
 
     rows = [{col: getattr(p, col) for col in SHAPES_COLUMNS} for p in problems]
     frame = pd.DataFrame(rows, columns=list(SHAPES_COLUMNS))

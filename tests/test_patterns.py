@@ -89,9 +89,9 @@ def test_an_incomplete_spec_is_refused_and_its_gaps_named():
     assert spec_of(Pattern.AG_GEMM) is whole  # the registry kept the complete one
     unresolved = dataclasses.replace(
         whole,
-        lowering=Ref("ficco.plan.dense:plan_emb_a2a"),
-        buffers=Ref("ficco.plan.emb_a2a:buffers"),
-        lookup_sizes="emb_a2a",
+        lowering=Ref("ficco.plan.dense:plan_sp_moe"),
+        buffers=Ref("ficco.plan.sp_moe:buffers"),
+        lookup_sizes="sp_moe",
         sizes="rows, weights",
     )
     assert [d.split(":")[0] for d in defects(unresolved)] == [
@@ -134,6 +134,9 @@ PARITY = (
         for p in ("a2a_gemm", "gemm_a2a")
     ),
     *(Problem(pattern=p, m=70, n=24, k=40, world=2, experts=6) for p in ("a2a_gemm", "gemm_a2a")),
+    # emb_a2a: skewed tables, a batch W does not divide, uneven bags; the MLPerf DLRM-DCNv2 size
+    Problem(pattern="emb_a2a", m=10, n=8, k=3, world=3, tables=(50, 7, 300, 20, 9), bags="uniform"),
+    Problem(pattern="emb_a2a", m=65536, n=128, k=8, world=8, tables=tuple(range(1000, 27000, 1000))),
 )
 
 
@@ -146,6 +149,8 @@ def test_the_lookup_twin_computes_the_specs_sizes(problem):
     spec = spec_of(problem.pattern)
     twin = lookup.SIZES[spec.lookup_sizes]
     routing = [list(row) for row in problem.routing] if problem.routing else None
+    if problem.tables:  # emb_a2a's layout argument: the tables' rows
+        routing = list(problem.tables)
     args = (problem.m, problem.n, problem.k, problem.world, problem.dtype_bytes)
     got = twin(*args, problem.experts, routing)
     assert tuple(got) == tuple(spec.sizes(problem))

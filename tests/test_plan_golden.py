@@ -26,7 +26,7 @@ from ficco.space import AllReduce, Compute, Order, Schedule, Split, Transport, e
 DIGESTS = Path(__file__).parent / "data" / "plan_digests.json"
 
 #: small problems whose every legal schedule is recorded: ragged chunks, W = 2, 3 and 4 for
-#: every pattern, M not divisible by W (gemm_ar), a decode row, all-to-all routings uniform,
+#: every pattern, M not divisible by W (gemm_ar, emb_a2a), a decode row, all-to-all routings uniform,
 #: skewed (with empty blocks) and top-k; rows of 16-byte multiples so seg is legal
 PROBLEMS = (
     Problem(pattern="ag_gemm", m=96, n=80, k=72, world=2),
@@ -62,6 +62,20 @@ PROBLEMS = (
         routing=((5, 0, 3, 2, 4, 6), (1, 9, 0, 4, 2, 4), (10, 2, 2, 2, 2, 2)),
     ),
     Problem(pattern="gemm_a2a", m=64, n=24, k=40, world=4, experts=8, top_k=2),
+    # emb_a2a: skewed tables, a batch W does not divide, fixed and uniform bags, sum and mean
+    Problem(pattern="emb_a2a", m=12, n=8, k=2, world=2, tables=(40, 9, 100), dtype="fp32"),
+    Problem(
+        pattern="emb_a2a",
+        m=10,
+        n=8,
+        k=3,
+        world=3,
+        tables=(50, 7, 300, 20, 9),
+        pooling="mean",
+        bags="uniform",
+        dtype="fp32",
+    ),
+    Problem(pattern="emb_a2a", m=9, n=16, k=2, world=4, tables=(5, 60, 7, 8, 90), bags="uniform"),
 )
 
 
@@ -123,6 +137,7 @@ def test_the_problems_cover_every_pattern_transport_and_plan_changing_option():
         },
         Pattern.A2A_GEMM: {Transport.CE, Transport.NCCL, Transport.NCCL_CE, Transport.SEG},
         Pattern.GEMM_A2A: {Transport.CE, Transport.NCCL, Transport.NCCL_CE, Transport.SEG},
+        Pattern.EMB_A2A: {Transport.CE, Transport.NCCL, Transport.NCCL_CE, Transport.SEG},
     }
     assert set().union(*admitted.values()) == set(Transport)
     for pattern, problems in by_pattern.items():

@@ -45,10 +45,14 @@ def make_problem(
     dtype: str | None = None,
     experts: int | str | None = None,
     routing: str | Sequence[Sequence[int]] | None = None,
+    tables: str | Sequence[int] | None = None,
+    pooling: str | None = None,
+    bags: str | Sequence[int] | None = None,
     backend: str = DEFAULT_BACKEND,
 ) -> Problem:
-    """A :class:`Problem`; ``routing`` may be JSON text (``'[[3,1],[2,2]]'``); ``dtype`` None
-    is :func:`default_dtype` of ``backend``."""
+    """A :class:`Problem`; ``routing`` may be JSON text (``'[[3,1],[2,2]]'``), ``tables`` and
+    per-table ``bags`` comma-separated text (``'1000,20,300'``); ``dtype`` None is
+    :func:`default_dtype` of ``backend``."""
     if isinstance(routing, str):
         try:
             routing = json.loads(routing)
@@ -63,7 +67,18 @@ def make_problem(
         dtype=dtype or default_dtype(backend),
         experts=None if experts is None else validate.integer("experts", experts),
         routing=routing,
+        tables=_counts("tables", tables),
+        pooling=pooling,
+        bags=bags if bags in (None, "fixed", "uniform") else _counts("bags", bags),
     )
+
+
+def _counts(field: str, value: str | Sequence[int] | None) -> tuple[int, ...] | None:
+    """Comma-separated text (or a sequence) as a tuple of integers, each checked."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return tuple(validate.integer(field, item) for item in items)
 
 
 def schedules(problem: Problem, options: SpaceOptions | None = None) -> list[Schedule]:

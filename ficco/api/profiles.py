@@ -44,7 +44,7 @@ class Workloads:
 
 
 def _model_names(models: Iterable[str], field_name: str) -> list[str]:
-    from ficco.workloads import MODELS
+    from ficco.workloads import CATALOG, MODELS
 
     if isinstance(models, str):
         models = [models]
@@ -54,10 +54,10 @@ def _model_names(models: Iterable[str], field_name: str) -> list[str]:
         raise InputError(field_name, models, "names no model; give model names or all")
     if "all" in names:
         return list(MODELS)
-    unknown = [n for n in names if n not in MODELS]
+    unknown = [n for n in names if n not in CATALOG]
     if unknown:
         raise InputError(
-            field_name, unknown, f"unknown model(s) {unknown}; expected {', '.join(MODELS)} or all"
+            field_name, unknown, f"unknown model(s) {unknown}; expected {', '.join(CATALOG)} or all"
         )
     return names
 

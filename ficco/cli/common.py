@@ -195,6 +195,21 @@ def problem_options(func: Callable | None = None, *, with_backend: bool = False)
             help="All-to-all patterns: JSON W x experts token counts, e.g. '[[3,1],[2,2]]' "
             "[default: uniform].",
         ),
+        click.option(
+            "--tables",
+            default=None,
+            help="emb_a2a: rows of each embedding table, comma-separated (m is the batch, n "
+            "the dim, k the pooling factor).",
+        ),
+        click.option(
+            "--pooling", default=None, help="emb_a2a: sum or mean per bag [default: sum]."
+        ),
+        click.option(
+            "--bags",
+            default=None,
+            help="emb_a2a: bag sizes, fixed (k), uniform (1 .. 2k-1) or one per table, "
+            "comma-separated [default: fixed].",
+        ),
     ]
     for option in reversed(options):
         func = option(func)
@@ -214,6 +229,9 @@ def problem_of(params: dict, backend: str = DEFAULT_BACKEND):
         dtype=params["dtype"],
         experts=params["experts"],
         routing=params["routing"],
+        tables=params["tables"],
+        pooling=params["pooling"],
+        bags=params["bags"],
         backend=backend,
     )
 

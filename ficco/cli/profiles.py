@@ -35,9 +35,9 @@ from ficco.defaults import (
 from ficco.problem import DTYPE_BYTES
 from ficco.space import Gemm, Transport
 from ficco.sweep.base import SWEEP_DEFAULTS, SweepObserver
-from ficco.workloads import DEFAULT_TOKENS, MODELS, PHASE_TOKENS
+from ficco.workloads import CATALOG, DEFAULT_TOKENS, MODELS, PHASE_TOKENS
 
-_MODEL_CHOICE = click.Choice(list(MODELS), case_sensitive=False)
+_MODEL_CHOICE = click.Choice(list(CATALOG), case_sensitive=False)
 
 
 @click.command("workloads", cls=ManyValuesCommand)
@@ -46,7 +46,8 @@ _MODEL_CHOICE = click.Choice(list(MODELS), case_sensitive=False)
     "model",
     multiple=True,
     type=_MODEL_CHOICE,
-    help="Models of the catalog (one or more) [default: all].",
+    help="Models of the catalog (one or more) [default: all the transformers; the DLRMs' "
+    "embeddings (emb_a2a, at their published batches) when named].",
 )
 @click.option(
     "--world",

@@ -221,20 +221,12 @@ def _routed_sizes(m, n, k, w, b, experts, routing, dispatch: bool) -> tuple[int,
     return rows, weights, comm_rows * cols * b, shard_bytes, e
 
 
-def _split_evenly(total: int, parts: int) -> list[int]:
-    base, extra = divmod(total, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
-
-
-def _emb_sizes(m, n, k, w, b, tables) -> tuple[int, ...]:
-    """emb_a2a (``tables``: each table's rows, the layout argument): tables dealt out whole
-    and in order, samples ``split_evenly(m, w)``; ``k`` (the pooling factor) sizes nothing."""
-    counts, samples = _split_evenly(len(tables), w), _split_evenly(m, w)
-    starts = [sum(counts[:r]) for r in range(w)]
-    weights = max(sum(tables[starts[r] : starts[r] + counts[r]]) for r in range(w)) * n
-    block = max(counts[s] * samples[d] for s in range(w) for d in range(w) if s != d)
-    received = max(sum(counts[s] for s in range(w) if s != d) * samples[d] for d in range(w))
-    return max(counts) * m, weights, received * n * b, block * n * b, 0
+def _emb_sizes(m, n, w, b, tables) -> tuple[int, ...]:  # tables whole, samples evenly
+    c, s = ([x // w + (r < x % w) for r in range(w)] for x in (len(tables), m))
+    own = max(sum(tables[sum(c[:r]) : sum(c[: r + 1])]) for r in range(w)) * n
+    got = max((len(tables) - c[r]) * s[r] for r in range(w))
+    pair = max(c[i] * s[j] for i in range(w) for j in range(w) if i != j)
+    return max(c) * m, own, got * n * b, pair * n * b, 0
 
 
 SIZES = {
@@ -242,7 +234,7 @@ SIZES = {
     "gemm_rs": lambda m, n, k, w, b, e, r: _sharded_sizes(m, n, k, w, b, n),
     "a2a_gemm": lambda m, n, k, w, b, e, r: _routed_sizes(m, n, k, w, b, e, r, True),
     "gemm_a2a": lambda m, n, k, w, b, e, r: _routed_sizes(m, n, k, w, b, e, r, False),
-    "emb_a2a": lambda m, n, k, w, b, e, r: _emb_sizes(m, n, k, w, b, r),
+    "emb_a2a": lambda m, n, k, w, b, e, r: _emb_sizes(m, n, w, b, r),  # r: the tables' rows
     "gemm_ar": lambda m, n, k, w, b, e, r: (
         m,
         k * n,
@@ -312,12 +304,8 @@ def _number(value: Any) -> bool:
 
 
 def _int_range(where: str, value: Any) -> tuple[int, int]:
-    if (
-        not isinstance(value, list)
-        or len(value) != 2
-        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        or value[0] > value[1]
-    ):
+    pair = isinstance(value, list) and len(value) == 2
+    if not (pair and all(type(v) is int for v in value)) or value[0] > value[1]:
         raise _fail(where, f"must be [low, high] integers with low <= high, got {value!r}")
     return value[0], value[1]
 
@@ -357,11 +345,8 @@ def validate_table(data: Any, source: str = "table") -> None:
         if not _number(roofs[key]) or roofs[key] < 0 or (key.endswith("gbps") and roofs[key] == 0):
             raise _fail(f"{source}: roofs.{key}", f"must be a positive number, got {roofs[key]!r}")
     features = data["features"]
-    if (
-        not isinstance(features, list)
-        or len(set(map(str, features))) != len(features)
-        or not set(features) <= set(TABLE_FEATURES)
-    ):
+    listed = isinstance(features, list) and len(set(map(str, features))) == len(features)
+    if not listed or not set(features) <= set(TABLE_FEATURES):
         raise _fail(
             f"{source}: features",
             f"must be distinct names among the features this reader computes "
@@ -406,12 +391,9 @@ def validate_table(data: Any, source: str = "table") -> None:
             _int_range(f"{where}.experts", entry.get("experts"))
             for name in ROUTING_RANGES:
                 bounds = entry.get(name)
-                if name in entry and not (
-                    isinstance(bounds, list)
-                    and len(bounds) == 2
-                    and all(_number(v) and v >= 1 for v in bounds)
-                    and bounds[0] <= bounds[1]
-                ):
+                pair = isinstance(bounds, list) and len(bounds) == 2
+                ok = pair and all(_number(v) and v >= 1 for v in bounds) and bounds[0] <= bounds[1]
+                if name in entry and not ok:
                     raise _fail(
                         f"{where}.{name}", f"must be [low, high], 1 <= low <= high, got {bounds!r}"
                     )

@@ -233,12 +233,16 @@ def recommend(
     format knows (gemm_ar: it needs GPU measurements first)."""
     pattern = problem.pattern.value
     if pattern not in PATTERNS:
+        sweep = (
+            "ficco sweep --backend cuda"  # its tables have no column in a shapes CSV
+            if problem.tables is not None
+            else "ficco workloads --phase decode --csv shapes.csv; ficco sweep --shapes "
+            "shapes.csv --backend cuda"
+        )
         raise PatternNotInTables(
             f"no measured table answers {pattern}: tables cover {', '.join(PATTERNS)}. "
             f"Its schedules run and verify now (ficco run {pattern} ... --all); choosing "
-            "among them needs a GPU sweep of its problems (ficco workloads --phase decode "
-            "--csv shapes.csv; ficco sweep --shapes shapes.csv --backend cuda) and a table "
-            "trained on it"
+            f"among them needs a GPU sweep of its problems ({sweep}) and a table trained on it"
         )
     tab = open_table(machine, table)
     answer = tab.lookup(

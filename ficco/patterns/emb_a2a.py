@@ -3,8 +3,8 @@ embeddings).
 
 The problem: ``T`` embedding tables of ``tables[t]`` rows and ``D = n`` columns, a global
 batch of ``B = m`` samples with, per table, one bag of indices per sample (``k``: the pooling
-factor, the mean bag size; ``bags``: ``fixed`` sizes k, or ``uniform`` sizes drawn from
-1 .. 2k-1), pooled by ``pooling`` (sum or mean).
+factor, the mean bag size; ``bags``: ``fixed`` sizes k, ``uniform`` sizes drawn from
+1 .. 2k-1, or one given size per table, k the largest), pooled by ``pooling`` (sum or mean).
 
 Table-wise sharding: tables are dealt out whole and in order, rank r owning the contiguous
 tables ``[t0_r, t1_r)`` (``T_r`` of them, counts ``split_evenly(T, W)``: at least one each).
@@ -93,8 +93,26 @@ def validate_tables(p: Problem) -> tuple[tuple[int, ...], str, str]:
     if pooling not in POOLINGS:
         raise InputError("pooling", p.pooling, f"must be one of {', '.join(POOLINGS)}")
     bags = "fixed" if p.bags is None else p.bags
+    if isinstance(bags, list | tuple):
+        sizes_ = tuple(
+            validate.integer("bags", b, minimum=1, rule="every bag size must be >= 1", text=False)
+            for b in bags
+        )
+        if len(sizes_) != len(rows):
+            raise InputError(
+                "bags",
+                p.bags,
+                f"per-table bag sizes need one per table: {len(rows)} tables, {len(sizes_)} sizes",
+            )
+        if max(sizes_) != p.k:
+            raise InputError(
+                "k", p.k, f"with per-table bag sizes, k is the largest of them ({max(sizes_)})"
+            )
+        return rows, pooling, sizes_
     if bags not in BAG_SIZES:
-        raise InputError("bags", p.bags, f"must be one of {', '.join(BAG_SIZES)}")
+        raise InputError(
+            "bags", p.bags, f"must be one of {', '.join(BAG_SIZES)}, or one size per table"
+        )
     return rows, pooling, bags
 
 
@@ -146,8 +164,13 @@ def received_from_peers(p: Problem) -> list[int]:
 
 def flops(p: Problem) -> int:
     """Additions of the pooling, all ranks: D per index, k indices per bag on average."""
+    return sum(mean_bags(p)) * p.m * p.n
+
+
+def mean_bags(p: Problem) -> tuple[int, ...]:
+    """Each table's mean bag size (``k``, or the given per-table sizes)."""
     assert p.tables is not None
-    return len(p.tables) * p.m * p.k * p.n
+    return p.bags if isinstance(p.bags, tuple) else (p.k,) * len(p.tables)
 
 
 def comm_bytes(p: Problem) -> int:
@@ -187,7 +210,7 @@ def lookups(p: Problem, rank: int) -> dict:
         if p.bags == "uniform":
             size = torch.randint(1, 2 * p.k, (p.m,), generator=gen, dtype=torch.int64)
         else:
-            size = torch.full((p.m,), p.k, dtype=torch.int64)
+            size = torch.full((p.m,), mean_bags(p)[t], dtype=torch.int64)
         total = int(size.sum())
         indices.append(torch.randint(0, p.tables[t], (total,), generator=gen) + first)
         sizes_.append(size)

@@ -1,0 +1,286 @@
+"""emb_a2a: embedding-bag pooling, then the all-to-all of pooled rows (DLRM).
+
+Its problem fields (each bad value refused naming the field and the rule), its bags (the one
+seeded definition), its schedule space and rules, its plans (every pooled row written once,
+the fused plan's flags agreeing across ranks), its DLRM workloads, ``recommend``'s refusal,
+and every distinct plan run over gloo at W = 2 and 3 against the float64 reference, with
+skewed tables, uneven bags and a batch W does not divide (one rank pool per W)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import ficco  # noqa: E402
+import ficco.api  # noqa: E402
+from ficco.execute.options import RunOptions  # noqa: E402
+from ficco.execute.run import backend_pool, measure_in  # noqa: E402
+from ficco.patterns import emb_a2a as emb  # noqa: E402
+from ficco.plan import PoolOp, WaitFlagsOp, build_plan, plan_key  # noqa: E402
+from ficco.problem import Problem  # noqa: E402
+from ficco.space import (  # noqa: E402
+    Compute,
+    Gemm,
+    Schedule,
+    SpaceOptions,
+    Transport,
+    enumerate_schedules,
+    violations,
+)
+from ficco.validate import InputError  # noqa: E402
+
+SKEWED = (50, 7, 300, 20, 9)
+
+
+def emb_problem(**kw) -> Problem:
+    base = dict(pattern="emb_a2a", m=10, n=8, k=3, world=3, tables=SKEWED, dtype="fp32")
+    return Problem(**{**base, **kw})
+
+
+# --- the problem --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "rule"),
+    [
+        ({"tables": None}, "tables", "needs the rows of each table"),
+        ({"tables": (5, 6)}, "tables", "needs >= world=3 tables"),
+        ({"tables": (5, 0, 6)}, "tables", "every table needs >= 1 row"),
+        ({"tables": (5, 6.0, 7)}, "tables", "must be an integer"),
+        ({"m": 2}, "m", "the batch must be >= world=3"),
+        ({"pooling": "max"}, "pooling", "must be one of sum, mean"),
+        ({"bags": "zipf"}, "bags", "fixed, uniform, or one size per table"),
+        ({"bags": (1, 2, 3)}, "bags", "need one per table: 5 tables, 3 sizes"),
+        ({"bags": (1, 2, 0, 1, 1)}, "bags", "every bag size must be >= 1"),
+        ({"bags": (1, 2, 2, 1, 1)}, "k", "k is the largest of them"),
+        ({"experts": 3}, "experts/routing/top_k", "emb_a2a routes no tokens"),
+        ({"n": 0}, "n", "must be positive"),
+        ({"world": 1}, "world", "at least 2 ranks"),
+    ],
+)
+def test_a_bad_field_is_refused_naming_the_field_and_the_rule(change, field, rule):
+    with pytest.raises(InputError, match=rule) as err:
+        emb_problem(**change)
+    assert err.value.field == field
+
+
+def test_other_patterns_refuse_the_embedding_fields():
+    with pytest.raises(InputError, match="only emb_a2a takes them, not ag_gemm"):
+        Problem(pattern="ag_gemm", m=8, n=8, k=8, world=2, tables=(4, 4))
+
+
+def test_the_problem_round_trips_and_its_key_holds_every_field():
+    p = emb_problem(pooling="mean", bags=(3, 1, 2, 3, 1), name="x")
+    assert (p.pooling, p.bags) == ("mean", (3, 1, 2, 3, 1))
+    assert Problem.from_dict(p.to_dict()) == p
+    assert p.key == "emb_a2a:m10:n8:k3:w3:fp32:tables50,7,300,20,9:mean:3,1,2,3,1"
+    q = emb_problem()
+    assert (q.pooling, q.bags) == ("sum", "fixed") and q.key.endswith(":sum:fixed")
+    made = ficco.api.make_problem("emb_a2a", m="10", n=8, k=3, world=3, tables="50,7,300,20,9")
+    assert made.tables == SKEWED
+
+
+def test_tables_and_samples_are_dealt_out_whole_and_in_order():
+    p = emb_problem()
+    assert emb.table_ranges(p) == [(0, 2), (2, 4), (4, 5)]
+    assert emb.sample_ranges(p) == [(0, 4), (4, 7), (7, 10)]  # 10 samples over 3: 4, 3, 3
+    assert [emb.weight_rows(p, r) for r in range(3)] == [57, 320, 9]
+    assert emb.sizes(p) == (20, 320 * 8, (2 + 1) * 4 * 8 * 4, 2 * 4 * 8 * 4, 0)
+
+
+def test_the_bags_are_the_problems_own_seeded_and_within_their_tables():
+    fixed, uniform = emb_problem(bags=(3, 1, 2, 3, 1)), emb_problem(bags="uniform")
+    for p in (fixed, uniform):
+        for rank, (t0, t1) in enumerate(emb.table_ranges(p)):
+            got = emb.lookups(p, rank)
+            again = emb.lookups.__wrapped__(p, rank)  # drawn afresh: the same bags
+            assert all(torch.equal(got[k], again[k]) for k in got)
+            sizes = got["offsets"].diff().view(t1 - t0, p.m)
+            first = 0
+            for i, t in enumerate(range(t0, t1)):
+                lo, hi = int(got["offsets"][i * p.m]), int(got["offsets"][(i + 1) * p.m])
+                rows = got["indices"][lo:hi]
+                assert first <= int(rows.min()) and int(rows.max()) < first + p.tables[t]
+                first += p.tables[t]
+                if p is fixed:
+                    assert set(sizes[i].tolist()) == {p.bags[t]}
+                else:
+                    assert int(sizes[i].min()) >= 1 and int(sizes[i].max()) <= 2 * p.k - 1
+    sizes = emb.lookups(uniform, 1)["offsets"].diff()
+    assert len(set(sizes.tolist())) > 1  # uneven pooling
+    assert emb.flops(fixed) == (3 + 1 + 2 + 3 + 1) * 10 * 8
+
+
+# --- the space and the plans ------------------------------------------------------------------
+
+
+def test_the_space_has_serial_chunked_and_fused_schedules_on_every_all_to_all_transport():
+    every = list(enumerate_schedules(emb_problem()))
+    texts = {str(s) for s in every}
+    for t in ("nccl", "ce", "seg", "nccl_ce"):
+        assert {f"serial/{t}/cublas", f"shard/{t}/cublas", f"finer-c2-m/{t}/cublas+merged"} <= texts
+    assert {"finer-c4-m/seg/cublas+all_peers", "finer-c2-m/ce/triton+fused"} <= texts
+    fused = [s for s in every if s.compute is Compute.FUSED]
+    assert fused and {(s.transport, s.gemm) for s in fused} == {(Transport.CE, Gemm.TRITON)}
+
+
+@pytest.mark.parametrize(
+    ("text", "rule"),
+    [
+        ("finer-c2-n/nccl/cublas", "split_applies_to_pattern"),
+        ("finer-c2-m/nccl/triton+fused", "fused_needs_symmetric_memory"),
+        ("finer-c2-m/ce/cublas+fused", "fused_needs_triton"),
+        ("finer-c64-m/ce/cublas", "chunks_fit_extent"),
+        ("shard/ce/cublas+rs_ag", "rs_ag_needs_all_reduce"),
+    ],
+)
+def test_each_rule_refusing_an_emb_schedule_says_why(text, rule):
+    assert rule in dict(violations(emb_problem(), Schedule.parse(text)))
+
+
+def test_seg_refuses_rows_that_are_not_whole_16_byte_vectors():
+    p = emb_problem(n=6)  # 24-byte rows: blocks start at any row
+    assert "transport_needs_aligned_ranges" in dict(
+        violations(p, Schedule.parse("serial/seg/cublas"))
+    )
+
+
+def _writes(p: Problem, s: Schedule) -> dict[int, list[int]]:
+    """Per rank, how many times each row of its ``y`` is written: by a pool segment of any
+    rank, a transfer landing there, a local copy or the collective."""
+    counts = {r: [0] * (len(p.tables) * (emb.sample_ranges(p)[r][1] - emb.sample_ranges(p)[r][0]))
+              for r in range(p.world)}  # fmt: skip
+    for rank in range(p.world):
+        plan = build_plan(p, s, rank)
+        for task in plan.tasks:
+            op = task.op
+            if isinstance(op, PoolOp):
+                for c in op.chunks:
+                    for seg in c.segments:
+                        if seg.out.buffer == "y":
+                            for row in range(*seg.out.rows):
+                                counts[c.out_rank][row] += 1
+            elif type(op).__name__ == "TransferOp" and op.direction == "send":
+                for row in range(*op.remote.rows):
+                    counts[op.peer][row] += 1
+            elif type(op).__name__ == "TransferGroupOp":
+                for t in op.transfers:
+                    for row in range(*t.remote.rows):
+                        counts[t.peer][row] += 1
+                for cp in op.copies:
+                    for row in range(*cp.dst.rows):
+                        counts[rank][row] += 1
+            elif type(op).__name__ == "LocalCopyOp" and op.dst.buffer == "y":
+                for row in range(*op.dst.rows):
+                    counts[rank][row] += 1
+            elif type(op).__name__ == "CollectiveOp":
+                for row in range(len(counts[rank])):
+                    counts[rank][row] += 1
+    return counts
+
+
+def test_every_schedule_writes_every_output_row_exactly_once():
+    p = emb_problem(world=4, m=9, tables=(5, 60, 7, 8, 90))
+    opts = SpaceOptions(chunk_counts=(2, 3, 8), gemms=(Gemm.CUBLAS, Gemm.TRITON))
+    seen = set()
+    for s in enumerate_schedules(p, opts):
+        if plan_key(p, s) in seen:
+            continue
+        seen.add(plan_key(p, s))
+        assert all(c == [1] * len(c) for c in _writes(p, s).values()), str(s)
+    assert len(seen) > 30
+
+
+def test_the_fused_plan_flags_exactly_what_each_rank_waits_for():
+    p = emb_problem()
+    for text in ("finer-c3-m/ce/triton+fused", "shard/ce/triton+fused+all_peers"):
+        s = Schedule.parse(text)
+        signalled: dict[int, set[int]] = {r: set() for r in range(p.world)}
+        waited = {}
+        for rank in range(p.world):
+            plan = build_plan(p, s, rank)
+            (pool,) = [t.op for t in plan.tasks if isinstance(t.op, PoolOp)]
+            (wait,) = [t.op for t in plan.tasks if isinstance(t.op, WaitFlagsOp)]
+            assert [t.op for t in plan.tasks] == [pool, wait]  # one pooling task, one wait
+            assert pool.chunks[-1].out_rank == rank  # peers' chunks first, the local last
+            for c in pool.chunks:
+                assert (c.signal is None) == (c.out_rank == rank)
+                if c.signal is not None:
+                    assert c.signal[1] not in signalled[c.signal[0]]
+                    signalled[c.signal[0]].add(c.signal[1])
+            waited[rank] = set(wait.slots)
+        assert signalled == waited, text
+
+
+# --- workloads, recommend -----------------------------------------------------------------------
+
+
+def test_the_dlrm_workloads_are_the_published_configurations():
+    found = ficco.api.workloads(["dlrm-dcnv2", "dlrm-kaggle"], world=8)
+    dcn, kaggle = found.problems
+    assert (dcn.pattern, dcn.m, dcn.n, dcn.k, len(dcn.tables)) == ("emb_a2a", 65536, 128, 100, 26)
+    assert dcn.tables[0] == 40_000_000 and sum(dcn.bags) == 214
+    assert (kaggle.m, kaggle.n, kaggle.k, kaggle.tables[2]) == (128, 16, 1, 10131227)
+    assert not found.skipped
+    assert all(p.pattern != "emb_a2a" for p in ficco.api.workloads(world=8).problems)
+    with pytest.raises(InputError, match="no tables column"):
+        ficco.api.workloads(["dlrm-kaggle"], world=2, csv="/tmp/emb-never-written.csv")
+
+
+def test_recommend_refuses_emb_a2a_until_a_table_measured_it():
+    with pytest.raises(ValueError, match="no measured table answers emb_a2a") as err:
+        ficco.recommend(emb_problem())
+    assert "ficco sweep --backend cuda" in str(err.value)
+
+
+# --- verification over gloo ---------------------------------------------------------------------
+
+
+def distinct_plans(p: Problem, chunk_counts=(2, 4)) -> list[Schedule]:
+    """One schedule of every distinct plan (``plan_key``) of ``p``: torch's pooling for the
+    unfused ones, the Triton choice where fused needs it, no reserve or priority (they change
+    no plan)."""
+    opts = SpaceOptions(chunk_counts=chunk_counts, sm_reserves=(0,))
+    out, keys = [], set()
+    for s in enumerate_schedules(p, opts):
+        if s.comm_priority.value != "normal" or (s.gemm is Gemm.TRITON) != (
+            s.compute is Compute.FUSED
+        ):
+            continue
+        if plan_key(p, s) not in keys:
+            keys.add(plan_key(p, s))
+            out.append(s)
+    return out
+
+
+#: every distinct plan of the first problem of each W (chunks 2 and 4), the serial, shard and
+#: fused plans of the others: even batch with per-table bag sizes (sum); fp16 with uniform
+#: bags (mean; Triton's CPU interpreter is refused bf16); a batch 3 does not divide, skewed
+#: tables, uneven bags (mean)
+VERIFIED = {
+    2: [
+        Problem(pattern="emb_a2a", m=12, n=8, k=3, world=2, tables=(40, 9, 100),
+                bags=(3, 1, 2), dtype="fp32"),
+        Problem(pattern="emb_a2a", m=7, n=16, k=4, world=2, tables=(33, 5), bags="uniform",
+                pooling="mean", dtype="fp16"),
+    ],
+    3: [emb_problem(bags="uniform", pooling="mean")],
+}  # fmt: skip
+FEW = ("serial/nccl/cublas", "serial/seg/cublas", "shard/ce/cublas", "finer-c2-m/ce/triton+fused")
+
+
+@pytest.mark.parametrize("world", sorted(VERIFIED))
+def test_every_distinct_plan_verifies_against_the_float64_reference(world):
+    with backend_pool("cpu", world, RunOptions(timing=None)) as pool:
+        for i, problem in enumerate(VERIFIED[world]):
+            schedules = distinct_plans(problem) if i == 0 else [Schedule.parse(t) for t in FEW]
+            assert any(s.compute is Compute.FUSED for s in schedules)
+            got = measure_in(pool, problem, schedules, None, baselines=False)
+            assert isinstance(got, list), got  # not a PoolFailure
+            bad = [(m.name, m.verdict, m.detail) for m in got if m.verdict != "ok"]
+            assert len(got) == len(schedules) and not bad, bad
