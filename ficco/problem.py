@@ -2,9 +2,10 @@
 
 Shapes are global unless named ``_shard``. What each pattern's ranks hold and produce, and
 every other fact of a pattern, is in its module under ``ficco.patterns`` (``ag_gemm``,
-``gemm_rs``, ``a2a_gemm``, ``gemm_a2a``, ``gemm_ar``); the rules a problem checks here are the
-pattern-independent ones, plus what its spec says (M divisible by W where every rank holds
-M/W rows; experts and a routing where tokens are routed).
+``gemm_rs``, ``a2a_gemm``, ``gemm_a2a``, ``gemm_ar``, ``emb_a2a``); the rules a problem checks
+here are the pattern-independent ones, plus what its spec says (M divisible by W where every
+rank holds M/W rows; experts and a routing where tokens are routed; emb_a2a's tables, pooling
+and bags, checked by its module).
 
 For the all-to-all patterns ``m`` is the global number of routed tokens and ``routing[s][e]`` the
 tokens rank ``s`` sends to expert ``e`` (uniform routing spreads ``m/W`` tokens per rank evenly).

@@ -105,10 +105,16 @@ def test_predict_covers_the_calibrated_transports():
     assert PREDICTED_SPACE.transports == (Transport.CE, Transport.NCCL)
 
 
+def _kw(pattern: Pattern) -> dict:
+    """The fields a pattern's problem needs beyond its sizes (experts; emb_a2a's tables)."""
+    if pattern.pools_tables:
+        return {"tables": (1000, 20, 300, 64)}
+    return {"experts": 4} if pattern.is_all_to_all else {}
+
+
 @pytest.mark.parametrize("pattern", list(Pattern))
 def test_the_space_offers_a_transport_exactly_for_the_patterns_it_serves(pattern):
-    kw = {"experts": 4} if pattern.is_all_to_all else {}
-    problem = Problem(pattern=pattern, m=128, n=128, k=128, world=2, dtype="bf16", **kw)
+    problem = Problem(pattern=pattern, m=128, n=128, k=128, world=2, dtype="bf16", **_kw(pattern))
     offered = {s.transport for s in enumerate_schedules(problem, SpaceOptions())}
     assert offered == {t for t in Transport if pattern in t.traits.patterns}
 
@@ -151,8 +157,9 @@ def test_the_model_asks_the_same_function_and_only_nccl_ce_flips():
     executor always ran them)."""
     flipped = set()
     for pattern in Pattern:
-        kw = {"experts": 4} if pattern.is_all_to_all else {}
-        problem = Problem(pattern=pattern, m=128, n=128, k=128, world=4, dtype="bf16", **kw)
+        problem = Problem(
+            pattern=pattern, m=128, n=128, k=128, world=4, dtype="bf16", **_kw(pattern)
+        )
         for s in enumerate_schedules(problem, SpaceOptions(sm_reserves=(0,))):
             assert graphed(s) is runs_as_graph(s, "all")
             if graphed(s) is not _model_rule_before(s):

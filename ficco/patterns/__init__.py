@@ -12,8 +12,11 @@ The table is the enum itself: :data:`MODULES` maps each value to its module, imp
 first use, so reading the registry imports neither torch nor the planner (``ficco
 recommend`` reads it). Every list of patterns elsewhere is derived from it.
 
-How to add a pattern (``emb_a2a``, say): four files, tests aside; five once the selector
-knows it.
+How to add a pattern (as ``emb_a2a`` was added): four files, tests aside; five once the
+selector knows it. A pattern whose problem takes fields of its own (emb_a2a's tables, pooling
+and bags: ``ficco.problem``, the CLI's problem options, ``api.make_problem``) or whose compute
+is not a GEMM (a new op in ``ficco.plan.ops``, its primitive in ``ficco.execute``) touches
+those too.
 
 1. ``ficco/patterns/__init__.py``: the enum value ``Pattern.EMB_A2A = "emb_a2a"`` (the
    value names the module of step 2).
