@@ -22,6 +22,9 @@ from dataclasses import asdict, dataclass, replace
 
 # Opt-in shared memory per block on sm_90 (H100, H200): 227 KiB.
 HOPPER_SHARED_MEMORY_BYTES = 232_448
+# Most K ranges per tile in the decode kernel (each writes an fp32 partial that the tile's
+# last arriver reads back).
+MAX_SPLIT_K = 32
 
 
 def _is_power_of_two(x: int) -> bool:
@@ -49,6 +52,10 @@ class GemmConfig:
     split_tail: bool = False
     """Split the tiles of the last, partly filled wave along K across the idle programs
     (stream-K's data-parallel + split tail); see `split_plan`. TMA kernel only."""
+    split_k: int = 1
+    """K ranges per output tile in the split-K decode kernel (`ficco.kernels.decode`): 1 is
+    the persistent kernels; 2 or more runs every tile as that many K ranges, for few rows
+    (decode M = 1 ... 512), where a GEMM streams the weight and whole tiles leave SMs idle."""
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -67,16 +74,31 @@ class GemmConfig:
             )
         if self.epilogue_subtile and self.block_n < 32:
             raise ValueError("GemmConfig.epilogue_subtile needs block_n >= 32")
+        if not 1 <= self.split_k <= MAX_SPLIT_K:
+            raise ValueError(
+                f"GemmConfig.split_k must be in [1, {MAX_SPLIT_K}], got {self.split_k}"
+            )
+        if self.split_k > 1 and (self.split_tail or self.epilogue_subtile):
+            raise ValueError(
+                "GemmConfig.split_k > 1 (the decode kernel) takes neither split_tail nor "
+                "epilogue_subtile"
+            )
 
     @property
     def name(self) -> str:
         """Stable short form, e.g. `128x256x64_g8_s4_w8_sub`."""
         sub = "_sub" if self.epilogue_subtile else ""
         split = "_splittail" if self.split_tail else ""
+        split_k = f"_splitk{self.split_k}" if self.split_k > 1 else ""
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}"
-            f"_s{self.num_stages}_w{self.num_warps}{sub}{split}"
+            f"_s{self.num_stages}_w{self.num_warps}{sub}{split}{split_k}"
         )
+
+    @property
+    def decode(self) -> bool:
+        """Runs in the split-K decode kernel (`ficco.kernels.decode`)."""
+        return self.split_k > 1
 
     def to_dict(self) -> dict[str, int | bool]:
         return asdict(self)
@@ -127,7 +149,19 @@ GPU_CONFIGS: tuple[GemmConfig, ...] = (
     _c(64, 64, 128, 4, 4),
     _c(64, 64, 64, 6, 4),
     _c(128, 256, 32, 6, 8, sub=True),
+    # Widened: grouping, deeper pipelines and narrower K steps around the winners above.
+    _c(128, 256, 64, 4, 8, group=4, sub=True),
+    _c(128, 256, 64, 4, 8, group=16, sub=True),
+    _c(256, 128, 64, 4, 8, group=16, sub=True),
+    _c(128, 128, 64, 6, 8, sub=True),
+    _c(128, 128, 64, 5, 4, sub=True),
+    _c(128, 64, 128, 4, 4),
+    _c(64, 256, 64, 5, 8, sub=True),
+    _c(64, 128, 64, 7, 4),
 )
+#: The first 18 points of GPU_CONFIGS: the space before it was widened (benchmarks compare
+#: the best of these with the best of the whole space).
+GPU_CONFIGS_BEFORE_WIDENING = 18
 
 # The CPU interpreter (TRITON_INTERPRET=1) runs every program serially in NumPy: small blocks
 # keep tests fast, and timing there says nothing about a GPU.
@@ -137,6 +171,18 @@ INTERPRETER_CONFIGS: tuple[GemmConfig, ...] = (
     _c(32, 64, 32, 1, 4, group=4, sub=True),
     _c(16, 32, 16, 1, 4, group=4, split=True),
 )
+
+# The split-K decode kernel's tiles (`ficco.kernels.decode`), for M <= DECODE_MAX_ROWS: rows
+# as few as the dot allows (16) up to 64/128, wide N tiles with deep pipelines (the weight
+# stream), K steps of 64-256. Its split (`split_k`) is chosen per shape (`decode_splits`).
+DECODE_MAX_ROWS = 512
+DECODE_TILES: tuple[tuple[int, int, int, int], ...] = (  # (block_n, block_k, stages, warps)
+    (128, 128, 4, 4),
+    (64, 256, 4, 4),
+    (256, 64, 4, 8),
+    (128, 64, 6, 4),
+)
+INTERPRETER_DECODE_TILES: tuple[tuple[int, int, int, int], ...] = ((32, 16, 1, 4),)
 
 # A split K range is at least this many BLOCK_K steps (a few pipeline stages deep), and a tile
 # is split at most this many ways (its last arriver reads every partial back).
@@ -221,7 +267,8 @@ def candidate_configs(
 ) -> list[GemmConfig]:
     """The configurations worth timing for one GEMM shape, in the space's order.
 
-    Each kept configuration also comes with `split_tail=True` where that changes the launch.
+    Each kept configuration also comes with `split_tail=True` where that changes the launch;
+    up to DECODE_MAX_ROWS rows, the split-K decode kernel's candidates follow.
     """
     space = INTERPRETER_CONFIGS if interpreter else GPU_CONFIGS
     kept = []
@@ -237,7 +284,65 @@ def candidate_configs(
         if splits_here(cfg, m, n, k, sm_budget):
             kept.append(replace(cfg, split_tail=True))
     kept = list(dict.fromkeys(kept))  # the interpreter space lists a split config itself
+    kept += decode_candidate_configs(
+        m,
+        n,
+        k,
+        in_bytes,
+        out_bytes,
+        sm_budget=sm_budget,
+        interpreter=interpreter,
+        shared_memory_bytes=shared_memory_bytes,
+    )
     return kept or [space[0] if interpreter else FALLBACK_CONFIG]
+
+
+def decode_splits(tiles: int, k_steps: int, sm_budget: int) -> list[int]:
+    """K ranges per tile worth trying when `tiles` tiles of `k_steps` BLOCK_K steps run on
+    `sm_budget` programs: the fewest that fill one wave, two waves and four waves of programs
+    (units = tiles x split), each range >= 2 steps and at most MAX_SPLIT_K ranges; none where
+    one wave is already full."""
+    if tiles >= sm_budget:
+        return []
+    most = min(MAX_SPLIT_K, k_steps // 2)
+    splits = []
+    for waves in (1, 2, 4):
+        split = min(-(-waves * sm_budget // tiles), most)
+        if split >= 2:
+            splits.append(split)
+    return sorted(set(splits))
+
+
+def decode_candidate_configs(
+    m: int,
+    n: int,
+    k: int,
+    in_bytes: int,
+    out_bytes: int,
+    *,
+    sm_budget: int = 132,
+    interpreter: bool = False,
+    shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
+) -> list[GemmConfig]:
+    """The split-K decode kernel's candidates for `[m, k] @ [k, n]` (none above
+    DECODE_MAX_ROWS rows): each tile of `DECODE_TILES` at the fewest rows covering M (16-64,
+    and 128 from 256 rows), at each split of `decode_splits`."""
+    if m > DECODE_MAX_ROWS:
+        return []
+    if interpreter:
+        rows, tiles_nk = [16], INTERPRETER_DECODE_TILES
+    else:
+        rows = [min(64, max(16, _next_power_of_two(m)))] + ([128] if m >= 256 else [])
+        tiles_nk = DECODE_TILES
+    kept = []
+    for bm in rows:
+        for bn, bk, stages, warps in tiles_nk:
+            tiles = -(-m // bm) * -(-n // bn)
+            for split in decode_splits(tiles, -(-k // bk), sm_budget):
+                cfg = GemmConfig(bm, bn, bk, 8, stages, warps, split_k=split)
+                if interpreter or fits_shared_memory(cfg, in_bytes, out_bytes, shared_memory_bytes):
+                    kept.append(cfg)
+    return kept
 
 
 def heuristic_config(m: int, n: int, k: int, *, interpreter: bool = False) -> GemmConfig:
@@ -261,9 +366,9 @@ def fused_candidate_configs(
     shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
 ) -> list[GemmConfig]:
     """The fused GEMM's candidates for chunks of `rows` rows: the persistent GPU space, pruned
-    as `candidate_configs` prunes it, without `split_tail` (the fused kernel never splits K:
-    its tiles are claimed one at a time as their chunks arrive)."""
+    as `candidate_configs` prunes it, without `split_tail` or the decode kernel (the fused
+    kernel never splits K: its tiles are claimed one at a time as their chunks arrive)."""
     kept = candidate_configs(
         rows, n, k, in_bytes, out_bytes, sm_budget=1, shared_memory_bytes=shared_memory_bytes
     )
-    return list(dict.fromkeys(replace(cfg, split_tail=False) for cfg in kept))
+    return list(dict.fromkeys(replace(cfg, split_tail=False) for cfg in kept if not cfg.decode))

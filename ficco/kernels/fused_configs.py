@@ -3,7 +3,8 @@
 `fused_config` answers, in order: a configuration tuned for the fused kernel itself at this
 shape (`fused_tuning.tune_fused`, cached in the persistent GEMM's tuning file under its own key), else the
 persistent GEMM's configuration for the whole problem (`tuning.config_for`: cached, tuned now,
-or the heuristic under FICCO_GEMM_AUTOTUNE=0) without its split tail. Both draw on the one
+or the heuristic under FICCO_GEMM_AUTOTUNE=0) without its split tail (the heuristic where that
+is the split-K decode kernel's). Both draw on the one
 space in `ficco.kernels.configs`. The pointer path (views tensor descriptors cannot take)
 keeps its own two tiles: its loads stage through registers and need fewer of them.
 """
@@ -101,7 +102,10 @@ def fused_config(
     hit = cached_config(FusedTuningKey.for_problem(m, n, k, chunks, dtype, sm_budget, device))
     if hit is not None:
         return hit
-    return replace(config_for(m, n, k, dtype, sm_budget, device), split_tail=False)
+    chosen = config_for(m, n, k, dtype, sm_budget, device)
+    if chosen.decode:  # the split-K decode kernel's tile is no fused tile
+        return heuristic_config(m, n, k)
+    return replace(chosen, split_tail=False)
 
 
 def smaller_config(config: GemmConfig) -> GemmConfig | None:

@@ -15,6 +15,9 @@ Two kernels compute the same function, `out (+)= a @ b` with fp32 accumulation:
 - `_matmul_ptr_kernel` uses masked pointer loads/stores with arbitrary strides: for GPUs
   before Hopper, misaligned views, and Tritons without host descriptors.
 
+A config with `split_k` >= 2 runs the split-K decode kernel instead (`ficco.kernels.decode`,
+any views), whatever the path.
+
 Both run under the CPU interpreter (`TRITON_INTERPRET=1`; Triton 3.9 interprets descriptors).
 The outer tile loop is `tl.range(..., flatten=True)`, as in Triton's persistent-matmul tutorial:
 the compiler flattens tile and K loops into one pipelined loop, so the next tile's first loads
@@ -49,6 +52,7 @@ from ficco.kernels.configs import (
     GemmConfig,
     split_plan,
 )
+from ficco.kernels.decode import launch_decode
 
 try:  # Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -408,6 +412,20 @@ def launch(
     m, k = a.shape
     n = b.shape[1]
     precision = _TORCH_TO_TL_PRECISION[a.dtype]
+    if config.decode:  # any view: the decode kernel loads through pointers
+        tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+        LAST_COMPILED["decode"] = launch_decode(
+            a,
+            b,
+            out,
+            accumulate=accumulate,
+            sm_budget=sm_budget,
+            config=config,
+            precision=precision,
+            locks=_lock_buffer(out.device, tiles),
+        )
+        LAUNCH_COUNTS["decode"] += 1
+        return out
     if path == "ptr":
         _launch_ptr(a, b, out, accumulate, sm_budget, config, precision)
         return out

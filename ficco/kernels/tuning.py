@@ -289,7 +289,7 @@ def tune(
     if not trials.timings_ms:
         raise RuntimeError(f"no GEMM configuration ran correctly for {key}: {trials.failures}")
     best = trials.configs[trials.best()]
-    entry = tuning_record(trials, m, n, k, path, t_start)
+    entry = tuning_record(trials, m, n, k, "decode" if best.decode else path, t_start)
     if write_cache:
         store(key, entry)
     return best
