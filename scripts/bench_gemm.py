@@ -20,6 +20,8 @@ Protocol, per shape:
      max(2 x L2, 128 MB)) before every launch; each batch of rounds starts with a GPU sleep so
      the host queues the batch ahead and host launch overhead stays out of the events; median
      over rounds. Spread = IQR / median. T / T2 is the noise floor of the T / C ratio.
+     With --compare-before, the fastest config of the space before it was widened (from the
+     same tuning record) is verified and timed in the same rounds where it differs.
   ratio = Triton TFLOP/s / cuBLAS TFLOP/s = cuBLAS ms / Triton ms.
 
 Traps this protocol avoids (each once produced a wrong conclusion somewhere):
@@ -44,7 +46,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -56,7 +58,13 @@ from ficco.execute.options import TimingOptions  # noqa: E402
 from ficco.execute.timing import DeviceClock, time_rounds  # noqa: E402
 from ficco.kernels import matmul, tune  # noqa: E402
 from ficco.kernels import persistent as kernel_paths  # noqa: E402
-from ficco.kernels.configs import split_plan  # noqa: E402
+from ficco.kernels.configs import (  # noqa: E402
+    GPU_CONFIGS,
+    GPU_CONFIGS_BEFORE_WIDENING,
+    GemmConfig,
+    candidate_configs,
+    split_plan,
+)
 from ficco.kernels.tuning import TuningKey, cache_entry  # noqa: E402
 
 LAYERS = [
@@ -215,9 +223,16 @@ def _rounds_for(est_ms: float, quick: bool) -> int:
 # One shape
 
 
-def _tune(m, n, k, dtype, budget, reuse):
+def _tune(m, n, k, dtype, budget, reuse, rep_ms=None):
     t0 = time.perf_counter()
-    cfg = tune(m, n, k, dtype, budget, "cuda", read_cache=reuse)
+    timer = None
+    if rep_ms is not None:
+        import triton
+
+        def timer(fn):
+            return triton.testing.do_bench(fn, warmup=2, rep=rep_ms, return_mode="median")
+
+    cfg = tune(m, n, k, dtype, budget, "cuda", read_cache=reuse, timer=timer)
     key = TuningKey.for_problem(m, n, k, dtype, budget, torch.device("cuda", 0))
     entry = cache_entry(key) or {}
     return cfg, entry, time.perf_counter() - t0
@@ -231,7 +246,9 @@ def _verify(m, n, k, dtype, cfg, budget, gen) -> tuple[float, float, str]:
     out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
     before = dict(kernel_paths.LAUNCH_COUNTS)
     matmul(a, b, out, sm_budget=budget, config=cfg)
-    path = next(p for p in ("tma", "ptr") if kernel_paths.LAUNCH_COUNTS[p] > before.get(p, 0))
+    path = next(
+        p for p in ("tma", "ptr", "decode") if kernel_paths.LAUNCH_COUNTS[p] > before.get(p, 0)
+    )
     err_triton = _rel_error(out, ref)
     err_cublas = _rel_error(torch.matmul(a, b), ref)
     del a, b, ref, out
@@ -246,9 +263,26 @@ def _plan_of(cfg, m, n, k, budget) -> dict | None:
     return None if plan is None else {**asdict(plan), "units": plan.units}
 
 
+def best_before_widening(entry: dict, m: int, n: int, k: int, budget: int) -> GemmConfig | None:
+    """The fastest correct config of the tuning record among those the space offered before it
+    was widened (`GPU_CONFIGS[:GPU_CONFIGS_BEFORE_WIDENING]`, with their split tails; no
+    decode kernel): today's choice."""
+    before = {c.name for c in GPU_CONFIGS[:GPU_CONFIGS_BEFORE_WIDENING]}
+    smem = kernel_paths.device_info(torch.device("cuda", 0)).shared_memory_bytes
+    timings = entry.get("timings_ms", {})
+    kept = [
+        c
+        for c in candidate_configs(m, n, k, 2, 2, sm_budget=budget, shared_memory_bytes=smem)
+        if replace(c, split_tail=False).name in before and c.name in timings
+    ]
+    return min(kept, key=lambda c: timings[c.name]) if kept else None
+
+
 def bench_shape(m, n, k, dtype, timer, args, gen, budget) -> dict:
-    cfg, entry, tune_s = _tune(m, n, k, dtype, budget, args.reuse_tuning)
+    cfg, entry, tune_s = _tune(m, n, k, dtype, budget, args.reuse_tuning, args.tune_rep_ms)
+    before = best_before_widening(entry, m, n, k, budget) if args.compare_before else None
     err_t, err_c, path = _verify(m, n, k, dtype, cfg, budget, gen)
+    err_before = _verify(m, n, k, dtype, before, budget, gen)[0] if before else None
     a = torch.randn((m, k), device="cuda", dtype=torch.float32, generator=gen).to(dtype)
     b = torch.randn((k, n), device="cuda", dtype=torch.float32, generator=gen).to(dtype)
     c_t = torch.empty((m, n), device="cuda", dtype=dtype)
@@ -258,12 +292,16 @@ def bench_shape(m, n, k, dtype, timer, args, gen, budget) -> dict:
         "cublas": lambda: torch.matmul(a, b, out=c_c),
         "triton2": lambda: matmul(a, b, c_t, sm_budget=budget, config=cfg),
     }
+    if before is not None and before != cfg and err_before <= REL_ERROR_LIMIT:
+        fns["triton_before"] = lambda: matmul(a, b, c_t, sm_budget=budget, config=before)
     for fn in fns.values():  # warm-up: compile, cuBLAS heuristics, clocks
         fn()
     warm = timer.interleaved(fns, 2)
     rounds = _rounds_for(_median(warm["cublas"]), args.quick)
     times = timer.interleaved(fns, rounds)
     t_ms, c_ms, t2_ms = (_median(times[x]) for x in ("triton", "cublas", "triton2"))
+    # the space before widening: its own timing where its choice differs, else the same kernel
+    tb_ms = _median(times["triton_before"]) if "triton_before" in times else t_ms
     return {
         "M": m,
         "N": n,
@@ -276,6 +314,9 @@ def bench_shape(m, n, k, dtype, timer, args, gen, budget) -> dict:
         "cublas_tflops": _tflops(m, n, k, c_ms),
         "ratio": c_ms / t_ms,
         "self_ratio": t2_ms / t_ms,
+        "before_widening": None
+        if before is None
+        else {"config": before.name, "ms": tb_ms, "ratio": c_ms / tb_ms, "rel_error": err_before},
         "config": cfg.name,
         "config_fields": cfg.to_dict(),
         "split_plan": _plan_of(cfg, m, n, k, budget),
@@ -295,7 +336,7 @@ def bench_budgets(m, n, k, dtype, budgets, timer, args, gen) -> dict:
     cfgs = {}
     tune_s = 0.0
     for budget in budgets:
-        cfg, _entry, s = _tune(m, n, k, dtype, budget, args.reuse_tuning)
+        cfg, _entry, s = _tune(m, n, k, dtype, budget, args.reuse_tuning, args.tune_rep_ms)
         cfgs[budget] = cfg
         tune_s += s
     errors = {b: _verify(m, n, k, dtype, cfgs[b], b, gen)[0] for b in budgets}
@@ -409,6 +450,12 @@ def summarize(rows: list[dict], budget_rows: list[dict], budgets: list[int]) -> 
         "self_ratio_max": max((r["self_ratio"] for r in rows), default=math.nan),
         "paths": sorted({r["path"] for r in rows}),
     }
+    compared = [r for r in rows if r.get("before_widening")]
+    if compared:
+        for name, subset in (("full", full), ("chunk", chunk)):
+            got = [r["before_widening"]["ratio"] for r in subset if r.get("before_widening")]
+            summary[f"before_widening_{name}_geomean"] = _geomean(got)
+            summary[f"before_widening_{name}_min_ratio"] = min(got, default=math.nan)
     if 120 in budgets and 132 in budgets:
         summary["sm_budget_120_vs_132"] = {
             f"{r['M']}x{r['N']}x{r['K']}": r["budgets"]["132"]["ms"] / r["budgets"]["120"]["ms"]
@@ -432,6 +479,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commit", help="git commit to record when the tree has no .git")
     parser.add_argument("--reuse-tuning", action="store_true", help="read the tuning cache")
     parser.add_argument("--skip-budgets", action="store_true")
+    parser.add_argument(
+        "--compare-before",
+        action="store_true",
+        help="also time the best config of the space before it was widened, beside the best",
+    )
+    parser.add_argument(
+        "--tune-rep-ms", type=int, help="do_bench repeat per candidate while tuning (default 30)"
+    )
+    parser.add_argument(
+        "--budget-s", type=float, help="skip the shapes left once this many seconds are spent"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_gemm.py needs a CUDA GPU", file=sys.stderr)
@@ -466,7 +524,11 @@ def main(argv: list[str] | None = None) -> int:
         tmp.replace(out_path)
 
     order = sorted(shapes, key=lambda s: s[0] * s[1] * s[2])
+    result["skipped"] = []
     for i, (m, n, k) in enumerate(order):
+        if args.budget_s is not None and time.perf_counter() - t_start > args.budget_s:
+            result["skipped"].append([m, n, k])
+            continue
         row = bench_shape(m, n, k, dtype, timer, args, gen, sm_count)
         row["sets"] = sorted(shapes[(m, n, k)]["sets"])
         row["layers"] = sorted(shapes[(m, n, k)]["layers"])
@@ -477,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         save()
-    if not args.skip_budgets:
+    if not args.skip_budgets and not result["skipped"]:
         for m, n, k in budget_shapes:
             brow = bench_budgets(m, n, k, dtype, budgets, timer, args, gen)
             result["sm_budget"].append(brow)
@@ -517,6 +579,12 @@ def print_table(result: dict) -> None:
         f"T/T2 {s['self_ratio_min']:.3f}-{s['self_ratio_max']:.3f}  "
         f"host us {result.get('host_launch_us')}  elapsed {result.get('elapsed_s')}s"
     )
+    if "before_widening_full_geomean" in s:
+        print(
+            f"before widening: full {s['before_widening_full_geomean']:.4f} "
+            f"(min {s['before_widening_full_min_ratio']:.3f})  chunk "
+            f"{s['before_widening_chunk_geomean']:.4f} (min {s['before_widening_chunk_min_ratio']:.3f})"
+        )
     print("targets", s["targets"])
 
 

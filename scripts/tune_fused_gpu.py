@@ -19,6 +19,8 @@ One run (``python scripts/tune_fused_gpu.py``; JSON to ``$OUT/fused_single_gpu.j
    fused_tma_pers  the fused kernel, flags preset, TMA, the persistent GEMM's config
    fused_tma       the fused kernel, flags preset, TMA, its own tuned config (the default
                    once tuned)
+   fused_tma_before  the same, the fastest tile of the space before it was widened (where
+                   that differs from the tuned one)
    fused_overlap   the side-stream-arrival case: peer chunks copied by a side stream, 20 us
                    apart, each followed by a stream-ordered flag write; the fused kernel
                    (TMA, tuned, on all SMs but four) spins per tile on the flags
@@ -64,6 +66,11 @@ from fused_gpu_cases import (  # noqa: E402
 from ficco.execute.options import TimingOptions  # noqa: E402
 from ficco.execute.timing import DeviceClock, time_rounds  # noqa: E402
 from ficco.kernels import matmul  # noqa: E402
+from ficco.kernels.configs import (  # noqa: E402
+    GPU_CONFIGS,
+    GPU_CONFIGS_BEFORE_WIDENING,
+    GemmConfig,
+)
 from ficco.kernels.fused import FusedChunkViews, FusedGemm  # noqa: E402
 from ficco.kernels.fused_configs import pointer_config  # noqa: E402
 from ficco.kernels.fused_tuning import tune_fused  # noqa: E402
@@ -103,6 +110,14 @@ def time_candidates(candidates: dict, rounds: int, cover_cycles: int) -> dict:
         med = statistics.median(ts)
         out[name] = {"median_ms": med, "iqr_rel": (q[2] - q[0]) / med, "rounds": len(ts)}
     return out
+
+
+def best_before_widening(timings: dict[str, float]) -> GemmConfig | None:
+    """The fastest tile of a fused tuning record among the space before it was widened
+    (``GPU_CONFIGS[:GPU_CONFIGS_BEFORE_WIDENING]``): the fused kernel's tile before."""
+    before = {c.name: c for c in GPU_CONFIGS[:GPU_CONFIGS_BEFORE_WIDENING]}
+    kept = [name for name in timings if name in before]
+    return before[min(kept, key=timings.__getitem__)] if kept else None
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -147,6 +162,9 @@ def run_shape(
         "tune_s": record.get("tune_s"),
     }
     persistent_cfg = config_for(m, n, k, dtype, sms, torch.device("cuda", 0))
+    if persistent_cfg.decode:  # the fused kernel takes no split-K tile
+        persistent_cfg = tuned
+    before = best_before_widening(record.get("timings_ms") or {})
     kernels = {
         "fused_ptr": FusedGemm(
             views, b, sm_budget=sms, timeout_s=10.0, path="ptr", config=pointer_config(step)
@@ -161,6 +179,10 @@ def run_shape(
         ),
         "fused_tma": FusedGemm(views, b, sm_budget=sms, timeout_s=10.0, config=tuned),
     }
+    if before is not None and before != tuned:
+        kernels["fused_tma_before"] = FusedGemm(
+            views, b, sm_budget=sms, timeout_s=10.0, config=before
+        )
     overlap = FusedGemm(views, b, sm_budget=sms - SIDE_SMS, timeout_s=10.0, config=tuned)
     result["configs"] = {name: kern.config.name for name, kern in kernels.items()}
     result["configs"]["triton"] = persistent_cfg.name
@@ -251,6 +273,7 @@ def summary_line(r: dict) -> str:
         f"{s['m']}x{s['n']}x{s['k']} W{s['world']} c{s['chunks']}: cublas {cub:.4f} "
         f"triton {ms('triton') / cub:.3f} ptr {ms('fused_ptr') / cub:.3f} "
         f"tma_pers {ms('fused_tma_pers') / cub:.3f} tma {ms('fused_tma') / cub:.3f} "
+        f"before {ms('fused_tma_before') / cub:.3f} "
         f"overlap {ms('fused_overlap'):.4f} per_chunk {ms('per_chunk'):.4f} "
         f"[{r['configs']['fused_tma']}] bad={[k for k, v in r['verify'].items() if not v['ok']]}"
     )
@@ -261,6 +284,9 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=280.0)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--no-catalog", action="store_true")
+    parser.add_argument(
+        "--no-check-shapes", action="store_true", help="only the catalog's shapes (small first)"
+    )
     args = parser.parse_args()
     t0 = time.monotonic()
     out_dir = Path(os.environ.get("OUT", "."))
@@ -281,7 +307,7 @@ def main() -> None:
         report[f"producer_{which}"] = check_producer(4096, 8192, 4096, 4, which)
     path.write_text(json.dumps(report, indent=2))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    todo = [(*s, 15) for s in SHAPES]
+    todo = [] if args.no_check_shapes else [(*s, 15) for s in SHAPES]
     if not args.no_catalog:
         todo += [(m, n, k, 2, 1, args.rounds) for m, n, k in catalog_shapes(sms)]
     report["skipped"] = []

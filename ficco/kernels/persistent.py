@@ -96,7 +96,10 @@ def _unit_coords(unit, dp_tiles, split, k_per_split, k_tiles):
     return tile_id, is_split, part, k_lo, k_hi
 
 
-@triton.jit
+# M, N, K and the split plan are loop bounds and descriptor-clipped offsets here: left
+# unspecialised, one compiled kernel per config serves every shape (and a pool of processes
+# can compile the space ahead of a tuning run).
+@triton.jit(do_not_specialize=["M", "N", "K", "num_units", "dp_tiles", "split", "k_per_split"])
 def _matmul_tma_kernel(
     a_desc,  # A [M, K], or A^T [K, M] when A_COL_MAJOR
     b_desc,  # B [K, N], or B^T [N, K] when B_COL_MAJOR
