@@ -7,11 +7,11 @@ catalog model's decode (N, K) at W ranks (``--world``, default 2): the gemm_ar p
 ``ficco workloads --phase decode``, deduplicated by shape.
 
 Protocol, per shape:
-  1. tune: ``ficco.kernels.tune`` over the whole space for the shape (persistent configs, and
-     up to 512 rows the decode kernel's split-K configs), each candidate checked against
-     ``torch.matmul`` before ``triton.testing.do_bench`` (median, L2 flushed) times it; the
-     winner is written to the tuning cache ($FICCO_CACHE_DIR), the record's timings give the
-     fastest persistent and the fastest decode config as well;
+  1. tune: ``ficco.kernels.tune`` over the persistent space for the shape and, up to 512 rows,
+     the decode kernel's split-K configs (``configs.decode_candidate_configs``), each candidate
+     checked against ``torch.matmul`` before ``triton.testing.do_bench`` (median, L2 flushed)
+     times it; the winner ("space") is written to the tuning cache ($FICCO_CACHE_DIR), and the
+     record's timings give the fastest persistent and the fastest decode config as well;
   2. verify on fresh random inputs, output poisoned with NaN: relative Frobenius error of each
      of space / persistent / decode and of cuBLAS against an fp32 reference (TF32 off); a
      variant above 1e-2 is not timed;
@@ -44,7 +44,11 @@ sys.path.insert(0, str(REPO / "scripts"))
 from bench_gemm import Timer, fingerprint  # noqa: E402
 
 from ficco.kernels import matmul, tune  # noqa: E402
-from ficco.kernels.configs import GemmConfig, candidate_configs  # noqa: E402
+from ficco.kernels.configs import (  # noqa: E402
+    GemmConfig,
+    candidate_configs,
+    decode_candidate_configs,
+)
 from ficco.kernels.persistent import device_info  # noqa: E402
 from ficco.kernels.tuning import TuningKey, cache_entry  # noqa: E402
 from ficco.workloads import PHASE_TOKENS, ParallelSetup, catalog_problems  # noqa: E402
@@ -85,6 +89,8 @@ def bench_shape(m, n, k, timer, gen, budget, rep_ms) -> dict:
     dtype = torch.bfloat16
     smem = device_info(torch.device("cuda", 0)).shared_memory_bytes
     t0 = time.perf_counter()
+    offered = candidate_configs(m, n, k, 2, 2, sm_budget=budget, shared_memory_bytes=smem)
+    offered += decode_candidate_configs(m, n, k, 2, 2, sm_budget=budget, shared_memory_bytes=smem)
     space = tune(
         m,
         n,
@@ -92,13 +98,13 @@ def bench_shape(m, n, k, timer, gen, budget, rep_ms) -> dict:
         dtype,
         budget,
         "cuda",
+        configs=offered,
         read_cache=False,
         timer=lambda fn: triton.testing.do_bench(fn, warmup=2, rep=rep_ms, return_mode="median"),
     )
     tune_s = time.perf_counter() - t0
     entry = cache_entry(TuningKey.for_problem(m, n, k, dtype, budget, torch.device("cuda", 0)))
     entry = entry or {}
-    offered = candidate_configs(m, n, k, 2, 2, sm_budget=budget, shared_memory_bytes=smem)
     variants = {
         "space": space,
         "persistent": _fastest(entry, offered, False),

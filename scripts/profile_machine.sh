@@ -33,8 +33,13 @@ TABLES=${TABLES:-schedules/$MACHINE}
 mkdir -p "$PROFILES"
 export PYTHONUNBUFFERED=1
 export FICCO_CACHE_DIR=${FICCO_CACHE_DIR:-$ROOT/.cache}
-if [ ! -f "$FICCO_CACHE_DIR/gemm_tuning.json" ] && [ -f profiles/h200/gemm_tuning.json ]; then
-  mkdir -p "$FICCO_CACHE_DIR" && cp profiles/h200/gemm_tuning.json "$FICCO_CACHE_DIR/"
+# the shipped tuning cache of this card (entries are keyed by device name)
+case $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1) in
+  *H100*) SEED_CACHE=profiles/h100/gemm_tuning.json ;;
+  *) SEED_CACHE=profiles/h200/gemm_tuning.json ;;
+esac
+if [ ! -f "$FICCO_CACHE_DIR/gemm_tuning.json" ] && [ -f "$SEED_CACHE" ]; then
+  mkdir -p "$FICCO_CACHE_DIR" && cp "$SEED_CACHE" "$FICCO_CACHE_DIR/"
 fi
 # --force: this script writes the shipped profiles/ and schedules/ that user commands refuse
 ficco() { python3 -m ficco.cli "$@"; }

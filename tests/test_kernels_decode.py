@@ -98,7 +98,7 @@ def test_decode_splits_fill_waves():
     assert decode_splits(1, 10_000, 132) == [32]  # at most MAX_SPLIT_K ranges
 
 
-def test_decode_candidates_only_for_few_rows():
+def test_decode_candidates_only_for_few_rows_and_only_on_request():
     assert decode_candidate_configs(DECODE_MAX_ROWS + 1, 8192, 8192, 2, 2) == []
     for m in (1, 7, 64, 256):
         cands = decode_candidate_configs(m, 8192, 14336, 2, 2)
@@ -107,9 +107,8 @@ def test_decode_candidates_only_for_few_rows():
     # 512 rows of N = 8192 fill a wave with whole tiles: nothing to split; N = 2880 does not
     assert decode_candidate_configs(512, 8192, 14336, 2, 2) == []
     assert {c.block_m for c in decode_candidate_configs(512, 2880, 2048, 2, 2)} == {64, 128}
-    space = candidate_configs(1, 8192, 14336, 2, 2)
-    assert any(c.decode for c in space) and any(not c.decode for c in space)
-    assert not any(c.decode for c in candidate_configs(1024, 8192, 14336, 2, 2))
+    # the tuned space stays the persistent kernels': a cache entry names the decode kernel
+    assert not any(c.decode for c in candidate_configs(1, 8192, 14336, 2, 2))
     assert not any(c.decode for c in fused_candidate_configs(1, 8192, 14336, 2, 2))
 
 

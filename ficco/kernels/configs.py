@@ -172,7 +172,8 @@ INTERPRETER_CONFIGS: tuple[GemmConfig, ...] = (
     _c(16, 32, 16, 1, 4, group=4, split=True),
 )
 
-# The split-K decode kernel's tiles (`ficco.kernels.decode`), for M <= DECODE_MAX_ROWS: rows
+# The split-K decode kernel's tiles (`ficco.kernels.decode`), for M <= DECODE_MAX_ROWS, timed
+# beside the persistent space by scripts/bench_decode_gemm.py: rows
 # as few as the dot allows (16) up to 64/128, wide N tiles with deep pipelines (the weight
 # stream), K steps of 64-256. Its split (`split_k`) is chosen per shape (`decode_splits`).
 DECODE_MAX_ROWS = 512
@@ -267,8 +268,11 @@ def candidate_configs(
 ) -> list[GemmConfig]:
     """The configurations worth timing for one GEMM shape, in the space's order.
 
-    Each kept configuration also comes with `split_tail=True` where that changes the launch;
-    up to DECODE_MAX_ROWS rows, the split-K decode kernel's candidates follow.
+    Each kept configuration also comes with `split_tail=True` where that changes the launch.
+    The split-K decode kernel's configs (`decode_candidate_configs`) are not offered here: on
+    one H100 it lost to the persistent kernel at 189 of 190 decode shapes, and do_bench's
+    ranking of microsecond kernels picked it where it was slower (profiles/h100/
+    NOTES_gemm.md). A tuning-cache entry names it for the shapes where it measured faster.
     """
     space = INTERPRETER_CONFIGS if interpreter else GPU_CONFIGS
     kept = []
@@ -284,16 +288,6 @@ def candidate_configs(
         if splits_here(cfg, m, n, k, sm_budget):
             kept.append(replace(cfg, split_tail=True))
     kept = list(dict.fromkeys(kept))  # the interpreter space lists a split config itself
-    kept += decode_candidate_configs(
-        m,
-        n,
-        k,
-        in_bytes,
-        out_bytes,
-        sm_budget=sm_budget,
-        interpreter=interpreter,
-        shared_memory_bytes=shared_memory_bytes,
-    )
     return kept or [space[0] if interpreter else FALLBACK_CONFIG]
 
 
@@ -366,9 +360,9 @@ def fused_candidate_configs(
     shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
 ) -> list[GemmConfig]:
     """The fused GEMM's candidates for chunks of `rows` rows: the persistent GPU space, pruned
-    as `candidate_configs` prunes it, without `split_tail` or the decode kernel (the fused
-    kernel never splits K: its tiles are claimed one at a time as their chunks arrive)."""
+    as `candidate_configs` prunes it, without `split_tail` (the fused kernel never splits K:
+    its tiles are claimed one at a time as their chunks arrive)."""
     kept = candidate_configs(
         rows, n, k, in_bytes, out_bytes, sm_budget=1, shared_memory_bytes=shared_memory_bytes
     )
-    return list(dict.fromkeys(replace(cfg, split_tail=False) for cfg in kept if not cfg.decode))
+    return list(dict.fromkeys(replace(cfg, split_tail=False) for cfg in kept))

@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 from ficco.kernels import GemmConfig, matmul, tune  # noqa: E402
 from ficco.kernels import persistent as kernel_paths  # noqa: E402
 from ficco.kernels import tuning as tuning_mod  # noqa: E402
-from ficco.kernels.configs import candidate_configs  # noqa: E402
+from ficco.kernels.configs import candidate_configs, decode_candidate_configs  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -76,9 +76,8 @@ def test_decode_kernel_views_and_accumulate():
 
 def test_tuner_offers_and_checks_decode_configs():
     m, n, k = 4, 8192, 4096
-    offered = candidate_configs(m, n, k, 2, 2)
-    decode = [c for c in offered if c.decode][:3]
-    plain = [c for c in offered if not c.decode][:2]
+    decode = decode_candidate_configs(m, n, k, 2, 2)[:3]
+    plain = candidate_configs(m, n, k, 2, 2)[:2]
     best = tune(m, n, k, torch.bfloat16, configs=decode + plain, read_cache=False)
     assert best in decode + plain
     entry = tuning_mod.cache_entry(

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""A shippable GEMM tuning cache from one lease's benchmarks: per benchmarked shape, the config
+that was fastest in the benchmark's interleaved, L2-flushed rounds, not the tuner's do_bench
+pick (which mis-ranks kernels of a few microseconds).
+
+    python scripts/tuning_cache_from_benches.py RAW_CACHE OUT [--gemm bench_gemm.json]
+        [--decode bench_decode_gemm.json]
+
+RAW_CACHE is the run's $FICCO_CACHE_DIR/gemm_tuning.json (its keys name the device, Triton
+version, dtype, shape and SM budget). For a ``bench_gemm.py --compare-before`` row the choice
+is between the widened space's pick and the pick of the space before widening; for a
+``bench_decode_gemm.py`` row between the fastest persistent and the fastest decode (split-K)
+config. The entry keeps the tuner's record and says what chose it (``chosen_by``). Shapes
+that no benchmark timed are left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from ficco.kernels.configs import GemmConfig, candidate_configs, decode_candidate_configs  # noqa: E402
+
+
+def _key_of(raw: dict, m: int, n: int, k: int, sm: int) -> str:
+    tail = f"|m={m},n={n},k={k}|sm={sm}"
+    hits = [key for key in raw if key.endswith(tail) and "|fused|" not in key]
+    if len(hits) != 1:
+        raise ValueError(f"expected one cache key ending {tail!r}, found {hits}")
+    return hits[0]
+
+
+def _config_named(name: str, m: int, n: int, k: int, sm: int) -> GemmConfig:
+    offered = candidate_configs(m, n, k, 2, 2, sm_budget=sm)
+    offered += decode_candidate_configs(m, n, k, 2, 2, sm_budget=sm)
+    for cfg in offered:
+        if cfg.name == name:
+            return cfg
+    raise ValueError(f"{name!r} is not a config the space offers for {m}x{n}x{k}")
+
+
+def choose(raw: dict, key: str, winner: GemmConfig, chosen_by: str, ms: float) -> dict:
+    entry = dict(raw[key])
+    entry.update(config=winner.to_dict(), name=winner.name, chosen_by=chosen_by)
+    entry["interleaved_ms"] = ms
+    entry["path"] = "decode" if winner.decode else "tma"
+    return entry
+
+
+def from_gemm(raw: dict, bench: dict) -> dict:
+    out = {}
+    for row in bench["rows"]:
+        m, n, k, sm = row["M"], row["N"], row["K"], row["sm_budget"]
+        key = _key_of(raw, m, n, k, sm)
+        options = {row["config"]: row["triton_ms"]}
+        before = row.get("before_widening")
+        if before:
+            options.setdefault(before["config"], before["ms"])
+        name = min(options, key=options.__getitem__)
+        why = "bench_gemm.py interleaved rounds: widened space's pick vs the space before"
+        out[key] = choose(raw, key, _config_named(name, m, n, k, sm), why, options[name])
+    return out
+
+
+def from_decode(raw: dict, bench: dict) -> dict:
+    out = {}
+    for row in bench["rows"]:
+        m, n, k, sm = row["M"], row["N"], row["K"], row["sm_budget"]
+        key = _key_of(raw, m, n, k, sm)
+        options = {
+            row["configs"][name]: row["ms"][name]
+            for name in ("persistent", "decode")
+            if name in row["ms"] and name in row["configs"]
+        }
+        name = min(options, key=options.__getitem__)
+        why = "bench_decode_gemm.py interleaved rounds: fastest persistent vs fastest decode"
+        out[key] = choose(raw, key, _config_named(name, m, n, k, sm), why, options[name])
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("raw", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--gemm", type=Path)
+    parser.add_argument("--decode", type=Path)
+    args = parser.parse_args()
+    raw = json.loads(args.raw.read_text())["entries"]
+    entries = {}
+    if args.gemm:
+        entries.update(from_gemm(raw, json.loads(args.gemm.read_text())))
+    if args.decode:
+        entries.update(from_decode(raw, json.loads(args.decode.read_text())))
+    args.out.write_text(json.dumps({"format": 1, "entries": entries}, indent=1, sort_keys=True))
+    picks = [e["name"] for e in entries.values()]
+    print(
+        f"{len(entries)} entries ({sum('_splitk' in p for p in picks)} on the decode kernel) "
+        f"-> {args.out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
