@@ -17,8 +17,9 @@ Protocol, per shape:
      Triton and of cuBLAS against an fp32 cuBLAS reference (TF32 off); Triton must be <= 1e-2;
   3. time Triton (T), cuBLAS (C) and Triton again (T2) interleaved round by round, the order
      rotated each round; each launch between its own CUDA events, an L2 flush (a write of
-     max(2 x L2, 128 MB)) before every launch; each batch of rounds starts with a GPU sleep so
-     the host queues the batch ahead and host launch overhead stays out of the events; median
+     max(2 x L2, 128 MB)) before every launch; each batch of rounds starts with a GPU sleep as
+     long as the host's enqueue of the batch (250 us a launch, at least 3 ms) so the host
+     queues the batch ahead and host launch overhead stays out of the events; median
      over rounds. Spread = IQR / median. T / T2 is the noise floor of the T / C ratio.
      With --compare-before, the fastest config of the space before it was widened (from the
      same tuning record) is verified and timed in the same rounds where it differs.
@@ -27,7 +28,8 @@ Protocol, per shape:
 Traps this protocol avoids (each once produced a wrong conclusion somewhere):
   - zeros as inputs run faster than random data (seen on an H200: +13%);
   - repeated runs over one buffer measure the 50-60 MB L2, not HBM, on small shapes;
-  - with an idle GPU, host launch overhead lands between the events;
+  - with an idle GPU, host launch overhead lands between the events (also when a batch's
+    enqueue outlasts its head start: a Triton launch costs ~130 us of host time);
   - do_bench's default return mode is the mean;
   - one run's difference smaller than the spread of repeated timings is noise.
 
@@ -148,16 +150,25 @@ def fingerprint(commit: str | None) -> dict:
 # Timing
 
 
+# Host time to enqueue one timed launch, with margin: a Triton `matmul` took ~130 us to enqueue
+# on an H100 (cuBLAS 18 us), plus the flush and two events. A batch's GPU sleep covers this
+# many per launch, so no kernel of a few microseconds starts late behind its start event (on
+# the H100, a 3 ms sleep for 30 launches let host gaps into a few decode shapes' events).
+HOST_US_PER_LAUNCH = 250.0
+
+
 class Timer:
     """Interleaved per-launch CUDA-event timing with an L2 flush before every launch, rounds
-    in batches that the host queues behind a GPU sleep (`ficco.execute.timing`)."""
+    in batches that the host queues behind a GPU sleep (`ficco.execute.timing`) as long as
+    the batch's enqueue (`HOST_US_PER_LAUNCH` per launch) and at least `head_start_ms`."""
 
     def __init__(self, batch_rounds: int = 6, head_start_ms: float = 3.0) -> None:
         props = torch.cuda.get_device_properties(0)
         l2 = getattr(props, "L2_cache_size", 60 << 20) or (60 << 20)
         self.flush_buf = torch.empty(max(2 * l2, 128 << 20), dtype=torch.int8, device="cuda")
         self.batch_rounds = batch_rounds
-        self.sleep_cycles = int(head_start_ms * self._cycles_per_ms())
+        self.cycles_per_ms = self._cycles_per_ms()
+        self.sleep_cycles = int(head_start_ms * self.cycles_per_ms)
 
     @staticmethod
     def _cycles_per_ms() -> float:
@@ -170,7 +181,11 @@ class Timer:
         return 2_000_000 / max(s.elapsed_time(e), 1e-3)
 
     def interleaved(self, fns: dict[str, callable], rounds: int) -> dict[str, list[float]]:
-        clock = DeviceClock(self.flush_buf, self.sleep_cycles, self.batch_rounds * len(fns))
+        launches = self.batch_rounds * len(fns)
+        cover = max(
+            self.sleep_cycles, int(launches * HOST_US_PER_LAUNCH / 1e3 * self.cycles_per_ms)
+        )
+        clock = DeviceClock(self.flush_buf, cover, launches)
         return time_rounds(fns, TimingOptions(warmup=0, rounds=rounds), clock, rotate=True)
 
 

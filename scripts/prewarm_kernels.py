@@ -10,8 +10,8 @@ M = 2 for the small-row configs) leaves the later run only cache loads.
 
     python scripts/prewarm_kernels.py [--workers 14] [--no-fused]
 
-Prints one line per task and writes $OUT/prewarm_kernels.json when $OUT is set. A task that
-fails is reported, never fatal (the run that follows compiles it itself).
+Prints one line per task and rewrites $OUT/prewarm_kernels.json after each when $OUT is set. A
+task that fails is reported, never fatal (the run that follows compiles it itself).
 """
 
 from __future__ import annotations
@@ -96,17 +96,20 @@ def main() -> int:
     t0 = time.perf_counter()
     todo = tasks(not args.no_fused)
     results = []
+    record = Path(os.environ["OUT"]) / "prewarm_kernels.json" if "OUT" in os.environ else None
     with mp.get_context("spawn").Pool(args.workers) as pool:
         for r in pool.imap_unordered(_compile, todo):
             results.append(r)
+            wall = round(time.perf_counter() - t0, 1)
+            print(f"[{wall:6.1f}s] {len(results)}/{len(todo)} {r['task']} ok={r['ok']}", flush=True)
+            if record is not None:  # after every task: a time cap keeps what was done
+                report = {"wall_s": wall, "workers": args.workers, "tasks": len(todo)}
+                record.write_text(json.dumps({**report, "results": results}, indent=1))
     bad = [r for r in results if not r["ok"]]
     wall = round(time.perf_counter() - t0, 1)
     print(f"prewarm: {len(results)} compiles, {len(bad)} failed, {wall} s, {args.workers} workers")
     for r in bad[:10]:
         print("  failed:", r["task"], r.get("error"))
-    if "OUT" in os.environ:
-        report = {"wall_s": wall, "workers": args.workers, "results": results}
-        (Path(os.environ["OUT"]) / "prewarm_kernels.json").write_text(json.dumps(report, indent=1))
     return 0
 
 

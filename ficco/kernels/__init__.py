@@ -1,5 +1,6 @@
-"""Triton GEMM kernels for overlap schedules: a persistent matmul with an SM budget, and the
-fused GEMM of ``+fused`` schedules (tiles that wait on, or set, per-chunk flags).
+"""Triton GEMM kernels for overlap schedules: a persistent matmul with an SM budget (and a
+split-K decode kernel where a tuning-cache entry names it), and the fused GEMM of ``+fused``
+schedules (tiles that wait on, or set, per-chunk flags).
 
 This package imports Triton at module level; nothing else in ficco imports it, so
 `import ficco` works where Triton is missing. Under the CPU interpreter, set
