@@ -32,6 +32,7 @@ from ficco.space import (  # noqa: E402
     enumerate_schedules,
     violations,
 )
+from ficco.space.geometry import geometry  # noqa: E402
 from ficco.validate import InputError  # noqa: E402
 
 SKEWED = (50, 7, 300, 20, 9)
@@ -196,6 +197,30 @@ def test_every_schedule_writes_every_output_row_exactly_once():
     assert len(seen) > 30
 
 
+def test_the_geometry_is_the_plans_on_the_busiest_rank():
+    """Largest pooling launch, largest transfer and launch count, as the plans have them (a
+    problem whose every block holds at least 4 rows, so every block is cut alike)."""
+    p = emb_problem(m=12)
+    opts = SpaceOptions(chunk_counts=(2, 4), sm_reserves=(0,))
+    checked = 0
+    for s in enumerate_schedules(p, opts):
+        if not s.overlapped:
+            continue
+        geo, launches, rows, moved = geometry(p, s), [], [], []
+        for rank in range(p.world):
+            plan = build_plan(p, s, rank)
+            pools = [t.op for t in plan.tasks if isinstance(t.op, PoolOp)]
+            launches.append(len(pools))
+            rows += [sum(g.out.shape[0] for c in op.chunks for g in c.segments) for op in pools]
+            moved += [t.local.shape[0] for t in plan.transfers() if t.direction == "send"]
+            moved += [sum(g.out.shape[0] for g in c.segments) for op in pools
+                      for c in op.chunks if c.out_rank != rank]  # fmt: skip
+        assert (max(launches), max(rows)) == (geo.gemm_launches, geo.gemm_rows), s
+        assert max(moved) == geo.transfer_rows, s  # fused: a chunk stored into a peer
+        checked += 1
+    assert checked > 20
+
+
 def test_the_fused_plan_flags_exactly_what_each_rank_waits_for():
     p = emb_problem()
     for text in ("finer-c3-m/ce/triton+fused", "shard/ce/triton+fused+all_peers"):
@@ -274,6 +299,22 @@ VERIFIED = {
 FEW = ("serial/nccl/cublas", "serial/seg/cublas", "shard/ce/cublas", "finer-c2-m/ce/triton+fused")
 
 
+def drop_first_pooled_segment(plan):
+    """The first pooling task leaves its first segment's rows unwritten (NaN-poisoned)."""
+    import dataclasses
+
+    tasks = list(plan.tasks)
+    for i, task in enumerate(tasks):
+        if isinstance(task.op, PoolOp):
+            first, *rest = task.op.chunks
+            first = dataclasses.replace(first, segments=first.segments[1:])
+            tasks[i] = dataclasses.replace(
+                task, op=dataclasses.replace(task.op, chunks=(first, *rest))
+            )
+            break
+    return dataclasses.replace(plan, tasks=tuple(tasks))
+
+
 @pytest.mark.parametrize("world", sorted(VERIFIED))
 def test_every_distinct_plan_verifies_against_the_float64_reference(world):
     with backend_pool("cpu", world, RunOptions(timing=None)) as pool:
@@ -284,3 +325,10 @@ def test_every_distinct_plan_verifies_against_the_float64_reference(world):
             assert isinstance(got, list), got  # not a PoolFailure
             bad = [(m.name, m.verdict, m.detail) for m in got if m.verdict != "ok"]
             assert len(got) == len(schedules) and not bad, bad
+        # the check can fail: a pooled segment left unwritten is caught
+        broken = [Schedule.parse("shard/ce/cublas"), Schedule.parse("finer-c2-m/ce/triton+fused")]
+        got = measure_in(
+            pool, VERIFIED[world][0], broken, None, baselines=False,
+            plan_hook=drop_first_pooled_segment,
+        )  # fmt: skip
+        assert isinstance(got, list) and [m.verdict for m in got] == ["incorrect"] * 2, got

@@ -134,8 +134,14 @@ def geometry(problem: Problem, schedule: Schedule) -> Geometry:
         gemm_cols, gemm_k, launches = problem.n, problem.k, 1
         transfer_rows, transfer_cols = shard_rows, moved_cols
     elif schedule.compute is Compute.FUSED:
-        # one persistent launch over every chunk (M x N x K; gemm_ar: the whole M, direct)
-        gemm_rows, gemm_cols, gemm_k, launches = problem.m, problem.n, problem.k, 1
+        # one persistent launch over every chunk (M x N x K; gemm_ar: the whole M, direct;
+        # emb_a2a: every bag of the rank's tables): the rows the serial GEMM covers
+        gemm_rows, gemm_cols, gemm_k, launches = (
+            spec.serial_gemm_rows(problem),
+            problem.n,
+            problem.k,
+            1,
+        )
     elif schedule.compute is Compute.MERGED:
         gemm_rows, gemm_cols, gemm_k, launches = shard_rows, problem.n, problem.k, steps
     else:
