@@ -16,41 +16,52 @@ touch CUDA.
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import ficco.validate as validate
+from ficco.dtypes import DTYPES, dtype_of
+from ficco.dtypes import lookup as dtype_lookup
 from ficco.patterns import Pattern, spec_of
 from ficco.validate import InputError
 
-#: element size in bytes of each supported dtype name
-DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
-_DTYPE_ALIASES = {
-    "bfloat16": "bf16",
-    "float16": "fp16",
-    "half": "fp16",
-    "float32": "fp32",
-    "float": "fp32",
-}
+#: element size in bytes of each supported dtype name (``ficco.dtypes`` holds every trait)
+DTYPE_BYTES: dict[str, int] = {name: d.bytes for name, d in DTYPES.items()}
+
+#: FP8 tensor-core GEMMs (cuBLASLt, ``torch._scaled_mm``) take K and N in multiples of this
+SCALED_GEMM_ALIGN = 16
+
+
+class AScale(enum.StrEnum):
+    """How A's fp32 scales go with a scaled dtype: one for the whole global A (every rank
+    uses the same), or one per row (each row quantized alone; its scale travels with it)."""
+
+    TENSOR = "tensor"
+    ROW = "row"
+
+
+class BScale(enum.StrEnum):
+    """How B's fp32 scales go: one for all of B, or one per output column."""
+
+    TENSOR = "tensor"
+    COLUMN = "column"
 
 
 def canonical_dtype(name: str) -> str:
     """``'bfloat16'`` -> ``'bf16'``; raises ValueError naming the field for unknown dtypes."""
-    key = str(name).lower().removeprefix("torch.")
-    key = _DTYPE_ALIASES.get(key, key)
-    if key not in DTYPE_BYTES:
+    found = dtype_lookup(name)
+    if found is None:
         raise InputError("dtype", name, f"unknown dtype; expected one of {sorted(DTYPE_BYTES)}")
-    return key
+    return found.name
 
 
 def torch_dtype(name: str):
     """The torch dtype of a dtype name (imports torch: call only where tensors are made)."""
     import torch
 
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
-        canonical_dtype(name)
-    ]
+    return getattr(torch, dtype_of(canonical_dtype(name)).torch_name)
 
 
 def parse_pattern(value: str | Pattern) -> Pattern:
@@ -91,7 +102,12 @@ class Problem:
     world: int
     """Number of ranks W (one GPU each); at least 2."""
     dtype: str = "bf16"
-    """Element type of inputs and outputs: bf16, fp16 or fp32."""
+    """Element type of the GEMM's inputs (``ficco.dtypes``): bf16, fp16 or fp32 (outputs
+    alike), or fp8_e4m3 / fp8_e5m2 (scaled inputs, bf16 outputs)."""
+    a_scale: AScale | None = None
+    """Scaled dtypes only: A's scale granularity (None: per tensor)."""
+    b_scale: BScale | None = None
+    """Scaled dtypes only: B's scale granularity (None: per tensor)."""
     experts: int | None = None
     """All-to-all patterns only: total experts, a multiple of ``world``."""
     routing: tuple[tuple[int, ...], ...] | None = None
@@ -135,6 +151,7 @@ class Problem:
                 (self.tables, self.pooling, self.bags),
                 f"only emb_a2a takes them, not {self.pattern}",
             )
+        self._validate_scales()
         if self.pattern.is_all_to_all:
             self._validate_all_to_all()
         else:
@@ -161,6 +178,40 @@ class Problem:
 
         for fname, value in zip(("tables", "pooling", "bags"), validate_tables(self), strict=True):
             object.__setattr__(self, fname, value)
+
+    def _validate_scales(self) -> None:
+        """Scaled dtypes take a scale granularity per side (default per tensor), a pattern
+        whose spec takes scaled inputs, and K and N the FP8 tensor cores can run."""
+        if not dtype_of(self.dtype).scaled:
+            for fname in ("a_scale", "b_scale"):
+                if getattr(self, fname) is not None:
+                    raise InputError(
+                        fname, getattr(self, fname), f"only scaled dtypes take it, not {self.dtype}"
+                    )
+            return
+        for fname, kind in (("a_scale", AScale), ("b_scale", BScale)):
+            value = getattr(self, fname)
+            try:
+                value = kind(value if value is not None else "tensor")
+            except ValueError:
+                names = ", ".join(k.value for k in kind)
+                raise InputError(fname, value, f"must be one of {names}") from None
+            object.__setattr__(self, fname, value)
+        if not spec_of(self.pattern).scaled_inputs:
+            raise InputError(
+                "dtype",
+                self.dtype,
+                f"{self.pattern} does not take scaled inputs (its spec's scaled_inputs); "
+                "use bf16, fp16 or fp32",
+            )
+        for fname in ("k", "n"):
+            if getattr(self, fname) % SCALED_GEMM_ALIGN:
+                raise InputError(
+                    fname,
+                    getattr(self, fname),
+                    f"{self.dtype} GEMMs (cuBLASLt FP8, torch._scaled_mm) need {fname} to be "
+                    f"a multiple of {SCALED_GEMM_ALIGN}",
+                )
 
     def _validate_all_to_all(self) -> None:
         if self.experts is None:
@@ -242,7 +293,27 @@ class Problem:
 
     @property
     def dtype_bytes(self) -> int:
+        """Bytes per input element (A and B)."""
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def scaled(self) -> bool:
+        """Inputs are quantized with fp32 scales (fp8)."""
+        return dtype_of(self.dtype).scaled
+
+    @property
+    def output_dtype(self) -> str:
+        """The dtype the GEMM writes and collectives move after it (bf16 for fp8)."""
+        return dtype_of(self.dtype).output_name
+
+    @property
+    def output_bytes(self) -> int:
+        return DTYPE_BYTES[self.output_dtype]
+
+    @property
+    def row_scale_bytes(self) -> int:
+        """Bytes of scale that go with each row of A (row-wise scales: one fp32)."""
+        return 4 if self.a_scale is AScale.ROW else 0
 
     @property
     def m_shard(self) -> int:
@@ -296,6 +367,8 @@ class Problem:
         if self.pattern.pools_tables:
             bags = self.bags if isinstance(self.bags, str) else ",".join(map(str, self.bags or ()))
             base += f":tables{','.join(map(str, self.tables or ()))}:{self.pooling}:{bags}"
+        if self.scaled:
+            base += f":sa-{self.a_scale}:sb-{self.b_scale}"
         return base
 
     def to_dict(self) -> dict[str, Any]:
@@ -315,6 +388,9 @@ class Problem:
         if self.pattern.pools_tables:
             bags = list(self.bags) if isinstance(self.bags, tuple) else self.bags
             out.update(tables=list(self.tables or ()), pooling=self.pooling, bags=bags)
+        if self.scaled:  # absent for plain dtypes: records written before them match
+            out["a_scale"] = str(self.a_scale)
+            out["b_scale"] = str(self.b_scale)
         if self.name:
             out["name"] = self.name
         return out
@@ -323,6 +399,7 @@ class Problem:
     def from_dict(cls, data: dict[str, Any]) -> Problem:
         known = {"pattern", "m", "n", "k", "world", "dtype", "experts", "routing", "top_k", "name"}
         known |= {"tables", "pooling", "bags"}
+        known |= {"a_scale", "b_scale"}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"problem: unknown field(s) {sorted(unknown)}")

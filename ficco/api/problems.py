@@ -49,10 +49,13 @@ def make_problem(
     pooling: str | None = None,
     bags: str | Sequence[int] | None = None,
     backend: str = DEFAULT_BACKEND,
+    a_scale: str | None = None,
+    b_scale: str | None = None,
 ) -> Problem:
     """A :class:`Problem`; ``routing`` may be JSON text (``'[[3,1],[2,2]]'``), ``tables`` and
     per-table ``bags`` comma-separated text (``'1000,20,300'``); ``dtype`` None is
-    :func:`default_dtype` of ``backend``."""
+    :func:`default_dtype` of ``backend``; ``a_scale`` / ``b_scale``: scaled (fp8) dtypes'
+    scale granularities (None: per tensor)."""
     if isinstance(routing, str):
         try:
             routing = json.loads(routing)
@@ -70,6 +73,8 @@ def make_problem(
         tables=_counts("tables", tables),
         pooling=pooling,
         bags=bags if bags in (None, "fixed", "uniform") else _counts("bags", bags),
+        a_scale=a_scale,
+        b_scale=b_scale,
     )
 
 

@@ -13,7 +13,12 @@ from ficco.api.problems import EXPORT_FORMATS
 from ficco.api.profiles import existing_store
 from ficco.defaults import DEFAULT_MACHINE
 from ficco.export.lookup import TableError
-from ficco.export.recommend import PatternNotInTables, TableNotFound, open_table
+from ficco.export.recommend import (
+    DtypeNotInTables,
+    PatternNotInTables,
+    TableNotFound,
+    open_table,
+)
 from ficco.export.recommend import recommend as lookup
 from ficco.outputs import check_output, make_directory, user_dir, write_text
 from ficco.problem import Problem
@@ -219,6 +224,8 @@ def recommend(
         raise InputError("table", table or machine, str(err)) from None
     except PatternNotInTables as err:
         raise InputError("pattern", problem.pattern.value, str(err)) from None
+    except DtypeNotInTables as err:
+        raise InputError("dtype", problem.dtype, str(err)) from None
     if table is None and any(field == "world" for field, *_ in rec.outside):
         # the table was measured at other W: the cost model covers this W where its held-out
         # picks beat the measured safe default the table answers
@@ -296,7 +303,7 @@ def _measured_safe_default(problem: Problem, machine: str, why: str):
     """``DEFAULT_MACHINE``'s measured safe default for a machine without a table, or None."""
     try:
         rec = lookup(problem, DEFAULT_MACHINE)
-    except (TableNotFound, TableError, PatternNotInTables):
+    except (TableNotFound, TableError, PatternNotInTables, DtypeNotInTables):
         return None
     safe = open_table(DEFAULT_MACHINE).safe.get(problem.pattern.value)
     if safe is None:

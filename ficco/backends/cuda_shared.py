@@ -22,7 +22,7 @@ def setup_rank(rank: int, world: int, init_file: str | None, timeout_s: float):
 def check(problem: Problem, schedule: Schedule) -> Refusal:
     from ficco.execute.cuda_shared import shared_capability
 
-    return shared_capability(problem, schedule)
+    return CUDA.check(problem, schedule) or shared_capability(problem, schedule)
 
 
 def runner(**options):

@@ -14,7 +14,7 @@ import click
 
 from ficco.backends import DEFAULT_BACKEND
 from ficco.defaults import DEFAULT_MACHINE
-from ficco.problem import DTYPE_BYTES, Pattern
+from ficco.problem import DTYPE_BYTES, AScale, BScale, Pattern
 from ficco.space.transports import GRAPH_MODES, names, transports_where
 from ficco.validate import InputError
 
@@ -187,6 +187,20 @@ def problem_options(func: Callable | None = None, *, with_backend: bool = False)
         ),
         dtype_option(with_backend),
         click.option(
+            "--a-scale",
+            "a_scale",
+            type=click.Choice([s.value for s in AScale]),
+            default=None,
+            help="fp8 dtypes: A's scales, one per tensor or one per row [default: tensor].",
+        ),
+        click.option(
+            "--b-scale",
+            "b_scale",
+            type=click.Choice([s.value for s in BScale]),
+            default=None,
+            help="fp8 dtypes: B's scales, one per tensor or one per column [default: tensor].",
+        ),
+        click.option(
             "--experts", metavar="INT", default=None, help="All-to-all patterns: total experts."
         ),
         click.option(
@@ -233,6 +247,8 @@ def problem_of(params: dict, backend: str = DEFAULT_BACKEND):
         pooling=params["pooling"],
         bags=params["bags"],
         backend=backend,
+        a_scale=params["a_scale"],
+        b_scale=params["b_scale"],
     )
 
 

@@ -79,6 +79,10 @@ def cuda_baselines(
     pattern's are its spec's ``cuda_baselines``; a pattern whose baselines are its serial
     plan's parts (:data:`~ficco.patterns.SERIAL_PLAN_PARTS`) gets them from the executor,
     which runs plans (:func:`plan_baselines`)."""
+    if problem.scaled:  # fp8: torch._scaled_mm and async-TP's scaled ops
+        from ficco.execute.scaled_baselines import scaled_cuda_baselines
+
+        return scaled_cuda_baselines(problem, tensors, device, group_name)
     baselines = spec_of(problem.pattern).cuda_baselines
     if not callable(baselines):
         raise ValueError(

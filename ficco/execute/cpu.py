@@ -39,6 +39,7 @@ from ficco.execute.interpreter import Primitives, interpret
 from ficco.execute.options import TimingOptions
 from ficco.execute.reference import reference_output
 from ficco.patterns import spec_of
+from ficco.execute.scaled import Unpacked, allocate_scaled, is_fp8, pack, row_scales, scaled_gemm
 from ficco.plan import (
     COLLECTIVE_TAG,
     CollectiveOp,
@@ -197,7 +198,9 @@ class CpuPrimitives(FusedPrimitives, Primitives):
 
     def gemm(self, op: GemmOp) -> None:
         a, b, out = (view(self.tensors, r) for r in (op.a, op.b, op.out))
-        if self.plan.schedule.gemm is Gemm.TRITON:
+        if self.plan.problem.scaled:  # fp8 bits upcast, fp32 accumulation, bf16 out
+            scaled_gemm(self.tensors, op, out)
+        elif self.plan.schedule.gemm is Gemm.TRITON:
             from ficco.kernels import matmul
 
             matmul(a, b, out=out, accumulate=op.accumulate, sm_budget=self.budget)
@@ -248,6 +251,9 @@ class CpuPrimitives(FusedPrimitives, Primitives):
 
     def local_copy(self, op: LocalCopyOp) -> None:
         view(self.tensors, op.dst).copy_(view(self.tensors, op.src))
+        scales = row_scales(self.tensors, op.src)
+        if scales is not None:  # fp8 rows take their scales along
+            row_scales(self.tensors, op.dst).copy_(scales)
 
     def transfer(
         self, ops: Sequence[TransferOp], task_ids: Sequence[int], pending: dict | None = None
@@ -258,14 +264,18 @@ class CpuPrimitives(FusedPrimitives, Primitives):
         for op, task_id in zip(ops, task_ids, strict=True):
             local = view(self.tensors, op.local)
             tag, peer = run_tag(self.run, op.tag), self._global(op.peer)
+            # fp8 goes as bytes (gloo has no fp8), its rows' scales in the same message
+            fp8 = is_fp8(local)
             if op.direction == "send":
-                staged = local.contiguous().clone()
+                scales = row_scales(self.tensors, op.local) if fp8 else None
+                staged = pack(local, scales) if fp8 else local.contiguous().clone()
                 req = dist.isend(staged, peer, group=self.group, tag=tag)
                 pending[task_id] = (req, staged, None)
             else:
-                staged = torch.empty(local.shape, dtype=local.dtype)
+                dest = Unpacked(local, row_scales(self.tensors, op.local)) if fp8 else local
+                staged = dest.empty() if fp8 else torch.empty(local.shape, dtype=local.dtype)
                 req = dist.irecv(staged, peer, group=self.group, tag=tag)
-                pending[task_id] = (req, staged, local)
+                pending[task_id] = (req, staged, dest)
 
     def _global(self, rank: int) -> int:
         """The global rank of plan rank ``rank`` (a rank of ``group``)."""
@@ -286,7 +296,9 @@ class CpuPrimitives(FusedPrimitives, Primitives):
     def collective(self, op: CollectiveOp) -> None:
         src, dst = self.tensors[op.src], self.tensors[op.dst]
         world = self.plan.problem.world
-        if op.kind == "all_gather":
+        if op.kind == "all_gather" and is_fp8(src):
+            self._all_gather_packed(op, src, dst, world)
+        elif op.kind == "all_gather":
             parts = list(dst.chunk(world))
             dist.all_gather(parts, src.contiguous(), group=self.group)
             if parts[0].data_ptr() != dst.data_ptr():  # all_gather may not write into views
@@ -315,8 +327,26 @@ class CpuPrimitives(FusedPrimitives, Primitives):
         dst = view(self.tensors, Region(op.dst, op.rows, op.cols))
         gloo_symm_all_reduce(op.kind, src, dst, self.group)
 
+    def _whole(self, name: str, tensor) -> tuple:
+        """``(packed uint8 rows, where they land)`` of a whole fp8 buffer and its row scales."""
+        whole = Region(name, (0, tensor.shape[0]), (0, tensor.shape[1]))
+        scales = row_scales(self.tensors, whole)
+        return pack(tensor, scales), Unpacked(tensor, scales)
+
+    def _all_gather_packed(self, op: CollectiveOp, src, dst, world: int) -> None:
+        """An fp8 all-gather: every rank's rows and their scales, as bytes."""
+        packed, _ = self._whole(op.src, src)
+        _, landing = self._whole(op.dst, dst)
+        parts = [torch.empty_like(packed) for _ in range(world)]
+        dist.all_gather(parts, packed, group=self.group)
+        landing.copy_(torch.cat(parts))
+
     def _all_to_all(self, op: CollectiveOp, src, dst, world: int) -> None:
         """gloo's all_to_all needs equal splits: point-to-point on the run's collective tag."""
+        landing = None
+        if is_fp8(src):  # rows and their scales as bytes
+            src, landing = self._whole(op.src, src)[0], self._whole(op.dst, dst)[1]
+            dst = landing.empty()
         sends = list(src.split(list(op.send_rows)))
         recvs = [torch.empty((n, dst.shape[1]), dtype=dst.dtype) for n in op.recv_rows]
         tag, me, reqs = run_tag(self.run, COLLECTIVE_TAG), self.plan.rank, []
@@ -331,7 +361,7 @@ class CpuPrimitives(FusedPrimitives, Primitives):
                 reqs.append(dist.irecv(recvs[peer], to, group=self.group, tag=tag))
         for req in reqs:
             req.wait()
-        dst.copy_(torch.cat(recvs))
+        (landing or dst).copy_(torch.cat(recvs))
 
 
 class HostClock:
@@ -376,6 +406,8 @@ class CpuBackend(Backend):
 
     def allocate(self, problem: Problem, seed: int) -> Buffers:
         plan = build_plan(problem, Schedule(), self.rank)
+        if problem.scaled:  # no fused schedules (no fp8 Triton GEMM): no shared memory
+            return Buffers(allocate_scaled(plan, seed))
         if self.shared_dir is None:
             return Buffers(allocate(plan, seed))
         self._problems += 1

@@ -446,6 +446,7 @@ class CudaBackend(Backend):
         import torch.distributed._symmetric_memory as symm_mem
 
         from ficco.execute.buffers import allocate
+        from ficco.execute.scaled import allocate_scaled
 
         plan = build_plan(problem, Schedule(), self.rank)
         made = []
@@ -455,7 +456,8 @@ class CudaBackend(Backend):
             made.append(t)
             return t
 
-        tensors = allocate(plan, seed, device=self.ctx.device, peer_visible_empty=symm_empty)
+        made_by = allocate_scaled if problem.scaled else allocate
+        tensors = made_by(plan, seed, device=self.ctx.device, peer_visible_empty=symm_empty)
         handles = {}
         for spec in plan.buffers:
             if spec.peer_visible:
@@ -480,7 +482,7 @@ class CudaBackend(Backend):
         return CudaPrimitives(self.ctx, plan, bufs)
 
     def baselines(self, problem: Problem, bufs: Buffers) -> dict[str, Callable[[], None]]:
-        if spec_of(problem.pattern).cuda_baselines == SERIAL_PLAN_PARTS:
+        if spec_of(problem.pattern).cuda_baselines == SERIAL_PLAN_PARTS and not problem.scaled:
             # the serial plan (all_to_all_single with splits, one cuBLAS GEMM per expert block)
             # is the eager serial baseline, and its parts the isolated GEMM and collective
             from ficco.execute.baselines import plan_baselines

@@ -32,6 +32,17 @@ def reference_output(problem: Problem, rank: int, seed: int) -> tuple[torch.Tens
     buffers = spec.buffers.load()
     shapes = {r: {b.name: b.shape for b in buffers(problem, r)} for r in range(problem.world)}
 
+    if problem.scaled:
+        # the float64 values the fp8 bits and scales stand for: exact is computed from them;
+        # plain rounds once to the output dtype (bf16), as the GEMM's store does
+        from ficco.execute.scaled import dequantized_input
+
+        def dequantized(r: int, name: str) -> torch.Tensor:
+            return dequantized_input(problem, r, name, shapes[r][name], seed)
+
+        exact, plain = spec.reference(problem, rank, dequantized)
+        return exact, plain.to(torch_dtype(problem.output_dtype))
+
     def inp(r: int, name: str) -> torch.Tensor:
         return random_input(shapes[r][name], dtype, input_seed(seed, r, name))
 
@@ -40,5 +51,17 @@ def reference_output(problem: Problem, rank: int, seed: int) -> tuple[torch.Tens
 
 def reference_by_collectives(problem: Problem, tensors: dict, device) -> tuple:
     """(exact fp32, plain in the working dtype) for this rank's output, from the default
-    process group's collectives and matmuls of this rank's own inputs (a collective)."""
-    return spec_of(problem.pattern).reference_by_collectives(problem, tensors, device)
+    process group's collectives and matmuls of this rank's own inputs (a collective). Scaled
+    (fp8) inputs go in dequantized to fp32; plain is then rounded to the output dtype."""
+    spec = spec_of(problem.pattern)
+    if not problem.scaled:
+        return spec.reference_by_collectives(problem, tensors, device)
+    from ficco.execute.scaled import dequantize, scale_name
+
+    values = {
+        name: dequantize(t, tensors[scale_name(name)])
+        for name, t in tensors.items()
+        if scale_name(name) in tensors
+    }
+    exact, plain = spec.reference_by_collectives(problem, values, device)
+    return exact, plain.to(torch_dtype(problem.output_dtype))

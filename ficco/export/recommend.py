@@ -43,6 +43,11 @@ class PatternNotInTables(ValueError):
     """The tables' features have no such pattern: no measurement of it was ever trained on."""
 
 
+class DtypeNotInTables(ValueError):
+    """No table was trained on problems of this dtype (the scaled fp8 dtypes: no measured
+    store of them exists yet)."""
+
+
 _SHIPPED_SCHEDULES = shipped_dir("schedules")
 
 
@@ -243,6 +248,16 @@ def recommend(
             f"no measured table answers {pattern}: tables cover {', '.join(PATTERNS)}. "
             f"Its schedules run and verify now (ficco run {pattern} ... --all); choosing "
             f"among them needs a GPU sweep of its problems ({sweep}) and a table trained on it"
+        )
+    if problem.scaled:
+        raise DtypeNotInTables(
+            f"no measured table answers {problem.dtype} problems: no store of measured "
+            f"{problem.dtype} profiles exists yet, and the trade moves with it (an all-gather "
+            "moves half the bytes of bf16 while reductions still move bf16). Its schedules "
+            f"run and verify now (ficco run {pattern} ... --dtype {problem.dtype} --all "
+            "--backend cpu); choosing among them needs a GPU sweep of its problems (ficco "
+            f"workloads --dtype {problem.dtype} --csv shapes.csv; ficco sweep --shapes "
+            "shapes.csv --backend cuda) and a table trained on it"
         )
     tab = open_table(machine, table)
     answer = tab.lookup(

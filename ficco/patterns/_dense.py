@@ -48,14 +48,14 @@ def reduced_roundings(p: Problem) -> int:
     return p.world - 1
 
 
-def ring_comm_bytes(p: Problem, cols: int) -> int:
-    """W - 1 peer shards of [M/W, cols] received."""
-    return (p.world - 1) * p.m_shard * cols * p.dtype_bytes
+def ring_comm_bytes(p: Problem, row_bytes: int) -> int:
+    """W - 1 peer shards of M/W rows of ``row_bytes`` received."""
+    return (p.world - 1) * p.m_shard * row_bytes
 
 
-def sharded_sizes(p: Problem, cols: int) -> Sizes:
-    """ag_gemm and gemm_rs: the whole M computed, a shard of [M/W, cols] per peer."""
-    shard_bytes = p.m_shard * cols * p.dtype_bytes
+def sharded_sizes(p: Problem, row_bytes: int) -> Sizes:
+    """ag_gemm and gemm_rs: the whole M computed, a shard of M/W rows per peer."""
+    shard_bytes = p.m_shard * row_bytes
     return Sizes(p.m, p.k * p.n, p.comm_bytes_per_rank(), shard_bytes, 0)
 
 

@@ -39,16 +39,16 @@ def returned_by_peers(p: Problem) -> list[int]:
     return [sum(sum(between[s][d]) for d in range(w) if d != s) for s in range(w)]
 
 
-def sizes(p: Problem, cols: int) -> Sizes:
+def sizes(p: Problem, row_bytes: int) -> Sizes:
     """The most tokens any rank's experts receive; its experts' weights; the largest block
-    between two ranks of ``cols`` wide rows."""
-    w, b = p.world, p.dtype_bytes
+    between two ranks, of rows of ``row_bytes``."""
+    w = p.world
     between = p.tokens_between()
     received = [sum(sum(between[s][d]) for s in range(w)) for d in range(w)]
     block = max(sum(between[s][d]) for s in range(w) for d in range(w) if s != d)
     assert p.experts is not None
     weights = p.experts_per_rank * p.k * p.n
-    return Sizes(max(received), weights, p.comm_bytes_per_rank(), block * cols * b, p.experts)
+    return Sizes(max(received), weights, p.comm_bytes_per_rank(), block * row_bytes, p.experts)
 
 
 def plan_key(p: Problem, s: Schedule) -> tuple:

@@ -30,11 +30,11 @@ if TYPE_CHECKING:
 
 
 def comm_bytes(p: Problem) -> int:
-    return max(routed.received_from_peers(p)) * p.k * p.dtype_bytes
+    return max(routed.received_from_peers(p)) * SPEC.moved_row_bytes(p)
 
 
 def sizes(p: Problem) -> Sizes:
-    return routed.sizes(p, p.k)
+    return routed.sizes(p, SPEC.moved_row_bytes(p))
 
 
 def reference(p: Problem, rank: int, inp) -> tuple:
@@ -98,6 +98,7 @@ SPEC = register(
         reference_by_collectives=reference_by_collectives,
         cuda_baselines=SERIAL_PLAN_PARTS,
         lowering=Ref("ficco.plan.alltoall:plan_a2a_gemm"),
+        scaled_inputs=True,
         buffers=Ref("ficco.plan.alltoall:a2a_gemm_buffers"),
     )
 )

@@ -28,11 +28,11 @@ if TYPE_CHECKING:
 
 
 def comm_bytes(p: Problem) -> int:
-    return dense.ring_comm_bytes(p, p.k)
+    return dense.ring_comm_bytes(p, SPEC.moved_row_bytes(p))
 
 
 def sizes(p: Problem) -> Sizes:
-    return dense.sharded_sizes(p, p.k)
+    return dense.sharded_sizes(p, SPEC.moved_row_bytes(p))
 
 
 def reference(p: Problem, rank: int, inp) -> tuple:
@@ -117,6 +117,7 @@ SPEC = register(
         reference_by_collectives=reference_by_collectives,
         cuda_baselines=cuda_baselines,
         lowering=Ref("ficco.plan.dense:plan_ag_gemm"),
+        scaled_inputs=True,
         buffers=Ref("ficco.plan.dense:ag_gemm_buffers"),
     )
 )

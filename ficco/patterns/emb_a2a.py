@@ -334,5 +334,7 @@ SPEC = register(
         cuda_baselines=SERIAL_PLAN_PARTS,
         lowering=Ref("ficco.plan.emb_a2a:plan_emb_a2a"),
         buffers=Ref("ficco.plan.emb_a2a:emb_buffers"),
+        # pooled embedding rows, no GEMM: fp8 (scaled GEMM inputs) does not apply
+        scaled_inputs=False,
     )
 )

@@ -28,11 +28,11 @@ if TYPE_CHECKING:
 
 
 def comm_bytes(p: Problem) -> int:
-    return max(routed.returned_by_peers(p)) * p.n * p.dtype_bytes
+    return max(routed.returned_by_peers(p)) * SPEC.moved_row_bytes(p)
 
 
 def sizes(p: Problem) -> Sizes:
-    return routed.sizes(p, p.n)
+    return routed.sizes(p, SPEC.moved_row_bytes(p))
 
 
 def reference(p: Problem, rank: int, inp) -> tuple:
@@ -94,6 +94,7 @@ SPEC = register(
         reference_by_collectives=reference_by_collectives,
         cuda_baselines=SERIAL_PLAN_PARTS,
         lowering=Ref("ficco.plan.alltoall:plan_gemm_a2a"),
+        scaled_inputs=True,
         buffers=Ref("ficco.plan.alltoall:gemm_a2a_buffers"),
     )
 )

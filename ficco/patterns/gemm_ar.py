@@ -43,7 +43,7 @@ BASELINE_COMM_TWO_SHOT = "comm_two_shot"
 def comm_bytes(p: Problem) -> int:
     """A bandwidth-optimal all-reduce (ring, or reduce-scatter + all-gather) receives
     2 (W-1)/W of the M x N partial, rounded up."""
-    return -(-2 * (p.world - 1) * p.m * p.n // p.world) * p.dtype_bytes
+    return -(-2 * (p.world - 1) * p.m * p.n // p.world) * p.output_bytes
 
 
 def direct(schedule: Schedule | None = None) -> bool:
@@ -70,7 +70,7 @@ def plan_key(p: Problem, s: Schedule) -> tuple:
 
 def sizes(p: Problem) -> Sizes:
     """The whole M computed; a peer's share of the reduced [M, N] is ceil(M/W) rows."""
-    shard_bytes = -(-p.m // p.world) * p.n * p.dtype_bytes
+    shard_bytes = -(-p.m // p.world) * p.n * p.output_bytes
     return Sizes(p.m, p.k * p.n, p.comm_bytes_per_rank(), shard_bytes, 0)
 
 
@@ -168,6 +168,7 @@ SPEC = register(
         reference_by_collectives=reference_by_collectives,
         cuda_baselines=cuda_baselines,
         lowering=Ref("ficco.plan.allreduce:plan_gemm_ar"),
+        scaled_inputs=True,
         buffers=Ref("ficco.plan.allreduce:ar_buffers"),
     )
 )

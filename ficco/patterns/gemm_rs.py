@@ -29,11 +29,11 @@ if TYPE_CHECKING:
 
 
 def comm_bytes(p: Problem) -> int:
-    return dense.ring_comm_bytes(p, p.n)
+    return dense.ring_comm_bytes(p, SPEC.moved_row_bytes(p))
 
 
 def sizes(p: Problem) -> Sizes:
-    return dense.sharded_sizes(p, p.n)
+    return dense.sharded_sizes(p, SPEC.moved_row_bytes(p))
 
 
 def reference(p: Problem, rank: int, inp) -> tuple:
@@ -120,6 +120,7 @@ SPEC = register(
         reference_by_collectives=reference_by_collectives,
         cuda_baselines=cuda_baselines,
         lowering=Ref("ficco.plan.dense:plan_gemm_rs"),
+        scaled_inputs=True,
         buffers=Ref("ficco.plan.dense:gemm_rs_buffers"),
     )
 )

@@ -149,6 +149,10 @@ class PatternSpec:
     """``(problem, schedule, rank) -> Plan``."""
     buffers: Ref
     """``(problem, rank) -> tuple[BufferSpec, ...]``: what every schedule's plan allocates."""
+    scaled_inputs: bool
+    """Takes scaled (fp8) inputs (``ficco.dtypes``): its plans run and verify with quantized
+    A and B, A's row scales moving with its rows, and bf16 outputs (False: problems of it
+    refuse fp8 dtypes)."""
 
     @property
     def all_reduce(self) -> bool:
@@ -157,6 +161,18 @@ class PatternSpec:
     def moved_cols(self, problem: Problem) -> int:
         """Columns of the rows the collective moves (``moved_dim`` of ``problem``)."""
         return getattr(problem, self.moved_dim)
+
+    def moved_dtype(self, problem: Problem) -> str:
+        """The dtype of the matrix the collective moves: the input's where it moves A (K
+        wide), the output's where it moves C (N wide: bf16 partials for fp8)."""
+        return problem.dtype if self.moved_dim == "k" else problem.output_dtype
+
+    def moved_row_bytes(self, problem: Problem) -> int:
+        """Bytes one moved row carries: its elements, and A's row scale where rows of A
+        move with row-wise scales."""
+        if self.moved_dim == "k":
+            return problem.k * problem.dtype_bytes + problem.row_scale_bytes
+        return problem.n * problem.output_bytes
 
 
 def spec_parts() -> tuple[str, ...]:

@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ficco.defaults import SM_COUNT
+from ficco.dtypes import dtype_of
 from ficco.patterns import patterns_where, spec_of
-from ficco.problem import Problem
+from ficco.problem import DTYPE_BYTES, SCALED_GEMM_ALIGN, Problem
 from ficco.space.geometry import cut, quantum, split_extent
 from ficco.space.schedule import (
     AllReduce,
@@ -78,11 +79,13 @@ def transport_serves_pattern(p: Problem, s: Schedule) -> str | None:
 
 
 def transport_moves_dtype(p: Problem, s: Schedule) -> str | None:
-    t = s.transport.traits
-    if t.dtypes is not None and p.dtype not in t.dtypes:
+    # what the collective moves: A's dtype for a gather or dispatch, the output's (bf16
+    # partials for fp8) for a reduction or combine
+    t, moved = s.transport.traits, spec_of(p.pattern).moved_dtype(p)
+    if t.dtypes is not None and moved not in t.dtypes:
         return (
-            f"{s.transport.value} ({t.summary}) runs {' and '.join(t.dtypes)} only, not dtype "
-            f"{p.dtype}"
+            f"{s.transport.value} ({t.summary}) runs {' and '.join(t.dtypes)} only, not the "
+            f"{moved} that {p.pattern} moves for dtype {p.dtype}"
         )
     return None
 
@@ -106,21 +109,21 @@ def transport_needs_aligned_ranges(p: Problem, s: Schedule) -> str | None:
     if align == 1 or not t.serves(spec) or s.split is not Split.M:
         return None  # strided chunks and other patterns are refused by the rules above
     # a range is whole rows of the matrix the collective moves (A or x [*, K]; C or y [*, N])
-    width, name = spec.moved_cols(p), spec.moved_dim
-    row_bytes = width * p.dtype_bytes
+    width, name, moved = spec.moved_cols(p), spec.moved_dim, spec.moved_dtype(p)
+    row_bytes = width * DTYPE_BYTES[moved]
     if row_bytes % align == 0:
         return None
     if spec.batched_blocks:
         # a block's segments start at whatever row the routing (or table layout) puts them
         return (
             f"{s.transport.value} moves {align}-byte vectors: a row of {name}={width} "
-            f"{p.dtype} elements is {row_bytes} bytes, not a multiple of {align}"
+            f"{moved} elements is {row_bytes} bytes, not a multiple of {align}"
         )
     for r0, r1 in cut(split_extent(p, s.split, s), s):
         if (r0 * row_bytes) % align or ((r1 - r0) * row_bytes) % align:
             return (
                 f"{s.transport.value} needs every chunk's offset and size to be multiples of "
-                f"{align} bytes; rows {r0}..{r1} of {name}={width} {p.dtype} are not"
+                f"{align} bytes; rows {r0}..{r1} of {name}={width} {moved} are not"
             )
     return None
 
@@ -289,6 +292,27 @@ def sm_reserve_leaves_sms(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+def triton_gemm_takes_dtype(p: Problem, s: Schedule) -> str | None:
+    # ficco's Triton GEMMs (per chunk, persistent, fused) have no kernel for scaled fp8
+    # inputs yet; cuBLAS runs them (torch._scaled_mm)
+    if s.gemm is Gemm.TRITON and not dtype_of(p.dtype).triton_gemm:
+        return f"ficco's Triton GEMM has no {p.dtype} kernel; use the cublas GEMM (torch._scaled_mm)"
+    return None
+
+
+def scaled_gemm_chunks_aligned(p: Problem, s: Schedule) -> str | None:
+    # a k or n chunk is a GEMM's K or N: FP8 tensor cores take multiples of 16 there
+    if not p.scaled or s.split is Split.M:
+        return None
+    for lo, hi in cut(split_extent(p, s.split, s), s):
+        if lo % SCALED_GEMM_ALIGN or (hi - lo) % SCALED_GEMM_ALIGN:
+            return (
+                f"{p.dtype} GEMMs take {s.split.value} in multiples of {SCALED_GEMM_ALIGN}; "
+                f"the chunk {s.split.value}={lo}..{hi} is not"
+            )
+    return None
+
+
 def priority_needs_overlap(p: Problem, s: Schedule) -> str | None:
     if s.comm_priority is Priority.HIGH and not s.overlapped:
         return "stream priority only matters when communication overlaps compute"
@@ -322,6 +346,8 @@ RULES: tuple[Rule, ...] = (
     sm_reserve_needs_sm_comm,
     sm_reserve_leaves_sms,
     priority_needs_overlap,
+    triton_gemm_takes_dtype,
+    scaled_gemm_chunks_aligned,
 )
 
 

@@ -1,0 +1,201 @@
+"""Scaled (fp8) operands: quantized inputs, their scales, and the GEMM that dequantizes them.
+
+A problem of a scaled dtype (``ficco.dtypes``) holds A and B as 8-bit floats times fp32
+scales and writes bf16. The plan is the plain dtype's plan (its buffers and tasks do not
+change); what changes is each buffer's element type, read from the serial plan:
+
+- *B-side*: buffers a GEMM reads as ``b`` (``b``): fp8, scales per tensor or per output
+  column (``[1, N]``; per expert ``[E, 1, N]``);
+- *A-side*: the other inputs and every buffer a GEMM reads as ``a`` (``a_shard``/``a_full``,
+  ``a``, ``x``/``x_recv``): fp8, scales per tensor (one global scale every rank shares, so
+  nothing moves) or per row (``[rows, 1]``: a row's scale moves with the row);
+- every other buffer (outputs, partials, staging) is the output dtype, bf16.
+
+Each scale lives beside its buffer under :func:`scale_name`. Inputs are seeded normals
+quantized the way a runtime quantizes: a per-row or per-column scale maps the row's (column's)
+largest magnitude onto the dtype's largest finite value; a per-tensor scale is a static one
+(``TENSOR_RANGE`` standard deviations onto it: values beyond saturate). The quantized bits are
+the inputs: the reference dequantizes the same bits in float64 (``dequantized_input``), so
+what quantization loses is never counted as a schedule's error, and the CPU GEMM computes on
+the same bits upcast, as a GPU's FP8 tensor cores read them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ficco.dtypes import dtype_of
+from ficco.execute.buffers import input_seed, random_input
+from ficco.execute.scaled_mm import scaled_matmul
+from ficco.plan import GemmOp, Plan, Region
+from ficco.problem import AScale, BScale, Problem, torch_dtype
+
+#: standard deviations of the unit-normal inputs a static per-tensor scale maps onto the
+#: dtype's largest value (beyond it values saturate: the quantized bits are the inputs)
+TENSOR_RANGE = 8.0
+
+
+def is_fp8(t: torch.Tensor) -> bool:
+    return t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def scale_name(buffer: str) -> str:
+    """The key of ``buffer``'s scales among a run's tensors."""
+    return f"{buffer}.scale"
+
+
+def operand_sides(plan: Plan) -> tuple[frozenset[str], frozenset[str]]:
+    """``(a_side, b_side)`` buffer names of ``plan`` (see the module docstring)."""
+    gemms = [t.op for t in plan.tasks if isinstance(t.op, GemmOp)]
+    b_side = frozenset(op.b.buffer for op in gemms)
+    a_side = {op.a.buffer for op in gemms}
+    a_side |= {b.name for b in plan.buffers if b.role == "input" and b.name not in b_side}
+    return frozenset(a_side), b_side
+
+
+def scale_shape(problem: Problem, side: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The scales of an operand buffer of ``shape`` on ``side`` ('a' or 'b')."""
+    if side == "a":
+        return (shape[0], 1) if problem.a_scale is AScale.ROW else (1, 1)
+    lead = shape[:-2]  # per expert
+    cols = shape[-1] if problem.b_scale is BScale.COLUMN else 1
+    return (*lead, 1, cols)
+
+
+def _static_scale(problem: Problem) -> float:
+    return TENSOR_RANGE / dtype_of(problem.dtype).largest
+
+
+def quantize(problem: Problem, side: str, values: torch.Tensor):
+    """``(bits, scales)``: ``values`` (fp32) quantized to the problem's fp8 dtype."""
+    largest = dtype_of(problem.dtype).largest
+    per_tensor = (problem.a_scale if side == "a" else problem.b_scale).value == "tensor"
+    if per_tensor:
+        scale = torch.full(scale_shape(problem, side, tuple(values.shape)), _static_scale(problem))
+    else:
+        dim = -1 if side == "a" else -2  # a row's largest (A), a column's (B)
+        amax = values.abs().amax(dim=dim, keepdim=True)
+        scale = torch.where(amax > 0, amax / largest, torch.ones_like(amax))
+    scaled = (values / scale).clamp(-largest, largest)
+    return scaled.to(torch_dtype(problem.dtype)), scale.float()
+
+
+def seeded_input(problem: Problem, rank: int, name: str, side: str, shape, seed: int):
+    """``(bits, scales)`` of rank's input ``name``: the same on every rank that draws it."""
+    values = random_input(shape, torch.float32, input_seed(seed, rank, name))
+    return quantize(problem, side, values)
+
+
+def dequantize(bits: torch.Tensor, scales: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    return bits.to(dtype) * scales.to(dtype)
+
+
+def dequantized_input(problem: Problem, rank: int, name: str, shape, seed: int) -> torch.Tensor:
+    """Rank's input ``name`` as the float64 values its fp8 bits and scales stand for."""
+    from ficco.plan import build_plan
+    from ficco.space import Schedule
+
+    a_side, _ = operand_sides(build_plan(problem, Schedule(), rank))
+    side = "a" if name in a_side else "b"
+    bits, scales = seeded_input(problem, rank, name, side, shape, seed)
+    return dequantize(bits, scales, torch.float64)
+
+
+def allocate_scaled(
+    plan: Plan, seed: int, device="cpu", empty=torch.empty, peer_visible_empty=None
+) -> dict:
+    """A scaled problem's tensors: fp8 operands with their scales (inputs quantized from
+    seeded normals; workspaces poisoned with NaN, a per-tensor scale set, a per-row scale
+    NaN until its rows arrive), every other buffer in the output dtype, NaN.
+    ``peer_visible_empty`` as ``ficco.execute.buffers.allocate`` takes it."""
+    problem = plan.problem
+    a_side, b_side = operand_sides(plan)
+    fp8, out_dtype = torch_dtype(problem.dtype), torch_dtype(problem.output_dtype)
+    tensors: dict[str, torch.Tensor] = {}
+    for spec in plan.buffers:
+        side = "a" if spec.name in a_side else "b" if spec.name in b_side else None
+        dtype = fp8 if side else out_dtype
+        if spec.peer_visible and peer_visible_empty:
+            t = peer_visible_empty(spec.shape, dtype=dtype, device=device, name=spec.name)
+        else:
+            t = empty(spec.shape, dtype=dtype, device=device)
+        tensors[spec.name] = t
+        if side is not None and spec.role == "input":
+            bits, scales = seeded_input(problem, plan.rank, spec.name, side, spec.shape, seed)
+            t.copy_(bits.to(device))
+            tensors[scale_name(spec.name)] = scales.to(device)
+            continue
+        t.fill_(float("nan"))
+        if side is None:
+            continue
+        scales = torch.full(scale_shape(problem, side, spec.shape), float("nan"), device=device)
+        if side == "a" and problem.a_scale is AScale.TENSOR:
+            scales.fill_(_static_scale(problem))
+        tensors[scale_name(spec.name)] = scales
+    return tensors
+
+
+def row_scales(tensors: dict, region: Region) -> torch.Tensor | None:
+    """The per-row scales of ``region``'s rows (None: its buffer has none: a per-tensor
+    scale, or not an fp8 buffer)."""
+    scales = tensors.get(scale_name(region.buffer))
+    if scales is None or scales.dim() != 2 or scales.shape[1] != 1 or scales.shape[0] == 1:
+        # a [1, 1] scale of a one-row buffer is per tensor too: either way nothing to move
+        return None
+    return scales[region.rows[0] : region.rows[1]]
+
+
+def operand(tensors: dict, region: Region, side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(bits, scales)`` of ``region`` of an fp8 operand: its rows' scales (A per row), its
+    columns' (B per column), or the one scale."""
+    t, scales = tensors[region.buffer], tensors[scale_name(region.buffer)]
+    if region.index is not None:
+        t, scales = t[region.index], scales[region.index]
+    bits = t[region.rows[0] : region.rows[1], region.cols[0] : region.cols[1]]
+    if side == "a" and scales.shape[0] != 1:
+        scales = scales[region.rows[0] : region.rows[1]]
+    if side == "b" and scales.shape[-1] != 1:
+        scales = scales[:, region.cols[0] : region.cols[1]]
+    return bits, scales
+
+
+def scaled_gemm(tensors: dict, op: GemmOp, out: torch.Tensor) -> None:
+    """``out (+)= scaled_matmul(a, b)``: the FP8 GEMM's fp32 product stored in ``out``'s
+    dtype (bf16); accumulating adds the stored product (a bf16 rounding per K chunk, as
+    ``extra_roundings`` allows)."""
+    (a, a_scale), (b, b_scale) = operand(tensors, op.a, "a"), operand(tensors, op.b, "b")
+    product = scaled_matmul(a, b, a_scale, b_scale, out.dtype)
+    if op.accumulate:
+        out.add_(product)
+    else:
+        out.copy_(product)
+
+
+# --- moving fp8 rows with their scales over byte-typed transports (gloo has no fp8) -------
+
+
+def pack(bits: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
+    """``[rows, cols]`` fp8 and their ``[rows, 1]`` fp32 scales (or none) as one uint8 block
+    ``[rows, cols (+ 4)]``: a row and its scale travel in one message."""
+    out = bits.contiguous().view(torch.uint8)
+    if scales is None:
+        return out
+    return torch.cat([out, scales.contiguous().view(torch.uint8)], dim=1)
+
+
+class Unpacked:
+    """Where a packed block lands: ``copy_(packed)`` stores its fp8 columns into ``bits``
+    and its trailing scale bytes into ``scales`` (as a received tensor's destination does)."""
+
+    def __init__(self, bits: torch.Tensor, scales: torch.Tensor | None) -> None:
+        self.bits, self.scales = bits, scales
+
+    def empty(self) -> torch.Tensor:
+        extra = 0 if self.scales is None else 4
+        return torch.empty((self.bits.shape[0], self.bits.shape[1] + extra), dtype=torch.uint8)
+
+    def copy_(self, packed: torch.Tensor) -> None:
+        cols = self.bits.shape[1]
+        self.bits.copy_(packed[:, :cols].contiguous().view(self.bits.dtype))
+        if self.scales is not None:
+            self.scales.copy_(packed[:, cols:].contiguous().view(torch.float32))

@@ -1,0 +1,89 @@
+"""Scaled (fp8) problems run for real over gloo and verified: every pattern at W = 2 and 3,
+schedules covering every axis value the rules allow, both scale granularities on each side,
+both fp8 dtypes; one rank pool per world (set-up paid once).
+
+Every legal schedule (not a covering set) verifies too; that takes minutes on 2 cores, so it
+is a command rather than a test, e.g.
+``ficco run gemm_ar --m 24 --n 32 --k 48 -w 2 --dtype fp8_e4m3 --a-scale row --b-scale
+column --backend cpu --all``."""
+
+import pytest
+
+from ficco.execute.options import RunOptions
+from ficco.execute.run import run_cuda_jobs
+from ficco.patterns import Pattern, spec_of
+from ficco.problem import Problem
+from ficco.space import Gemm, Schedule, enumerate_schedules
+from ficco.verdict import Verdict
+
+AXES = ("granularity", "chunks", "split", "transport", "order", "compute", "all_reduce")
+AXES += ("comm_priority",)
+
+#: per world, the (dtype, a_scale, b_scale) of each pattern's problem, in enum order: each
+#: granularity of each side and each fp8 dtype occurs at both worlds
+SCALINGS = {
+    2: [("fp8_e4m3", "row", "column"), ("fp8_e4m3", "tensor", "tensor"), ("fp8_e5m2", "row", "tensor")],
+    3: [("fp8_e4m3", "tensor", "column"), ("fp8_e5m2", "row", "column"), ("fp8_e4m3", "row", "tensor")],
+}  # fmt: skip
+
+
+def covering(schedules):
+    """Schedules that together take every value of every axis that occurs (serial first)."""
+    chosen, seen = [], set()
+    for s in schedules:
+        values = {(axis, getattr(s, axis)) for axis in AXES}
+        if values - seen:
+            chosen.append(s)
+            seen |= values
+    return chosen
+
+
+def problems(world: int) -> list[Problem]:
+    out = []
+    fp8_patterns = [p for p in Pattern if spec_of(p).scaled_inputs]
+    for i, pattern in enumerate(fp8_patterns):
+        dtype, a_scale, b_scale = SCALINGS[world][i % len(SCALINGS[world])]
+        kw = {"experts": 2 * world} if spec_of(pattern).routed else {}
+        out.append(
+            Problem(
+                pattern=pattern,
+                m=12 * world,
+                n=32,
+                k=48,
+                world=world,
+                dtype=dtype,
+                a_scale=a_scale,
+                b_scale=b_scale,
+                **kw,
+            )  # fmt: skip
+        )
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"w{w}")
+def verified(request):
+    """(problem, legal schedules, schedules run, measurements) of every fp8 problem of one
+    world, run in one pool."""
+    legal = {p: list(enumerate_schedules(p)) for p in problems(request.param)}
+    jobs = [(p, covering(schedules)) for p, schedules in legal.items()]
+    results = run_cuda_jobs(jobs, options=RunOptions(timing=None), backend="cpu")
+    return [(p, legal[p], s, r) for (p, s), r in zip(jobs, results, strict=True)]
+
+
+def test_every_fp8_pattern_verifies_schedules_covering_every_axis(verified):
+    for problem, _, schedules, measurements in verified:
+        assert isinstance(measurements, list), f"{problem.key}: {measurements}"
+        assert [m.name for m in measurements] == [str(s) for s in schedules]
+        bad = [(m.name, m.verdict, m.detail) for m in measurements if m.verdict != Verdict.OK]
+        assert not bad, problem.key
+
+
+def test_the_covered_schedules_span_the_space_the_rules_allow(verified):
+    for _, legal, schedules, _ in verified:
+        assert Schedule() in schedules and all(s.gemm is Gemm.CUBLAS for s in legal)
+        for axis in AXES:
+            assert {getattr(s, axis) for s in schedules} == {getattr(s, axis) for s in legal}
+    covered = {(p.dtype, p.a_scale.value, p.b_scale.value) for p, *_ in verified}
+    assert {d for d, _, _ in covered} == {"fp8_e4m3", "fp8_e5m2"}
+    assert {a for _, a, _ in covered} == {"tensor", "row"}
+    assert {b for _, _, b in covered} == {"tensor", "column"}
