@@ -8,8 +8,10 @@ accumulates in fp32 and writes ``output`` (bf16), so an all-gather moves the 1-b
 its scales while a reduce-scatter or all-reduce moves and reduces bf16 partials. Verification
 derives its tolerance from the output dtype (the roundings happen there).
 
-To add a dtype: one :class:`DType` in :data:`DTYPES`; the stdlib lookup's width table
-(``ficco.export.lookup.DTYPE_BYTES``) is held to it by ``tests/test_fp8_dtypes.py``.
+To add a dtype: one :class:`DType` in :data:`DTYPES`; the stdlib lookup's width and alias
+tables (``ficco.export.lookup``) are held to it by ``tests/test_fp8_dtypes.py``. No table
+holds a scaled dtype's features yet: the selector refuses them (``ficco.select.features``),
+so the lookup's one width per dtype (its sizes twins move ``b``-byte rows) stays right.
 
 Torch is never imported here: the record names torch's dtype by its attribute name.
 """
@@ -58,7 +60,7 @@ DTYPES: dict[str, DType] = {
             "fp8_e4m3",
             1,
             "float8_e4m3fn",
-            aliases=("float8_e4m3fn", "e4m3"),
+            aliases=("float8_e4m3fn",),
             scaled=True,
             output="bf16",
             largest=448.0,
@@ -69,7 +71,7 @@ DTYPES: dict[str, DType] = {
             "fp8_e5m2",
             1,
             "float8_e5m2",
-            aliases=("float8_e5m2", "e5m2"),
+            aliases=("float8_e5m2",),
             scaled=True,
             output="bf16",
             largest=57344.0,

@@ -50,7 +50,6 @@ def plain(problem: Problem, dtype="bf16") -> Problem:
 
 def test_the_lookup_twin_knows_every_dtype_width_alias_and_output():
     assert lookup.DTYPE_BYTES == DTYPE_BYTES == {n: d.bytes for n, d in DTYPES.items()}
-    assert {n: DTYPES[n].output_name for n in SCALED_DTYPES} == lookup.SCALED_OUTPUT
     for d in DTYPES.values():
         for spelling in (d.name, *d.aliases, f"torch.{d.torch_name}"):
             assert lookup.canonical_dtype(spelling) == canonical_dtype(spelling) == d.name
@@ -289,6 +288,13 @@ def test_recommend_refuses_fp8_until_a_measured_store_exists():
                "--dtype", "fp8_e4m3", "--a-scale", "row"],
     )  # fmt: skip
     assert out.exit_code != 0 and "no measured table answers fp8_e4m3" in out.output
+
+
+def test_the_selector_has_no_fp8_features_until_measured():
+    from ficco.select.features import raw_features, roofs_for
+
+    with pytest.raises(ValueError, match="dtype: .* fp8_e4m3 has no measured profiles"):
+        raw_features(fp8(), roofs_for("h200x2"))
 
 
 def test_the_lookup_places_fp8_outside_every_table_range():

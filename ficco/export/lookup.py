@@ -48,13 +48,9 @@ from typing import Any, NamedTuple
 FORMAT = "ficco.schedule-table"
 SCHEMA_VERSION = 2
 
-#: bytes per input element (the twin of ``ficco.dtypes``; a test holds them equal)
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1}
-#: scaled dtypes -> the dtype their GEMMs write and their reductions move
-SCALED_OUTPUT = {"fp8_e4m3": "bf16", "fp8_e5m2": "bf16"}
 _DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32"}
-_DTYPE_ALIASES |= {"float": "fp32", "float8_e4m3fn": "fp8_e4m3", "e4m3": "fp8_e4m3"}
-_DTYPE_ALIASES |= {"float8_e5m2": "fp8_e5m2", "e5m2": "fp8_e5m2"}
+_DTYPE_ALIASES |= {"float": "fp32", "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
 
 #: Feature names in the order ``table_features`` returns them.
 _FEATURE_NAMES = (
@@ -562,9 +558,7 @@ def placed_problem(
     what every table format computes before it answers. ``problem``: ``(pattern, m, n, k,
     world, dtype, experts, routing, top_k)``, as :meth:`Table.lookup` takes them."""
     pattern, m, n, k, world, dtype, experts, routing, top_k = problem
-    # no table holds scaled dtypes' features yet: their bytes moved need the output's width
-    # beside the input's (the sizes twins take one width), so they stand outside every range
-    tflops = None if dtype in SCALED_OUTPUT else roofs["gemm_tflops"].get(dtype)
+    tflops = roofs["gemm_tflops"].get(dtype)
     args = (pattern, m, n, k, world, DTYPE_BYTES[dtype], experts, roofs, tflops, routing, top_k)
     features = table_features(*args) if tflops is not None else ()
     # the routing features close the feature tuple; () out of roofs

@@ -203,6 +203,13 @@ def _sizes(problem: Problem) -> Sizes:
             f"pattern: the selector's features cover {', '.join(map(str, FEATURE_PATTERNS))}; "
             f"{problem.pattern} has no measured profiles to train on yet (sweep it on GPUs first)"
         )
+    if problem.scaled:
+        # the stdlib lookup's sizes twins move rows of one width per dtype; fp8 moves fp8 rows
+        # or bf16 ones by pattern, so its features wait for its first measured store
+        raise ValueError(
+            f"dtype: the selector's features cover plain dtypes; {problem.dtype} has no "
+            "measured profiles to train on yet (sweep it on GPUs first)"
+        )
     return spec_of(problem.pattern).sizes(problem)
 
 
