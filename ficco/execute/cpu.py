@@ -38,8 +38,8 @@ from ficco.execute.fused import FusedPrimitives
 from ficco.execute.interpreter import Primitives, interpret
 from ficco.execute.options import TimingOptions
 from ficco.execute.reference import reference_output
-from ficco.patterns import spec_of
 from ficco.execute.scaled import Unpacked, allocate_scaled, is_fp8, pack, row_scales, scaled_gemm
+from ficco.patterns import spec_of
 from ficco.plan import (
     COLLECTIVE_TAG,
     CollectiveOp,
