@@ -200,3 +200,67 @@ def test_bad_inputs_are_refused_naming_the_field_and_rule():
         PoolConfig(block_bags=3)
     with pytest.raises(ValueError, match=r"tables: needs at least one table"):
         pool_bags([])
+
+
+def test_triton_pooling_primitive_stores_what_torch_pooling_stores_on_every_emb_a2a_plan():
+    """The executor's Triton pooling (``ficco.execute.cuda_pooling``) against the shared torch
+    pooling (``FusedPrimitives.pool``) on emb_a2a plans of an uneven problem (W = 3, B = 7,
+    skewed tables), on every rank, a local op and a +fused one: the same rows of every
+    rank's buffers written (peers' receive buffers included, for +fused), to rounding, and the
+    same flags set."""
+    from ficco.execute.buffers import allocate, view
+    from ficco.execute.cuda_pooling import TritonPooling
+    from ficco.execute.fused import FusedPrimitives
+    from ficco.kernels.persistent import LAUNCH_COUNTS
+    from ficco.plan import PoolOp, build_plan
+    from ficco.problem import Problem
+    from ficco.space import enumerate_schedules
+
+    class Prims(TritonPooling, FusedPrimitives):
+        def __init__(self, plan, by_rank, flags, use_triton):
+            self.plan, self.by_rank, self.flags = plan, by_rank, flags
+            self.tensors, self.use_triton = by_rank[plan.rank], use_triton
+
+        def _local(self, region):
+            return view(self.tensors, region)
+
+        def _remote(self, region, rank):
+            return view(self.by_rank[rank], region)
+
+        def _flag(self, rank, slot):
+            return self.flags[rank][slot : slot + 1]
+
+    problem = Problem(
+        pattern="emb_a2a", m=7, n=16, k=2, world=3, tables=(40, 3, 17, 9), pooling="mean",
+        bags="uniform", dtype="float32",
+    )  # fmt: skip
+    # per rank, the first op that stays local and the first that stores into peers (the
+    # interpreter is slow)
+    kinds: dict[tuple, tuple[PoolOp, object]] = {}
+    for schedule in enumerate_schedules(problem):
+        for rank in range(problem.world):
+            for task in build_plan(problem, schedule, rank).tasks:
+                op = task.op
+                if isinstance(op, PoolOp):
+                    peers = any(c.out_rank != rank for c in op.chunks)
+                    kinds.setdefault((rank, peers), (op, schedule))
+        if len(kinds) == 2 * problem.world:
+            break
+    ops = {(key[0], op): schedule for key, (op, schedule) in kinds.items()}
+    assert any(c.out_rank != r for r, op in ops for c in op.chunks), "no +fused peer stores"
+    plans = {r: build_plan(problem, next(iter(ops.values())), r) for r in range(problem.world)}
+    for (rank, op), schedule in ops.items():
+        got, launches = [], LAUNCH_COUNTS["embedding_pool"]
+        for use_triton in (False, True):
+            by_rank = {r: allocate(plans[r], seed=1) for r in plans}
+            flags = {r: torch.zeros(64, dtype=torch.int32) for r in plans}
+            Prims(build_plan(problem, schedule, rank), by_rank, flags, use_triton).pool(op)
+            got.append((by_rank, flags))
+        assert LAUNCH_COUNTS["embedding_pool"] == launches + 1, "the Triton path did not run"
+        (torch_bufs, torch_flags), (tri_bufs, tri_flags) = got
+        for r in plans:
+            assert torch.equal(torch_flags[r], tri_flags[r]), (schedule, rank, r)
+            for name, want in torch_bufs[r].items():
+                have = tri_bufs[r][name]
+                assert torch.equal(want.isnan(), have.isnan()), (schedule, rank, r, name)
+                torch.testing.assert_close(have, want, equal_nan=True, rtol=1e-6, atol=1e-6)

@@ -6,12 +6,13 @@ regenerate any other rank's inputs to compute a reference without communicating.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import zlib
 
 import torch
 
-from ficco.patterns import MODULES
+from ficco.patterns import MODULES, spec_of
 from ficco.plan import Plan, Region
 from ficco.problem import Problem, torch_dtype
 
@@ -66,3 +67,10 @@ def view(tensors: dict[str, torch.Tensor], region: Region) -> torch.Tensor:
     if region.index is not None:
         t = t[region.index]
     return t[region.rows[0] : region.rows[1], region.cols[0] : region.cols[1]]
+
+
+@functools.lru_cache(maxsize=64)
+def buffer_shapes(problem: Problem, rank: int) -> dict[str, tuple[int, ...]]:
+    """Rank ``rank``'s buffer shapes (its pattern's ``PatternSpec.buffers``): a peer's buffer
+    of a name may be larger or smaller than this rank's (emb_a2a's uneven batch)."""
+    return {b.name: tuple(b.shape) for b in spec_of(problem.pattern).buffers.load()(problem, rank)}

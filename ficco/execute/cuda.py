@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterator, Sequence
 from ficco.defaults import FLAG_SLOTS, FLAG_TIMEOUT_S
 from ficco.execute.backend import Backend, Buffers
 from ficco.execute.baselines import cuda_baselines
+from ficco.execute.cuda_pooling import TritonPooling
 from ficco.execute.cuda_setup import CAPTURE_MODE, RankContext
 from ficco.execute.fused import FusedPrimitives
 from ficco.execute.interpreter import Primitives
@@ -73,9 +74,9 @@ from ficco.space import Gemm, Schedule, runs_as_graph
 from ficco.verdict import Unavailable
 
 
-class CudaPrimitives(SegmentPrimitives, FusedPrimitives, Primitives):
-    """Streams, events, copy-engine and NCCL transports, cuBLAS / Triton GEMMs for one plan
-    on one rank. Built once per schedule; interpreted many times."""
+class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitives):
+    """Streams, events, copy-engine and NCCL transports, cuBLAS / Triton GEMMs and pooling
+    for one plan on one rank. Built once per schedule; interpreted many times."""
 
     def __init__(self, ctx: RankContext, plan: Plan, bufs: Buffers) -> None:
         import torch
@@ -245,8 +246,12 @@ class CudaPrimitives(SegmentPrimitives, FusedPrimitives, Primitives):
         return view(self.bufs.tensors, region)
 
     def peer_view(self, name: str, peer: int, region):
+        from ficco.execute.buffers import buffer_shapes
+
         t = self.bufs.tensors[name]
-        whole = self.bufs.handles[name].get_buffer(peer, tuple(t.shape), t.dtype)
+        # the peer's own shape: ranks' shares of rows may differ (emb_a2a's uneven batch)
+        shape = buffer_shapes(self.plan.problem, peer).get(name, tuple(t.shape))
+        whole = self.bufs.handles[name].get_buffer(peer, shape, t.dtype)
         if region.index is not None:
             whole = whole[region.index]
         return whole[region.rows[0] : region.rows[1], region.cols[0] : region.cols[1]]
@@ -327,7 +332,6 @@ class CudaPrimitives(SegmentPrimitives, FusedPrimitives, Primitives):
             if flat.data_ptr() != out.data_ptr():
                 out.copy_(flat)
         elif op.kind in SYMM_KINDS:
-
             # on the buffers' own group (the one they were rendezvoused on), whatever the
             # schedule's priority: +hi only picks the stream the kernel runs on
             src = self.view(Region(op.src, op.rows, op.cols))

@@ -1,0 +1,158 @@
+"""Embedding pooling + all-to-all (emb_a2a, DLRM's model-parallel embeddings) on W GPUs:
+every schedule beside the serial baseline and the ideal, in one run.
+
+Problems: the MLPerf DLRM-DCNv2 tables (26 Criteo-1TB tables, dim 128; rows capped at
+``--row-cap``, 0 for none) dealt out table-wise to W ranks, at ``--batch`` samples per rank
+(global batch = W x that), bf16, bags of ``--pooling`` indices on average (``uniform``
+sizes), pooled by sum. Every legal emb_a2a schedule of ficco's space (serial, shard and
+finer chunks as table groups or batch cuts; ``ce``, ``seg``, ``nccl`` transports; pooling by
+torch's EmbeddingBag (``cublas``) or ficco's Triton kernel (``triton``); ``merged``; ``+fused``,
+the pool-and-store into peers' receive buffers with per-chunk flags) is verified against the
+reference, then timed beside ``serial_eager`` (the serial plan issued eagerly: pool
+everything, then NCCL's all-to-all) and ``ideal`` = max(pooling alone, all-to-all alone),
+with the protocol of ``scripts/bench_overlap.py`` (whose runner and summary it uses):
+interleaved rounds, L2 flush, ranks aligned before each iteration, max across ranks, median.
+
+Usage (2+ GPUs): python scripts/bench_embedding.py --world 2 [--quick] [--out FILE]
+  --dry-run   list the problems and their schedule counts, run nothing (no GPU needed).
+Writes ``$OUT/bench_embedding.json`` when ``$OUT`` is set; exits 2, saying why, on a machine
+with fewer GPUs than ``--world``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+BATCH_PER_RANK = (2048, 8192, 32768)
+
+
+def problems(world: int, batches, row_cap: int, pooling: int, quick: bool):
+    """The emb_a2a problems of the run, small first (a cut-short run covers every batch)."""
+    from bench_embedding_pool import DCNV2_ROWS
+
+    from ficco.problem import Problem
+
+    rows = tuple(min(r, row_cap) if row_cap else r for r in DCNV2_ROWS)
+    return [
+        Problem(
+            pattern="emb_a2a",
+            m=b * world,
+            n=128,
+            k=pooling,
+            world=world,
+            tables=rows,
+            pooling="sum",
+            bags="uniform",
+            dtype="bf16",
+        )  # fmt: skip
+        for b in (batches[:2] if quick else batches)
+    ]
+
+
+def schedules_of(problem, quick: bool):
+    from ficco.space import Schedule, SpaceOptions, enumerate_schedules
+
+    if quick:
+        names = (
+            "serial/nccl/cublas", "serial/nccl/triton", "shard/ce/triton", "finer-c4-m/seg/triton",
+            "finer-c4-m/ce/triton+fused", "shard/ce/triton+fused",
+        )  # fmt: skip
+        return [Schedule.parse(n) for n in names]
+    return list(enumerate_schedules(problem, SpaceOptions(chunk_counts=(2, 4, 8))))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--batch", type=int, nargs="+", default=list(BATCH_PER_RANK))
+    parser.add_argument("--row-cap", type=int, default=4_000_000, help="0: MLPerf's full rows")
+    parser.add_argument("--pooling", type=int, default=8, help="mean indices per bag")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="2 batches, 6 schedules, 5 rounds")
+    parser.add_argument("--dry-run", action="store_true", help="list the jobs, run nothing")
+    parser.add_argument("--stall-timeout", type=float, default=300.0)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if args.world < 2:
+        parser.error(f"--world: an all-to-all needs >= 2 ranks, got {args.world}")
+    jobs = [
+        (p, schedules_of(p, args.quick))
+        for p in problems(args.world, args.batch, args.row_cap, args.pooling, args.quick)
+    ]
+    if args.dry_run:
+        for p, scheds in jobs:
+            print(f"{p.name} m={p.m} tables={len(p.tables)}: {len(scheds)} schedules")
+        return 0
+    from ficco.execute.run import check_gpus
+
+    try:
+        check_gpus(args.world)
+    except RuntimeError as err:
+        print(f"bench_embedding: {err}", file=sys.stderr)
+        return 2
+    import bench_overlap as bo
+
+    from ficco.execute import TimingOptions
+    from ficco.execute.pool import PoolFailure
+    from ficco.measure.fingerprint import fingerprint
+
+    opts = TimingOptions(rounds=5 if args.quick else args.rounds)
+    out = Path(args.out or Path(os.environ.get("OUT", ".")) / "bench_embedding.json")
+    started, rows = time.time(), {}
+
+    def progress(index, msg):
+        verdict = f" -> {msg['verdict']}" if msg.get("verdict") else ""
+        print(f"    [{time.time() - started:6.1f}s] m={jobs[index][0].m}: {msg.get('phase')} "
+              f"{msg.get('name')}{verdict}", flush=True)  # fmt: skip
+
+    def done(index, measured, graphs):
+        p = jobs[index][0]
+        rows[index] = bo.shape_row(p, measured) | {"graphs": graphs}
+        r = rows[index]
+        print(f"[{time.time() - started:6.1f}s] m={p.m}: best {r['best']} {r['best_ms']:.3f} ms, "
+              f"serial {r['serial_ms']:.3f}, ideal {r['ideal_ms']:.3f}", flush=True)  # fmt: skip
+        Path(str(out) + ".partial").write_text(json.dumps(list(rows.values()), default=float))
+
+    results, _ = bo.run_suite(jobs, opts, args.world, args.stall_timeout, progress, done)
+    failures = [
+        {"key": p.key, "error": str(res)}
+        for (p, _), res in zip(jobs, results, strict=True)
+        if isinstance(res, PoolFailure)
+    ]
+    shapes = [rows[i] for i in sorted(rows)]
+    report = {
+        "benchmark": "emb_a2a: embedding pooling + all-to-all schedules vs serial and ideal",
+        "fingerprint": fingerprint("cuda"),
+        "config": {
+            "world": args.world,
+            "batch_per_rank": args.batch,
+            "row_cap": args.row_cap,
+            "pooling": args.pooling,
+            "rounds": opts.rounds,
+            "quick": args.quick,
+        },  # fmt: skip
+        "summary": bo.summarize(shapes),
+        "failures": failures,
+        "shapes": shapes,
+        "wall_s": time.time() - started,
+    }
+    out.write_text(json.dumps(report, indent=1, default=float))
+    print(f"wrote {out}")
+    for r in shapes:
+        print(f"m={r['problem']['m']:>7} best {r['best']:34} {r['best_ms']:8.3f} ms  serial "
+              f"{r['serial_ms']:8.3f}  ideal {r['ideal_ms']:8.3f}  x serial "
+              f"{r['best_vs_serial']:.3f}")  # fmt: skip
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
