@@ -252,8 +252,8 @@ def test_triton_pooling_primitive_stores_what_torch_pooling_stores_on_every_emb_
     for (rank, op), schedule in ops.items():
         got, launches = [], LAUNCH_COUNTS["embedding_pool"]
         for use_triton in (False, True):
-            by_rank = {r: allocate(plans[r], seed=1) for r in plans}
-            flags = {r: torch.zeros(64, dtype=torch.int32) for r in plans}
+            by_rank = {r: allocate(plans[r], seed=1, device=DEVICE) for r in plans}
+            flags = {r: torch.zeros(64, dtype=torch.int32, device=DEVICE) for r in plans}
             Prims(build_plan(problem, schedule, rank), by_rank, flags, use_triton).pool(op)
             got.append((by_rank, flags))
         assert LAUNCH_COUNTS["embedding_pool"] == launches + 1, "the Triton path did not run"
