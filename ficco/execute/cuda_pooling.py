@@ -10,6 +10,10 @@ release. The launch is prepared once per op (its tables on the device, so a CUDA
 captures it) and compiled before the ranks meet. Other schedules pool with torch
 (``FusedPrimitives.pool``).
 
+SMs: the launch is not persistent (one program per ``BLOCK_B`` bags, many per SM), so a
+schedule's SM reserve (``+smR``) does not bound it; the reserve still sizes the ``seg`` copy
+kernel's grid beside it.
+
 The mixin needs from its backend: ``plan``, ``use_triton``, ``_local(region)``,
 ``_remote(region, rank)``, ``_flag(rank, slot)`` and ``_local_buffer(name)``
 (``ficco.execute.fused``).
