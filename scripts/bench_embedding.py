@@ -1,10 +1,10 @@
 """Embedding pooling + all-to-all (emb_a2a, DLRM's model-parallel embeddings) on W GPUs:
 every schedule beside the serial baseline and the ideal, in one run.
 
-Problems: the MLPerf DLRM-DCNv2 tables (26 Criteo-1TB tables, dim 128; rows capped at
-``--row-cap``, 0 for none) dealt out table-wise to W ranks, at ``--batch`` samples per rank
-(global batch = W x that), bf16, bags of ``--pooling`` indices on average (``uniform``
-sizes), pooled by sum. Every legal emb_a2a schedule of ficco's space (serial, shard and
+Problems: the catalog's MLPerf DLRM-DCNv2 embeddings (``ficco.workloads_dlrm``: 26 Criteo-1TB
+tables, dim 128, MLPerf's multi-hot bag size per table; rows capped at ``--row-cap``, 0 for
+none) dealt out table-wise to W ranks, at ``--batch`` samples per rank (global batch = W x
+that), bf16, pooled by sum. Every legal emb_a2a schedule of ficco's space (serial, shard and
 finer chunks as table groups or batch cuts; ``ce``, ``seg``, ``nccl`` transports; pooling by
 torch's EmbeddingBag (``cublas``) or ficco's Triton kernel (``triton``); ``merged``; ``+fused``,
 the pool-and-store into peers' receive buffers with per-chunk flags) is verified against the
@@ -35,25 +35,18 @@ sys.path.insert(0, str(ROOT / "scripts"))
 BATCH_PER_RANK = (2048, 8192, 32768)
 
 
-def problems(world: int, batches, row_cap: int, pooling: int, quick: bool):
-    """The emb_a2a problems of the run, small first (a cut-short run covers every batch)."""
-    from bench_embedding_pool import DCNV2_ROWS
+def problems(world: int, batches, row_cap: int, quick: bool):
+    """The emb_a2a problems of the run, small first (a cut-short run covers every batch):
+    the catalog's DLRM-DCNv2 embeddings (its per-table bag sizes), bf16, at each batch per
+    rank, rows capped at ``row_cap`` (0: none)."""
+    import dataclasses
 
-    from ficco.problem import Problem
+    from ficco.workloads_dlrm import EMBEDDING_MODELS, embedding_problems
 
-    rows = tuple(min(r, row_cap) if row_cap else r for r in DCNV2_ROWS)
+    (base,), _ = embedding_problems(EMBEDDING_MODELS["dlrm-dcnv2"], world, "bf16")
+    rows = tuple(min(r, row_cap) if row_cap else r for r in base.tables)
     return [
-        Problem(
-            pattern="emb_a2a",
-            m=b * world,
-            n=128,
-            k=pooling,
-            world=world,
-            tables=rows,
-            pooling="sum",
-            bags="uniform",
-            dtype="bf16",
-        )  # fmt: skip
+        dataclasses.replace(base, m=b * world, tables=rows)
         for b in (batches[:2] if quick else batches)
     ]
 
@@ -75,7 +68,6 @@ def main(argv=None) -> int:
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--batch", type=int, nargs="+", default=list(BATCH_PER_RANK))
     parser.add_argument("--row-cap", type=int, default=4_000_000, help="0: MLPerf's full rows")
-    parser.add_argument("--pooling", type=int, default=8, help="mean indices per bag")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="2 batches, 6 schedules, 5 rounds")
     parser.add_argument("--dry-run", action="store_true", help="list the jobs, run nothing")
@@ -86,7 +78,7 @@ def main(argv=None) -> int:
         parser.error(f"--world: an all-to-all needs >= 2 ranks, got {args.world}")
     jobs = [
         (p, schedules_of(p, args.quick))
-        for p in problems(args.world, args.batch, args.row_cap, args.pooling, args.quick)
+        for p in problems(args.world, args.batch, args.row_cap, args.quick)
     ]
     if args.dry_run:
         for p, scheds in jobs:
@@ -136,7 +128,6 @@ def main(argv=None) -> int:
             "world": args.world,
             "batch_per_rank": args.batch,
             "row_cap": args.row_cap,
-            "pooling": args.pooling,
             "rounds": opts.rounds,
             "quick": args.quick,
         },  # fmt: skip

@@ -3,11 +3,11 @@
 ``EmbeddingBag`` (and FBGEMM's table-batched op where ``fbgemm_gpu`` imports) on one GPU, over
 the MLPerf DLRM-DCNv2 tables; then the fused multi-destination stores verified on the same GPU.
 
-Tables: the 26 Criteo-1TB tables of MLPerf DLRM-DCNv2 (rows capped at 40M as MLPerf does),
-dim 128, MLPerf's multi-hot sizes as the pooling factors (1 ... 100; 214 rows per sample over
-all 26). Rows are capped at ``--row-cap`` (default 4M: the full 204M rows are 52 GB in bf16,
-104 GB in fp32); a capped table is still 20x the L2 or more, so its gathers stay random DRAM
-reads. Indices are uniform over each table's rows.
+Tables: the 26 Criteo-1TB tables of MLPerf DLRM-DCNv2 from ficco's catalog
+(``ficco.workloads_dlrm``: rows capped at 40M as MLPerf does, dim 128, MLPerf's multi-hot
+sizes as the pooling factors, 1 ... 100, 214 rows per sample over all 26). Rows are capped at
+``--row-cap`` (default 4M: the full 204M rows are 52 GB in bf16, 104 GB in fp32); a capped
+table is still 20x the L2 or more, so its gathers stay random DRAM reads. Indices are uniform over each table's rows.
 
 Candidates, each pooling all 26 tables of B samples (sum):
   triton      one ``EmbeddingPool`` launch into ``[B, 26, 128]`` (the tile tuned once per dtype
@@ -60,15 +60,12 @@ sys.path.insert(0, str(ROOT))
 from ficco.execute.options import TimingOptions  # noqa: E402
 from ficco.execute.timing import DeviceClock, time_rounds  # noqa: E402
 from ficco.measure.fingerprint import fingerprint  # noqa: E402
+from ficco.workloads_dlrm import EMBEDDING_MODELS  # noqa: E402
 
-# MLPerf DLRM-DCNv2 (training v3.0+, torchrec's dlrm_v2 reference): Criteo 1TB's 26 sparse
-# features, each table capped at 40M rows, dim 128, multi-hot sizes as the pooling factors.
-DCNV2_ROWS = (
-    40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
-    2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36,
-)  # fmt: skip
-DCNV2_POOLING = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
-DIM = 128
+#: MLPerf DLRM-DCNv2's 26 tables and multi-hot sizes, from ficco's catalog (sources there)
+DCNV2 = EMBEDDING_MODELS["dlrm-dcnv2"]
+DCNV2_ROWS, DCNV2_POOLING = DCNV2.tables, DCNV2.bags
+DIM = DCNV2.dim
 BATCHES = (2048, 8192, 16384, 32768, 65536)
 TUNE_BATCH = 16384
 SINGLE_TABLES = ((0, 1), (19, 12), (20, 100))  # (table, pooling): 40M-row tables
