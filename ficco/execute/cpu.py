@@ -33,13 +33,12 @@ from ficco.defaults import FLAG_SLOTS, FLAG_TIMEOUT_S
 from ficco.execute.allreduce import SYMM_KINDS, gloo_symm_all_reduce
 from ficco.execute.backend import Backend, Buffers
 from ficco.execute.baselines import plan_part_baselines
-from ficco.execute.buffers import allocate, view
+from ficco.execute.buffers import allocate, buffer_shapes, view
 from ficco.execute.fused import FusedPrimitives
 from ficco.execute.interpreter import Primitives, interpret
 from ficco.execute.options import TimingOptions
 from ficco.execute.reference import reference_output
 from ficco.execute.scaled import Unpacked, allocate_scaled, is_fp8, pack, row_scales, scaled_gemm
-from ficco.patterns import spec_of
 from ficco.plan import (
     COLLECTIVE_TAG,
     CollectiveOp,
@@ -95,12 +94,6 @@ def _region(t: torch.Tensor, region: Region) -> torch.Tensor:
     if region.index is not None:
         t = t[region.index]
     return t[region.rows[0] : region.rows[1], region.cols[0] : region.cols[1]]
-
-
-@functools.lru_cache(maxsize=64)
-def _buffer_shapes(problem: Problem, rank: int) -> dict[str, tuple[int, ...]]:
-    """Rank ``rank``'s buffer shapes (its pattern's, ``PatternSpec.buffers``)."""
-    return {b.name: b.shape for b in spec_of(problem.pattern).buffers.load()(problem, rank)}
 
 
 class _Settled:
@@ -235,7 +228,7 @@ class CpuPrimitives(FusedPrimitives, Primitives):
         like = self.tensors[region.buffer]
         shape = like.shape
         if rank != self.plan.rank:  # a peer's buffer of this name may be larger or smaller
-            shape = _buffer_shapes(self.plan.problem, rank)[region.buffer]
+            shape = buffer_shapes(self.plan.problem, rank)[region.buffer]
         return _region(self.shared.empty(region.buffer, shape, like.dtype, rank), region)
 
     def _flag(self, rank: int, slot: int) -> torch.Tensor:
