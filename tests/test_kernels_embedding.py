@@ -264,3 +264,17 @@ def test_triton_pooling_primitive_stores_what_torch_pooling_stores_on_every_emb_
                 have = tri_bufs[r][name]
                 assert torch.equal(want.isnan(), have.isnan()), (schedule, rank, r, name)
                 torch.testing.assert_close(have, want, equal_nan=True, rtol=1e-6, atol=1e-6)
+
+
+def test_a_peer_buffer_is_mapped_with_the_peer_own_shape():
+    """Uneven batches give ranks receive buffers of different sizes: a peer view (the fused
+    stores' target, the ce pushes') takes the peer's shape; a buffer allocated otherwise than
+    its pattern's shape (packed) keeps this rank's."""
+    from ficco.execute.buffers import buffer_shapes, peer_shape
+    from ficco.problem import Problem
+
+    problem = Problem(pattern="emb_a2a", m=7, n=16, k=2, world=2, tables=(40, 3, 17))
+    mine, theirs = buffer_shapes(problem, 1)["y"], buffer_shapes(problem, 0)["y"]
+    assert mine == (3 * 3, 16) and theirs == (3 * 4, 16)  # samples 4 + 3, every table
+    assert peer_shape(problem, 1, 0, "y", mine) == theirs
+    assert peer_shape(problem, 1, 0, "y", (9 * 16 * 2,)) == (9 * 16 * 2,)

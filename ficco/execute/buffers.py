@@ -74,3 +74,12 @@ def buffer_shapes(problem: Problem, rank: int) -> dict[str, tuple[int, ...]]:
     """Rank ``rank``'s buffer shapes (its pattern's ``PatternSpec.buffers``): a peer's buffer
     of a name may be larger or smaller than this rank's (emb_a2a's uneven batch)."""
     return {b.name: tuple(b.shape) for b in spec_of(problem.pattern).buffers.load()(problem, rank)}
+
+
+def peer_shape(problem: Problem, rank: int, peer: int, name: str, own: tuple[int, ...]):
+    """The shape to map ``peer``'s buffer ``name`` with, seen from ``rank`` whose own is
+    ``own``: the peer's from its pattern where this rank's buffer follows its pattern's shape
+    (a buffer allocated otherwise, e.g. packed, keeps ``own``)."""
+    if buffer_shapes(problem, rank).get(name) != own:
+        return own
+    return buffer_shapes(problem, peer)[name]

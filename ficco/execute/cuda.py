@@ -246,11 +246,11 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
         return view(self.bufs.tensors, region)
 
     def peer_view(self, name: str, peer: int, region):
-        from ficco.execute.buffers import buffer_shapes
+        from ficco.execute.buffers import peer_shape
 
         t = self.bufs.tensors[name]
         # the peer's own shape: ranks' shares of rows may differ (emb_a2a's uneven batch)
-        shape = buffer_shapes(self.plan.problem, peer).get(name, tuple(t.shape))
+        shape = peer_shape(self.plan.problem, self.plan.rank, peer, name, tuple(t.shape))
         whole = self.bufs.handles[name].get_buffer(peer, shape, t.dtype)
         if region.index is not None:
             whole = whole[region.index]
