@@ -257,6 +257,24 @@ def test_the_dlrm_workloads_are_the_published_configurations():
         ficco.api.workloads(["dlrm-kaggle"], world=2, csv="/tmp/emb-never-written.csv")
 
 
+def test_the_selector_features_signature_and_ideal_read_the_registry():
+    from ficco.export.build import problem_table_features
+    from ficco.measure.record import Measurement, signature
+    from ficco.select.features import raw_features, roofs_for
+
+    roofs = roofs_for("h200x2")
+    for p in (emb_problem(), *ficco.api.workloads(["dlrm-dcnv2"], world=8).problems):
+        twin = problem_table_features(p, roofs.to_dict())  # the stdlib twin's sizes
+        assert twin[:4] == (0.0,) * 4 and twin[7] == p.m  # no table column for it yet
+        with pytest.raises(ValueError, match="emb_a2a has no measured profiles to train on"):
+            raw_features(p, roofs)  # the selector refuses it until profiles exist
+    m = Measurement(
+        problem=emb_problem().to_dict(), name="shard/ce/cublas", median_ms=1.0, samples=3
+    )
+    sig = signature(m, {"gemm_alone": 0.6, "comm_alone": 0.9})
+    assert (sig["ideal_ms"], sig["serial_ms"], sig["chunk_bytes"]) == (0.9, 1.5, 8 * 8 * 4)
+
+
 def test_recommend_refuses_emb_a2a_until_a_table_measured_it():
     with pytest.raises(ValueError, match="no measured table answers emb_a2a") as err:
         ficco.recommend(emb_problem())

@@ -134,7 +134,7 @@ def problem_table_features(p: Problem, roofs: dict[str, Any]) -> tuple[float, ..
         p.experts,
         roofs,
         roofs["gemm_tflops"][p.dtype],
-        p.routing,
+        p.routing if p.tables is None else list(p.tables),  # the sizes twin's layout argument
         p.top_k,
     )
 
