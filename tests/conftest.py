@@ -21,3 +21,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kept_rank_pools():
+    """One rank pool per world for every CPU run of the session: each test's run_cpu (and
+    ficco.run, ficco run, a CPU sweep's single runs) reuses the ranks an earlier test
+    started instead of paying process start and torch's import again."""
+    from ficco.execute.run import kept_pools
+
+    with kept_pools():
+        yield

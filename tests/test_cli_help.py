@@ -73,10 +73,11 @@ def workdir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("FICCO_HOME", str(tmp_path / "home"))
     from ficco.select import evaluate as evaluate_module
-    from ficco.testing.synthetic_profiles import light_families
+    from ficco.testing.synthetic_profiles import tiny_families
 
-    # the examples train on the shipped store: fewer trees, same code path
-    monkeypatch.setattr(evaluate_module, "default_families", light_families)
+    # the examples train on the shipped store: the safe default and a tree, same code path
+    # (every family's fitting: tests/test_select.py)
+    monkeypatch.setattr(evaluate_module, "default_families", tiny_families)
     return tmp_path
 
 

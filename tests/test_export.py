@@ -237,9 +237,9 @@ def test_cli_export_writes_every_format(trained, tmp_path):
 def test_cli_train_writes_a_table(tmp_path, monkeypatch):
     from ficco import cli
     from ficco.select import evaluate as evaluate_module
-    from ficco.testing.synthetic_profiles import light_families, synthetic_frame
+    from ficco.testing.synthetic_profiles import synthetic_frame, tiny_families
 
-    monkeypatch.setattr(evaluate_module, "default_families", light_families)
+    monkeypatch.setattr(evaluate_module, "default_families", tiny_families)
     frame = tmp_path / "frame.parquet"
     synthetic_frame().to_parquet(frame)
     out = tmp_path / "sched" / "h200x2"

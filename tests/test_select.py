@@ -368,9 +368,16 @@ def test_metrics_by_hand():
     assert isinstance(m, Metrics) and json.dumps(m.to_dict())
 
 
-def test_evaluate_compares_families_and_baselines():
+@pytest.fixture(scope="module")
+def synthetic_evaluation():
+    """The light families evaluated on the synthetic frame, with both halves the whole
+    dataset (so the noise ceiling is the oracle): one evaluation for the tests that read it."""
     ds = build_dataset(synthetic_frame())
-    result = evaluate(ds, families=light_families(), holdout_by="model")
+    return ds, evaluate(ds, families=light_families(), holdout_by="model", halves=(ds, ds))
+
+
+def test_evaluate_compares_families_and_baselines(synthetic_evaluation):
+    _, result = synthetic_evaluation
     summary = result.to_dict()
     for key in ("top1", "within_3pct", "mean_regret", "worst_regret"):
         assert summary[key] == summary["families"][summary["family"]][key]
@@ -403,11 +410,10 @@ def test_evaluate_compares_families_and_baselines():
     json.dumps(summary)
 
 
-def test_evaluate_reports_every_figure_per_pattern():
+def test_evaluate_reports_every_figure_per_pattern(synthetic_evaluation):
     """Per pattern: the shipped family's figures are its picks scored on that pattern's
     problems alone, beside every family, baseline and the noise ceiling, in every evaluation."""
-    ds = build_dataset(synthetic_frame())
-    result = evaluate(ds, families=light_families(), holdout_by="model", halves=(ds, ds))
+    ds, result = synthetic_evaluation
     summary = result.to_dict()
     patterns = ds.problems["pattern"].astype(str)
     assert set(summary["per_pattern"]) == set(patterns) >= {"ag_gemm", "gemm_rs"}
@@ -468,8 +474,9 @@ def test_roofline_rule_overlaps_only_when_both_sides_matter():
 def test_cli_evaluate_json(tmp_path, monkeypatch):
     from ficco import cli
     from ficco.select import evaluate as evaluate_module
+    from ficco.testing.synthetic_profiles import tiny_families
 
-    monkeypatch.setattr(evaluate_module, "default_families", light_families)
+    monkeypatch.setattr(evaluate_module, "default_families", tiny_families)
     path = tmp_path / "frame.parquet"
     synthetic_frame().to_parquet(path)
     result = CliRunner().invoke(

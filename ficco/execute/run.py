@@ -9,6 +9,7 @@
 ``run_cuda_jobs`` several problems in one GPU pool; a problem that hangs or crashes is
                   recorded by its :class:`PoolFailure` and the others go on
 ``measure_in``    one problem in a pool the caller keeps (sweeps, benchmarks)
+``kept_pools``    while open, ``run_problem`` and ``run_schedules`` reuse their pools
 ``measure_here``  this process as one rank of a torchrun launch
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -117,6 +119,49 @@ def backend_pool(
     return RankPool.for_backend(backend, world, options, body)
 
 
+#: the pools ``kept_pools`` keeps, by what makes a pool (None: every run starts fresh ranks)
+_kept: dict[tuple, RankPool] | None = None
+#: environment variables that change between runs and that no rank reads
+_UNREAD_ENV = frozenset({"PYTEST_CURRENT_TEST"})
+#: at most this many pools kept (the least recently used one is closed): W = 8 is 8 processes
+KEPT_POOLS = 3
+
+
+@contextlib.contextmanager
+def kept_pools():
+    """While open, ``run_problem`` and ``run_schedules`` keep their rank pools and reuse one
+    for the next run on the same backend, world, options, environment and import path (the
+    test suite: process start and imports paid once per world, as a sweep does); a pool a
+    hang or a death killed starts fresh ranks at its next run. Closed when this ends."""
+    global _kept
+    outer, _kept = _kept, {}
+    try:
+        yield
+    finally:
+        pools, _kept = _kept, outer
+        for pool in pools.values():
+            pool.close()
+
+
+def _run_pool(backend: str, world: int, options: RunOptions):
+    """The pool one run uses, as a context: a fresh one closed after the run, or, inside
+    ``kept_pools``, the kept one (made on first use)."""
+    if _kept is None:
+        return backend_pool(backend, world, options)
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k not in _UNREAD_ENV))
+    # backend_pool itself is in the key: a stand-in for it (tests) never meets a kept pool
+    key = (backend_pool, backend, world, options, env, tuple(sys.path))
+    pool = _kept.pop(key, None)
+    if pool is None:
+        pool = backend_pool(backend, world, options)
+        if not isinstance(pool, RankPool):
+            return pool
+    _kept[key] = pool  # the most recently used last
+    while len(_kept) > KEPT_POOLS:
+        _kept.pop(next(iter(_kept))).close()
+    return contextlib.nullcontext(pool)
+
+
 def measure_in(
     pool: RankPool,
     problem: Problem,
@@ -195,7 +240,7 @@ def run_problem(
     if to_run and spec.setup_here is not None and torchrun_env() is not None:
         got = measure_here(problem, to_run, backend=backend, options=options)
     elif to_run:
-        with backend_pool(backend, problem.world, options) as pool:
+        with _run_pool(backend, problem.world, options) as pool:
             got = measure_in(pool, problem, to_run, options.timing, progress, plan_hook=plan_hook)
     baselines: list[ScheduleResult] = []
     if isinstance(got, PoolFailure):
@@ -276,7 +321,7 @@ def run_schedules(
     schedule verified; with ``options.timing`` also timed, beside the baselines. Raises
     RuntimeError if the problem failed as a whole (a hang, a dead rank)."""
     options = options or RunOptions()
-    with backend_pool(backend, problem.world, options) as pool:
+    with _run_pool(backend, problem.world, options) as pool:
         result = measure_in(pool, problem, list(schedules), options.timing, on_progress)
     if isinstance(result, PoolFailure):
         raise RuntimeError(f"{backend} run of {problem.key} failed: {result}")

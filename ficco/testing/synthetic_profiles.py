@@ -228,6 +228,18 @@ def light_families(machine: str = "h200x2") -> dict:
     }
 
 
+def tiny_families(machine: str = "h200x2") -> dict:
+    """The safe default and one shallow tree: the fewest families that still take the
+    selection rule one step. For tests of the commands around the selector (train, evaluate,
+    their output); each family's own fitting is tested with ``light_families``."""
+    from ficco.select.selector import ScheduleSelector
+
+    return {
+        "safe_default": ScheduleSelector(family="safe_default", machine=machine),
+        "tree": ScheduleSelector(family="tree", machine=machine, max_depth=6, min_samples_leaf=2),
+    }
+
+
 @lru_cache(maxsize=2)
 def synthetic_table(machine: str = "h200x2", per_group: int = 300):
     """``(table, evaluation, selector, dataset)`` trained on the synthetic frame (cached)."""
