@@ -74,7 +74,7 @@ def test_seg_names_round_trip_and_old_names_still_parse():
 def test_seg_is_for_the_all_to_alls_only(pattern):
     p = Problem(pattern=pattern, m=96, n=80, k=72, world=2)
     broken = dict(violations(p, Schedule.parse("shard/seg/cublas")))
-    assert "serves a2a_gemm, gemm_a2a only" in broken["transport_serves_pattern"]
+    assert "serves a2a_gemm, gemm_a2a, emb_a2a only" in broken["transport_serves_pattern"]
     assert not any(s.transport is Transport.SEG for s in enumerate_schedules(p))
 
 
