@@ -319,6 +319,27 @@ def _problem_fields(entry: dict) -> dict:
     return {k: v for k, v in entry.items() if k not in ("key", "same_shape_as")}
 
 
+def test_the_cli_spells_an_fp8_problem_with_its_scales():
+    args = ["enumerate", "ag_gemm", "--m", "32", "--n", "32", "--k", "48", "-w", "2"]
+    out = CliRunner().invoke(main, [*args, "--dtype", "fp8_e4m3", "--a-scale", "row", "--json"])
+    assert out.exit_code == 0, out.output
+    payload = json.loads(out.output)
+    assert payload["problem"]["a_scale"] == "row" and payload["problem"]["b_scale"] == "tensor"
+    assert all(s.endswith("/cublas") or "/cublas+" in s for s in payload["schedules"])
+    out = CliRunner().invoke(main, [*args, "--a-scale", "row"])  # bf16 takes no scales
+    assert out.exit_code == 2 and "only scaled dtypes take it" in out.output
+
+
 def test_make_problem_passes_the_scales():
     p = api.make_problem("ag_gemm", m=32, n=32, k=48, world=2, dtype="fp8_e5m2", a_scale="row")
     assert (p.a_scale, p.b_scale) == ("row", "tensor")
+
+
+def test_a_cpu_rank_of_an_fp8_problem_counts_bf16_outputs_and_float64_references():
+    from ficco.api.checks import rank_bytes
+
+    p = fp8()  # a_shard [16, 48], b [48, 32], a_full [32, 48], c [32, 32]
+    buffers = 16 * 48 + 48 * 32 + 32 * 48 + 32 * 32  # fp8: 1 byte each (a lower bound)
+    output = 32 * 32 * (8 + 2)  # float64 exact, bf16 plain
+    inputs = 2 * (16 * 48 + 48 * 32) * (1 + 8)  # every rank's bits and dequantized values
+    assert rank_bytes(p, 0, "cpu") == buffers + output + inputs

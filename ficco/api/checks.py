@@ -32,7 +32,9 @@ def rank_bytes(problem: Problem, rank: int, device: str) -> int:
     inputs, workspaces and output, in the working dtype; overlapped plans add workspaces) and
     the reference of its output, exact (float64 on cpu, fp32 on cuda) and plain (working
     dtype). On cpu the reference regenerates every rank's inputs
-    (``ficco.execute.reference.reference_output``), held at once in the working dtype."""
+    (``ficco.execute.reference.reference_output``), held at once in the working dtype (fp8:
+    their bits and their float64 dequantized values). Scaled (fp8) buffers are counted at
+    the input width, a lower bound (their outputs and partials are bf16)."""
     from ficco.plan import build_plan
     from ficco.space import Schedule
 
@@ -40,9 +42,9 @@ def rank_bytes(problem: Problem, rank: int, device: str) -> int:
     own = build_plan(problem, Schedule(), rank)
     total = sum(_elements(b.shape) for b in own.buffers) * size
     output = next(_elements(b.shape) for b in own.buffers if b.name == own.output)
-    total += output * ((8 if device == "cpu" else 4) + size)
+    total += output * ((8 if device == "cpu" else 4) + problem.output_bytes)
     if device == "cpu":
-        total += size * sum(
+        total += (size + (8 if problem.scaled else 0)) * sum(
             _elements(b.shape)
             for r in range(problem.world)
             for b in build_plan(problem, Schedule(), r).buffers
