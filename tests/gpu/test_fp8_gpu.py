@@ -1,0 +1,49 @@
+"""The FP8 GEMM on a CUDA GPU: ``torch._scaled_mm`` through ``scaled_matmul`` computes what the
+CPU emulation computes from the same fp8 bits, for every pair of scale granularities (odd M
+included), or is refused naming the cause on a GPU below compute capability 8.9.
+
+Skipped without CUDA. The two differ only in where the scales are applied (the GPU's epilogue,
+the emulation's upcast) and in summation order: a few bf16 roundings of the largest output.
+"""
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from ficco.execute import scaled_mm  # noqa: E402
+from ficco.execute.scaled import quantize  # noqa: E402
+from ficco.problem import Problem  # noqa: E402
+from ficco.verdict import Unavailable  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+DEV = torch.device("cuda", torch.cuda.current_device())
+REFUSAL = scaled_mm.gpu_refusal("fp8_e4m3", DEV)
+
+
+@pytest.mark.skipif(REFUSAL is not None, reason=f"this GPU or torch has no FP8 GEMM: {REFUSAL}")
+@pytest.mark.parametrize("dtype", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize(("a_scale", "b_scale"), [("tensor", "tensor"), ("row", "column"),
+                                                  ("row", "tensor"), ("tensor", "column")])  # fmt: skip
+def test_scaled_mm_on_the_gpu_is_the_cpu_emulation(dtype, a_scale, b_scale):
+    p = Problem(pattern="ag_gemm", m=2, n=256, k=512, world=2, dtype=dtype,
+                a_scale=a_scale, b_scale=b_scale)  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    a, sa = quantize(p, "a", torch.randn(77, 512, generator=gen))
+    b, sb = quantize(p, "b", torch.randn(512, 256, generator=gen))
+    cpu = scaled_mm.scaled_matmul(a, b, sa, sb)
+    gpu = scaled_mm.scaled_matmul(a.to(DEV), b.to(DEV), sa.to(DEV), sb.to(DEV))
+    assert gpu.dtype is torch.bfloat16 and gpu.shape == (77, 256)
+    scale = cpu.float().abs().max().item()
+    assert (gpu.cpu().float() - cpu.float()).abs().max().item() <= 4 * 2**-8 * scale
+
+
+@pytest.mark.skipif(REFUSAL is None, reason="this GPU runs FP8 GEMMs")
+def test_a_gpu_without_fp8_refuses_naming_why():
+    p = Problem(pattern="ag_gemm", m=2, n=16, k=16, world=2, dtype="fp8_e4m3")
+    a, sa = quantize(p, "a", torch.randn(4, 16))
+    b, sb = quantize(p, "b", torch.randn(16, 16))
+    with pytest.raises(Unavailable, match="compute capability|_scaled_mm"):
+        scaled_mm.scaled_matmul(a.to(DEV), b.to(DEV), sa.to(DEV), sb.to(DEV))
