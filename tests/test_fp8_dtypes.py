@@ -200,6 +200,9 @@ def test_buffers_take_their_sides_dtype():
     t = allocate_scaled(plan, 0)
     assert t["a"].dtype is torch.float8_e4m3fn and t[scale_name("a")].shape == (p.m, 1)
     assert t["partial"].dtype is t["c_shard"].dtype is torch.bfloat16  # partials in bf16
+    assert t["partial"].isnan().all()  # poisoned
+    ag = allocate_scaled(build_plan(fp8(a_scale="row"), Schedule(), 0), 0)
+    assert ag["a_full"].float().isnan().all() and ag[scale_name("a_full")].isnan().all()
 
 
 # --- refusals: a wrong scale, a GPU without FP8, a torch without _scaled_mm -----------------

@@ -39,6 +39,18 @@ def is_fp8(t: torch.Tensor) -> bool:
     return t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
+#: the byte every fp8 format reads as NaN (0 11111 11 in e5m2, 0 1111 111 in e4m3fn)
+FP8_NAN_BYTE = 0x7F
+
+
+def poison(t: torch.Tensor) -> None:
+    """Fill ``t`` with NaN (fp8: through its bytes; no fill kernel is needed for fp8)."""
+    if is_fp8(t):
+        t.view(torch.uint8).fill_(FP8_NAN_BYTE)
+    else:
+        t.fill_(float("nan"))
+
+
 def scale_name(buffer: str) -> str:
     """The key of ``buffer``'s scales among a run's tensors."""
     return f"{buffer}.scale"
@@ -125,7 +137,7 @@ def allocate_scaled(
             t.copy_(bits.to(device))
             tensors[scale_name(spec.name)] = scales.to(device)
             continue
-        t.fill_(float("nan"))
+        poison(t)
         if side is None:
             continue
         scales = torch.full(scale_shape(problem, side, spec.shape), float("nan"), device=device)

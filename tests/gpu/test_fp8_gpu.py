@@ -47,3 +47,24 @@ def test_a_gpu_without_fp8_refuses_naming_why():
     b, sb = quantize(p, "b", torch.randn(16, 16))
     with pytest.raises(Unavailable, match="compute capability|_scaled_mm"):
         scaled_mm.scaled_matmul(a.to(DEV), b.to(DEV), sa.to(DEV), sb.to(DEV))
+
+
+@pytest.mark.skipif(REFUSAL is not None, reason=f"this GPU or torch has no FP8 GEMM: {REFUSAL}")
+@pytest.mark.gpus(2, why="the FP8 baselines are collectives over 2 GPUs")
+@pytest.mark.parametrize("pattern", ["ag_gemm", "gemm_rs", "gemm_ar"])
+def test_the_fp8_baselines_verify_and_time_on_two_gpus(pattern):
+    """serial NCCL + torch._scaled_mm, and async-TP's scaled op where the pattern and this
+    torch have one: verified against the reference from the dequantized inputs, then timed
+    (the schedules themselves are refused on CUDA: no schedule is asked for)."""
+    from ficco.execute.options import RunOptions, TimingOptions
+    from ficco.execute.run import run_cuda
+
+    p = Problem(pattern=pattern, m=512, n=1024, k=2048, world=2, dtype="fp8_e4m3",
+                a_scale="row", b_scale="column")  # fmt: skip
+    timing = TimingOptions(warmup=1, rounds=3, graphs="none")
+    got = {m.name: m for m in run_cuda(p, [], options=RunOptions(timing=timing))}
+    assert got["serial_eager"].verdict == "ok", got["serial_eager"].detail
+    assert got["serial_eager"].median_ms > 0
+    if pattern != "gemm_ar":  # PyTorch has no fused scaled matmul + all-reduce
+        tp = got["async_tp"]
+        assert tp.verdict == "ok" or (tp.verdict == "unavailable" and "has no" in tp.detail)
