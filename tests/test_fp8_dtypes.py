@@ -346,3 +346,31 @@ def test_a_cpu_rank_of_an_fp8_problem_counts_bf16_outputs_and_float64_references
     output = 32 * 32 * (8 + 2)  # float64 exact, bf16 plain
     inputs = 2 * (16 * 48 + 48 * 32) * (1 + 8)  # every rank's bits and dequantized values
     assert rank_bytes(p, 0, "cpu") == buffers + output + inputs
+
+
+@pytest.mark.parametrize("pattern", ["ag_gemm", "gemm_rs"])
+def test_the_cost_models_byte_counts_follow_what_moves(pattern):
+    """Both lowerings (the generic one and the dense one) price fp8 A rows with their row
+    scales and bf16 partials, alike, and as the geometry counts them."""
+    from ficco.model import SHIPPED_PARAMS, load_machine, load_params
+    from ficco.model.costs import CostModel
+    from ficco.model.dense import lower_dense
+
+    costs = CostModel(load_machine("h200x2"), load_params(SHIPPED_PARAMS))
+    s = Schedule.parse("shard/ce/cublas")
+    per_ms = costs.machine.links["nvlink"].bytes_per_ms  # a term is bytes over the link
+    moved = {}
+    scaled = fp8(pattern, m=4096, n=4096, k=4096, a_scale="row")
+    bf16 = plain(scaled)
+    for p in (scaled, bf16):
+        tasks = costs.lower(build_plan(p, s, 0), s)
+        assert lower_dense(costs, p, s).work_for(costs, s) == [t.work_ms for t in tasks]
+        ce = [round(ms * per_ms) for t in tasks for cls, _, ms in t.terms if cls.startswith("ce")]
+        moved[p.dtype] = ce
+    assert geometry(bf16, s).transfer_bytes in moved["bf16"]
+    want = geometry(scaled, s).transfer_bytes
+    assert want in moved["fp8_e4m3"]
+    if pattern == "ag_gemm":  # 1-byte elements and a 4-byte scale per row
+        assert want == 2048 * (4096 + 4) < geometry(bf16, s).transfer_bytes
+    else:  # bf16 partials
+        assert want == geometry(bf16, s).transfer_bytes

@@ -19,7 +19,7 @@ import math
 from ficco.model.machine import Machine
 from ficco.model.params import ModelParams
 from ficco.model.simulate import SimTask, Slowdowns
-from ficco.patterns import ModelSupport, patterns_where
+from ficco.patterns import ModelSupport, patterns_where, spec_of
 from ficco.plan import CollectiveOp, GemmOp, LocalCopyOp, Plan, ReduceOp, TransferOp
 from ficco.space import Gemm, Granularity, Schedule
 
@@ -236,7 +236,9 @@ class CostModel:
                 f"pattern: {problem.pattern.value} is not calibrated in the cost model "
                 f"(calibrated: {', '.join(p.value for p in CALIBRATED_PATTERNS)})"
             )
-        b = problem.dtype_bytes
+        # transfers, local copies and collectives move the collective's matrix (A, or the
+        # product: bf16 for fp8 inputs); reductions sum the product
+        moved, out_b = spec_of(problem.pattern).moved_bytes, problem.output_bytes
         ce = s.transport.traits.cost_class == "ce"  # one-sided copies, else NCCL batches
         serial = s.granularity is Granularity.SERIAL
         host = self.params.host
@@ -273,7 +275,7 @@ class CostModel:
             if op_type is TransferOp or isinstance(op, TransferOp):  # the commonest op first
                 local = op.local
                 rows, cols = local.rows, local.cols
-                nbytes = (rows[1] - rows[0]) * (cols[1] - cols[0]) * b
+                nbytes = moved(problem, rows[1] - rows[0], cols[1] - cols[0])
                 if ce:
                     recv = op.direction == "recv"
                     if op.initiator != ("receiver" if recv else "sender"):  # not acting
@@ -343,19 +345,19 @@ class CostModel:
                 else:
                     cost_issue = gemm_ms
             elif isinstance(op, ReduceOp):
-                terms, work, cost_issue = self.reduce_cost(len(op.inputs), op.out.numel * b)
+                terms, work, cost_issue = self.reduce_cost(len(op.inputs), op.out.numel * out_b)
                 lane = "signal" if (ce and not serial) else task.stream.value
             elif isinstance(op, LocalCopyOp):
                 lane, kind = task.stream.value, "ce"
-                terms = (self._hbm_term("local", 2 * op.dst.numel * b),)
+                terms = (self._hbm_term("local", 2 * moved(problem, *op.dst.shape)),)
                 cost_issue = copy_ms
             elif isinstance(op, CollectiveOp):
                 lane, kind = "comm", "nccl"
                 total = plan.buffer(op.dst).shape[0] if op.kind == "all_gather" else 0
                 src = plan.buffer(op.src)
-                total_bytes = math.prod(src.shape) * b
+                total_bytes = moved(problem, src.shape[0], math.prod(src.shape[1:]))
                 if op.kind == "all_gather":
-                    total_bytes = total * math.prod(src.shape[1:]) * b
+                    total_bytes = moved(problem, total, math.prod(src.shape[1:]))
                 terms = tuple(self.collective_terms(op, problem.world, total_bytes))
                 cost_issue = p2p_ms
             else:  # pragma: no cover - the plan vocabulary is closed

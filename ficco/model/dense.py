@@ -26,6 +26,7 @@ from itertools import accumulate
 
 from ficco.model.costs import CostModel
 from ficco.model.simulate import SimGraph
+from ficco.patterns import spec_of
 from ficco.problem import Pattern, Problem
 from ficco.space import Compute, Gemm, Granularity, Order, Schedule, Split
 from ficco.space.geometry import cut
@@ -106,7 +107,8 @@ def _ag_gemm(costs: CostModel, p: Problem, s: Schedule) -> DenseLowering:
     the GEMMs on the compute lane: the local shard's first, each waiting on its chunk's
     pull (and, split along K, on the shard's previous chunk, which it accumulates onto); a
     merged plan runs one GEMM per shard once all its chunks arrived."""
-    w, S, K, N, b = p.world, p.m_shard, p.k, p.n, p.dtype_bytes
+    w, S, K, N = p.world, p.m_shard, p.k, p.n
+    moved = spec_of(p.pattern).moved_bytes  # A's rows (fp8: with their row scales)
     ce = s.transport.traits.cost_class == "ce"
     split_k = s.split is Split.K
     sizes = [hi - lo for lo, hi in cut(K if split_k else S, s)]
@@ -119,7 +121,7 @@ def _ag_gemm(costs: CostModel, p: Problem, s: Schedule) -> DenseLowering:
     for j, size in enumerate(sizes):
         rows, cols = (S, size) if split_k else (size, K)
         for same_node in _link_classes(w, gpus_per_node):
-            _, work, issue = costs.transfer_cost(ce, rows * cols * b, same_node, cols != K)
+            _, work, issue = costs.transfer_cost(ce, moved(p, rows, cols), same_node, cols != K)
             pull_cost[(j, same_node)] = (work, issue)
     ring = s.order is not Order.ALL_PEERS
     if ring:
@@ -185,7 +187,8 @@ def _gemm_rs(costs: CostModel, p: Problem, s: Schedule) -> DenseLowering:
     this rank awaited on the signal lane; over NCCL one send/recv batch; then per chunk the
     reduction of the local block and every peer's partial (signal lane on copy engines,
     compute over NCCL)."""
-    w, S, K, N, b = p.world, p.m_shard, p.k, p.n, p.dtype_bytes
+    w, S, K, N = p.world, p.m_shard, p.k, p.n
+    b = p.output_bytes  # the product's partials (bf16 for fp8 inputs)
     ce = s.transport.traits.cost_class == "ce"
     split_n = s.split is Split.N
     merged = s.compute is Compute.MERGED

@@ -167,12 +167,17 @@ class PatternSpec:
         wide), the output's where it moves C (N wide: bf16 partials for fp8)."""
         return problem.dtype if self.moved_dim == "k" else problem.output_dtype
 
-    def moved_row_bytes(self, problem: Problem) -> int:
-        """Bytes one moved row carries: its elements, and A's row scale where rows of A
-        move with row-wise scales."""
+    def moved_bytes(self, problem: Problem, rows: int, cols: int) -> int:
+        """Bytes of a ``rows x cols`` block of the matrix the collective moves: its elements
+        in the moved dtype, and, where rows of A move with row-wise scales, each row's scale
+        (whatever columns the block has)."""
         if self.moved_dim == "k":
-            return problem.k * problem.dtype_bytes + problem.row_scale_bytes
-        return problem.n * problem.output_bytes
+            return rows * (cols * problem.dtype_bytes + problem.row_scale_bytes)
+        return rows * cols * problem.output_bytes
+
+    def moved_row_bytes(self, problem: Problem) -> int:
+        """Bytes one whole moved row carries."""
+        return self.moved_bytes(problem, 1, self.moved_cols(problem))
 
 
 def spec_parts() -> tuple[str, ...]:

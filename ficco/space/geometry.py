@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ficco.patterns import spec_of
-from ficco.problem import DTYPE_BYTES, Problem, split_evenly
+from ficco.problem import Problem, split_evenly
 from ficco.space.schedule import Compute, Granularity, Schedule, Split
 
 #: Column chunks are cut on multiples of this many elements, so strided slices keep the
@@ -114,9 +114,7 @@ class Geometry:
 def geometry(problem: Problem, schedule: Schedule) -> Geometry:
     """The chunk geometry of ``schedule`` on ``problem`` (see the module's table)."""
     spec, split = spec_of(problem.pattern), schedule.split
-    w, b = problem.world, DTYPE_BYTES[spec.moved_dtype(problem)]
-    # rows of A moved with row-wise scales carry one each (whatever columns a chunk has)
-    row_extra = problem.row_scale_bytes if spec.moved_dim == "k" else 0
+    w = problem.world
     serial = schedule.granularity is Granularity.SERIAL
     steps = 1 if serial or spec.one_step(schedule) else w
     shard_rows, moved_cols = spec.shard_rows(problem, schedule), spec.moved_cols(problem)
@@ -158,7 +156,7 @@ def geometry(problem: Problem, schedule: Schedule) -> Geometry:
         chunks=1 if serial else n_chunks,
         transfer_rows=transfer_rows,
         transfer_cols=transfer_cols,
-        transfer_bytes=transfer_rows * (transfer_cols * b + row_extra),
+        transfer_bytes=spec.moved_bytes(problem, transfer_rows, transfer_cols),
         gemm_rows=gemm_rows,
         gemm_cols=gemm_cols,
         gemm_k=gemm_k,
