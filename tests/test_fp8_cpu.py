@@ -57,6 +57,9 @@ def problems(world: int) -> list[Problem]:
                 **kw,
             )  # fmt: skip
         )
+    if world == 2:  # one row per rank: its row scale must still travel with it
+        one = Problem(pattern="ag_gemm", m=2, n=32, k=48, world=2, dtype="fp8_e4m3", a_scale="row")
+        out.append(one)
     return out
 
 

@@ -192,6 +192,19 @@ def test_verification_catches_rows_that_arrive_without_their_scales():
     assert good.ok and not bad.ok and bad.max_abs_err > 10 * bad.tolerance
 
 
+def test_a_one_row_shard_still_has_a_row_scale_to_move():
+    from ficco.execute.scaled import row_scales
+    from ficco.plan import Region
+
+    p = fp8(m=2, a_scale="row")  # a_shard [1, 48]: its scale [1, 1] is the row's
+    t = allocate_scaled(build_plan(p, Schedule(), 0), 0)
+    assert row_scales(p, t, Region("a_shard", (0, 1), (0, 48))).shape == (1, 1)
+    assert row_scales(p, t, Region("b", (0, 48), (0, 32))) is None
+    per_tensor = fp8(m=2)
+    t = allocate_scaled(build_plan(per_tensor, Schedule(), 0), 0)
+    assert row_scales(per_tensor, t, Region("a_shard", (0, 1), (0, 48))) is None
+
+
 def test_buffers_take_their_sides_dtype():
     p = fp8("gemm_rs", a_scale="row")
     plan = build_plan(p, Schedule(), 0)

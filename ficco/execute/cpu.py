@@ -244,9 +244,9 @@ class CpuPrimitives(FusedPrimitives, Primitives):
 
     def local_copy(self, op: LocalCopyOp) -> None:
         view(self.tensors, op.dst).copy_(view(self.tensors, op.src))
-        scales = row_scales(self.tensors, op.src)
+        scales = row_scales(self.plan.problem, self.tensors, op.src)
         if scales is not None:  # fp8 rows take their scales along
-            row_scales(self.tensors, op.dst).copy_(scales)
+            row_scales(self.plan.problem, self.tensors, op.dst).copy_(scales)
 
     def transfer(
         self, ops: Sequence[TransferOp], task_ids: Sequence[int], pending: dict | None = None
@@ -259,13 +259,13 @@ class CpuPrimitives(FusedPrimitives, Primitives):
             tag, peer = run_tag(self.run, op.tag), self._global(op.peer)
             # fp8 goes as bytes (gloo has no fp8), its rows' scales in the same message
             fp8 = is_fp8(local)
+            scales = row_scales(self.plan.problem, self.tensors, op.local) if fp8 else None
             if op.direction == "send":
-                scales = row_scales(self.tensors, op.local) if fp8 else None
                 staged = pack(local, scales) if fp8 else local.contiguous().clone()
                 req = dist.isend(staged, peer, group=self.group, tag=tag)
                 pending[task_id] = (req, staged, None)
             else:
-                dest = Unpacked(local, row_scales(self.tensors, op.local)) if fp8 else local
+                dest = Unpacked(local, scales) if fp8 else local
                 staged = dest.empty() if fp8 else torch.empty(local.shape, dtype=local.dtype)
                 req = dist.irecv(staged, peer, group=self.group, tag=tag)
                 pending[task_id] = (req, staged, dest)
@@ -323,7 +323,7 @@ class CpuPrimitives(FusedPrimitives, Primitives):
     def _whole(self, name: str, tensor) -> tuple:
         """``(packed uint8 rows, where they land)`` of a whole fp8 buffer and its row scales."""
         whole = Region(name, (0, tensor.shape[0]), (0, tensor.shape[1]))
-        scales = row_scales(self.tensors, whole)
+        scales = row_scales(self.plan.problem, self.tensors, whole)
         return pack(tensor, scales), Unpacked(tensor, scales)
 
     def _all_gather_packed(self, op: CollectiveOp, src, dst, world: int) -> None:

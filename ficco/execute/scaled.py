@@ -147,12 +147,16 @@ def allocate_scaled(
     return tensors
 
 
-def row_scales(tensors: dict, region: Region) -> torch.Tensor | None:
-    """The per-row scales of ``region``'s rows (None: its buffer has none: a per-tensor
-    scale, or not an fp8 buffer)."""
+def row_scales(problem: Problem, tensors: dict, region: Region) -> torch.Tensor | None:
+    """The per-row scales of ``region``'s rows, which move with them (None: its buffer has
+    none to move: A's scale is per tensor, or the buffer is B or a plain one)."""
     scales = tensors.get(scale_name(region.buffer))
-    if scales is None or scales.dim() != 2 or scales.shape[1] != 1 or scales.shape[0] == 1:
-        # a [1, 1] scale of a one-row buffer is per tensor too: either way nothing to move
+    bits = tensors[region.buffer]
+    # A's row scales are [rows, 1] (B's are [1, N], [1, 1] or per expert: never that shape,
+    # since K and N are multiples of 16)
+    if problem.a_scale is not AScale.ROW or scales is None or bits.dim() != 2:
+        return None
+    if tuple(scales.shape) != (bits.shape[0], 1):
         return None
     return scales[region.rows[0] : region.rows[1]]
 

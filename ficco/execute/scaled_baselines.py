@@ -97,7 +97,7 @@ def _all_gather(p: Problem, tensors: dict, device, group_name: str) -> dict:
     shard_scale = tensors[scale_name("a_shard")]  # [M/W, 1] or [1, 1]
     full_scale = tensors[scale_name("a_full")]  # [M, 1] or [1, 1] (the shared one)
     b_scale = tensors[scale_name("b")]
-    per_row = row_scales(tensors, Region("a_full", (0, p.m), (0, p.k))) is not None
+    per_row = row_scales(p, tensors, Region("a_full", (0, p.m), (0, p.k))) is not None
     c = torch.empty((p.m, p.n), dtype=torch_dtype(p.output_dtype), device=device)
     b = b.t().contiguous().t()  # column-major once, as cuBLASLt's FP8 GEMM takes it
 
