@@ -18,6 +18,7 @@ from ficco.execute.cuda_shared import (
     VERIFICATION_ONLY,
     host_comm,
     shared_capability,
+    shared_gpu,
 )
 from ficco.execute.pool import RankPool
 from ficco.execute.run import measure_in
@@ -162,3 +163,16 @@ def test_signal_channels_agree_between_ranks_under_a_skewed_routing():
         )
         if name == "finer-c4-m/ce/cublas":
             assert len(tag_sets) > 1  # the ranks' plans hold different tag sets
+
+
+def test_every_rank_takes_one_gpu_also_on_a_host_of_several(monkeypatch):
+    """Ranks spread over a host's GPUs mixed devices in one rank's work (seen on two H100s),
+    so every rank takes the same GPU; a bad FICCO_SHARED_GPU is refused naming the rule."""
+    monkeypatch.delenv("FICCO_SHARED_GPU", raising=False)
+    assert shared_gpu(2) == 0  # not rank % GPUs
+    monkeypatch.setenv("FICCO_SHARED_GPU", "1")
+    assert shared_gpu(2) == 1
+    for bad in ("2", "-1", "x"):
+        monkeypatch.setenv("FICCO_SHARED_GPU", bad)
+        with pytest.raises(ValueError, match="FICCO_SHARED_GPU.*GPU index below"):
+            shared_gpu(2)

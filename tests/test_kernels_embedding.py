@@ -278,3 +278,19 @@ def test_a_peer_buffer_is_mapped_with_the_peer_own_shape():
     assert mine == (3 * 3, 16) and theirs == (3 * 4, 16)  # samples 4 + 3, every table
     assert peer_shape(problem, 1, 0, "y", mine) == theirs
     assert peer_shape(problem, 1, 0, "y", (9 * 16 * 2,)) == (9 * 16 * 2,)
+
+
+def test_symmetric_buffers_take_one_size_on_every_rank():
+    """Symmetric memory's rendezvous refuses allocations of different sizes (seen on two
+    H100s: ``reqs[r].buffer_size == reqs[0].buffer_size``), so a peer-visible buffer whose
+    shape differs by rank is allocated at the largest, on every rank; others keep their own."""
+    from ficco.execute.buffers import buffer_shapes, symmetric_numel
+    from ficco.problem import Problem
+
+    problem = Problem(pattern="emb_a2a", m=7, n=16, k=2, world=2, tables=(40, 3, 17))
+    sizes = {symmetric_numel(problem, "y", buffer_shapes(problem, r)["y"]) for r in (0, 1)}
+    assert sizes == {3 * 4 * 16}  # rank 0's 4 samples x 3 tables, on both ranks
+    assert symmetric_numel(problem, "y", (5, 16)) == 5 * 16  # not the pattern's shape
+    even = Problem(pattern="ag_gemm", m=64, n=32, k=16, world=2)
+    for name, shape in buffer_shapes(even, 0).items():
+        assert symmetric_numel(even, name, shape) == torch.Size(shape).numel()

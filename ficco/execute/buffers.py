@@ -83,3 +83,15 @@ def peer_shape(problem: Problem, rank: int, peer: int, name: str, own: tuple[int
     if buffer_shapes(problem, rank).get(name) != own:
         return own
     return buffer_shapes(problem, peer)[name]
+
+
+def symmetric_numel(problem: Problem, name: str, own: tuple[int, ...]) -> int:
+    """Elements to allocate for peer-visible buffer ``name`` of shape ``own`` so that every
+    rank's allocation has one size: symmetric memory's rendezvous refuses different sizes,
+    and a buffer whose shape follows its pattern may differ by rank (emb_a2a's uneven batch).
+    The largest over the ranks; a buffer allocated otherwise keeps its own."""
+    numel = int(torch.Size(own).numel())
+    shapes = [buffer_shapes(problem, r).get(name) for r in range(problem.world)]
+    if any(s is None for s in shapes) or own not in shapes:
+        return numel
+    return max(numel, *(int(torch.Size(s).numel()) for s in shapes))

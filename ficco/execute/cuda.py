@@ -449,16 +449,16 @@ class CudaBackend(Backend):
         import torch
         import torch.distributed._symmetric_memory as symm_mem
 
-        from ficco.execute.buffers import allocate
+        from ficco.execute.buffers import allocate, symmetric_numel
         from ficco.execute.scaled import allocate_scaled
 
         plan = build_plan(problem, Schedule(), self.rank)
-        made = []
+        made = {}
 
-        def symm_empty(shape, dtype, device, name=None):
-            t = symm_mem.empty(shape, dtype=dtype, device=device)
-            made.append(t)
-            return t
+        def symm_empty(shape, dtype, device, name=None):  # one size on every rank
+            numel = symmetric_numel(problem, name, tuple(shape))
+            made[name] = symm_mem.empty(numel, dtype=dtype, device=device)
+            return made[name][: torch.Size(shape).numel()].view(shape)
 
         made_by = allocate_scaled if problem.scaled else allocate
         tensors = made_by(plan, seed, device=self.ctx.device, peer_visible_empty=symm_empty)
@@ -466,16 +466,15 @@ class CudaBackend(Backend):
         for spec in plan.buffers:
             if spec.peer_visible:
                 handles[spec.name] = symm_mem.rendezvous(
-                    tensors[spec.name], self.ctx.group.group_name
+                    made.get(spec.name, tensors[spec.name]), self.ctx.group.group_name
                 )
         # fused schedules' flags: one int32 per (source rank, chunk), set by copies' stream
         # writes or by peers' fused GEMMs
         flags = symm_mem.empty(FLAG_SLOTS, dtype=torch.int32, device=self.ctx.device)
         flags.zero_()
         flag_handle = symm_mem.rendezvous(flags, self.ctx.group.group_name)
-        return Buffers(
-            tensors, handles=handles, keep=[*made, flags], flags=flags, flag_handle=flag_handle
-        )
+        keep = [*made.values(), flags]
+        return Buffers(tensors, handles=handles, keep=keep, flags=flags, flag_handle=flag_handle)
 
     def reference(self, problem: Problem, bufs: Buffers, seed: int):
         from ficco.execute.reference import reference_by_collectives

@@ -1,6 +1,6 @@
 """Ranks that share a GPU: the CUDA backend for verification on fewer GPUs than ranks.
 
-W rank processes on one GPU (rank r on ``cuda:(r % GPUs)``) run the same ``CudaBackend``
+W rank processes on one GPU (``cuda:0``, or ``FICCO_SHARED_GPU``) run the same ``CudaBackend``
 flow and the same interpreter as on W GPUs; only the primitives that need distinct GPUs
 change. Measured on one H100 (torch 2.11, NCCL 2.28): NCCL refuses two ranks on one GPU
 ("Duplicate GPU detected") and symmetric memory refuses ranks on overlapping devices, while
@@ -211,16 +211,31 @@ class SharedReplay:
         self.graph.replay()
 
 
+def shared_gpu(gpus: int) -> int:
+    """The one GPU every rank uses: ``FICCO_SHARED_GPU`` (default 0). Never spread over a
+    host's GPUs: on two H100s, ranks on ``cuda:(r % 2)`` mixed devices inside one rank's work
+    (a captured copy from a peer's IPC buffer on the other GPU invalidated the capture; the
+    ``seg`` kernel refused a destination on another device)."""
+    import os
+
+    raw = os.environ.get("FICCO_SHARED_GPU", "0")
+    if not raw.isdigit() or int(raw) >= gpus:
+        raise ValueError(
+            f"FICCO_SHARED_GPU={raw!r}: must be a GPU index below this machine's {gpus} GPU(s)"
+        )
+    return int(raw)
+
+
 def init_shared_rank(rank: int, world: int, init_file: str | None, timeout_s: float) -> RankContext:
-    """Set up ``rank`` of ``world`` ranks that share this machine's GPUs (rank r on GPU
-    ``r % GPUs``): a gloo default group (collectives on CUDA tensors), streams, the host
-    fence. ``init_file`` None: ``env://``."""
+    """Set up ``rank`` of ``world`` ranks that share one GPU (:func:`shared_gpu`): a gloo
+    default group (collectives on CUDA tensors), streams, the host fence. ``init_file``
+    None: ``env://``."""
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
 
-    local = rank % torch.cuda.device_count()
+    local = shared_gpu(torch.cuda.device_count())
     torch.cuda.set_device(local)
     device = torch.device("cuda", local)
     dist.init_process_group(

@@ -134,7 +134,7 @@ def test_cli_run_cuda_spawned_and_under_torchrun(torchrun):
     args += ["--backend", "cuda", "--rounds", "3", "-s", "shard/ce/cublas", "--json"]
     args += ["-s", "finer-c2-m/ce/cublas+hi", "--issue", "synced", "--issue", "queued"]
     out = _cli_json(args, torchrun)
-    by = {m["name"]: m for m in out["measurements"]}
+    by = {m["schedule"]: m for m in out["results"]}  # one JSON shape for every backend
     for name in ("shard/ce/cublas", "finer-c2-m/ce/cublas+hi", "serial_eager", "async_tp"):
         assert by[name]["verdict"] == "ok", (name, by[name]["detail"])
         assert by[name]["median_ms"] > 0
