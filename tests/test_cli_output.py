@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from ficco.cli import main
@@ -85,7 +86,10 @@ def test_a_cpu_run_labels_its_verdicts_as_gloo_emulations():
     assert "verdicts of emulations" in got.output
     assert "gloo emulation of ce" in got.output
     assert "gloo emulation of nccl (+hi: no CPU effect)" in got.output
-    rows = json.loads(CliRunner().invoke(main, [*args, "--json"]).output)["results"]
+    text = CliRunner().invoke(main, [*args, "--json"]).output
+    out = json.loads(text, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
+    rows = out["results"]
+    assert out["serial_ms"] is None and {r["median_ms"] for r in rows} == {None}
     assert [r["ran_as"] for r in rows] == [
         "gloo emulation of ce",
         "gloo emulation of nccl (+hi: no CPU effect)",

@@ -7,6 +7,8 @@ Options that take numbers are read as text and handed to ``ficco.api``, which va
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from collections.abc import Callable
 
@@ -104,6 +106,24 @@ def spell_out_repeats(args: list[str], flags: set[str]) -> list[str]:
         out.append(arg)
         pending = False
     return out
+
+
+def json_text(payload, default: Callable | None = None) -> str:
+    """``--json`` output as strict JSON (RFC 8259): a value not measured (NaN, inf: a
+    verify-only backend's times) is ``null``, since JSON has no NaN and jq, JavaScript and
+    most loaders refuse Python's ``NaN``. ``default`` as :func:`json.dumps` takes it."""
+
+    def clean(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        return value
+
+    convert = (lambda obj: clean(default(obj))) if default else None
+    return json.dumps(clean(payload), indent=2, default=convert, allow_nan=False)
 
 
 def table_console():

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from ficco.cli.common import ApiCommand, problem_of, problem_options
+from ficco.cli.common import ApiCommand, json_text, problem_of, problem_options
 
 
 @click.command("predict", cls=ApiCommand)
@@ -41,7 +39,7 @@ def predict_cmd(machine: str, params: str | None, top: int, as_json: bool, **pro
 
     prediction = predict_problem(problem_of(problem), machine, params)
     if as_json:
-        click.echo(json.dumps(prediction.to_dict(), indent=2))
+        click.echo(json_text(prediction.to_dict()))
         return
     m = prediction.machine
     origin = "measured" if m.measured else "vendor figures, not measured"

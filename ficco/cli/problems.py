@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 
@@ -16,6 +15,7 @@ from ficco.cli.common import (
     emulation,
     graphs_option,
     issue_option,
+    json_text,
     per_backend,
     problem_of,
     problem_options,
@@ -50,7 +50,7 @@ def enumerate_cmd(as_json: bool, **params) -> None:
             "count": len(found),
             "schedules": [str(s) for s in found],
         }
-        click.echo(json.dumps(payload, indent=2))
+        click.echo(json_text(payload))
         return
     from rich.table import Table
 
@@ -197,7 +197,7 @@ def _print_results(problem, results, request: api.RunRequest, as_json: bool) -> 
                 for r, label in zip(results, ran_as, strict=True)
             ],
         }
-        click.echo(json.dumps(payload, indent=2, default=float))
+        click.echo(json_text(payload, default=float))
     else:
         from rich.table import Table
 
@@ -274,7 +274,7 @@ def recommend_cmd(
     """
     rec = api.recommend(problem_of(params), machine, table=table, top_k=top_k, skew=skew, seed=seed)
     if as_json:
-        click.echo(json.dumps(rec.to_dict(), indent=2))
+        click.echo(json_text(rec.to_dict()))
         return
     if rec.fallback:
         speedup = "fallback: a safe default, no predicted speedup for this problem"

@@ -6,7 +6,6 @@ Heavy imports (pandas, optuna, torch, matplotlib) happen inside the API calls, s
 
 from __future__ import annotations
 
-import json
 import math
 
 import click
@@ -22,6 +21,7 @@ from ficco.cli.common import (
     force_option,
     graphs_option,
     issue_option,
+    json_text,
     per_backend,
     table_console,
 )
@@ -121,7 +121,7 @@ def workloads_cmd(model, world, ep, tokens, dtype, phase, csv, force, as_json) -
                 {"name": s.name, "tokens": s.tokens, "reason": s.reason} for s in found.skipped
             ],
         }
-        click.echo(json.dumps(payload, indent=2))
+        click.echo(json_text(payload))
     else:
         from rich.table import Table
 
@@ -379,7 +379,7 @@ def sweep_cmd(as_json: bool, **params) -> None:
         done = api.sweep(request, observer=observer, notify=lambda line: click.echo(line, err=True))
     result = done.result
     if as_json:
-        click.echo(json.dumps({"store": done.store, **result.to_dict()}, indent=2, default=str))
+        click.echo(json_text({"store": done.store, **result.to_dict()}, default=str))
         return
     from rich.table import Table
 
@@ -483,7 +483,7 @@ def report_cmd(
     """
     summary = api.report(store, out, fingerprint=fingerprint, force=force)
     if as_json:
-        click.echo(json.dumps(summary, indent=2))
+        click.echo(json_text(summary))
         return
     click.echo(
         f"{summary['n_problems']} problems, {summary['n_records']} records "

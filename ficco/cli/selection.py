@@ -6,7 +6,6 @@ pulls in neither.
 
 from __future__ import annotations
 
-import json
 import math
 
 import click
@@ -16,6 +15,7 @@ from ficco.cli.common import (
     ApiCommand,
     fingerprint_option,
     force_option,
+    json_text,
     table_console,
     table_options,
 )
@@ -185,7 +185,7 @@ def train_cmd(store, fingerprint, out, machine, holdout_by, family, force, as_js
     summary = table["selector"]["evaluation"]
     if as_json:
         payload = {"table": str(trained.path), **summary, "distillation": table["distillation"]}
-        click.echo(json.dumps(payload, indent=2))
+        click.echo(json_text(payload))
         return
     title = f"{trained.records} records, {summary['n_problems']} problems, holding out {holdout_by}"
     table_console().print(_metrics_table(summary, title))
@@ -245,7 +245,7 @@ def evaluate_cmd(store, fingerprint, holdout_by, machine, as_json, out, force) -
         force=force,
     )
     if as_json:
-        click.echo(json.dumps(summary, indent=2))
+        click.echo(json_text(summary))
         return
     click.echo(
         f"{summary['n_problems']} problems, {summary['n_groups']} {holdout_by} groups "
