@@ -1,6 +1,7 @@
 """A calibrated cost model: any schedule's time predicted from its plan, on any machine described.
 
 ``machine``   machine descriptions as data (``machines/*.json``: measured, or vendor figures)
+``gather``    embedding pooling's gather bandwidth, fitted on one H100 (descriptions derive it)
 ``params``    the calibrated parameters and their JSON file (``schedules/<machine>/model.json``)
 ``simulate``  a list scheduler over one rank's tasks with contention between lanes
 ``costs``     per-task costs (GEMM roofline + measured correction, alpha-beta links, rings)

@@ -5,6 +5,9 @@ nearest in (log m, log n, log k) (inverse-distance weighted log residuals, fadin
 distance, so a shape far from every measurement gets the roofline alone). Copies and NCCL:
 ``fixed + bytes / (efficiency x the link's bandwidth)`` per op class (``params`` module); a
 collective is a ring of W - 1 steps over the slowest link it crosses.
+Embedding pooling (``PoolOp``): ``fixed + bytes / gather bandwidth`` of the machine
+description's ``gather`` entry, the bytes every gathered row (the bags' mean sizes) and every
+pooled row written.
 
 Lanes follow the CUDA executor (``ficco.execute.cuda``): copy-engine pulls and pushes on the
 comm stream, a pushed-to receiver's wait and the chunked reductions on the signal stream,
@@ -20,7 +23,8 @@ from ficco.model.machine import Machine
 from ficco.model.params import ModelParams
 from ficco.model.simulate import SimTask, Slowdowns
 from ficco.patterns import ModelSupport, patterns_where, spec_of
-from ficco.plan import CollectiveOp, GemmOp, LocalCopyOp, Plan, ReduceOp, TransferOp
+from ficco.patterns.emb_a2a import gathered_rows
+from ficco.plan import CollectiveOp, GemmOp, LocalCopyOp, Plan, PoolOp, ReduceOp, TransferOp
 from ficco.space import Gemm, Granularity, Schedule
 
 #: patterns whose ops the model was calibrated on, and those whose ops it reuses (their
@@ -172,11 +176,11 @@ class CostModel:
         if s.gemm is not Gemm.TRITON:
             return list(tasks)
         out = list(tasks)
-        work_of: dict[tuple[int, int, int], float] = {}  # a few GEMM shapes, many GEMMs
+        work_of: dict[tuple, float] = {}  # a few GEMM shapes, many GEMMs
         for pos, shape in gemm_at:
             work = work_of.get(shape)
             if work is None:
-                work = work_of[shape] = self.gemm_task_work(s, shape)
+                work = work_of[shape] = self.compute_task_work(s, shape)
             tid, lane, _, kind, deps, issue_ms, terms = out[pos]
             out[pos] = tuple.__new__(SimTask, (tid, lane, work, kind, deps, issue_ms, terms))
         return out
@@ -192,6 +196,28 @@ class CostModel:
         """A GEMM task's work: ``schedule``'s GEMM kind and SM reserve (None: cuBLAS)."""
         ms = self.cublas_ms(*shape) if schedule is None else self.gemm_ms(schedule, *shape)
         return self._task_work(ms)
+
+    def compute_task_work(self, schedule: Schedule | None, key: tuple) -> float:
+        """A compute task's work by its key: a GEMM's ``(m, n, k)``, or a pooling launch's
+        ``("pool", bytes)``."""
+        if key[0] == "pool":
+            return self.pool_ms(schedule, key[1])
+        return self.gemm_task_work(schedule, key)
+
+    def pool_ms(self, schedule: Schedule | None, nbytes: float) -> float:
+        """One pooling launch (``PoolOp``) moving ``nbytes`` (rows gathered plus rows written):
+        the machine's gather bandwidth of ``schedule``'s pooling (Triton's kernel, or torch's
+        for None and ``cublas``) and its fixed cost. The Triton launch is not persistent, so
+        an SM reserve does not bound it (``ficco.execute.cuda_pooling``)."""
+        gather = self.machine.gather
+        if gather is None:
+            raise ValueError(
+                f"machine: {self.machine.name} has no gather entry: the cost model cannot "
+                "price embedding pooling (emb_a2a) there"
+            )
+        triton = schedule is not None and schedule.gemm is Gemm.TRITON
+        gbs = gather.triton_gbs if triton else gather.torch_gbs
+        return gather.fixed_us / 1e3 + nbytes / (gbs * 1e6)
 
     def transfer_cost(
         self, ce: bool, nbytes: int, same_node: bool, strided: bool, push: bool = False
@@ -228,8 +254,9 @@ class CostModel:
 
     def _lower_cublas(
         self, plan: Plan, s: Schedule
-    ) -> tuple[list[SimTask], list[tuple[int, tuple[int, int, int]]]]:
-        """(tasks with cuBLAS GEMMs, [(task position, GEMM m n k)])."""
+    ) -> tuple[list[SimTask], list[tuple[int, tuple]]]:
+        """(tasks with cuBLAS GEMMs and torch pooling, [(task position, its
+        :meth:`compute_task_work` key)])."""
         problem = plan.problem
         if problem.pattern not in CALIBRATED_PATTERNS + REUSED_PATTERNS:
             raise ValueError(
@@ -246,7 +273,7 @@ class CostModel:
         same_node = self.machine.gpus_per_node
         rank_node = plan.rank // same_node
         tasks: list[SimTask] = []
-        gemm_at: list[tuple[int, tuple[int, int, int]]] = []
+        gemm_at: list[tuple[int, tuple]] = []
         alias: dict[int, int] = {}  # plan task id -> sim task id (NCCL batches share one)
         tag_send: dict[int, int] = {}  # tag -> this rank's pushing send (push symmetry)
         pending_recv: list[tuple[int, int, tuple[int, ...]]] = []
@@ -255,7 +282,7 @@ class CostModel:
         # a plan at W = 64 has thousands of transfers and GEMMs of a few sizes: their terms,
         # work and issue cost are looked up by size, not recomputed
         transfer_costs: dict[tuple, tuple] = {}  # transfer_cost arguments -> its costs
-        gemm_work: dict[tuple[int, int, int], float] = {}
+        gemm_work: dict[tuple, float] = {}
         copy_ms, p2p_ms, gemm_ms = host["copy_ms"], host["p2p_ms"], host["gemm_ms"]
         gemm_copy_ms = host["gemm_copy_ms"]
         # a SimTask from all seven fields without its keyword-parsing __new__ (a third of
@@ -344,6 +371,19 @@ class CostModel:
                     cost_issue = gemm_ms + gemm_copy_ms
                 else:
                     cost_issue = gemm_ms
+            elif isinstance(op, PoolOp):
+                # every gathered row read and every pooled row written once, D wide
+                rows = sum(
+                    gathered_rows(problem, plan.rank, seg.bags) + seg.out.shape[0]
+                    for chunk in op.chunks
+                    for seg in chunk.segments
+                )
+                pool_key = ("pool", rows * problem.n * problem.dtype_bytes)
+                work = gemm_work.get(pool_key)
+                if work is None:
+                    work = gemm_work[pool_key] = self.compute_task_work(None, pool_key)
+                gemm_at.append((len(tasks), pool_key))
+                cost_issue = gemm_ms
             elif isinstance(op, ReduceOp):
                 terms, work, cost_issue = self.reduce_cost(len(op.inputs), op.out.numel * out_b)
                 lane = "signal" if (ce and not serial) else task.stream.value

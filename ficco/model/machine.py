@@ -5,6 +5,9 @@ A description is measured (``"measured": true``: ficco ran on it) or taken from 
 these figures, so a machine never measured is predicted from its links, never guessed from
 another machine's timings. Peers on the same node talk over ``nvlink``; peers on other nodes
 over ``nic`` (one NIC per GPU, rail-optimized), which a single-node machine need not name.
+``gather`` (optional) prices embedding-bag pooling (emb_a2a): its bandwidths are measured on
+the machine or ``derived`` from another's (``ficco.model.gather``); without it the model
+refuses emb_a2a.
 """
 
 from __future__ import annotations
@@ -29,6 +32,21 @@ class Link:
 
 
 @dataclass(frozen=True, slots=True)
+class Gather:
+    """Embedding-bag pooling's bandwidth: rows gathered plus pooled rows written, per second."""
+
+    triton_gbs: float
+    """ficco's Triton pooling kernel, GB/s."""
+    torch_gbs: float
+    """torch's pooling (the executor's path for the ``cublas`` compute choice), GB/s."""
+    fixed_us: float
+    """One pooling launch's fixed time, microseconds."""
+    derived: bool
+    """True where the figures are another machine's efficiencies scaled to this one's HBM."""
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
 class Machine:
     name: str
     description: str
@@ -41,6 +59,7 @@ class Machine:
     copy_engines_per_gpu: int
     hbm_gbs: float
     links: dict[str, Link]
+    gather: Gather | None = None
 
     @property
     def world(self) -> int:
@@ -83,6 +102,19 @@ def machine_from_dict(data: dict, where: str = "machine") -> Machine:
         if bw <= 0 or lat < 0:
             raise ValueError(f"{where}: link {name}: bandwidth must be > 0 and latency >= 0")
         links[name] = Link(float(bw), float(lat))
+    gather = None
+    if "gather" in data:
+        raw = _require(data, "gather", dict, where)
+        at = f"{where}: gather"
+        gather = Gather(
+            triton_gbs=float(_require(raw, "triton_gbs", number, at)),
+            torch_gbs=float(_require(raw, "torch_gbs", number, at)),
+            fixed_us=float(_require(raw, "fixed_us", number, at)),
+            derived=_require(raw, "derived", bool, at),
+            source=_require(raw, "source", str, at),
+        )
+        if gather.triton_gbs <= 0 or gather.torch_gbs <= 0 or gather.fixed_us < 0:
+            raise ValueError(f"{at}: bandwidths must be > 0 and fixed_us >= 0")
     if "nvlink" not in links:
         raise ValueError(f"{where}: links: an nvlink entry is required (the intra-node link)")
     machine = Machine(
@@ -97,6 +129,7 @@ def machine_from_dict(data: dict, where: str = "machine") -> Machine:
         copy_engines_per_gpu=_require(data, "copy_engines_per_gpu", int, where),
         hbm_gbs=float(_require(data, "hbm_gbs", number, where)),
         links=links,
+        gather=gather,
     )
     if machine.gpus_per_node < 1 or machine.nodes < 1 or machine.sm_count < 1:
         raise ValueError(f"{where}: gpus_per_node, nodes and sm_count must be >= 1")

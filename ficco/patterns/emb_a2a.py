@@ -173,6 +173,21 @@ def mean_bags(p: Problem) -> tuple[int, ...]:
     return p.bags if isinstance(p.bags, tuple) else (p.k,) * len(p.tables)
 
 
+def gathered_rows(p: Problem, rank: int, bags: tuple[int, int]) -> float:
+    """The ``weights`` rows rank ``rank``'s bags ``[bags[0], bags[1])`` gather, on average
+    (each bag's table's mean bag size: what the cost model prices, with no bags drawn)."""
+    t0 = table_ranges(p)[rank][0]
+    means = mean_bags(p)
+    j0, j1 = bags
+    total = 0.0
+    while j0 < j1:
+        t = j0 // p.m  # bag j = t*B + b: local table t
+        end = min(j1, (t + 1) * p.m)
+        total += (end - j0) * means[t0 + t]
+        j0 = end
+    return total
+
+
 def comm_bytes(p: Problem) -> int:
     return max(received_from_peers(p)) * p.n * p.dtype_bytes
 
@@ -316,7 +331,8 @@ SPEC = register(
         fused=True,
         batched_blocks=True,
         in_selector=False,  # no measured profiles yet: tables cannot answer it
-        cost_model=ModelSupport.NONE,
+        # transfers and NCCL as calibrated; pooling by the machine's gather bandwidth
+        cost_model=ModelSupport.REUSED,
         comm_alone=(BASELINE_COMM,),
         flops=flops,
         comm_bytes=comm_bytes,

@@ -39,7 +39,9 @@ class ModelSupport(enum.StrEnum):
     """How the cost model (``ficco.model``) knows the pattern's ops."""
 
     CALIBRATED = "calibrated"  # its ops were measured and fitted
-    REUSED = "reused"  # its ops are the calibrated patterns' ops (copies, NCCL, GEMMs)
+    # its ops are the calibrated patterns' ops (copies, NCCL, GEMMs), and pooling priced by
+    # the machine description's gather bandwidth (``ficco.model.gather``)
+    REUSED = "reused"
     NONE = "none"  # not modelled: predictions refuse it
 
 
