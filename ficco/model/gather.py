@@ -58,9 +58,7 @@ def fit_gather(profile: dict, dtype: str = "bf16") -> GatherFit:
     dim = profile["tables"]["dim"]
     width = {"bf16": 2, "fp16": 2, "fp32": 4}[dtype]
     shapes = record["shapes"]
-    mbytes = [
-        (s["rows_gathered"] + s["batch"] * s["tables"]) * dim * width / 1e6 for s in shapes
-    ]
+    mbytes = [(s["rows_gathered"] + s["batch"] * s["tables"]) * dim * width / 1e6 for s in shapes]
     effs, fixed = {}, 0.0
     for field, name in CANDIDATES.items():
         ms = [s["candidates"][name]["median_ms"] for s in shapes]
