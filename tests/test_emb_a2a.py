@@ -212,7 +212,11 @@ def test_the_geometry_is_the_plans_on_the_busiest_rank():
             pools = [t.op for t in plan.tasks if isinstance(t.op, PoolOp)]
             launches.append(len(pools))
             rows += [sum(g.out.shape[0] for c in op.chunks for g in c.segments) for op in pools]
-            moved += [t.local.shape[0] for t in plan.transfers() if t.direction == "send"]
+            sent: dict[tuple[int, int], int] = {}  # a chunk's runs share its tag
+            for t in plan.transfers():
+                if t.direction == "send":
+                    sent[t.peer, t.tag] = sent.get((t.peer, t.tag), 0) + t.local.shape[0]
+            moved += list(sent.values())
             moved += [sum(g.out.shape[0] for g in c.segments) for op in pools
                       for c in op.chunks if c.out_rank != rank]  # fmt: skip
         assert (max(launches), max(rows)) == (geo.gemm_launches, geo.gemm_rows), s
@@ -221,9 +225,40 @@ def test_the_geometry_is_the_plans_on_the_busiest_rank():
     assert checked > 20
 
 
+def test_a_batch_chunk_is_its_samples_of_every_table():
+    """Split b: chunk c of a block holds samples [b_c, b_c+1) of every table of the sender, a
+    run of rows per table; its pooling writes exactly those bags; ce copies each run, seg
+    moves the chunk's runs in one launch, both under the chunk's one tag."""
+    from ficco.plan.emb_a2a import chunk_runs
+    from ficco.plan.ops import TransferGroupOp
+
+    p = emb_problem()  # rank 0: tables 0-1; rank 1 receives samples 4..6 (3 of them)
+    s = Schedule.parse("finer-c2-b/ce/cublas")
+    assert chunk_runs(p, s, 0, 1) == [((0, 2), (3, 5)), ((2, 3), (5, 6))]
+    assert chunk_runs(p, s, 2, 0) == [((0, 2),), ((2, 4),)]  # one table: one run
+    assert chunk_runs(p, Schedule.parse("finer-c2-m/ce/cublas"), 0, 1) == [((0, 3),), ((3, 6),)]
+    plan = build_plan(p, s, 0)
+    pools = [t for t in plan.tasks if isinstance(t.op, PoolOp) and t.chunk == (1, 0)]
+    (seg_a, seg_b) = pools[0].op.chunks[0].segments
+    assert (seg_a.bags, seg_b.bags) == ((4, 6), (14, 16))  # bag t*B + b, B = 10: samples 4, 5
+    to_peer = [t.op for t in plan.tasks if type(t.op).__name__ == "TransferOp"
+               and t.op.direction == "send" and t.op.peer == 1]  # fmt: skip
+    assert [op.local.rows for op in to_peer] == [(8, 10), (11, 13), (10, 11), (13, 14)]
+    assert len({op.tag for op in to_peer[:2]}) == 1 and to_peer[0].tag != to_peer[2].tag
+    grouped = build_plan(p, Schedule.parse("finer-c2-b/seg/cublas"), 0)
+    groups = [t.op for t in grouped.tasks if isinstance(t.op, TransferGroupOp)]
+    assert [len(g.transfers) for g in groups][:2] == [2, 2]  # one launch per batch chunk
+    assert "split_applies_to_pattern" in dict(
+        violations(Problem(pattern="ag_gemm", m=8, n=8, k=8, world=2),
+                   Schedule.parse("finer-c2-b/ce/cublas"))
+    )  # fmt: skip
+    assert "chunks_fit_extent" in dict(violations(p, Schedule.parse("finer-c8-b/ce/cublas")))
+
+
 def test_the_fused_plan_flags_exactly_what_each_rank_waits_for():
     p = emb_problem()
-    for text in ("finer-c3-m/ce/triton+fused", "shard/ce/triton+fused+all_peers"):
+    for text in ("finer-c3-m/ce/triton+fused", "shard/ce/triton+fused+all_peers",
+                 "finer-c2-b/ce/triton+fused"):  # fmt: skip
         s = Schedule.parse(text)
         signalled: dict[int, set[int]] = {r: set() for r in range(p.world)}
         waited = {}
@@ -344,9 +379,12 @@ def test_every_distinct_plan_verifies_against_the_float64_reference(world):
             bad = [(m.name, m.verdict, m.detail) for m in got if m.verdict != "ok"]
             assert len(got) == len(schedules) and not bad, bad
         # the check can fail: a pooled segment left unwritten is caught
-        broken = [Schedule.parse("shard/ce/cublas"), Schedule.parse("finer-c2-m/ce/triton+fused")]
+        broken = [
+            Schedule.parse(t)
+            for t in ("shard/ce/cublas", "finer-c2-m/ce/triton+fused", "finer-c2-b/seg/cublas")
+        ]
         got = measure_in(
             pool, VERIFIED[world][0], broken, None, baselines=False,
             plan_hook=drop_first_pooled_segment,
         )  # fmt: skip
-        assert isinstance(got, list) and [m.verdict for m in got] == ["incorrect"] * 2, got
+        assert isinstance(got, list) and [m.verdict for m in got] == ["incorrect"] * 3, got

@@ -123,3 +123,18 @@ def test_a_machine_without_a_gather_entry_refuses_emb_a2a_naming_it(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="bandwidths must be > 0"):
         load_machine(path)
+
+
+def test_a_batch_chunks_runs_are_priced_together():
+    """A batch chunk (split b) moves a run per table under one tag: an NCCL batch of them
+    costs all their bytes, so b and m chunkings move the same bytes in all."""
+    pr, p = predictor(), emb_problem(world=2)
+    link = {}
+    for text in ("finer-c2-m/nccl/cublas", "finer-c2-b/nccl/cublas", "finer-c2-b/ce/cublas"):
+        s = Schedule.parse(text)
+        tasks = pr.costs.lower(build_plan(p, s, 0), s)
+        link[text] = sum(ms for t in tasks if t.lane == "comm" for _, _, ms in t.terms)
+        assert {str(s) for s in enumerate_schedules(p, PREDICTED_SPACE)} >= {text}
+    m, b = link["finer-c2-m/nccl/cublas"], link["finer-c2-b/nccl/cublas"]
+    assert b == pytest.approx(m, rel=1e-9) and m > 0
+    assert link["finer-c2-b/ce/cublas"] > 0

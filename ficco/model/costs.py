@@ -278,7 +278,8 @@ class CostModel:
         tag_send: dict[int, int] = {}  # tag -> this rank's pushing send (push symmetry)
         pending_recv: list[tuple[int, int, tuple[int, ...]]] = []
         issued = host["fixed_ms"]
-        batch_lead: tuple[int, int] | None = None  # (tag, sim id) of the open NCCL batch
+        # (tag, sim id, direction, bytes of that direction) of the open NCCL batch
+        batch_lead: tuple[int, int, str, int] | None = None
         # a plan at W = 64 has thousands of transfers and GEMMs of a few sizes: their terms,
         # work and issue cost are looked up by size, not recomputed
         transfer_costs: dict[tuple, tuple] = {}  # transfer_cost arguments -> its costs
@@ -337,6 +338,15 @@ class CostModel:
                         merged = tuple(sorted(set(prev.deps) | set(deps)))
                         tasks[sim_id] = prev._replace(deps=merged)
                     alias[task.id] = sim_id
+                    if op.direction == batch_lead[2]:
+                        # more than one half each way (emb_a2a's batch chunks: a run per
+                        # table under the chunk's tag): the batch moves their sum
+                        total = batch_lead[3] + nbytes
+                        strided = cols[1] - cols[0] != widths[local.buffer]
+                        key = (False, total, op.peer // same_node == rank_node, strided)
+                        terms, work, _ = self.transfer_cost(*key)
+                        tasks[sim_id] = tasks[sim_id]._replace(work_ms=work, terms=terms)
+                        batch_lead = (*batch_lead[:3], total)
                     continue
                 strided = cols[1] - cols[0] != widths[local.buffer]
                 cost_key = (False, nbytes, op.peer // same_node == rank_node, strided)
@@ -346,7 +356,7 @@ class CostModel:
                 terms, work, cost_issue = costs
                 issued += cost_issue
                 alias[task.id] = len(tasks)
-                batch_lead = (op.tag, len(tasks))
+                batch_lead = (op.tag, len(tasks), op.direction, nbytes)
                 tasks.append(
                     tuple_new(SimTask, (len(tasks), "comm", work, "nccl", deps, issued, terms))
                 )

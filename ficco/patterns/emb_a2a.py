@@ -327,7 +327,9 @@ SPEC = register(
         collective=Collective.ALL_TO_ALL,
         routed=False,
         rows_per_rank=False,  # B need not divide by W: ranks receive split_evenly(B, W)
-        splits=(Split.M,),  # row chunks of a block: table groups, then batch cuts of a table
+        # m: row chunks of a block (table groups, then batch cuts of a table); b: batch chunks
+        # of every table (ficco.space.geometry)
+        splits=(Split.M, Split.B),
         fused=True,
         batched_blocks=True,
         in_selector=False,  # no measured profiles yet: tables cannot answer it

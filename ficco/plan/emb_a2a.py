@@ -13,9 +13,13 @@ buffer                     shape and layout
 =========================  ==========================================================
 
 A *block* is what one rank sends another: its tables pooled for the receiver's samples,
-``T_s * B_d`` rows, contiguous on both sides. Chunks are contiguous row ranges of a block
-(``ficco.space.geometry.cut``): up to its table count they are table groups, beyond it they
-cut tables by batch.
+``T_s * B_d`` rows, contiguous on both sides. A chunk is one or more *runs* of a block's rows
+(:func:`chunk_runs`): split ``m`` cuts the block's rows (``ficco.space.geometry.cut``: up to
+its table count table groups, beyond it batch cuts of a table), one run a chunk; split ``b``
+cuts the receiver's samples, a chunk holding those samples of every table, a run per table
+(``T_s`` strided runs; runs that touch merge). A chunk's runs pool as its segments and move as
+transfers sharing the chunk's tag: ``seg`` batches them in one launch, ``ce`` issues a copy
+per run, NCCL one batch.
 
 ``serial`` pools every bag into ``pooled`` (one :class:`PoolOp`), then one all-to-all: NCCL's
 collective, or one-sided pushes (``ce``: a task per block; ``seg``: one group). Overlapped
@@ -60,7 +64,7 @@ from ficco.plan.ops import (
 )
 from ficco.plan.tags import transfer_tag
 from ficco.problem import Problem
-from ficco.space import Compute, Granularity, Schedule
+from ficco.space import Compute, Granularity, Schedule, Split
 from ficco.space.geometry import cut
 
 PUSH = "sender"
@@ -115,13 +119,15 @@ class _Layout:
                 )
         return tuple(segs)
 
-    def pool_into(self, dst: int, lo: int, hi: int, signal=None, fused: bool = False) -> PoolChunk:
-        """Block rows ``[lo, hi)`` for ``dst``: into ``pooled`` (``y`` for the local block,
-        and for every block when ``fused``: the store is the transfer)."""
+    def pool_into(self, dst: int, runs: Runs, signal=None, fused: bool = False) -> PoolChunk:
+        """Block rows ``runs`` for ``dst``: into ``pooled`` (``y`` for the local block, and
+        for every block when ``fused``: the store is the transfer)."""
         if dst == self.rank or fused:
-            segs = self.segments(dst, lo, hi, "y", self.y_base(self.rank, dst))
-            return PoolChunk(segs, dst, signal)
-        return PoolChunk(self.segments(dst, lo, hi, "pooled", self.pooled_base(dst)), self.rank)
+            out, base, at = "y", self.y_base(self.rank, dst), dst
+        else:
+            out, base, at = "pooled", self.pooled_base(dst), self.rank
+        segs = tuple(g for lo, hi in runs for g in self.segments(dst, lo, hi, out, base))
+        return PoolChunk(segs, at, signal)
 
     def push(self, dst: int, lo: int, hi: int, tag: int) -> TransferOp:
         """Block rows ``[lo, hi)`` pushed from ``pooled`` into ``dst``'s ``y``."""
@@ -147,6 +153,30 @@ class _Layout:
             tag,
             PUSH,
         )
+
+
+Runs = tuple[tuple[int, int], ...]
+
+
+def chunk_runs(p: Problem, s: Schedule, src: int, dst: int) -> list[Runs]:
+    """The chunks of ``src``'s block for ``dst``, each as its runs of block rows ``[lo, hi)``
+    in order: split ``m`` one run a chunk; split ``b`` the chunk's samples of every table of
+    ``src`` (block rows ``t*B_d + i``), adjacent runs merged."""
+    if s.split is not Split.B:
+        return [((lo, hi),) for lo, hi in cut(block_rows(p, src, dst), s)]
+    t0, t1 = table_ranges(p)[src]
+    b0, b1 = sample_ranges(p)[dst]
+    n, out = b1 - b0, []
+    for lo, hi in cut(n, s):
+        runs: list[tuple[int, int]] = []
+        for t in range(t1 - t0):
+            a, b = t * n + lo, t * n + hi
+            if runs and runs[-1][1] == a:
+                runs[-1] = (runs[-1][0], b)
+            else:
+                runs.append((a, b))
+        out.append(tuple(runs))
+    return out
 
 
 def _pool(p: Problem, chunks) -> PoolOp:
@@ -190,8 +220,8 @@ def plan_emb_a2a(p: Problem, s: Schedule, rank: int) -> Plan:
         return Plan(p, s, rank, buffers, tuple(bld.tasks), "y")
 
     steps = peer_steps(rank, w, True)  # peers' blocks first, the local block last
-    send_chunks = [cut(block_rows(p, rank, dst), s) for _, dst in steps]
-    recv_chunks = [cut(block_rows(p, src, rank), s) for src, _ in steps]
+    send_chunks = [chunk_runs(p, s, rank, dst) for _, dst in steps]
+    recv_chunks = [chunk_runs(p, s, src, rank) for src, _ in steps]
     n_pieces = max(len(c) for c in send_chunks + recv_chunks)
     order = visit_order(s, w, n_pieces, local_last=True)
     merged: dict[int, int] = {}
@@ -201,20 +231,21 @@ def plan_emb_a2a(p: Problem, s: Schedule, rank: int) -> Plan:
         for i, c in step:
             src, dst = steps[i]
             if c < len(send_chunks[i]):
-                lo, hi = send_chunks[i][c]
+                runs = send_chunks[i][c]
                 if s.compute is Compute.MERGED:
                     if dst not in merged:
-                        whole = lay.pool_into(dst, 0, block_rows(p, rank, dst))
+                        whole = lay.pool_into(dst, ((0, block_rows(p, rank, dst)),))
                         merged[dst] = bld.add(_pool(p, [whole]), Stream.COMPUTE, chunk=(dst, -1))
                     pooled = merged[dst]
                 else:
-                    chunk = lay.pool_into(dst, lo, hi)
+                    chunk = lay.pool_into(dst, runs)
                     pooled = bld.add(_pool(p, [chunk]), Stream.COMPUTE, chunk=(dst, c))
                 if dst != rank:
-                    pushes.append((c, lay.push(dst, lo, hi, transfer_tag(i, c)), pooled))
+                    for lo, hi in runs:  # a batch chunk: a transfer per run, one tag
+                        pushes.append((c, lay.push(dst, lo, hi, transfer_tag(i, c)), pooled))
             if src != rank and c < len(recv_chunks[i]):
-                lo, hi = recv_chunks[i][c]
-                received.append((c, lay.received(src, lo, hi, transfer_tag(i, c))))
+                for lo, hi in recv_chunks[i][c]:
+                    received.append((c, lay.received(src, lo, hi, transfer_tag(i, c))))
         if s.transport.traits.batches_segments and pushes:
             bld.add(
                 TransferGroupOp(tuple(op for _, op, _ in pushes)),
@@ -233,7 +264,7 @@ def plan_emb_a2a(p: Problem, s: Schedule, rank: int) -> Plan:
 def fused_chunks_per_block(p: Problem, s: Schedule) -> int:
     """``P``: the most chunks of any block (every rank numbers its flag slots by it)."""
     w = p.world
-    return max(len(cut(block_rows(p, src, dst), s)) for src in range(w) for dst in range(w))
+    return max(len(chunk_runs(p, s, src, dst)) for src in range(w) for dst in range(w))
 
 
 def _plan_fused(p: Problem, s: Schedule, rank: int) -> Plan:
@@ -245,21 +276,20 @@ def _plan_fused(p: Problem, s: Schedule, rank: int) -> Plan:
             f"{FLAG_SLOTS} of ficco.defaults.FLAG_SLOTS"
         )
     steps = peer_steps(rank, w, True)
-    send_chunks = [cut(block_rows(p, rank, dst), s) for _, dst in steps]
+    send_chunks = [chunk_runs(p, s, rank, dst) for _, dst in steps]
     chunks = []
     for i, c in visit_order(s, w, max(len(x) for x in send_chunks), local_last=True):
         _, dst = steps[i]
         if c < len(send_chunks[i]):
-            lo, hi = send_chunks[i][c]
             signal = None if dst == rank else (dst, flag_slot(rank, c, n))
-            chunks.append(lay.pool_into(dst, lo, hi, signal, fused=True))
+            chunks.append(lay.pool_into(dst, send_chunks[i][c], signal, fused=True))
     bld = Builder()
     bld.add(_pool(p, chunks), Stream.COMPUTE, chunk=(rank, -1))
     waits = tuple(
         flag_slot(src, c, n)
         for src in range(w)
         if src != rank
-        for c in range(len(cut(block_rows(p, src, rank), s)))
+        for c in range(len(chunk_runs(p, s, src, rank)))
     )
     bld.add(WaitFlagsOp(waits), Stream.COMM, chunk=(rank, -1))
     return Plan(p, s, rank, emb_buffers(p, rank), tuple(bld.tasks), "y")

@@ -17,7 +17,13 @@ a2a_gemm   m      block rows/chunk x K          block rows/chunk x N x K
 gemm_a2a   m      block rows/chunk x N          block rows/chunk x N x K
 gemm_ar    m      rows/chunk x N                rows/chunk x N x K
 gemm_ar    n      M (S with rs_ag) x N/chunk    M (S) x N/chunk x K
+emb_a2a    m      block rows/chunk x D          block rows/chunk (pooled bags)
+emb_a2a    b      T x samples/chunk x D         T x samples/chunk (pooled bags)
 =========  =====  ============================  ================================
+
+emb_a2a's ``m`` chunks are row ranges of a table-major block (table groups, then batch cuts
+of a table); its ``b`` chunks cut the receiver's samples, a chunk holding those samples of
+every table of the sender (``T`` runs of rows, one per table, strided in the block).
 
 gemm_ar's direct schedules cut the whole M (one step: each chunk is all-reduced once, its
 partial pushed to every peer); its ``+rs_ag`` schedules are gemm_rs's, cutting M/W-row shards,
@@ -46,7 +52,7 @@ COLUMN_ALIGN = 8
 
 def quantum(split: Split) -> int:
     """Smallest unit a chunk boundary may fall on along ``split``."""
-    return 1 if split is Split.M else COLUMN_ALIGN
+    return 1 if split in (Split.M, Split.B) else COLUMN_ALIGN
 
 
 def chunk_bounds(length: int, parts: int, quantum: int = 1) -> list[tuple[int, int]]:
@@ -69,6 +75,8 @@ def split_extent(problem: Problem, split: Split, schedule: Schedule | None = Non
     ``schedule=None`` means there)."""
     if split is Split.M:
         return spec_of(problem.pattern).shard_rows(problem, schedule)
+    if split is Split.B:  # the most samples a rank receives (split_evenly of the batch)
+        return -(-problem.m // problem.world)
     return problem.n if split is Split.N else problem.k
 
 
@@ -125,6 +133,10 @@ def geometry(problem: Problem, schedule: Schedule) -> Geometry:
 
     if split is Split.M:
         transfer_rows, transfer_cols = largest, moved_cols
+    elif split is Split.B:
+        # every table's rows of the chunk's samples: the block's rows per sample (its tables)
+        largest *= shard_rows // extent
+        transfer_rows, transfer_cols = largest, moved_cols
     else:  # a column cut of the moved matrix: k for ag_gemm's A, n for gemm_rs's C
         transfer_rows, transfer_cols = shard_rows, largest
 
@@ -145,7 +157,7 @@ def geometry(problem: Problem, schedule: Schedule) -> Geometry:
     elif schedule.compute is Compute.MERGED:
         gemm_rows, gemm_cols, gemm_k, launches = shard_rows, problem.n, problem.k, steps
     else:
-        gemm_rows = largest if split is Split.M else shard_rows
+        gemm_rows = largest if split in (Split.M, Split.B) else shard_rows
         gemm_cols = largest if split is Split.N else problem.n
         gemm_k = largest if split is Split.K else problem.k
         launches = steps * n_chunks

@@ -5,7 +5,7 @@ sentence saying why not. Enumeration, parsing checks and the sweep's pruning all
 ``violations``, so there is one definition of "legal".
 
 Chunk sizes that don't divide evenly are handled exactly: chunks differ by at most one row
-(``m`` splits) or one alignment quantum (``n``/``k`` splits); the rule ``chunks_fit_extent``
+(``m`` and ``b`` splits) or one alignment quantum (``n``/``k`` splits); the rule ``chunks_fit_extent``
 excludes cuts that would leave a chunk empty.
 """
 
@@ -94,8 +94,9 @@ def transport_needs_contiguous_chunks(p: Problem, s: Schedule) -> str | None:
     # A strided slice makes copy_ launch an SM kernel, which defeats the copy engine; the
     # symmetric-memory kernels take one contiguous range of the buffer (the same offset on
     # every rank).
+    # A batch chunk (emb_a2a) is one contiguous run of rows per table, each copied whole.
     t = s.transport.traits
-    if t.contiguous_only and s.split is not Split.M:
+    if t.contiguous_only and s.split not in (Split.M, Split.B):
         return (
             f"{s.transport.value} ({t.summary}) moves contiguous row chunks only; split "
             f"{s.split.value} chunks are strided (use row chunks, -m)"
@@ -106,7 +107,7 @@ def transport_needs_contiguous_chunks(p: Problem, s: Schedule) -> str | None:
 def transport_needs_aligned_ranges(p: Problem, s: Schedule) -> str | None:
     t = s.transport.traits
     align, spec = t.alignment_bytes, spec_of(p.pattern)
-    if align == 1 or not t.serves(spec) or s.split is not Split.M:
+    if align == 1 or not t.serves(spec) or s.split not in (Split.M, Split.B):
         return None  # strided chunks and other patterns are refused by the rules above
     # a range is whole rows of the matrix the collective moves (A or x [*, K]; C or y [*, N])
     width, name, moved = spec.moved_cols(p), spec.moved_dim, spec.moved_dtype(p)
@@ -239,8 +240,9 @@ def fused_needs_triton(p: Problem, s: Schedule) -> str | None:
 
 def fused_needs_row_chunks(p: Problem, s: Schedule) -> str | None:
     # A tile covers rows of one chunk only when chunks are row ranges; a k or n cut would make
-    # every tile wait on every chunk of its shard (merged compute, with spinning SMs).
-    if s.compute is Compute.FUSED and s.split is not Split.M:
+    # every tile wait on every chunk of its shard (merged compute, with spinning SMs). Pooling
+    # has no tiles across bags: a batch chunk's bags are its own.
+    if s.compute is Compute.FUSED and s.split not in (Split.M, Split.B):
         return f"fused compute waits per row chunk; split {s.split.value} is not a row cut"
     return None
 

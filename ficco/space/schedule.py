@@ -8,6 +8,7 @@ A schedule is written ``GRANULARITY/TRANSPORT/GEMM[+OPTION...]``:
 ``finer-c8-k/nccl/triton+merged+all_peers+sm16``
 ``finer-c4-m/symm2/cublas+hi``    gemm_ar: 4 row chunks, each all-reduced by the two-shot kernel
 ``finer-c2-m/seg/cublas+all_peers``  a2a: each chunk's segments from every peer in one kernel
+``finer-c4-b/ce/triton``          emb_a2a: 4 batch chunks, each a sample range of every table
 
 Options (each omitted when at its default): ``merged`` (one GEMM per shard after its chunks
 arrive, instead of one per chunk), ``fused`` (one persistent Triton GEMM per rank: for
@@ -40,6 +41,7 @@ class Split(enum.StrEnum):
     M = "m"  # rows: contiguous chunks
     N = "n"  # output columns: strided chunks
     K = "k"  # reduction columns: strided chunks, partial sums accumulate
+    B = "b"  # batch (emb_a2a): a range of samples of every table, one row run per table
 
 
 class Order(enum.StrEnum):
@@ -176,7 +178,7 @@ class Schedule:
         else:
             raise ValueError(
                 f"schedule {text!r}: granularity part {head!r} must be 'serial', 'shard' or "
-                "'finer-c<chunks>-<m|n|k>'"
+                "'finer-c<chunks>-<m|n|k|b>'"
             )
         for opt in options:
             if opt == "merged":
