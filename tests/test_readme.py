@@ -61,3 +61,18 @@ def test_every_ficco_command_in_the_readme_parses():
     for args in commands:
         command = main.commands[args[0]]
         command.make_context(args[0], list(args[1:]))  # raises on an unknown option or value
+
+
+def test_the_test_extra_installs_what_the_pytest_settings_use():
+    """The quick start's `pip install -e ".[test]"` then `python -m pytest -q`: the settings'
+    xdist options (a worker per core) need pytest-xdist from the test extra."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    addopts = project["tool"]["pytest"]["ini_options"]["addopts"]
+    extra = [
+        re.split(r"[<>=!~\[ ]", r, maxsplit=1)[0]
+        for r in project["project"]["optional-dependencies"]["test"]
+    ]
+    assert "--numprocesses" in addopts and "pytest-xdist" in extra
+    assert "pytest" in extra
