@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ficco.patterns import spec_of
 from ficco.problem import Problem
@@ -73,7 +74,17 @@ def enumerate_schedules(
     problem: Problem, options: SpaceOptions | None = None
 ) -> Iterator[Schedule]:
     """Every legal schedule of ``problem``, serial ones first, in a stable order."""
-    opts = options or SpaceOptions()
+    return iter(_legal_schedules(problem, options or SpaceOptions()))
+
+
+# Every rule is checked on the whole axis product (about 10,000 schedules, a second or two of
+# Python per problem): a sweep, its strategy and the tests ask again for the same problems.
+@lru_cache(maxsize=256)
+def _legal_schedules(problem: Problem, opts: SpaceOptions) -> tuple[Schedule, ...]:
+    return tuple(_legal(problem, opts))
+
+
+def _legal(problem: Problem, opts: SpaceOptions) -> Iterator[Schedule]:
     shapes = [(Granularity.SERIAL, 1), (Granularity.SHARD, 1)] + [
         (Granularity.FINER, c) for c in opts.chunk_counts
     ]
