@@ -1,13 +1,20 @@
 """Bad inputs, one class per row: each is refused before any work starts, as ``Error: ...``
-naming the option, with a non-zero exit and no traceback. Nothing is coerced or clamped."""
+naming the option, with a non-zero exit and no traceback. Nothing is coerced or clamped.
+
+The first row of each command runs as the real process (``python -m ficco.cli``: the exit code
+and stderr a shell sees); the others through click's runner in this process, the same
+command objects, refusal text and exit code, where an exception escaping the command (what
+would print a traceback) is the runner's ``exception``."""
 
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 import ficco.api as api
+from ficco.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 AG = ["ag_gemm", "--m", "64", "--n", "16", "--k", "16", "-w", "2"]
@@ -86,6 +93,12 @@ BAD_INPUTS = [
 ]  # fmt: skip
 
 
+#: the rows run as a real process: the first of each command
+REAL_PROCESS = {
+    next(r[0] for r in BAD_INPUTS if r[1][0] == c) for c in {r[1][0] for r in BAD_INPUTS}
+}
+
+
 def ficco(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "ficco.cli", *args],
@@ -99,7 +112,7 @@ def ficco(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(("kind", "args", "names"), BAD_INPUTS, ids=[r[0] for r in BAD_INPUTS])
-def test_bad_input_is_refused_in_one_line(kind, args, names, tmp_path):
+def test_bad_input_is_refused_in_one_line(kind, args, names, tmp_path, monkeypatch):
     (tmp_path / "profiles").symlink_to(REPO / "profiles")
     (tmp_path / "a_file").write_text("not a directory")
     (tmp_path / "bad_shapes.csv").write_text("name,pattern,m,n,k,world\nx,ag_gemm,64.7,16,16,2\n")
@@ -118,9 +131,17 @@ def test_bad_input_is_refused_in_one_line(kind, args, names, tmp_path):
     )
     (tmp_path / "frame_missing.csv").write_text("pattern,m,n\ngemm_rs,32,16\n")
     shipped = {p: p.stat().st_mtime_ns for p in (REPO / "schedules").rglob("*") if p.is_file()}
-    out = ficco(args, tmp_path)
-    text = out.stdout + out.stderr
-    assert out.returncode != 0, f"{kind}: accepted\n{text}"
+    if kind in REAL_PROCESS:
+        out = ficco(args, tmp_path)
+        text, code = out.stdout + out.stderr, out.returncode
+    else:
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("FICCO_HOME", str(tmp_path))
+        result = CliRunner().invoke(main, args, prog_name="ficco")
+        text, code = result.output, result.exit_code
+        escaped = result.exception is not None and not isinstance(result.exception, SystemExit)
+        assert not escaped, f"{kind}: raised {result.exception!r}\n{text}"
+    assert code != 0, f"{kind}: accepted\n{text}"
     assert "Traceback" not in text, f"{kind}:\n{text}"
     assert "Error:" in text and names in text, f"{kind}:\n{text}"
     assert not (tmp_path / "s").exists(), f"{kind}: a store was created before the refusal"
