@@ -14,6 +14,15 @@ if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_configure(config):
+    # Rank processes the tests start themselves (torch.multiprocessing, start method
+    # "forkserver") are forked from one server process that has imported torch once, instead
+    # of each importing it again (seconds of CPU per rank).
+    import multiprocessing
+
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed"])
+
+
 def pytest_collection_modifyitems(config, items):
     if _HAS_CUDA:
         return

@@ -235,7 +235,9 @@ def test_gloo_emulations_sum_in_rank_order_and_agree_bit_for_bit(shape, tmp_path
     world = 3
     init = tempfile.mktemp(dir=tmp_path)
     out = str(tmp_path / "out.pt")
-    mp.spawn(_emulation_rank, args=(world, init, shape, out), nprocs=world)
+    mp.start_processes(
+        _emulation_rank, (world, init, shape, out), nprocs=world, start_method="forkserver"
+    )
     result = torch.load(out)
     for rank_got in result["got"]:
         for kind in (ONE_SHOT, TWO_SHOT):

@@ -421,11 +421,12 @@ def test_the_parts_of_a_fused_plan_run_alone_without_waiting(tmp_path):
     import torch.multiprocessing as mp
 
     world = 2
-    mp.spawn(
+    mp.start_processes(
         _run_modes,
         args=(world, str(tmp_path / "rendezvous"), str(tmp_path), str(tmp_path)),
         nprocs=world,
         join=True,
+        start_method="forkserver",
     )
     for rank in range(world):
         took = json.loads((tmp_path / f"rank{rank}.json").read_text())

@@ -39,7 +39,13 @@ def spawn(body, world: int, *args, env: dict | None = None) -> None:
     """Run ``body(rank, world, *args)`` on ``world`` gloo ranks; a rank's exception fails."""
     with tempfile.TemporaryDirectory() as tmp:
         init = os.path.join(tmp, "rendezvous")
-        mp.spawn(_rank_main, (world, init, body, args, env or {}), nprocs=world, join=True)
+        mp.start_processes(
+            _rank_main,
+            (world, init, body, args, env or {}),
+            nprocs=world,
+            join=True,
+            start_method="forkserver",  # forked from a process that has torch (conftest)
+        )
 
 
 def rand(seed: int, *shape, dtype=torch.float32) -> torch.Tensor:

@@ -54,7 +54,9 @@ def _rank(rank: int, world: int, init: str, seed: int) -> None:
 @pytest.mark.parametrize("world", [2, 3])
 def test_reference_by_collectives_matches_the_float64_reference(world):
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_rank, (world, os.path.join(tmp, "rdv"), 7), nprocs=world, join=True)
+        mp.start_processes(
+            _rank, (world, os.path.join(tmp, "rdv"), 7), nprocs=world, start_method="forkserver"
+        )
 
 
 def test_plan_baselines_serial_eager_is_verified_on_a_poisoned_output():
