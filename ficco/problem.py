@@ -4,8 +4,9 @@ Shapes are global unless named ``_shard``. What each pattern's ranks hold and pr
 every other fact of a pattern, is in its module under ``ficco.patterns`` (``ag_gemm``,
 ``gemm_rs``, ``a2a_gemm``, ``gemm_a2a``, ``gemm_ar``, ``emb_a2a``); the rules a problem checks
 here are the pattern-independent ones, plus what its spec says (M divisible by W where every
-rank holds M/W rows; experts and a routing where tokens are routed; emb_a2a's tables, pooling
-and bags, checked by its module).
+rank holds M/W rows; experts and a routing where tokens are routed; the fields a pattern
+declares of its own, its spec's ``problem_fields``, such as emb_a2a's tables: checked, keyed
+and written as the declaration says, and read as attributes like the common ones).
 
 For the all-to-all patterns ``m`` is the global number of routed tokens and ``routing[s][e]`` the
 tokens rank ``s`` sends to expert ``e`` (uniform routing spreads ``m/W`` tokens per rank evenly).
@@ -24,7 +25,7 @@ from typing import Any
 import ficco.validate as validate
 from ficco.dtypes import DTYPES, dtype_of
 from ficco.dtypes import lookup as dtype_lookup
-from ficco.patterns import Pattern, spec_of
+from ficco.patterns import Pattern, problem_field, problem_fields, spec_of
 from ficco.validate import InputError
 
 #: element size in bytes of each supported dtype name (``ficco.dtypes`` holds every trait)
@@ -87,9 +88,12 @@ def _token_count(value: Any, source: int, expert: int) -> int:
         raise InputError("routing", value, f"{rule} ({where})") from None
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True, init=False)
 class Problem:
-    """One GEMM + collective pair on ``world`` ranks (global shapes)."""
+    """One GEMM + collective pair on ``world`` ranks (global shapes). Beside the fields
+    below, it takes (as keywords) and exposes (as attributes, None where its pattern does not
+    declare them) the fields its pattern declares of its own (``PatternSpec.problem_fields``:
+    emb_a2a's ``tables``, ``pooling``, ``bags``), kept canonical in :attr:`pattern_fields`."""
 
     pattern: Pattern
     """Which collective surrounds the GEMM (see the module docstring)."""
@@ -116,18 +120,62 @@ class Problem:
     """All-to-all patterns only: experts each token is routed to (its rows appear top_k times
     in ``m``); None = not stated (read as 1). The routing cannot tell it: rows summing to 4096
     are 4096 tokens routed once or 1024 routed to 4 experts."""
-    tables: tuple[int, ...] | None = None
-    """emb_a2a only: rows of each embedding table (skewed sizes allowed), at least ``world``
-    tables; ``m`` is the global batch, ``n`` the embedding dim, ``k`` the pooling factor
-    (mean indices per bag). Tables are dealt out to ranks whole (``ficco.patterns.emb_a2a``)."""
-    pooling: str | None = None
-    """emb_a2a only: how a bag's rows are pooled, ``sum`` or ``mean`` (None: sum)."""
-    bags: str | tuple[int, ...] | None = None
-    """emb_a2a only: bag sizes, ``fixed`` (every bag k indices), ``uniform`` (each bag's
-    size drawn uniformly from 1 .. 2k-1, seeded per table) or one size per table (k the
-    largest); None: fixed."""
+    pattern_fields: tuple[tuple[str, Any], ...] = ()
+    """``(name, value)`` of every field the pattern declares of its own, canonical, in its
+    spec's order (given as keywords, ``tables=...``; read as attributes, ``problem.tables``)."""
     name: str = field(default="", compare=False)
     """Optional label (e.g. ``l3-70b.fc1``); not part of the problem's identity."""
+
+    def __init__(
+        self,
+        *,
+        pattern: Pattern | str,
+        m: int,
+        n: int,
+        k: int,
+        world: int,
+        dtype: str = "bf16",
+        a_scale: AScale | str | None = None,
+        b_scale: BScale | str | None = None,
+        experts: int | None = None,
+        routing: Any = None,
+        top_k: int | None = None,
+        pattern_fields: Any = (),
+        name: str = "",
+        **declared: Any,
+    ) -> None:
+        # ``declared``: the pattern's own fields by name, over ``pattern_fields`` (how
+        # dataclasses.replace(problem, tables=...) passes a change)
+        given = dict(pattern_fields)
+        given.update(declared)
+        for fname, value in (
+            ("pattern", pattern),
+            ("m", m),
+            ("n", n),
+            ("k", k),
+            ("world", world),
+            ("dtype", dtype),
+            ("a_scale", a_scale),
+            ("b_scale", b_scale),
+            ("experts", experts),
+            ("routing", routing),
+            ("top_k", top_k),
+            ("pattern_fields", tuple(given.items())),
+            ("name", name),
+        ):
+            object.__setattr__(self, fname, value)
+        self.__post_init__()
+
+    def __getattr__(self, attribute: str) -> Any:
+        """A field the pattern declares of its own (None: one only other patterns declare)."""
+        if attribute.startswith("_") or attribute == "pattern_fields":
+            raise AttributeError(attribute)  # unpickling and copying probe before slots fill
+        for fname, value in self.pattern_fields:
+            if fname == attribute:
+                return value
+        if attribute in problem_fields():
+            return None
+        raise AttributeError(f"'Problem' object has no attribute {attribute!r}")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pattern", parse_pattern(self.pattern))
@@ -143,14 +191,7 @@ class Problem:
             raise InputError("world", self.world, "needs at least 2 ranks to communicate")
         if not isinstance(self.name, str):
             raise InputError("name", self.name, "must be a string")
-        if self.pattern.pools_tables:
-            self._validate_tables()
-        elif (self.tables, self.pooling, self.bags) != (None, None, None):
-            raise InputError(
-                "tables/pooling/bags",
-                (self.tables, self.pooling, self.bags),
-                f"only emb_a2a takes them, not {self.pattern}",
-            )
+        self._validate_pattern_fields()
         self._validate_scales()
         if self.pattern.is_all_to_all:
             self._validate_all_to_all()
@@ -173,11 +214,31 @@ class Problem:
                     f"world={self.world}",
                 )
 
-    def _validate_tables(self) -> None:
-        from ficco.patterns.emb_a2a import validate_tables
+    def _validate_pattern_fields(self) -> None:
+        """Each field the pattern declares, checked in order (an omitted one as its default);
+        a field only other patterns declare is refused naming them, an unknown one as Python
+        refuses an unexpected keyword."""
+        given = dict(self.pattern_fields)
+        everywhere = problem_fields()
+        for fname in given:
+            if fname not in everywhere:
+                raise TypeError(f"Problem got an unexpected keyword argument {fname!r}")
+        object.__setattr__(self, "pattern_fields", ())
+        for declared in spec_of(self.pattern).problem_fields:
+            value = given.pop(declared.name, None)
+            value = declared.check(self, declared.default if value is None else value)
+            object.__setattr__(
+                self, "pattern_fields", (*self.pattern_fields, (declared.name, value))
+            )
+        for fname, value in given.items():
+            if value is not None:  # None: not given (make_problem passes every option)
+                takers = ", ".join(str(p) for p, _ in everywhere[fname])
+                raise InputError(fname, value, f"only {takers} takes it, not {self.pattern}")
 
-        for fname, value in zip(("tables", "pooling", "bags"), validate_tables(self), strict=True):
-            object.__setattr__(self, fname, value)
+    def _declared(self):
+        """``(declaration, value)`` of each field the pattern declares of its own."""
+        values = dict(self.pattern_fields)
+        return [(d, values[d.name]) for d in spec_of(self.pattern).problem_fields]
 
     def _validate_scales(self) -> None:
         """Scaled dtypes take a scale granularity per side (default per tensor), a pattern
@@ -364,9 +425,8 @@ class Problem:
                 base += ":r" + "/".join(",".join(map(str, row)) for row in self.routing)
             if self.top_k is not None:
                 base += f":t{self.top_k}"
-        if self.pattern.pools_tables:
-            bags = self.bags if isinstance(self.bags, str) else ",".join(map(str, self.bags or ()))
-            base += f":tables{','.join(map(str, self.tables or ()))}:{self.pooling}:{bags}"
+        for declared, value in self._declared():
+            base += ":" + declared.key(value)
         if self.scaled:
             base += f":sa-{self.a_scale}:sb-{self.b_scale}"
         return base
@@ -385,9 +445,8 @@ class Problem:
             out["routing"] = [list(r) for r in self.routing] if self.routing else None
             if self.top_k is not None:  # absent, not null: records written before it match
                 out["top_k"] = self.top_k
-        if self.pattern.pools_tables:
-            bags = list(self.bags) if isinstance(self.bags, tuple) else self.bags
-            out.update(tables=list(self.tables or ()), pooling=self.pooling, bags=bags)
+        for declared, value in self._declared():
+            out[declared.name] = declared.to_json(value)
         if self.scaled:  # absent for plain dtypes: records written before them match
             out["a_scale"] = str(self.a_scale)
             out["b_scale"] = str(self.b_scale)
@@ -398,17 +457,18 @@ class Problem:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Problem:
         known = {"pattern", "m", "n", "k", "world", "dtype", "experts", "routing", "top_k", "name"}
-        known |= {"tables", "pooling", "bags"}
         known |= {"a_scale", "b_scale"}
+        known |= set(problem_fields())
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"problem: unknown field(s) {sorted(unknown)}")
         data = dict(data)
         if data.get("routing") is not None:
             data["routing"] = tuple(tuple(r) for r in data["routing"])
-        for fname in ("tables", "bags"):
-            if isinstance(data.get(fname), list):
-                data[fname] = tuple(data[fname])
+        for fname in set(data) & set(problem_fields()):
+            declared = problem_field(data.get("pattern", ""), fname)
+            if data[fname] is not None and declared is not None:
+                data[fname] = declared.from_json(data[fname])
         return cls(**data)
 
     def __str__(self) -> str:

@@ -6,11 +6,13 @@ import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import ficco.validate as validate
 from ficco.backends import DEFAULT_BACKEND, backend_spec
 from ficco.defaults import SEED
 from ficco.execute.options import GRAPH_MODES, ISSUE_MODES, TimingOptions
+from ficco.patterns import problem_field
 from ficco.problem import Problem
 from ficco.space import Gemm, Schedule, SpaceOptions, Transport, check_legal, enumerate_schedules
 from ficco.validate import InputError
@@ -45,17 +47,16 @@ def make_problem(
     dtype: str | None = None,
     experts: int | str | None = None,
     routing: str | Sequence[Sequence[int]] | None = None,
-    tables: str | Sequence[int] | None = None,
-    pooling: str | None = None,
-    bags: str | Sequence[int] | None = None,
     backend: str = DEFAULT_BACKEND,
     a_scale: str | None = None,
     b_scale: str | None = None,
+    **pattern_fields: Any,
 ) -> Problem:
-    """A :class:`Problem`; ``routing`` may be JSON text (``'[[3,1],[2,2]]'``), ``tables`` and
-    per-table ``bags`` comma-separated text (``'1000,20,300'``); ``dtype`` None is
-    :func:`default_dtype` of ``backend``; ``a_scale`` / ``b_scale``: scaled (fp8) dtypes'
-    scale granularities (None: per tensor)."""
+    """A :class:`Problem`; ``routing`` may be JSON text (``'[[3,1],[2,2]]'``); ``dtype`` None
+    is :func:`default_dtype` of ``backend``; ``a_scale`` / ``b_scale``: scaled (fp8) dtypes'
+    scale granularities (None: per tensor). ``pattern_fields``: the fields patterns declare
+    of their own (``ficco.patterns.problem_fields``), as values or command-line text, each
+    read by its declaration's ``parse`` (None: not given)."""
     if isinstance(routing, str):
         try:
             routing = json.loads(routing)
@@ -64,26 +65,22 @@ def make_problem(
     # sizes may come as command-line text ("64"); the routing is JSON, typed: a "3" in it is
     # a string where a count belongs, refused by Problem
     sizes = {f: validate.integer(f, v) for f, v in (("m", m), ("n", n), ("k", k), ("world", world))}
+    declared = {}
+    for name, value in pattern_fields.items():
+        read = problem_field(pattern, name)
+        if read is None:
+            raise TypeError(f"make_problem() got an unexpected keyword argument {name!r}")
+        declared[name] = None if value is None else read.parse(value)
     return Problem(
         pattern=pattern,
         **sizes,
         dtype=dtype or default_dtype(backend),
         experts=None if experts is None else validate.integer("experts", experts),
         routing=routing,
-        tables=_counts("tables", tables),
-        pooling=pooling,
-        bags=bags if bags in (None, "fixed", "uniform") else _counts("bags", bags),
         a_scale=a_scale,
         b_scale=b_scale,
+        **declared,
     )
-
-
-def _counts(field: str, value: str | Sequence[int] | None) -> tuple[int, ...] | None:
-    """Comma-separated text (or a sequence) as a tuple of integers, each checked."""
-    if value is None:
-        return None
-    items = value.split(",") if isinstance(value, str) else list(value)
-    return tuple(validate.integer(field, item) for item in items)
 
 
 def schedules(problem: Problem, options: SpaceOptions | None = None) -> list[Schedule]:

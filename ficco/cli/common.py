@@ -16,6 +16,7 @@ import click
 
 from ficco.backends import DEFAULT_BACKEND
 from ficco.defaults import DEFAULT_MACHINE
+from ficco.patterns import problem_fields
 from ficco.problem import DTYPE_BYTES, AScale, BScale, Pattern
 from ficco.space.transports import GRAPH_MODES, names, transports_where
 from ficco.validate import InputError
@@ -229,25 +230,31 @@ def problem_options(func: Callable | None = None, *, with_backend: bool = False)
             help="All-to-all patterns: JSON W x experts token counts, e.g. '[[3,1],[2,2]]' "
             "[default: uniform].",
         ),
-        click.option(
-            "--tables",
-            default=None,
-            help="emb_a2a: rows of each embedding table, comma-separated (m is the batch, n "
-            "the dim, k the pooling factor).",
-        ),
-        click.option(
-            "--pooling", default=None, help="emb_a2a: sum or mean per bag [default: sum]."
-        ),
-        click.option(
-            "--bags",
-            default=None,
-            help="emb_a2a: bag sizes, fixed (k), uniform (1 .. 2k-1) or one per table, "
-            "comma-separated [default: fixed].",
-        ),
+        *pattern_field_options(),
     ]
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def pattern_field_options() -> list[Callable]:
+    """An option for every field a pattern declares of its own (``ficco.patterns.
+    problem_fields``), its help led by the patterns that take it."""
+    options = []
+    for name, decls in problem_fields().items():
+        declared = decls[0][1]
+        takers = ", ".join(str(pattern) for pattern, _ in decls)
+        default = "" if declared.default is None else f" [default: {declared.default}]"
+        options.append(
+            click.option(
+                f"--{name.replace('_', '-')}",
+                name,
+                metavar=declared.metavar,
+                default=None,
+                help=f"{takers}: {declared.help}{default}.",
+            )
+        )
+    return options
 
 
 def problem_of(params: dict, backend: str = DEFAULT_BACKEND):
@@ -263,12 +270,10 @@ def problem_of(params: dict, backend: str = DEFAULT_BACKEND):
         dtype=params["dtype"],
         experts=params["experts"],
         routing=params["routing"],
-        tables=params["tables"],
-        pooling=params["pooling"],
-        bags=params["bags"],
         backend=backend,
         a_scale=params["a_scale"],
         b_scale=params["b_scale"],
+        **{name: params[name] for name in problem_fields()},
     )
 
 

@@ -56,10 +56,12 @@ from dataclasses import fields
 from ficco.patterns.spec import (
     BASELINE_COMM,
     BASELINE_GEMM,
+    MAY_BE_EMPTY,
     SERIAL_PLAN_PARTS,
     Collective,
     ModelSupport,
     PatternSpec,
+    ProblemField,
     Ref,
     Sizes,
     spec_parts,
@@ -98,7 +100,9 @@ def missing_parts(spec: PatternSpec) -> list[str]:
     missing = []
     for f in fields(spec):
         value = getattr(spec, f.name)
-        if value is None or (isinstance(value, (tuple, str)) and not value):
+        if value is None or (
+            isinstance(value, (tuple, str)) and not value and f.name not in MAY_BE_EMPTY
+        ):
             missing.append(f.name)
     return missing
 
@@ -134,6 +138,25 @@ def specs() -> tuple[PatternSpec, ...]:
     return tuple(spec_of(p) for p in Pattern)
 
 
+def problem_fields() -> dict[str, tuple[tuple[Pattern, ProblemField], ...]]:
+    """Every pattern's own problem fields (:class:`ProblemField`) by name, each with the
+    patterns that declare it and their declarations, in the enum's then declaration order:
+    what ``Problem``, the CLI's problem options and ``api.make_problem`` take beyond the
+    common fields."""
+    found: dict[str, list[tuple[Pattern, ProblemField]]] = {}
+    for spec in specs():
+        for declared in spec.problem_fields:
+            found.setdefault(declared.name, []).append((spec.pattern, declared))
+    return {name: tuple(decls) for name, decls in found.items()}
+
+
+def problem_field(pattern: Pattern | str, name: str) -> ProblemField | None:
+    """``pattern``'s declaration of the field ``name``, else the first pattern's that
+    declares it (what reads a value a problem of ``pattern`` then refuses), else None."""
+    decls = problem_fields().get(name, ())
+    return next((d for p, d in decls if p == pattern), decls[0][1] if decls else None)
+
+
 def patterns_where(predicate) -> tuple[Pattern, ...]:
     """The patterns whose spec satisfies ``predicate``, in the enum's order."""
     return tuple(s.pattern for s in specs() if predicate(s))
@@ -164,11 +187,14 @@ __all__ = [
     "Collective",
     "ModelSupport",
     "PatternSpec",
+    "ProblemField",
     "Ref",
     "Sizes",
     "ideal_ms",
     "missing_parts",
     "patterns_where",
+    "problem_field",
+    "problem_fields",
     "register",
     "spec_of",
     "spec_parts",

@@ -99,6 +99,7 @@ SPEC = register(
         cuda_baselines=SERIAL_PLAN_PARTS,
         lowering=Ref("ficco.plan.alltoall:plan_a2a_gemm"),
         scaled_inputs=True,
+        problem_fields=(),
         buffers=Ref("ficco.plan.alltoall:a2a_gemm_buffers"),
     )
 )

@@ -118,6 +118,7 @@ SPEC = register(
         cuda_baselines=cuda_baselines,
         lowering=Ref("ficco.plan.dense:plan_ag_gemm"),
         scaled_inputs=True,
+        problem_fields=(),
         buffers=Ref("ficco.plan.dense:ag_gemm_buffers"),
     )
 )

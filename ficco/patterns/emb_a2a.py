@@ -23,7 +23,7 @@ rank can regenerate any other's and the reference needs no communication.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import ficco.validate as validate
 from ficco.patterns import Pattern, register
@@ -35,6 +35,7 @@ from ficco.patterns.spec import (
     Collective,
     ModelSupport,
     PatternSpec,
+    ProblemField,
     Ref,
     Sizes,
 )
@@ -64,14 +65,15 @@ def _ranges(counts: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def validate_tables(p: Problem) -> tuple[tuple[int, ...], str, str]:
-    """The canonical ``(tables, pooling, bags)`` of an emb_a2a problem, or InputError naming
-    the field and the rule (``Problem`` calls it on construction)."""
-    if p.experts is not None or p.routing is not None or p.top_k is not None:
-        raise InputError(
-            "experts/routing/top_k", (p.experts, p.routing, p.top_k), "emb_a2a routes no tokens"
-        )
-    table = p.tables
+def _counts(name: str, value: Any) -> tuple[int, ...]:
+    """Comma-separated text (``'1000,20,300'``) or a sequence as a tuple of integers."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return tuple(validate.integer(name, item) for item in items)
+
+
+def _check_tables(p: Problem, table: Any) -> tuple[int, ...]:
+    """Every table's rows, at least W tables (table-wise sharding), and a batch of at least W
+    (every rank receives its samples: the pattern's one rule beyond its fields)."""
     if table is None or isinstance(table, str | bytes) or not hasattr(table, "__iter__"):
         raise InputError("tables", table, "emb_a2a needs the rows of each table, e.g. (1000, 20)")
     rows = tuple(
@@ -89,31 +91,76 @@ def validate_tables(p: Problem) -> tuple[tuple[int, ...], str, str]:
         raise InputError(
             "m", p.m, f"every rank receives its samples: the batch must be >= world={p.world}"
         )
-    pooling = "sum" if p.pooling is None else p.pooling
+    return rows
+
+
+def _check_pooling(p: Problem, pooling: Any) -> str:
     if pooling not in POOLINGS:
-        raise InputError("pooling", p.pooling, f"must be one of {', '.join(POOLINGS)}")
-    bags = "fixed" if p.bags is None else p.bags
+        raise InputError("pooling", pooling, f"must be one of {', '.join(POOLINGS)}")
+    return pooling
+
+
+def _check_bags(p: Problem, bags: Any) -> str | tuple[int, ...]:
+    """``fixed``, ``uniform``, or one size per table (``p.tables``: checked before), the
+    largest being k."""
     if isinstance(bags, list | tuple):
         sizes_ = tuple(
             validate.integer("bags", b, minimum=1, rule="every bag size must be >= 1", text=False)
             for b in bags
         )
-        if len(sizes_) != len(rows):
+        if len(sizes_) != len(p.tables):
             raise InputError(
                 "bags",
-                p.bags,
-                f"per-table bag sizes need one per table: {len(rows)} tables, {len(sizes_)} sizes",
+                bags,
+                f"per-table bag sizes need one per table: {len(p.tables)} tables, "
+                f"{len(sizes_)} sizes",
             )
         if max(sizes_) != p.k:
             raise InputError(
                 "k", p.k, f"with per-table bag sizes, k is the largest of them ({max(sizes_)})"
             )
-        return rows, pooling, sizes_
+        return sizes_
     if bags not in BAG_SIZES:
         raise InputError(
-            "bags", p.bags, f"must be one of {', '.join(BAG_SIZES)}, or one size per table"
+            "bags", bags, f"must be one of {', '.join(BAG_SIZES)}, or one size per table"
         )
-    return rows, pooling, bags
+    return bags
+
+
+def _text(value: str | tuple[int, ...]) -> str:
+    return value if isinstance(value, str) else ",".join(map(str, value))
+
+
+#: the problem's fields of its own: ``m`` is the global batch B, ``n`` the embedding dim D,
+#: ``k`` the pooling factor (mean indices per bag)
+FIELDS = (
+    ProblemField(
+        name="tables",
+        help="rows of each embedding table (skewed sizes allowed, at least W tables), "
+        "comma-separated (m is the batch, n the dim, k the pooling factor)",
+        parse=lambda value: _counts("tables", value),
+        check=_check_tables,
+        key=lambda rows: f"tables{_text(rows)}",
+        default=None,
+    ),
+    ProblemField(
+        name="pooling",
+        help=f"how a bag's rows are pooled: {' or '.join(POOLINGS)}",
+        parse=str,
+        check=_check_pooling,
+        key=str,
+        default="sum",
+    ),
+    ProblemField(
+        name="bags",
+        help="bag sizes, fixed (k), uniform (1 .. 2k-1, seeded per table) or one per "
+        "table, comma-separated",
+        parse=lambda value: value if value in BAG_SIZES else _counts("bags", value),
+        check=_check_bags,
+        key=_text,
+        default="fixed",
+    ),
+)
 
 
 # --- layout: what every layer (plans, sizes, references) reads ------------------------------
@@ -354,5 +401,6 @@ SPEC = register(
         buffers=Ref("ficco.plan.emb_a2a:emb_buffers"),
         # pooled embedding rows, no GEMM: fp8 (scaled GEMM inputs) does not apply
         scaled_inputs=False,
+        problem_fields=FIELDS,
     )
 )

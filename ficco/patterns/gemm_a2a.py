@@ -95,6 +95,7 @@ SPEC = register(
         cuda_baselines=SERIAL_PLAN_PARTS,
         lowering=Ref("ficco.plan.alltoall:plan_gemm_a2a"),
         scaled_inputs=True,
+        problem_fields=(),
         buffers=Ref("ficco.plan.alltoall:gemm_a2a_buffers"),
     )
 )

@@ -169,6 +169,7 @@ SPEC = register(
         cuda_baselines=cuda_baselines,
         lowering=Ref("ficco.plan.allreduce:plan_gemm_ar"),
         scaled_inputs=True,
+        problem_fields=(),
         buffers=Ref("ficco.plan.allreduce:ar_buffers"),
     )
 )

@@ -121,6 +121,7 @@ SPEC = register(
         cuda_baselines=cuda_baselines,
         lowering=Ref("ficco.plan.dense:plan_gemm_rs"),
         scaled_inputs=True,
+        problem_fields=(),
         buffers=Ref("ficco.plan.dense:gemm_rs_buffers"),
     )
 )

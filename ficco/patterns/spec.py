@@ -89,6 +89,48 @@ class Ref:
         return getattr(importlib.import_module(module), name)
 
 
+def json_value(value: Any) -> Any:
+    """A field's value as ``Problem.to_dict`` writes it: tuples as lists."""
+    return list(value) if isinstance(value, tuple) else value
+
+
+def python_value(value: Any) -> Any:
+    """A field's value as ``Problem.from_dict`` reads it back: lists as tuples."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProblemField:
+    """A problem field of one pattern's own (not every pattern's, like ``m`` or ``dtype``),
+    declared in its spec's ``problem_fields``: ``Problem`` takes it as a keyword, exposes it
+    as an attribute, checks it and writes it into its key and dict; the CLI's problem options
+    and ``api.make_problem`` take it; patterns that do not declare it refuse it."""
+
+    name: str
+    """The ``Problem`` attribute and ``make_problem`` keyword; the option is ``--name``
+    (``_`` as ``-``)."""
+    help: str
+    """Its option's help, one phrase without a final period (the CLI puts the patterns that
+    take it before it, and its default after it)."""
+    parse: Callable[[Any], Any]
+    """Command-line text or an API value -> the value ``Problem`` checks (InputError
+    naming the field where it cannot); never passed None."""
+    check: Callable[[Problem, Any], Any]
+    """``(problem, value) -> canonical value``, or InputError naming the field, the value and
+    the rule. ``value`` is the one given, else ``default``; checks run in declaration order
+    on a problem whose earlier fields are canonical already, so one may read those."""
+    key: Callable[[Any], str]
+    """Its part of ``Problem.key`` (parts are joined by ``:``), from the canonical value."""
+    default: Any
+    """The value a problem that omits it is checked with (None: required)."""
+    metavar: str = "TEXT"
+    """Its option's metavar."""
+    to_json: Callable[[Any], Any] = json_value
+    """Its value in ``Problem.to_dict``."""
+    from_json: Callable[[Any], Any] = python_value
+    """``to_json``'s inverse, read by ``Problem.from_dict``."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PatternSpec:
     """One pattern's parts. Every field is required: :func:`ficco.patterns.missing_parts`
@@ -155,6 +197,9 @@ class PatternSpec:
     """Takes scaled (fp8) inputs (``ficco.dtypes``): its plans run and verify with quantized
     A and B, A's row scales moving with its rows, and bf16 outputs (False: problems of it
     refuse fp8 dtypes)."""
+    problem_fields: tuple[ProblemField, ...]
+    """The problem fields of its own, in order (``()``: only the common ones); see
+    :class:`ProblemField`."""
 
     @property
     def all_reduce(self) -> bool:
@@ -180,6 +225,10 @@ class PatternSpec:
     def moved_row_bytes(self, problem: Problem) -> int:
         """Bytes one whole moved row carries."""
         return self.moved_bytes(problem, 1, self.moved_cols(problem))
+
+
+#: parts a spec may leave empty (still required: an empty tuple says "none", not "forgotten")
+MAY_BE_EMPTY = ("problem_fields",)
 
 
 def spec_parts() -> tuple[str, ...]:
