@@ -219,10 +219,6 @@ class Problem:
         a field only other patterns declare is refused naming them, an unknown one as Python
         refuses an unexpected keyword."""
         given = dict(self.pattern_fields)
-        everywhere = problem_fields()
-        for fname in given:
-            if fname not in everywhere:
-                raise TypeError(f"Problem got an unexpected keyword argument {fname!r}")
         object.__setattr__(self, "pattern_fields", ())
         for declared in spec_of(self.pattern).problem_fields:
             value = given.pop(declared.name, None)
@@ -230,7 +226,12 @@ class Problem:
             object.__setattr__(
                 self, "pattern_fields", (*self.pattern_fields, (declared.name, value))
             )
+        if not given:
+            return
+        everywhere = problem_fields()
         for fname, value in given.items():
+            if fname not in everywhere:
+                raise TypeError(f"Problem got an unexpected keyword argument {fname!r}")
             if value is not None:  # None: not given (make_problem passes every option)
                 takers = ", ".join(str(p) for p, _ in everywhere[fname])
                 raise InputError(fname, value, f"only {takers} takes it, not {self.pattern}")

@@ -59,7 +59,8 @@ def emb_problem(**kw) -> Problem:
         ({"bags": (1, 2, 3)}, "bags", "need one per table: 5 tables, 3 sizes"),
         ({"bags": (1, 2, 0, 1, 1)}, "bags", "every bag size must be >= 1"),
         ({"bags": (1, 2, 2, 1, 1)}, "k", "k is the largest of them"),
-        ({"experts": 3}, "experts/routing/top_k", "emb_a2a routes no tokens"),
+        ({"experts": 3}, "experts/routing", "only the all-to-all patterns take them, not emb_a2a"),
+        ({"top_k": 2}, "top_k", "only the all-to-all patterns take it, not emb_a2a"),
         ({"n": 0}, "n", "must be positive"),
         ({"world": 1}, "world", "at least 2 ranks"),
     ],
@@ -71,8 +72,11 @@ def test_a_bad_field_is_refused_naming_the_field_and_the_rule(change, field, rul
 
 
 def test_other_patterns_refuse_the_embedding_fields():
-    with pytest.raises(InputError, match="only emb_a2a takes them, not ag_gemm"):
-        Problem(pattern="ag_gemm", m=8, n=8, k=8, world=2, tables=(4, 4))
+    for fname, value in (("tables", (4, 4)), ("pooling", "sum"), ("bags", "fixed")):
+        with pytest.raises(InputError, match="only emb_a2a takes it, not ag_gemm") as err:
+            Problem(pattern="ag_gemm", m=8, n=8, k=8, world=2, **{fname: value})
+        assert err.value.field == fname
+    assert Problem(pattern="ag_gemm", m=8, n=8, k=8, world=2).tables is None
 
 
 def test_the_problem_round_trips_and_its_key_holds_every_field():
