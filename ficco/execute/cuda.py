@@ -68,7 +68,7 @@ from ficco.plan import (
     build_plan,
 )
 from ficco.plan.ops import GEMM_OPS, Region
-from ficco.plan.tags import signal_channel
+from ficco.plan.tags import push_signal_points, signal_channel
 from ficco.problem import Problem
 from ficco.space import Gemm, Schedule, runs_as_graph
 from ficco.verdict import Unavailable
@@ -160,6 +160,7 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
             # a channel per (step, chunk) so signals of different chunks never alias
             tags = {t.tag for t in plan.transfers()}  # a seg group's members too
             self.channel_of = {tag: signal_channel(tag, s.chunks) for tag in tags}
+            self.signalled, self.awaited = push_signal_points(plan)
         self.streams: dict = {}
 
     # --- walking the plan ---
@@ -354,8 +355,9 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
             self.view(op.local).copy_(self.peer_view(name_remote, op.peer, op.remote))
         elif op.direction == "send" and op.initiator == "sender":  # push, then signal
             self.peer_view(name_remote, op.peer, op.remote).copy_(self.view(op.local))
-            self.bufs.handles[name_remote].put_signal(op.peer, channel=channel)
-        elif op.direction == "recv":  # pushed to us: wait for the sender's signal
+            if op in self.signalled:  # once per (peer, tag): push_signal_points says why
+                self.bufs.handles[name_remote].put_signal(op.peer, channel=channel)
+        elif op in self.awaited:  # pushed to us: wait for the sender's signal
             self.bufs.handles[op.local.buffer].wait_signal(op.peer, channel=channel)
 
     def _nccl_batch(self, batch: Sequence[TransferOp]) -> None:

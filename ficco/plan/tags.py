@@ -51,3 +51,26 @@ def signal_channel(tag: int, chunks: int) -> int:
     if chunk >= max(1, chunks):
         raise ValueError(f"tag: chunk {chunk} of tag {tag} is not below the {chunks} chunks")
     return step * max(1, chunks) + chunk
+
+
+def push_signal_points(plan) -> tuple[frozenset, frozenset]:
+    """Which pushed transfers signal their receiver, and which receives wait: one signal per
+    (peer, tag), after the last push of that tag to that peer, and one wait, at the first
+    receive of it. A chunk may be several pushes under one tag (emb_a2a's batch chunks: a
+    run per table); symmetric memory's signal is a 0 -> 1 handshake, so a second signal on
+    a channel blocks until the first is consumed, and two ranks whose pushes and receives
+    share a stream would each block on the other. Receives of a tag queue on one stream, so
+    the wait at the first orders every later one after the signal, which follows every copy."""
+    from ficco.plan.ops import TransferOp
+
+    last_push: dict[tuple[int, int], TransferOp] = {}
+    first_receive: dict[tuple[int, int], TransferOp] = {}
+    for task in plan.tasks:
+        op = task.op
+        if not isinstance(op, TransferOp) or op.initiator != "sender":
+            continue
+        if op.direction == "send":
+            last_push[op.peer, op.tag] = op
+        else:
+            first_receive.setdefault((op.peer, op.tag), op)
+    return frozenset(last_push.values()), frozenset(first_receive.values())
