@@ -294,3 +294,46 @@ def test_symmetric_buffers_take_one_size_on_every_rank():
     even = Problem(pattern="ag_gemm", m=64, n=32, k=16, world=2)
     for name, shape in buffer_shapes(even, 0).items():
         assert symmetric_numel(even, name, shape) == torch.Size(shape).numel()
+
+
+def test_torch_pooling_is_embedding_bag():
+    """Schedules that do not pool with the Triton kernel (serial's baseline among them) pool
+    with torch's EmbeddingBag: every segment the serial plan's pooling writes equals
+    ``F.embedding_bag`` over its bags, bit for bit, in bf16."""
+    import torch.nn.functional as F
+
+    from ficco.execute.buffers import allocate, view
+    from ficco.execute.fused import FusedPrimitives
+    from ficco.plan import PoolOp, build_plan
+    from ficco.problem import Problem
+    from ficco.space import Schedule
+
+    problem = Problem(
+        pattern="emb_a2a", m=9, n=16, k=3, world=2, tables=(40, 3, 17), pooling="mean",
+        bags="uniform", dtype="bf16",
+    )  # fmt: skip
+    plan = build_plan(problem, Schedule(), 0)
+    tensors = allocate(plan, seed=3)
+
+    class Prims(FusedPrimitives):
+        def __init__(self):
+            self.plan, self.tensors = plan, tensors
+
+        def _local(self, region):
+            return view(self.tensors, region)
+
+    ops = [t.op for t in plan.tasks if isinstance(t.op, PoolOp)]
+    assert ops
+    for op in ops:
+        Prims().pool(op)
+        for chunk in op.chunks:
+            for seg in chunk.segments:
+                j0, j1 = seg.bags
+                first = int(tensors["offsets"][j0])
+                want = F.embedding_bag(
+                    tensors["indices"][first : int(tensors["offsets"][j1])],
+                    tensors["weights"],
+                    tensors["offsets"][j0:j1] - first,
+                    mode="mean",
+                )
+                assert torch.equal(view(tensors, seg.out), want), seg

@@ -107,9 +107,10 @@ class FusedPrimitives:
                 self._flag(*chunk.signal).fill_(1)
 
     def _pool_chunk(self, op: PoolOp, chunk: PoolChunk) -> None:
-        """One chunk's segments with torch (fp32 accumulation, one rounding into the output:
-        ``ficco.patterns.emb_a2a.pool``); a backend with a pooling kernel overrides it."""
-        from ficco.patterns.emb_a2a import pool
+        """One chunk's segments with torch's EmbeddingBag (``ficco.patterns.emb_a2a.
+        embedding_bag``: the serial baseline's pooling); a backend with a pooling kernel
+        overrides it."""
+        from ficco.patterns.emb_a2a import embedding_bag
 
         weights = self._local_buffer(op.weights)
         indices, offsets = self._local_buffer(op.indices), self._local_buffer(op.offsets)
@@ -120,7 +121,7 @@ class FusedPrimitives:
                 if chunk.out_rank == rank
                 else self._remote(seg.out, chunk.out_rank)
             )
-            out.copy_(pool(weights, indices, offsets, seg.bags, op.mode))
+            out.copy_(embedding_bag(weights, indices, offsets, seg.bags, op.mode))
 
     def _local_buffer(self, name: str):
         """This rank's whole buffer ``name`` (the CPU primitives hold ``tensors``, the CUDA

@@ -11,9 +11,9 @@ times that efficiency, marked ``derived`` (``python -m ficco.model.gather`` prin
 entries; ``tests/test_model_pool.py`` checks the shipped ones against the profile).
 
 The small tables of a DLRM batch stay in L2, so a gather reads less from HBM than it counts:
-the efficiency may reach 1. The torch figure prices the executor's torch pooling
-(``ficco.patterns.emb_a2a.pool``: index_select, then index_add), which was not timed on its
-own: EmbeddingBag's measured bandwidth stands for it.
+the efficiency may reach 1. The torch figure prices the executor's torch pooling (torch's
+EmbeddingBag, one call per segment: ``ficco.patterns.emb_a2a.embedding_bag``), measured as
+one EmbeddingBag call over the stacked tables.
 """
 
 from __future__ import annotations

@@ -312,8 +312,9 @@ def pool(weights, indices, offsets, bags: tuple[int, int], mode: str, dtype=None
     return out.to(weights.dtype if dtype is None else dtype)
 
 
-def _embedding_bag(weights, indices, offsets, bags: tuple[int, int], mode: str):
-    """torch's EmbeddingBag over the same bags, in ``weights``' dtype (the plain way)."""
+def embedding_bag(weights, indices, offsets, bags: tuple[int, int], mode: str):
+    """torch's EmbeddingBag over the same bags, in ``weights``' dtype: the plain way, and
+    how schedules that do not pool with ficco's Triton kernel pool (serial's baseline)."""
     import torch.nn.functional as F
 
     j0, j1 = bags
@@ -335,7 +336,7 @@ def reference(p: Problem, rank: int, inp) -> tuple:
         for t in range(t1 - t0):
             span = (t * p.m + b0, t * p.m + b1)
             exact.append(pool(weights.double(), bags["indices"], bags["offsets"], span, p.pooling))
-            plain.append(_embedding_bag(weights, bags["indices"], bags["offsets"], span, p.pooling))
+            plain.append(embedding_bag(weights, bags["indices"], bags["offsets"], span, p.pooling))
     return torch.cat(exact), torch.cat(plain)
 
 
@@ -352,7 +353,7 @@ def _blocks(p: Problem, tensors: dict, rank: int, exact: bool):
             if exact:
                 out.append(pool(weights, indices, offsets, span, p.pooling, torch.float32))
             else:
-                out.append(_embedding_bag(weights, indices, offsets, span, p.pooling))
+                out.append(embedding_bag(weights, indices, offsets, span, p.pooling))
     return torch.cat(out)
 
 
