@@ -737,7 +737,12 @@ def test_schedule_features_move_with_every_value_of_every_schedule_axis():
     import typing
 
     from ficco.select.physics import PHYSICAL_PAIR_FEATURES, pair_physics
-    from ficco.select.schedules import SCHEDULE_AXES, SCHEDULE_FEATURES, schedule_features
+    from ficco.select.schedules import (
+        AXIS_MEMBERS,
+        SCHEDULE_AXES,
+        SCHEDULE_FEATURES,
+        schedule_features,
+    )
     from ficco.select.selector import PAIR_FEATURES, pair_features
     from ficco.space import Schedule
 
@@ -748,7 +753,7 @@ def test_schedule_features_move_with_every_value_of_every_schedule_axis():
     problem = Problem(pattern="gemm_rs", m=8192, n=4096, k=4096, world=2)
     seen = 0
     for field, kind in SCHEDULE_AXES:
-        values = list(kind) if kind is not None else [1, 4, 16]
+        values = list(AXIS_MEMBERS[field]) if kind is not None else [1, 4, 16]
         assert kind is not None or hints[field] is int
         # every value of the axis, not only the base's, is told apart from every other
         names = {str(dataclasses.replace(base, **{field: value})) for value in values}
@@ -763,7 +768,12 @@ def test_schedule_features_move_with_every_value_of_every_schedule_axis():
             assert pair_features(problem, name) != pair_features(problem, str(base)), name
             assert pair_physics(problem, name, ROOFS) != pair_physics(problem, str(base), ROOFS)
             seen += 1
-    assert seen == sum(len(kind) - 1 if kind else 3 for _, kind in SCHEDULE_AXES)
+    assert seen == sum(len(AXIS_MEMBERS[f]) - 1 if kind else 3 for f, kind in SCHEDULE_AXES)
+    # only splits no selector pattern takes go without a column, and are refused, not zeros
+    left_out = {f: set(kind) - set(AXIS_MEMBERS[f]) for f, kind in SCHEDULE_AXES if kind}
+    assert {f: {m.value for m in ms} for f, ms in left_out.items() if ms} == {"split": {"b"}}
+    with pytest.raises(ValueError, match="split: 'b' is taken by no pattern the selector"):
+        schedule_features("finer-c2-b/ce/cublas")
     assert len(schedule_features(str(base))) == len(SCHEDULE_FEATURES)
     assert set(SCHEDULE_FEATURES) <= set(PAIR_FEATURES) & set(PHYSICAL_PAIR_FEATURES)
     # the transports the hand-kept list once missed have their own columns

@@ -39,23 +39,51 @@ def _axes() -> tuple[tuple[str, type[enum.Enum] | None], ...]:
 #: The schedule's axes: ``(field, enum type)``, or ``(field, None)`` for an integer field.
 SCHEDULE_AXES: tuple[tuple[str, type[enum.Enum] | None], ...] = _axes()
 
+
+def _members(kind: type[enum.Enum]) -> tuple[enum.Enum, ...]:
+    """The members of an enum axis that get a column: every one, except splits that no
+    pattern the selector covers takes (emb_a2a's batch split ``b``). Those lie outside the
+    selector's domain, as the patterns without ``in_selector`` do, and a column of zeros over
+    every training problem would only shift the forests' random feature draws."""
+    from ficco.patterns import spec_of
+    from ficco.select.features import FEATURE_PATTERNS
+    from ficco.space import Split
+
+    if kind is not Split:
+        return tuple(kind)
+    taken = {split for p in FEATURE_PATTERNS for split in spec_of(p).splits}
+    return tuple(m for m in kind if m in taken)
+
+
+#: Per enum field, its members with a column (:func:`_members`).
+AXIS_MEMBERS: dict[str, tuple[enum.Enum, ...]] = {
+    field: _members(kind) for field, kind in SCHEDULE_AXES if kind is not None
+}
+
 #: Column names: ``<field>_<member value>`` per enum member, ``<field>`` per integer field.
 SCHEDULE_FEATURES: tuple[str, ...] = tuple(
     name
     for field, kind in SCHEDULE_AXES
-    for name in ([f"{field}_{member.value}" for member in kind] if kind else [field])
+    for name in ([f"{field}_{m.value}" for m in AXIS_MEMBERS[field]] if kind else [field])
 )
 
 
 def schedule_vector(schedule: Schedule) -> tuple[float, ...]:
-    """``schedule`` in ``SCHEDULE_FEATURES`` order."""
+    """``schedule`` in ``SCHEDULE_FEATURES`` order; a member outside the selector's domain
+    is refused (never a row of zeros)."""
     out: list[float] = []
     for field, kind in SCHEDULE_AXES:
         value = getattr(schedule, field)
         if kind is None:
             out.append(float(value))
-        else:
-            out.extend(float(value is member) for member in kind)
+            continue
+        members = AXIS_MEMBERS[field]
+        if value not in members:
+            raise ValueError(
+                f"{field}: {value.value!r} is taken by no pattern the selector covers "
+                f"(its columns: {', '.join(m.value for m in members)})"
+            )
+        out.extend(float(value is member) for member in members)
     return tuple(out)
 
 
