@@ -409,13 +409,9 @@ class CudaClock:
         self.ctx.fence.barrier(channel=0)
 
     def time(self, fn: Callable[[], None]):
-        import torch
+        from ficco.execute.timing import device_events
 
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        return start, end
+        return device_events(fn)
 
     def collect(self, pending: dict[str, list]) -> dict[str, list[float]]:
         import torch

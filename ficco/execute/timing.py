@@ -108,6 +108,18 @@ def time_rounds(
     return samples
 
 
+def device_events(fn: Callable[[], None]):
+    """``(start, end)`` CUDA events recorded around ``fn`` on the current stream (read once
+    the device has synchronized): the one way a launch is timed on the GPU."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    return start, end
+
+
 class DeviceClock:
     """One CUDA device, no ranks: events around each launch, after an optional L2 flush (a
     write over ``flush``, a scratch tensor larger than the L2) and a GPU sleep of
@@ -138,13 +150,7 @@ class DeviceClock:
             self.flush.zero_()
 
     def time(self, fn: Callable[[], None]):
-        import torch
-
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        return start, end
+        return device_events(fn)
 
     def collect(self, pending: dict[str, list]) -> dict[str, list[float]]:
         self.synchronize()
