@@ -38,11 +38,13 @@ def compile_path(use_tma: bool, dtype: str = "bf16", block=(128, 128, 64)) -> st
         **dict.fromkeys(("a_ref", "b_ptr", "c_ref"), dtype),
         **dict.fromkeys(("flag_ref", "tile_chunk_ptr", "work_ptr", "status_ptr"), "i32"),
         **dict.fromkeys(("table_ptr", "copy_ptr"), "i64"),
+        **dict.fromkeys(("a_scale_ref", "b_scale_ptr"), "fp32"),
     }
     constants = dict(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, A_ALIGN=8, C_ALIGN=8,
         USE_TMA=use_tma, B_COL_MAJOR=False, EPILOGUE_SUBTILE=False, ON_GPU=True,
         INPUT_PRECISION="tf32", TABLE_COLS=_TABLE_COLS,
+        SCALED=False, A_ROWWISE=False, B_COLWISE=False, IMPRECISE_ACC=None,
     )  # fmt: skip
     names = _fused_gemm_kernel.arg_names
     signature = {}

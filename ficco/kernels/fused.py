@@ -76,12 +76,20 @@ from ficco.kernels.persistent import (
     _tma_operand,
     _warn_once,
 )
+from ficco.kernels.scaled import (
+    FP8_DTYPES,
+    _scale_tile,
+    fused_scaled_config,
+    fused_scales,
+    imprecise_acc,
+)
 
 __all__ = ["FlagTimeout", "FlagWait", "FusedChunkViews", "FusedCopyViews", "FusedGemm"]
 
 _PRECISION = {torch.float32: "ieee", torch.float16: "tf32", torch.bfloat16: "tf32"}
+_PRECISION.update(dict.fromkeys(FP8_DTYPES, "tf32"))  # unused by fp8 dots
 #: int64 fields per chunk in the kernel's chunk table (``table_ptr``)
-_TABLE_COLS = 11
+_TABLE_COLS = 12
 
 
 @triton.jit
@@ -118,13 +126,16 @@ def _fused_gemm_kernel(
     c_ref,  # every output chunk is c_ref + offset: [rows_i, N], strides (stride_cm, stride_cn)
     flag_ref,  # int32: every flag is flag_ref + offset
     table_ptr,  # int64 [chunks, TABLE_COLS]: a_off, c_off, rows, tile_start, wait_off,
-    #            signal_off, has_wait, has_signal, copy_start, copy_count, counted (offsets may
-    #            be negative: they are from private refs; counted: some destination signals)
+    #            signal_off, has_wait, has_signal, copy_start, copy_count, counted, a_scale_off
+    #            (offsets may be negative: they are from private refs; counted: some
+    #            destination signals)
     copy_ptr,  # int64 [copies, 3]: c_off, signal_off, has_signal of each further destination
     tile_chunk_ptr,  # int32 [tiles]: the chunk of each tile
     work_ptr,  # int32 [2 + chunks]: next tile to claim, programs done, tiles stored per
     #           chunk; zero on entry, and zeroed again by the last program to finish
     status_ptr,  # int32 [chunks]: set to 1 where the chunk's wait gave up (never cleared here)
+    a_scale_ref,  # SCALED: fp32, every A chunk's scales are a_scale_ref + offset ([rows] or [1])
+    b_scale_ptr,  # SCALED: fp32 [N] (B_COLWISE) or [1]
     num_chunks,
     num_tiles,
     N,
@@ -148,6 +159,10 @@ def _fused_gemm_kernel(
     ON_GPU: tl.constexpr,  # compiled for a GPU: %globaltimer and PTX fences (not interpreted)
     INPUT_PRECISION: tl.constexpr,
     TABLE_COLS: tl.constexpr,  # int64 fields per chunk in table_ptr
+    SCALED: tl.constexpr = False,  # fp8 operands: the scale epilogue (ficco.kernels.scaled)
+    A_ROWWISE: tl.constexpr = False,  # SCALED: A's scales per row, else one per chunk
+    B_COLWISE: tl.constexpr = False,  # SCALED: B's scales per column, else one
+    IMPRECISE_ACC: tl.constexpr = None,  # SCALED: K elements a wgmma sums before promotion
 ):
     next_tile_ptr = work_ptr
     done_ptr = work_ptr + 1
@@ -217,7 +232,13 @@ def _fused_gemm_kernel(
                         b = b_desc.load([pid_n * BLOCK_N, ki * BLOCK_K]).T
                     else:
                         b = b_desc.load([ki * BLOCK_K, pid_n * BLOCK_N])
-                    acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+                    acc = tl.dot(
+                        a,
+                        b,
+                        acc,
+                        input_precision=INPUT_PRECISION,
+                        max_num_imprecise_acc=IMPRECISE_ACC,
+                    )
             else:
                 offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
                 offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
@@ -231,7 +252,28 @@ def _fused_gemm_kernel(
                     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
                     a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < K), other=0.0)
                     b = tl.load(b_ptrs, mask=(offs_k[:, None] < K) & mask_n[None, :], other=0.0)
-                    acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+                    acc = tl.dot(
+                        a,
+                        b,
+                        acc,
+                        input_precision=INPUT_PRECISION,
+                        max_num_imprecise_acc=IMPRECISE_ACC,
+                    )
+            if SCALED:
+                a_scales = a_scale_ref + tl.load(row + 11)
+                acc = _scale_tile(
+                    acc,
+                    a_scales,
+                    b_scale_ptr,
+                    pid_m * BLOCK_M,
+                    pid_n * BLOCK_N,
+                    rows,
+                    N,
+                    BLOCK_M,
+                    BLOCK_N,
+                    A_ROWWISE,
+                    B_COLWISE,
+                )
             if USE_TMA and ((counted == 0) & (copy_count == 0)):
                 _store_c_tile(c_desc, acc, pid_m, pid_n, BLOCK_M, BLOCK_N, False, EPILOGUE_SUBTILE)
             else:
@@ -296,6 +338,8 @@ class FusedChunkViews:
     copies: tuple[FusedCopyViews, ...] = ()
     """Further destinations: each tile is computed once and stored to ``out`` and to every
     copy's ``out``; the chunk's last tile sets every destination's ``signal``."""
+    a_scale: torch.Tensor | None = None
+    """fp8 ``a``: its fp32 scales, one (``[1, 1]``) or per row (``[rows, 1]``)."""
 
     @property
     def outs(self) -> list[torch.Tensor]:
@@ -328,6 +372,10 @@ class FusedGemm(_Timed):
     ``config``: the tile (default: ``fused_configs.fused_config``, chosen per shape as the
     persistent GEMM chooses its own). ``path``: 'tma' (tensor descriptors), 'ptr' (pointer
     loads), or None: 'tma' wherever ``tma_refusal`` finds nothing against it.
+
+    FP8 operands (``ficco.kernels.scaled``): ``b`` column-major with ``b_scale`` (one or
+    ``[1, N]``), every chunk with its ``a_scale``; the scales multiply the fp32 accumulator
+    before the store (``fast_accum``: as ``scaled``'s, promotion per K step when False).
     """
 
     def __init__(
@@ -339,6 +387,8 @@ class FusedGemm(_Timed):
         timeout_s: float,
         config: GemmConfig | None = None,
         path: Path | None = None,
+        b_scale: torch.Tensor | None = None,
+        fast_accum: bool = False,
     ) -> None:
         if not chunks:
             raise ValueError("fused GEMM: chunks is empty")
@@ -358,6 +408,7 @@ class FusedGemm(_Timed):
                     )
         if b.dtype != a0.dtype:
             raise ValueError(f"fused GEMM: b.dtype must equal a's ({a0.dtype}), got {b.dtype}")
+        self.scales = fused_scales(chunks, b, b_scale, fast_accum)
         flags = [f for c in chunks for f in (c.wait, *c.signals) if f is not None]
         if any(f.dtype != torch.int32 or f.numel() != 1 for f in flags):
             raise ValueError("fused GEMM: every flag must be a 1-element int32 view")
@@ -398,7 +449,8 @@ class FusedGemm(_Timed):
         self.b_col_major = path == "tma" and _tma_operand(b)[2]
         if config is None:
             total = sum(c.a.shape[0] for c in chunks)
-            config = fused_config(total, n, k, len(chunks), a0.dtype, sm_budget, device, path)
+            pick = fused_config if self.scales is None else fused_scaled_config
+            config = pick(total, n, k, len(chunks), a0.dtype, sm_budget, device, path)
         self._tabulate(config)
 
     def tma_refusal(self) -> str:
@@ -438,6 +490,7 @@ class FusedGemm(_Timed):
                     len(copies),
                     len(c.copies),
                     int(bool(c.signals)),
+                    0 if self.scales is None else self.scales.a_offsets[i],
                 ]
             )
             copies += [
@@ -481,13 +534,14 @@ class FusedGemm(_Timed):
                 self()
 
     def _launch(self, cfg: GemmConfig, warm: bool = False) -> None:
-        a0, b, out0 = self.a0, self.b, self.out0
+        a0, b, out0, sc = self.a0, self.b, self.out0, self.scales
         if self.path == "tma":
             _ensure_allocator()
         args = (
             a0, b, self.b_desc, out0, self.flag_ref, self.table, self.copy_table,
-            self.tile_chunk, self.work,
-            self.status, len(self.chunks), self.tiles, self.n, self.k,
+            self.tile_chunk, self.work, self.status,
+            *((self.flag_ref, self.flag_ref) if sc is None else (sc.a_ref, sc.b_scale)),
+            len(self.chunks), self.tiles, self.n, self.k,
             a0.stride(0), a0.stride(1), b.stride(0), b.stride(1), out0.stride(0), out0.stride(1),
             self.budget_ns,
         )  # fmt: skip
@@ -499,6 +553,11 @@ class FusedGemm(_Timed):
             TABLE_COLS=_TABLE_COLS,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
+        if sc is not None:
+            meta.update(
+                SCALED=True, A_ROWWISE=sc.rowwise, B_COLWISE=sc.colwise,
+                IMPRECISE_ACC=imprecise_acc(cfg, sc.fast_accum),
+            )  # fmt: skip
         if warm:
             _load(_fused_gemm_kernel.warmup(*args, grid=self.grid, **meta))
         else:

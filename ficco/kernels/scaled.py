@@ -1,0 +1,509 @@
+"""The persistent FP8 GEMM for Hopper: ``out = (a * a_scale) @ (b * b_scale)`` in one launch.
+
+:func:`scaled_matmul` is ``ficco.execute.scaled_mm.scaled_matmul``'s function (the same
+signature, operand checks and result) computed by a Triton kernel instead of cuBLASLt's
+``torch._scaled_mm``: fp8 (e4m3 or e5m2) inputs, fp32 accumulation, the scales applied to
+the fp32 accumulator, one rounding to ``out_dtype`` (bf16) at the store.
+
+- ``a [M, K]`` row-major; ``b [K, N]`` column-major, as ``torch._scaled_mm`` takes it (the
+  ``[K, N]`` view of a contiguous ``b_t [N, K]``). Hopper's FP8 wgmma reads both operands
+  K-major: the kernel loads ``b_t``'s ``[BLOCK_N, BLOCK_K]`` tiles and transposes them in
+  registers' layout (no data moves). Other views are copied first, as the cuBLAS path does.
+- ``a_scale``: one (``[1]``/``[1, 1]``) or per row (``[M, 1]``); ``b_scale``: one or per
+  column (``[1, N]``); fp32, finite, positive (``check_operands``).
+- ``out`` may be a row slice of a larger tensor (any 16-byte aligned row stride).
+
+The kernel is the persistent GEMM's (``ficco.kernels.persistent``): ``min(sm_budget,
+tiles)`` programs, grouped tile order (``_tile_coords``), one flattened ``tl.range`` over
+tiles and K steps, TMA descriptors (ragged M, N, K clipped by the descriptor), the C store
+(``_store_c_tile``); what differs is the scale epilogue (``_scale_tile``, shared with the
+fused kernel) and the K-major B. The configuration comes from the FP8 space
+(``ficco.kernels.scaled_configs``), per shape from the tuning cache (``TuningKey`` with the
+fp8 dtype: the scale granularities share an entry), else tuned now (``tune_scaled``), else
+under ``FICCO_GEMM_AUTOTUNE=0`` a heuristic.
+
+Accumulation: by default the wgmma's partial sums are promoted into the fp32 accumulator
+after every BLOCK_K step (``max_num_imprecise_acc = BLOCK_K``), as ``torch._scaled_mm``
+does by default (``use_fast_accum=False``); ``fast_accum=True`` leaves them in the tensor
+cores' reduced-precision accumulator for the whole K, as ``use_fast_accum=True`` does.
+
+Refused with :class:`ficco.verdict.Unavailable` naming the cause: a device without TMA
+(compute capability below 9.0: FP8 on Ada runs on cuBLAS only), a Triton without host
+tensor descriptors, views a descriptor cannot take (16-byte aligned bases and row strides).
+Runs under the CPU interpreter (``TRITON_INTERPRET=1``), which computes fp8 dots on the
+same bits.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ficco.dtypes import lookup
+from ficco.execute.scaled_mm import check_operands
+from ficco.kernels.configs import GemmConfig
+from ficco.kernels.flags import _offset
+from ficco.kernels.fused_configs import pointer_config
+from ficco.kernels.persistent import (
+    INTERPRETER,
+    LAST_COMPILED,
+    LAUNCH_COUNTS,
+    TensorDescriptor,
+    _store_c_tile,
+    _tile_coords,
+    _tma_operand,
+    default_sm_budget,
+    device_info,
+    fit_shared_memory,
+)
+from ficco.kernels.scaled_configs import (
+    FP8_BYTES,
+    scaled_candidate_configs,
+    scaled_heuristic_config,
+)
+from ficco.kernels.trials import Timer, Trials, check_then_time, tuning_record
+from ficco.kernels.tuning import (
+    AUTOTUNE_ENV,
+    TuningKey,
+    cached_config,
+    do_bench_timer,
+    store,
+    wall_clock_timer,
+)
+from ficco.verdict import Unavailable
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@triton.jit
+def _scale_tile(
+    acc,
+    a_scale_ptr,
+    b_scale_ptr,
+    offs_m,
+    offs_n,
+    rows,
+    N,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    A_ROWWISE: tl.constexpr,
+    B_COLWISE: tl.constexpr,
+):
+    # acc [BLOCK_M, BLOCK_N] fp32 of C[offs_m:, offs_n:] times its rows' and columns' scales:
+    # a_scale [rows] (A_ROWWISE) or [1]; b_scale [N] (B_COLWISE) or [1].
+    if A_ROWWISE:
+        r = offs_m + tl.arange(0, BLOCK_M)
+        acc = acc * tl.load(a_scale_ptr + r, mask=r < rows, other=0.0)[:, None]
+    else:
+        acc = acc * tl.load(a_scale_ptr)
+    if B_COLWISE:
+        c = offs_n + tl.arange(0, BLOCK_N)
+        acc = acc * tl.load(b_scale_ptr + c, mask=c < N, other=0.0)[None, :]
+    else:
+        acc = acc * tl.load(b_scale_ptr)
+    return acc
+
+
+# M, N, K are loop bounds and descriptor-clipped offsets: one compiled kernel per config and
+# scale granularity serves every shape (a pool of processes can compile them ahead).
+@triton.jit(do_not_specialize=["M", "N", "K"])
+def _scaled_mm_tma_kernel(
+    a_desc,  # A [M, K] fp8, blocks [BLOCK_M, BLOCK_K]
+    b_desc,  # B^T [N, K] fp8 (K-major), blocks [BLOCK_N, BLOCK_K]
+    c_desc,  # C [M, N] (any row stride), blocks [BLOCK_M, BLOCK_N or BLOCK_N / 2]
+    a_scale_ptr,  # fp32 [M] (A_ROWWISE) or [1]
+    b_scale_ptr,  # fp32 [N] (B_COLWISE) or [1]
+    M,
+    N,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    A_ROWWISE: tl.constexpr,
+    B_COLWISE: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr,
+    IMPRECISE_ACC: tl.constexpr,  # K elements a wgmma sums before promotion to fp32
+):
+    start_pid = tl.program_id(axis=0)
+    num_programs = tl.num_programs(axis=0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+    tile_c = start_pid - num_programs
+
+    for tile_id in tl.range(start_pid, num_tiles, num_programs, flatten=True):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        offs_m = pid_m * BLOCK_M
+        offs_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            offs_k = ki * BLOCK_K
+            a = a_desc.load([offs_m, offs_k])
+            b = b_desc.load([offs_n, offs_k]).T
+            acc = tl.dot(a, b, acc, max_num_imprecise_acc=IMPRECISE_ACC)
+
+        # The epilogue recomputes its coordinates from its own counter, as persistent.py's.
+        tile_c += num_programs
+        pid_m, pid_n = _tile_coords(tile_c, num_pid_m, num_pid_n, GROUP_M)
+        acc = _scale_tile(
+            acc,
+            a_scale_ptr,
+            b_scale_ptr,
+            pid_m * BLOCK_M,
+            pid_n * BLOCK_N,
+            M,
+            N,
+            BLOCK_M,
+            BLOCK_N,
+            A_ROWWISE,
+            B_COLWISE,
+        )
+        _store_c_tile(c_desc, acc, pid_m, pid_n, BLOCK_M, BLOCK_N, False, EPILOGUE_SUBTILE)
+
+
+def imprecise_acc(config: GemmConfig, fast_accum: bool) -> int | None:
+    """``tl.dot``'s ``max_num_imprecise_acc``: BLOCK_K (promote every K step), or None for
+    fast accumulation (Triton's default on sm_90: no promotion)."""
+    return None if fast_accum else config.block_k
+
+
+# ---------------------------------------------------------------------------------------------
+# Operands
+
+
+def kernel_refusal(device: torch.device) -> str | None:
+    """Why this kernel cannot run on ``device`` (None: it can)."""
+    if TensorDescriptor is None:
+        return (
+            f"the Triton FP8 GEMM needs host tensor descriptors (Triton >= 3.4); this Triton "
+            f"is {triton.__version__}"
+        )
+    if INTERPRETER:
+        return None
+    if device.type != "cuda":
+        return f"the Triton FP8 GEMM runs on CUDA devices (or TRITON_INTERPRET=1), not {device}"
+    have = device_info(device).capability
+    if have < (9, 0):
+        return (
+            f"the Triton FP8 GEMM loads through TMA, which needs compute capability 9.0 "
+            f"(Hopper) or higher; {device_info(device).name} has {have[0]}.{have[1]} "
+            "(FP8 on it runs on cuBLAS: ficco.execute.scaled_mm)"
+        )
+    return None
+
+
+def prepare_operands(a, b, a_scale, b_scale, out_dtype, out):
+    """The kernel's operands: ``(a, b_t [N, K], a_scale [M or 1], b_scale [N or 1], out,
+    a per row, b per column)``; refuses what it cannot take (``InputError`` for a wrong
+    operand, ``Unavailable`` for what this device or these views cannot run)."""
+    rows, cols = check_operands(a, b, a_scale, b_scale)
+    m, k = a.shape
+    n = b.shape[1]
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"out_dtype: must be one of {OUT_DTYPES}, got {out_dtype}")
+    if out is not None and (out.dtype != out_dtype or tuple(out.shape) != (m, n)):
+        raise ValueError(
+            f"out: must be a [{m}, {n}] {out_dtype} tensor, got {tuple(out.shape)} {out.dtype}"
+        )
+    reason = kernel_refusal(a.device)
+    if reason is not None:
+        raise Unavailable(reason)
+    if a.stride(1) != 1:  # row-major, as _scaled_mm takes it (the cuBLAS path copies too)
+        a = a.contiguous()
+    b_t = b.t() if b.stride(0) == 1 else b.t().contiguous()  # [N, K], K-major
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    for name, t in (("a", a), ("b", b_t), ("out", out)):
+        view = _tma_operand(t)
+        if view is None or view[2]:
+            raise Unavailable(
+                f"the Triton FP8 GEMM's TMA loads cannot take {name} (shape {tuple(t.shape)}, "
+                f"strides {t.stride()}, base {t.data_ptr() % 16} bytes past 16-byte "
+                "alignment): needs a 16-byte aligned base and row stride, unit inner stride"
+            )
+    a_s = a_scale.reshape(-1).contiguous()
+    b_s = b_scale.reshape(-1).contiguous()
+    return a, b_t, a_s, b_s, out, rows, cols
+
+
+def launch_scaled(
+    a: torch.Tensor,
+    b_t: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    rowwise: bool,
+    colwise: bool,
+    sm_budget: int,
+    config: GemmConfig,
+    fast_accum: bool = False,
+) -> torch.Tensor:
+    """One launch on prepared operands (``prepare_operands``): ``out = (a * a_scale) @
+    (b_t.T * b_scale)``."""
+    m, k = a.shape
+    n = b_t.shape[0]
+    limit = device_info(out.device).shared_memory_bytes
+    config = fit_shared_memory(config, FP8_BYTES, out.element_size(), limit, False)
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    a_shape, a_strides, _ = _tma_operand(a)
+    b_shape, b_strides, _ = _tma_operand(b_t)
+    c_shape, c_strides, _ = _tma_operand(out)
+    c_cols = config.block_n // 2 if config.epilogue_subtile else config.block_n
+    LAST_COMPILED["scaled"] = _scaled_mm_tma_kernel[(max(1, min(sm_budget, tiles)),)](
+        TensorDescriptor(a, a_shape, a_strides, [config.block_m, config.block_k]),
+        TensorDescriptor(b_t, b_shape, b_strides, [config.block_n, config.block_k]),
+        TensorDescriptor(out, c_shape, c_strides, [config.block_m, c_cols]),
+        a_scale,
+        b_scale,
+        m,
+        n,
+        k,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        GROUP_M=config.group_m,
+        A_ROWWISE=rowwise,
+        B_COLWISE=colwise,
+        EPILOGUE_SUBTILE=config.epilogue_subtile,
+        IMPRECISE_ACC=imprecise_acc(config, fast_accum),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    LAUNCH_COUNTS["scaled"] += 1
+    return out
+
+
+def scaled_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
+    *,
+    sm_budget: int | None = None,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """``(a * a_scale) @ (b * b_scale)`` accumulated in fp32 and stored as ``out_dtype``
+    (into ``out`` where given), on ``sm_budget`` persistent programs (default: every SM)
+    with ``config`` (default: tuned per shape). See the module docstring."""
+    a, b_t, a_s, b_s, out, rows, cols = prepare_operands(a, b, a_scale, b_scale, out_dtype, out)
+    budget = default_sm_budget(a.device) if sm_budget is None else sm_budget
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"sm_budget: must be a positive int (programs), got {sm_budget!r}")
+    m, k = a.shape
+    n = b_t.shape[0]
+    if min(m, n, k) == 0:
+        return out.zero_()
+    if config is None:
+        config = scaled_config_for(m, n, k, a.dtype, budget, a.device)
+    return launch_scaled(
+        a, b_t, a_s, b_s, out, rowwise=rows, colwise=cols, sm_budget=budget, config=config
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Tuning
+
+
+def _device(device) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def scaled_config_for(
+    m: int, n: int, k: int, dtype: torch.dtype, sm_budget: int, device
+) -> GemmConfig:
+    """The configuration ``scaled_matmul`` uses: cached, else tuned now (unless
+    FICCO_GEMM_AUTOTUNE=0, which takes the untuned heuristic)."""
+    device = _device(device)
+    hit = cached_config(TuningKey.for_problem(m, n, k, dtype, sm_budget, device))
+    if hit is not None:
+        return hit
+    if os.environ.get(AUTOTUNE_ENV, "1") == "0":
+        return scaled_heuristic_config(m, n, interpreter=device.type != "cuda")
+    return tune_scaled(m, n, k, dtype, sm_budget, device)
+
+
+def random_operands(m: int, n: int, k: int, dtype: torch.dtype, device, *, seed: int):
+    """Seeded fp8 operands as a runtime quantizes them: ``a [M, K]``, ``b [K, N]``
+    (column-major), per-row and per-column scales mapping each row's (column's) largest
+    magnitude onto the dtype's largest value, and the fp32 reference from the same bits."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    largest = lookup(str(dtype)).largest
+    x = torch.randn((m, k), device=device, generator=gen)
+    w = torch.randn((n, k), device=device, generator=gen)  # b_t
+    a_scale = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / largest  # [M, 1]
+    b_scale = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-12).t() / largest  # [1, N]
+    a = (x / a_scale).to(dtype)
+    b_t = (w / b_scale.t()).to(dtype)
+    ref = (a.float() * a_scale) @ (b_t.float() * b_scale.t()).t()
+    return a, b_t.t(), a_scale.contiguous(), b_scale.contiguous(), ref
+
+
+def tune_scaled(
+    m: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    sm_budget: int | None = None,
+    device=None,
+    *,
+    configs: Sequence[GemmConfig] | None = None,
+    timer: Timer | None = None,
+    write_cache: bool = True,
+    fast_accum: bool = False,
+) -> GemmConfig:
+    """The fastest correct FP8 configuration for ``[m, k] @ [k, n]`` (per-row and
+    per-column scales) at ``sm_budget``: every candidate checked against the fp32 product
+    of the dequantized inputs, then timed (``trials.check_then_time``); recorded in the
+    tuning cache under the fp8 dtype's key (when ``write_cache``)."""
+    trials, started = scaled_trials(
+        m, n, k, dtype, sm_budget, device, configs=configs, timer=timer, fast_accum=fast_accum
+    )
+    if write_cache:
+        device = _device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        budget = default_sm_budget(device) if sm_budget is None else sm_budget
+        key = TuningKey.for_problem(m, n, k, dtype, budget, device)
+        store(key, tuning_record(trials, m, n, k, "tma", started))
+    return trials.configs[trials.best()]
+
+
+def scaled_trials(
+    m: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype,
+    sm_budget: int | None,
+    device,
+    *,
+    configs: Sequence[GemmConfig] | None = None,
+    timer: Timer | None = None,
+    fast_accum: bool = False,
+) -> tuple[Trials, float]:
+    """``check_then_time`` over the FP8 candidates for one shape; returns the trials and
+    the ``perf_counter`` at their start."""
+    if dtype not in FP8_DTYPES:
+        raise ValueError(f"dtype: must be one of {FP8_DTYPES}, got {dtype}")
+    if min(m, n, k) < 1:
+        raise ValueError(f"m, n, k must be positive, got {(m, n, k)}")
+    device = _device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    reason = kernel_refusal(device)
+    if reason is not None:
+        raise Unavailable(reason)
+    budget = default_sm_budget(device) if sm_budget is None else int(sm_budget)
+    on_gpu = device.type == "cuda"
+    if configs is None:
+        configs = scaled_candidate_configs(
+            m,
+            n,
+            k,
+            interpreter=not on_gpu,
+            shared_memory_bytes=device_info(device).shared_memory_bytes,
+        )
+    if timer is None:
+        timer = do_bench_timer if on_gpu else wall_clock_timer
+    started = time.perf_counter()
+    a, b, a_s, b_s, ref = random_operands(m, n, k, dtype, device, seed=m * 1_000_003 + n + k)
+    a, b_t, a_s, b_s, out, rows, cols = prepare_operands(a, b, a_s, b_s, torch.bfloat16, None)
+
+    def build(cfg: GemmConfig) -> Callable[[], object]:
+        return lambda: launch_scaled(
+            a,
+            b_t,
+            a_s,
+            b_s,
+            out,
+            rowwise=rows,
+            colwise=cols,
+            sm_budget=budget,
+            config=cfg,
+            fast_accum=fast_accum,
+        )
+
+    def sync() -> None:
+        if on_gpu:
+            torch.cuda.synchronize(device)
+
+    trials = check_then_time(configs, build, out, ref, timer, sync)
+    if not trials.timings_ms:
+        raise RuntimeError(f"no FP8 GEMM configuration ran correctly for {(m, n, k)}: {trials}")
+    return trials, started
+
+
+# ---------------------------------------------------------------------------------------------
+# The fused GEMM's FP8 operands (``ficco.kernels.fused.FusedGemm``)
+
+
+@dataclass(frozen=True)
+class FusedScales:
+    """Scales of a fused FP8 launch: every chunk's A scales addressed from one private fp32
+    reference (``a_ref`` + ``a_offsets[i]``), B's flattened."""
+
+    a_ref: torch.Tensor
+    a_offsets: tuple[int, ...]
+    b_scale: torch.Tensor
+    rowwise: bool
+    colwise: bool
+    fast_accum: bool
+
+
+def fused_scales(chunks, b, b_scale, fast_accum: bool) -> FusedScales | None:
+    """The scales of a fused launch over ``chunks`` (``FusedChunkViews``) and ``b``: None
+    for plain dtypes (which take no scales); for fp8, every chunk's ``a_scale`` checked as
+    ``scaled_matmul`` checks its own (one, or ``[rows, 1]`` at unit row stride), all of one
+    granularity, with ``b_scale``; ``b`` column-major (``_scaled_mm``'s B)."""
+    a_scales = [c.a_scale for c in chunks]
+    if b.dtype not in FP8_DTYPES:
+        if b_scale is not None or any(s is not None for s in a_scales):
+            raise ValueError(f"fused GEMM: scales are for fp8 operands; b is {b.dtype}")
+        return None
+    if b_scale is None or any(s is None for s in a_scales):
+        raise ValueError("fused GEMM: fp8 operands need b_scale and every chunk's a_scale")
+    if b.stride(0) != 1:
+        raise ValueError(
+            f"fused GEMM: fp8 b [K, N] must be column-major (K-major, as torch._scaled_mm "
+            f"takes it), got strides {b.stride()}"
+        )
+    granularity = {check_operands(c.a, b, c.a_scale, b_scale) for c in chunks}
+    if len(granularity) > 1:
+        raise ValueError("fused GEMM: every chunk's a_scale must be of one granularity")
+    ((rowwise, colwise),) = granularity
+    if rowwise and any(s.shape[0] > 1 and s.stride(0) != 1 for s in a_scales):
+        raise ValueError("fused GEMM: per-row a_scale views must have unit row stride")
+    a_ref = torch.empty(1, dtype=torch.float32, device=b.device)
+    offsets = tuple(_offset(s, a_ref) for s in a_scales)
+    b_flat = b_scale.reshape(-1).contiguous()
+    return FusedScales(a_ref, offsets, b_flat, rowwise, colwise, fast_accum)
+
+
+def fused_scaled_config(
+    m: int,
+    n: int,
+    k: int,
+    chunks: int,
+    dtype: torch.dtype,
+    sm_budget: int,
+    device: torch.device,
+    path: str,
+) -> GemmConfig:
+    """The tile of a fused FP8 launch of ``chunks`` chunks, ``m`` rows in all: the persistent
+    FP8 GEMM's for the whole problem (the pointer path's own tile where descriptors cannot be
+    used; the interpreter's small one)."""
+    if device.type != "cuda":
+        return scaled_heuristic_config(m, n, interpreter=True)
+    if path == "ptr":
+        return pointer_config(-(-m // chunks))
+    return scaled_config_for(m, n, k, dtype, sm_budget, device)

@@ -1,0 +1,80 @@
+"""The FP8 GEMM's tuning space: its own candidates, pruned by the bf16 space's rules.
+
+FP8 operands are one byte, so at the same shared memory a K step holds twice the elements of
+a bf16 one: Hopper's FP8 wgmma reads K in steps of 32 and Triton's FP8 tutorials settle on
+BLOCK_K = 128 with 128x256 tiles, 3-4 stages, 8 warps (the epilogue split in two halves
+frees 32 KiB for a 4th stage). The space keeps those, square 128x128 tiles for mid-sized
+shapes, and 64-row tiles for chunks whose M or tile count is small. Pruning is the bf16
+space's (`ficco.kernels.configs`: `suits_shape`, `fits_shared_memory` at 1-byte inputs).
+
+Plain Python: nothing here imports Triton or touches CUDA.
+"""
+
+from __future__ import annotations
+
+from ficco.kernels.configs import (
+    HOPPER_SHARED_MEMORY_BYTES,
+    GemmConfig,
+    fits_shared_memory,
+    suits_shape,
+)
+
+FP8_BYTES = 1
+
+
+def _c(bm, bn, bk, stages, warps, group=8, sub=False) -> GemmConfig:
+    return GemmConfig(bm, bn, bk, group, stages, warps, sub)
+
+
+#: The GPU space for FP8 (Hopper), big tiles first.
+FP8_GPU_CONFIGS: tuple[GemmConfig, ...] = (
+    _c(128, 256, 128, 3, 8, sub=True),  # Triton's FP8 persistent tutorial
+    _c(128, 256, 128, 4, 8, sub=True),
+    _c(256, 128, 128, 3, 8, sub=True),
+    _c(128, 128, 128, 4, 8),
+    _c(128, 128, 128, 5, 4, sub=True),
+    _c(128, 128, 256, 3, 8),
+    _c(64, 256, 128, 4, 4, sub=True),
+    _c(64, 128, 128, 5, 4),
+    _c(128, 64, 128, 5, 4),
+    _c(64, 64, 256, 4, 4),
+)
+
+#: The CPU interpreter's: small blocks keep tests fast (and leave ragged tiles on small
+#: shapes); FP8 dots need K steps of at least 32.
+FP8_INTERPRETER_CONFIGS: tuple[GemmConfig, ...] = (
+    _c(32, 32, 32, 1, 4, group=4),
+    _c(32, 64, 32, 1, 4, group=4, sub=True),
+)
+
+
+def scaled_candidate_configs(
+    m: int,
+    n: int,
+    k: int,
+    out_bytes: int = 2,
+    *,
+    interpreter: bool = False,
+    shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
+) -> list[GemmConfig]:
+    """The FP8 configurations worth timing for `[m, k] @ [k, n]`, in the space's order (never
+    empty: the smallest tile where nothing suits the shape)."""
+    space = FP8_INTERPRETER_CONFIGS if interpreter else FP8_GPU_CONFIGS
+    kept = [
+        cfg
+        for cfg in space
+        if suits_shape(cfg, m, n, k)
+        and (interpreter or fits_shared_memory(cfg, FP8_BYTES, out_bytes, shared_memory_bytes))
+    ]
+    return kept or [space[-1]]
+
+
+def scaled_heuristic_config(m: int, n: int, *, interpreter: bool = False) -> GemmConfig:
+    """An untuned default: the tutorial's tile for large problems, smaller ones for small M."""
+    if interpreter:
+        return FP8_INTERPRETER_CONFIGS[0]
+    if m <= 256:
+        return _c(64, 128, 128, 5, 4)
+    if m * n <= 2048 * 4096:
+        return _c(128, 128, 128, 4, 8)
+    return FP8_GPU_CONFIGS[0]

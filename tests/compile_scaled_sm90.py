@@ -1,0 +1,128 @@
+"""Compile ficco's FP8 GEMM kernels for an H100/H200 (sm_90) on a machine without a GPU.
+
+Run without TRITON_INTERPRET (the interpreter compiles nothing), it lowers the persistent
+FP8 kernel (``ficco.kernels.scaled``) and the fused kernel with FP8 operands through PTX to a
+cubin with Triton's bundled ptxas, for each configuration named (default: the first of the
+FP8 space), and prints per kernel as JSON: the FP8 wgmma instructions in the PTX, registers,
+spills, shared memory. Exit status 3: this Triton has no offline compile entry point.
+
+    python tests/compile_scaled_sm90.py [--all] [--fast-accum]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("compile_scaled_sm90: unset TRITON_INTERPRET (the interpreter compiles nothing)")
+
+import triton  # noqa: E402
+
+try:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+except ImportError as err:  # pragma: no cover - another Triton's layout
+    print(f"no offline compile here: {err}", file=sys.stderr)
+    sys.exit(3)
+
+from ficco.kernels.configs import GemmConfig  # noqa: E402
+from ficco.kernels.fused import _TABLE_COLS, _fused_gemm_kernel  # noqa: E402
+from ficco.kernels.scaled import _scaled_mm_tma_kernel, imprecise_acc  # noqa: E402
+from ficco.kernels.scaled_configs import FP8_GPU_CONFIGS  # noqa: E402
+
+
+def _compile(fn, pointers: dict, descs: dict, constants: dict, cfg: GemmConfig):
+    names = fn.arg_names
+    signature = {}
+    for name in names:
+        if name in pointers:
+            signature[name] = "*" + pointers[name]
+        elif name in descs:
+            signature[name] = descs[name]
+        elif name in constants:
+            signature[name] = "constexpr"
+        else:
+            signature[name] = "i64" if name == "budget_ns" else "i32"
+    source = ASTSource(
+        fn, signature, constexprs={(names.index(k),): v for k, v in constants.items()}
+    )
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    if not kernel.asm.get("cubin"):
+        raise RuntimeError("ptxas produced no cubin")
+    return kernel
+
+
+def _report(kernel, t0: float) -> dict:
+    ptx = kernel.asm["ptx"]
+    meta = kernel.metadata
+    return {
+        "wgmma": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.[\w.]+", ptx))),
+        "registers": getattr(kernel, "n_regs", None),
+        "spills": getattr(kernel, "n_spills", None),
+        "shared": getattr(meta, "shared", None),
+        "compile_s": round(time.perf_counter() - t0, 2),
+    }
+
+
+def compile_scaled(cfg: GemmConfig, fast_accum: bool, dtype: str = "fp8e4nv") -> dict:
+    """The persistent FP8 kernel for one configuration (per-row and per-column scales)."""
+    t0 = time.perf_counter()
+    c_cols = cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n
+    descs = {
+        "a_desc": f"tensordesc<{dtype}[{cfg.block_m}, {cfg.block_k}]>",
+        "b_desc": f"tensordesc<{dtype}[{cfg.block_n}, {cfg.block_k}]>",
+        "c_desc": f"tensordesc<bf16[{cfg.block_m}, {c_cols}]>",
+    }
+    pointers = dict.fromkeys(("a_scale_ptr", "b_scale_ptr"), "fp32")
+    constants = dict(
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        A_ROWWISE=True, B_COLWISE=True, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
+        IMPRECISE_ACC=imprecise_acc(cfg, fast_accum),
+    )  # fmt: skip
+    return _report(_compile(_scaled_mm_tma_kernel, pointers, descs, constants, cfg), t0)
+
+
+def compile_fused(cfg: GemmConfig, fast_accum: bool, dtype: str = "fp8e4nv") -> dict:
+    """The fused kernel with FP8 operands (TMA loads, B column-major) for one configuration."""
+    t0 = time.perf_counter()
+    pointers = {
+        **dict.fromkeys(("a_ref", "b_ptr"), dtype),
+        "c_ref": "bf16",
+        **dict.fromkeys(("flag_ref", "tile_chunk_ptr", "work_ptr", "status_ptr"), "i32"),
+        **dict.fromkeys(("table_ptr", "copy_ptr"), "i64"),
+        **dict.fromkeys(("a_scale_ref", "b_scale_ptr"), "fp32"),
+    }
+    descs = {"b_desc": f"tensordesc<{dtype}[{cfg.block_n}, {cfg.block_k}]>"}
+    constants = dict(
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        A_ALIGN=16, C_ALIGN=8, USE_TMA=True, B_COL_MAJOR=True,
+        EPILOGUE_SUBTILE=cfg.epilogue_subtile, ON_GPU=True, INPUT_PRECISION="tf32",
+        TABLE_COLS=_TABLE_COLS, SCALED=True, A_ROWWISE=True, B_COLWISE=True,
+        IMPRECISE_ACC=imprecise_acc(cfg, fast_accum),
+    )  # fmt: skip
+    return _report(_compile(_fused_gemm_kernel, pointers, descs, constants, cfg), t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--all", action="store_true", help="every configuration of the space")
+    parser.add_argument("--fast-accum", action="store_true")
+    parser.add_argument("--no-fused", action="store_true")
+    args = parser.parse_args()
+    configs = FP8_GPU_CONFIGS if args.all else FP8_GPU_CONFIGS[:1]
+    found = {}
+    for cfg in configs:
+        found[cfg.name] = {"scaled": compile_scaled(cfg, args.fast_accum)}
+        if not args.no_fused:
+            found[cfg.name]["fused"] = compile_fused(cfg, args.fast_accum)
+    print(json.dumps({"triton": triton.__version__, "kernels": found}))
+
+
+if __name__ == "__main__":
+    main()

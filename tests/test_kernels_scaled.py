@@ -1,0 +1,236 @@
+"""ficco.kernels.scaled (the persistent FP8 GEMM) and the fused kernel with FP8 operands, under
+the Triton CPU interpreter where there is no GPU.
+
+The interpreter computes fp8 `tl.dot` on the same bits a GPU reads, and takes fp8 tensor
+descriptors (Triton 3.9), so both kernels are checked against ficco's one FP8 GEMM definition
+(`ficco.execute.scaled_mm.scaled_matmul`, upcasting on CPU) on small ragged shapes, every
+scale pair, e4m3 and e5m2. Both compute in fp32 and round once to bf16, so they may differ by
+accumulation order only: at most one bf16 rounding step of the result's magnitude.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from ficco.execute.scaled_mm import scaled_matmul as reference_matmul  # noqa: E402
+from ficco.kernels import persistent  # noqa: E402
+from ficco.kernels.configs import GemmConfig  # noqa: E402
+from ficco.kernels.fused import FusedChunkViews, FusedGemm  # noqa: E402
+from ficco.kernels.scaled import (  # noqa: E402
+    random_operands,
+    scaled_matmul,
+    tune_scaled,
+)
+from ficco.kernels.scaled_configs import (  # noqa: E402
+    FP8_GPU_CONFIGS,
+    FP8_INTERPRETER_CONFIGS,
+    scaled_candidate_configs,
+)
+from ficco.validate import InputError  # noqa: E402
+from ficco.verdict import Unavailable  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the GPU runs tests/gpu/test_kernels_scaled_gpu.py"
+)
+ROOT = Path(__file__).resolve().parents[1]
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _scales(kind: str, sa: torch.Tensor, sb: torch.Tensor):
+    """(a_scale, b_scale) of one granularity pair; per-tensor values of the data's size."""
+    a_scale = sa if kind[0] == "row" else sa.amax().reshape(1, 1)
+    b_scale = sb if kind[1] == "col" else sb.amax().reshape(1)
+    return a_scale, b_scale
+
+
+def _close(out: torch.Tensor, want: torch.Tensor) -> None:
+    # one bf16 step (2^-7 relative) of the largest magnitude: accumulation order only
+    bound = want.float().abs().max() * 2**-7
+    assert (out.float() - want.float()).abs().max() <= bound
+
+
+PAIRS = [("row", "col"), ("row", "tensor"), ("tensor", "col"), ("tensor", "tensor")]
+
+
+@pytest.mark.parametrize("dtype", FP8, ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: "/".join(p))
+def test_scaled_matmul_equals_the_emulation_on_ragged_shapes(dtype, pair):
+    a, b, sa, sb, _ = random_operands(45, 72, 80, dtype, "cpu", seed=3)
+    a_scale, b_scale = _scales(pair, sa, sb)
+    before = persistent.LAUNCH_COUNTS["scaled"]
+    for config in FP8_INTERPRETER_CONFIGS:  # ragged tiles in M; N tiles; several programs
+        out = scaled_matmul(a, b, a_scale, b_scale, sm_budget=3, config=config)
+        _close(out, reference_matmul(a, b, a_scale, b_scale))
+    assert persistent.LAUNCH_COUNTS["scaled"] == before + len(FP8_INTERPRETER_CONFIGS)
+
+
+def test_scaled_matmul_writes_a_row_slice_and_copies_a_row_major_b():
+    a, b, sa, sb, _ = random_operands(40, 48, 64, torch.float8_e4m3fn, "cpu", seed=5)
+    big = torch.full((72, 48), 7.0, dtype=torch.bfloat16)
+    view = big[16:56]
+    b_row_major = b.contiguous()  # [K, N] row-major: copied to K-major, as the cuBLAS path does
+    got = scaled_matmul(a, b_row_major, sa, sb, out=view, config=FP8_INTERPRETER_CONFIGS[0])
+    assert got.data_ptr() == view.data_ptr()
+    _close(view, reference_matmul(a, b, sa, sb))
+    assert (big[:16] == 7.0).all() and (big[56:] == 7.0).all()
+
+
+def test_scaled_matmul_refuses_what_it_cannot_take():
+    a, b, sa, sb, _ = random_operands(32, 48, 64, torch.float8_e4m3fn, "cpu", seed=7)
+    with pytest.raises(InputError, match="a_scale"):
+        scaled_matmul(a, b, sa[:5], sb)  # neither one scale nor one per row
+    with pytest.raises(InputError, match="b_scale"):
+        scaled_matmul(a, b, sa, -sb)
+    with pytest.raises(InputError, match="fp8"):
+        scaled_matmul(a.float(), b, sa, sb)
+    # a base 8 bytes past 16-byte alignment: TMA cannot load it, and the refusal says why
+    storage = torch.empty(32 * 64 + 8, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    shifted = storage[8:].view(32, 64)
+    shifted.copy_(a)
+    with pytest.raises(Unavailable, match="16-byte aligned"):
+        scaled_matmul(shifted, b, sa, sb)
+    # K = 40: a's rows are 40 bytes apart, not a multiple of 16
+    a40, b40, sa40, sb40, _ = random_operands(32, 48, 40, torch.float8_e4m3fn, "cpu", seed=7)
+    with pytest.raises(Unavailable, match="row stride"):
+        scaled_matmul(a40, b40, sa40, sb40)
+    out = torch.empty(32, 48, dtype=torch.float16)
+    with pytest.raises(ValueError, match="out"):
+        scaled_matmul(a, b, sa, sb, out=out)
+
+
+def test_without_the_interpreter_a_cpu_tensor_is_refused_naming_the_device():
+    code = (
+        "import torch\n"
+        "from ficco.kernels.scaled import random_operands, scaled_matmul\n"
+        "from ficco.verdict import Unavailable\n"
+        "a, b, sa, sb, _ = random_operands(32, 32, 32, torch.float8_e4m3fn, 'cpu', seed=1)\n"
+        "try:\n"
+        "    scaled_matmul(a, b, sa, sb)\n"
+        "except Unavailable as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    got = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env
+    )
+    assert "refused: the Triton FP8 GEMM runs on CUDA devices" in got.stdout, got.stderr
+
+
+def test_the_tuner_checks_every_candidate_and_keeps_only_correct_ones(tmp_path, monkeypatch):
+    monkeypatch.setenv("FICCO_CACHE_DIR", str(tmp_path))
+    from ficco.kernels import tuning
+
+    tuning.clear_memory()
+    best = tune_scaled(48, 64, 64, torch.float8_e4m3fn, 3, "cpu")
+    assert best in FP8_INTERPRETER_CONFIGS
+    key = tuning.TuningKey.for_problem(48, 64, 64, torch.float8_e4m3fn, 3, torch.device("cpu"))
+    entry = tuning.cache_entry(key)
+    assert "float8_e4m3fn" in str(key)
+    assert set(entry["timings_ms"]) == {c.name for c in FP8_INTERPRETER_CONFIGS}
+    tuning.clear_memory()
+
+
+def test_fp8_space_is_its_own_and_fits_hopper_shared_memory():
+    from ficco.kernels.configs import GPU_CONFIGS, HOPPER_SHARED_MEMORY_BYTES
+
+    assert not set(FP8_GPU_CONFIGS) & set(GPU_CONFIGS)
+    for cfg in FP8_GPU_CONFIGS:
+        assert cfg.block_k >= 128  # fp8 wgmma K steps of 32; tiles of 128 bytes per row
+        assert cfg.shared_memory_bytes(1, 2) <= HOPPER_SHARED_MEMORY_BYTES, cfg.name
+    # pruning as bf16's: a 256-row problem takes no 256-row tile
+    assert all(c.block_m <= 256 for c in scaled_candidate_configs(256, 4096, 4096))
+    small = scaled_candidate_configs(64, 4096, 4096)
+    assert small and all(c.block_m == 64 for c in small)
+    assert scaled_candidate_configs(16, 16, 16) == [FP8_GPU_CONFIGS[-1]]
+
+
+@pytest.mark.parametrize("path", ["tma", "ptr"])
+@pytest.mark.parametrize("rowwise", [True, False], ids=["row/col", "tensor/tensor"])
+def test_fused_fp8_chunks_equal_the_emulation(path, rowwise):
+    a, b, sa, sb, _ = random_operands(50, 48, 96, torch.float8_e5m2, "cpu", seed=11)
+    a_scale, b_scale = (sa, sb) if rowwise else (sa.amax().reshape(1, 1), sb.amax().reshape(1, 1))
+    out = torch.full((50, 48), float("nan"), dtype=torch.bfloat16)
+    flags = torch.ones(2, dtype=torch.int32)  # preset: both chunks ready
+    views = [
+        FusedChunkViews(
+            a[lo:hi],
+            out[lo:hi],
+            wait=flags[i : i + 1],
+            a_scale=a_scale[lo:hi] if rowwise else a_scale,
+        )
+        for i, (lo, hi) in enumerate(((0, 32), (32, 50)))
+    ]
+    gemm = FusedGemm(
+        views, b, sm_budget=3, timeout_s=10.0, path=path, b_scale=b_scale,
+        config=GemmConfig(32, 32, 32, 4, 1, 4),
+    )  # fmt: skip
+    gemm()
+    _close(out, reference_matmul(a, b, a_scale, b_scale))
+
+
+def test_fused_refuses_scales_that_do_not_fit():
+    a, b, sa, sb, _ = random_operands(32, 32, 64, torch.float8_e4m3fn, "cpu", seed=2)
+    out = torch.empty(32, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="need b_scale"):
+        FusedGemm([FusedChunkViews(a, out, a_scale=sa)], b, sm_budget=2, timeout_s=5.0)
+    with pytest.raises(ValueError, match="column-major"):
+        FusedGemm(
+            [FusedChunkViews(a, out, a_scale=sa)], b.contiguous(), sm_budget=2, timeout_s=5.0,
+            b_scale=sb,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="one granularity"):
+        views = [
+            FusedChunkViews(a[:16], out[:16], a_scale=sa[:16]),
+            FusedChunkViews(a[16:], out[16:], a_scale=sa[:1]),
+        ]
+        FusedGemm(views, b, sm_budget=2, timeout_s=5.0, b_scale=sb)
+    x = torch.randn(32, 64)
+    with pytest.raises(ValueError, match="scales are for fp8"):
+        FusedGemm(
+            [FusedChunkViews(x, out.float(), a_scale=sa)], torch.randn(64, 32), sm_budget=2,
+            timeout_s=5.0,
+        )  # fmt: skip
+
+
+def test_bench_script_lists_both_shape_sets_without_a_gpu():
+    got = subprocess.run(
+        [sys.executable, "scripts/bench_fp8_gemm.py", "--out", "/nonexistent", "--dry-run"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert got.returncode == 0, got.stderr
+    last = got.stdout.strip().splitlines()[-1]
+    assert last.startswith("56 shapes (40 full, 16 chunk only)"), last
+    first_two = got.stdout.splitlines()[:2]
+    assert "full" in first_two[0] and "full" not in first_two[1].split()[3]
+
+
+def test_bench_script_runs_its_loop_under_the_interpreter(tmp_path):
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    got = subprocess.run(
+        [sys.executable, "scripts/bench_fp8_gemm.py", "--out", str(tmp_path), "--interpret"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
+    assert got.returncode == 0, got.stderr[-2000:]
+    result = json.loads((tmp_path / "fp8_gemm.json").read_text())
+    assert [r["M"] for r in result["rows"]] == [64, 96]
+    for row in result["rows"]:
+        assert row["rel_errors"] and max(row["rel_errors"].values()) <= 1e-2
+        assert row["fused_rel_error"] <= 1e-2 and not row["rejected"]
+    assert result["environment"]["git_commit"]
+    tuning = json.loads((tmp_path / "fp8_gemm_tuning.json").read_text())
+    assert len(tuning["entries"]) == 2
