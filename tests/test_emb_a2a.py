@@ -392,3 +392,34 @@ def test_every_distinct_plan_verifies_against_the_float64_reference(world):
             plan_hook=drop_first_pooled_segment,
         )  # fmt: skip
         assert isinstance(got, list) and [m.verdict for m in got] == ["incorrect"] * 3, got
+
+
+# --- the one-GPU lane's list, on CPU ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_lanes_schedule_list_verifies_on_cpu(world):
+    """``tests/emb_lane.py``'s problems, schedule list and verdict check, as the one-GPU lane
+    runs them (``tests/gpu/test_embedding_lane.py``), on the cpu backend: fp32 rows of 16
+    (the list is asserted the same as the lane's), each plan once (the cpu backend runs the
+    schedules of one plan alike: no streams, no SM grids, torch's pooling unless fused)."""
+    from emb_lane import lane_problems, lane_schedules, verdict_faults
+
+    with backend_pool("cpu", world, RunOptions(timing=None)) as pool:
+        for on_gpu, problem in zip(
+            lane_problems(world), lane_problems(world, n=16, dtype="fp32"), strict=True
+        ):
+            listed = lane_schedules(problem)
+            assert [str(s) for s in listed] == [str(s) for s in lane_schedules(on_gpu)]
+            texts = " ".join(str(s) for s in listed)
+            for part in ("-b/ce/cublas", "-b/ce/triton", "-b/seg/cublas", "-b/seg/triton",
+                         "+merged", "+hi", "+sm16", "+fused", "nccl_ce"):  # fmt: skip
+                assert part in texts, part
+            once = list({plan_key(problem, s): s for s in reversed(listed)}.values())[::-1]
+            got = measure_in(pool, problem, once, None, baselines=False)
+            assert isinstance(got, list), got
+            assert not verdict_faults("cpu", problem, once, got)
+            shared = verdict_faults("cuda_shared", problem, once, got)  # fused ran: refused there
+            assert shared and {n for n, _, _ in shared} == {
+                str(s) for s in once if s.compute is Compute.FUSED or s.transport.value == "nccl_ce"
+            }
