@@ -80,3 +80,16 @@ def verdict_faults(backend: str, problem: Problem, schedules, measured) -> list[
         if not good:
             faults.append((m.name, m.verdict, m.detail))
     return faults
+
+
+def report_faults(backend: str, report: dict) -> list[tuple]:
+    """:func:`verdict_faults` over a ``scripts/bench_embedding.py --verify-only`` report."""
+    from types import SimpleNamespace
+
+    faults = []
+    for row in report["problems"]:
+        problem = Problem.from_dict(row["problem"])
+        measured = [SimpleNamespace(**v) for v in row["verdicts"]]
+        schedules = [Schedule.parse(v["name"]) for v in row["verdicts"]]
+        faults += verdict_faults(backend, problem, schedules, measured)
+    return faults

@@ -87,3 +87,26 @@ def test_every_emb_a2a_schedule_verifies_in_the_lane(case, lane):
         refused = [m for m in measured if m.verdict == "unavailable"]
         assert any("+fused" in m.name for m in refused)
         assert all("needs distinct GPUs" in m.detail for m in refused)
+
+
+def test_bench_embedding_verifies_with_ranks_sharing_the_gpu(tmp_path):
+    """``scripts/bench_embedding.py --backend cuda_shared --verify-only`` (its own ranks, W
+    = 2, on one GPU) on a tiny DLRM-DCNv2 workload: every schedule of its quick list ok, the
+    fused ones unavailable saying why."""
+    import importlib.util
+
+    from emb_lane import report_faults
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_embedding.py"
+    spec = importlib.util.spec_from_file_location("bench_embedding", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = Path(os.environ.get("STAGE_DIR") or tmp_path, "bench_embedding_cuda_shared.json")
+    argv = ["--world", "2", "--quick", "--backend", "cuda_shared", "--verify-only",
+            "--batch", "16", "--row-cap", "1000", "--stall-timeout", str(SILENCE_S),
+            "--out", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    report = json.loads(out.read_text())
+    (row,) = report["problems"]
+    assert row["counts"] == {"ok": 4, "unavailable": 2}, row["counts"]
+    assert not report_faults("cuda_shared", report)
