@@ -7,13 +7,16 @@ tables (9 to 120,000 rows), pooled by sum with a bag size per table, and by mean
 bags (1 to 2k - 1 rows, drawn per sample).
 
 Schedules: every legal schedule of ``ficco.space.enumerate_schedules`` (``every=True``), or
-one per (plan, pooling kernel) (the default tier): schedules that lower to one plan
-(``ficco.plan.plan_key``) and pool with the same kernel differ only in their comm stream's
-priority (``+hi``) and their SM reserve (which sizes only the ``seg`` copy kernel's grid), so
-the tier takes each such group's variants in turn (group i its variant i mod size) and still
-runs ``+hi`` and ``+smR`` schedules. Verdicts: ``ok`` against the reference, or where the
-backend refuses the schedule (``ficco.backends``' check: ``+fused`` and ``nccl_ce`` where
-ranks share a GPU), ``unavailable`` with the refusal's own reason."""
+(the default tier) one per plan (``ficco.plan.plan_key``): the schedules of one plan differ
+only in their pooling kernel (torch's EmbeddingBag, ``cublas``, or ficco's Triton kernel), their
+comm stream's priority (``+hi``) and their SM reserve (which sizes only the ``seg`` copy
+kernel's grid). Plan i of problem c takes pooling kernel i + c (mod the plan's kernels) and
+that kernel's variant i (mod their count), so the two problems of a W together run every
+(plan, pooling kernel) pair, and ``+hi`` and ``+smR`` schedules among them.
+
+Verdicts: ``ok`` against the reference, or where the backend refuses the schedule
+(``ficco.backends``' check: ``+fused`` and ``nccl_ce`` where ranks share a GPU),
+``unavailable`` with the refusal's own reason."""
 
 from __future__ import annotations
 
@@ -45,16 +48,20 @@ def lane_problems(world: int, **change) -> list[Problem]:
     ]
 
 
-def lane_schedules(problem: Problem, every: bool = EVERY) -> list[Schedule]:
-    """Every legal schedule of ``problem`` (``every``), or one per (plan, pooling kernel),
-    each group's variants taken in turn (module docstring); in the space's order."""
+def lane_schedules(problem: Problem, turn: int = 0, every: bool = EVERY) -> list[Schedule]:
+    """Every legal schedule of ``problem`` (``every``), or one per plan: plan i takes pooling
+    kernel i + ``turn`` and that kernel's variant i (module docstring); in the space's
+    order. ``turn``: the problem's index in :func:`lane_problems`."""
     schedules = list(enumerate_schedules(problem))
     if every:
         return schedules
-    groups: dict[tuple, list[Schedule]] = {}
+    plans: dict[tuple, dict] = {}  # plan -> pooling kernel -> its schedules
     for s in schedules:
-        groups.setdefault((plan_key(problem, s), s.gemm), []).append(s)
-    picked = {variants[i % len(variants)] for i, variants in enumerate(groups.values())}
+        plans.setdefault(plan_key(problem, s), {}).setdefault(s.gemm, []).append(s)
+    picked = set()
+    for i, kernels in enumerate(plans.values()):
+        variants = list(kernels.values())[(i + turn) % len(kernels)]
+        picked.add(variants[i % len(variants)])
     return [s for s in schedules if s in picked]
 
 

@@ -8,10 +8,11 @@ and skewed tables. Where ranks share a GPU, ``+fused`` (pool-and-store into peer
 on their flags inside a kernel) and ``nccl_ce`` (NCCL) come back ``unavailable`` with the
 reason ("needs distinct GPUs").
 
-Tiers: by default one schedule per (plan, pooling kernel) (153 of 470 at W = 2, 298 of 932
-at W = 3, per problem; the groups' ``+hi``/``+smR`` variants taken in turn), which fits the
-one-GPU lane's share of its stage (about a minute on one H100); ``FICCO_LANE_EMB=all`` runs
-every schedule of the space (about three times as many)::
+Tiers: by default one schedule per plan and problem, the two problems of a W together running
+every (plan, pooling kernel) pair (81 schedules of 470 per problem at W = 2, 54 of them run
+and 27 refused; 158 of 932 at W = 3, 105 run and 53 refused), which fits the one-GPU lane's
+share of its stage (about a minute on one H100); ``FICCO_LANE_EMB=all`` runs every schedule
+of the space (about six times as many)::
 
     FICCO_LANE_EMB=all FICCO_SHARED_WORLDS="2 3" python3 -m pytest -o addopts= \\
         tests/gpu/test_embedding_lane.py
@@ -71,7 +72,7 @@ def record(name: str, lane, problem, measured, seconds: float) -> None:
 @pytest.mark.parametrize("case", range(len(CASES)), ids=CASES)
 def test_every_emb_a2a_schedule_verifies_in_the_lane(case, lane):
     problem = lane_problems(lane.world)[case]
-    schedules = lane_schedules(problem)
+    schedules = lane_schedules(problem, case)
     if BROKEN:
         pytest.fail(f"not run: an earlier run of this module hung or lost a rank ({BROKEN[0]})")
     started = time.perf_counter()
