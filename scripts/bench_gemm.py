@@ -56,8 +56,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ficco.execute.options import TimingOptions  # noqa: E402
-from ficco.execute.timing import DeviceClock, time_rounds  # noqa: E402
+from ficco.execute.timing import LaunchTimer as Timer  # noqa: E402
 from ficco.kernels import matmul, tune  # noqa: E402
 from ficco.kernels import persistent as kernel_paths  # noqa: E402
 from ficco.kernels.configs import (  # noqa: E402
@@ -144,49 +143,6 @@ def fingerprint(commit: str | None) -> dict:
         "git_commit": git,
         "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
-
-
-# ---------------------------------------------------------------------------------------------
-# Timing
-
-
-# Host time to enqueue one timed launch, with margin: a Triton `matmul` took ~130 us to enqueue
-# on an H100 (cuBLAS 18 us), plus the flush and two events. A batch's GPU sleep covers this
-# many per launch, so no kernel of a few microseconds starts late behind its start event (on
-# the H100, a 3 ms sleep for 30 launches let host gaps into a few decode shapes' events).
-HOST_US_PER_LAUNCH = 250.0
-
-
-class Timer:
-    """Interleaved per-launch CUDA-event timing with an L2 flush before every launch, rounds
-    in batches that the host queues behind a GPU sleep (`ficco.execute.timing`) as long as
-    the batch's enqueue (`HOST_US_PER_LAUNCH` per launch) and at least `head_start_ms`."""
-
-    def __init__(self, batch_rounds: int = 6, head_start_ms: float = 3.0) -> None:
-        props = torch.cuda.get_device_properties(0)
-        l2 = getattr(props, "L2_cache_size", 60 << 20) or (60 << 20)
-        self.flush_buf = torch.empty(max(2 * l2, 128 << 20), dtype=torch.int8, device="cuda")
-        self.batch_rounds = batch_rounds
-        self.cycles_per_ms = self._cycles_per_ms()
-        self.sleep_cycles = int(head_start_ms * self.cycles_per_ms)
-
-    @staticmethod
-    def _cycles_per_ms() -> float:
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1000)  # warm the sleep kernel up
-        s.record()
-        torch.cuda._sleep(2_000_000)
-        e.record()
-        torch.cuda.synchronize()
-        return 2_000_000 / max(s.elapsed_time(e), 1e-3)
-
-    def interleaved(self, fns: dict[str, callable], rounds: int) -> dict[str, list[float]]:
-        launches = self.batch_rounds * len(fns)
-        cover = max(
-            self.sleep_cycles, int(launches * HOST_US_PER_LAUNCH / 1e3 * self.cycles_per_ms)
-        )
-        clock = DeviceClock(self.flush_buf, cover, launches)
-        return time_rounds(fns, TimingOptions(warmup=0, rounds=rounds), clock, rotate=True)
 
 
 def _median(xs: list[float]) -> float:

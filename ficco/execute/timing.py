@@ -160,3 +160,67 @@ class DeviceClock:
         import torch
 
         torch.cuda.synchronize()
+
+
+# Host time to enqueue one timed launch, with margin: a Triton `matmul` took ~130 us to enqueue
+# on an H100 (cuBLAS 18 us), plus the flush and two events. A batch's GPU sleep covers this
+# many per launch, so no kernel of a few microseconds starts late behind its start event (on
+# the H100, a 3 ms sleep for 30 launches let host gaps into a few decode shapes' events).
+HOST_US_PER_LAUNCH = 250.0
+
+
+class LaunchTimer:
+    """Single kernels on one GPU, timed without their host launch cost: interleaved rounds
+    (`time_rounds`, order rotated) of per-launch CUDA events on a `DeviceClock`, an L2 flush
+    (a write of max(2 x L2, 128 MB)) before every launch, the rounds in batches that the host
+    queues behind a GPU sleep as long as the batch's enqueue (`HOST_US_PER_LAUNCH` per launch,
+    at least `head_start_ms`). The benchmarks and the kernel tuners share it: do_bench, which
+    times back-to-back launches from an idle queue, ranked microsecond kernels by their host
+    time (profiles/h100/NOTES_gemm.md)."""
+
+    def __init__(self, batch_rounds: int = 6, head_start_ms: float = 3.0) -> None:
+        import torch
+
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        l2 = getattr(props, "L2_cache_size", 60 << 20) or (60 << 20)
+        self.flush_buf = torch.empty(max(2 * l2, 128 << 20), dtype=torch.int8, device="cuda")
+        self.batch_rounds = batch_rounds
+        self.cycles_per_ms = self._cycles_per_ms()
+        self.sleep_cycles = int(head_start_ms * self.cycles_per_ms)
+
+    @staticmethod
+    def _cycles_per_ms() -> float:
+        import torch
+
+        torch.cuda._sleep(1000)  # warm the sleep kernel up
+        start, end = device_events(lambda: torch.cuda._sleep(2_000_000))
+        torch.cuda.synchronize()
+        return 2_000_000 / max(start.elapsed_time(end), 1e-3)
+
+    def interleaved(
+        self, fns: dict[str, Callable[[], None]], rounds: int
+    ) -> dict[str, list[float]]:
+        """Per candidate its ``rounds`` launch times (ms)."""
+        launches = self.batch_rounds * len(fns)
+        cover = max(
+            self.sleep_cycles, int(launches * HOST_US_PER_LAUNCH / 1e3 * self.cycles_per_ms)
+        )
+        clock = DeviceClock(self.flush_buf, cover, launches)
+        return time_rounds(fns, TimingOptions(warmup=0, rounds=rounds), clock, rotate=True)
+
+    def medians(self, fns: dict[str, Callable[[], None]], rounds: int) -> dict[str, float]:
+        """Per candidate its median launch time (ms) over ``rounds`` interleaved rounds."""
+        return {name: statistics.median(ts) for name, ts in self.interleaved(fns, rounds).items()}
+
+
+_launch_timers: dict[int, LaunchTimer] = {}
+
+
+def launch_timer() -> LaunchTimer:
+    """The current CUDA device's `LaunchTimer`, made once (its flush buffer is 128+ MB)."""
+    import torch
+
+    index = torch.cuda.current_device()
+    if index not in _launch_timers:
+        _launch_timers[index] = LaunchTimer()
+    return _launch_timers[index]

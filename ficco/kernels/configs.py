@@ -56,6 +56,11 @@ class GemmConfig:
     """K ranges per output tile in the split-K decode kernel (`ficco.kernels.decode`): 1 is
     the persistent kernels; 2 or more runs every tile as that many K ranges, for few rows
     (decode M = 1 ... 512), where a GEMM streams the weight and whole tiles leave SMs idle."""
+    swap_ab: bool = False
+    """Compute out^T = b^T a^T in the TMA kernel: N runs in the MMA's M dimension (64 rows a
+    warpgroup) and the few rows of a decode GEMM in its N dimension (16 and up), so an
+    [M <= 64, N] tile wastes no MMA rows and its shared memory goes to the weight's pipeline.
+    `block_m` and `block_n` still name the output tile's rows and columns."""
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -72,17 +77,19 @@ class GemmConfig:
             raise ValueError(
                 f"GemmConfig.num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps}"
             )
-        if self.epilogue_subtile and self.block_n < 32:
+        if self.epilogue_subtile and not self.swap_ab and self.block_n < 32:
             raise ValueError("GemmConfig.epilogue_subtile needs block_n >= 32")
         if not 1 <= self.split_k <= MAX_SPLIT_K:
             raise ValueError(
                 f"GemmConfig.split_k must be in [1, {MAX_SPLIT_K}], got {self.split_k}"
             )
-        if self.split_k > 1 and (self.split_tail or self.epilogue_subtile):
+        if self.split_k > 1 and (self.split_tail or self.epilogue_subtile or self.swap_ab):
             raise ValueError(
-                "GemmConfig.split_k > 1 (the decode kernel) takes neither split_tail nor "
-                "epilogue_subtile"
+                "GemmConfig.split_k > 1 (the decode kernel) takes neither split_tail, "
+                "epilogue_subtile nor swap_ab"
             )
+        if self.swap_ab and self.epilogue_subtile and self.block_m < 32:
+            raise ValueError("GemmConfig.epilogue_subtile with swap_ab needs block_m >= 32")
 
     @property
     def name(self) -> str:
@@ -90,9 +97,10 @@ class GemmConfig:
         sub = "_sub" if self.epilogue_subtile else ""
         split = "_splittail" if self.split_tail else ""
         split_k = f"_splitk{self.split_k}" if self.split_k > 1 else ""
+        swap = "_swap" if self.swap_ab else ""
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}"
-            f"_s{self.num_stages}_w{self.num_warps}{sub}{split}{split_k}"
+            f"_s{self.num_stages}_w{self.num_warps}{swap}{sub}{split}{split_k}"
         )
 
     @property
@@ -162,6 +170,19 @@ GPU_CONFIGS: tuple[GemmConfig, ...] = (
 #: The first 18 points of GPU_CONFIGS: the space before it was widened (benchmarks compare
 #: the best of these with the best of the whole space).
 GPU_CONFIGS_BEFORE_WIDENING = 18
+
+# Swap-AB tiles (`GemmConfig.swap_ab`) for decode rows, M <= SWAP_MAX_ROWS: the weight's N in
+# the MMA's M dimension, (block_n, block_k, stages, warps) with deep pipelines over the weight;
+# the output tile's rows are the fewest powers of two >= 16 that cover M (`swap_rows`).
+SWAP_MAX_ROWS = 64
+SWAP_TILES: tuple[tuple[int, int, int, int], ...] = (
+    (128, 128, 5, 4),
+    (128, 64, 8, 4),
+    (64, 128, 6, 4),
+    (128, 256, 3, 4),
+    (256, 64, 5, 8),
+)
+INTERPRETER_SWAP_TILES: tuple[tuple[int, int, int, int], ...] = ((32, 16, 1, 4),)
 
 # The CPU interpreter (TRITON_INTERPRET=1) runs every program serially in NumPy: small blocks
 # keep tests fast, and timing there says nothing about a GPU.
@@ -266,7 +287,8 @@ def candidate_configs(
     interpreter: bool = False,
     shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
 ) -> list[GemmConfig]:
-    """The configurations worth timing for one GEMM shape, in the space's order.
+    """The configurations worth timing for one GEMM shape, in the space's order, then the
+    swap-AB tiles for few rows (`swap_candidate_configs`).
 
     Each kept configuration also comes with `split_tail=True` where that changes the launch.
     The split-K decode kernel's configs (`decode_candidate_configs`) are not offered here: on
@@ -287,8 +309,53 @@ def candidate_configs(
             kept.append(cfg)
         if splits_here(cfg, m, n, k, sm_budget):
             kept.append(replace(cfg, split_tail=True))
+    kept += swap_candidate_configs(
+        m,
+        n,
+        k,
+        in_bytes,
+        out_bytes,
+        sm_budget=sm_budget,
+        interpreter=interpreter,
+        shared_memory_bytes=shared_memory_bytes,
+    )
     kept = list(dict.fromkeys(kept))  # the interpreter space lists a split config itself
     return kept or [space[0] if interpreter else FALLBACK_CONFIG]
+
+
+def swap_rows(m: int) -> int:
+    """The output tile's rows of a swap-AB config for M rows: a power of two, 16 to 64."""
+    return min(SWAP_MAX_ROWS, max(16, _next_power_of_two(m)))
+
+
+def swap_candidate_configs(
+    m: int,
+    n: int,
+    k: int,
+    in_bytes: int,
+    out_bytes: int,
+    *,
+    sm_budget: int = 132,
+    interpreter: bool = False,
+    shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
+) -> list[GemmConfig]:
+    """The swap-AB tiles for `[m, k] @ [k, n]` (none above SWAP_MAX_ROWS rows), each with its
+    split tail where the tiles leave programs idle (a decode GEMM's usual case), else whole."""
+    if m > SWAP_MAX_ROWS:
+        return []
+    tiles_nk = INTERPRETER_SWAP_TILES if interpreter else SWAP_TILES
+    kept = []
+    for bn, bk, stages, warps in tiles_nk:
+        cfg = GemmConfig(swap_rows(m), bn, bk, 8, stages, warps, swap_ab=True)
+        if not suits_shape(cfg, m, n, k):
+            continue
+        if not interpreter and not fits_shared_memory(
+            cfg, in_bytes, out_bytes, shared_memory_bytes
+        ):
+            continue
+        split = replace(cfg, split_tail=True)
+        kept.append(split if splits_here(split, m, n, k, sm_budget) else cfg)
+    return kept
 
 
 def decode_splits(tiles: int, k_steps: int, sm_budget: int) -> list[int]:
@@ -361,8 +428,8 @@ def fused_candidate_configs(
 ) -> list[GemmConfig]:
     """The fused GEMM's candidates for chunks of `rows` rows: the persistent GPU space, pruned
     as `candidate_configs` prunes it, without `split_tail` (the fused kernel never splits K:
-    its tiles are claimed one at a time as their chunks arrive)."""
+    its tiles are claimed one at a time as their chunks arrive) and without swap-AB tiles."""
     kept = candidate_configs(
         rows, n, k, in_bytes, out_bytes, sm_budget=1, shared_memory_bytes=shared_memory_bytes
     )
-    return list(dict.fromkeys(replace(cfg, split_tail=False) for cfg in kept))
+    return list(dict.fromkeys(replace(cfg, split_tail=False) for cfg in kept if not cfg.swap_ab))

@@ -103,7 +103,7 @@ def fused_config(
     if hit is not None:
         return hit
     chosen = config_for(m, n, k, dtype, sm_budget, device)
-    if chosen.decode:  # the split-K decode kernel's tile is no fused tile
+    if chosen.decode or chosen.swap_ab:  # the decode kernels' tiles are no fused tiles
         return heuristic_config(m, n, k)
     return replace(chosen, split_tail=False)
 

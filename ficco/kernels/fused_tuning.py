@@ -2,7 +2,7 @@
 
 The candidates are the persistent GEMM's space (`configs.fused_candidate_configs`), each
 checked against `torch.matmul` before it is timed (`trials.check_then_time`, the loop the
-persistent GEMM's tuner runs too; do_bench median, every flag ready), and the
+persistent GEMM's tuner runs too; `tuning.launch_timer`'s interleaved rounds, every flag ready), and the
 winner is cached in the persistent GEMM's tuning file under a `FusedTuningKey`, where
 `fused_configs.fused_config` finds it.
 """
@@ -10,7 +10,7 @@ winner is cached in the persistent GEMM's tuning file under a `FusedTuningKey`, 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -18,8 +18,8 @@ from ficco.kernels.configs import GemmConfig, fused_candidate_configs
 from ficco.kernels.fused import FusedChunkViews, FusedGemm
 from ficco.kernels.fused_configs import FusedTuningKey
 from ficco.kernels.persistent import device_info
-from ficco.kernels.trials import Rejected, check_then_time, tuning_record
-from ficco.kernels.tuning import cached_config, do_bench_timer, store
+from ficco.kernels.trials import Rejected, RoundsTimer, Timer, check_then_time, tuning_record
+from ficco.kernels.tuning import cached_config, launch_timer, store
 
 
 def tune_fused(
@@ -32,7 +32,7 @@ def tune_fused(
     device: torch.device | str = "cuda",
     *,
     configs: Sequence[GemmConfig] | None = None,
-    timer: Callable[[Callable[[], object]], float] | None = None,
+    timer: Timer | RoundsTimer | None = None,
     read_cache: bool = True,
     write_cache: bool = True,
 ) -> tuple[GemmConfig, dict]:
@@ -40,7 +40,7 @@ def tune_fused(
     ``chunks`` equal row chunks of an ``[m, k] @ [k, n]`` GEMM, and the tuning record.
 
     Times ``configs`` (default: ``fused_candidate_configs`` for the chunk's rows) with
-    ``timer`` (default: do_bench median), each checked against ``torch.matmul`` first, and
+    ``timer`` (default: `launch_timer`), each checked against ``torch.matmul`` first, and
     stores the winner in the tuning cache under a ``FusedTuningKey`` (``write_cache``).
     """
     device = torch.device(device)
@@ -84,7 +84,7 @@ def tune_fused(
         return fused
 
     trials = check_then_time(
-        configs, build, out, ref, timer or do_bench_timer, lambda: torch.cuda.synchronize(device)
+        configs, build, out, ref, timer or launch_timer(), lambda: torch.cuda.synchronize(device)
     )
     if not trials.timings_ms:
         raise RuntimeError(

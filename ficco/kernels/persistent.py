@@ -103,7 +103,8 @@ def _unit_coords(unit, dp_tiles, split, k_per_split, k_tiles):
 def _matmul_tma_kernel(
     a_desc,  # A [M, K], or A^T [K, M] when A_COL_MAJOR
     b_desc,  # B [K, N], or B^T [N, K] when B_COL_MAJOR
-    c_desc,  # C [M, N] (any row stride), blocks [BLOCK_M, BLOCK_N or BLOCK_N / 2]
+    c_desc,  # C [M, N] (any row stride), blocks [BLOCK_M, BLOCK_N or BLOCK_N / 2];
+    # TRANSPOSE_C: C^T [N, M], blocks [BLOCK_N or BLOCK_N / 2, BLOCK_M] (swap_ab)
     ws_ptr,  # fp32 partial tiles [tail tiles, split, BLOCK_M, BLOCK_N] (SPLIT_TAIL only)
     lock_ptr,  # int32 arrival counters [tail tiles], zero on entry and left zero (SPLIT_TAIL)
     M,
@@ -122,6 +123,7 @@ def _matmul_tma_kernel(
     ACCUMULATE: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
     SPLIT_TAIL: tl.constexpr,
+    TRANSPOSE_C: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
     start_pid = tl.program_id(axis=0)
@@ -176,15 +178,41 @@ def _matmul_tma_kernel(
                         acc += tl.load(slots + p * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
                     tl.store(lock_ptr + tail_idx, 0)  # ready for the next launch on this stream
                     _store_c_tile(
-                        c_desc, acc, pid_m, pid_n, BLOCK_M, BLOCK_N, ACCUMULATE, EPILOGUE_SUBTILE
+                        c_desc,
+                        acc,
+                        pid_m,
+                        pid_n,
+                        BLOCK_M,
+                        BLOCK_N,
+                        ACCUMULATE,
+                        EPILOGUE_SUBTILE,
+                        TRANSPOSE_C,
                     )
             else:
                 _store_c_tile(
-                    c_desc, acc, pid_m, pid_n, BLOCK_M, BLOCK_N, ACCUMULATE, EPILOGUE_SUBTILE
+                    c_desc,
+                    acc,
+                    pid_m,
+                    pid_n,
+                    BLOCK_M,
+                    BLOCK_N,
+                    ACCUMULATE,
+                    EPILOGUE_SUBTILE,
+                    TRANSPOSE_C,
                 )
         else:
             pid_m, pid_n = _tile_coords(unit_c, num_pid_m, num_pid_n, GROUP_M)
-            _store_c_tile(c_desc, acc, pid_m, pid_n, BLOCK_M, BLOCK_N, ACCUMULATE, EPILOGUE_SUBTILE)
+            _store_c_tile(
+                c_desc,
+                acc,
+                pid_m,
+                pid_n,
+                BLOCK_M,
+                BLOCK_N,
+                ACCUMULATE,
+                EPILOGUE_SUBTILE,
+                TRANSPOSE_C,
+            )
 
 
 @triton.jit
@@ -197,11 +225,29 @@ def _store_c_tile(
     BLOCK_N: tl.constexpr,
     ACCUMULATE: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
+    TRANSPOSE_C: tl.constexpr,
 ):
-    # C[pid_m, pid_n] (+)= acc [BLOCK_M, BLOCK_N] fp32, through the TMA descriptor.
+    # C[pid_m, pid_n] (+)= acc [BLOCK_M, BLOCK_N] fp32, through the TMA descriptor;
+    # TRANSPOSE_C: the descriptor is C^T's (swap_ab computed out^T), so acc^T is stored.
     offs_cm = pid_m * BLOCK_M
     offs_cn = pid_n * BLOCK_N
-    if EPILOGUE_SUBTILE:
+    if TRANSPOSE_C:
+        if EPILOGUE_SUBTILE:
+            acc3 = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            acc0, acc1 = tl.split(acc3)
+            acc0 = tl.trans(acc0)  # [BLOCK_N / 2, BLOCK_M]
+            acc1 = tl.trans(acc1)
+            if ACCUMULATE:
+                acc0 += c_desc.load([offs_cn, offs_cm]).to(tl.float32)
+                acc1 += c_desc.load([offs_cn + BLOCK_N // 2, offs_cm]).to(tl.float32)
+            c_desc.store([offs_cn, offs_cm], acc0.to(c_desc.dtype))
+            c_desc.store([offs_cn + BLOCK_N // 2, offs_cm], acc1.to(c_desc.dtype))
+        else:
+            acc_t = tl.trans(acc)  # [BLOCK_N, BLOCK_M]
+            if ACCUMULATE:
+                acc_t += c_desc.load([offs_cn, offs_cm]).to(tl.float32)
+            c_desc.store([offs_cn, offs_cm], acc_t.to(c_desc.dtype))
+    elif EPILOGUE_SUBTILE:
         # Two [BLOCK_M, BLOCK_N / 2] stores: half the staging buffer, one more A/B stage.
         acc3 = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
         acc0, acc1 = tl.split(acc3)
@@ -434,6 +480,14 @@ def launch(
         return out
     limit = device_info(out.device).shared_memory_bytes
     config = fit_shared_memory(config, a.element_size(), out.element_size(), limit, accumulate)
+    if config.swap_ab:
+        # out^T [N, M] = b^T [N, K] @ a^T [K, M]: the kernel's tile is the config's, transposed,
+        # and it stores its tiles transposed into out's own (row-major) descriptor.
+        c_shape, c_strides, _ = _tma_operand(out)
+        a, b, m, n = b.t(), a.t(), n, m
+        config = replace(config, block_m=config.block_n, block_n=config.block_m)
+    else:
+        c_shape, c_strides, _ = _tma_operand(out)
     num_tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     plan = (
         split_plan(num_tiles, sm_budget, triton.cdiv(k, config.block_k))
@@ -458,14 +512,14 @@ def launch(
         )
     a_shape, a_strides, a_col = _tma_operand(a)
     b_shape, b_strides, b_col = _tma_operand(b)
-    c_shape, c_strides, _ = _tma_operand(out)
     a_block = [config.block_k, config.block_m] if a_col else [config.block_m, config.block_k]
     b_block = [config.block_n, config.block_k] if b_col else [config.block_k, config.block_n]
     c_cols = config.block_n // 2 if config.epilogue_subtile else config.block_n
+    c_block = [c_cols, config.block_m] if config.swap_ab else [config.block_m, c_cols]
     LAST_COMPILED["tma"] = _matmul_tma_kernel[(max(1, min(sm_budget, units)),)](
         TensorDescriptor(a, a_shape, a_strides, a_block),
         TensorDescriptor(b, b_shape, b_strides, b_block),
-        TensorDescriptor(out, c_shape, c_strides, [config.block_m, c_cols]),
+        TensorDescriptor(out, c_shape, c_strides, c_block),
         ws,
         lock,
         m,
@@ -484,6 +538,7 @@ def launch(
         ACCUMULATE=accumulate,
         EPILOGUE_SUBTILE=config.epilogue_subtile,
         SPLIT_TAIL=plan is not None,
+        TRANSPOSE_C=config.swap_ab,
         INPUT_PRECISION=precision,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
@@ -505,6 +560,9 @@ def _launch_ptr(a, b, out, accumulate, sm_budget, config: GemmConfig, precision:
 
 
 def _launch_ptr_once(a, b, out, accumulate, sm_budget, config: GemmConfig, precision: str) -> None:
+    if config.swap_ab:  # out^T = b^T a^T: the pointer kernel takes any strides
+        a, b, out = b.t(), a.t(), out.t()
+        config = replace(config, block_m=config.block_n, block_n=config.block_m, swap_ab=False)
     m, k = a.shape
     n = b.shape[1]
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)

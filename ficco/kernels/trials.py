@@ -2,7 +2,9 @@
 
 `check_then_time` builds each candidate, runs it once on a NaN-poisoned output (every element
 must be written), compares that output with a reference (`relative_error`, at most
-`CHECK_TOLERANCE[dtype]`), and only then times it. A candidate that does not compile, runs out
+`CHECK_TOLERANCE[dtype]`), and only then times it: one at a time with a per-launch `Timer`, or
+all the correct ones together in interleaved rounds with a `RoundsTimer`
+(`ficco.execute.timing.LaunchTimer`: host launch cost kept out of the events). A candidate that does not compile, runs out
 of resources, is not the candidate it claims to be (`Rejected`) or computes a wrong result is
 recorded with its reason and never timed, so it can never be chosen. `tuning_record` turns the
 result into the tuning cache's entry.
@@ -15,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 import torch
 import triton
@@ -26,6 +29,26 @@ from ficco.kernels.configs import GemmConfig
 CHECK_TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-4}
 
 Timer = Callable[[Callable[[], object]], float]
+
+# A RoundsTimer's interleaved rounds: at least MIN, at most MAX, about ROUNDS_GPU_MS of
+# kernel time in all (the first two rounds estimate each candidate's time).
+MIN_ROUNDS = 5
+MAX_ROUNDS = 25
+ROUNDS_GPU_MS = 150.0
+
+
+class RoundsTimer(Protocol):
+    """Times several launches together in interleaved rounds (`LaunchTimer`)."""
+
+    def medians(self, fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+        """Per name its median launch time (ms) over ``rounds`` rounds."""
+
+
+def rounds_for(estimates_ms: Iterable[float]) -> int:
+    """Rounds that take about ROUNDS_GPU_MS of kernel time, given one launch's time per
+    candidate; within [MIN_ROUNDS, MAX_ROUNDS]."""
+    per_round = max(sum(estimates_ms), 1e-3)
+    return int(min(MAX_ROUNDS, max(MIN_ROUNDS, ROUNDS_GPU_MS / per_round)))
 
 
 class Rejected(Exception):
@@ -57,16 +80,17 @@ def check_then_time(
     build: Callable[[GemmConfig], Callable[[], object]],
     out: torch.Tensor,
     ref: torch.Tensor,
-    timer: Timer,
+    timer: Timer | RoundsTimer,
     synchronize: Callable[[], None],
 ) -> Trials:
     """Each of ``configs``: ``build(cfg)`` gives the launch (it may raise `Rejected`), which
     must write every element of ``out`` within ``CHECK_TOLERANCE`` of ``ref`` before
-    ``timer`` times it."""
+    ``timer`` times it (a `RoundsTimer` times every correct one after all are checked)."""
     tolerance = CHECK_TOLERANCE[out.dtype]
     timings: dict[str, float] = {}
     failures: dict[str, str] = {}
     by_name: dict[str, GemmConfig] = {}
+    runs: dict[str, Callable[[], object]] = {}
     for cfg in configs:
         out.fill_(float("nan"))  # every element must be written
         try:
@@ -86,8 +110,15 @@ def check_then_time(
         if not err <= tolerance:  # NaN fails too
             failures[cfg.name] = f"incorrect: relative error {err:.3g}"
             continue
-        timings[cfg.name] = float(timer(run))
         by_name[cfg.name] = cfg
+        if callable(timer):
+            timings[cfg.name] = float(timer(run))
+        else:
+            runs[cfg.name] = run
+    if runs:
+        estimate = timer.medians(runs, 2)
+        got = timer.medians(runs, rounds_for(estimate.values()))
+        timings.update({name: float(got[name]) for name in runs})
     return Trials(timings, failures, by_name)
 
 
