@@ -1,24 +1,26 @@
 #!/usr/bin/env python3
-"""Decode GEMMs on one GPU: the split-K decode kernel and the persistent Triton GEMM beside
-cuBLAS (`torch.matmul`), per (M, N, K).
+"""Decode GEMMs on one GPU: the persistent Triton GEMM, its swap-AB tiles and (with
+``--split-k``) the split-K decode kernel beside cuBLAS (`torch.matmul`), per (M, N, K).
 
 Shapes (bf16): M in 1, 2, 4, ..., 512 (``ficco.workloads.PHASE_TOKENS["decode"]``) against every
 catalog model's decode (N, K) at W ranks (``--world``, default 2): the gemm_ar problems of
 ``ficco workloads --phase decode``, deduplicated by shape.
 
 Protocol, per shape:
-  1. tune: ``ficco.kernels.tune`` over the persistent space for the shape and, up to 512 rows,
-     the decode kernel's split-K configs (``configs.decode_candidate_configs``), each candidate
-     checked against ``torch.matmul`` before ``triton.testing.do_bench`` (median, L2 flushed)
-     times it; the winner ("space") is written to the tuning cache ($FICCO_CACHE_DIR), and the
-     record's timings give the fastest persistent and the fastest decode config as well;
+  1. tune: ``ficco.kernels.tune`` over the space ``matmul`` tunes over (``candidate_configs``:
+     the persistent tiles and, up to 64 rows, the swap-AB tiles) and, with ``--split-k``, the
+     decode kernel's split-K configs (``configs.decode_candidate_configs``), each candidate
+     checked against ``torch.matmul`` before it is timed (the tuner's own timer: interleaved
+     rounds, L2 flushed, host launch cost hidden; ``--rep-ms``: do_bench instead); the winner
+     ("space") is written to the tuning cache ($FICCO_CACHE_DIR), and the record's timings
+     give the fastest persistent, swap-AB and split-K config as well;
   2. verify on fresh random inputs, output poisoned with NaN: relative Frobenius error of each
-     of space / persistent / decode and of cuBLAS against an fp32 reference (TF32 off); a
-     variant above 1e-2 is not timed;
-  3. time cuBLAS, the space's choice, the persistent and the decode configs, and the space's
-     choice again (noise floor), interleaved round by round, order rotated, an L2 flush
-     before every launch (``ficco.execute.timing``: ``time_rounds`` with a ``DeviceClock``);
-     median over rounds. ratio = cuBLAS ms / variant ms (above 1: faster than cuBLAS).
+     of space / persistent / swap / decode and of cuBLAS against an fp32 reference (TF32
+     off); a variant above 1e-2 is not timed;
+  3. time cuBLAS, the space's choice, the fastest of each kernel, and the space's choice
+     again (noise floor), interleaved round by round, order rotated, an L2 flush before every
+     launch, host launch cost hidden (``ficco.execute.timing.LaunchTimer``); median over
+     rounds. ratio = cuBLAS ms / variant ms (above 1: faster than cuBLAS).
 
 Writes JSON (with the machine's fingerprint) to $OUT/bench_decode_gemm.json when $OUT is set,
 else to --out, after every shape; prints a table last.
@@ -41,8 +43,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_gemm import Timer, fingerprint  # noqa: E402
+from bench_gemm import fingerprint  # noqa: E402
 
+from ficco.execute.timing import LaunchTimer  # noqa: E402
 from ficco.kernels import matmul, tune  # noqa: E402
 from ficco.kernels.configs import (  # noqa: E402
     GemmConfig,
@@ -55,6 +58,13 @@ from ficco.workloads import PHASE_TOKENS, ParallelSetup, catalog_problems  # noq
 
 REL_ERROR_LIMIT = 1e-2
 ROUNDS = 30
+KINDS = ("persistent", "swap", "decode")
+
+
+def kind_of(cfg: GemmConfig) -> str:
+    """Which kernel a config runs: the split-K decode kernel, a swap-AB tile, or a persistent
+    tile."""
+    return "decode" if cfg.decode else "swap" if cfg.swap_ab else "persistent"
 
 
 def decode_shapes(world: int) -> dict[tuple[int, int], list[str]]:
@@ -75,41 +85,38 @@ def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref).norm() / ref.norm())
 
 
-def _fastest(entry: dict, space: list[GemmConfig], decode: bool) -> GemmConfig | None:
-    """The fastest correct config of the tuning record among the decode kernel's (or the
-    persistent kernels') configs of ``space``."""
+def _fastest(entry: dict, space: list[GemmConfig], kind: str) -> GemmConfig | None:
+    """The fastest correct config of the tuning record among ``space``'s configs of one
+    kernel (``kind_of``)."""
     timings = entry.get("timings_ms", {})
-    kept = [c for c in space if c.decode == decode and c.name in timings]
+    kept = [c for c in space if kind_of(c) == kind and c.name in timings]
     return min(kept, key=lambda c: timings[c.name]) if kept else None
 
 
-def bench_shape(m, n, k, timer, gen, budget, rep_ms) -> dict:
+def bench_shape(m, n, k, timer, gen, budget, rep_ms, split_k) -> dict:
     import triton
 
     dtype = torch.bfloat16
     smem = device_info(torch.device("cuda", 0)).shared_memory_bytes
     t0 = time.perf_counter()
     offered = candidate_configs(m, n, k, 2, 2, sm_budget=budget, shared_memory_bytes=smem)
-    offered += decode_candidate_configs(m, n, k, 2, 2, sm_budget=budget, shared_memory_bytes=smem)
+    if split_k:
+        offered += decode_candidate_configs(
+            m, n, k, 2, 2, sm_budget=budget, shared_memory_bytes=smem
+        )
+    tune_timer = None
+    if rep_ms is not None:
+
+        def tune_timer(fn):
+            return triton.testing.do_bench(fn, warmup=2, rep=rep_ms, return_mode="median")
+
     space = tune(
-        m,
-        n,
-        k,
-        dtype,
-        budget,
-        "cuda",
-        configs=offered,
-        read_cache=False,
-        timer=lambda fn: triton.testing.do_bench(fn, warmup=2, rep=rep_ms, return_mode="median"),
+        m, n, k, dtype, budget, "cuda", configs=offered, read_cache=False, timer=tune_timer
     )
     tune_s = time.perf_counter() - t0
     entry = cache_entry(TuningKey.for_problem(m, n, k, dtype, budget, torch.device("cuda", 0)))
     entry = entry or {}
-    variants = {
-        "space": space,
-        "persistent": _fastest(entry, offered, False),
-        "decode": _fastest(entry, offered, True),
-    }
+    variants = {"space": space, **{kind: _fastest(entry, offered, kind) for kind in KINDS}}
     variants = {name: cfg for name, cfg in variants.items() if cfg is not None}
 
     a = torch.randn((m, k), device="cuda", generator=gen).to(dtype)
@@ -157,7 +164,7 @@ def summarize(rows: list[dict]) -> dict:
         return [r["ratio"][name] for r in (subset or rows) if name in r["ratio"]]
 
     summary = {"shapes": len(rows)}
-    for name in ("space", "persistent", "decode"):
+    for name in ("space", *KINDS):
         got = ratios(name)
         summary[f"{name}_vs_cublas_geomean"] = _geomean(got)
         summary[f"{name}_vs_cublas_min"] = min(got, default=math.nan)
@@ -165,11 +172,14 @@ def summarize(rows: list[dict]) -> dict:
     by_m = {}
     for m in sorted({r["M"] for r in rows}):
         subset = [r for r in rows if r["M"] == m]
-        by_m[str(m)] = {
-            name: _geomean(ratios(name, subset)) for name in ("space", "persistent", "decode")
-        }
+        by_m[str(m)] = {name: _geomean(ratios(name, subset)) for name in ("space", *KINDS)}
     summary["by_m"] = by_m
     summary["space_picks_decode"] = sum("_splitk" in r["configs"].get("space", "") for r in rows)
+    summary["space_picks_swap"] = sum("_swap" in r["configs"].get("space", "") for r in rows)
+    # the better of the tuner's pick and cuBLAS per shape: what a space that may pick either
+    # (gemm_ar's GEMM choice) gets
+    best = [max(1.0, r["ratio"].get("space", 0.0)) for r in rows]
+    summary["best_of_space_and_cublas_geomean"] = _geomean(best)
     summary["cublas_faster_than_space"] = [
         [r["M"], r["N"], r["K"]] for r in rows if r["ratio"].get("space", 0) < 1.0
     ]
@@ -188,7 +198,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="JSON path (default: $OUT/bench_decode_gemm.json)")
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--m", type=int, nargs="*", help="rows (default: the decode phase's)")
-    parser.add_argument("--rep-ms", type=int, default=5, help="do_bench repeat while tuning")
+    parser.add_argument(
+        "--rep-ms",
+        type=int,
+        help="tune with do_bench, this many ms per candidate (default: the tuner's timer)",
+    )
+    parser.add_argument(
+        "--split-k", action="store_true", help="also offer the split-K decode kernel's configs"
+    )
     parser.add_argument("--budget-s", type=float, help="skip the shapes left after this long")
     parser.add_argument("--commit", help="git commit to record when the tree has no .git")
     args = parser.parse_args(argv)
@@ -203,12 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     t_start = time.perf_counter()
     gen = torch.Generator(device="cuda").manual_seed(20261125)
-    timer = Timer()
+    timer = LaunchTimer()
     budget = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = decode_shapes(args.world)
     m_values = args.m or list(PHASE_TOKENS["decode"])
     result = {
-        "benchmark": "decode gemm: ficco.kernels.matmul (split-K decode / persistent) vs cuBLAS",
+        "benchmark": "decode gemm: ficco.kernels.matmul (persistent / swap-AB / split-K) vs cuBLAS",
         "protocol": __doc__.split("Protocol, per shape:")[1].split("Writes JSON")[0].strip(),
         "environment": fingerprint(args.commit),
         "world": args.world,
@@ -233,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             result["skipped"].append([m, n, k])
             continue
         try:
-            row = bench_shape(m, n, k, timer, gen, budget, args.rep_ms)
+            row = bench_shape(m, n, k, timer, gen, budget, args.rep_ms, args.split_k)
         except Exception as exc:  # recorded, and the sweep goes on
             row = {"M": m, "N": n, "K": k, "error": f"{type(exc).__name__}: {exc}"[:400]}
             result.setdefault("errors", []).append(row)
@@ -250,11 +267,14 @@ def main(argv: list[str] | None = None) -> int:
     save()
     s = result["summary"]
     print(
-        f"space {s['space_vs_cublas_geomean']:.4f} (min {s['space_vs_cublas_min']:.3f})  "
-        f"decode {s['decode_vs_cublas_geomean']:.4f} (min {s['decode_vs_cublas_min']:.3f})  "
-        f"persistent {s['persistent_vs_cublas_geomean']:.4f} "
-        f"(min {s['persistent_vs_cublas_min']:.3f})  shapes {s['shapes']}  "
-        f"skipped {len(result['skipped'])}  decode picked {s['space_picks_decode']}"
+        "  ".join(
+            f"{name} {s[f'{name}_vs_cublas_geomean']:.4f} (min {s[f'{name}_vs_cublas_min']:.3f}, "
+            f"{s[f'{name}_shapes']} shapes)"
+            for name in ("space", *KINDS)
+        )
+        + f"  skipped {len(result['skipped'])}  picked swap {s['space_picks_swap']} "
+        f"split-K {s['space_picks_decode']}  best of space and cuBLAS "
+        f"{s['best_of_space_and_cublas_geomean']:.4f}"
     )
     print("by M", json.dumps(s["by_m"]))
     print("targets", s["targets"])

@@ -11,8 +11,13 @@ Shapes (bf16 by default):
          16384x14336x4096 (each budget tuned on its own).
 
 Protocol, per shape:
-  1. tune: every configuration kept for the shape, timed by `triton.testing.do_bench` median
-     on random inputs (the tuning cache is written but not read unless --reuse-tuning);
+  1. tune: every configuration kept for the shape, checked, then timed by the tuner's timer
+     (`ficco.kernels.tune`: interleaved rounds, L2 flushed, host launch cost hidden) or, with
+     --tune-rep-ms, `triton.testing.do_bench` median, on random inputs (the tuning cache is
+     written but not read unless --reuse-tuning); with --compare-do-bench, on shapes whose
+     pick runs under DO_BENCH_COMPARE_MS, do_bench (8 ms a candidate, median) ranks the same
+     correct candidates too, and its pick is verified and timed in the rounds below where it
+     differs (the pick the tuner made before its timer changed);
   2. verify on fresh random inputs, output poisoned with NaN: relative Frobenius error of
      Triton and of cuBLAS against an fp32 cuBLAS reference (TF32 off); Triton must be <= 1e-2;
   3. time Triton (T), cuBLAS (C) and Triton again (T2) interleaved round by round, the order
@@ -86,6 +91,7 @@ BUDGET_SHAPES = [(8192, 8192, 8192), (16384, 14336, 4096)]
 BUDGETS = [132, 128, 120, 112, 96]
 REL_ERROR_LIMIT = 1e-2
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DO_BENCH_COMPARE_MS = 0.2
 
 
 def shape_sets(quick: bool) -> tuple[dict, list, list]:
@@ -249,9 +255,37 @@ def best_before_widening(entry: dict, m: int, n: int, k: int, budget: int) -> Ge
     return min(kept, key=lambda c: timings[c.name]) if kept else None
 
 
+def do_bench_pick(entry: dict, m, n, k, dtype, budget) -> GemmConfig | None:
+    """The config do_bench (8 ms a candidate, median, L2 flushed) ranks first among the
+    tuning record's correct candidates: the tuner's pick before its timer changed."""
+    import triton
+
+    smem = kernel_paths.device_info(torch.device("cuda", 0)).shared_memory_bytes
+    timings = entry.get("timings_ms", {})
+    offered = candidate_configs(m, n, k, 2, 2, sm_budget=budget, shared_memory_bytes=smem)
+    kept = [c for c in offered if c.name in timings]
+    if not kept:
+        return None
+    a = torch.randn((m, k), device="cuda").to(dtype)
+    b = torch.randn((k, n), device="cuda").to(dtype)
+    c = torch.empty((m, n), device="cuda", dtype=dtype)
+    ms = {
+        cfg: triton.testing.do_bench(
+            lambda cfg=cfg: matmul(a, b, c, sm_budget=budget, config=cfg),
+            warmup=2,
+            rep=8,
+            return_mode="median",
+        )
+        for cfg in kept
+    }
+    return min(ms, key=ms.__getitem__)
+
+
 def bench_shape(m, n, k, dtype, timer, args, gen, budget) -> dict:
     cfg, entry, tune_s = _tune(m, n, k, dtype, budget, args.reuse_tuning, args.tune_rep_ms)
     before = best_before_widening(entry, m, n, k, budget) if args.compare_before else None
+    if args.compare_do_bench and (entry.get("ms") or 1e9) < DO_BENCH_COMPARE_MS:
+        before = do_bench_pick(entry, m, n, k, dtype, budget)
     err_t, err_c, path = _verify(m, n, k, dtype, cfg, budget, gen)
     err_before = _verify(m, n, k, dtype, before, budget, gen)[0] if before else None
     a = torch.randn((m, k), device="cuda", dtype=torch.float32, generator=gen).to(dtype)
@@ -271,8 +305,15 @@ def bench_shape(m, n, k, dtype, timer, args, gen, budget) -> dict:
     rounds = _rounds_for(_median(warm["cublas"]), args.quick)
     times = timer.interleaved(fns, rounds)
     t_ms, c_ms, t2_ms = (_median(times[x]) for x in ("triton", "cublas", "triton2"))
-    # the space before widening: its own timing where its choice differs, else the same kernel
-    tb_ms = _median(times["triton_before"]) if "triton_before" in times else t_ms
+    # the other pick: its own timing where it differs, the same kernel's where it does not,
+    # none where it failed its check
+    tb_ms = (
+        _median(times["triton_before"])
+        if "triton_before" in times
+        else t_ms
+        if before == cfg
+        else math.nan
+    )
     return {
         "M": m,
         "N": n,
@@ -285,7 +326,7 @@ def bench_shape(m, n, k, dtype, timer, args, gen, budget) -> dict:
         "cublas_tflops": _tflops(m, n, k, c_ms),
         "ratio": c_ms / t_ms,
         "self_ratio": t2_ms / t_ms,
-        "before_widening": None
+        "before_widening" if args.compare_before else "do_bench_pick": None
         if before is None
         else {"config": before.name, "ms": tb_ms, "ratio": c_ms / tb_ms, "rel_error": err_before},
         "config": cfg.name,
@@ -427,6 +468,14 @@ def summarize(rows: list[dict], budget_rows: list[dict], budgets: list[int]) -> 
             got = [r["before_widening"]["ratio"] for r in subset if r.get("before_widening")]
             summary[f"before_widening_{name}_geomean"] = _geomean(got)
             summary[f"before_widening_{name}_min_ratio"] = min(got, default=math.nan)
+    compared = [r for r in rows if r.get("do_bench_pick")]
+    if compared:
+        summary["do_bench_pick"] = {
+            "shapes": len(compared),
+            "differs": sum(r["do_bench_pick"]["config"] != r["config"] for r in compared),
+            "tuner_geomean": _geomean([r["ratio"] for r in compared]),
+            "do_bench_geomean": _geomean([r["do_bench_pick"]["ratio"] for r in compared]),
+        }
     if 120 in budgets and 132 in budgets:
         summary["sm_budget_120_vs_132"] = {
             f"{r['M']}x{r['N']}x{r['K']}": r["budgets"]["132"]["ms"] / r["budgets"]["120"]["ms"]
@@ -456,7 +505,14 @@ def main(argv: list[str] | None = None) -> int:
         help="also time the best config of the space before it was widened, beside the best",
     )
     parser.add_argument(
-        "--tune-rep-ms", type=int, help="do_bench repeat per candidate while tuning (default 30)"
+        "--compare-do-bench",
+        action="store_true",
+        help="also time do_bench's pick of the same candidates, on shapes under 0.2 ms",
+    )
+    parser.add_argument(
+        "--tune-rep-ms",
+        type=int,
+        help="tune with do_bench, this many ms per candidate (default: the tuner's timer)",
     )
     parser.add_argument(
         "--budget-s", type=float, help="skip the shapes left once this many seconds are spent"
@@ -550,6 +606,8 @@ def print_table(result: dict) -> None:
         f"T/T2 {s['self_ratio_min']:.3f}-{s['self_ratio_max']:.3f}  "
         f"host us {result.get('host_launch_us')}  elapsed {result.get('elapsed_s')}s"
     )
+    if "do_bench_pick" in s:
+        print("do_bench's pick, where it was asked:", s["do_bench_pick"])
     if "before_widening_full_geomean" in s:
         print(
             f"before widening: full {s['before_widening_full_geomean']:.4f} "

@@ -46,12 +46,11 @@ TIMEOUT_S = 0.5
 
 def sleep_cycles_per_us() -> float:
     """Calibrate ``torch.cuda._sleep`` (cycles) against CUDA events."""
+    from ficco.execute.timing import device_events
+
     torch.cuda._sleep(1000)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     cycles = 10_000_000
-    start.record()
-    torch.cuda._sleep(cycles)
-    end.record()
+    start, end = device_events(lambda: torch.cuda._sleep(cycles))
     torch.cuda.synchronize()
     return cycles / (start.elapsed_time(end) * 1e3)
 

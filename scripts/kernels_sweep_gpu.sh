@@ -1,41 +1,134 @@
 #!/usr/bin/env bash
-# Every GEMM-kernel measurement of one GPU lease, in one command (JSON and logs under $OUT):
-#   1. which Triton features the image has, warp specialization compiled and timed;
-#   2. the tuning space compiled ahead in parallel processes (Triton's disk cache);
-#   3. tests/gpu/test_kernels_decode_gpu.py (bf16 numerics of the decode kernel);
-#   4. decode GEMMs (bench_decode_gemm.py): decode kernel / persistent / space vs cuBLAS;
-#   5. bench_gemm.py's full and chunk shapes: the widened space vs the space before it;
-#   6. tune_fused_gpu.py's shapes: the fused GEMM, its tile tuned over the widened space.
-# Each phase has its own time cap (seconds: PROBE_S PREWARM_S TESTS_S DECODE_S GEMM_S FUSED_S;
-# on one H100, 2026-11-25, probe and prewarm did not finish in 20 s and 35 s, the decode phase
-# took 68 s, bench_gemm 84 s, and the fused phase 40 s before its first shape)
-# and writes after every shape, so what ran comes back even when a cap cuts it short. The
-# tuning cache the phases fill is $OUT/cache/gemm_tuning.json.
+# Every GEMM-kernel measurement of one GPU lease, in one command (JSON and logs under $OUT),
+# inside a stage cap of KERNELS_S seconds (default 220):
+#   prewarm  the tuning space compiled ahead in parallel processes (Triton's disk cache), and
+#            meanwhile, in the background, scripts/probe_triton_features.py (does Triton's warp
+#            specialization compile and pay here; skipped with PROBE=0);
+#   gemm     bench_gemm.py's chunk and full shapes vs cuBLAS, small first, and the pick
+#            do_bench would have made where it differs;
+#   decode   decode GEMMs (bench_decode_gemm.py): the tuner's pick, the fastest persistent
+#            tile and the fastest swap-AB tile vs cuBLAS, M ascending;
+#   fused    tune_fused_gpu.py's catalog shapes: the fused GEMM, its tile tuned;
+#   tests    tests/gpu/test_kernels_decode_gpu.py (split-K and swap-AB tiles in bf16).
+# PHASES picks and orders them (default: all, in that order). Each phase's cap is its share
+# (SHARE_<phase>, default prewarm 18 gemm 36 decode 26 fused 16 tests 4) of the time left
+# before the stage's end (KERNELS_S less MARGIN_S, default 8), so time a phase leaves unused
+# goes to the phases after it; a phase whose cap is too short to measure anything (fused 30 s,
+# gemm and decode 20 s, else 5 s) is skipped and leaves it to the next; a phase's own budget (--budget-s) is its cap less the seconds
+# its start-up and last save take. Every script writes its JSON after each shape, so a phase
+# cut by its cap still returns what it measured. On one H100, 2026-11-25 (before the caps
+# were derived): compiles took most of a 35 s prewarm, decode 68 s for 190 shapes, bench_gemm
+# 73 s for 56, the fused phase 40 s before its first shape.
+#   KERNELS_S=220 bash scripts/kernels_sweep_gpu.sh --dry-run   # prints the plan, runs nothing
 set -u
 cd "$(dirname "$0")/.."
-: "${OUT:?set OUT}"
+DRY=0
+[[ "${1:-}" == "--dry-run" ]] && DRY=1
+: "${OUT:=${STAGE_DIR:-}}"
+: "${OUT:?set OUT (or STAGE_DIR)}"
 export PYTHONUNBUFFERED=1 CUDA_MODULE_LOADING=EAGER
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/ficco_triton_cache}
 export FICCO_CACHE_DIR=$OUT/cache
-mkdir -p "$FICCO_CACHE_DIR"
-COMMIT=${COMMIT:-unknown}
+PY=${PYTHON:-python3}
+KERNELS_S=${KERNELS_S:-220}
+MARGIN_S=${MARGIN_S:-8}
+PHASES=${PHASES:-prewarm gemm decode fused tests}
+COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 LOG=$OUT/sweep.log
-phase() {  # name, cap, command...
+START=$(date +%s)
+END=$(( START + KERNELS_S - MARGIN_S ))
+mkdir -p "$OUT" "$FICCO_CACHE_DIR"
+
+share() {  # a phase's share of the time left
+  case $1 in
+    prewarm) echo "${SHARE_prewarm:-18}" ;;
+    gemm) echo "${SHARE_gemm:-36}" ;;
+    decode) echo "${SHARE_decode:-26}" ;;
+    fused) echo "${SHARE_fused:-16}" ;;
+    tests) echo "${SHARE_tests:-4}" ;;
+    *) echo 0 ;;
+  esac
+}
+least() {  # the shortest cap worth starting a phase with
+  case $1 in
+    fused) echo 30 ;;
+    gemm | decode) echo 20 ;;
+    *) echo 5 ;;
+  esac
+}
+startup() {  # seconds a phase's script spends outside its --budget-s (imports, last save)
+  case $1 in
+    decode) echo 12 ;;
+    gemm) echo 15 ;;
+    fused) echo 20 ;;
+    *) echo 0 ;;
+  esac
+}
+cap_of() {  # phase, phases after it: its share of the time left now
+  local name=$1 rest=$2 total left
+  total=$(share "$name")
+  for p in $rest; do total=$(( total + $(share "$p") )); done
+  left=$(( END - $(date +%s) ))
+  (( left < 0 )) && left=0
+  echo $(( total > 0 ? left * $(share "$name") / total : 0 ))
+}
+command_of() {  # phase, cap: the command line
+  local budget=$(( $2 - $(startup "$1") ))
+  (( budget < 5 )) && budget=5
+  case $1 in
+    prewarm) echo "$PY scripts/prewarm_kernels.py --workers ${PREWARM_WORKERS:-14}" ;;
+    decode) echo "$PY scripts/bench_decode_gemm.py --commit $COMMIT --budget-s $budget" ;;
+    gemm) echo "$PY scripts/bench_gemm.py --commit $COMMIT --skip-budgets --compare-do-bench --budget-s $budget" ;;
+    fused) echo "$PY scripts/tune_fused_gpu.py --no-check-shapes --no-robustness --budget-s $budget" ;;
+    tests) echo "$PY -m pytest -q -x -p no:cacheprovider -o addopts= tests/gpu/test_kernels_decode_gpu.py" ;;
+  esac
+}
+run_phase() {  # name, cap, command...
   local name=$1 cap=$2
   shift 2
   echo "=== $name (cap ${cap}s) $(date -u +%T)" | tee -a "$LOG"
-  timeout "$cap" "$@" 2>&1 | tee -a "$LOG" | tail -n 12
+  timeout --kill-after=3 "$cap" "$@" 2>&1 | tee -a "$LOG" | tail -n 12
   echo "=== $name rc=${PIPESTATUS[0]} $(date -u +%T)" | tee -a "$LOG"
 }
+
+if (( DRY )); then
+  echo "stage ${KERNELS_S}s (margin ${MARGIN_S}s), phases: $PHASES; caps if each phase runs to its cap:"
+  rest=$PHASES
+  for name in $PHASES; do
+    rest=${rest#*"$name"}
+    cap=$(cap_of "$name" "$rest")
+    echo "  $name ${cap}s: $(command_of "$name" "$cap")"
+    END=$(( END - cap ))
+  done
+  [[ "${PROBE:-1}" == 1 ]] && echo "  probe (background, during prewarm): $PY scripts/probe_triton_features.py"
+  exit 0
+fi
+
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit,temperature.gpu \
   --format=csv 2>&1 | tee -a "$LOG"
-phase probe "${PROBE_S:-60}" python3 scripts/probe_triton_features.py
-phase prewarm "${PREWARM_S:-90}" python3 scripts/prewarm_kernels.py --workers 14
-phase tests "${TESTS_S:-40}" python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernels_decode_gpu.py
-phase decode "${DECODE_S:-110}" python3 scripts/bench_decode_gemm.py --commit "$COMMIT" --rep-ms 3 \
-  --budget-s $(( ${DECODE_S:-110} - 15 ))
-phase gemm "${GEMM_S:-130}" python3 scripts/bench_gemm.py --commit "$COMMIT" --compare-before \
-  --tune-rep-ms 8 --skip-budgets --budget-s $(( ${GEMM_S:-130} - 20 ))
-phase fused "${FUSED_S:-80}" python3 scripts/tune_fused_gpu.py --no-check-shapes \
-  --budget-s $(( ${FUSED_S:-80} - 25 ))
+echo "stage ${KERNELS_S}s, phases: $PHASES, commit $COMMIT" | tee -a "$LOG"
+rest=$PHASES
+PROBE_PID=
+for name in $PHASES; do
+  rest=${rest#*"$name"}
+  cap=$(cap_of "$name" "$rest")
+  if (( cap < $(least "$name") )); then
+    echo "=== $name skipped: ${cap}s left" | tee -a "$LOG"
+    continue
+  fi
+  if [[ $name == prewarm && "${PROBE:-1}" == 1 ]]; then
+    # the probe compiles and times on its own; its answer is known only once it has run
+    timeout --kill-after=3 "$cap" $PY scripts/probe_triton_features.py > "$OUT/probe.log" 2>&1 &
+    PROBE_PID=$!
+  fi
+  # shellcheck disable=SC2046
+  run_phase "$name" "$cap" $(command_of "$name" "$cap")
+  if [[ -n $PROBE_PID ]]; then
+    wait "$PROBE_PID"
+    echo "=== probe rc=$? $(date -u +%T)" | tee -a "$LOG"
+    tail -n 6 "$OUT/probe.log" | tee -a "$LOG"
+    PROBE_PID=
+  fi
+done
+echo "=== kernels sweep done in $(( $(date +%s) - START ))s of ${KERNELS_S}s" | tee -a "$LOG"

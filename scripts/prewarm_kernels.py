@@ -8,7 +8,7 @@ and argument specialisation, so a pool of processes that launches each config on
 problem of the same specialisation (dimensions multiples of 16, contiguous operands; M = 1 and
 M = 2 for the small-row configs) leaves the later run only cache loads.
 
-    python scripts/prewarm_kernels.py [--workers 14] [--no-fused]
+    python scripts/prewarm_kernels.py [--workers 14] [--no-fused] [--split-k] [--dry-run]
 
 Prints one line per task and rewrites $OUT/prewarm_kernels.json after each when $OUT is set. A
 task that fails is reported, never fatal (the run that follows compiles it itself).
@@ -29,21 +29,42 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def tasks(fused: bool) -> list[tuple[str, dict, int]]:
-    """(kind, config fields, rows) per compile: every persistent config with and without its
-    split tail, the decode kernel's tiles at each row block, the fused kernel's space."""
-    from ficco.kernels.configs import DECODE_TILES, GPU_CONFIGS, GemmConfig
+def tasks(fused: bool, split_k: bool) -> list[tuple[str, dict, int]]:
+    """(kind, config fields, rows) per compile, in the order the sweep's phases use them:
+    every persistent config with and without its split tail (bench_gemm's shapes), then the
+    swap-AB tiles and the persistent configs at decode rows (bench_decode_gemm's: M = 1 and an
+    unaligned M are their own specialisations), the split-K decode kernel's tiles only with
+    ``split_k`` (it lost at 189 of 190 decode shapes on an H100), then the fused kernel's
+    space. Rows: M = 1, an M that is not a multiple of 16 and one that is are the three
+    specialisations a launch can meet (N and K of every benchmarked shape are multiples of
+    16); the decode benchmark's M = 1, 2, 4, ... puts only M <= 16 on the first two."""
+    from ficco.kernels.configs import (
+        DECODE_TILES,
+        GPU_CONFIGS,
+        SWAP_TILES,
+        GemmConfig,
+    )
 
     out = []
     for cfg in GPU_CONFIGS:
-        rows = [cfg.block_m * 4] + ([1, 2] if cfg.block_m <= 64 else [])
         for split_tail in (False, True):
-            for m in rows:
-                out.append(("gemm", replace(cfg, split_tail=split_tail).to_dict(), m))
-    for bm in (16, 32, 64, 128):
-        for bn, bk, stages, warps in DECODE_TILES:
-            cfg = GemmConfig(bm, bn, bk, 8, stages, warps, split_k=2)
-            out.append(("gemm", cfg.to_dict(), 2))
+            out.append(("gemm", replace(cfg, split_tail=split_tail).to_dict(), cfg.block_m * 4))
+    for rows in (16, 32, 64):
+        for bn, bk, stages, warps in SWAP_TILES:
+            cfg = GemmConfig(rows, bn, bk, 8, stages, warps, swap_ab=True)
+            for split_tail in (True, False):
+                for m in (1, rows - 1, rows) if rows == 16 else (rows,):
+                    out.append(("gemm", replace(cfg, split_tail=split_tail).to_dict(), m))
+    for cfg in GPU_CONFIGS:
+        if cfg.block_m <= 64:
+            for split_tail in (True, False):
+                for m in (1, 2):
+                    out.append(("gemm", replace(cfg, split_tail=split_tail).to_dict(), m))
+    if split_k:
+        for bm in (16, 32, 64, 128):
+            for bn, bk, stages, warps in DECODE_TILES:
+                cfg = GemmConfig(bm, bn, bk, 8, stages, warps, split_k=2)
+                out.append(("gemm", cfg.to_dict(), 2))
     if fused:
         for cfg in GPU_CONFIGS:
             out.append(("fused", cfg.to_dict(), cfg.block_m * 4))
@@ -92,9 +113,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     parser.add_argument("--no-fused", action="store_true")
+    parser.add_argument("--split-k", action="store_true", help="also the split-K decode kernel")
+    parser.add_argument("--dry-run", action="store_true", help="list the tasks, compile nothing")
     args = parser.parse_args()
     t0 = time.perf_counter()
-    todo = tasks(not args.no_fused)
+    todo = tasks(not args.no_fused, args.split_k)
+    if args.dry_run:
+        for task in todo:
+            print(task[0], task[2], json.dumps(task[1], sort_keys=True))
+        print(f"{len(todo)} tasks")
+        return 0
     results = []
     record = Path(os.environ["OUT"]) / "prewarm_kernels.json" if "OUT" in os.environ else None
     with mp.get_context("spawn").Pool(args.workers) as pool:

@@ -14,7 +14,11 @@ if not torch.cuda.is_available():
 from ficco.kernels import GemmConfig, matmul, tune  # noqa: E402
 from ficco.kernels import persistent as kernel_paths  # noqa: E402
 from ficco.kernels import tuning as tuning_mod  # noqa: E402
-from ficco.kernels.configs import candidate_configs, decode_candidate_configs  # noqa: E402
+from ficco.kernels.configs import (  # noqa: E402
+    candidate_configs,
+    decode_candidate_configs,
+    swap_candidate_configs,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -89,3 +93,42 @@ def test_tuner_offers_and_checks_decode_configs():
 
 def best_budget() -> int:
     return kernel_paths.default_sm_budget(DEV)
+
+
+@pytest.mark.parametrize("m", [1, 7, 16, 33, 64])
+def test_swap_ab_tiles_bf16(m):
+    # every swap-AB tile the space offers for these rows, on a 2880-wide layer (a ragged last
+    # tile for 64/128/256 columns) and a 16384-wide one (whole waves: no split)
+    for n, k in ((2880, 2048), (16384, 1024)):
+        gen = torch.Generator(device=DEV).manual_seed(m * 7 + n)
+        a = torch.randn(m, k, device=DEV, generator=gen).to(torch.bfloat16)
+        w = torch.randn(n, k, device=DEV, generator=gen).to(torch.bfloat16)
+        ref = a.float() @ w.float().t()
+        bar = min(1e-2, 2 * _err(torch.matmul(a, w.t()), ref) + 1e-4)
+        configs = swap_candidate_configs(m, n, k, 2, 2, sm_budget=best_budget())
+        assert configs
+        for cfg in configs:
+            for b in (w.t(), w.t().contiguous()):  # a transposed weight and a row-major one
+                out = torch.full((m, n), float("nan"), device=DEV, dtype=torch.bfloat16)
+                before = kernel_paths.LAUNCH_COUNTS["tma"]
+                for _ in range(2):  # split tails' arrival counters reset themselves
+                    matmul(a, b, out, config=cfg)
+                torch.cuda.synchronize()
+                assert kernel_paths.LAUNCH_COUNTS["tma"] == before + 2, cfg.name
+                assert _err(out, ref) <= bar, cfg.name
+
+
+def test_swap_ab_accumulate_into_fp32_slice():
+    m, n, k = 5, 4096, 2048
+    gen = torch.Generator(device=DEV).manual_seed(11)
+    a = torch.randn(m, k, device=DEV, generator=gen).to(torch.bfloat16)
+    b = torch.randn(k, n, device=DEV, generator=gen).to(torch.bfloat16)
+    wide = torch.randn(m, n + 64, device=DEV, generator=gen)
+    keep = wide.clone()
+    cfg = swap_candidate_configs(m, n, k, 2, 2)[0]
+    matmul(a, b, wide[:, 32 : 32 + n], accumulate=True, config=cfg)
+    ref = a.float() @ b.float() + keep[:, 32 : 32 + n]
+    assert _err(wide[:, 32 : 32 + n], ref) <= 1e-2
+    assert torch.equal(wide[:, :32], keep[:, :32]) and torch.equal(
+        wide[:, 32 + n :], keep[:, 32 + n :]
+    )
