@@ -14,10 +14,14 @@ from ficco.execute.options import TimingOptions  # noqa: E402
 from ficco.execute.timing import time_rounds  # noqa: E402
 from ficco.kernels.configs import INTERPRETER_CONFIGS, GemmConfig  # noqa: E402
 from ficco.kernels.trials import (  # noqa: E402
+    MAX_ROUNDS,
+    MIN_ROUNDS,
+    ROUNDS_GPU_MS,
     Rejected,
     Trials,
     check_then_time,
     relative_error,
+    rounds_for,
     tuning_record,
 )
 
@@ -70,6 +74,53 @@ def test_only_correct_candidates_are_timed():
     entry = tuning_record(trials, 8, 5, 6, "tma", 0.0)
     assert entry["config"] == GOOD.to_dict() and entry["ms"] == 2.5
     assert entry["failures"] == trials.failures
+
+
+class _RoundsTimer:
+    """A RoundsTimer that records how it was asked: GOOD takes 0.5 ms, the others 0.01."""
+
+    def __init__(self):
+        self.asked = []
+
+    def medians(self, fns, rounds):
+        self.asked.append((sorted(fns), rounds))
+        for fn in fns.values():
+            fn()
+        return {name: (0.5 if name == GOOD.name else 0.01) for name in fns}
+
+
+def test_rounds_timer_times_the_correct_candidates_together():
+    gen = torch.Generator().manual_seed(8)
+    a, b = torch.randn(8, 6, generator=gen), torch.randn(6, 5, generator=gen)
+    ref = a @ b
+    out = torch.empty(8, 5)
+    fast = GemmConfig(16, 16, 32, 4, 1, 4)  # correct too, and faster
+
+    def build(cfg):
+        def run():
+            torch.matmul(a, b, out=out)
+            if cfg == WRONG:
+                out.mul_(1.5)
+
+        return run
+
+    timer = _RoundsTimer()
+    trials = check_then_time([GOOD, WRONG, fast], build, out, ref, timer, lambda: None)
+    # checked one by one; the two correct ones timed together: an estimate, then the rounds
+    # (0.51 ms a round: ROUNDS_GPU_MS / 0.51 rounds, within the bounds)
+    assert timer.asked == [
+        (sorted([GOOD.name, fast.name]), 2),
+        (sorted([GOOD.name, fast.name]), rounds_for([0.5, 0.01])),
+    ]
+    assert trials.timings_ms == {GOOD.name: 0.5, fast.name: 0.01}
+    assert trials.best() == fast.name and WRONG.name in trials.failures
+
+
+def test_rounds_for_bounds():
+    assert rounds_for([1000.0]) == MIN_ROUNDS
+    assert rounds_for([1e-6]) == MAX_ROUNDS
+    assert rounds_for([ROUNDS_GPU_MS / 10]) == 10
+    assert rounds_for([]) == MAX_ROUNDS
 
 
 def test_best_is_the_fastest():
