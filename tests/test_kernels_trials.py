@@ -109,7 +109,7 @@ def test_rounds_timer_times_the_correct_candidates_together():
     # checked one by one; the two correct ones timed together: an estimate, then the rounds
     # (0.51 ms a round: ROUNDS_GPU_MS / 0.51 rounds, within the bounds)
     assert timer.asked == [
-        (sorted([GOOD.name, fast.name]), 2),
+        (sorted([GOOD.name, fast.name]), 1),
         (sorted([GOOD.name, fast.name]), rounds_for([0.5, 0.01])),
     ]
     assert trials.timings_ms == {GOOD.name: 0.5, fast.name: 0.01}

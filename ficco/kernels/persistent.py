@@ -225,7 +225,7 @@ def _store_c_tile(
     BLOCK_N: tl.constexpr,
     ACCUMULATE: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
-    TRANSPOSE_C: tl.constexpr,
+    TRANSPOSE_C: tl.constexpr = False,
 ):
     # C[pid_m, pid_n] (+)= acc [BLOCK_M, BLOCK_N] fp32, through the TMA descriptor;
     # TRANSPOSE_C: the descriptor is C^T's (swap_ab computed out^T), so acc^T is stored.

@@ -31,7 +31,7 @@ CHECK_TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-
 Timer = Callable[[Callable[[], object]], float]
 
 # A RoundsTimer's interleaved rounds: at least MIN, at most MAX, about ROUNDS_GPU_MS of
-# kernel time in all (the first two rounds estimate each candidate's time).
+# kernel time in all (a first round estimates each candidate's time).
 MIN_ROUNDS = 5
 MAX_ROUNDS = 25
 ROUNDS_GPU_MS = 150.0
@@ -116,7 +116,7 @@ def check_then_time(
         else:
             runs[cfg.name] = run
     if runs:
-        estimate = timer.medians(runs, 2)
+        estimate = timer.medians(runs, 1)
         got = timer.medians(runs, rounds_for(estimate.values()))
         timings.update({name: float(got[name]) for name in runs})
     return Trials(timings, failures, by_name)
