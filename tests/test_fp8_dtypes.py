@@ -283,13 +283,19 @@ def test_async_tp_has_scaled_ops_for_the_gather_and_the_scatter_only():
     assert async_tp_scaled_op(Collective.ALL_REDUCE) is None
 
 
-def test_the_cuda_backends_refuse_fp8_plans_naming_why():
+def test_the_cuda_backends_take_fp8_plans_and_refuse_fused_ones_naming_why():
     from ficco.backends import backend_spec
 
+    fused = Schedule.parse("finer-c2-m/ce/triton+fused")
     for name in ("cuda", "cuda_shared"):
-        reason = backend_spec(name).check(fp8(), Schedule())
-        assert reason and "fp8" in reason and "--backend cpu" in reason
-        assert backend_spec(name).check(plain(fp8()), Schedule()) is None
+        assert backend_spec(name).check(fp8(), Schedule()) is None
+        assert backend_spec(name).check(fp8(), Schedule.parse("finer-c2-m/ce/cublas")) is None
+        reason = backend_spec(name).check(fp8(), fused)
+        assert reason and "fp8" in reason and "fused" in reason
+    assert backend_spec("cuda").check(plain(fp8()), fused) is None
+    # cuBLASLt has no e5m2 x e5m2 GEMM: every schedule of an fp8_e5m2 problem, naming why
+    e5m2 = backend_spec("cuda").check(fp8(dtype="fp8_e5m2"), Schedule())
+    assert e5m2 and "e5m2 x fp8_e5m2" in e5m2 and "--backend cpu" in e5m2
 
 
 # --- recommend, workloads -----------------------------------------------------------------

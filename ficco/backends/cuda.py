@@ -6,7 +6,7 @@ from __future__ import annotations
 from ficco.backends import BackendSpec, Refusal, register_backend
 from ficco.execute.options import TimingOptions
 from ficco.problem import Problem
-from ficco.space import Schedule
+from ficco.space import Compute, Schedule
 
 #: Untimed runs of each candidate before the rounds (its kernels are tuned and, where
 #: graphed, captured before any of them).
@@ -31,20 +31,23 @@ def setup_here(rank: int, local_rank: int, world: int, timeout_s: float):
     return CudaBackend(init_rank(rank, world, None, timeout_s, local_rank=local_rank))
 
 
-#: why the CUDA executor refuses a scaled (fp8) problem's plans
-SCALED_PLANS_REASON = (
-    "the cuda executor's plans do not run scaled (fp8) problems yet: their copies and NCCL "
-    "moves do not carry fp8 rows with their scales, nor their GEMMs call torch._scaled_mm "
-    "(the cpu backend verifies every fp8 schedule: --backend cpu)"
+#: why a fused schedule of a scaled (fp8) problem is refused
+SCALED_FUSED_REASON = (
+    "fused schedules of fp8 problems need a flag-waiting FP8 GEMM (ficco.kernels.fused runs "
+    "bf16/fp16/fp32 tiles only): run the per_chunk or merged compute of the same schedule"
 )
 
 
 def check(problem: Problem, schedule: Schedule) -> Refusal:
-    # what this machine lacks (nccl_ce, symmetric-memory signals) is found by the ranks at
-    # set-up and recorded unavailable there
-    if problem.scaled:
-        return SCALED_PLANS_REASON
-    return None
+    # what this machine lacks (nccl_ce, symmetric-memory signals, an FP8-capable GPU) is
+    # found by the ranks at set-up or by the primitives, and recorded unavailable there
+    if not problem.scaled:
+        return None
+    if schedule.compute is Compute.FUSED:
+        return SCALED_FUSED_REASON
+    from ficco.execute.scaled_mm import self_product_refusal
+
+    return self_product_refusal(problem.dtype)
 
 
 def runner(**options):

@@ -38,7 +38,15 @@ from ficco.execute.fused import FusedPrimitives
 from ficco.execute.interpreter import Primitives, interpret
 from ficco.execute.options import TimingOptions
 from ficco.execute.reference import reference_output
-from ficco.execute.scaled import Unpacked, allocate_scaled, is_fp8, pack, row_scales, scaled_gemm
+from ficco.execute.scaled import (
+    Unpacked,
+    allocate_scaled,
+    copy_row_scales,
+    is_fp8,
+    pack,
+    row_scales,
+    scaled_gemm,
+)
 from ficco.plan import (
     COLLECTIVE_TAG,
     CollectiveOp,
@@ -244,9 +252,7 @@ class CpuPrimitives(FusedPrimitives, Primitives):
 
     def local_copy(self, op: LocalCopyOp) -> None:
         view(self.tensors, op.dst).copy_(view(self.tensors, op.src))
-        scales = row_scales(self.plan.problem, self.tensors, op.src)
-        if scales is not None:  # fp8 rows take their scales along
-            row_scales(self.plan.problem, self.tensors, op.dst).copy_(scales)
+        copy_row_scales(self.plan.problem, self.tensors, op.src, op.dst)
 
     def transfer(
         self, ops: Sequence[TransferOp], task_ids: Sequence[int], pending: dict | None = None

@@ -460,12 +460,9 @@ class CudaBackend(Backend):
 
         made_by = allocate_scaled if problem.scaled else allocate
         tensors = made_by(plan, seed, device=self.ctx.device, peer_visible_empty=symm_empty)
-        handles = {}
-        for spec in plan.buffers:
-            if spec.peer_visible:
-                handles[spec.name] = symm_mem.rendezvous(
-                    made.get(spec.name, tensors[spec.name]), self.ctx.group.group_name
-                )
+        # every peer-visible allocation (a scaled problem's moving row scales too), in order
+        group = self.ctx.group.group_name
+        handles = {name: symm_mem.rendezvous(whole, group) for name, whole in made.items()}
         # fused schedules' flags: one int32 per (source rank, chunk), set by copies' stream
         # writes or by peers' fused GEMMs
         flags = symm_mem.empty(FLAG_SLOTS, dtype=torch.int32, device=self.ctx.device)
@@ -480,6 +477,10 @@ class CudaBackend(Backend):
         return reference_by_collectives(problem, bufs.tensors, self.ctx.device)
 
     def primitives(self, plan: Plan, bufs: Buffers, run: int) -> CudaPrimitives:
+        if plan.problem.scaled:  # fp8 rows with their scales, torch._scaled_mm
+            from ficco.execute.cuda_scaled import scaled_primitives
+
+            return scaled_primitives(CudaPrimitives)(self.ctx, plan, bufs)
         return CudaPrimitives(self.ctx, plan, bufs)
 
     def baselines(self, problem: Problem, bufs: Buffers) -> dict[str, Callable[[], None]]:
@@ -561,7 +562,8 @@ class CudaBackend(Backend):
 
         shapes = set()
         for schedule in schedules:
-            if schedule.gemm is not Gemm.TRITON:
+            # ficco.kernels.scaled (fp8) picks its own configuration
+            if schedule.gemm is not Gemm.TRITON or problem.scaled:
                 continue
             try:
                 plan = build_plan(problem, schedule, self.rank)

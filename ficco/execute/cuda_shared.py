@@ -327,8 +327,8 @@ class SharedPrimitives(CudaPrimitives):
             local.copy_(staged)
 
 
-def _unavailable(reason: str) -> Callable[[], None]:
-    def baseline() -> None:
+def _unavailable(reason: str) -> Callable[..., None]:
+    def baseline(*mode) -> None:
         raise Unavailable(reason)
 
     return baseline
@@ -356,10 +356,14 @@ class CudaSharedBackend(CudaBackend):
         import torch
 
         from ficco.execute.buffers import allocate
+        from ficco.execute.scaled import allocate_scaled, scale_name
 
         plan = build_plan(problem, Schedule(), self.rank)
-        tensors = allocate(plan, seed, device=self.ctx.device)
+        made_by = allocate_scaled if problem.scaled else allocate
+        tensors = made_by(plan, seed, device=self.ctx.device)
         names = [spec.name for spec in plan.buffers if spec.peer_visible]
+        # a scaled problem's per-row scales move with the rows: peers read them too
+        names += [scale_name(n) for n in names if problem.scaled and scale_name(n) in tensors]
         pads = [
             torch.zeros(SIGNAL_CHANNELS * self.world, dtype=torch.int32, device=self.ctx.device)
             for _ in names
@@ -380,6 +384,10 @@ class CudaSharedBackend(CudaBackend):
 
     def primitives(self, plan: Plan, bufs: Buffers, run: int) -> SharedPrimitives:
         self._runs += 1
+        if plan.problem.scaled:  # fp8 rows with their scales, torch._scaled_mm
+            from ficco.execute.cuda_scaled import scaled_primitives
+
+            return scaled_primitives(SharedPrimitives)(self.ctx, plan, bufs, self._runs)
         return SharedPrimitives(self.ctx, plan, bufs, self._runs)
 
     def baselines(self, problem: Problem, bufs: Buffers) -> dict[str, Callable[[], None]]:
@@ -394,10 +402,11 @@ class CudaSharedBackend(CudaBackend):
         from ficco.execute.interpreter import interpret
 
         plan = build_plan(problem, Schedule(), self.rank)
-        out = plan_baselines(
-            functools.partial(interpret, self.primitives(plan, bufs, 0)),
-            bufs.tensors[plan.output],
-        )
+        try:
+            run = functools.partial(interpret, self.primitives(plan, bufs, 0))
+        except Unavailable as err:  # the serial plan cannot run here (fp8_e5m2's GEMM)
+            run = _unavailable(str(err))
+        out = plan_baselines(run, bufs.tensors[plan.output])
         if problem.pattern in (Pattern.AG_GEMM, Pattern.GEMM_RS):
             out[BASELINE_ASYNC_TP] = _unavailable(ASYNC_TP_REASON)
         if problem.pattern is Pattern.GEMM_AR:

@@ -47,9 +47,16 @@ Report = Callable[[dict], None]
 
 
 def poison(plan: Plan, bufs: Buffers) -> None:
-    """NaN into every non-input buffer: an unwritten element can never pass verification."""
+    """NaN into every non-input buffer (a scaled problem's: its moving row scales too): an
+    unwritten element can never pass verification."""
     for spec in plan.buffers:
-        if spec.role not in ("input", "index"):
+        if spec.role in ("input", "index"):
+            continue
+        if plan.problem.scaled:
+            from ficco.execute.scaled import poison_scaled
+
+            poison_scaled(plan.problem, bufs.tensors, spec.name)
+        else:
             bufs.tensors[spec.name].fill_(float("nan"))
 
 

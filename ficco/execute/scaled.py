@@ -119,32 +119,52 @@ def allocate_scaled(
     """A scaled problem's tensors: fp8 operands with their scales (inputs quantized from
     seeded normals; workspaces poisoned with NaN, a per-tensor scale set, a per-row scale
     NaN until its rows arrive), every other buffer in the output dtype, NaN.
-    ``peer_visible_empty`` as ``ficco.execute.buffers.allocate`` takes it."""
+    ``peer_visible_empty`` as ``ficco.execute.buffers.allocate`` takes it; a peer-visible
+    buffer's per-row scales are peer-visible too (peers read them with the rows), named
+    :func:`scale_name`."""
     problem = plan.problem
     a_side, b_side = operand_sides(plan)
     fp8, out_dtype = torch_dtype(problem.dtype), torch_dtype(problem.output_dtype)
     tensors: dict[str, torch.Tensor] = {}
+
+    def place(peer_visible: bool, shape, dtype, name: str) -> torch.Tensor:
+        if peer_visible and peer_visible_empty:
+            return peer_visible_empty(shape, dtype=dtype, device=device, name=name)
+        return empty(shape, dtype=dtype, device=device)
+
     for spec in plan.buffers:
         side = "a" if spec.name in a_side else "b" if spec.name in b_side else None
         dtype = fp8 if side else out_dtype
-        if spec.peer_visible and peer_visible_empty:
-            t = peer_visible_empty(spec.shape, dtype=dtype, device=device, name=spec.name)
-        else:
-            t = empty(spec.shape, dtype=dtype, device=device)
-        tensors[spec.name] = t
-        if side is not None and spec.role == "input":
-            bits, scales = seeded_input(problem, plan.rank, spec.name, side, spec.shape, seed)
-            t.copy_(bits.to(device))
-            tensors[scale_name(spec.name)] = scales.to(device)
-            continue
-        poison(t)
+        t = tensors[spec.name] = place(spec.peer_visible, spec.shape, dtype, spec.name)
         if side is None:
+            poison(t)
             continue
-        scales = torch.full(scale_shape(problem, side, spec.shape), float("nan"), device=device)
-        if side == "a" and problem.a_scale is AScale.TENSOR:
-            scales.fill_(_static_scale(problem))
-        tensors[scale_name(spec.name)] = scales
+        if spec.role == "input":
+            bits, values = seeded_input(problem, plan.rank, spec.name, side, spec.shape, seed)
+            t.copy_(bits.to(device))
+        else:
+            poison(t)
+            values = torch.full(scale_shape(problem, side, spec.shape), float("nan"))
+            if side == "a" and problem.a_scale is AScale.TENSOR:
+                values.fill_(_static_scale(problem))
+        # only a per-row scale ever moves: a peer-visible buffer's is peer-visible
+        moves = side == "a" and problem.a_scale is AScale.ROW
+        peer_visible = spec.peer_visible and moves
+        scales = place(peer_visible, values.shape, torch.float32, scale_name(spec.name))
+        tensors[scale_name(spec.name)] = scales.copy_(values.to(device))
     return tensors
+
+
+def poison_scaled(problem: Problem, tensors: dict, name: str) -> None:
+    """NaN into buffer ``name`` and, where they move with its rows, its per-row scales (a
+    schedule that moves rows without their scales must fail verification, whatever an
+    earlier schedule left there)."""
+    t = tensors[name]
+    poison(t)
+    if t.dim() == 2:
+        scales = row_scales(problem, tensors, Region(name, (0, t.shape[0]), (0, t.shape[1])))
+        if scales is not None:
+            scales.fill_(float("nan"))
 
 
 def row_scales(problem: Problem, tensors: dict, region: Region) -> torch.Tensor | None:
@@ -175,12 +195,20 @@ def operand(tensors: dict, region: Region, side: str) -> tuple[torch.Tensor, tor
     return bits, scales
 
 
-def scaled_gemm(tensors: dict, op: GemmOp, out: torch.Tensor) -> None:
-    """``out (+)= scaled_matmul(a, b)``: the FP8 GEMM's fp32 product stored in ``out``'s
-    dtype (bf16); accumulating adds the stored product (a bf16 rounding per K chunk, as
-    ``extra_roundings`` allows)."""
+def copy_row_scales(problem: Problem, tensors: dict, src: Region, dst: Region) -> None:
+    """A local copy of fp8 rows takes their per-row scales along (nothing where none move)."""
+    scales = row_scales(problem, tensors, src)
+    if scales is not None:
+        row_scales(problem, tensors, dst).copy_(scales)
+
+
+def scaled_gemm(tensors: dict, op: GemmOp, out: torch.Tensor, matmul=scaled_matmul) -> None:
+    """``out (+)= matmul(a, b, a_scale, b_scale, out.dtype)``: the FP8 GEMM's fp32 product
+    stored in ``out``'s dtype (bf16); accumulating adds the stored product (a bf16 rounding
+    per K chunk, as ``extra_roundings`` allows). ``matmul``: ``scaled_matmul``'s signature
+    (the CUDA executor's cuBLAS or Triton one)."""
     (a, a_scale), (b, b_scale) = operand(tensors, op.a, "a"), operand(tensors, op.b, "b")
-    product = scaled_matmul(a, b, a_scale, b_scale, out.dtype)
+    product = matmul(a, b, a_scale, b_scale, out.dtype)
     if op.accumulate:
         out.add_(product)
     else:

@@ -106,8 +106,8 @@ def _all_gather(p: Problem, tensors: dict, device, group_name: str) -> dict:
         if per_row:  # the rows' scales travel with them
             dist.all_gather_into_tensor(full_scale, shard_scale)
 
-    def gemm_alone() -> None:
-        scaled_matmul(a_full, b, full_scale, b_scale, c.dtype, out=c)
+    def gemm_alone() -> None:  # the gathered scales are on the GPU: never read on the host
+        scaled_matmul(a_full, b, full_scale, b_scale, c.dtype, out=c, check_values=False)
 
     def serial_eager() -> None:
         gather()
@@ -150,8 +150,8 @@ def _reduced(p: Problem, tensors: dict, device, group_name: str, collective: Col
     result = torch.empty((out_rows, p.n), dtype=partial.dtype, device=device)
     b = b.t().contiguous().t()  # column-major once, as cuBLASLt's FP8 GEMM takes it
 
-    def gemm_alone() -> None:
-        scaled_matmul(a, b, a_scale, b_scale, partial.dtype, out=partial)
+    def gemm_alone() -> None:  # no host read of the scales: it would break a graph's capture
+        scaled_matmul(a, b, a_scale, b_scale, partial.dtype, out=partial, check_values=False)
 
     def comm_alone() -> None:  # bf16 partials, reduced by NCCL
         if scattered:

@@ -9,7 +9,8 @@ upcasts the same fp8 bits a GPU's tensor cores read; on CUDA it is ``torch._scal
 
 Every call is refused with its cause first: a wrong scale (not fp32, a shape that is neither
 one value nor one per row/column, a value not finite and positive), a GPU below compute
-capability 8.9 (FP8 tensor cores: Ada, Hopper and later), a torch without ``_scaled_mm``. The
+capability 8.9 (FP8 tensor cores: Ada, Hopper and later), a torch without ``_scaled_mm``, an
+e5m2 x e5m2 product on a GPU (cuBLASLt pairs e5m2 only with e4m3). The
 probes are module functions so tests can stand in for a GPU (:func:`device_capability`,
 :func:`torch_scaled_mm`).
 """
@@ -36,6 +37,22 @@ def torch_scaled_mm():
     return getattr(torch, "_scaled_mm", None)
 
 
+#: fp8 formats cuBLASLt does not multiply by themselves (torch._scaled_mm refuses "two
+#: Float8_e5m2 matrices": e5m2 is a gradient format, only ever one side of a mixed pair)
+NO_SELF_PRODUCT = ("fp8_e5m2",)
+
+
+def self_product_refusal(dtype: str) -> str | None:
+    """Why no GPU runs an fp8 problem of ``dtype`` (both operands in it), or None."""
+    if dtype not in NO_SELF_PRODUCT:
+        return None
+    return (
+        f"dtype {dtype}: torch._scaled_mm (cuBLASLt) has no {dtype} x {dtype} GEMM (e5m2 "
+        "pairs only with e4m3), and both operands of an fp8 problem share its dtype; use "
+        "fp8_e4m3 on GPUs (--backend cpu emulates it)"
+    )
+
+
 def gpu_refusal(dtype: str, device) -> str | None:
     """Why an FP8 GEMM of ``dtype`` cannot run on CUDA ``device`` here (None: it can)."""
     traits = DTYPES[dtype]
@@ -52,11 +69,12 @@ def gpu_refusal(dtype: str, device) -> str | None:
             f"{need[0]}.{need[1]} or higher (FP8 tensor cores: Ada, Hopper and later); "
             f"{torch.cuda.get_device_name(device)} has {have[0]}.{have[1]}"
         )
-    return None
+    return self_product_refusal(dtype)
 
 
-def _check_scale(name: str, scale: torch.Tensor, per: str, count: int) -> bool:
-    """Checks one side's scales; True where they are one per row/column."""
+def _check_scale(name: str, scale: torch.Tensor, per: str, count: int, values: bool) -> bool:
+    """Checks one side's scales (their values too where ``values``); True where they are
+    one per row/column."""
     if not isinstance(scale, torch.Tensor):
         raise InputError(name, scale, "must be a tensor of fp32 scales")
     if scale.dtype != torch.float32:
@@ -67,14 +85,15 @@ def _check_scale(name: str, scale: torch.Tensor, per: str, count: int) -> bool:
         raise InputError(
             name, shape, f"must be one scale (per tensor) or {list(vector)} (one per {per})"
         )
-    if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
+    if values and (not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all())):
         raise InputError(name, shape, "every scale must be finite and positive")
     return scale.numel() != 1
 
 
-def check_operands(a, b, a_scale, b_scale) -> tuple[bool, bool]:
+def check_operands(a, b, a_scale, b_scale, values: bool = True) -> tuple[bool, bool]:
     """Refuses what ``scaled_matmul`` cannot compute, naming the field and the rule;
-    returns ``(a per row, b per column)``."""
+    returns ``(a per row, b per column)``. ``values``: also read the scales' values (on a
+    GPU that synchronizes the host)."""
     for name, t in (("a", a), ("b", b)):
         if t.dtype not in FP8_NAMES:
             raise InputError(
@@ -84,15 +103,20 @@ def check_operands(a, b, a_scale, b_scale) -> tuple[bool, bool]:
             raise InputError(name, tuple(t.shape), "must be a matrix")
     if a.shape[1] != b.shape[0]:
         raise InputError("b", tuple(b.shape), f"must have K={a.shape[1]} rows, as a has columns")
-    rows = _check_scale("a_scale", a_scale, "row", a.shape[0])
-    cols = _check_scale("b_scale", b_scale, "column", b.shape[1])
+    rows = _check_scale("a_scale", a_scale, "row", a.shape[0], values)
+    cols = _check_scale("b_scale", b_scale, "column", b.shape[1], values)
     return rows, cols
 
 
-def scaled_matmul(a, b, a_scale, b_scale, out_dtype=torch.bfloat16, out=None) -> torch.Tensor:
+def scaled_matmul(
+    a, b, a_scale, b_scale, out_dtype=torch.bfloat16, out=None, *, check_values: bool = True
+) -> torch.Tensor:
     """``(a * a_scale) @ (b * b_scale)`` in fp32, stored as ``out_dtype`` (into ``out`` where
-    given; see the module)."""
-    rows, cols = check_operands(a, b, a_scale, b_scale)
+    given; see the module). ``check_values=False``: the scales' shapes and dtype are checked,
+    not their values: a plan's GEMM reads scales that arrive on the GPU's streams, where a
+    read would synchronize the host (and a CUDA graph's capture forbids it); the plan's
+    verification catches a wrong one."""
+    rows, cols = check_operands(a, b, a_scale, b_scale, check_values)
     if a.device.type != "cuda":
         product = (a.float() * a_scale.reshape(-1, 1)) @ (b.float() * b_scale.reshape(1, -1))
         return product.to(out_dtype) if out is None else out.copy_(product)

@@ -80,8 +80,13 @@ class SegmentPrimitives:
         scratch = torch.zeros(2, 16, dtype=torch.uint8, device=self.ctx.device)
         SegmentCopy([(scratch[0], scratch[1])])()
 
+    def move_beside_segments(self, op: TransferGroupOp) -> None:
+        """What moves beside the kernel, before a push group's signals (a scaled plan's row
+        scales: ``ficco.execute.cuda_scaled``)."""
+
     def transfer_group(self, op: TransferGroupOp, task_id: int) -> None:
         self._segment_kernel(op)()
+        self.move_beside_segments(op)
         for t in op.transfers:
             if t.direction == "send":  # a push: tell the owner its block has landed
                 self.bufs.handles[t.remote.buffer].put_signal(
