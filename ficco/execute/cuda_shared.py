@@ -128,12 +128,18 @@ def stream_write_value32(flag, value: int) -> None:
 
 def exchange(tensors: list, rank: int, world: int, group=None) -> list[list]:
     """Every rank's ``tensors``, opened in this process through CUDA IPC: ``[rank][i]`` (this
-    rank's own are the tensors themselves). A collective."""
+    rank's own are the tensors themselves; a peer's fp8 buffer opens as its bytes, which
+    ``IpcHandle.get_buffer`` views back as the dtype asked for). A collective."""
+    import torch
     import torch.distributed as dist
     from torch.multiprocessing.reductions import reduce_tensor
 
+    from ficco.execute.scaled import is_fp8
+
+    # fp8 as uint8: the byte type every torch's IPC rebuild knows
+    wire = [t.view(torch.uint8) if is_fp8(t) else t for t in tensors]
     handles: list = [None] * world
-    dist.all_gather_object(handles, [reduce_tensor(t) for t in tensors], group=group)
+    dist.all_gather_object(handles, [reduce_tensor(t) for t in wire], group=group)
     return [
         list(tensors) if r == rank else [rebuild(*args) for rebuild, args in handles[r]]
         for r in range(world)
