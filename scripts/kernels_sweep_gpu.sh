@@ -9,7 +9,8 @@
 #   decode   decode GEMMs (bench_decode_gemm.py): the tuner's pick, the fastest persistent
 #            tile and the fastest swap-AB tile vs cuBLAS, M ascending;
 #   fused    tune_fused_gpu.py's catalog shapes: the fused GEMM, its tile tuned;
-#   tests    tests/gpu/test_kernels_decode_gpu.py (split-K and swap-AB tiles in bf16).
+#   tests    tests/gpu/test_kernels_decode_gpu.py and test_kernels_stream_k_gpu.py (split-K,
+#            swap-AB and stream-K tiles in bf16).
 # PHASES picks and orders them (default: all, in that order). Each phase's cap is its share
 # (SHARE_<phase>, default prewarm 18 gemm 36 decode 26 fused 16 tests 4) of the time left
 # before the stage's end (KERNELS_S less MARGIN_S, default 8), so time a phase leaves unused
@@ -81,7 +82,7 @@ command_of() {  # phase, cap: the command line
     decode) echo "$PY scripts/bench_decode_gemm.py --commit $COMMIT --budget-s $budget" ;;
     gemm) echo "$PY scripts/bench_gemm.py --commit $COMMIT --skip-budgets --compare-do-bench --budget-s $budget" ;;
     fused) echo "$PY scripts/tune_fused_gpu.py --no-check-shapes --no-robustness --budget-s $budget" ;;
-    tests) echo "$PY -m pytest -q -x -p no:cacheprovider -o addopts= tests/gpu/test_kernels_decode_gpu.py" ;;
+    tests) echo "$PY -m pytest -q -x -p no:cacheprovider -o addopts= tests/gpu/test_kernels_decode_gpu.py tests/gpu/test_kernels_stream_k_gpu.py" ;;
   esac
 }
 run_phase() {  # name, cap, command...

@@ -56,6 +56,11 @@ class GemmConfig:
     """K ranges per output tile in the split-K decode kernel (`ficco.kernels.decode`): 1 is
     the persistent kernels; 2 or more runs every tile as that many K ranges, for few rows
     (decode M = 1 ... 512), where a GEMM streams the weight and whole tiles leave SMs idle."""
+    stream_k: bool = False
+    """Deal the K steps of the last, partly filled wave's tiles out evenly to every program
+    (stream-K's data-parallel waves + one stream-K wave; see `stream_k_plan`): runs of
+    `run_steps` steps that cross tile edges, each tile's pieces summed by its last arriver.
+    TMA kernel only; `split_tail` splits whole tiles instead."""
     swap_ab: bool = False
     """Compute out^T = b^T a^T in the TMA kernel: N runs in the MMA's M dimension (64 rows a
     warpgroup) and the few rows of a decode GEMM in its N dimension (16 and up), so an
@@ -88,6 +93,8 @@ class GemmConfig:
                 "GemmConfig.split_k > 1 (the decode kernel) takes neither split_tail, "
                 "epilogue_subtile nor swap_ab"
             )
+        if self.stream_k and (self.split_tail or self.split_k > 1):
+            raise ValueError("GemmConfig.stream_k takes neither split_tail nor split_k > 1")
         if self.swap_ab and self.epilogue_subtile and self.block_m < 32:
             raise ValueError("GemmConfig.epilogue_subtile with swap_ab needs block_m >= 32")
 
@@ -98,9 +105,10 @@ class GemmConfig:
         split = "_splittail" if self.split_tail else ""
         split_k = f"_splitk{self.split_k}" if self.split_k > 1 else ""
         swap = "_swap" if self.swap_ab else ""
+        stream_k = "_streamk" if self.stream_k else ""
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}"
-            f"_s{self.num_stages}_w{self.num_warps}{swap}{sub}{split}{split_k}"
+            f"_s{self.num_stages}_w{self.num_warps}{swap}{sub}{split}{stream_k}{split_k}"
         )
 
     @property
@@ -167,6 +175,15 @@ GPU_CONFIGS: tuple[GemmConfig, ...] = (
     _c(64, 256, 64, 5, 8, sub=True),
     _c(64, 128, 64, 7, 4),
 )
+# The tiles also offered with `stream_k` where the last wave is short: the big tiles that win
+# on full waves (each is one more compile per shape class, so not the whole space).
+STREAM_K_BASES: tuple[GemmConfig, ...] = (
+    _c(128, 256, 64, 4, 8, sub=True),
+    _c(128, 256, 64, 3, 8),
+    _c(256, 128, 64, 4, 8, sub=True),
+    _c(128, 128, 64, 5, 8, sub=True),
+    _c(128, 128, 64, 4, 4),
+)
 #: The first 18 points of GPU_CONFIGS: the space before it was widened (benchmarks compare
 #: the best of these with the best of the whole space).
 GPU_CONFIGS_BEFORE_WIDENING = 18
@@ -192,6 +209,7 @@ INTERPRETER_CONFIGS: tuple[GemmConfig, ...] = (
     _c(32, 64, 32, 1, 4, group=4, sub=True),
     _c(16, 32, 16, 1, 4, group=4, split=True),
 )
+INTERPRETER_STREAM_K_BASES: tuple[GemmConfig, ...] = (INTERPRETER_CONFIGS[0],)
 
 # The split-K decode kernel's tiles (`ficco.kernels.decode`), for M <= DECODE_MAX_ROWS, timed
 # beside the persistent space by scripts/bench_decode_gemm.py: rows
@@ -248,6 +266,49 @@ def split_plan(num_tiles: int, programs: int, k_steps: int) -> SplitPlan | None:
     return SplitPlan(num_tiles - tail, tail, split, k_per_split)
 
 
+@dataclass(frozen=True)
+class StreamKPlan:
+    """How a launch with `stream_k` distributes work over `programs` persistent programs."""
+
+    dp_tiles: int
+    """Tiles computed whole: the full waves (a multiple of `programs`)."""
+    sk_tiles: int
+    """Tiles of the last, partly filled wave, whose K steps are dealt out in runs."""
+    run_steps: int
+    """BLOCK_K steps per program's run (the last run may be shorter)."""
+    programs: int
+    """The grid: every program takes one run."""
+    segments: int = 2
+    """Most tiles one run touches (a run is shorter than a tile: at most two)."""
+
+    @property
+    def units(self) -> int:
+        return self.dp_tiles + self.segments * self.programs
+
+
+# The last wave is left whole when it is at least this full.
+STREAM_K_MAX_FILL = 0.9
+
+
+def stream_k_plan(num_tiles: int, programs: int, k_steps: int) -> StreamKPlan | None:
+    """Stream-K's plan for the last wave, or None where it has nothing to even out.
+
+    With T tiles on P programs the last wave holds T mod P tiles (all T when T < P); their
+    `tail x k_steps` K steps are dealt out in runs of ceil(that / P) steps (at least
+    MIN_K_STEPS_PER_SPLIT), so every program finishes the wave at the same time. A run is
+    shorter than a tile, so it touches at most two tiles and a tile is cut in few pieces
+    (fewer fp32 partials than `split_plan`'s even split of every tail tile: 1024x3072 in
+    128x256 tiles is 96 tiles on 132 SMs, which `split_plan` cannot split at all).
+    """
+    tail = num_tiles % programs if num_tiles >= programs else num_tiles
+    if tail == 0 or tail >= STREAM_K_MAX_FILL * programs:
+        return None
+    run_steps = max(-(-tail * k_steps // programs), MIN_K_STEPS_PER_SPLIT)
+    if run_steps >= k_steps:
+        return None
+    return StreamKPlan(num_tiles - tail, tail, run_steps, programs)
+
+
 # Safe for the pointer path on any CUDA GPU of the last decade (small shared memory).
 FALLBACK_CONFIG = GemmConfig(64, 64, 32, group_m=8, num_stages=3, num_warps=4)
 
@@ -270,6 +331,12 @@ def suits_shape(cfg: GemmConfig, m: int, n: int, k: int) -> bool:
     )
 
 
+def streams_here(cfg: GemmConfig, m: int, n: int, k: int, sm_budget: int) -> bool:
+    """`stream_k` changes this launch: the last wave is short enough to even out."""
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    return stream_k_plan(tiles, sm_budget, -(-k // cfg.block_k)) is not None
+
+
 def splits_here(cfg: GemmConfig, m: int, n: int, k: int, sm_budget: int) -> bool:
     """`split_tail` changes this launch: the last wave is short enough to split."""
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
@@ -290,13 +357,15 @@ def candidate_configs(
     """The configurations worth timing for one GEMM shape, in the space's order, then the
     swap-AB tiles for few rows (`swap_candidate_configs`).
 
-    Each kept configuration also comes with `split_tail=True` where that changes the launch.
+    Each kept configuration also comes with `split_tail=True` where that changes the launch,
+    and the tiles of STREAM_K_BASES with `stream_k=True` where that does.
     The split-K decode kernel's configs (`decode_candidate_configs`) are not offered here: on
     one H100 it lost to the persistent kernel at 189 of 190 decode shapes, and do_bench's
     ranking of microsecond kernels picked it where it was slower (profiles/h100/
     NOTES_gemm.md). A tuning-cache entry names it for the shapes where it measured faster.
     """
     space = INTERPRETER_CONFIGS if interpreter else GPU_CONFIGS
+    stream_k_bases = INTERPRETER_STREAM_K_BASES if interpreter else STREAM_K_BASES
     kept = []
     for cfg in space:
         if not suits_shape(cfg, m, n, k):
@@ -309,6 +378,8 @@ def candidate_configs(
             kept.append(cfg)
         if splits_here(cfg, m, n, k, sm_budget):
             kept.append(replace(cfg, split_tail=True))
+        if cfg in stream_k_bases and streams_here(cfg, m, n, k, sm_budget):
+            kept.append(replace(cfg, stream_k=True))
     kept += swap_candidate_configs(
         m,
         n,
@@ -427,9 +498,10 @@ def fused_candidate_configs(
     shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
 ) -> list[GemmConfig]:
     """The fused GEMM's candidates for chunks of `rows` rows: the persistent GPU space, pruned
-    as `candidate_configs` prunes it, without `split_tail` (the fused kernel never splits K:
+    as `candidate_configs` prunes it, without `split_tail` or `stream_k` (the fused kernel never splits K:
     its tiles are claimed one at a time as their chunks arrive) and without swap-AB tiles."""
     kept = candidate_configs(
         rows, n, k, in_bytes, out_bytes, sm_budget=1, shared_memory_bytes=shared_memory_bytes
     )
-    return list(dict.fromkeys(replace(cfg, split_tail=False) for cfg in kept if not cfg.swap_ab))
+    plain = (replace(cfg, split_tail=False, stream_k=False) for cfg in kept if not cfg.swap_ab)
+    return list(dict.fromkeys(plain))

@@ -12,8 +12,9 @@ Two kernels compute the same function, `out (+)= a @ b` with fp32 accumulation:
   out-of-bounds loads to zero and drops out-of-bounds stores, so ragged M, N, K need no masks,
   and a C that is a row or column slice of a larger tensor is written only inside the slice.
   TMA needs 16-byte aligned base addresses and leading strides and a unit inner stride.
-- `_matmul_ptr_kernel` uses masked pointer loads/stores with arbitrary strides: for GPUs
-  before Hopper, misaligned views, and Tritons without host descriptors.
+- the pointer kernel (`ficco.kernels.pointer`) uses masked pointer loads/stores with
+  arbitrary strides: for GPUs before Hopper, misaligned views, and Tritons without host
+  descriptors.
 
 A config with `split_k` >= 2 runs the split-K decode kernel instead (`ficco.kernels.decode`,
 any views), whatever the path.
@@ -31,6 +32,13 @@ followed that wave count exactly (8192^3: 16 waves at 132 programs, 18 at 120: 0
 0.888 measured). Those tail tiles are split along K (`configs.split_plan`); every K range
 writes an fp32 partial, and the last of them to arrive (an acq_rel ticket per tile) sums the
 partials in a fixed order, so results are deterministic, and stores C.
+
+Stream-K (`GemmConfig.stream_k`, TMA kernel): the split tail cannot help a last wave of more
+than half the programs (1024x3072x4096 in 128x256 tiles is 96 tiles on 132 SMs: 0.67x cuBLAS
+on an H100, 0.83x on an H200). Instead the last wave's K steps, tile after tile, are dealt
+out in equal runs, one per program (`configs.stream_k_plan`); a run is shorter than a tile,
+so it touches at most two, and a tile's pieces (2-3) are summed by the last to arrive, in run
+order (deterministic), from a workspace of [programs, 2] fp32 tiles.
 """
 
 from __future__ import annotations
@@ -51,8 +59,11 @@ from ficco.kernels.configs import (
     HOPPER_SHARED_MEMORY_BYTES,
     GemmConfig,
     split_plan,
+    stream_k_plan,
 )
 from ficco.kernels.decode import launch_decode
+from ficco.kernels.pointer import launch_ptr
+from ficco.kernels.tiles import _stream_k_coords, _tile_coords, _unit_coords
 
 try:  # Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -72,30 +83,6 @@ LAST_COMPILED: dict[str, object] = {}
 _TORCH_TO_TL_PRECISION = {torch.float32: "ieee", torch.float16: "tf32", torch.bfloat16: "tf32"}
 
 
-@triton.jit
-def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    # Grouped order: GROUP_M tile-rows share each B column block while it sits in L2.
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = tile_id // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (tile_id % group_size_m)
-    pid_n = (tile_id % num_pid_in_group) // group_size_m
-    return pid_m, pid_n
-
-
-@triton.jit
-def _unit_coords(unit, dp_tiles, split, k_per_split, k_tiles):
-    # Units [0, dp_tiles) are whole tiles; each later tile is `split` units, one K range each.
-    is_split = unit >= dp_tiles
-    split_unit = tl.maximum(unit - dp_tiles, 0)
-    tile_id = tl.where(is_split, dp_tiles + split_unit // split, unit)
-    part = split_unit % split
-    k_lo = tl.where(is_split, part * k_per_split, 0)
-    k_hi = tl.where(is_split, tl.minimum(k_lo + k_per_split, k_tiles), k_tiles)
-    return tile_id, is_split, part, k_lo, k_hi
-
-
 # M, N, K and the split plan are loop bounds and descriptor-clipped offsets here: left
 # unspecialised, one compiled kernel per config serves every shape (and a pool of processes
 # can compile the space ahead of a tuning run).
@@ -105,15 +92,16 @@ def _matmul_tma_kernel(
     b_desc,  # B [K, N], or B^T [N, K] when B_COL_MAJOR
     c_desc,  # C [M, N] (any row stride), blocks [BLOCK_M, BLOCK_N or BLOCK_N / 2];
     # TRANSPOSE_C: C^T [N, M], blocks [BLOCK_N or BLOCK_N / 2, BLOCK_M] (swap_ab)
-    ws_ptr,  # fp32 partial tiles [tail tiles, split, BLOCK_M, BLOCK_N] (SPLIT_TAIL only)
-    lock_ptr,  # int32 arrival counters [tail tiles], zero on entry and left zero (SPLIT_TAIL)
+    ws_ptr,  # fp32 partial tiles: SPLIT_TAIL [tail tiles, split, BLOCK_M, BLOCK_N];
+    # STREAM_K [programs, split (segments a program's run touches), BLOCK_M, BLOCK_N]
+    lock_ptr,  # int32 arrival counters, one per split or stream-K tile, zero on entry and left zero
     M,
     N,
     K,
     num_units,
-    dp_tiles,
-    split,
-    k_per_split,
+    dp_tiles,  # whole tiles before the split or stream-K ones (SPLIT_TAIL, STREAM_K)
+    split,  # SPLIT_TAIL: K ranges per tail tile; STREAM_K: segments per program's run
+    k_per_split,  # SPLIT_TAIL: K steps per range; STREAM_K: K steps per program's run
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -123,6 +111,7 @@ def _matmul_tma_kernel(
     ACCUMULATE: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
     SPLIT_TAIL: tl.constexpr,
+    STREAM_K: tl.constexpr,
     TRANSPOSE_C: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
@@ -131,13 +120,18 @@ def _matmul_tma_kernel(
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    if not SPLIT_TAIL:
-        num_units = num_pid_m * num_pid_n
+    num_tiles = num_pid_m * num_pid_n
+    if not (SPLIT_TAIL or STREAM_K):
+        num_units = num_tiles
     unit_c = start_pid - num_programs
 
     for unit in tl.range(start_pid, num_units, num_programs, flatten=True):
         if SPLIT_TAIL:
             tile_id, _, _, k_lo, k_hi = _unit_coords(unit, dp_tiles, split, k_per_split, k_tiles)
+        elif STREAM_K:
+            tile_id, _, _, _, k_lo, k_hi = _stream_k_coords(
+                unit, dp_tiles, num_tiles, num_programs, split, k_per_split, k_tiles
+            )
         else:
             tile_id = unit
             k_lo = 0
@@ -200,6 +194,57 @@ def _matmul_tma_kernel(
                     EPILOGUE_SUBTILE,
                     TRANSPOSE_C,
                 )
+        elif STREAM_K:
+            tile_c, is_sk, prog, seg, k_lo_c, k_hi_c = _stream_k_coords(
+                unit_c, dp_tiles, num_tiles, num_programs, split, k_per_split, k_tiles
+            )
+            pid_m, pid_n = _tile_coords(tile_c, num_pid_m, num_pid_n, GROUP_M)
+            if (is_sk == 0) | ((k_lo_c == 0) & (k_hi_c == k_tiles)):
+                _store_c_tile(
+                    c_desc,
+                    acc,
+                    pid_m,
+                    pid_n,
+                    BLOCK_M,
+                    BLOCK_N,
+                    ACCUMULATE,
+                    EPILOGUE_SUBTILE,
+                    TRANSPOSE_C,
+                )
+            elif k_hi_c > k_lo_c:
+                # A run's piece of a tile: its partial goes to the run's slot; the tile's last
+                # piece to arrive sums every run's piece in run order (deterministic) and
+                # writes C (stores, CTA barrier, gpu-scope acq_rel ticket: as the split tail).
+                local = tile_c - dp_tiles
+                offs_tile = (
+                    tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+                )
+                tile_elems = BLOCK_M * BLOCK_N
+                tl.store(ws_ptr + (prog * split + seg).to(tl.int64) * tile_elems + offs_tile, acc)
+                tl.debug_barrier()
+                ticket = tl.atomic_add(lock_ptr + local, 1, sem="acq_rel", scope="gpu")
+                first_run = (local * k_tiles) // k_per_split
+                last_run = (local * k_tiles + k_tiles - 1) // k_per_split
+                if ticket == last_run - first_run:
+                    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                    for q in range(first_run, last_run + 1):
+                        slot = q * split + local - (q * k_per_split) // k_tiles
+                        acc += tl.load(
+                            ws_ptr + slot.to(tl.int64) * tile_elems + offs_tile,
+                            cache_modifier=".cg",
+                        )
+                    tl.store(lock_ptr + local, 0)  # ready for the next launch on this stream
+                    _store_c_tile(
+                        c_desc,
+                        acc,
+                        pid_m,
+                        pid_n,
+                        BLOCK_M,
+                        BLOCK_N,
+                        ACCUMULATE,
+                        EPILOGUE_SUBTILE,
+                        TRANSPOSE_C,
+                    )
         else:
             pid_m, pid_n = _tile_coords(unit_c, num_pid_m, num_pid_n, GROUP_M)
             _store_c_tile(
@@ -260,63 +305,6 @@ def _store_c_tile(
         if ACCUMULATE:
             acc += c_desc.load([offs_cm, offs_cn]).to(tl.float32)
         c_desc.store([offs_cm, offs_cn], acc.to(c_desc.dtype))
-
-
-@triton.jit
-def _matmul_ptr_kernel(
-    a_ptr,  # A [M, K], strides (stride_am, stride_ak)
-    b_ptr,  # B [K, N], strides (stride_bk, stride_bn)
-    c_ptr,  # C [M, N], strides (stride_cm, stride_cn)
-    M,
-    N,
-    K,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    stride_cm,
-    stride_cn,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    ACCUMULATE: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
-):
-    start_pid = tl.program_id(axis=0)
-    num_programs = tl.num_programs(axis=0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    num_tiles = num_pid_m * num_pid_n
-    tile_id_c = start_pid - num_programs
-    offs_k0 = tl.arange(0, BLOCK_K)
-
-    for tile_id in tl.range(start_pid, num_tiles, num_programs, flatten=True):
-        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
-        # int64 row/column offsets: M * stride can pass 2**31 elements on large operands.
-        offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-        mask_am = offs_am < M
-        mask_bn = offs_bn < N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_tiles):
-            offs_k = ki * BLOCK_K + offs_k0
-            a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
-            b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
-            a = tl.load(a_ptrs, mask=mask_am[:, None] & (offs_k[None, :] < K), other=0.0)
-            b = tl.load(b_ptrs, mask=(offs_k[:, None] < K) & mask_bn[None, :], other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-
-        tile_id_c += num_programs
-        pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
-        offs_cm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        offs_cn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-        c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
-        c_mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
-        if ACCUMULATE:
-            acc += tl.load(c_ptrs, mask=c_mask, other=0.0).to(tl.float32)
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,12 +477,18 @@ def launch(
     else:
         c_shape, c_strides, _ = _tma_operand(out)
     num_tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
-    plan = (
-        split_plan(num_tiles, sm_budget, triton.cdiv(k, config.block_k))
-        if config.split_tail
-        else None
-    )
-    if plan is None:
+    k_steps = triton.cdiv(k, config.block_k)
+    plan = split_plan(num_tiles, sm_budget, k_steps) if config.split_tail else None
+    sk = stream_k_plan(num_tiles, sm_budget, k_steps) if config.stream_k else None
+    if sk is not None:
+        units, dp_tiles, split, k_per_split = sk.units, sk.dp_tiles, sk.segments, sk.run_steps
+        lock = _lock_buffer(out.device, sk.sk_tiles)
+        ws = torch.empty(
+            sk.programs * sk.segments * config.block_m * config.block_n,
+            dtype=torch.float32,
+            device=out.device,
+        )
+    elif plan is None:
         units, dp_tiles, split, k_per_split = num_tiles, num_tiles, 1, 1
         lock = ws = _lock_buffer(out.device, 1)
     else:
@@ -538,6 +532,7 @@ def launch(
         ACCUMULATE=accumulate,
         EPILOGUE_SUBTILE=config.epilogue_subtile,
         SPLIT_TAIL=plan is not None,
+        STREAM_K=sk is not None,
         TRANSPOSE_C=config.swap_ab,
         INPUT_PRECISION=precision,
         num_warps=config.num_warps,
@@ -549,42 +544,13 @@ def launch(
 
 def _launch_ptr(a, b, out, accumulate, sm_budget, config: GemmConfig, precision: str) -> None:
     try:
-        _launch_ptr_once(a, b, out, accumulate, sm_budget, config, precision)
+        LAST_COMPILED["ptr"] = launch_ptr(a, b, out, accumulate, sm_budget, config, precision)
     except triton.runtime.errors.OutOfResources:
         # A config tuned for the TMA kernel may not fit the pointer kernel's shared memory.
         _warn_once(
             f"config {config.name} does not fit the pointer kernel; using {FALLBACK_CONFIG.name}"
         )
-        _launch_ptr_once(a, b, out, accumulate, sm_budget, FALLBACK_CONFIG, precision)
+        LAST_COMPILED["ptr"] = launch_ptr(
+            a, b, out, accumulate, sm_budget, FALLBACK_CONFIG, precision
+        )
     LAUNCH_COUNTS["ptr"] += 1
-
-
-def _launch_ptr_once(a, b, out, accumulate, sm_budget, config: GemmConfig, precision: str) -> None:
-    if config.swap_ab:  # out^T = b^T a^T: the pointer kernel takes any strides
-        a, b, out = b.t(), a.t(), out.t()
-        config = replace(config, block_m=config.block_n, block_n=config.block_m, swap_ab=False)
-    m, k = a.shape
-    n = b.shape[1]
-    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
-    LAST_COMPILED["ptr"] = _matmul_ptr_kernel[(max(1, min(sm_budget, tiles)),)](
-        a,
-        b,
-        out,
-        m,
-        n,
-        k,
-        a.stride(0),
-        a.stride(1),
-        b.stride(0),
-        b.stride(1),
-        out.stride(0),
-        out.stride(1),
-        BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k,
-        GROUP_M=config.group_m,
-        ACCUMULATE=accumulate,
-        INPUT_PRECISION=precision,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-    )
