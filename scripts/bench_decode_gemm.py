@@ -197,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, help="JSON path (default: $OUT/bench_decode_gemm.json)")
     parser.add_argument("--world", type=int, default=2)
-    parser.add_argument("--m", type=int, nargs="*", help="rows (default: the decode phase's)")
+    parser.add_argument(
+        "--m", type=int, nargs="*", help="rows, in the order to run (default: the decode phase's)"
+    )
     parser.add_argument(
         "--rep-ms",
         type=int,
@@ -223,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     timer = LaunchTimer()
     budget = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = decode_shapes(args.world)
-    m_values = args.m or list(PHASE_TOKENS["decode"])
+    m_values = list(dict.fromkeys(args.m)) if args.m else sorted(PHASE_TOKENS["decode"])
     result = {
         "benchmark": "decode gemm: ficco.kernels.matmul (persistent / swap-AB / split-K) vs cuBLAS",
         "protocol": __doc__.split("Protocol, per shape:")[1].split("Writes JSON")[0].strip(),
@@ -242,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
         tmp.write_text(json.dumps(result, indent=1, default=lambda x: None))
         tmp.replace(out_path)
 
-    # rows outermost: a time budget that runs out leaves the largest M, where whole tiles
-    # already fill the GPU and the decode kernel is rarely offered
-    todo = [(m, n, k) for m in sorted(m_values) for (n, k) in sorted(shapes)]
+    # rows outermost, in the order given (default: ascending): a time budget that runs out
+    # leaves the last rows, so a short lease gives --m a spread of rows first
+    todo = [(m, n, k) for m in m_values for (n, k) in sorted(shapes)]
     for i, (m, n, k) in enumerate(todo):
         if args.budget_s is not None and time.perf_counter() - t_start > args.budget_s:
             result["skipped"].append([m, n, k])

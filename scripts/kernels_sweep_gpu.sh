@@ -36,6 +36,8 @@ KERNELS_S=${KERNELS_S:-220}
 MARGIN_S=${MARGIN_S:-8}
 PHASES=${PHASES:-prewarm gemm decode fused tests}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+# decode rows in the order to measure: a spread of M first, so a cut run still covers each band
+DECODE_M=${DECODE_M:-1 16 64 4 32 128 512 2 8 256}
 LOG=$OUT/sweep.log
 START=$(date +%s)
 END=$(( START + KERNELS_S - MARGIN_S ))
@@ -79,7 +81,7 @@ command_of() {  # phase, cap: the command line
   (( budget < 5 )) && budget=5
   case $1 in
     prewarm) echo "$PY scripts/prewarm_kernels.py --workers ${PREWARM_WORKERS:-14}" ;;
-    decode) echo "$PY scripts/bench_decode_gemm.py --commit $COMMIT --budget-s $budget" ;;
+    decode) echo "$PY scripts/bench_decode_gemm.py --commit $COMMIT --m $DECODE_M --budget-s $budget" ;;
     gemm) echo "$PY scripts/bench_gemm.py --commit $COMMIT --skip-budgets --compare-do-bench --budget-s $budget" ;;
     fused) echo "$PY scripts/tune_fused_gpu.py --no-check-shapes --no-robustness --budget-s $budget" ;;
     tests) echo "$PY -m pytest -q -x -p no:cacheprovider -o addopts= tests/gpu/test_kernels_decode_gpu.py tests/gpu/test_kernels_stream_k_gpu.py" ;;

@@ -162,7 +162,7 @@ def run_shape(
         "tune_s": record.get("tune_s"),
     }
     persistent_cfg = config_for(m, n, k, dtype, sms, torch.device("cuda", 0))
-    if persistent_cfg.decode:  # the fused kernel takes no split-K tile
+    if persistent_cfg.decode or persistent_cfg.swap_ab:  # no fused tiles: the decode kernels'
         persistent_cfg = tuned
     before = best_before_widening(record.get("timings_ms") or {})
     kernels = {
@@ -175,7 +175,7 @@ def run_shape(
             sm_budget=sms,
             timeout_s=10.0,
             path="tma",
-            config=replace(persistent_cfg, split_tail=False),
+            config=replace(persistent_cfg, split_tail=False, stream_k=False),
         ),
         "fused_tma": FusedGemm(views, b, sm_budget=sms, timeout_s=10.0, config=tuned),
     }

@@ -4,14 +4,16 @@ that was fastest in the benchmark's interleaved, L2-flushed rounds, not the tune
 pick (which mis-ranks kernels of a few microseconds).
 
     python scripts/tuning_cache_from_benches.py RAW_CACHE OUT [--gemm bench_gemm.json]
-        [--decode bench_decode_gemm.json]
+        [--decode bench_decode_gemm.json] [--merge SHIPPED_CACHE]
 
 RAW_CACHE is the run's $FICCO_CACHE_DIR/gemm_tuning.json (its keys name the device, Triton
-version, dtype, shape and SM budget). For a ``bench_gemm.py --compare-before`` row the choice
-is between the widened space's pick and the pick of the space before widening; for a
-``bench_decode_gemm.py`` row between the fastest persistent and the fastest decode (split-K)
-config. The entry keeps the tuner's record and says what chose it (``chosen_by``). Shapes
-that no benchmark timed are left out.
+version, dtype, shape and SM budget). For a ``bench_gemm.py`` row the choice is between the
+tuner's pick and the other pick it timed beside it (``--compare-before``: the space before
+widening; ``--compare-do-bench``: do_bench's); for a ``bench_decode_gemm.py`` row between the
+tuner's pick and the fastest config of each kernel (persistent, swap-AB, split-K). The entry
+keeps the tuner's record and says what chose it (``chosen_by``). Shapes that no benchmark
+timed are left out, or, with ``--merge``, keep the shipped cache's entry (a run cut by its
+time cap re-measures only some shapes).
 """
 
 from __future__ import annotations
@@ -58,11 +60,11 @@ def from_gemm(raw: dict, bench: dict) -> dict:
         m, n, k, sm = row["M"], row["N"], row["K"], row["sm_budget"]
         key = _key_of(raw, m, n, k, sm)
         options = {row["config"]: row["triton_ms"]}
-        before = row.get("before_widening")
-        if before:
-            options.setdefault(before["config"], before["ms"])
+        other = row.get("before_widening") or row.get("do_bench_pick")
+        if other and other.get("ms") is not None:
+            options.setdefault(other["config"], other["ms"])
         name = min(options, key=options.__getitem__)
-        why = "bench_gemm.py interleaved rounds: widened space's pick vs the space before"
+        why = "bench_gemm.py interleaved rounds: the tuner's pick vs the other pick timed"
         out[key] = choose(raw, key, _config_named(name, m, n, k, sm), why, options[name])
     return out
 
@@ -74,11 +76,11 @@ def from_decode(raw: dict, bench: dict) -> dict:
         key = _key_of(raw, m, n, k, sm)
         options = {
             row["configs"][name]: row["ms"][name]
-            for name in ("persistent", "decode")
+            for name in ("space", "persistent", "swap", "decode")
             if name in row["ms"] and name in row["configs"]
         }
         name = min(options, key=options.__getitem__)
-        why = "bench_decode_gemm.py interleaved rounds: fastest persistent vs fastest decode"
+        why = "bench_decode_gemm.py interleaved rounds: the tuner's pick vs each kernel's fastest"
         out[key] = choose(raw, key, _config_named(name, m, n, k, sm), why, options[name])
     return out
 
@@ -89,9 +91,11 @@ def main() -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--gemm", type=Path)
     parser.add_argument("--decode", type=Path)
+    parser.add_argument("--merge", type=Path, help="a shipped cache whose other entries stay")
     args = parser.parse_args()
     raw = json.loads(args.raw.read_text())["entries"]
-    entries = {}
+    entries = json.loads(args.merge.read_text())["entries"] if args.merge else {}
+    kept = len(entries)
     if args.gemm:
         entries.update(from_gemm(raw, json.loads(args.gemm.read_text())))
     if args.decode:
@@ -99,8 +103,9 @@ def main() -> int:
     args.out.write_text(json.dumps({"format": 1, "entries": entries}, indent=1, sort_keys=True))
     picks = [e["name"] for e in entries.values()]
     print(
-        f"{len(entries)} entries ({sum('_splitk' in p for p in picks)} on the decode kernel) "
-        f"-> {args.out}"
+        f"{len(entries)} entries ({sum('_splitk' in p for p in picks)} on the split-K kernel, "
+        f"{sum('_swap' in p for p in picks)} swap-AB, {sum('_streamk' in p for p in picks)} "
+        f"stream-K; {kept} read from --merge) -> {args.out}"
     )
     return 0
 
