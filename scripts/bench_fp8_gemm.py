@@ -344,6 +344,7 @@ def bench_shape(
         "config": ranked[0],
         "config_fields": cfgs[ranked[0]].to_dict(),
         "best_config": best_name.removeprefix("triton:"),
+        "best_config_fields": cfgs[best_name.removeprefix("triton:")].to_dict(),
         "scaled_mm_ms": c_ms,
         "persistent_ms": ms.get(pick, math.nan),
         "persistent_best_ms": ms.get(best_name, math.nan),
@@ -408,11 +409,7 @@ def tuning_entries(rows: list[dict], device: str, triton_version: str) -> dict:
     for r in rows:
         if "error" in r:
             continue
-        name = r["best_config"]
-        fields = GemmConfig.from_dict(r["config_fields"]).to_dict()
-        if name != r["config"]:
-            cfg = next(c for c in FP8_GPU_CONFIGS if c.name == name)
-            fields = cfg.to_dict()
+        name, fields = r["best_config"], GemmConfig.from_dict(r["best_config_fields"]).to_dict()
         key = f"{device}|triton={triton_version}|{DTYPE}|m={r['M']},n={r['N']},k={r['K']}|sm={r['sm_budget']}"
         entries[key] = {
             "config": fields,
@@ -530,10 +527,12 @@ def main(argv: list[str] | None = None) -> int:
         tmp = out_json.with_suffix(".tmp")
         tmp.write_text(json.dumps(_finite(result), indent=1, allow_nan=False))
         tmp.replace(out_json)
-        entries = tuning_entries(result["rows"], device, triton.__version__)
-        out_tuning.write_text(
-            json.dumps({"format": 1, "entries": entries}, indent=1, sort_keys=True)
-        )
+        try:  # the measurements above are written whatever happens here
+            entries = tuning_entries(result["rows"], device, triton.__version__)
+            tuning = json.dumps({"format": 1, "entries": entries}, indent=1, sort_keys=True)
+            out_tuning.write_text(tuning)
+        except Exception as exc:
+            print(f"tuning entries not written: {type(exc).__name__}: {exc}", flush=True)
 
     if on_gpu and not args.no_prewarm:
         result["prewarm"] = prewarm(args.workers, min(60.0, args.budget_s / 3))

@@ -44,7 +44,8 @@ def compile_path(use_tma: bool, dtype: str = "bf16", block=(128, 128, 64)) -> st
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, A_ALIGN=8, C_ALIGN=8,
         USE_TMA=use_tma, B_COL_MAJOR=False, EPILOGUE_SUBTILE=False, ON_GPU=True,
         INPUT_PRECISION="tf32", TABLE_COLS=_TABLE_COLS,
-        SCALED=False, A_ROWWISE=False, B_COLWISE=False, IMPRECISE_ACC=None,
+        POINTER_STORES=True, SCALED=False, A_ROWWISE=False, B_COLWISE=False,
+        IMPRECISE_ACC=None,
     )  # fmt: skip
     names = _fused_gemm_kernel.arg_names
     signature = {}

@@ -103,7 +103,7 @@ def compile_fused(cfg: GemmConfig, fast_accum: bool, dtype: str = "fp8e4nv") -> 
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         A_ALIGN=16, C_ALIGN=8, USE_TMA=True, B_COL_MAJOR=True,
         EPILOGUE_SUBTILE=cfg.epilogue_subtile, ON_GPU=True, INPUT_PRECISION="tf32",
-        TABLE_COLS=_TABLE_COLS, SCALED=True, A_ROWWISE=True, B_COLWISE=True,
+        TABLE_COLS=_TABLE_COLS, POINTER_STORES=False, SCALED=True, A_ROWWISE=True, B_COLWISE=True,
         IMPRECISE_ACC=imprecise_acc(cfg, fast_accum),
     )  # fmt: skip
     return _report(_compile(_fused_gemm_kernel, pointers, descs, constants, cfg), t0)

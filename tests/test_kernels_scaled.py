@@ -254,3 +254,20 @@ def test_both_kernels_compile_to_fp8_wgmma_for_sm90():
     for name, found in kernels.items():
         for kernel in ("scaled", "fused"):
             assert any(".e4m3.e4m3" in w for w in found[kernel]["wgmma"]), (name, kernel, found)
+
+
+def test_bench_tuning_entries_carry_the_faster_timed_config():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_fp8_gemm
+
+    pick, faster = FP8_INTERPRETER_CONFIGS
+    row = {
+        "M": 64, "N": 96, "K": 128, "sm_budget": 3, "config": pick.name,
+        "config_fields": pick.to_dict(), "best_config": faster.name,
+        "best_config_fields": faster.to_dict(), "persistent_best_ms": 0.5,
+        "tune_timings_ms": {pick.name: 0.4, faster.name: 0.6}, "tune_failures": {},
+    }  # fmt: skip
+    entries = bench_fp8_gemm.tuning_entries([row], "NVIDIA H100", "3.6.0")
+    ((key, entry),) = entries.items()
+    assert key == "NVIDIA H100|triton=3.6.0|float8_e4m3fn|m=64,n=96,k=128|sm=3"
+    assert GemmConfig.from_dict(entry["config"]) == faster

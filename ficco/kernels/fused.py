@@ -159,6 +159,8 @@ def _fused_gemm_kernel(
     ON_GPU: tl.constexpr,  # compiled for a GPU: %globaltimer and PTX fences (not interpreted)
     INPUT_PRECISION: tl.constexpr,
     TABLE_COLS: tl.constexpr,  # int64 fields per chunk in table_ptr
+    POINTER_STORES: tl.constexpr = True,  # TMA: some chunk signals or has copies (False:
+    #                                       no pointer-store epilogue to hold registers for)
     SCALED: tl.constexpr = False,  # fp8 operands: the scale epilogue (ficco.kernels.scaled)
     A_ROWWISE: tl.constexpr = False,  # SCALED: A's scales per row, else one per chunk
     B_COLWISE: tl.constexpr = False,  # SCALED: B's scales per column, else one
@@ -233,12 +235,9 @@ def _fused_gemm_kernel(
                     else:
                         b = b_desc.load([ki * BLOCK_K, pid_n * BLOCK_N])
                     acc = tl.dot(
-                        a,
-                        b,
-                        acc,
-                        input_precision=INPUT_PRECISION,
+                        a, b, acc, input_precision=INPUT_PRECISION,
                         max_num_imprecise_acc=IMPRECISE_ACC,
-                    )
+                    )  # fmt: skip
             else:
                 offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
                 offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
@@ -253,28 +252,18 @@ def _fused_gemm_kernel(
                     a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < K), other=0.0)
                     b = tl.load(b_ptrs, mask=(offs_k[:, None] < K) & mask_n[None, :], other=0.0)
                     acc = tl.dot(
-                        a,
-                        b,
-                        acc,
-                        input_precision=INPUT_PRECISION,
+                        a, b, acc, input_precision=INPUT_PRECISION,
                         max_num_imprecise_acc=IMPRECISE_ACC,
-                    )
+                    )  # fmt: skip
             if SCALED:
                 a_scales = a_scale_ref + tl.load(row + 11)
                 acc = _scale_tile(
-                    acc,
-                    a_scales,
-                    b_scale_ptr,
-                    pid_m * BLOCK_M,
-                    pid_n * BLOCK_N,
-                    rows,
-                    N,
-                    BLOCK_M,
-                    BLOCK_N,
-                    A_ROWWISE,
-                    B_COLWISE,
-                )
-            if USE_TMA and ((counted == 0) & (copy_count == 0)):
+                    acc, a_scales, b_scale_ptr, pid_m * BLOCK_M, pid_n * BLOCK_N, rows, N,
+                    BLOCK_M, BLOCK_N, A_ROWWISE, B_COLWISE,
+                )  # fmt: skip
+            if USE_TMA and not POINTER_STORES:
+                _store_c_tile(c_desc, acc, pid_m, pid_n, BLOCK_M, BLOCK_N, False, EPILOGUE_SUBTILE)
+            elif USE_TMA and ((counted == 0) & (copy_count == 0)):
                 _store_c_tile(c_desc, acc, pid_m, pid_n, BLOCK_M, BLOCK_N, False, EPILOGUE_SUBTILE)
             else:
                 # pointer stores for signalled chunks: generic-proxy writes (peer memory
@@ -551,6 +540,7 @@ class FusedGemm(_Timed):
             B_COL_MAJOR=self.b_col_major, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
             ON_GPU=not INTERPRETER, INPUT_PRECISION=_PRECISION[a0.dtype],
             TABLE_COLS=_TABLE_COLS,
+            POINTER_STORES=any(c.signals or c.copies for c in self.chunks),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         if sc is not None:

@@ -31,6 +31,7 @@ FP8_GPU_CONFIGS: tuple[GemmConfig, ...] = (
     _c(128, 256, 128, 3, 8, sub=True),  # Triton's FP8 persistent tutorial
     _c(128, 256, 128, 4, 8, sub=True),
     _c(256, 128, 128, 3, 8, sub=True),
+    _c(256, 128, 128, 4, 8, sub=True),
     _c(128, 128, 128, 4, 8),
     _c(128, 128, 128, 5, 4, sub=True),
     _c(128, 128, 256, 3, 8),

@@ -1,0 +1,89 @@
+"""ficco.kernels.scaled and the fused kernel with FP8 operands on a Hopper GPU: every config
+of the FP8 space, both fp8 formats, every scale pair, against the fp32 product of the
+dequantized inputs and beside torch._scaled_mm (cuBLASLt) on the same operands."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+    reason="needs a GPU of compute capability 9.0+ (TMA)",
+)
+
+# one bf16 rounding of the output plus accumulation order: relative Frobenius error
+LIMIT = 1e-2
+PAIRS = [("row", "col"), ("row", "tensor"), ("tensor", "col"), ("tensor", "tensor")]
+
+
+def _rel(out, ref):
+    return float((out.float() - ref).norm() / ref.norm())
+
+
+def _operands(m, n, k, dtype, pair):
+    from ficco.kernels.scaled import random_operands
+
+    a, b, sa, sb, _ = random_operands(m, n, k, dtype, "cuda", seed=m + n + k)
+    if pair[0] == "tensor":
+        sa = sa.amax().reshape(1, 1)
+    if pair[1] == "tensor":
+        sb = sb.amax().reshape(1, 1)
+    ref = (a.float() * sa) @ (b.float() * sb)
+    return a, b, sa, sb, ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: "/".join(p))
+def test_every_fp8_config_matches_the_reference_and_scaled_mm(dtype, pair):
+    from ficco.kernels.scaled import scaled_matmul
+    from ficco.kernels.scaled_configs import FP8_GPU_CONFIGS
+
+    a, b, sa, sb, ref = _operands(1000, 1040, 1024, dtype, pair)  # ragged M and N tiles
+    from ficco.execute.scaled_mm import scaled_matmul as cublas_matmul
+
+    cublas = _rel(cublas_matmul(a, b, sa, sb), ref)  # torch._scaled_mm
+    assert cublas <= LIMIT
+    for cfg in FP8_GPU_CONFIGS:
+        out = torch.full((1000, 1040), float("nan"), device="cuda", dtype=torch.bfloat16)
+        scaled_matmul(a, b, sa, sb, out=out, config=cfg)
+        assert _rel(out, ref) <= max(LIMIT, 2 * cublas), cfg.name
+
+
+def test_sm_budget_and_a_row_slice_output():
+    from ficco.kernels.scaled import scaled_matmul
+
+    a, b, sa, sb, ref = _operands(512, 768, 512, torch.float8_e4m3fn, ("row", "col"))
+    big = torch.full((600, 768), 3.0, device="cuda", dtype=torch.bfloat16)
+    for budget in (1, 7, 132):
+        scaled_matmul(a, b, sa, sb, out=big[32:544], sm_budget=budget)
+        assert _rel(big[32:544], ref) <= LIMIT
+    assert (big[:32] == 3.0).all() and (big[544:] == 3.0).all()
+
+
+@pytest.mark.parametrize("pair", [("row", "col"), ("tensor", "tensor")], ids=lambda p: "/".join(p))
+def test_fused_fp8_chunks_with_preset_flags(pair):
+    from ficco.kernels.fused import FusedChunkViews, FusedGemm
+
+    a, b, sa, sb, ref = _operands(768, 1024, 1024, torch.float8_e4m3fn, pair)
+    out = torch.full((768, 1024), float("nan"), device="cuda", dtype=torch.bfloat16)
+    flags = torch.ones(3, dtype=torch.int32, device="cuda")
+    views = [
+        FusedChunkViews(
+            a[lo : lo + 256], out[lo : lo + 256], wait=flags[i : i + 1],
+            a_scale=sa[lo : lo + 256] if sa.numel() > 1 else sa,
+        )
+        for i, lo in enumerate((0, 256, 512))
+    ]  # fmt: skip
+    FusedGemm(views, b, sm_budget=132, timeout_s=10.0, b_scale=sb)()
+    torch.cuda.synchronize()
+    assert _rel(out, ref) <= LIMIT
+
+
+def test_refusal_names_the_view_tma_cannot_take():
+    from ficco.kernels.scaled import scaled_matmul
+    from ficco.verdict import Unavailable
+
+    a, b, sa, sb, _ = _operands(64, 64, 48, torch.float8_e4m3fn, ("row", "col"))
+    storage = torch.empty(64 * 48 + 8, dtype=torch.uint8, device="cuda")
+    shifted = storage[8:].view(torch.float8_e4m3fn).view(64, 48)
+    with pytest.raises(Unavailable, match="16-byte aligned"):
+        scaled_matmul(shifted, b, sa, sb)
