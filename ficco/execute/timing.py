@@ -183,7 +183,9 @@ class LaunchTimer:
 
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         l2 = getattr(props, "L2_cache_size", 60 << 20) or (60 << 20)
-        self.flush_buf = torch.empty(max(2 * l2, 128 << 20), dtype=torch.int8, device="cuda")
+        # allocated per call, not held: a process that tuned once keeps no 128 MB tensor
+        # (the caching allocator reuses the block for its next tensors)
+        self.flush_bytes = max(2 * l2, 128 << 20)
         self.batch_rounds = batch_rounds
         self.cycles_per_ms = self._cycles_per_ms()
         self.sleep_cycles = int(head_start_ms * self.cycles_per_ms)
@@ -201,11 +203,14 @@ class LaunchTimer:
         self, fns: dict[str, Callable[[], None]], rounds: int
     ) -> dict[str, list[float]]:
         """Per candidate its ``rounds`` launch times (ms)."""
+        import torch
+
         launches = self.batch_rounds * len(fns)
         cover = max(
             self.sleep_cycles, int(launches * HOST_US_PER_LAUNCH / 1e3 * self.cycles_per_ms)
         )
-        clock = DeviceClock(self.flush_buf, cover, launches)
+        flush = torch.empty(self.flush_bytes, dtype=torch.int8, device="cuda")
+        clock = DeviceClock(flush, cover, launches)
         return time_rounds(fns, TimingOptions(warmup=0, rounds=rounds), clock, rotate=True)
 
     def medians(self, fns: dict[str, Callable[[], None]], rounds: int) -> dict[str, float]:
@@ -217,7 +222,7 @@ _launch_timers: dict[int, LaunchTimer] = {}
 
 
 def launch_timer() -> LaunchTimer:
-    """The current CUDA device's `LaunchTimer`, made once (its flush buffer is 128+ MB)."""
+    """The current CUDA device's `LaunchTimer`, made once (the sleep calibration)."""
     import torch
 
     index = torch.cuda.current_device()
