@@ -12,10 +12,12 @@
 #   tests    tests/gpu/test_kernels_decode_gpu.py and test_kernels_stream_k_gpu.py (split-K,
 #            swap-AB and stream-K tiles in bf16).
 # PHASES picks and orders them (default: all, in that order). Each phase's cap is its share
-# (SHARE_<phase>, default prewarm 18 gemm 36 decode 26 fused 16 tests 4) of the time left
+# (SHARE_<phase>, default prewarm 18 gemm 40 decode 30 fused 10 tests 4) of the time left
 # before the stage's end (KERNELS_S less MARGIN_S, default 8), so time a phase leaves unused
 # goes to the phases after it; a phase whose cap is too short to measure anything (fused 30 s,
-# gemm and decode 20 s, else 5 s) is skipped and leaves it to the next; a phase's own budget (--budget-s) is its cap less the seconds
+# gemm and decode 20 s, else 5 s) is skipped and leaves it to the next (at KERNELS_S=220 the
+# fused phase is, and the GPU tests get its time; SHARE_fused=40 gives it a turn); a phase's
+# own budget (--budget-s) is its cap less the seconds
 # its start-up and last save take. Every script writes its JSON after each shape, so a phase
 # cut by its cap still returns what it measured. On one H100, 2026-11-25 (before the caps
 # were derived): compiles took most of a 35 s prewarm, decode 68 s for 190 shapes, bench_gemm
@@ -46,9 +48,9 @@ mkdir -p "$OUT" "$FICCO_CACHE_DIR"
 share() {  # a phase's share of the time left
   case $1 in
     prewarm) echo "${SHARE_prewarm:-18}" ;;
-    gemm) echo "${SHARE_gemm:-36}" ;;
-    decode) echo "${SHARE_decode:-26}" ;;
-    fused) echo "${SHARE_fused:-16}" ;;
+    gemm) echo "${SHARE_gemm:-40}" ;;
+    decode) echo "${SHARE_decode:-30}" ;;
+    fused) echo "${SHARE_fused:-10}" ;;
     tests) echo "${SHARE_tests:-4}" ;;
     *) echo 0 ;;
   esac
@@ -101,6 +103,10 @@ if (( DRY )); then
   for name in $PHASES; do
     rest=${rest#*"$name"}
     cap=$(cap_of "$name" "$rest")
+    if (( cap < $(least "$name") )); then
+      echo "  $name skipped: ${cap}s left for it"
+      continue
+    fi
     echo "  $name ${cap}s: $(command_of "$name" "$cap")"
     END=$(( END - cap ))
   done
