@@ -54,6 +54,7 @@ from ficco.kernels.configs import (  # noqa: E402
 )
 from ficco.kernels.persistent import device_info  # noqa: E402
 from ficco.kernels.tuning import TuningKey, cache_entry  # noqa: E402
+from ficco.measure.fingerprint import fingerprint as ficco_fingerprint  # noqa: E402
 from ficco.workloads import PHASE_TOKENS, ParallelSetup, catalog_problems  # noqa: E402
 
 REL_ERROR_LIMIT = 1e-2
@@ -230,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "decode gemm: ficco.kernels.matmul (persistent / swap-AB / split-K) vs cuBLAS",
         "protocol": __doc__.split("Protocol, per shape:")[1].split("Writes JSON")[0].strip(),
         "environment": fingerprint(args.commit),
+        "fingerprint": ficco_fingerprint("cuda"),
         "world": args.world,
         "layers": {f"{n}x{k}": names for (n, k), names in shapes.items()},
         "rows": [],

@@ -72,6 +72,7 @@ from ficco.kernels.configs import (  # noqa: E402
     split_plan,
 )
 from ficco.kernels.tuning import TuningKey, cache_entry  # noqa: E402
+from ficco.measure.fingerprint import fingerprint as ficco_fingerprint  # noqa: E402
 
 LAYERS = [
     ("ag_gemm", "l3-8b.qkv", 3072, 4096),
@@ -537,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "gemm: ficco.kernels.matmul (persistent Triton) vs torch.matmul (cuBLAS)",
         "protocol": __doc__.split("Protocol, per shape:")[1].split("Traps")[0].strip(),
         "environment": fingerprint(args.commit),
+        "fingerprint": ficco_fingerprint("cuda"),
         "quick": args.quick,
         "rows": [],
         "sm_budget": [],
