@@ -11,17 +11,18 @@ Protocol, per shape:
      scales for A, per-column for B, B column-major as `_scaled_mm` takes it); the reference
      is the fp32 product of the dequantized fp8 bits;
   2. every candidate of the FP8 space (`scaled_candidate_configs`) is run on a NaN-poisoned
-     output and checked against the reference (relative Frobenius error <= CHECK_LIMIT) before
-     `do_bench` (median, L2 flushed) ranks it (`kernels.trials.check_then_time`);
+     output and checked against the reference (relative Frobenius error <= CHECK_LIMIT); the
+     correct ones are ranked in interleaved rounds (`kernels.trials.check_then_time` with
+     `ficco.execute.timing.LaunchTimer`: L2 flushed, host launch cost kept out of the events);
   3. the best TOP configs, `_scaled_mm` and the fused kernel (two row chunks, flags preset, the
      best config) are each verified again, then timed interleaved round by round, order
-     rotated, an L2 flush before every launch, CUDA events (`ficco.execute.timing` through
-     `bench_gemm.Timer`); median over rounds;
+     rotated, an L2 flush before every launch, CUDA events (`LaunchTimer` again); median over
+     rounds;
   4. on every third shape also per-tensor scales (both sides), and on another third fast
      accumulation (Triton's and `_scaled_mm(use_fast_accum=True)`), each beside `_scaled_mm`
      with the same scales or accumulation.
   ratio = `_scaled_mm` ms / Triton ms (> 1: Triton faster). `persistent` is the tuner's pick
-  (do_bench rank 1); `persistent_best` the faster of the TOP timed configs.
+  (rank 1 in step 2); `persistent_best` the faster of the TOP configs timed in step 3.
 
 Before the shapes, the candidates are compiled in parallel processes (Triton's disk cache),
 so the timed loop only loads them. JSON (`fp8_gemm.json` in --out) is rewritten after every
@@ -260,11 +261,7 @@ class Ops:
         return _rel_error(out, ref)
 
 
-def bench_shape(
-    m, n, k, timer, sm_budget: int, extra: str, tune_rep_ms: int, device: str = "cuda"
-) -> dict:
-    import triton
-
+def bench_shape(m, n, k, timer, sm_budget: int, extra: str, device: str = "cuda") -> dict:
     from ficco.kernels.trials import check_then_time
     from ficco.kernels.tuning import wall_clock_timer
 
@@ -272,11 +269,7 @@ def bench_shape(
     t0 = time.perf_counter()
     configs = scaled_candidate_configs(m, n, k, interpreter=device != "cuda")
 
-    def rank_timer(fn):
-        if device != "cuda":
-            return wall_clock_timer(fn, repeats=1)
-        return triton.testing.do_bench(fn, warmup=2, rep=tune_rep_ms, return_mode="median")
-
+    rank_timer = timer if device == "cuda" else (lambda fn: wall_clock_timer(fn, repeats=1))
     trials = check_then_time(
         configs, lambda cfg: ops.triton(cfg), ops.out, ops.ref, rank_timer, ops.sync
     )
@@ -416,7 +409,7 @@ def tuning_entries(rows: list[dict], device: str, triton_version: str) -> dict:
             "name": name,
             "ms": r["persistent_best_ms"],
             "path": "tma",
-            "chosen_by": "bench_fp8_gemm.py interleaved rounds among the do_bench top configs",
+            "chosen_by": "bench_fp8_gemm.py interleaved rounds among the top-ranked configs",
             "timings_ms": r["tune_timings_ms"],
             "failures": r["tune_failures"],
         }
@@ -479,7 +472,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="bench_gemm.py's quick shapes")
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     parser.add_argument("--no-prewarm", action="store_true")
-    parser.add_argument("--tune-rep-ms", type=int, default=8)
     parser.add_argument(
         "--interpret",
         action="store_true",
@@ -500,8 +492,8 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_fp8_gemm.py needs a CUDA GPU (--dry-run lists the shapes)", file=sys.stderr)
         return 2
     import triton
-    from bench_gemm import Timer
 
+    from ficco.execute.timing import LaunchTimer
     from ficco.measure.fingerprint import fingerprint
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -538,16 +530,14 @@ def main(argv: list[str] | None = None) -> int:
         result["prewarm"] = prewarm(args.workers, min(60.0, args.budget_s / 3))
         print(f"[{time.perf_counter() - t_start:6.1f}s] prewarm {result['prewarm']}", flush=True)
         save()
-    timer = Timer() if on_gpu else HostTimer()
+    timer = LaunchTimer() if on_gpu else HostTimer()
     for i, (m, n, k) in enumerate(order):
         if time.perf_counter() - t_start > args.budget_s:
             result["skipped"].append([m, n, k])
             continue
         extra = ("", "tensor", "fast")[i % 3]
         try:
-            row = bench_shape(
-                m, n, k, timer, sm_budget, extra, args.tune_rep_ms, "cuda" if on_gpu else "cpu"
-            )
+            row = bench_shape(m, n, k, timer, sm_budget, extra, "cuda" if on_gpu else "cpu")
         except Exception as exc:  # one shape's failure is recorded, the run goes on
             row = {"M": m, "N": n, "K": k, "error": f"{type(exc).__name__}: {exc}"[:500]}
         row["sets"] = sorted(shapes[(m, n, k)]["sets"])

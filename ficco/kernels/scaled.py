@@ -67,12 +67,12 @@ from ficco.kernels.scaled_configs import (
     scaled_candidate_configs,
     scaled_heuristic_config,
 )
-from ficco.kernels.trials import Timer, Trials, check_then_time, tuning_record
+from ficco.kernels.trials import RoundsTimer, Timer, Trials, check_then_time, tuning_record
 from ficco.kernels.tuning import (
     AUTOTUNE_ENV,
     TuningKey,
     cached_config,
-    do_bench_timer,
+    launch_timer,
     store,
     wall_clock_timer,
 )
@@ -362,7 +362,7 @@ def tune_scaled(
     device=None,
     *,
     configs: Sequence[GemmConfig] | None = None,
-    timer: Timer | None = None,
+    timer: Timer | RoundsTimer | None = None,
     write_cache: bool = True,
     fast_accum: bool = False,
 ) -> GemmConfig:
@@ -390,7 +390,7 @@ def scaled_trials(
     device,
     *,
     configs: Sequence[GemmConfig] | None = None,
-    timer: Timer | None = None,
+    timer: Timer | RoundsTimer | None = None,
     fast_accum: bool = False,
 ) -> tuple[Trials, float]:
     """``check_then_time`` over the FP8 candidates for one shape; returns the trials and
@@ -414,7 +414,7 @@ def scaled_trials(
             shared_memory_bytes=device_info(device).shared_memory_bytes,
         )
     if timer is None:
-        timer = do_bench_timer if on_gpu else wall_clock_timer
+        timer = launch_timer() if on_gpu else wall_clock_timer
     started = time.perf_counter()
     a, b, a_s, b_s, ref = random_operands(m, n, k, dtype, device, seed=m * 1_000_003 + n + k)
     a, b_t, a_s, b_s, out, rows, cols = prepare_operands(a, b, a_s, b_s, torch.bfloat16, None)
