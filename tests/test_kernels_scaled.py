@@ -34,6 +34,7 @@ from ficco.kernels.scaled import (  # noqa: E402
 from ficco.kernels.scaled_configs import (  # noqa: E402
     FP8_GPU_CONFIGS,
     FP8_INTERPRETER_CONFIGS,
+    FP8_SMALLEST,
     scaled_candidate_configs,
 )
 from ficco.validate import InputError  # noqa: E402
@@ -152,7 +153,14 @@ def test_fp8_space_is_its_own_and_fits_hopper_shared_memory():
     assert all(c.block_m <= 256 for c in scaled_candidate_configs(256, 4096, 4096))
     small = scaled_candidate_configs(64, 4096, 4096)
     assert small and all(c.block_m == 64 for c in small)
-    assert scaled_candidate_configs(16, 16, 16) == [FP8_GPU_CONFIGS[-1]]
+    assert scaled_candidate_configs(16, 16, 16) == [FP8_SMALLEST]
+    # two programs per SM: each within half an SM's shared memory, only on a full budget
+    pairs = [c for c in scaled_candidate_configs(4096, 4096, 4096) if c.programs_per_sm == 2]
+    assert pairs and all(2 * (c.shared_memory_bytes(1, 2) + 1024) <= 233_472 for c in pairs)
+    assert all(
+        c.programs_per_sm == 1
+        for c in scaled_candidate_configs(4096, 4096, 4096, full_budget=False)
+    )
 
 
 @pytest.mark.parametrize("path", ["tma", "ptr"])

@@ -66,6 +66,11 @@ class GemmConfig:
     warpgroup) and the few rows of a decode GEMM in its N dimension (16 and up), so an
     [M <= 64, N] tile wastes no MMA rows and its shared memory goes to the weight's pipeline.
     `block_m` and `block_n` still name the output tile's rows and columns."""
+    programs_per_sm: int = 1
+    """Persistent programs per SM of a full-GPU budget (1 or 2; the FP8 kernel only): with 2,
+    one program's tensor-core work runs while the other's waits on its fp32 promotion adds.
+    A budget below the GPU's SM count launches one per SM (two per SM could spread over the
+    SMs the budget leaves free)."""
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -95,6 +100,10 @@ class GemmConfig:
             )
         if self.stream_k and (self.split_tail or self.split_k > 1):
             raise ValueError("GemmConfig.stream_k takes neither split_tail nor split_k > 1")
+        if self.programs_per_sm not in (1, 2):
+            raise ValueError(
+                f"GemmConfig.programs_per_sm must be 1 or 2, got {self.programs_per_sm}"
+            )
         if self.swap_ab and self.epilogue_subtile and self.block_m < 32:
             raise ValueError("GemmConfig.epilogue_subtile with swap_ab needs block_m >= 32")
 
@@ -106,9 +115,10 @@ class GemmConfig:
         split_k = f"_splitk{self.split_k}" if self.split_k > 1 else ""
         swap = "_swap" if self.swap_ab else ""
         stream_k = "_streamk" if self.stream_k else ""
+        per_sm = f"_p{self.programs_per_sm}" if self.programs_per_sm > 1 else ""
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}"
-            f"_s{self.num_stages}_w{self.num_warps}{swap}{sub}{split}{stream_k}{split_k}"
+            f"_s{self.num_stages}_w{self.num_warps}{swap}{sub}{split}{stream_k}{split_k}{per_sm}"
         )
 
     @property

@@ -252,14 +252,17 @@ def launch_scaled(
     (b_t.T * b_scale)``."""
     m, k = a.shape
     n = b_t.shape[0]
-    limit = device_info(out.device).shared_memory_bytes
-    config = fit_shared_memory(config, FP8_BYTES, out.element_size(), limit, False)
+    info = device_info(out.device)
+    config = fit_shared_memory(
+        config, FP8_BYTES, out.element_size(), info.shared_memory_bytes, False
+    )
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    programs = sm_budget * (config.programs_per_sm if sm_budget >= info.sm_count else 1)
     a_shape, a_strides, _ = _tma_operand(a)
     b_shape, b_strides, _ = _tma_operand(b_t)
     c_shape, c_strides, _ = _tma_operand(out)
     c_cols = config.block_n // 2 if config.epilogue_subtile else config.block_n
-    LAST_COMPILED["scaled"] = _scaled_mm_tma_kernel[(max(1, min(sm_budget, tiles)),)](
+    LAST_COMPILED["scaled"] = _scaled_mm_tma_kernel[(max(1, min(programs, tiles)),)](
         TensorDescriptor(a, a_shape, a_strides, [config.block_m, config.block_k]),
         TensorDescriptor(b_t, b_shape, b_strides, [config.block_n, config.block_k]),
         TensorDescriptor(out, c_shape, c_strides, [config.block_m, c_cols]),
@@ -406,12 +409,14 @@ def scaled_trials(
     budget = default_sm_budget(device) if sm_budget is None else int(sm_budget)
     on_gpu = device.type == "cuda"
     if configs is None:
+        info = device_info(device)
         configs = scaled_candidate_configs(
             m,
             n,
             k,
             interpreter=not on_gpu,
-            shared_memory_bytes=device_info(device).shared_memory_bytes,
+            shared_memory_bytes=info.shared_memory_bytes,
+            full_budget=budget >= info.sm_count,
         )
     if timer is None:
         timer = launch_timer() if on_gpu else wall_clock_timer

@@ -22,9 +22,17 @@ from ficco.kernels.configs import (
 FP8_BYTES = 1
 
 
-def _c(bm, bn, bk, stages, warps, group=8, sub=False) -> GemmConfig:
-    return GemmConfig(bm, bn, bk, group, stages, warps, sub)
+def _c(bm, bn, bk, stages, warps, group=8, sub=False, per_sm=1) -> GemmConfig:
+    return GemmConfig(bm, bn, bk, group, stages, warps, sub, programs_per_sm=per_sm)
 
+
+#: Shared memory an SM holds for its blocks (228 KiB on sm_90), and what each block reserves.
+SM_SHARED_MEMORY_BYTES = 233_472
+BLOCK_RESERVED_BYTES = 1_024
+
+
+#: The smallest GPU tile: what a shape no tile suits gets.
+FP8_SMALLEST = _c(64, 64, 256, 4, 4)
 
 #: The GPU space for FP8 (Hopper), big tiles first.
 FP8_GPU_CONFIGS: tuple[GemmConfig, ...] = (
@@ -38,7 +46,13 @@ FP8_GPU_CONFIGS: tuple[GemmConfig, ...] = (
     _c(64, 256, 128, 4, 4, sub=True),
     _c(64, 128, 128, 5, 4),
     _c(128, 64, 128, 5, 4),
-    _c(64, 64, 256, 4, 4),
+    FP8_SMALLEST,
+    # Two programs per SM (one warpgroup each, <= 113 KiB of shared memory, <= 255 registers):
+    # with fp32 promotion after every K step (the default, as _scaled_mm's), a program's
+    # wgmma must finish before its adds; the SM's other program keeps the tensor cores busy.
+    _c(128, 128, 128, 3, 4, sub=True, per_sm=2),
+    _c(64, 128, 128, 4, 4, per_sm=2),
+    _c(128, 64, 128, 4, 4, per_sm=2),
 )
 
 #: The CPU interpreter's: small blocks keep tests fast (and leave ragged tiles on small
@@ -49,6 +63,16 @@ FP8_INTERPRETER_CONFIGS: tuple[GemmConfig, ...] = (
 )
 
 
+def fits_sm(cfg: GemmConfig, out_bytes: int, shared_memory_bytes: int) -> bool:
+    """The config's tiles fit a block's shared memory, and `programs_per_sm` blocks fit an
+    SM's."""
+    per_block = min(
+        shared_memory_bytes,
+        SM_SHARED_MEMORY_BYTES // cfg.programs_per_sm - BLOCK_RESERVED_BYTES,
+    )
+    return fits_shared_memory(cfg, FP8_BYTES, out_bytes, per_block)
+
+
 def scaled_candidate_configs(
     m: int,
     n: int,
@@ -57,17 +81,20 @@ def scaled_candidate_configs(
     *,
     interpreter: bool = False,
     shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
+    full_budget: bool = True,
 ) -> list[GemmConfig]:
     """The FP8 configurations worth timing for `[m, k] @ [k, n]`, in the space's order (never
-    empty: the smallest tile where nothing suits the shape)."""
+    empty: the smallest tile where nothing suits the shape). ``full_budget``: the launch may
+    use every SM (else configs with two programs per SM are left out: they would launch one)."""
     space = FP8_INTERPRETER_CONFIGS if interpreter else FP8_GPU_CONFIGS
     kept = [
         cfg
         for cfg in space
         if suits_shape(cfg, m, n, k)
-        and (interpreter or fits_shared_memory(cfg, FP8_BYTES, out_bytes, shared_memory_bytes))
+        and (full_budget or cfg.programs_per_sm == 1)
+        and (interpreter or fits_sm(cfg, out_bytes, shared_memory_bytes))
     ]
-    return kept or [space[-1]]
+    return kept or [FP8_INTERPRETER_CONFIGS[-1] if interpreter else FP8_SMALLEST]
 
 
 def scaled_heuristic_config(m: int, n: int, *, interpreter: bool = False) -> GemmConfig:
