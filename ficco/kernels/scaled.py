@@ -201,11 +201,12 @@ def kernel_refusal(device: torch.device) -> str | None:
     return None
 
 
-def prepare_operands(a, b, a_scale, b_scale, out_dtype, out):
+def prepare_operands(a, b, a_scale, b_scale, out_dtype, out, check_values: bool = True):
     """The kernel's operands: ``(a, b_t [N, K], a_scale [M or 1], b_scale [N or 1], out,
     a per row, b per column)``; refuses what it cannot take (``InputError`` for a wrong
-    operand, ``Unavailable`` for what this device or these views cannot run)."""
-    rows, cols = check_operands(a, b, a_scale, b_scale)
+    operand, ``Unavailable`` for what this device or these views cannot run).
+    ``check_values``: also read the scales' values (on a GPU that synchronizes the host)."""
+    rows, cols = check_operands(a, b, a_scale, b_scale, check_values)
     m, k = a.shape
     n = b.shape[1]
     if out_dtype not in OUT_DTYPES:
@@ -296,11 +297,16 @@ def scaled_matmul(
     *,
     sm_budget: int | None = None,
     config: GemmConfig | None = None,
+    check_values: bool = True,
 ) -> torch.Tensor:
     """``(a * a_scale) @ (b * b_scale)`` accumulated in fp32 and stored as ``out_dtype``
     (into ``out`` where given), on ``sm_budget`` persistent programs (default: every SM)
-    with ``config`` (default: tuned per shape). See the module docstring."""
-    a, b_t, a_s, b_s, out, rows, cols = prepare_operands(a, b, a_scale, b_scale, out_dtype, out)
+    with ``config`` (default: tuned per shape). See the module docstring.
+    ``check_values=False`` checks the scales' shapes and dtype, not their values (as
+    ``ficco.execute.scaled_mm.scaled_matmul``'s: scales that arrive on the GPU's streams)."""
+    a, b_t, a_s, b_s, out, rows, cols = prepare_operands(
+        a, b, a_scale, b_scale, out_dtype, out, check_values
+    )
     budget = default_sm_budget(a.device) if sm_budget is None else sm_budget
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(f"sm_budget: must be a positive int (programs), got {sm_budget!r}")
@@ -482,7 +488,8 @@ def fused_scales(chunks, b, b_scale, fast_accum: bool) -> FusedScales | None:
             f"fused GEMM: fp8 b [K, N] must be column-major (K-major, as torch._scaled_mm "
             f"takes it), got strides {b.stride()}"
         )
-    granularity = {check_operands(c.a, b, c.a_scale, b_scale) for c in chunks}
+    # shapes only: a chunk's scales may still be on their way (they land with its rows)
+    granularity = {check_operands(c.a, b, c.a_scale, b_scale, False) for c in chunks}
     if len(granularity) > 1:
         raise ValueError("fused GEMM: every chunk's a_scale must be of one granularity")
     ((rowwise, colwise),) = granularity
