@@ -118,11 +118,7 @@ def _compile(task) -> dict:
         out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
         if kind == "scaled":
             ops = scaled.prepare_operands(a, b, sa, sb, torch.bfloat16, out)
-            a_, b_t, sa_, sb_, out, rows, cols = ops
-            scaled.launch_scaled(
-                a_, b_t, sa_, sb_, out, rowwise=rows, colwise=cols, sm_budget=132, config=cfg,
-                fast_accum=fast,
-            )  # fmt: skip
+            scaled.launch_scaled(ops, sm_budget=132, config=cfg, fast_accum=fast)
         else:
             views = [
                 FusedChunkViews(a[lo : lo + m // 2], out[lo : lo + m // 2], a_scale=sa[lo : lo + m // 2])
@@ -216,13 +212,10 @@ class Ops:
 
     def triton(self, cfg: GemmConfig, *, vector=True, fast=False):
         sa, sb = (self.sa, self.sb) if vector else (self.sa1, self.sb1)
-        a, b_t, sa_, sb_, out, rows, cols = self.scaled.prepare_operands(
-            self.a, self.b, sa, sb, torch.bfloat16, self.out
-        )
+        ops = self.scaled.prepare_operands(self.a, self.b, sa, sb, torch.bfloat16, self.out)
         return lambda: self.scaled.launch_scaled(
-            a, b_t, sa_, sb_, out, rowwise=rows, colwise=cols, sm_budget=self.sm_budget,
-            config=cfg, fast_accum=fast,
-        )  # fmt: skip
+            ops, sm_budget=self.sm_budget, config=cfg, fast_accum=fast
+        )
 
     def scaled_mm(self, *, vector=True, fast=False):
         sa, sb = (self.sa, self.sb) if vector else (self.sa1.reshape(()), self.sb1.reshape(()))

@@ -70,19 +70,23 @@ def _report(kernel, t0: float) -> dict:
     }
 
 
-def compile_scaled(cfg: GemmConfig, fast_accum: bool, dtype: str = "fp8e4nv") -> dict:
-    """The persistent FP8 kernel for one configuration (per-row and per-column scales)."""
+def compile_scaled(
+    cfg: GemmConfig, fast_accum: bool, dtype: str = "fp8e4nv", b_k_major: bool = True
+) -> dict:
+    """The persistent FP8 kernel for one configuration (per-row and per-column scales; B
+    column-major, or row-major where not ``b_k_major``)."""
     t0 = time.perf_counter()
     c_cols = cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n
+    b_block = [cfg.block_n, cfg.block_k] if b_k_major else [cfg.block_k, cfg.block_n]
     descs = {
         "a_desc": f"tensordesc<{dtype}[{cfg.block_m}, {cfg.block_k}]>",
-        "b_desc": f"tensordesc<{dtype}[{cfg.block_n}, {cfg.block_k}]>",
+        "b_desc": f"tensordesc<{dtype}[{b_block[0]}, {b_block[1]}]>",
         "c_desc": f"tensordesc<bf16[{cfg.block_m}, {c_cols}]>",
     }
     pointers = dict.fromkeys(("a_scale_ptr", "b_scale_ptr"), "fp32")
     constants = dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        A_ROWWISE=True, B_COLWISE=True, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
+        B_K_MAJOR=b_k_major, A_ROWWISE=True, B_COLWISE=True, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
         IMPRECISE_ACC=imprecise_acc(cfg, fast_accum),
     )  # fmt: skip
     return _report(_compile(_scaled_mm_tma_kernel, pointers, descs, constants, cfg), t0)
@@ -118,7 +122,10 @@ def main() -> None:
     configs = FP8_GPU_CONFIGS if args.all else FP8_GPU_CONFIGS[:1]
     found = {}
     for cfg in configs:
-        found[cfg.name] = {"scaled": compile_scaled(cfg, args.fast_accum)}
+        found[cfg.name] = {
+            "scaled": compile_scaled(cfg, args.fast_accum),
+            "scaled_b_row_major": compile_scaled(cfg, args.fast_accum, b_k_major=False),
+        }
         if not args.no_fused:
             found[cfg.name]["fused"] = compile_fused(cfg, args.fast_accum)
     print(json.dumps({"triton": triton.__version__, "kernels": found}))

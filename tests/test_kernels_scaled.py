@@ -27,6 +27,7 @@ from ficco.kernels import persistent  # noqa: E402
 from ficco.kernels.configs import GemmConfig  # noqa: E402
 from ficco.kernels.fused import FusedChunkViews, FusedGemm  # noqa: E402
 from ficco.kernels.scaled import (  # noqa: E402
+    prepare_operands,
     random_operands,
     scaled_matmul,
     tune_scaled,
@@ -75,15 +76,18 @@ def test_scaled_matmul_equals_the_emulation_on_ragged_shapes(dtype, pair):
     assert persistent.LAUNCH_COUNTS["scaled"] == before + len(FP8_INTERPRETER_CONFIGS)
 
 
-def test_scaled_matmul_writes_a_row_slice_and_copies_a_row_major_b():
+def test_scaled_matmul_writes_a_row_slice_from_either_layout_of_b():
     a, b, sa, sb, _ = random_operands(40, 48, 64, torch.float8_e4m3fn, "cpu", seed=5)
-    big = torch.full((72, 48), 7.0, dtype=torch.bfloat16)
-    view = big[16:56]
-    b_row_major = b.contiguous()  # [K, N] row-major: copied to K-major, as the cuBLAS path does
-    got = scaled_matmul(a, b_row_major, sa, sb, out=view, config=FP8_INTERPRETER_CONFIGS[0])
-    assert got.data_ptr() == view.data_ptr()
-    _close(view, reference_matmul(a, b, sa, sb))
-    assert (big[:16] == 7.0).all() and (big[56:] == 7.0).all()
+    want = reference_matmul(a, b, sa, sb)
+    for b_view, k_major in ((b, True), (b.contiguous(), False)):  # row-major: taken as it is
+        ops = prepare_operands(a, b_view, sa, sb, torch.bfloat16, None)
+        assert ops.b_k_major is k_major and ops.b.data_ptr() == b_view.data_ptr()
+        big = torch.full((72, 48), 7.0, dtype=torch.bfloat16)
+        view = big[16:56]
+        got = scaled_matmul(a, b_view, sa, sb, out=view, config=FP8_INTERPRETER_CONFIGS[0])
+        assert got.data_ptr() == view.data_ptr()
+        _close(view, want)
+        assert (big[:16] == 7.0).all() and (big[56:] == 7.0).all()
 
 
 def test_scaled_matmul_refuses_what_it_cannot_take():
@@ -165,8 +169,11 @@ def test_fp8_space_is_its_own_and_fits_hopper_shared_memory():
 
 @pytest.mark.parametrize("path", ["tma", "ptr"])
 @pytest.mark.parametrize("rowwise", [True, False], ids=["row/col", "tensor/tensor"])
-def test_fused_fp8_chunks_equal_the_emulation(path, rowwise):
+@pytest.mark.parametrize("b_layout", ["col", "row"])
+def test_fused_fp8_chunks_equal_the_emulation(path, rowwise, b_layout):
     a, b, sa, sb, _ = random_operands(50, 48, 96, torch.float8_e5m2, "cpu", seed=11)
+    if b_layout == "row":
+        b = b.contiguous()
     a_scale, b_scale = (sa, sb) if rowwise else (sa.amax().reshape(1, 1), sb.amax().reshape(1, 1))
     out = torch.full((50, 48), float("nan"), dtype=torch.bfloat16)
     flags = torch.ones(2, dtype=torch.int32)  # preset: both chunks ready
@@ -192,11 +199,6 @@ def test_fused_refuses_scales_that_do_not_fit():
     out = torch.empty(32, 32, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="need b_scale"):
         FusedGemm([FusedChunkViews(a, out, a_scale=sa)], b, sm_budget=2, timeout_s=5.0)
-    with pytest.raises(ValueError, match="column-major"):
-        FusedGemm(
-            [FusedChunkViews(a, out, a_scale=sa)], b.contiguous(), sm_budget=2, timeout_s=5.0,
-            b_scale=sb,
-        )  # fmt: skip
     with pytest.raises(ValueError, match="one granularity"):
         views = [
             FusedChunkViews(a[:16], out[:16], a_scale=sa[:16]),
@@ -260,7 +262,7 @@ def test_both_kernels_compile_to_fp8_wgmma_for_sm90():
     assert got.returncode == 0, got.stderr[-2000:]
     kernels = json.loads(got.stdout.strip().splitlines()[-1])["kernels"]
     for name, found in kernels.items():
-        for kernel in ("scaled", "fused"):
+        for kernel in ("scaled", "scaled_b_row_major", "fused"):
             assert any(".e4m3.e4m3" in w for w in found[kernel]["wgmma"]), (name, kernel, found)
 
 

@@ -362,8 +362,8 @@ class FusedGemm(_Timed):
     persistent GEMM chooses its own). ``path``: 'tma' (tensor descriptors), 'ptr' (pointer
     loads), or None: 'tma' wherever ``tma_refusal`` finds nothing against it.
 
-    FP8 operands (``ficco.kernels.scaled``): ``b`` column-major with ``b_scale`` (one or
-    ``[1, N]``), every chunk with its ``a_scale``; the scales multiply the fp32 accumulator
+    FP8 operands (``ficco.kernels.scaled``): ``b`` (row- or column-major) with ``b_scale``
+    (one or ``[1, N]``), every chunk with its ``a_scale``; the scales multiply the fp32 accumulator
     before the store (``fast_accum``: as ``scaled``'s, promotion per K step when False).
     """
 

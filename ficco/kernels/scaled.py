@@ -5,10 +5,13 @@ signature, operand checks and result) computed by a Triton kernel instead of cuB
 ``torch._scaled_mm``: fp8 (e4m3 or e5m2) inputs, fp32 accumulation, the scales applied to
 the fp32 accumulator, one rounding to ``out_dtype`` (bf16) at the store.
 
-- ``a [M, K]`` row-major; ``b [K, N]`` column-major, as ``torch._scaled_mm`` takes it (the
-  ``[K, N]`` view of a contiguous ``b_t [N, K]``). Hopper's FP8 wgmma reads both operands
-  K-major: the kernel loads ``b_t``'s ``[BLOCK_N, BLOCK_K]`` tiles and transposes them in
-  registers' layout (no data moves). Other views are copied first, as the cuBLAS path does.
+- ``a [M, K]`` row-major (another view is copied first, as the cuBLAS path does);
+  ``b [K, N]`` column-major, as ``torch._scaled_mm`` takes it (the ``[K, N]`` view of a
+  contiguous ``b_t [N, K]``): Hopper's FP8 wgmma reads both operands K-major, so the kernel
+  loads ``b_t``'s ``[BLOCK_N, BLOCK_K]`` tiles and uses their transpose (a view, no data
+  moves). A row-major ``b`` is taken too, without a copy: its ``[BLOCK_K, BLOCK_N]`` tiles
+  are transposed on chip by the compiler (shared-memory traffic per K step; ``_scaled_mm``
+  needs the column-major copy instead).
 - ``a_scale``: one (``[1]``/``[1, 1]``) or per row (``[M, 1]``); ``b_scale``: one or per
   column (``[1, N]``); fp32, finite, positive (``check_operands``).
 - ``out`` may be a row slice of a larger tensor (any 16-byte aligned row stride).
@@ -17,7 +20,8 @@ The kernel is the persistent GEMM's (``ficco.kernels.persistent``): ``min(sm_bud
 tiles)`` programs, grouped tile order (``_tile_coords``), one flattened ``tl.range`` over
 tiles and K steps, TMA descriptors (ragged M, N, K clipped by the descriptor), the C store
 (``_store_c_tile``); what differs is the scale epilogue (``_scale_tile``, shared with the
-fused kernel) and the K-major B. The configuration comes from the FP8 space
+fused kernel), FP8's tile space and two programs per SM where a config asks for them
+(``GemmConfig.programs_per_sm``, full-GPU budgets only). The configuration comes from the FP8 space
 (``ficco.kernels.scaled_configs``), per shape from the tuning cache (``TuningKey`` with the
 fp8 dtype: the scale granularities share an entry), else tuned now (``tune_scaled``), else
 under ``FICCO_GEMM_AUTOTUNE=0`` a heuristic.
@@ -116,7 +120,7 @@ def _scale_tile(
 @triton.jit(do_not_specialize=["M", "N", "K"])
 def _scaled_mm_tma_kernel(
     a_desc,  # A [M, K] fp8, blocks [BLOCK_M, BLOCK_K]
-    b_desc,  # B^T [N, K] fp8 (K-major), blocks [BLOCK_N, BLOCK_K]
+    b_desc,  # B^T [N, K] fp8, blocks [BLOCK_N, BLOCK_K] (B_K_MAJOR); else B [K, N] row-major
     c_desc,  # C [M, N] (any row stride), blocks [BLOCK_M, BLOCK_N or BLOCK_N / 2]
     a_scale_ptr,  # fp32 [M] (A_ROWWISE) or [1]
     b_scale_ptr,  # fp32 [N] (B_COLWISE) or [1]
@@ -127,6 +131,7 @@ def _scaled_mm_tma_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    B_K_MAJOR: tl.constexpr,
     A_ROWWISE: tl.constexpr,
     B_COLWISE: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
@@ -148,7 +153,7 @@ def _scaled_mm_tma_kernel(
         for ki in range(k_tiles):
             offs_k = ki * BLOCK_K
             a = a_desc.load([offs_m, offs_k])
-            b = b_desc.load([offs_n, offs_k]).T
+            b = b_desc.load([offs_n, offs_k]).T if B_K_MAJOR else b_desc.load([offs_k, offs_n])
             acc = tl.dot(a, b, acc, max_num_imprecise_acc=IMPRECISE_ACC)
 
         # The epilogue recomputes its coordinates from its own counter, as persistent.py's.
@@ -201,9 +206,29 @@ def kernel_refusal(device: torch.device) -> str | None:
     return None
 
 
-def prepare_operands(a, b, a_scale, b_scale, out_dtype, out, check_values: bool = True):
-    """The kernel's operands: ``(a, b_t [N, K], a_scale [M or 1], b_scale [N or 1], out,
-    a per row, b per column)``; refuses what it cannot take (``InputError`` for a wrong
+@dataclass(frozen=True)
+class ScaledOperands:
+    """What one launch reads and writes (``prepare_operands``)."""
+
+    a: torch.Tensor  # [M, K] fp8, row-major
+    b: torch.Tensor  # B^T [N, K] fp8 (b_k_major), else B [K, N] row-major
+    b_k_major: bool
+    a_scale: torch.Tensor  # fp32 [M] (rowwise) or [1]
+    b_scale: torch.Tensor  # fp32 [N] (colwise) or [1]
+    out: torch.Tensor  # [M, N], row-major rows (any row stride)
+    rowwise: bool
+    colwise: bool
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        m, k = self.a.shape
+        return m, self.out.shape[1], k
+
+
+def prepare_operands(
+    a, b, a_scale, b_scale, out_dtype, out, check_values: bool = True
+) -> ScaledOperands:
+    """The kernel's operands; refuses what it cannot take (``InputError`` for a wrong
     operand, ``Unavailable`` for what this device or these views cannot run).
     ``check_values``: also read the scales' values (on a GPU that synchronizes the host)."""
     rows, cols = check_operands(a, b, a_scale, b_scale, check_values)
@@ -220,10 +245,13 @@ def prepare_operands(a, b, a_scale, b_scale, out_dtype, out, check_values: bool 
         raise Unavailable(reason)
     if a.stride(1) != 1:  # row-major, as _scaled_mm takes it (the cuBLAS path copies too)
         a = a.contiguous()
-    b_t = b.t() if b.stride(0) == 1 else b.t().contiguous()  # [N, K], K-major
+    # B column-major (_scaled_mm's) is loaded K-major as wgmma reads it; a row-major B is
+    # loaded as it is (the compiler transposes its tiles on chip): no copy of B either way
+    b_k_major = b.stride(0) == 1 and (b.stride(1) != 1 or b.shape[1] == 1)
+    b_op = b.t() if b_k_major else (b if b.stride(1) == 1 else b.contiguous())
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=a.device)
-    for name, t in (("a", a), ("b", b_t), ("out", out)):
+    for name, t in (("a", a), ("b", b_op), ("out", out)):
         view = _tma_operand(t)
         if view is None or view[2]:
             raise Unavailable(
@@ -233,42 +261,34 @@ def prepare_operands(a, b, a_scale, b_scale, out_dtype, out, check_values: bool 
             )
     a_s = a_scale.reshape(-1).contiguous()
     b_s = b_scale.reshape(-1).contiguous()
-    return a, b_t, a_s, b_s, out, rows, cols
+    return ScaledOperands(a, b_op, b_k_major, a_s, b_s, out, rows, cols)
 
 
 def launch_scaled(
-    a: torch.Tensor,
-    b_t: torch.Tensor,
-    a_scale: torch.Tensor,
-    b_scale: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    rowwise: bool,
-    colwise: bool,
-    sm_budget: int,
-    config: GemmConfig,
-    fast_accum: bool = False,
+    ops: ScaledOperands, *, sm_budget: int, config: GemmConfig, fast_accum: bool = False
 ) -> torch.Tensor:
-    """One launch on prepared operands (``prepare_operands``): ``out = (a * a_scale) @
-    (b_t.T * b_scale)``."""
-    m, k = a.shape
-    n = b_t.shape[0]
+    """One launch on prepared operands: ``ops.out = (a * a_scale) @ (b * b_scale)``."""
+    m, n, k = ops.shape
+    out = ops.out
     info = device_info(out.device)
     config = fit_shared_memory(
         config, FP8_BYTES, out.element_size(), info.shared_memory_bytes, False
     )
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     programs = sm_budget * (config.programs_per_sm if sm_budget >= info.sm_count else 1)
-    a_shape, a_strides, _ = _tma_operand(a)
-    b_shape, b_strides, _ = _tma_operand(b_t)
+    a_shape, a_strides, _ = _tma_operand(ops.a)
+    b_shape, b_strides, _ = _tma_operand(ops.b)
     c_shape, c_strides, _ = _tma_operand(out)
+    b_block = (
+        [config.block_n, config.block_k] if ops.b_k_major else [config.block_k, config.block_n]
+    )
     c_cols = config.block_n // 2 if config.epilogue_subtile else config.block_n
     LAST_COMPILED["scaled"] = _scaled_mm_tma_kernel[(max(1, min(programs, tiles)),)](
-        TensorDescriptor(a, a_shape, a_strides, [config.block_m, config.block_k]),
-        TensorDescriptor(b_t, b_shape, b_strides, [config.block_n, config.block_k]),
+        TensorDescriptor(ops.a, a_shape, a_strides, [config.block_m, config.block_k]),
+        TensorDescriptor(ops.b, b_shape, b_strides, b_block),
         TensorDescriptor(out, c_shape, c_strides, [config.block_m, c_cols]),
-        a_scale,
-        b_scale,
+        ops.a_scale,
+        ops.b_scale,
         m,
         n,
         k,
@@ -276,8 +296,9 @@ def launch_scaled(
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
         GROUP_M=config.group_m,
-        A_ROWWISE=rowwise,
-        B_COLWISE=colwise,
+        B_K_MAJOR=ops.b_k_major,
+        A_ROWWISE=ops.rowwise,
+        B_COLWISE=ops.colwise,
         EPILOGUE_SUBTILE=config.epilogue_subtile,
         IMPRECISE_ACC=imprecise_acc(config, fast_accum),
         num_warps=config.num_warps,
@@ -304,21 +325,16 @@ def scaled_matmul(
     with ``config`` (default: tuned per shape). See the module docstring.
     ``check_values=False`` checks the scales' shapes and dtype, not their values (as
     ``ficco.execute.scaled_mm.scaled_matmul``'s: scales that arrive on the GPU's streams)."""
-    a, b_t, a_s, b_s, out, rows, cols = prepare_operands(
-        a, b, a_scale, b_scale, out_dtype, out, check_values
-    )
+    ops = prepare_operands(a, b, a_scale, b_scale, out_dtype, out, check_values)
     budget = default_sm_budget(a.device) if sm_budget is None else sm_budget
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(f"sm_budget: must be a positive int (programs), got {sm_budget!r}")
-    m, k = a.shape
-    n = b_t.shape[0]
+    m, n, k = ops.shape
     if min(m, n, k) == 0:
-        return out.zero_()
+        return ops.out.zero_()
     if config is None:
         config = scaled_config_for(m, n, k, a.dtype, budget, a.device)
-    return launch_scaled(
-        a, b_t, a_s, b_s, out, rowwise=rows, colwise=cols, sm_budget=budget, config=config
-    )
+    return launch_scaled(ops, sm_budget=budget, config=config)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,27 +444,16 @@ def scaled_trials(
         timer = launch_timer() if on_gpu else wall_clock_timer
     started = time.perf_counter()
     a, b, a_s, b_s, ref = random_operands(m, n, k, dtype, device, seed=m * 1_000_003 + n + k)
-    a, b_t, a_s, b_s, out, rows, cols = prepare_operands(a, b, a_s, b_s, torch.bfloat16, None)
+    ops = prepare_operands(a, b, a_s, b_s, torch.bfloat16, None)
 
     def build(cfg: GemmConfig) -> Callable[[], object]:
-        return lambda: launch_scaled(
-            a,
-            b_t,
-            a_s,
-            b_s,
-            out,
-            rowwise=rows,
-            colwise=cols,
-            sm_budget=budget,
-            config=cfg,
-            fast_accum=fast_accum,
-        )
+        return lambda: launch_scaled(ops, sm_budget=budget, config=cfg, fast_accum=fast_accum)
 
     def sync() -> None:
         if on_gpu:
             torch.cuda.synchronize(device)
 
-    trials = check_then_time(configs, build, out, ref, timer, sync)
+    trials = check_then_time(configs, build, ops.out, ref, timer, sync)
     if not trials.timings_ms:
         raise RuntimeError(f"no FP8 GEMM configuration ran correctly for {(m, n, k)}: {trials}")
     return trials, started
@@ -475,7 +480,7 @@ def fused_scales(chunks, b, b_scale, fast_accum: bool) -> FusedScales | None:
     """The scales of a fused launch over ``chunks`` (``FusedChunkViews``) and ``b``: None
     for plain dtypes (which take no scales); for fp8, every chunk's ``a_scale`` checked as
     ``scaled_matmul`` checks its own (one, or ``[rows, 1]`` at unit row stride), all of one
-    granularity, with ``b_scale``; ``b`` column-major (``_scaled_mm``'s B)."""
+    granularity, with ``b_scale``."""
     a_scales = [c.a_scale for c in chunks]
     if b.dtype not in FP8_DTYPES:
         if b_scale is not None or any(s is not None for s in a_scales):
@@ -483,11 +488,6 @@ def fused_scales(chunks, b, b_scale, fast_accum: bool) -> FusedScales | None:
         return None
     if b_scale is None or any(s is None for s in a_scales):
         raise ValueError("fused GEMM: fp8 operands need b_scale and every chunk's a_scale")
-    if b.stride(0) != 1:
-        raise ValueError(
-            f"fused GEMM: fp8 b [K, N] must be column-major (K-major, as torch._scaled_mm "
-            f"takes it), got strides {b.stride()}"
-        )
     # shapes only: a chunk's scales may still be on their way (they land with its rows)
     granularity = {check_operands(c.a, b, c.a_scale, b_scale, False) for c in chunks}
     if len(granularity) > 1:
