@@ -167,6 +167,20 @@ def test_fp8_space_is_its_own_and_fits_hopper_shared_memory():
     )
 
 
+def test_fused_fp8_one_row_chunks_beside_per_row_ones():
+    # a chunk of one row carries a [1, 1] scale: per row and per tensor at once
+    a, b, sa, sb, _ = random_operands(7, 32, 64, torch.float8_e4m3fn, "cpu", seed=13)
+    out = torch.full((7, 32), float("nan"), dtype=torch.bfloat16)
+    bounds = ((0, 1), (1, 4), (4, 5), (5, 7))
+    views = [FusedChunkViews(a[lo:hi], out[lo:hi], a_scale=sa[lo:hi]) for lo, hi in bounds]
+    gemm = FusedGemm(
+        views, b, sm_budget=2, timeout_s=10.0, b_scale=sb, config=GemmConfig(32, 32, 32, 4, 1, 4)
+    )
+    assert gemm.scales.rowwise
+    gemm()
+    _close(out, reference_matmul(a, b, sa, sb))
+
+
 @pytest.mark.parametrize("path", ["tma", "ptr"])
 @pytest.mark.parametrize("rowwise", [True, False], ids=["row/col", "tensor/tensor"])
 @pytest.mark.parametrize("b_layout", ["col", "row"])

@@ -489,10 +489,13 @@ def fused_scales(chunks, b, b_scale, fast_accum: bool) -> FusedScales | None:
     if b_scale is None or any(s is None for s in a_scales):
         raise ValueError("fused GEMM: fp8 operands need b_scale and every chunk's a_scale")
     # shapes only: a chunk's scales may still be on their way (they land with its rows)
-    granularity = {check_operands(c.a, b, c.a_scale, b_scale, False) for c in chunks}
+    checked = [(c.a.shape[0], check_operands(c.a, b, c.a_scale, b_scale, False)) for c in chunks]
+    colwise = checked[0][1][1]
+    # a chunk of one row has one scale either way: it takes the others' granularity
+    granularity = {per_row for rows, (per_row, _) in checked if rows > 1}
     if len(granularity) > 1:
         raise ValueError("fused GEMM: every chunk's a_scale must be of one granularity")
-    ((rowwise, colwise),) = granularity
+    rowwise = granularity.pop() if granularity else False
     if rowwise and any(s.shape[0] > 1 and s.stride(0) != 1 for s in a_scales):
         raise ValueError("fused GEMM: per-row a_scale views must have unit row stride")
     a_ref = torch.empty(1, dtype=torch.float32, device=b.device)
