@@ -306,3 +306,24 @@ def test_check_values_false_reads_no_scale_but_still_checks_shapes():
     assert torch.isnan(out.float()).all()  # computed, not refused: verification catches it
     with pytest.raises(InputError, match="a_scale"):
         scaled_matmul(a, b, sa[:3], sb, check_values=False)
+
+
+def test_two_programs_per_sm_on_a_full_budget_only():
+    from ficco.kernels.scaled import programs
+
+    cpu = torch.device("cpu")  # the interpreter's device: 4 SMs
+    two = GemmConfig(32, 32, 32, 4, 1, 4, programs_per_sm=2)
+    assert programs(two, 4, cpu) == 8 and programs(two, 3, cpu) == 3
+    assert programs(FP8_INTERPRETER_CONFIGS[0], 4, cpu) == 4
+    a, b, sa, sb, _ = random_operands(96, 96, 64, torch.float8_e4m3fn, "cpu", seed=17)
+    want = reference_matmul(a, b, sa, sb)
+    _close(scaled_matmul(a, b, sa, sb, sm_budget=4, config=two), want)
+    out = torch.full((96, 96), float("nan"), dtype=torch.bfloat16)
+    views = [
+        FusedChunkViews(a[lo : lo + 48], out[lo : lo + 48], a_scale=sa[lo : lo + 48])
+        for lo in (0, 48)
+    ]
+    gemm = FusedGemm(views, b, sm_budget=4, timeout_s=10.0, b_scale=sb, config=two)
+    assert gemm.grid == (8,)
+    gemm()
+    _close(out, want)

@@ -67,10 +67,10 @@ class GemmConfig:
     [M <= 64, N] tile wastes no MMA rows and its shared memory goes to the weight's pipeline.
     `block_m` and `block_n` still name the output tile's rows and columns."""
     programs_per_sm: int = 1
-    """Persistent programs per SM of a full-GPU budget (1 or 2; the FP8 kernel only): with 2,
-    one program's tensor-core work runs while the other's waits on its fp32 promotion adds.
-    A budget below the GPU's SM count launches one per SM (two per SM could spread over the
-    SMs the budget leaves free)."""
+    """Persistent programs per SM of a full-GPU budget (1 or 2; the FP8 and fused kernels, and
+    only the FP8 space offers 2): with 2, one program's tensor-core work runs while the
+    other's waits on its fp32 promotion adds. A budget below the GPU's SM count launches one
+    per SM (two per SM could spread over the SMs the budget leaves free)."""
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):

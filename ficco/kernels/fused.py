@@ -82,6 +82,7 @@ from ficco.kernels.scaled import (
     fused_scaled_config,
     fused_scales,
     imprecise_acc,
+    programs,
 )
 
 __all__ = ["FlagTimeout", "FlagWait", "FusedChunkViews", "FusedCopyViews", "FusedGemm"]
@@ -507,7 +508,7 @@ class FusedGemm(_Timed):
         self.copy_table = torch.tensor(copies or [[0, 0, 0]], dtype=torch.int64, device=device)
         self.tile_chunk = torch.tensor(tile_chunk, dtype=torch.int32, device=device)
         self.tiles = start
-        self.grid = (max(1, min(self.sm_budget, start)),)
+        self.grid = (max(1, min(programs(config, self.sm_budget, device), start)),)
 
     def __call__(self) -> None:
         """Issue the launch on the current stream (under the interpreter: run it)."""

@@ -175,6 +175,13 @@ def _scaled_mm_tma_kernel(
         _store_c_tile(c_desc, acc, pid_m, pid_n, BLOCK_M, BLOCK_N, False, EPILOGUE_SUBTILE)
 
 
+def programs(config: GemmConfig, sm_budget: int, device: torch.device) -> int:
+    """Persistent programs for a budget of ``sm_budget`` SMs: ``programs_per_sm`` each on a
+    full-GPU budget, one each below it (two per SM could spread over the SMs it leaves)."""
+    full = sm_budget >= device_info(device).sm_count
+    return sm_budget * (config.programs_per_sm if full else 1)
+
+
 def imprecise_acc(config: GemmConfig, fast_accum: bool) -> int | None:
     """``tl.dot``'s ``max_num_imprecise_acc``: BLOCK_K (promote every K step), or None for
     fast accumulation (Triton's default on sm_90: no promotion)."""
@@ -275,7 +282,6 @@ def launch_scaled(
         config, FP8_BYTES, out.element_size(), info.shared_memory_bytes, False
     )
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
-    programs = sm_budget * (config.programs_per_sm if sm_budget >= info.sm_count else 1)
     a_shape, a_strides, _ = _tma_operand(ops.a)
     b_shape, b_strides, _ = _tma_operand(ops.b)
     c_shape, c_strides, _ = _tma_operand(out)
@@ -283,7 +289,8 @@ def launch_scaled(
         [config.block_n, config.block_k] if ops.b_k_major else [config.block_k, config.block_n]
     )
     c_cols = config.block_n // 2 if config.epilogue_subtile else config.block_n
-    LAST_COMPILED["scaled"] = _scaled_mm_tma_kernel[(max(1, min(programs, tiles)),)](
+    grid = (max(1, min(programs(config, sm_budget, out.device), tiles)),)
+    LAST_COMPILED["scaled"] = _scaled_mm_tma_kernel[grid](
         TensorDescriptor(ops.a, a_shape, a_strides, [config.block_m, config.block_k]),
         TensorDescriptor(ops.b, b_shape, b_strides, b_block),
         TensorDescriptor(out, c_shape, c_strides, [config.block_m, c_cols]),
