@@ -327,3 +327,34 @@ def test_two_programs_per_sm_on_a_full_budget_only():
     assert gemm.grid == (8,)
     gemm()
     _close(out, want)
+
+
+def test_a_shipped_fp8_entry_answers_where_the_cache_has_none(tmp_path, monkeypatch):
+    from ficco.kernels import scaled, tuning
+
+    monkeypatch.setenv("FICCO_CACHE_DIR", str(tmp_path / "cache"))  # an empty cache
+    monkeypatch.setenv("FICCO_GEMM_AUTOTUNE", "1")
+    tuning.clear_memory()
+    card = tmp_path / "profiles" / "card"
+    card.mkdir(parents=True)
+    shipped = FP8_INTERPRETER_CONFIGS[1]
+    key = tuning.TuningKey.for_problem(40, 48, 64, torch.float8_e4m3fn, 3, torch.device("cpu"))
+    entry = {"config": shipped.to_dict(), "name": shipped.name}
+    (card / "fp8_gemm_tuning.json").write_text(
+        json.dumps({"format": 1, "entries": {str(key): entry}})
+    )
+    monkeypatch.setattr(scaled, "SHIPPED_TUNING", tmp_path / "profiles")
+    scaled.shipped_configs.cache_clear()
+
+    def no_tuning(*args, **kwargs):
+        raise AssertionError("tuned")
+
+    monkeypatch.setattr(scaled, "tune_scaled", no_tuning)
+    try:
+        assert scaled.scaled_config_for(40, 48, 64, torch.float8_e4m3fn, 3, "cpu") == shipped
+        # another shape has no entry: tuned (here: refused by the stand-in)
+        with pytest.raises(AssertionError, match="tuned"):
+            scaled.scaled_config_for(40, 48, 128, torch.float8_e4m3fn, 3, "cpu")
+    finally:
+        scaled.shipped_configs.cache_clear()
+        tuning.clear_memory()

@@ -76,14 +76,8 @@ from ficco.kernels.persistent import (
     _tma_operand,
     _warn_once,
 )
-from ficco.kernels.scaled import (
-    FP8_DTYPES,
-    _scale_tile,
-    fused_scaled_config,
-    fused_scales,
-    imprecise_acc,
-    programs,
-)
+from ficco.kernels.scaled import FP8_DTYPES, _scale_tile, imprecise_acc, programs
+from ficco.kernels.scaled_fused import fused_scaled_config, fused_scales
 
 __all__ = ["FlagTimeout", "FlagWait", "FusedChunkViews", "FusedCopyViews", "FusedGemm"]
 

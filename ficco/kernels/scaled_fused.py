@@ -1,0 +1,76 @@
+"""The fused GEMM's FP8 operands (``ficco.kernels.fused.FusedGemm``): each chunk's A scales
+and B's, checked as ``ficco.kernels.scaled`` checks its own, and the fused launch's tile."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ficco.execute.scaled_mm import check_operands
+from ficco.kernels.configs import GemmConfig
+from ficco.kernels.flags import _offset
+from ficco.kernels.fused_configs import pointer_config
+from ficco.kernels.scaled import FP8_DTYPES, scaled_config_for
+from ficco.kernels.scaled_configs import scaled_heuristic_config
+
+
+@dataclass(frozen=True)
+class FusedScales:
+    """Scales of a fused FP8 launch: every chunk's A scales addressed from one private fp32
+    reference (``a_ref`` + ``a_offsets[i]``), B's flattened."""
+
+    a_ref: torch.Tensor
+    a_offsets: tuple[int, ...]
+    b_scale: torch.Tensor
+    rowwise: bool
+    colwise: bool
+    fast_accum: bool
+
+
+def fused_scales(chunks, b, b_scale, fast_accum: bool) -> FusedScales | None:
+    """The scales of a fused launch over ``chunks`` (``FusedChunkViews``) and ``b``: None
+    for plain dtypes (which take no scales); for fp8, every chunk's ``a_scale`` checked as
+    ``scaled_matmul`` checks its own (one, or ``[rows, 1]`` at unit row stride), all of one
+    granularity, with ``b_scale``."""
+    a_scales = [c.a_scale for c in chunks]
+    if b.dtype not in FP8_DTYPES:
+        if b_scale is not None or any(s is not None for s in a_scales):
+            raise ValueError(f"fused GEMM: scales are for fp8 operands; b is {b.dtype}")
+        return None
+    if b_scale is None or any(s is None for s in a_scales):
+        raise ValueError("fused GEMM: fp8 operands need b_scale and every chunk's a_scale")
+    # shapes only: a chunk's scales may still be on their way (they land with its rows)
+    checked = [(c.a.shape[0], check_operands(c.a, b, c.a_scale, b_scale, False)) for c in chunks]
+    colwise = checked[0][1][1]
+    # a chunk of one row has one scale either way: it takes the others' granularity
+    granularity = {per_row for rows, (per_row, _) in checked if rows > 1}
+    if len(granularity) > 1:
+        raise ValueError("fused GEMM: every chunk's a_scale must be of one granularity")
+    rowwise = granularity.pop() if granularity else False
+    if rowwise and any(s.shape[0] > 1 and s.stride(0) != 1 for s in a_scales):
+        raise ValueError("fused GEMM: per-row a_scale views must have unit row stride")
+    a_ref = torch.empty(1, dtype=torch.float32, device=b.device)
+    offsets = tuple(_offset(s, a_ref) for s in a_scales)
+    b_flat = b_scale.reshape(-1).contiguous()
+    return FusedScales(a_ref, offsets, b_flat, rowwise, colwise, fast_accum)
+
+
+def fused_scaled_config(
+    m: int,
+    n: int,
+    k: int,
+    chunks: int,
+    dtype: torch.dtype,
+    sm_budget: int,
+    device: torch.device,
+    path: str,
+) -> GemmConfig:
+    """The tile of a fused FP8 launch of ``chunks`` chunks, ``m`` rows in all: the persistent
+    FP8 GEMM's for the whole problem (the pointer path's own tile where descriptors cannot be
+    used; the interpreter's small one)."""
+    if device.type != "cuda":
+        return scaled_heuristic_config(m, n, interpreter=True)
+    if path == "ptr":
+        return pointer_config(-(-m // chunks))
+    return scaled_config_for(m, n, k, dtype, sm_budget, device)
