@@ -40,8 +40,10 @@ def test_every_fp8_config_matches_the_reference_and_scaled_mm(dtype, pair):
     a, b, sa, sb, ref = _operands(1000, 1040, 1024, dtype, pair)  # ragged M and N tiles
     from ficco.execute.scaled_mm import scaled_matmul as cublas_matmul
 
-    cublas = _rel(cublas_matmul(a, b, sa, sb), ref)  # torch._scaled_mm
-    assert cublas <= LIMIT
+    cublas = 0.0  # cuBLASLt has no e5m2 x e5m2 GEMM (ficco's Triton kernel has)
+    if dtype == torch.float8_e4m3fn:
+        cublas = _rel(cublas_matmul(a, b, sa, sb), ref)  # torch._scaled_mm
+        assert cublas <= LIMIT
     for cfg in FP8_GPU_CONFIGS:
         out = torch.full((1000, 1040), float("nan"), device="cuda", dtype=torch.bfloat16)
         scaled_matmul(a, b, sa, sb, out=out, config=cfg)
