@@ -7,7 +7,8 @@
 #   lane     tests/gpu's multi-rank tests in the one-GPU lane (ranks share this GPU):
 #            emb_a2a and fp8 schedules, verification only                  (cap LANE_S)
 #   fp8gemm  scripts/bench_fp8_gemm.py: ficco's Triton FP8 GEMMs vs torch._scaled_mm,
-#            every variant verified first                                      (cap FP8GEMM_S)
+#            every variant verified first; then tests/gpu/test_kernels_scaled_gpu.py on
+#            the kernels it compiled (the last FP8_TESTS_S of the cap)           (cap FP8GEMM_S)
 #   kernels  scripts/kernels_sweep_gpu.sh: bf16 GEMM kernels vs cuBLAS          (cap KERNELS_S)
 # Caps are seconds; the defaults fit one 600-second call.
 set -u
@@ -38,7 +39,13 @@ has() { [[ " $STAGES " == *" $1 "* ]]; }
 has lane && stage lane "${LANE_S:-140}" env FICCO_GEMM_AUTOTUNE=0 FICCO_SHARED_WORLDS="${SHARED_WORLDS:-2 3}" \
   python3 -m pytest -q -rs -p no:cacheprovider -o addopts= ${LANE_TESTS:-tests/gpu/test_embedding_lane.py tests/gpu/test_fp8_gpu.py tests/gpu/test_fp8_lane.py} \
   --junitxml "$WORK/lane/junit.xml"
-has fp8gemm && stage fp8gemm "${FP8GEMM_S:-210}" python3 scripts/bench_fp8_gemm.py \
-  --out "$WORK/fp8gemm" --budget-s $(( ${FP8GEMM_S:-210} - 15 ))
-has kernels && stage kernels "${KERNELS_S:-220}" env OUT="$WORK/kernels" bash scripts/kernels_sweep_gpu.sh
+FP8GEMM_S=${FP8GEMM_S:-210} FP8_TESTS_S=${FP8_TESTS_S:-45} KERNELS_S=${KERNELS_S:-220}
+has fp8gemm && stage fp8gemm "$FP8GEMM_S" bash -c "
+  timeout $(( FP8GEMM_S - FP8_TESTS_S )) python3 scripts/bench_fp8_gemm.py --out '$WORK/fp8gemm' \
+    --budget-s $(( FP8GEMM_S - FP8_TESTS_S - 15 ))
+  echo \"bench rc=\$?\"
+  python3 -m pytest -q -rs -p no:cacheprovider -o addopts= tests/gpu/test_kernels_scaled_gpu.py \
+    --junitxml '$WORK/fp8gemm/junit.xml'"
+has kernels && stage kernels "$KERNELS_S" env OUT="$WORK/kernels" KERNELS_S="$KERNELS_S" \
+  bash scripts/kernels_sweep_gpu.sh
 exit 0
