@@ -251,6 +251,20 @@ def test_the_scaled_primitives_come_before_the_executors_own():
             assert getattr(cls, method) is getattr(ScaledPrimitives, method)
 
 
+def test_a_chunk_gemm_never_reads_scale_values_on_the_host(monkeypatch):
+    from ficco.space import Gemm
+
+    cublas = cuda_scaled.chunk_matmul(Gemm.CUBLAS, 100)
+    assert cublas.func is scaled_mm.scaled_matmul and cublas.keywords == {"check_values": False}
+
+    def kernel(*args, **kwargs):  # ficco.kernels.scaled.scaled_matmul stands here
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(cuda_scaled, "triton_scaled_matmul", lambda: kernel)
+    triton = cuda_scaled.chunk_matmul(Gemm.TRITON, 100)
+    assert triton.func is kernel and triton.keywords == {"sm_budget": 100, "check_values": False}
+
+
 def test_a_triton_schedule_without_the_fp8_kernel_is_unavailable_naming_why(monkeypatch):
     import builtins
 

@@ -33,8 +33,10 @@ def setup_here(rank: int, local_rank: int, world: int, timeout_s: float):
 
 #: why a fused schedule of a scaled (fp8) problem is refused
 SCALED_FUSED_REASON = (
-    "fused schedules of fp8 problems need a flag-waiting FP8 GEMM (ficco.kernels.fused runs "
-    "bf16/fp16/fp32 tiles only): run the per_chunk or merged compute of the same schedule"
+    "fused schedules of fp8 problems are not run yet: ficco.kernels.fused has an FP8 variant "
+    "(each chunk's a_scale, b's b_scale), but the executor's fused primitives "
+    "(ficco.execute.fused) do not hand it the plan's scales; run the per_chunk or merged "
+    "compute of the same schedule"
 )
 
 

@@ -60,6 +60,16 @@ def triton_scaled_matmul():
     return triton_matmul
 
 
+def chunk_matmul(gemm: Gemm, sm_budget: int):
+    """A scaled plan's chunk GEMM (``scaled_matmul``'s signature): cuBLASLt, or ficco's
+    Triton FP8 GEMM within ``sm_budget`` programs. The scales arrive on the GPU's streams:
+    their values are never read on the host (a sync, which a graph's capture forbids)."""
+    if gemm is Gemm.TRITON:
+        kernel = triton_scaled_matmul()
+        return functools.partial(kernel, sm_budget=sm_budget, check_values=False)
+    return functools.partial(scaled_matmul, check_values=False)
+
+
 @functools.cache
 def scaled_primitives(base: type) -> type:
     """``base`` (``CudaPrimitives`` or its shared-GPU subclass) with :class:`ScaledPrimitives`
@@ -82,10 +92,7 @@ class ScaledPrimitives:
         if reason:
             raise Unavailable(reason)
         super().__init__(ctx, plan, bufs, *args)
-        if plan.schedule.gemm is Gemm.TRITON:
-            self.matmul = functools.partial(triton_scaled_matmul(), sm_budget=self.sm_budget)
-        else:  # the scales arrive on the GPU's streams: their values are not read on the host
-            self.matmul = functools.partial(scaled_matmul, check_values=False)
+        self.matmul = chunk_matmul(plan.schedule.gemm, self.sm_budget)
 
     # --- the GEMM and local moves ---
     def gemm(self, op: GemmOp) -> None:
