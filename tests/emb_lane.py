@@ -7,12 +7,11 @@ tables (9 to 120,000 rows), pooled by sum with a bag size per table, and by mean
 bags (1 to 2k - 1 rows, drawn per sample).
 
 Schedules: every legal schedule of ``ficco.space.enumerate_schedules`` (``every=True``), or
-(the default tier) one per plan (``ficco.plan.plan_key``): the schedules of one plan differ
-only in their pooling kernel (torch's EmbeddingBag, ``cublas``, or ficco's Triton kernel), their
-comm stream's priority (``+hi``) and their SM reserve (which sizes only the ``seg`` copy
-kernel's grid). Plan i of problem c takes pooling kernel i + c (mod the plan's kernels) and
-that kernel's variant i (mod their count), so the two problems of a W together run every
-(plan, pooling kernel) pair, and ``+hi`` and ``+smR`` schedules among them.
+(the default tier) one per (plan, pooling kernel) (``ficco.plan.plan_key``; torch's
+EmbeddingBag, ``cublas``, or ficco's Triton kernel): the schedules of such a group differ only
+in their comm stream's priority (``+hi``) and their SM reserve (which sizes only the ``seg``
+copy kernel's grid), so group i takes its variant i (mod their count), and ``+hi`` and
+``+smR`` schedules run among them.
 
 Verdicts: ``ok`` against the reference, or where the backend refuses the schedule
 (``ficco.backends``' check: ``+fused`` and ``nccl_ce`` where ranks share a GPU),
@@ -48,20 +47,16 @@ def lane_problems(world: int, **change) -> list[Problem]:
     ]
 
 
-def lane_schedules(problem: Problem, turn: int = 0, every: bool = EVERY) -> list[Schedule]:
-    """Every legal schedule of ``problem`` (``every``), or one per plan: plan i takes pooling
-    kernel i + ``turn`` and that kernel's variant i (module docstring); in the space's
-    order. ``turn``: the problem's index in :func:`lane_problems`."""
+def lane_schedules(problem: Problem, every: bool = EVERY) -> list[Schedule]:
+    """Every legal schedule of ``problem`` (``every``), or one per (plan, pooling kernel),
+    group i its variant i (module docstring); in the space's order."""
     schedules = list(enumerate_schedules(problem))
     if every:
         return schedules
-    plans: dict[tuple, dict] = {}  # plan -> pooling kernel -> its schedules
+    groups: dict[tuple, list[Schedule]] = {}
     for s in schedules:
-        plans.setdefault(plan_key(problem, s), {}).setdefault(s.gemm, []).append(s)
-    picked = set()
-    for i, kernels in enumerate(plans.values()):
-        variants = list(kernels.values())[(i + turn) % len(kernels)]
-        picked.add(variants[i % len(variants)])
+        groups.setdefault((plan_key(problem, s), s.gemm), []).append(s)
+    picked = {variants[i % len(variants)] for i, variants in enumerate(groups.values())}
     return [s for s in schedules if s in picked]
 
 
