@@ -41,6 +41,24 @@ def test_scaled_mm_on_the_gpu_is_the_cpu_emulation(a_scale, b_scale):
 
 
 @pytest.mark.skipif(REFUSAL is not None, reason=f"this GPU or torch has no FP8 GEMM: {REFUSAL}")
+@pytest.mark.parametrize(("rows", "start"), [(1, 3), (2, 2), (6, 6), (5, 0), (4, 1), (16, 16)])
+def test_a_row_wise_chunk_of_any_rows_and_offset_runs(rows, start):
+    """A plan's chunk GEMM takes a few rows at any offset of its buffer, their row scales
+    with them; cuBLASLt's row-wise GEMM refuses some (``scaled_mm.vector_operands``)."""
+    p = Problem(pattern="ag_gemm", m=2, n=64, k=64, world=2, dtype="fp8_e4m3",
+                a_scale="row", b_scale="column")  # fmt: skip
+    a, sa = quantize(p, "a", torch.randn(32, 64))
+    b, sb = quantize(p, "b", torch.randn(64, 64))
+    a, sa, b, sb = a.to(DEV), sa.to(DEV), b.to(DEV), sb.to(DEV)
+    chunk, scales = a[start : start + rows], sa[start : start + rows]
+    gpu = scaled_mm.scaled_matmul(chunk, b[:, 16:48], scales, sb[:, 16:48], check_values=False)
+    cpu = scaled_mm.scaled_matmul(chunk.cpu(), b[:, 16:48].cpu(), scales.cpu(), sb[:, 16:48].cpu())
+    assert gpu.shape == (rows, 32)
+    scale = cpu.float().abs().max().item()
+    assert (gpu.cpu().float() - cpu.float()).abs().max().item() <= 4 * 2**-8 * scale
+
+
+@pytest.mark.skipif(REFUSAL is not None, reason=f"this GPU or torch has no FP8 GEMM: {REFUSAL}")
 def test_e5m2_times_e5m2_is_refused_naming_cublaslt():
     """cuBLASLt multiplies e5m2 only by e4m3; an fp8_e5m2 problem holds both in e5m2."""
     p = Problem(pattern="ag_gemm", m=2, n=16, k=16, world=2, dtype="fp8_e5m2")
