@@ -12,16 +12,14 @@
 #   tests    tests/gpu/test_kernels_decode_gpu.py and test_kernels_stream_k_gpu.py (split-K,
 #            swap-AB and stream-K tiles in bf16).
 # PHASES picks and orders them (default: all, in that order). Each phase's cap is its share
-# (SHARE_<phase>, default prewarm 18 gemm 40 decode 30 fused 10 tests 4) of the time left
+# (SHARE_<phase>, default prewarm 17 gemm 35 decode 27 fused 17 tests 4) of the time left
 # before the stage's end (KERNELS_S less MARGIN_S, default 8), so time a phase leaves unused
 # goes to the phases after it; a phase whose cap is too short to measure anything (fused 30 s,
-# gemm and decode 20 s, else 5 s) is skipped and leaves it to the next (at KERNELS_S=220 the
-# fused phase is, and the GPU tests get its time; SHARE_fused=40 gives it a turn); a phase's
-# own budget (--budget-s) is its cap less the seconds
+# gemm and decode 20 s, else 5 s) is skipped and leaves it to the next; a phase's own budget (--budget-s) is its cap less the seconds
 # its start-up and last save take. Every script writes its JSON after each shape, so a phase
-# cut by its cap still returns what it measured. On one H100, 2026-11-25 (before the caps
-# were derived): compiles took most of a 35 s prewarm, decode 68 s for 190 shapes, bench_gemm
-# 73 s for 56, the fused phase 40 s before its first shape.
+# cut by its cap still returns what it measured. On one H100, 2026-11-25, at KERNELS_S=220:
+# prewarm 24 s (160 compiles, 14 workers), bench_gemm 81 s for all 56 shapes, decode 66 s for
+# 155 of 190 shapes, GPU tests 20 s; 191 s in all.
 #   KERNELS_S=220 bash scripts/kernels_sweep_gpu.sh --dry-run   # prints the plan, runs nothing
 set -u
 cd "$(dirname "$0")/.."
@@ -47,10 +45,10 @@ mkdir -p "$OUT" "$FICCO_CACHE_DIR"
 
 share() {  # a phase's share of the time left
   case $1 in
-    prewarm) echo "${SHARE_prewarm:-18}" ;;
-    gemm) echo "${SHARE_gemm:-40}" ;;
-    decode) echo "${SHARE_decode:-30}" ;;
-    fused) echo "${SHARE_fused:-10}" ;;
+    prewarm) echo "${SHARE_prewarm:-17}" ;;
+    gemm) echo "${SHARE_gemm:-35}" ;;
+    decode) echo "${SHARE_decode:-27}" ;;
+    fused) echo "${SHARE_fused:-17}" ;;
     tests) echo "${SHARE_tests:-4}" ;;
     *) echo 0 ;;
   esac

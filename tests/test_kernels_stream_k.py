@@ -1,6 +1,7 @@
 """Stream-K in the persistent TMA kernel (`GemmConfig.stream_k`): the last wave's K steps dealt
 out in runs that cross tile edges, under the CPU interpreter where there is no GPU (fp32:
-the interpreter miscomputes bf16), and its plan (`configs.stream_k_plan`)."""
+the interpreter miscomputes bf16), and its plan (`configs.stream_k_plan`); and the warp
+specialization option (`GemmConfig.warp_specialize`)."""
 
 import os
 
@@ -17,6 +18,7 @@ from ficco.kernels import GemmConfig, candidate_configs  # noqa: E402
 from ficco.kernels import persistent as kernel_paths  # noqa: E402
 from ficco.kernels.configs import (  # noqa: E402
     STREAM_K_BASES,
+    WARP_SPECIALIZE_BASES,
     StreamKPlan,
     fused_candidate_configs,
     split_plan,
@@ -108,18 +110,43 @@ def test_stream_k_with_swap_ab(gen):
 
 
 def test_stream_k_config_and_candidates():
-    cfg = replace(STREAM_K_BASES[0], stream_k=True)
+    cfg = GemmConfig(128, 256, 64, 8, 4, 8, True, stream_k=True)
     assert cfg.name == "128x256x64_g8_s4_w8_sub_streamk"
     assert GemmConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="stream_k"):
         GemmConfig(128, 128, 64, split_tail=True, stream_k=True)
     # 1024x3072x4096: 96 tiles of 128x256 on 132 SMs; the split tail cannot split them (132 //
-    # 96 = 1), stream-K deals their 6144 K steps out in runs of 47
+    # 96 = 1), stream-K would deal their 6144 K steps out in runs of 47, but it measured
+    # slower on every shape of one H100: the space offers it nowhere
     assert split_plan(96, 132, 64) is None
-    offered = candidate_configs(1024, 3072, 4096, 2, 2)
-    assert cfg in offered
-    assert {c for c in offered if c.stream_k} == {replace(c, stream_k=True) for c in STREAM_K_BASES}
-    # whole waves (33 x 32 tiles of 128x256 = 8 waves): not offered; the fused kernel never
-    # gets one
-    assert cfg not in candidate_configs(4224, 8192, 4096, 2, 2)
+    assert stream_k_plan(96, 132, 64) is not None
+    assert STREAM_K_BASES == ()
+    assert not any(c.stream_k for c in candidate_configs(1024, 3072, 4096, 2, 2))
     assert not any(c.stream_k for c in fused_candidate_configs(1024, 3072, 4096, 2, 2))
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_warp_specialized_config_runs(accumulate, gen):
+    # the interpreter runs the K loop plainly; the GPU compiles producer and consumer warps
+    m, n, k = 40, 48, 80
+    a, b = _rand(m, k, gen=gen), _rand(k, n, gen=gen)
+    out = torch.full((m, n), float("nan"), device=DEVICE)
+    before = torch.zeros_like(out) if not accumulate else _rand(m, n, gen=gen)
+    out.copy_(before) if accumulate else None
+    cfg = replace(STREAM, stream_k=False, warp_specialize=True)
+    launch(a, b, out, accumulate=accumulate, sm_budget=3, config=cfg, path="tma")
+    _assert_close(out, a, b, add=before if accumulate else None)
+
+
+def test_warp_specialize_rules_and_candidates():
+    cfg = replace(WARP_SPECIALIZE_BASES[0], warp_specialize=True)
+    assert cfg.name == "128x256x64_g8_s3_w8_ws"
+    assert GemmConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="warp_specialize"):
+        GemmConfig(128, 128, 64, split_tail=True, warp_specialize=True)
+    offered = candidate_configs(8192, 8192, 8192, 2, 2)
+    assert {c for c in offered if c.warp_specialize} == {
+        replace(c, warp_specialize=True) for c in WARP_SPECIALIZE_BASES
+    }
+    assert not any(c.warp_specialize for c in candidate_configs(64, 64, 64, 4, 4, interpreter=True))
+    assert not any(c.warp_specialize for c in fused_candidate_configs(1024, 8192, 8192, 2, 2))

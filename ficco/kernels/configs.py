@@ -66,6 +66,12 @@ class GemmConfig:
     warpgroup) and the few rows of a decode GEMM in its N dimension (16 and up), so an
     [M <= 64, N] tile wastes no MMA rows and its shared memory goes to the weight's pipeline.
     `block_m` and `block_n` still name the output tile's rows and columns."""
+    warp_specialize: bool = False
+    """Triton's warp specialization on the K loop (`tl.range(..., warp_specialize=True)`:
+    producer warps issue the TMA loads, consumer warps the wgmma), the tile loop then not
+    flattened. TMA kernel only, no split tail or stream-K. On one H100 with Triton 3.6 a plain
+    128x256x64 TMA GEMM of 8192^3 ran 1.53 ms with it and 2.53 ms without (one probe, timed
+    beside compiles: profiles/h100/NOTES_gemm.md)."""
     programs_per_sm: int = 1
     """Persistent programs per SM of a full-GPU budget (1 or 2; the FP8 and fused kernels, and
     only the FP8 space offers 2): with 2, one program's tensor-core work runs while the
@@ -100,6 +106,10 @@ class GemmConfig:
             )
         if self.stream_k and (self.split_tail or self.split_k > 1):
             raise ValueError("GemmConfig.stream_k takes neither split_tail nor split_k > 1")
+        if self.warp_specialize and (self.split_tail or self.stream_k or self.split_k > 1):
+            raise ValueError(
+                "GemmConfig.warp_specialize takes neither split_tail, stream_k nor split_k > 1"
+            )
         if self.programs_per_sm not in (1, 2):
             raise ValueError(
                 f"GemmConfig.programs_per_sm must be 1 or 2, got {self.programs_per_sm}"
@@ -116,9 +126,11 @@ class GemmConfig:
         swap = "_swap" if self.swap_ab else ""
         stream_k = "_streamk" if self.stream_k else ""
         per_sm = f"_p{self.programs_per_sm}" if self.programs_per_sm > 1 else ""
+        ws = "_ws" if self.warp_specialize else ""
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}"
-            f"_s{self.num_stages}_w{self.num_warps}{swap}{sub}{split}{stream_k}{split_k}{per_sm}"
+            f"_s{self.num_stages}_w{self.num_warps}{swap}{sub}{split}{stream_k}{split_k}{ws}"
+            f"{per_sm}"
         )
 
     @property
@@ -185,14 +197,19 @@ GPU_CONFIGS: tuple[GemmConfig, ...] = (
     _c(64, 256, 64, 5, 8, sub=True),
     _c(64, 128, 64, 7, 4),
 )
-# The tiles also offered with `stream_k` where the last wave is short: the big tiles that win
-# on full waves (each is one more compile per shape class, so not the whole space).
-STREAM_K_BASES: tuple[GemmConfig, ...] = (
-    _c(128, 256, 64, 4, 8, sub=True),
+# The tiles stream-K would be offered on where the last wave is short: none. On one H100 (the
+# sweep of 2026-11-25, profiles/h100/NOTES_gemm.md) every stream-K variant of the five big
+# tiles ran 3-100% slower than the space's pick on all 56 bench_gemm shapes but one (equal):
+# each program writes up to two fp32 partial tiles (256 KB at 128x256) and the last arriver
+# reads 2-3 back, and the variant's kernel was slower on its whole tiles too. `stream_k`
+# stays runnable (and tested) for an explicit config.
+STREAM_K_BASES: tuple[GemmConfig, ...] = ()
+# The tiles also offered with `warp_specialize` (whole tiles only: no split tail).
+WARP_SPECIALIZE_BASES: tuple[GemmConfig, ...] = (
     _c(128, 256, 64, 3, 8),
-    _c(256, 128, 64, 4, 8, sub=True),
-    _c(128, 128, 64, 5, 8, sub=True),
-    _c(128, 128, 64, 4, 4),
+    _c(128, 256, 64, 4, 8, sub=True),
+    _c(128, 128, 64, 4, 8),
+    _c(64, 256, 64, 4, 8, sub=True),
 )
 #: The first 18 points of GPU_CONFIGS: the space before it was widened (benchmarks compare
 #: the best of these with the best of the whole space).
@@ -368,7 +385,8 @@ def candidate_configs(
     swap-AB tiles for few rows (`swap_candidate_configs`).
 
     Each kept configuration also comes with `split_tail=True` where that changes the launch,
-    and the tiles of STREAM_K_BASES with `stream_k=True` where that does.
+    the tiles of STREAM_K_BASES with `stream_k=True` where that does, and those of
+    WARP_SPECIALIZE_BASES with `warp_specialize=True`.
     The split-K decode kernel's configs (`decode_candidate_configs`) are not offered here: on
     one H100 it lost to the persistent kernel at 189 of 190 decode shapes, and do_bench's
     ranking of microsecond kernels picked it where it was slower (profiles/h100/
@@ -390,6 +408,8 @@ def candidate_configs(
             kept.append(replace(cfg, split_tail=True))
         if cfg in stream_k_bases and streams_here(cfg, m, n, k, sm_budget):
             kept.append(replace(cfg, stream_k=True))
+        if not interpreter and cfg in WARP_SPECIALIZE_BASES:
+            kept.append(replace(cfg, warp_specialize=True))
     kept += swap_candidate_configs(
         m,
         n,
@@ -513,5 +533,9 @@ def fused_candidate_configs(
     kept = candidate_configs(
         rows, n, k, in_bytes, out_bytes, sm_budget=1, shared_memory_bytes=shared_memory_bytes
     )
-    plain = (replace(cfg, split_tail=False, stream_k=False) for cfg in kept if not cfg.swap_ab)
+    plain = (
+        replace(cfg, split_tail=False, stream_k=False)
+        for cfg in kept
+        if not (cfg.swap_ab or cfg.warp_specialize)
+    )
     return list(dict.fromkeys(plain))

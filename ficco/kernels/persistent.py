@@ -113,6 +113,7 @@ def _matmul_tma_kernel(
     SPLIT_TAIL: tl.constexpr,
     STREAM_K: tl.constexpr,
     TRANSPOSE_C: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
     start_pid = tl.program_id(axis=0)
@@ -125,7 +126,8 @@ def _matmul_tma_kernel(
         num_units = num_tiles
     unit_c = start_pid - num_programs
 
-    for unit in tl.range(start_pid, num_units, num_programs, flatten=True):
+    # warp specialization works on the K loop alone: the tile loop is then not flattened
+    for unit in tl.range(start_pid, num_units, num_programs, flatten=not WARP_SPECIALIZE):
         if SPLIT_TAIL:
             tile_id, _, _, k_lo, k_hi = _unit_coords(unit, dp_tiles, split, k_per_split, k_tiles)
         elif STREAM_K:
@@ -140,7 +142,7 @@ def _matmul_tma_kernel(
         offs_m = pid_m * BLOCK_M
         offs_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_lo, k_hi):
+        for ki in tl.range(k_lo, k_hi, warp_specialize=WARP_SPECIALIZE):
             offs_k = ki * BLOCK_K
             a = a_desc.load([offs_k, offs_m]).T if A_COL_MAJOR else a_desc.load([offs_m, offs_k])
             b = b_desc.load([offs_n, offs_k]).T if B_COL_MAJOR else b_desc.load([offs_k, offs_n])
@@ -534,6 +536,7 @@ def launch(
         SPLIT_TAIL=plan is not None,
         STREAM_K=sk is not None,
         TRANSPOSE_C=config.swap_ab,
+        WARP_SPECIALIZE=config.warp_specialize,
         INPUT_PRECISION=precision,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
