@@ -37,7 +37,9 @@ def _key_of(raw: dict, m: int, n: int, k: int, sm: int) -> str:
     return hits[0]
 
 
-def _config_named(name: str, m: int, n: int, k: int, sm: int) -> GemmConfig:
+def _config_named(name: str, m: int, n: int, k: int, sm: int, entry: dict) -> GemmConfig:
+    if entry.get("name") == name:  # the tuner's own pick: its record holds the config
+        return GemmConfig.from_dict(entry["config"])
     offered = candidate_configs(m, n, k, 2, 2, sm_budget=sm)
     offered += decode_candidate_configs(m, n, k, 2, 2, sm_budget=sm)
     for cfg in offered:
@@ -65,7 +67,7 @@ def from_gemm(raw: dict, bench: dict) -> dict:
             options.setdefault(other["config"], other["ms"])
         name = min(options, key=options.__getitem__)
         why = "bench_gemm.py interleaved rounds: the tuner's pick vs the other pick timed"
-        out[key] = choose(raw, key, _config_named(name, m, n, k, sm), why, options[name])
+        out[key] = choose(raw, key, _config_named(name, m, n, k, sm, raw[key]), why, options[name])
     return out
 
 
@@ -81,7 +83,7 @@ def from_decode(raw: dict, bench: dict) -> dict:
         }
         name = min(options, key=options.__getitem__)
         why = "bench_decode_gemm.py interleaved rounds: the tuner's pick vs each kernel's fastest"
-        out[key] = choose(raw, key, _config_named(name, m, n, k, sm), why, options[name])
+        out[key] = choose(raw, key, _config_named(name, m, n, k, sm, raw[key]), why, options[name])
     return out
 
 
