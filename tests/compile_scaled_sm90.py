@@ -88,6 +88,7 @@ def compile_scaled(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         B_K_MAJOR=b_k_major, A_ROWWISE=True, B_COLWISE=True, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
         IMPRECISE_ACC=imprecise_acc(cfg, fast_accum),
+        PROMOTE_EVERY=1 if fast_accum else cfg.promote_every,
     )  # fmt: skip
     return _report(_compile(_scaled_mm_tma_kernel, pointers, descs, constants, cfg), t0)
 

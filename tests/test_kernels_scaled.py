@@ -358,3 +358,16 @@ def test_a_shipped_fp8_entry_answers_where_the_cache_has_none(tmp_path, monkeypa
     finally:
         scaled.shipped_configs.cache_clear()
         tuning.clear_memory()
+
+
+@pytest.mark.parametrize("k", [128, 96], ids=["whole-segments", "ragged-segment"])
+def test_promoting_every_few_k_steps_computes_the_same_product(k):
+    a, b, sa, sb, _ = random_operands(40, 64, k, torch.float8_e4m3fn, "cpu", seed=19)
+    config = GemmConfig(32, 32, 32, 4, 1, 4, promote_every=2)
+    assert config.name.endswith("_pe2")
+    _close(scaled_matmul(a, b, sa, sb, sm_budget=3, config=config), reference_matmul(a, b, sa, sb))
+    # offered only where asked for: the default space promotes after every K step
+    assert all(c.promote_every == 1 for c in scaled_candidate_configs(4096, 4096, 4096))
+    assert any(
+        c.promote_every > 1 for c in scaled_candidate_configs(4096, 4096, 4096, promote_every=4)
+    )

@@ -77,6 +77,10 @@ class GemmConfig:
     only the FP8 space offers 2): with 2, one program's tensor-core work runs while the
     other's waits on its fp32 promotion adds. A budget below the GPU's SM count launches one
     per SM (two per SM could spread over the SMs the budget leaves free)."""
+    promote_every: int = 1
+    """FP8 kernel: K steps whose products the tensor cores sum before one fp32 promotion (1:
+    every step, as cuBLASLt's default; n > 1: n steps in a pipelined inner loop, then one
+    add: fewer waits on the wgmma, n x BLOCK_K products summed at the tensor cores' precision)."""
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -110,6 +114,10 @@ class GemmConfig:
             raise ValueError(
                 "GemmConfig.warp_specialize takes neither split_tail, stream_k nor split_k > 1"
             )
+        if not 1 <= self.promote_every <= 16:
+            raise ValueError(
+                f"GemmConfig.promote_every must be in [1, 16], got {self.promote_every}"
+            )
         if self.programs_per_sm not in (1, 2):
             raise ValueError(
                 f"GemmConfig.programs_per_sm must be 1 or 2, got {self.programs_per_sm}"
@@ -126,6 +134,7 @@ class GemmConfig:
         swap = "_swap" if self.swap_ab else ""
         stream_k = "_streamk" if self.stream_k else ""
         per_sm = f"_p{self.programs_per_sm}" if self.programs_per_sm > 1 else ""
+        per_sm += f"_pe{self.promote_every}" if self.promote_every > 1 else ""
         ws = "_ws" if self.warp_specialize else ""
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}"

@@ -140,6 +140,7 @@ def _scaled_mm_tma_kernel(
     B_COLWISE: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
     IMPRECISE_ACC: tl.constexpr,  # K elements a wgmma sums before promotion to fp32
+    PROMOTE_EVERY: tl.constexpr = 1,  # K steps per fp32 promotion (GemmConfig.promote_every)
 ):
     start_pid = tl.program_id(axis=0)
     num_programs = tl.num_programs(axis=0)
@@ -154,11 +155,26 @@ def _scaled_mm_tma_kernel(
         offs_m = pid_m * BLOCK_M
         offs_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_tiles):
-            offs_k = ki * BLOCK_K
-            a = a_desc.load([offs_m, offs_k])
-            b = b_desc.load([offs_n, offs_k]).T if B_K_MAJOR else b_desc.load([offs_k, offs_n])
-            acc = tl.dot(a, b, acc, max_num_imprecise_acc=IMPRECISE_ACC)
+        if PROMOTE_EVERY == 1:
+            for ki in range(k_tiles):
+                offs_k = ki * BLOCK_K
+                a = a_desc.load([offs_m, offs_k])
+                b = b_desc.load([offs_n, offs_k]).T if B_K_MAJOR else b_desc.load([offs_k, offs_n])
+                acc = tl.dot(a, b, acc, max_num_imprecise_acc=IMPRECISE_ACC)
+        else:
+            # PROMOTE_EVERY steps summed by the tensor cores in a pipelined inner loop (its
+            # accumulator is loop-carried, so no wait per step), then one fp32 add
+            for k_lo in range(0, k_tiles, PROMOTE_EVERY):
+                part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for ki in range(k_lo, tl.minimum(k_lo + PROMOTE_EVERY, k_tiles)):
+                    offs_k = ki * BLOCK_K
+                    a = a_desc.load([offs_m, offs_k])
+                    if B_K_MAJOR:
+                        b = b_desc.load([offs_n, offs_k]).T
+                    else:
+                        b = b_desc.load([offs_k, offs_n])
+                    part = tl.dot(a, b, part)
+                acc += part
 
         # The epilogue recomputes its coordinates from its own counter, as persistent.py's.
         tile_c += num_programs
@@ -312,6 +328,7 @@ def launch_scaled(
         B_COLWISE=ops.colwise,
         EPILOGUE_SUBTILE=config.epilogue_subtile,
         IMPRECISE_ACC=imprecise_acc(config, fast_accum),
+        PROMOTE_EVERY=1 if fast_accum else config.promote_every,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

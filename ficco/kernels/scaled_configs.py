@@ -22,8 +22,10 @@ from ficco.kernels.configs import (
 FP8_BYTES = 1
 
 
-def _c(bm, bn, bk, stages, warps, group=8, sub=False, per_sm=1) -> GemmConfig:
-    return GemmConfig(bm, bn, bk, group, stages, warps, sub, programs_per_sm=per_sm)
+def _c(bm, bn, bk, stages, warps, group=8, sub=False, per_sm=1, pe=1) -> GemmConfig:
+    return GemmConfig(
+        bm, bn, bk, group, stages, warps, sub, programs_per_sm=per_sm, promote_every=pe
+    )
 
 
 #: Shared memory an SM holds for its blocks (228 KiB on sm_90), and what each block reserves.
@@ -59,6 +61,12 @@ FP8_GPU_CONFIGS: tuple[GemmConfig, ...] = (
     _c(128, 128, 128, 3, 4, group=16, sub=True, per_sm=2),
     _c(64, 128, 256, 2, 4, per_sm=2),
     _c(128, 64, 256, 2, 4, per_sm=2),
+    # fp32 promotion every 2 or 4 K steps (256 or 512 products: cuBLASLt's default promotes
+    # every 128), the steps between pipelined: offered only where asked for (`promote_every`).
+    _c(128, 128, 128, 4, 8, pe=4),
+    _c(128, 128, 128, 4, 8, pe=2),
+    _c(64, 128, 128, 4, 4, per_sm=2, pe=4),
+    _c(128, 64, 128, 4, 4, per_sm=2, pe=4),
 )
 
 #: The CPU interpreter's: small blocks keep tests fast (and leave ragged tiles on small
@@ -88,16 +96,20 @@ def scaled_candidate_configs(
     interpreter: bool = False,
     shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
     full_budget: bool = True,
+    promote_every: int = 1,
 ) -> list[GemmConfig]:
     """The FP8 configurations worth timing for `[m, k] @ [k, n]`, in the space's order (never
     empty: the smallest tile where nothing suits the shape). ``full_budget``: the launch may
-    use every SM (else configs with two programs per SM are left out: they would launch one)."""
+    use every SM (else configs with two programs per SM are left out: they would launch one).
+    ``promote_every``: the most K steps per fp32 promotion a config may take (1: every step,
+    the accumulation cuBLASLt's default has)."""
     space = FP8_INTERPRETER_CONFIGS if interpreter else FP8_GPU_CONFIGS
     kept = [
         cfg
         for cfg in space
         if suits_shape(cfg, m, n, k)
         and (full_budget or cfg.programs_per_sm == 1)
+        and cfg.promote_every <= promote_every
         and (interpreter or fits_sm(cfg, out_bytes, shared_memory_bytes))
     ]
     return kept or [FP8_INTERPRETER_CONFIGS[-1] if interpreter else FP8_SMALLEST]
