@@ -89,6 +89,7 @@ def compile_scaled(
         B_K_MAJOR=b_k_major, A_ROWWISE=True, B_COLWISE=True, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
         IMPRECISE_ACC=imprecise_acc(cfg, fast_accum),
         PROMOTE_EVERY=1 if fast_accum else cfg.promote_every,
+        WARP_SPECIALIZE=cfg.warp_specialize,
     )  # fmt: skip
     return _report(_compile(_scaled_mm_tma_kernel, pointers, descs, constants, cfg), t0)
 

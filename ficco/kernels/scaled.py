@@ -141,6 +141,7 @@ def _scaled_mm_tma_kernel(
     EPILOGUE_SUBTILE: tl.constexpr,
     IMPRECISE_ACC: tl.constexpr,  # K elements a wgmma sums before promotion to fp32
     PROMOTE_EVERY: tl.constexpr = 1,  # K steps per fp32 promotion (GemmConfig.promote_every)
+    WARP_SPECIALIZE: tl.constexpr = False,  # loader and MMA warps apart (GemmConfig's)
 ):
     start_pid = tl.program_id(axis=0)
     num_programs = tl.num_programs(axis=0)
@@ -156,7 +157,7 @@ def _scaled_mm_tma_kernel(
         offs_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if PROMOTE_EVERY == 1:
-            for ki in range(k_tiles):
+            for ki in tl.range(0, k_tiles, warp_specialize=WARP_SPECIALIZE):
                 offs_k = ki * BLOCK_K
                 a = a_desc.load([offs_m, offs_k])
                 b = b_desc.load([offs_n, offs_k]).T if B_K_MAJOR else b_desc.load([offs_k, offs_n])
@@ -329,6 +330,7 @@ def launch_scaled(
         EPILOGUE_SUBTILE=config.epilogue_subtile,
         IMPRECISE_ACC=imprecise_acc(config, fast_accum),
         PROMOTE_EVERY=1 if fast_accum else config.promote_every,
+        WARP_SPECIALIZE=config.warp_specialize,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

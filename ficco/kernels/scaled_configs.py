@@ -22,9 +22,18 @@ from ficco.kernels.configs import (
 FP8_BYTES = 1
 
 
-def _c(bm, bn, bk, stages, warps, group=8, sub=False, per_sm=1, pe=1) -> GemmConfig:
+def _c(bm, bn, bk, stages, warps, group=8, sub=False, per_sm=1, pe=1, ws=False) -> GemmConfig:
     return GemmConfig(
-        bm, bn, bk, group, stages, warps, sub, programs_per_sm=per_sm, promote_every=pe
+        bm,
+        bn,
+        bk,
+        group,
+        stages,
+        warps,
+        sub,
+        programs_per_sm=per_sm,
+        promote_every=pe,
+        warp_specialize=ws,
     )
 
 
@@ -61,6 +70,9 @@ FP8_GPU_CONFIGS: tuple[GemmConfig, ...] = (
     _c(128, 128, 128, 3, 4, group=16, sub=True, per_sm=2),
     _c(64, 128, 256, 2, 4, per_sm=2),
     _c(128, 64, 256, 2, 4, per_sm=2),
+    # loader and MMA warps apart (Triton's warp specialization; it paid on bf16 on one H100)
+    _c(128, 256, 128, 3, 8, sub=True, ws=True),
+    _c(128, 128, 128, 4, 8, ws=True),
     # fp32 promotion every 2 or 4 K steps (256 or 512 products: cuBLASLt's default promotes
     # every 128), the steps between pipelined: offered only where asked for (`promote_every`).
     _c(128, 128, 128, 4, 8, pe=4),
