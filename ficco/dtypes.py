@@ -41,8 +41,6 @@ class DType:
     """Largest finite value (scaled dtypes: what a scale maps an operand's max onto)."""
     min_capability: tuple[int, int] | None = None
     """The CUDA compute capability its GEMMs need (None: every GPU ficco runs on)."""
-    triton_gemm: bool = True
-    """ficco's Triton GEMMs have a kernel for it (fp8: not yet; cuBLAS runs it)."""
 
     @property
     def output_name(self) -> str:
@@ -65,7 +63,6 @@ DTYPES: dict[str, DType] = {
             output="bf16",
             largest=448.0,
             min_capability=(8, 9),
-            triton_gemm=False,
         ),
         DType(
             "fp8_e5m2",
@@ -76,7 +73,6 @@ DTYPES: dict[str, DType] = {
             output="bf16",
             largest=57344.0,
             min_capability=(8, 9),
-            triton_gemm=False,
         ),
     )
 }

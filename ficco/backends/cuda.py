@@ -6,7 +6,7 @@ from __future__ import annotations
 from ficco.backends import BackendSpec, Refusal, register_backend
 from ficco.execute.options import TimingOptions
 from ficco.problem import Problem
-from ficco.space import Compute, Schedule
+from ficco.space import Schedule
 
 #: Untimed runs of each candidate before the rounds (its kernels are tuned and, where
 #: graphed, captured before any of them).
@@ -31,22 +31,11 @@ def setup_here(rank: int, local_rank: int, world: int, timeout_s: float):
     return CudaBackend(init_rank(rank, world, None, timeout_s, local_rank=local_rank))
 
 
-#: why a fused schedule of a scaled (fp8) problem is refused
-SCALED_FUSED_REASON = (
-    "fused schedules of fp8 problems are not run yet: ficco.kernels.fused has an FP8 variant "
-    "(each chunk's a_scale, b's b_scale), but the executor's fused primitives "
-    "(ficco.execute.fused) do not hand it the plan's scales; run the per_chunk or merged "
-    "compute of the same schedule"
-)
-
-
 def check(problem: Problem, schedule: Schedule) -> Refusal:
     # what this machine lacks (nccl_ce, symmetric-memory signals, an FP8-capable GPU) is
     # found by the ranks at set-up or by the primitives, and recorded unavailable there
     if not problem.scaled:
         return None
-    if schedule.compute is Compute.FUSED:
-        return SCALED_FUSED_REASON
     from ficco.execute.scaled_mm import self_product_refusal
 
     return self_product_refusal(problem.dtype)

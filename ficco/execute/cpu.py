@@ -199,7 +199,13 @@ class CpuPrimitives(FusedPrimitives, Primitives):
 
     def gemm(self, op: GemmOp) -> None:
         a, b, out = (view(self.tensors, r) for r in (op.a, op.b, op.out))
-        if self.plan.problem.scaled:  # fp8 bits upcast, fp32 accumulation, bf16 out
+        if self.plan.problem.scaled and self.plan.schedule.gemm is Gemm.TRITON:
+            # ficco's Triton FP8 GEMM under the interpreter: the same fp8 bits, fp32 sums
+            from ficco.kernels.scaled import scaled_matmul as triton_matmul
+
+            matmul = functools.partial(triton_matmul, sm_budget=self.budget)
+            scaled_gemm(self.tensors, op, out, matmul=matmul)
+        elif self.plan.problem.scaled:  # fp8 bits upcast, fp32 accumulation, bf16 out
             scaled_gemm(self.tensors, op, out)
         elif self.plan.schedule.gemm is Gemm.TRITON:
             from ficco.kernels import matmul
@@ -405,13 +411,12 @@ class CpuBackend(Backend):
 
     def allocate(self, problem: Problem, seed: int) -> Buffers:
         plan = build_plan(problem, Schedule(), self.rank)
-        if problem.scaled:  # no fused schedules (no fp8 Triton GEMM): no shared memory
-            return Buffers(allocate_scaled(plan, seed))
+        fill = allocate_scaled if problem.scaled else allocate
         if self.shared_dir is None:
-            return Buffers(allocate(plan, seed))
+            return Buffers(fill(plan, seed))
         self._problems += 1
         shared = SharedCpuMemory(self.shared_dir, self._problems, self.rank)
-        tensors = allocate(
+        tensors = fill(
             plan,
             seed,
             peer_visible_empty=lambda shape, dtype, device, name: shared.empty(name, shape, dtype),

@@ -58,6 +58,7 @@ class FusedPrimitives:
             def out(region, out_rank: int):
                 return self._local(region) if out_rank == rank else self._remote(region, out_rank)
 
+            scales = self._scales if self.plan.problem.scaled else (lambda region, side: None)
             chunks = []
             for c in op.chunks:
                 chunks.append(
@@ -74,13 +75,31 @@ class FusedPrimitives:
                             )
                             for d in c.copies
                         ),
+                        scales(c.a, "a"),
                     )
                 )
             kernel = FusedGemm(
-                chunks, self._local(op.b), sm_budget=self.sm_budget, timeout_s=self.flag_timeout_s
+                chunks,
+                self._local(op.b),
+                sm_budget=self.sm_budget,
+                timeout_s=self.flag_timeout_s,
+                b_scale=scales(op.b, "b"),
             )
         kernels[id(op)] = kernel
         return kernel
+
+    def _scales(self, region, side: str):
+        """The fp8 scales of this rank's ``region`` of an ``side`` ('a'/'b') operand: its
+        rows' (A per row: they landed with the rows), its columns' (B), or the one scale."""
+        from ficco.execute.scaled import operand
+
+        return operand(self._all_buffers(), region, side)[1]
+
+    def _all_buffers(self) -> dict:
+        """This rank's tensors by name (the CPU primitives hold ``tensors``, the CUDA ones
+        ``bufs.tensors``)."""
+        tensors = getattr(self, "tensors", None)
+        return self.bufs.tensors if tensors is None else tensors
 
     def prepare_fused(self) -> None:
         """Build and compile every flag kernel of the plan now, before the ranks meet: a
@@ -124,10 +143,8 @@ class FusedPrimitives:
             out.copy_(embedding_bag(weights, indices, offsets, seg.bags, op.mode))
 
     def _local_buffer(self, name: str):
-        """This rank's whole buffer ``name`` (the CPU primitives hold ``tensors``, the CUDA
-        ones ``bufs.tensors``)."""
-        tensors = getattr(self, "tensors", None)
-        return (self.bufs.tensors if tensors is None else tensors)[name]
+        """This rank's whole buffer ``name``."""
+        return self._all_buffers()[name]
 
     def wait_flags(self, op: WaitFlagsOp) -> None:
         kernel = self._kernel(op)

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ficco.defaults import SM_COUNT
-from ficco.dtypes import dtype_of
 from ficco.patterns import patterns_where, spec_of
 from ficco.problem import DTYPE_BYTES, SCALED_GEMM_ALIGN, Problem
 from ficco.space.geometry import cut, quantum, split_extent
@@ -294,14 +293,6 @@ def sm_reserve_leaves_sms(p: Problem, s: Schedule) -> str | None:
     return None
 
 
-def triton_gemm_takes_dtype(p: Problem, s: Schedule) -> str | None:
-    # ficco's Triton GEMMs (per chunk, persistent, fused) have no kernel for scaled fp8
-    # inputs yet; cuBLAS runs them (torch._scaled_mm)
-    if s.gemm is Gemm.TRITON and not dtype_of(p.dtype).triton_gemm:
-        return f"ficco's Triton GEMM has no {p.dtype} kernel; use the cublas GEMM (torch._scaled_mm)"
-    return None
-
-
 def scaled_gemm_chunks_aligned(p: Problem, s: Schedule) -> str | None:
     # a k or n chunk is a GEMM's K or N: FP8 tensor cores take multiples of 16 there
     if not p.scaled or s.split is Split.M:
@@ -348,7 +339,6 @@ RULES: tuple[Rule, ...] = (
     sm_reserve_needs_sm_comm,
     sm_reserve_leaves_sms,
     priority_needs_overlap,
-    triton_gemm_takes_dtype,
     scaled_gemm_chunks_aligned,
 )
 
