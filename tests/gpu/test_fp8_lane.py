@@ -1,6 +1,7 @@
 """FP8 (e4m3) schedules of the five GEMM patterns on GPUs (the ``lane`` fixture: one GPU per
 rank, and ranks that share a GPU): fp8 rows moved with their row scales by every transport
-the lane has, each chunk GEMM through ``torch._scaled_mm``, bf16 partials reduced, verified
+the lane has, each chunk GEMM through ``torch._scaled_mm`` or (``triton`` schedules) ficco's
+Triton FP8 GEMM, bf16 partials reduced, verified
 against the reference from the dequantized inputs; the replay of a captured graph is
 verified too (one round, no warm-up: timings are not the point).
 
@@ -30,7 +31,7 @@ from ficco.execute import RunOptions, TimingOptions  # noqa: E402
 from ficco.execute.cuda_shared import NEEDS_DISTINCT_GPUS, shared_capability  # noqa: E402
 from ficco.patterns import spec_of  # noqa: E402
 from ficco.problem import Problem  # noqa: E402
-from ficco.space import Schedule, enumerate_schedules  # noqa: E402
+from ficco.space import Gemm, Schedule, enumerate_schedules  # noqa: E402
 
 COVERING_ONLY = os.environ.get("FICCO_FP8_LANE_COVERING") == "1"
 AXES = ("granularity", "chunks", "split", "transport", "order", "compute", "all_reduce")
@@ -62,12 +63,16 @@ CASES = [
 
 
 def covering(schedules):
-    """Schedules that together take every value of every axis that occurs, and every
-    transport with every granularity (each transport chunked too), serial first."""
+    """cuBLAS schedules that together take every value of every axis that occurs, and every
+    transport with every granularity (each transport chunked too), serial first; then Triton
+    schedules (ficco's FP8 GEMM) taking every granularity and compute."""
     chosen, seen = [], set()
-    for s in schedules:
-        values = {(axis, getattr(s, axis)) for axis in AXES}
-        values.add(("transport x granularity", (s.transport, s.granularity)))
+    for s in sorted(schedules, key=lambda s: s != Schedule()):  # stable: the rest in order
+        if s.gemm is Gemm.TRITON:
+            values = {("triton", s.granularity), ("triton", s.compute)}
+        else:
+            values = {(axis, getattr(s, axis)) for axis in AXES}
+            values.add(("transport x granularity", (s.transport, s.granularity)))
         if values - seen:
             chosen.append(s)
             seen |= values
