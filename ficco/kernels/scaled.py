@@ -21,15 +21,19 @@ tiles)`` programs, grouped tile order (``_tile_coords``), one flattened ``tl.ran
 tiles and K steps, TMA descriptors (ragged M, N, K clipped by the descriptor), the C store
 (``_store_c_tile``); what differs is the scale epilogue (``_scale_tile``, shared with the
 fused kernel), FP8's tile space and two programs per SM where a config asks for them
-(``GemmConfig.programs_per_sm``, full-GPU budgets only). The configuration comes from the FP8 space
-(``ficco.kernels.scaled_configs``), per shape from the tuning cache (``TuningKey`` with the
-fp8 dtype: the scale granularities share an entry), else tuned now (``tune_scaled``), else
-under ``FICCO_GEMM_AUTOTUNE=0`` a heuristic.
+(``GemmConfig.programs_per_sm``, full-GPU budgets only). The configuration comes from the
+FP8 space (``ficco.kernels.scaled_configs``), per shape from the tuning cache (``TuningKey``
+with the fp8 dtype: the scale granularities share an entry), else from the entries committed
+per card (``shipped_configs``), else tuned now (``tune_scaled``), else under
+``FICCO_GEMM_AUTOTUNE=0`` a heuristic.
 
 Accumulation: by default the wgmma's partial sums are promoted into the fp32 accumulator
 after every BLOCK_K step (``max_num_imprecise_acc = BLOCK_K``), as ``torch._scaled_mm``
-does by default (``use_fast_accum=False``); ``fast_accum=True`` leaves them in the tensor
-cores' reduced-precision accumulator for the whole K, as ``use_fast_accum=True`` does.
+does by default (``use_fast_accum=False``; the two agree to the digit on one H100). ptxas
+then waits for each wgmma before its adds, which two programs per SM hide in part.
+``GemmConfig.promote_every = n`` promotes every n steps instead (not in the default space);
+``fast_accum=True`` leaves the sums in the tensor cores' reduced-precision accumulator for
+the whole K, as ``use_fast_accum=True`` does.
 
 Refused with :class:`ficco.verdict.Unavailable` naming the cause: a device without TMA
 (compute capability below 9.0: FP8 on Ada runs on cuBLAS only), a Triton without host
