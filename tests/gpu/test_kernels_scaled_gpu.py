@@ -44,7 +44,10 @@ def test_every_fp8_config_matches_the_reference_and_scaled_mm(dtype, pair):
     if dtype == torch.float8_e4m3fn:
         cublas = _rel(cublas_matmul(a, b, sa, sb), ref)  # torch._scaled_mm
         assert cublas <= LIMIT
-    for cfg in FP8_GPU_CONFIGS:
+    # every config at e4m3 with per-row/column scales (the benchmark's compiles serve it);
+    # one config per other case: each scale granularity and dtype is its own compile
+    every = dtype == torch.float8_e4m3fn and pair == ("row", "col")
+    for cfg in FP8_GPU_CONFIGS if every else FP8_GPU_CONFIGS[:1]:
         out = torch.full((1000, 1040), float("nan"), device="cuda", dtype=torch.bfloat16)
         scaled_matmul(a, b, sa, sb, out=out, config=cfg)
         assert _rel(out, ref) <= max(LIMIT, 2 * cublas), cfg.name
