@@ -139,14 +139,13 @@ def test_warp_specialized_config_runs(accumulate, gen):
 
 
 def test_warp_specialize_rules_and_candidates():
-    cfg = replace(WARP_SPECIALIZE_BASES[0], warp_specialize=True)
+    cfg = GemmConfig(128, 256, 64, 8, 3, 8, warp_specialize=True)
     assert cfg.name == "128x256x64_g8_s3_w8_ws"
     assert GemmConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="warp_specialize"):
         GemmConfig(128, 128, 64, split_tail=True, warp_specialize=True)
-    offered = candidate_configs(8192, 8192, 8192, 2, 2)
-    assert {c for c in offered if c.warp_specialize} == {
-        replace(c, warp_specialize=True) for c in WARP_SPECIALIZE_BASES
-    }
+    # measured slower on an H100: the space offers it nowhere
+    assert WARP_SPECIALIZE_BASES == ()
+    assert not any(c.warp_specialize for c in candidate_configs(8192, 8192, 8192, 2, 2))
     assert not any(c.warp_specialize for c in candidate_configs(64, 64, 64, 4, 4, interpreter=True))
     assert not any(c.warp_specialize for c in fused_candidate_configs(1024, 8192, 8192, 2, 2))

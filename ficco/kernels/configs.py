@@ -214,13 +214,11 @@ GPU_CONFIGS: tuple[GemmConfig, ...] = (
 # reads 2-3 back, and the variant's kernel was slower on its whole tiles too. `stream_k`
 # stays runnable (and tested) for an explicit config.
 STREAM_K_BASES: tuple[GemmConfig, ...] = ()
-# The tiles also offered with `warp_specialize` (whole tiles only: no split tail).
-WARP_SPECIALIZE_BASES: tuple[GemmConfig, ...] = (
-    _c(128, 256, 64, 3, 8),
-    _c(128, 256, 64, 4, 8, sub=True),
-    _c(128, 128, 64, 4, 8),
-    _c(64, 256, 64, 4, 8, sub=True),
-)
+# The tiles also offered with `warp_specialize`: none. On one H100 (2026-11-25, 22:20 UTC,
+# profiles/h100/NOTES_gemm.md) the four big tiles with it were offered on 214 shapes, picked
+# at 3 (within 0.5%), and their best ran at 1.10x the pick's time (median): this kernel's
+# K loop warp-specialized with its tile loop not flattened loses the flattened pipeline.
+WARP_SPECIALIZE_BASES: tuple[GemmConfig, ...] = ()
 #: The first 18 points of GPU_CONFIGS: the space before it was widened (benchmarks compare
 #: the best of these with the best of the whole space).
 GPU_CONFIGS_BEFORE_WIDENING = 18
