@@ -85,7 +85,7 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
         s = plan.schedule
         prio = "high" if s.comm_priority.value == "high" else "normal"
         self.comm = ctx.comm[prio]
-        self.signal = ctx.signal[prio]
+        self.signal_stream = ctx.signal[prio]
         self.transport = s.transport
         traits = s.transport.traits
         self.one_sided = traits.one_sided  # pulls and pushes through symmetric memory
@@ -176,20 +176,20 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
         import torch
 
         compute = torch.cuda.current_stream()
-        self.streams = {"compute": compute, "comm": self.comm, "signal": self.signal}
+        self.streams = {"compute": compute, "comm": self.comm, "signal": self.signal_stream}
         self.prepare_segments()  # seg: built and compiled before the ranks meet
         if self.flag_slots:
             self.prepare_fused()  # compiled before the ranks meet (a no-op after the first)
             # outside a full run nothing sets the flags: preset them as arrived
             self.bufs.flags[: self.flag_slots].fill_(0 if mode == "full" else 1)
         self.comm.wait_stream(compute)
-        self.signal.wait_stream(compute)
+        self.signal_stream.wait_stream(compute)
         if self.one_sided and mode != "gemm":
             # all ranks are past their previous use of peer-visible buffers and have written
             # their inputs before anyone reads or writes a peer's buffer
             with torch.cuda.stream(self.comm):
                 self.ctx.fence.barrier(channel=1)
-            self.signal.wait_stream(self.comm)
+            self.signal_stream.wait_stream(self.comm)
             if self.flag_slots:
                 # a fused GEMM starts after the barrier: it writes into peers (gemm_rs), and
                 # its spinning programs must not hold the SMs the barrier kernel needs
@@ -225,7 +225,7 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
         # joined back)
         compute = self.streams["compute"]
         compute.wait_stream(self.comm)
-        compute.wait_stream(self.signal)
+        compute.wait_stream(self.signal_stream)
 
     def span_kind(self, task: Task) -> str:
         """'gemm', 'comm', or 'wait': a pushed-to receiver's wait for the sender's signal,
