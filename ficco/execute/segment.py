@@ -20,7 +20,8 @@ persistent Triton GEMM, and the copy kernel is then given R programs (one per re
 so the two share the GPU by partition instead of by the hardware scheduler's interleaving.
 
 The mixin needs from its backend: ``plan``, ``bufs``, ``view(region)``,
-``peer_view(name, peer, region)``, ``channel_of`` (tag -> signal channel) and ``ctx.device``.
+``peer_view(name, peer, region)``, ``channel_of`` (tag -> signal channel), ``signalled`` (the
+pushes that signal: ``ficco.plan.tags.push_signal_points``) and ``ctx.device``.
 """
 
 from __future__ import annotations
@@ -88,7 +89,9 @@ class SegmentPrimitives:
         self._segment_kernel(op)()
         self.move_beside_segments(op)
         for t in op.transfers:
-            if t.direction == "send":  # a push: tell the owner its block has landed
+            # a push tells the owner its block landed, once per (peer, tag): a batch chunk
+            # pushes a run per table under one tag (ficco.plan.tags.push_signal_points)
+            if t.direction == "send" and t in self.signalled:
                 self.bufs.handles[t.remote.buffer].put_signal(
                     t.peer, channel=self.channel_of[t.tag]
                 )

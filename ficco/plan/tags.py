@@ -61,16 +61,18 @@ def push_signal_points(plan) -> tuple[frozenset, frozenset]:
     a channel blocks until the first is consumed, and two ranks whose pushes and receives
     share a stream would each block on the other. Receives of a tag queue on one stream, so
     the wait at the first orders every later one after the signal, which follows every copy."""
-    from ficco.plan.ops import TransferOp
+    from ficco.plan.ops import TransferGroupOp, TransferOp
 
     last_push: dict[tuple[int, int], TransferOp] = {}
     first_receive: dict[tuple[int, int], TransferOp] = {}
     for task in plan.tasks:
-        op = task.op
-        if not isinstance(op, TransferOp) or op.initiator != "sender":
-            continue
-        if op.direction == "send":
-            last_push[op.peer, op.tag] = op
-        else:
-            first_receive.setdefault((op.peer, op.tag), op)
+        # a seg group's pushes signal as a ce push does: its transfers count in plan order
+        ops = task.op.transfers if isinstance(task.op, TransferGroupOp) else (task.op,)
+        for op in ops:
+            if not isinstance(op, TransferOp) or op.initiator != "sender":
+                continue
+            if op.direction == "send":
+                last_push[op.peer, op.tag] = op
+            else:
+                first_receive.setdefault((op.peer, op.tag), op)
     return frozenset(last_push.values()), frozenset(first_receive.values())
