@@ -10,13 +10,13 @@ run concurrently, so a kernel that spins on a peer's flag waits until its own bu
 
 What stands in for what:
 
-- symmetric memory -> :class:`IpcHandle`: every rank's peer-visible buffers opened in every
-  process through CUDA IPC (``torch.multiprocessing.reductions.reduce_tensor`` handles,
-  exchanged with ``all_gather_object``), with the handle's interface (``get_buffer``,
-  ``put_signal``, ``wait_signal``), so the ``ce`` and ``seg`` transports run unchanged. A
-  signal is a stream memory write into the peer's signal pad (behind the copy it follows);
-  its wait is a stream memory wait (``cuStreamWaitValue32``), which stalls the stream without
-  a kernel, so the peer's work still gets the GPU. Both capture into CUDA graphs.
+- symmetric memory -> :class:`~ficco.execute.cuda_ipc.IpcHandle`: every rank's peer-visible
+  buffers opened in every process through CUDA IPC, with the handle's interface
+  (``get_buffer``, ``put_signal``, ``wait_signal``) and symmetric memory's signal handshake
+  (a second signal on a channel waits until the first is consumed) as stream memory waits and
+  writes, so the ``ce`` and ``seg`` transports run unchanged (``ficco.execute.cuda_ipc``). A
+  run whose handshakes hang fails after ``SIGNAL_TIMEOUT_S``, naming the channels
+  (:class:`~ficco.execute.cuda_ipc.SignalTimeout`), instead of stalling its streams for ever.
 - the device-side barrier -> :class:`HostFence`: every rank synchronizes its GPU and the
   ranks meet at a gloo barrier. Inside a capture it records nothing; a captured graph meets
   the peers before every replay instead (:class:`SharedReplay`), and signal pads are cleared
@@ -35,12 +35,20 @@ Timings mean nothing: the ranks' kernels take turns on one GPU. Every measuremen
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import functools
 from collections.abc import Callable
 
 from ficco.execute.backend import Buffers
 from ficco.execute.cuda import CudaBackend, CudaPrimitives
+from ficco.execute.cuda_ipc import (  # noqa: F401 - IpcHandle, exchange: their old home
+    SIGNAL_CHANNELS,
+    SIGNAL_HOST_SLOTS,
+    SIGNAL_TIMEOUT_S,
+    IpcHandle,
+    exchange,
+    settle,
+)
 from ficco.execute.cuda_setup import FLUSH_BYTES, RankContext
 from ficco.plan import CollectiveOp, Plan, TransferOp, build_plan, run_tag
 from ficco.problem import Pattern, Problem
@@ -69,8 +77,6 @@ CAPTURE_REASON = (
     "collectives and nccl transfers of ranks that share a GPU are gloo host calls: a CUDA "
     "graph cannot capture them"
 )
-#: signal channels per peer-visible buffer (a plan's transfer tags; finer-c16 at W = 8: 128)
-SIGNAL_CHANNELS = 1024
 
 
 def shared_capability(problem: Problem, schedule: Schedule) -> str | None:
@@ -83,105 +89,6 @@ def shared_capability(problem: Problem, schedule: Schedule) -> str | None:
     if traits.communicator == "nccl_zero_cta":
         return NCCL_CE_REASON
     return None
-
-
-# --- stream memory operations ------------------------------------------------------------
-
-#: cuStreamWaitValue32's "greater or equal" comparison
-CU_STREAM_WAIT_VALUE_GEQ = 0
-
-
-@functools.cache
-def _driver_wait_value32():
-    """The CUDA driver's ``cuStreamWaitValue32`` (torch exposes only the write)."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-        fn = lib.cuStreamWaitValue32_v2
-    except (OSError, AttributeError) as err:
-        raise Unavailable(f"no cuStreamWaitValue32 in this CUDA driver: {err}") from None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-def stream_wait_value32(flag, value: int) -> None:
-    """Stall the current stream until the int32 ``flag`` (a 1-element tensor) >= ``value``."""
-    import torch
-
-    stream = torch.cuda.current_stream()
-    rc = _driver_wait_value32()(stream.cuda_stream, flag.data_ptr(), value, 0)
-    if rc != 0:
-        raise RuntimeError(f"cuStreamWaitValue32 failed: CUresult {rc}")
-
-
-def stream_write_value32(flag, value: int) -> None:
-    """Write ``value`` into the int32 ``flag`` (a 1-element tensor) behind the current stream's
-    work (the write follows a memory fence)."""
-    import torch
-    import torch.distributed._symmetric_memory  # noqa: F401 - registers the op
-
-    torch.ops.symm_mem.stream_write_value32_(flag.view(torch.uint32), 0, value)
-
-
-# --- CUDA IPC in place of symmetric memory ------------------------------------------------
-
-
-def exchange(tensors: list, rank: int, world: int, group=None) -> list[list]:
-    """Every rank's ``tensors``, opened in this process through CUDA IPC: ``[rank][i]`` (this
-    rank's own are the tensors themselves; a peer's fp8 buffer opens as its bytes, which
-    ``IpcHandle.get_buffer`` views back as the dtype asked for). A collective."""
-    import torch
-    import torch.distributed as dist
-    from torch.multiprocessing.reductions import reduce_tensor
-
-    from ficco.execute.scaled import is_fp8
-
-    # fp8 as uint8: the byte type every torch's IPC rebuild knows
-    wire = [t.view(torch.uint8) if is_fp8(t) else t for t in tensors]
-    handles: list = [None] * world
-    dist.all_gather_object(handles, [reduce_tensor(t) for t in wire], group=group)
-    return [
-        list(tensors) if r == rank else [rebuild(*args) for rebuild, args in handles[r]]
-        for r in range(world)
-    ]
-
-
-class IpcHandle:
-    """One peer-visible buffer on every rank, with symmetric memory's handle interface."""
-
-    def __init__(self, rank: int, world: int, buffers: list, pads: list) -> None:
-        self.rank, self.world = rank, world
-        self.buffers, self.pads = buffers, pads  # per rank: the buffer, its int32 signal pad
-
-    def get_buffer(self, rank: int, sizes, dtype, storage_offset: int = 0):
-        whole = self.buffers[rank]
-        if whole.dtype != dtype:
-            whole = whole.view(dtype)
-        numel = 1
-        for d in sizes:
-            numel *= d
-        return whole.reshape(-1)[storage_offset : storage_offset + numel].view(tuple(sizes))
-
-    def _slot(self, channel: int, src: int) -> int:
-        if not 0 <= channel < SIGNAL_CHANNELS:
-            raise ValueError(f"channel: must be in [0, {SIGNAL_CHANNELS}), got {channel}")
-        return channel * self.world + src
-
-    def put_signal(self, dst_rank: int, channel: int = 0) -> None:
-        """Tell ``dst_rank`` that this rank's data on ``channel`` has landed (stream-ordered)."""
-        slot = self._slot(channel, self.rank)
-        stream_write_value32(self.pads[dst_rank][slot : slot + 1], 1)
-
-    def wait_signal(self, src_rank: int, channel: int = 0) -> None:
-        """Hold the current stream until ``src_rank`` signalled ``channel``, then consume it."""
-        slot = self._slot(channel, src_rank)
-        flag = self.pads[self.rank][slot : slot + 1]
-        stream_wait_value32(flag, 1)
-        stream_write_value32(flag, 0)
-
-    def clear(self) -> None:
-        """Zero this rank's signal pad (while no peer can signal: before the ranks meet)."""
-        self.pads[self.rank].zero_()
 
 
 class HostFence:
@@ -307,6 +214,9 @@ class SharedPrimitives(CudaPrimitives):
 
         if mode != "gemm" and self.host_comm and torch.cuda.is_current_stream_capturing():
             raise Unavailable(CAPTURE_REASON)  # before any stream forks: the capture ends clean
+        for handle in getattr(self.bufs, "handles", {}).values():
+            handle.restart()  # a run's signals count from 0 (a capture's too: pads are cleared
+            # before every replay)
         super().begin(mode)
 
     def _nccl_batch(self, batch) -> None:
@@ -350,11 +260,14 @@ class CudaSharedBackend(CudaBackend):
         super().__init__(ctx)
         self.note = VERIFICATION_ONLY
         self._runs = 0  # plans run in this process: each gets its own gloo tag range
-        self._handles: list[IpcHandle] = []  # the current problem's (their pads are cleared)
+        self._handles: dict[str, IpcHandle] = {}  # the current problem's (pads are cleared)
+        self.signal_timeout_s = min(SIGNAL_TIMEOUT_S, ctx.timeout_s / 4)
+        self._streams = [*ctx.comm.values(), *ctx.signal.values()]
+        self._host = None  # pinned room for a hung run's signal slots (allocate() makes it)
         ctx.fence.before = self._clear_pads
 
     def _clear_pads(self) -> None:
-        for handle in self._handles:
+        for handle in self._handles.values():
             handle.clear()
 
     def allocate(self, problem: Problem, seed: int) -> Buffers:
@@ -385,7 +298,9 @@ class CudaSharedBackend(CudaBackend):
             )
             for i, name in enumerate(names)
         }
-        self._handles = list(handles.values())
+        self._handles = handles
+        if self._host is None:  # now, while nothing can be stalled
+            self._host = torch.empty(SIGNAL_HOST_SLOTS, dtype=torch.int32, pin_memory=True)
         return Buffers(tensors, handles=handles, keep=[opened], flags=None, flag_handle=None)
 
     def primitives(self, plan: Plan, bufs: Buffers, run: int) -> SharedPrimitives:
@@ -429,12 +344,24 @@ class CudaSharedBackend(CudaBackend):
     def capture(self, fn: Callable[[], None]) -> SharedReplay:
         return SharedReplay(super().capture(fn), self.ctx.fence)
 
+    def synchronize(self) -> None:
+        """The run's work done, or ``SignalTimeout`` naming the channels whose signal
+        handshakes hung (``ficco.execute.cuda_ipc.settle``), not a wait for ever."""
+        settle(
+            sorted(self._handles.items()),
+            self.signal_timeout_s,
+            self.rank,
+            self._streams,
+            self._host,
+        )
+
     def recover(self) -> None:
-        super().recover()
+        with contextlib.suppress(Exception):  # a hung handshake is released, not waited on
+            self.synchronize()
         self._clear_pads()  # a failed run may leave signals set (cleared again at the fence)
 
     def after_problem(self) -> None:
-        self._handles = []
+        self._handles = {}
         super().after_problem()
 
 

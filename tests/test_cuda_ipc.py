@@ -1,0 +1,178 @@
+"""The signal handshake of ranks that share a GPU (``ficco.execute.cuda_ipc``) without a GPU.
+
+Stream memory operations are modelled on host tensors: each stream is a queue of waits
+(``>=``, cyclic, as ``cuStreamWaitValue32``) and writes, and :meth:`Streams.drain` runs every
+stream as far as its waits allow, as the GPU would. What a stream is left holding is what would
+stall it for ever. Symmetric memory's handshake is the rule: a second signal on a channel waits
+until the first is consumed, so two ranks that each signal twice before they wait block each
+other (the hang emb_a2a's ``seg`` schedules met on two GPUs, which a pad write that never
+waits could not show)."""
+
+from collections import defaultdict
+
+import pytest
+import torch
+
+from ficco.execute.cuda_ipc import (
+    SIGNAL_CHANNELS,
+    SIGNAL_RELEASE,
+    IpcHandle,
+    reaches,
+    unmet,
+)
+
+
+class Streams:
+    """Host stand-in for stream memory operations: ops queue on ``current`` until drained."""
+
+    def __init__(self) -> None:
+        self.queues: dict[str, list] = defaultdict(list)
+        self.current = ""
+
+    def wait(self, flag, value: int) -> None:
+        self.queues[self.current].append(("wait", flag, value))
+
+    def write(self, flag, value: int) -> None:
+        self.queues[self.current].append(("write", flag, value))
+
+    def drain(self) -> dict[str, int]:
+        """Run every stream until none can move; returns the stalled ones' queue lengths."""
+        moved = True
+        while moved:
+            moved = False
+            for queue in self.queues.values():
+                while queue:
+                    kind, flag, value = queue[0]
+                    if kind == "wait" and not reaches(read(flag), value):
+                        break
+                    if kind == "write":
+                        flag.fill_(value)
+                    queue.pop(0)
+                    moved = True
+        return {name: len(q) for name, q in self.queues.items() if q}
+
+
+def read(flag) -> int:
+    return int(flag.item()) & 0xFFFFFFFF
+
+
+def ranks(world: int = 2):
+    """Every rank's handle over shared host pads, issuing into one ``Streams``."""
+    streams = Streams()
+    pads = [torch.zeros(SIGNAL_CHANNELS * world, dtype=torch.int32) for _ in range(world)]
+    buffers = [torch.zeros(4) for _ in range(world)]
+    return streams, [IpcHandle(r, world, buffers, pads, memory=streams) for r in range(world)]
+
+
+def on(streams: Streams, name: str) -> Streams:
+    streams.current = name
+    return streams
+
+
+def test_the_cyclic_comparison_and_the_release_value():
+    assert reaches(0, 0) and reaches(1, 1) and reaches(4, 3)
+    assert not reaches(0, 1) and not reaches(2, 3)
+    assert reaches(0, 0x80000001) and not reaches(1, 0x80000001)  # cyclic, as the driver's
+    # the release satisfies every wait a run can issue (a million signals on one channel)
+    assert all(reaches(SIGNAL_RELEASE, target) for target in (0, 1, 2, 7, 2_000_001))
+
+
+def test_a_signal_then_its_wait_completes_and_counts():
+    streams, (h0, h1) = ranks()
+    on(streams, "rank0")
+    h0.put_signal(1, channel=5)
+    on(streams, "rank1")
+    h1.wait_signal(0, channel=5)
+    assert streams.drain() == {}
+    assert read(h1.flag_of("wait", 0, 5)) == 2  # one landed, one consumed
+    assert unmet(h0, read) == [] and unmet(h1, read) == []
+
+
+def test_a_second_signal_waits_until_the_first_is_consumed():
+    streams, (h0, h1) = ranks()
+    on(streams, "rank0")
+    h0.put_signal(1, channel=5)
+    h0.put_signal(1, channel=5)
+    assert streams.drain() == {"rank0": 2}  # the second signal's wait and write stay queued
+    assert unmet(h0, read) == [
+        "signals to rank 1 on channel 5: 2 put, 1 landed, 0 consumed (a signal waits until "
+        "its predecessor is consumed)"
+    ]
+    on(streams, "rank1")
+    h1.wait_signal(0, channel=5)  # consumes the first: the second lands
+    assert streams.drain() == {}
+    assert read(h0.flag_of("put", 1, 5)) == 3
+    h1.wait_signal(0, channel=5)
+    assert streams.drain() == {} and unmet(h0, read) == [] and unmet(h1, read) == []
+
+
+def test_ranks_that_each_signal_twice_before_they_wait_hang_naming_the_channel():
+    """The seg schedules' old per-transfer signals: each rank pushes two runs under one tag
+    to the other and signals after each, then waits for the peer's, all on one stream."""
+    streams, handles = ranks()
+    for rank, h in enumerate(handles):
+        on(streams, f"rank{rank}")
+        h.put_signal(1 - rank, channel=3)
+        h.put_signal(1 - rank, channel=3)
+        h.wait_signal(1 - rank, channel=3)
+    assert streams.drain() == {"rank0": 4, "rank1": 4}
+    for rank, h in enumerate(handles):
+        peer = 1 - rank
+        assert unmet(h, read) == [
+            f"signals to rank {peer} on channel 3: 2 put, 1 landed, 0 consumed (a signal "
+            "waits until its predecessor is consumed)",
+            f"signals from rank {peer} on channel 3: 1 awaited, 1 arrived",
+        ]
+
+
+def test_one_signal_per_channel_never_blocks_either_rank():
+    streams, handles = ranks(3)
+    for rank, h in enumerate(handles):
+        on(streams, f"rank{rank}")
+        for peer in range(3):
+            if peer != rank:
+                for channel in (0, 1, 2):
+                    h.put_signal(peer, channel)
+        for peer in range(3):
+            if peer != rank:
+                for channel in (0, 1, 2):
+                    h.wait_signal(peer, channel)
+    assert streams.drain() == {}
+    assert all(unmet(h, read) == [] for h in handles)
+
+
+def test_a_signal_never_sent_is_named_and_the_release_frees_every_stalled_stream():
+    streams, (h0, h1) = ranks()
+    on(streams, "rank1")
+    h1.wait_signal(0, channel=7)
+    on(streams, "rank0")
+    h0.put_signal(1, channel=2)
+    h0.put_signal(1, channel=2)
+    assert streams.drain() == {"rank0": 2, "rank1": 2}
+    assert unmet(h1, read) == ["signals from rank 0 on channel 7: 1 awaited, 0 arrived"]
+    # what settle does past its deadline: every slot the run used set to the release value
+    on(streams, "release")
+    for h in (h0, h1):
+        for kind, peer, channel, _ in h.used_slots():
+            h.flag_of(kind, peer, channel).fill_(SIGNAL_RELEASE)
+    assert streams.drain() == {}
+
+
+def test_a_run_counts_from_zero_on_cleared_pads():
+    streams, (h0, h1) = ranks()
+    for _ in range(3):  # three runs: each clears its pads and restarts its counts
+        for h in (h0, h1):
+            h.clear()
+            h.restart()
+        on(streams, "rank0")
+        h0.put_signal(1, channel=1)
+        on(streams, "rank1")
+        h1.wait_signal(0, channel=1)
+        assert streams.drain() == {}
+        assert read(h1.flag_of("wait", 0, 1)) == 2
+
+
+def test_a_channel_outside_the_pad_is_refused_naming_it():
+    _, (h0, _h1) = ranks()
+    with pytest.raises(ValueError, match=r"channel: must be in \[0, 1024\), got 1024"):
+        h0.put_signal(1, channel=SIGNAL_CHANNELS)
