@@ -31,8 +31,7 @@ sys.path.insert(0, str(REPO))
 
 def tasks(fused: bool, split_k: bool) -> list[tuple[str, dict, int]]:
     """(kind, config fields, rows) per compile, in the order the sweep's phases use them:
-    every persistent config with and without its split tail, and with stream-K or warp
-    specialization where they are offered (bench_gemm's shapes), then the
+    every persistent config with and without its split tail (bench_gemm's shapes), then the
     swap-AB tiles and the persistent configs at decode rows (bench_decode_gemm's: M = 1 and an
     unaligned M are their own specialisations), the split-K decode kernel's tiles only with
     ``split_k`` (it lost at 189 of 190 decode shapes on an H100), then the fused kernel's
@@ -42,9 +41,7 @@ def tasks(fused: bool, split_k: bool) -> list[tuple[str, dict, int]]:
     from ficco.kernels.configs import (
         DECODE_TILES,
         GPU_CONFIGS,
-        STREAM_K_BASES,
         SWAP_TILES,
-        WARP_SPECIALIZE_BASES,
         GemmConfig,
     )
 
@@ -52,10 +49,6 @@ def tasks(fused: bool, split_k: bool) -> list[tuple[str, dict, int]]:
     for cfg in GPU_CONFIGS:
         for split_tail in (False, True):
             out.append(("gemm", replace(cfg, split_tail=split_tail).to_dict(), cfg.block_m * 4))
-        if cfg in STREAM_K_BASES:
-            out.append(("gemm", replace(cfg, stream_k=True).to_dict(), cfg.block_m * 4))
-        if cfg in WARP_SPECIALIZE_BASES:
-            out.append(("gemm", replace(cfg, warp_specialize=True).to_dict(), cfg.block_m * 4))
     for rows in (16, 32, 64):
         for bn, bk, stages, warps in SWAP_TILES:
             cfg = GemmConfig(rows, bn, bk, 8, stages, warps, swap_ab=True)

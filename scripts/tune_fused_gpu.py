@@ -175,7 +175,7 @@ def run_shape(
             sm_budget=sms,
             timeout_s=10.0,
             path="tma",
-            config=replace(persistent_cfg, split_tail=False, stream_k=False, warp_specialize=False),
+            config=replace(persistent_cfg, split_tail=False),
         ),
         "fused_tma": FusedGemm(views, b, sm_budget=sms, timeout_s=10.0, config=tuned),
     }

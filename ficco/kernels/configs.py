@@ -56,22 +56,16 @@ class GemmConfig:
     """K ranges per output tile in the split-K decode kernel (`ficco.kernels.decode`): 1 is
     the persistent kernels; 2 or more runs every tile as that many K ranges, for few rows
     (decode M = 1 ... 512), where a GEMM streams the weight and whole tiles leave SMs idle."""
-    stream_k: bool = False
-    """Deal the K steps of the last, partly filled wave's tiles out evenly to every program
-    (stream-K's data-parallel waves + one stream-K wave; see `stream_k_plan`): runs of
-    `run_steps` steps that cross tile edges, each tile's pieces summed by its last arriver.
-    TMA kernel only; `split_tail` splits whole tiles instead."""
     swap_ab: bool = False
     """Compute out^T = b^T a^T in the TMA kernel: N runs in the MMA's M dimension (64 rows a
     warpgroup) and the few rows of a decode GEMM in its N dimension (16 and up), so an
     [M <= 64, N] tile wastes no MMA rows and its shared memory goes to the weight's pipeline.
     `block_m` and `block_n` still name the output tile's rows and columns."""
     warp_specialize: bool = False
-    """Triton's warp specialization on the K loop (`tl.range(..., warp_specialize=True)`:
-    producer warps issue the TMA loads, consumer warps the wgmma), the tile loop then not
-    flattened. TMA kernel only, no split tail or stream-K. On one H100 with Triton 3.6 a plain
-    128x256x64 TMA GEMM of 8192^3 ran 1.53 ms with it and 2.53 ms without (one probe, timed
-    beside compiles: profiles/h100/NOTES_gemm.md)."""
+    """The FP8 kernel only (`ficco.kernels.scaled`): Triton's warp specialization on its K
+    loop (`tl.range(..., warp_specialize=True)`), the tile loop then not flattened. The bf16
+    kernels refuse it: on one H100 (Triton 3.6) its four big tiles were offered on 214 shapes
+    and their best ran at 1.10x the pick's time (median; profiles/h100/NOTES_gemm.md)."""
     programs_per_sm: int = 1
     """Persistent programs per SM of a full-GPU budget (1 or 2; the FP8 and fused kernels, and
     only the FP8 space offers 2): with 2, one program's tensor-core work runs while the
@@ -108,12 +102,8 @@ class GemmConfig:
                 "GemmConfig.split_k > 1 (the decode kernel) takes neither split_tail, "
                 "epilogue_subtile nor swap_ab"
             )
-        if self.stream_k and (self.split_tail or self.split_k > 1):
-            raise ValueError("GemmConfig.stream_k takes neither split_tail nor split_k > 1")
-        if self.warp_specialize and (self.split_tail or self.stream_k or self.split_k > 1):
-            raise ValueError(
-                "GemmConfig.warp_specialize takes neither split_tail, stream_k nor split_k > 1"
-            )
+        if self.warp_specialize and (self.split_tail or self.split_k > 1):
+            raise ValueError("GemmConfig.warp_specialize takes neither split_tail nor split_k > 1")
         if not 1 <= self.promote_every <= 16:
             raise ValueError(
                 f"GemmConfig.promote_every must be in [1, 16], got {self.promote_every}"
@@ -132,13 +122,12 @@ class GemmConfig:
         split = "_splittail" if self.split_tail else ""
         split_k = f"_splitk{self.split_k}" if self.split_k > 1 else ""
         swap = "_swap" if self.swap_ab else ""
-        stream_k = "_streamk" if self.stream_k else ""
         per_sm = f"_p{self.programs_per_sm}" if self.programs_per_sm > 1 else ""
         per_sm += f"_pe{self.promote_every}" if self.promote_every > 1 else ""
         ws = "_ws" if self.warp_specialize else ""
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}"
-            f"_s{self.num_stages}_w{self.num_warps}{swap}{sub}{split}{stream_k}{split_k}{ws}"
+            f"_s{self.num_stages}_w{self.num_warps}{swap}{sub}{split}{split_k}{ws}"
             f"{per_sm}"
         )
 
@@ -152,9 +141,14 @@ class GemmConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> GemmConfig:
-        """Inverse of `to_dict`; raises ValueError on unknown or missing fields."""
+        """Inverse of `to_dict`; raises ValueError on unknown or missing fields. A retired
+        field at its old default (`_RETIRED_FIELDS`: tuning caches written before it went)
+        is dropped; at any other value the entry names a kernel that no longer exists."""
         if not isinstance(d, dict):
             raise ValueError(f"a GemmConfig entry must be a JSON object, got {type(d).__name__}")
+        for name, default in _RETIRED_FIELDS.items():
+            if name in d and d[name] == default:
+                d = {key: value for key, value in d.items() if key != name}
         try:
             return cls(**d)
         except TypeError as exc:  # unknown or missing keys
@@ -169,6 +163,12 @@ class GemmConfig:
         )
         c_cols = self.block_n // 2 if self.epilogue_subtile else self.block_n
         return ab + (2 if accumulate else 1) * self.block_m * c_cols * out_bytes
+
+
+# Fields GemmConfig had once, with their default: `stream_k` (the last wave's K steps dealt
+# out to every program; slower than the space's pick on 55 of 56 shapes of one H100, its
+# fp32 partials through memory costing about the wave it saved).
+_RETIRED_FIELDS = {"stream_k": False}
 
 
 def _c(bm, bn, bk, stages, warps, group=8, sub=False, split=False) -> GemmConfig:
@@ -204,21 +204,15 @@ GPU_CONFIGS: tuple[GemmConfig, ...] = (
     _c(128, 128, 64, 5, 4, sub=True),
     _c(128, 64, 128, 4, 4),
     _c(64, 128, 64, 7, 4),
+    # Around one warpgroup's 128x128 tile with the split epilogue, the pick of five of the
+    # seven shapes below 0.95x cuBLAS on one H100 (2048x3072x4096, 256x5120x8192, ...):
+    # a deeper pipeline, wider K steps, coarser grouping.
+    _c(128, 128, 64, 6, 4, sub=True),
+    _c(128, 128, 128, 3, 4, sub=True),
+    _c(128, 128, 64, 5, 4, group=16, sub=True),
     # (64x256x64, 5 stages, 8 warps, split epilogue was here: Triton 3.6 asks 253,992 bytes of
     # shared memory for it on an H100, past the limit its estimate said it fits)
 )
-# The tiles stream-K would be offered on where the last wave is short: none. On one H100 (the
-# sweep of 2026-11-25, profiles/h100/NOTES_gemm.md) every stream-K variant of the five big
-# tiles ran 3-100% slower than the space's pick on all 56 bench_gemm shapes but one (equal):
-# each program writes up to two fp32 partial tiles (256 KB at 128x256) and the last arriver
-# reads 2-3 back, and the variant's kernel was slower on its whole tiles too. `stream_k`
-# stays runnable (and tested) for an explicit config.
-STREAM_K_BASES: tuple[GemmConfig, ...] = ()
-# The tiles also offered with `warp_specialize`: none. On one H100 (2026-11-25, 22:20 UTC,
-# profiles/h100/NOTES_gemm.md) the four big tiles with it were offered on 214 shapes, picked
-# at 3 (within 0.5%), and their best ran at 1.10x the pick's time (median): this kernel's
-# K loop warp-specialized with its tile loop not flattened loses the flattened pipeline.
-WARP_SPECIALIZE_BASES: tuple[GemmConfig, ...] = ()
 #: The first 18 points of GPU_CONFIGS: the space before it was widened (benchmarks compare
 #: the best of these with the best of the whole space).
 GPU_CONFIGS_BEFORE_WIDENING = 18
@@ -244,7 +238,6 @@ INTERPRETER_CONFIGS: tuple[GemmConfig, ...] = (
     _c(32, 64, 32, 1, 4, group=4, sub=True),
     _c(16, 32, 16, 1, 4, group=4, split=True),
 )
-INTERPRETER_STREAM_K_BASES: tuple[GemmConfig, ...] = (INTERPRETER_CONFIGS[0],)
 
 # The split-K decode kernel's tiles (`ficco.kernels.decode`), for M <= DECODE_MAX_ROWS, timed
 # beside the persistent space by scripts/bench_decode_gemm.py: rows
@@ -283,65 +276,57 @@ class SplitPlan:
         return self.dp_tiles + self.tail_tiles * self.split
 
 
+# A last wave more than half full is split only where the model below puts its time at most
+# this fraction of a whole tile's. A unit of a split tile costs its share of the K steps plus
+# the fp32 partial it stores and its tile's last arriver reads back, counted as
+# SPLIT_PARTIAL_STEPS K steps: BLOCK_M x BLOCK_N x 8 bytes over an SM's share of the memory
+# bandwidth against 2 x BLOCK_M x BLOCK_N x BLOCK_K flops per step at an SM's bf16 rate is
+# ~20 steps through HBM and ~6 through L2 on an H100; 8 is between them, a lead to measure.
+WAVE_SPLIT_MAX_TIME = 0.9
+SPLIT_PARTIAL_STEPS = 8
+# ... and only where that saves at least this fraction of the whole launch's waves (a launch
+# of many full waves gains little from its last).
+WAVE_SPLIT_MIN_GAIN = 0.05
+
+
+def _tail_time(tail: int, programs: int, k_steps: int, split: int) -> float:
+    # The last wave's time in whole tiles when its tiles are split `split` ways.
+    waves = -(-tail * split // programs)
+    return waves * (1 / split + SPLIT_PARTIAL_STEPS / k_steps)
+
+
 def split_plan(num_tiles: int, programs: int, k_steps: int) -> SplitPlan | None:
-    """The split of the last wave, or None where splitting would not fill idle programs.
+    """The split of the last wave, or None where splitting would not shorten it.
 
     With T tiles on P programs the last wave holds T mod P tiles (all T when T < P) and leaves
-    the rest of the programs idle; splitting each of its tiles `split = P // tail` ways along K
-    fills them, when every range keeps >= MIN_K_STEPS_PER_SPLIT steps.
+    the rest of the programs idle. A tail of at most half the programs is split
+    `P // tail` ways along K: one wave of units. A fuller tail is split the number of ways
+    whose units' waves `_tail_time` puts shortest (their partials counted), where that is at
+    most WAVE_SPLIT_MAX_TIME of the unsplit wave and saves WAVE_SPLIT_MIN_GAIN of the
+    launch: 512x5120 in 128x256 tiles at K = 8192 is 80
+    tiles on 132 SMs, split 3 ways in 2 waves of thirds (0.79); 1024x3072 at K = 4096 is 96
+    tiles, not split (4 ways: 3 waves of quarters, 1.13 with the partials). Consecutive units
+    are one tile's K ranges, so programs side by side share its A and B in L2. Every range
+    keeps >= MIN_K_STEPS_PER_SPLIT steps, and a tile is split at most MAX_SPLIT ways.
     """
     tail = num_tiles % programs if num_tiles >= programs else num_tiles
     if tail == 0:
         return None
-    split = min(programs // tail, k_steps // MIN_K_STEPS_PER_SPLIT, MAX_SPLIT)
+    most = min(k_steps // MIN_K_STEPS_PER_SPLIT, MAX_SPLIT)
+    split = min(programs // tail, most)
     if split < 2:
-        return None
+        split = min(
+            range(2, most + 1),
+            key=lambda s: (_tail_time(tail, programs, k_steps, s), s),
+            default=1,
+        )
+        time = _tail_time(tail, programs, k_steps, split) if split >= 2 else 1.0
+        waves = num_tiles // programs + 1
+        if time > WAVE_SPLIT_MAX_TIME or (1 - time) / waves < WAVE_SPLIT_MIN_GAIN:
+            return None
     k_per_split = -(-k_steps // split)
     split = -(-k_steps // k_per_split)  # no empty ranges
     return SplitPlan(num_tiles - tail, tail, split, k_per_split)
-
-
-@dataclass(frozen=True)
-class StreamKPlan:
-    """How a launch with `stream_k` distributes work over `programs` persistent programs."""
-
-    dp_tiles: int
-    """Tiles computed whole: the full waves (a multiple of `programs`)."""
-    sk_tiles: int
-    """Tiles of the last, partly filled wave, whose K steps are dealt out in runs."""
-    run_steps: int
-    """BLOCK_K steps per program's run (the last run may be shorter)."""
-    programs: int
-    """The grid: every program takes one run."""
-    segments: int = 2
-    """Most tiles one run touches (a run is shorter than a tile: at most two)."""
-
-    @property
-    def units(self) -> int:
-        return self.dp_tiles + self.segments * self.programs
-
-
-# The last wave is left whole when it is at least this full.
-STREAM_K_MAX_FILL = 0.9
-
-
-def stream_k_plan(num_tiles: int, programs: int, k_steps: int) -> StreamKPlan | None:
-    """Stream-K's plan for the last wave, or None where it has nothing to even out.
-
-    With T tiles on P programs the last wave holds T mod P tiles (all T when T < P); their
-    `tail x k_steps` K steps are dealt out in runs of ceil(that / P) steps (at least
-    MIN_K_STEPS_PER_SPLIT), so every program finishes the wave at the same time. A run is
-    shorter than a tile, so it touches at most two tiles and a tile is cut in few pieces
-    (fewer fp32 partials than `split_plan`'s even split of every tail tile: 1024x3072 in
-    128x256 tiles is 96 tiles on 132 SMs, which `split_plan` cannot split at all).
-    """
-    tail = num_tiles % programs if num_tiles >= programs else num_tiles
-    if tail == 0 or tail >= STREAM_K_MAX_FILL * programs:
-        return None
-    run_steps = max(-(-tail * k_steps // programs), MIN_K_STEPS_PER_SPLIT)
-    if run_steps >= k_steps:
-        return None
-    return StreamKPlan(num_tiles - tail, tail, run_steps, programs)
 
 
 # Safe for the pointer path on any CUDA GPU of the last decade (small shared memory).
@@ -366,16 +351,18 @@ def suits_shape(cfg: GemmConfig, m: int, n: int, k: int) -> bool:
     )
 
 
-def streams_here(cfg: GemmConfig, m: int, n: int, k: int, sm_budget: int) -> bool:
-    """`stream_k` changes this launch: the last wave is short enough to even out."""
-    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-    return stream_k_plan(tiles, sm_budget, -(-k // cfg.block_k)) is not None
-
-
 def splits_here(cfg: GemmConfig, m: int, n: int, k: int, sm_budget: int) -> bool:
     """`split_tail` changes this launch: the last wave is short enough to split."""
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     return split_plan(tiles, sm_budget, -(-k // cfg.block_k)) is not None
+
+
+def splits_in_one_wave(cfg: GemmConfig, m: int, n: int, k: int, sm_budget: int) -> bool:
+    """`split_plan` splits this launch's last wave into one wave of units (a tail of at most
+    half the programs), not the several waves of a fuller tail's split."""
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    plan = split_plan(tiles, sm_budget, -(-k // cfg.block_k))
+    return plan is not None and plan.units - plan.dp_tiles <= sm_budget
 
 
 def candidate_configs(
@@ -392,16 +379,14 @@ def candidate_configs(
     """The configurations worth timing for one GEMM shape, in the space's order, then the
     swap-AB tiles for few rows (`swap_candidate_configs`).
 
-    Each kept configuration also comes with `split_tail=True` where that changes the launch,
-    the tiles of STREAM_K_BASES with `stream_k=True` where that does, and those of
-    WARP_SPECIALIZE_BASES with `warp_specialize=True`.
+    Each kept configuration also comes with `split_tail=True` where that changes the launch
+    (`split_plan`: the last wave split along K, also where it is more than half full).
     The split-K decode kernel's configs (`decode_candidate_configs`) are not offered here: on
     one H100 it lost to the persistent kernel at 189 of 190 decode shapes, and do_bench's
     ranking of microsecond kernels picked it where it was slower (profiles/h100/
     NOTES_gemm.md). A tuning-cache entry names it for the shapes where it measured faster.
     """
     space = INTERPRETER_CONFIGS if interpreter else GPU_CONFIGS
-    stream_k_bases = INTERPRETER_STREAM_K_BASES if interpreter else STREAM_K_BASES
     kept = []
     for cfg in space:
         if not suits_shape(cfg, m, n, k):
@@ -414,10 +399,6 @@ def candidate_configs(
             kept.append(cfg)
         if splits_here(cfg, m, n, k, sm_budget):
             kept.append(replace(cfg, split_tail=True))
-        if cfg in stream_k_bases and streams_here(cfg, m, n, k, sm_budget):
-            kept.append(replace(cfg, stream_k=True))
-        if not interpreter and cfg in WARP_SPECIALIZE_BASES:
-            kept.append(replace(cfg, warp_specialize=True))
     kept += swap_candidate_configs(
         m,
         n,
@@ -449,7 +430,8 @@ def swap_candidate_configs(
     shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
 ) -> list[GemmConfig]:
     """The swap-AB tiles for `[m, k] @ [k, n]` (none above SWAP_MAX_ROWS rows), each with its
-    split tail where the tiles leave programs idle (a decode GEMM's usual case), else whole."""
+    split tail where the tiles leave programs idle (a decode GEMM's usual case), else whole;
+    both where the split is a fuller tail's (several waves of units)."""
     if m > SWAP_MAX_ROWS:
         return []
     tiles_nk = INTERPRETER_SWAP_TILES if interpreter else SWAP_TILES
@@ -463,7 +445,10 @@ def swap_candidate_configs(
         ):
             continue
         split = replace(cfg, split_tail=True)
-        kept.append(split if splits_here(split, m, n, k, sm_budget) else cfg)
+        if splits_here(split, m, n, k, sm_budget):
+            kept.append(split)
+        if not splits_in_one_wave(split, m, n, k, sm_budget):
+            kept.append(cfg)
     return kept
 
 
@@ -536,14 +521,10 @@ def fused_candidate_configs(
     shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
 ) -> list[GemmConfig]:
     """The fused GEMM's candidates for chunks of `rows` rows: the persistent GPU space, pruned
-    as `candidate_configs` prunes it, without `split_tail` or `stream_k` (the fused kernel never splits K:
+    as `candidate_configs` prunes it, without `split_tail` (the fused kernel never splits K:
     its tiles are claimed one at a time as their chunks arrive) and without swap-AB tiles."""
     kept = candidate_configs(
         rows, n, k, in_bytes, out_bytes, sm_budget=1, shared_memory_bytes=shared_memory_bytes
     )
-    plain = (
-        replace(cfg, split_tail=False, stream_k=False)
-        for cfg in kept
-        if not (cfg.swap_ab or cfg.warp_specialize)
-    )
+    plain = (replace(cfg, split_tail=False) for cfg in kept if not cfg.swap_ab)
     return list(dict.fromkeys(plain))

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ficco.kernels.configs import GemmConfig
+from ficco.kernels.tiles import _program_grid, _tile_offsets
 
 
 @triton.jit(do_not_specialize=["M", "N", "K", "num_units", "split", "k_per_split"])
@@ -52,10 +53,9 @@ def _decode_kernel(
     ACCUMULATE: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    start_pid = tl.program_id(axis=0)
-    num_programs = tl.num_programs(axis=0)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
+    start_pid, num_programs, _, num_pid_n, k_tiles, _ = _program_grid(
+        M, N, K, BLOCK_M, BLOCK_N, BLOCK_K
+    )
     offs_k0 = tl.arange(0, BLOCK_K)
     offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     for unit in range(start_pid, num_units, num_programs):
@@ -63,11 +63,7 @@ def _decode_kernel(
         part = unit % split
         pid_m = tile_id // num_pid_n
         pid_n = tile_id % num_pid_n
-        # int64 row/column offsets: M * stride can pass 2**31 elements on large operands.
-        offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-        mask_am = offs_am < M
-        mask_bn = offs_bn < N
+        offs_am, offs_bn, mask_am, mask_bn = _tile_offsets(pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
         k_lo = part * k_per_split
         k_hi = tl.minimum(k_lo + k_per_split, k_tiles)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -79,10 +75,8 @@ def _decode_kernel(
             b = tl.load(b_ptrs, mask=(offs_k[:, None] < K) & mask_bn[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
-        offs_cm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        offs_cn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-        c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
-        c_mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
+        c_ptrs = c_ptr + offs_am[:, None] * stride_cm + offs_bn[None, :] * stride_cn
+        c_mask = mask_am[:, None] & mask_bn[None, :]
         if split == 1:
             if ACCUMULATE:
                 acc += tl.load(c_ptrs, mask=c_mask, other=0.0).to(tl.float32)

@@ -105,7 +105,7 @@ def fused_config(
     chosen = config_for(m, n, k, dtype, sm_budget, device)
     if chosen.decode or chosen.swap_ab:  # the decode kernels' tiles are no fused tiles
         return heuristic_config(m, n, k)
-    return replace(chosen, split_tail=False, stream_k=False, warp_specialize=False)
+    return replace(chosen, split_tail=False)
 
 
 def smaller_config(config: GemmConfig) -> GemmConfig | None:

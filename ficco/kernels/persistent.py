@@ -33,12 +33,10 @@ followed that wave count exactly (8192^3: 16 waves at 132 programs, 18 at 120: 0
 writes an fp32 partial, and the last of them to arrive (an acq_rel ticket per tile) sums the
 partials in a fixed order, so results are deterministic, and stores C.
 
-Stream-K (`GemmConfig.stream_k`, TMA kernel): the split tail cannot help a last wave of more
-than half the programs (1024x3072x4096 in 128x256 tiles is 96 tiles on 132 SMs: 0.67x cuBLAS
-on an H100, 0.83x on an H200). Instead the last wave's K steps, tile after tile, are dealt
-out in equal runs, one per program (`configs.stream_k_plan`); a run is shorter than a tile,
-so it touches at most two, and a tile's pieces (2-3) are summed by the last to arrive, in run
-order (deterministic), from a workspace of [programs, 2] fp32 tiles.
+A last wave more than half full (1024x3072x4096 in 128x256 tiles is 96 tiles on 132 SMs)
+is split too where that shortens it (`split_plan`: 96 tiles in 4 K ranges are 3 waves of
+quarter tiles). The bf16 kernels take no warp specialization (`GemmConfig.warp_specialize`
+is the FP8 kernel's option).
 """
 
 from __future__ import annotations
@@ -59,11 +57,10 @@ from ficco.kernels.configs import (
     HOPPER_SHARED_MEMORY_BYTES,
     GemmConfig,
     split_plan,
-    stream_k_plan,
 )
 from ficco.kernels.decode import launch_decode
 from ficco.kernels.pointer import launch_ptr
-from ficco.kernels.tiles import _stream_k_coords, _tile_coords, _unit_coords
+from ficco.kernels.tiles import _program_grid, _tile_coords, _unit_coords
 
 try:  # Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -92,16 +89,15 @@ def _matmul_tma_kernel(
     b_desc,  # B [K, N], or B^T [N, K] when B_COL_MAJOR
     c_desc,  # C [M, N] (any row stride), blocks [BLOCK_M, BLOCK_N or BLOCK_N / 2];
     # TRANSPOSE_C: C^T [N, M], blocks [BLOCK_N or BLOCK_N / 2, BLOCK_M] (swap_ab)
-    ws_ptr,  # fp32 partial tiles: SPLIT_TAIL [tail tiles, split, BLOCK_M, BLOCK_N];
-    # STREAM_K [programs, split (segments a program's run touches), BLOCK_M, BLOCK_N]
-    lock_ptr,  # int32 arrival counters, one per split or stream-K tile, zero on entry and left zero
+    ws_ptr,  # SPLIT_TAIL: fp32 partial tiles [tail tiles, split, BLOCK_M, BLOCK_N]
+    lock_ptr,  # int32 arrival counters, one per split tile, zero on entry and left zero
     M,
     N,
     K,
     num_units,
-    dp_tiles,  # whole tiles before the split or stream-K ones (SPLIT_TAIL, STREAM_K)
-    split,  # SPLIT_TAIL: K ranges per tail tile; STREAM_K: segments per program's run
-    k_per_split,  # SPLIT_TAIL: K steps per range; STREAM_K: K steps per program's run
+    dp_tiles,  # SPLIT_TAIL: whole tiles before the split ones
+    split,  # SPLIT_TAIL: K ranges per tail tile
+    k_per_split,  # SPLIT_TAIL: K steps per range
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -111,29 +107,19 @@ def _matmul_tma_kernel(
     ACCUMULATE: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
     SPLIT_TAIL: tl.constexpr,
-    STREAM_K: tl.constexpr,
     TRANSPOSE_C: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    start_pid = tl.program_id(axis=0)
-    num_programs = tl.num_programs(axis=0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    num_tiles = num_pid_m * num_pid_n
-    if not (SPLIT_TAIL or STREAM_K):
+    start_pid, num_programs, num_pid_m, num_pid_n, k_tiles, num_tiles = _program_grid(
+        M, N, K, BLOCK_M, BLOCK_N, BLOCK_K
+    )
+    if not SPLIT_TAIL:
         num_units = num_tiles
     unit_c = start_pid - num_programs
 
-    # warp specialization works on the K loop alone: the tile loop is then not flattened
-    for unit in tl.range(start_pid, num_units, num_programs, flatten=not WARP_SPECIALIZE):
+    for unit in tl.range(start_pid, num_units, num_programs, flatten=True):
         if SPLIT_TAIL:
             tile_id, _, _, k_lo, k_hi = _unit_coords(unit, dp_tiles, split, k_per_split, k_tiles)
-        elif STREAM_K:
-            tile_id, _, _, _, k_lo, k_hi = _stream_k_coords(
-                unit, dp_tiles, num_tiles, num_programs, split, k_per_split, k_tiles
-            )
         else:
             tile_id = unit
             k_lo = 0
@@ -142,7 +128,7 @@ def _matmul_tma_kernel(
         offs_m = pid_m * BLOCK_M
         offs_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in tl.range(k_lo, k_hi, warp_specialize=WARP_SPECIALIZE):
+        for ki in tl.range(k_lo, k_hi):
             offs_k = ki * BLOCK_K
             a = a_desc.load([offs_k, offs_m]).T if A_COL_MAJOR else a_desc.load([offs_m, offs_k])
             b = b_desc.load([offs_n, offs_k]).T if B_COL_MAJOR else b_desc.load([offs_k, offs_n])
@@ -155,111 +141,34 @@ def _matmul_tma_kernel(
             tile_c, is_split, part, _, _ = _unit_coords(
                 unit_c, dp_tiles, split, k_per_split, k_tiles
             )
-            pid_m, pid_n = _tile_coords(tile_c, num_pid_m, num_pid_n, GROUP_M)
+            store = is_split == 0
             if is_split:
                 # Every K range stores its partial; the last to arrive sums them in a fixed
                 # order (deterministic) and writes C. Stores, then a CTA barrier, then a
                 # gpu-scope release: the partials are visible to whoever takes the last ticket.
-                tail_idx = tile_c - dp_tiles
-                offs_tile = (
-                    tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-                )
-                slots = ws_ptr + (tail_idx * split).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs_tile
-                tl.store(slots + part * (BLOCK_M * BLOCK_N), acc)
-                tl.debug_barrier()
-                ticket = tl.atomic_add(lock_ptr + tail_idx, 1, sem="acq_rel", scope="gpu")
-                if ticket == split - 1:
-                    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                    for p in range(split):
-                        acc += tl.load(slots + p * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
-                    tl.store(lock_ptr + tail_idx, 0)  # ready for the next launch on this stream
-                    _store_c_tile(
-                        c_desc,
-                        acc,
-                        pid_m,
-                        pid_n,
-                        BLOCK_M,
-                        BLOCK_N,
-                        ACCUMULATE,
-                        EPILOGUE_SUBTILE,
-                        TRANSPOSE_C,
-                    )
-            else:
-                _store_c_tile(
-                    c_desc,
-                    acc,
-                    pid_m,
-                    pid_n,
-                    BLOCK_M,
-                    BLOCK_N,
-                    ACCUMULATE,
-                    EPILOGUE_SUBTILE,
-                    TRANSPOSE_C,
-                )
-        elif STREAM_K:
-            tile_c, is_sk, prog, seg, k_lo_c, k_hi_c = _stream_k_coords(
-                unit_c, dp_tiles, num_tiles, num_programs, split, k_per_split, k_tiles
-            )
-            pid_m, pid_n = _tile_coords(tile_c, num_pid_m, num_pid_n, GROUP_M)
-            if (is_sk == 0) | ((k_lo_c == 0) & (k_hi_c == k_tiles)):
-                _store_c_tile(
-                    c_desc,
-                    acc,
-                    pid_m,
-                    pid_n,
-                    BLOCK_M,
-                    BLOCK_N,
-                    ACCUMULATE,
-                    EPILOGUE_SUBTILE,
-                    TRANSPOSE_C,
-                )
-            elif k_hi_c > k_lo_c:
-                # A run's piece of a tile: its partial goes to the run's slot; the tile's last
-                # piece to arrive sums every run's piece in run order (deterministic) and
-                # writes C (stores, CTA barrier, gpu-scope acq_rel ticket: as the split tail).
                 local = tile_c - dp_tiles
                 offs_tile = (
                     tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
                 )
-                tile_elems = BLOCK_M * BLOCK_N
-                tl.store(ws_ptr + (prog * split + seg).to(tl.int64) * tile_elems + offs_tile, acc)
+                slots = ws_ptr + (local * split).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs_tile
+                tl.store(slots + part * (BLOCK_M * BLOCK_N), acc)
                 tl.debug_barrier()
                 ticket = tl.atomic_add(lock_ptr + local, 1, sem="acq_rel", scope="gpu")
-                first_run = (local * k_tiles) // k_per_split
-                last_run = (local * k_tiles + k_tiles - 1) // k_per_split
-                if ticket == last_run - first_run:
+                store = ticket == split - 1
+                if store:
                     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                    for q in range(first_run, last_run + 1):
-                        slot = q * split + local - (q * k_per_split) // k_tiles
-                        acc += tl.load(
-                            ws_ptr + slot.to(tl.int64) * tile_elems + offs_tile,
-                            cache_modifier=".cg",
-                        )
+                    for p in range(split):
+                        acc += tl.load(slots + p * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
                     tl.store(lock_ptr + local, 0)  # ready for the next launch on this stream
-                    _store_c_tile(
-                        c_desc,
-                        acc,
-                        pid_m,
-                        pid_n,
-                        BLOCK_M,
-                        BLOCK_N,
-                        ACCUMULATE,
-                        EPILOGUE_SUBTILE,
-                        TRANSPOSE_C,
-                    )
         else:
-            pid_m, pid_n = _tile_coords(unit_c, num_pid_m, num_pid_n, GROUP_M)
+            tile_c = unit_c
+            store = True
+        if store:
+            pid_m, pid_n = _tile_coords(tile_c, num_pid_m, num_pid_n, GROUP_M)
             _store_c_tile(
-                c_desc,
-                acc,
-                pid_m,
-                pid_n,
-                BLOCK_M,
-                BLOCK_N,
-                ACCUMULATE,
-                EPILOGUE_SUBTILE,
+                c_desc, acc, pid_m, pid_n, BLOCK_M, BLOCK_N, ACCUMULATE, EPILOGUE_SUBTILE,
                 TRANSPOSE_C,
-            )
+            )  # fmt: skip
 
 
 @triton.jit
@@ -451,6 +360,11 @@ def launch(
     m, k = a.shape
     n = b.shape[1]
     precision = _TORCH_TO_TL_PRECISION[a.dtype]
+    if config.warp_specialize:
+        raise ValueError(
+            f"config {config.name}: GemmConfig.warp_specialize is the FP8 kernel's option; "
+            "the bf16 kernels do not take it"
+        )
     if config.decode:  # any view: the decode kernel loads through pointers
         tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
         LAST_COMPILED["decode"] = launch_decode(
@@ -481,16 +395,7 @@ def launch(
     num_tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     k_steps = triton.cdiv(k, config.block_k)
     plan = split_plan(num_tiles, sm_budget, k_steps) if config.split_tail else None
-    sk = stream_k_plan(num_tiles, sm_budget, k_steps) if config.stream_k else None
-    if sk is not None:
-        units, dp_tiles, split, k_per_split = sk.units, sk.dp_tiles, sk.segments, sk.run_steps
-        lock = _lock_buffer(out.device, sk.sk_tiles)
-        ws = torch.empty(
-            sk.programs * sk.segments * config.block_m * config.block_n,
-            dtype=torch.float32,
-            device=out.device,
-        )
-    elif plan is None:
+    if plan is None:
         units, dp_tiles, split, k_per_split = num_tiles, num_tiles, 1, 1
         lock = ws = _lock_buffer(out.device, 1)
     else:
@@ -534,9 +439,7 @@ def launch(
         ACCUMULATE=accumulate,
         EPILOGUE_SUBTILE=config.epilogue_subtile,
         SPLIT_TAIL=plan is not None,
-        STREAM_K=sk is not None,
         TRANSPOSE_C=config.swap_ab,
-        WARP_SPECIALIZE=config.warp_specialize,
         INPUT_PRECISION=precision,
         num_warps=config.num_warps,
         num_stages=config.num_stages,

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ficco.kernels.configs import GemmConfig
-from ficco.kernels.tiles import _tile_coords
+from ficco.kernels.tiles import _program_grid, _tile_coords, _tile_offsets
 
 
 @triton.jit
@@ -39,22 +39,15 @@ def _matmul_ptr_kernel(
     ACCUMULATE: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    start_pid = tl.program_id(axis=0)
-    num_programs = tl.num_programs(axis=0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    num_tiles = num_pid_m * num_pid_n
+    start_pid, num_programs, num_pid_m, num_pid_n, k_tiles, num_tiles = _program_grid(
+        M, N, K, BLOCK_M, BLOCK_N, BLOCK_K
+    )
     tile_id_c = start_pid - num_programs
     offs_k0 = tl.arange(0, BLOCK_K)
 
     for tile_id in tl.range(start_pid, num_tiles, num_programs, flatten=True):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
-        # int64 row/column offsets: M * stride can pass 2**31 elements on large operands.
-        offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-        mask_am = offs_am < M
-        mask_bn = offs_bn < N
+        offs_am, offs_bn, mask_am, mask_bn = _tile_offsets(pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(k_tiles):
             offs_k = ki * BLOCK_K + offs_k0
@@ -66,10 +59,9 @@ def _matmul_ptr_kernel(
 
         tile_id_c += num_programs
         pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
-        offs_cm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        offs_cn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+        offs_cm, offs_cn, mask_cm, mask_cn = _tile_offsets(pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
         c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
-        c_mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
+        c_mask = mask_cm[:, None] & mask_cn[None, :]
         if ACCUMULATE:
             acc += tl.load(c_ptrs, mask=c_mask, other=0.0).to(tl.float32)
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)

@@ -1,16 +1,33 @@
 """Which output tile, and which K range of it, a persistent program's work unit is.
 
-The persistent kernels walk work units `pid, pid + grid, pid + 2 * grid, ...`. A unit is a
-whole tile (`_tile_coords`: the tile's grouped-order coordinates), one of the K ranges of a
-split-tail tile (`_unit_coords`), or one of a program's K ranges in a stream-K region
-(`_stream_k_coords`). The plans behind them are `configs.split_plan` and
-`configs.stream_k_plan`. Pure index arithmetic, shared by every kernel that walks tiles.
+The persistent kernels walk work units `pid, pid + grid, pid + 2 * grid, ...` over the grid
+that `_program_grid` states once for all of them (this program, the grid, the tile counts).
+A unit is a whole tile (`_tile_coords`: the tile's grouped-order coordinates) or one of the K
+ranges of a split-tail tile (`_unit_coords`, the plan of `configs.split_plan`). Pure index
+arithmetic, shared by every kernel that walks tiles.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _program_grid(M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # This program, the grid, and the tiles of C [M, N] in [BLOCK_M, BLOCK_N] blocks with
+    # their K steps of BLOCK_K: (start_pid, num_programs, num_pid_m, num_pid_n, k_tiles,
+    # num_tiles), the prologue of every persistent kernel.
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    return (
+        tl.program_id(axis=0),
+        tl.num_programs(axis=0),
+        num_pid_m,
+        num_pid_n,
+        tl.cdiv(K, BLOCK_K),
+        num_pid_m * num_pid_n,
+    )
 
 
 @triton.jit
@@ -38,27 +55,9 @@ def _unit_coords(unit, dp_tiles, split, k_per_split, k_tiles):
 
 
 @triton.jit
-def _stream_k_coords(unit, dp_tiles, num_tiles, num_programs, segments, iters_per_program, k_tiles):
-    # Units [0, dp_tiles) are whole tiles (full waves: dp_tiles is a multiple of the grid).
-    # The remaining tiles' K steps, tile after tile, are dealt out in runs of
-    # `iters_per_program` to the programs; program p's run touches at most `segments` tiles,
-    # and its j-th is unit dp_tiles + j * num_programs + p (so program p walks it). Returns
-    # the unit's tile, whether it is in the stream-K region, its program and segment (the
-    # partial's slot), and its K range [k_lo, k_hi) within the tile: empty where the run
-    # ends before its j-th tile.
-    is_sk = unit >= dp_tiles
-    s = tl.maximum(unit - dp_tiles, 0)
-    p = s % num_programs
-    j = s // num_programs
-    sk_iters = (num_tiles - dp_tiles) * k_tiles
-    it_lo = p * iters_per_program
-    it_hi = tl.minimum(it_lo + iters_per_program, sk_iters)
-    local = it_lo // k_tiles + j
-    t_lo = local * k_tiles
-    k_lo = tl.maximum(it_lo, t_lo) - t_lo
-    k_hi = tl.minimum(it_hi, t_lo + k_tiles) - t_lo
-    k_hi = tl.where(k_hi > k_lo, k_hi, k_lo)  # an empty range: nothing left of the run
-    tile_id = tl.where(is_sk, dp_tiles + local, unit)
-    k_lo = tl.where(is_sk, k_lo, 0)
-    k_hi = tl.where(is_sk, k_hi, k_tiles)
-    return tile_id, is_sk, p, j, k_lo, k_hi
+def _tile_offsets(pid_m, pid_n, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # The rows and columns of tile (pid_m, pid_n) and which are inside C [M, N], as int64
+    # (M * stride can pass 2**31 elements on large operands): for pointer loads and stores.
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    return offs_m, offs_n, offs_m < M, offs_n < N

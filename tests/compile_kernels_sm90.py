@@ -1,0 +1,93 @@
+"""Compile ficco's bf16 GEMM kernels for an H100/H200 (sm_90) on a machine without a GPU.
+
+Run without TRITON_INTERPRET (the interpreter compiles nothing), it lowers the persistent TMA
+kernel (whole tiles and the split tail, plain and swap-AB) and the fused kernel (TMA loads)
+through PTX to a cubin with Triton's bundled ptxas, for each configuration named (default:
+the first three of the bf16 space), and prints per kernel as JSON: the wgmma instructions in
+the PTX, registers, spills, shared memory. Exit status 3: no offline compile entry point.
+
+    python tests/compile_kernels_sm90.py [--all]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("compile_kernels_sm90: unset TRITON_INTERPRET (the interpreter compiles nothing)")
+
+import triton  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# the FP8 script's offline compile (it exits 3 where this Triton has none)
+from compile_scaled_sm90 import _compile, _report  # noqa: E402
+
+from ficco.kernels.configs import GPU_CONFIGS, GemmConfig  # noqa: E402
+from ficco.kernels.fused import _TABLE_COLS, _fused_gemm_kernel  # noqa: E402
+from ficco.kernels.persistent import _matmul_tma_kernel  # noqa: E402
+
+
+def compile_persistent(cfg: GemmConfig, split_tail: bool, swap_ab: bool = False) -> dict:
+    t0 = time.perf_counter()
+    c_cols = cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n
+    c_block = [c_cols, cfg.block_m] if swap_ab else [cfg.block_m, c_cols]
+    descs = {
+        "a_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
+        "b_desc": f"tensordesc<bf16[{cfg.block_k}, {cfg.block_n}]>",
+        "c_desc": f"tensordesc<bf16[{c_block[0]}, {c_block[1]}]>",
+    }
+    pointers = {"ws_ptr": "fp32", "lock_ptr": "i32"}
+    constants = dict(
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        A_COL_MAJOR=False, B_COL_MAJOR=False, ACCUMULATE=False,
+        EPILOGUE_SUBTILE=cfg.epilogue_subtile, SPLIT_TAIL=split_tail, TRANSPOSE_C=swap_ab,
+        INPUT_PRECISION="tf32",
+    )  # fmt: skip
+    return _report(_compile(_matmul_tma_kernel, pointers, descs, constants, cfg), t0)
+
+
+def compile_fused(cfg: GemmConfig, pointer_stores: bool) -> dict:
+    t0 = time.perf_counter()
+    pointers = {
+        **dict.fromkeys(("a_ref", "b_ptr", "c_ref"), "bf16"),
+        **dict.fromkeys(("flag_ref", "tile_chunk_ptr", "work_ptr", "status_ptr"), "i32"),
+        **dict.fromkeys(("table_ptr", "copy_ptr"), "i64"),
+        **dict.fromkeys(("a_scale_ref", "b_scale_ptr"), "i32"),
+    }
+    descs = {"b_desc": f"tensordesc<bf16[{cfg.block_k}, {cfg.block_n}]>"}
+    constants = dict(
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        A_ALIGN=8, C_ALIGN=8, USE_TMA=True, B_COL_MAJOR=False,
+        EPILOGUE_SUBTILE=cfg.epilogue_subtile, ON_GPU=True, INPUT_PRECISION="tf32",
+        TABLE_COLS=_TABLE_COLS, POINTER_STORES=pointer_stores, SCALED=False, A_ROWWISE=False,
+        B_COLWISE=False, IMPRECISE_ACC=None,
+    )  # fmt: skip
+    return _report(_compile(_fused_gemm_kernel, pointers, descs, constants, cfg), t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--all", action="store_true", help="every configuration of the space")
+    args = parser.parse_args()
+    configs = GPU_CONFIGS if args.all else GPU_CONFIGS[:3]
+    found = {}
+    for cfg in configs:
+        found[cfg.name] = {
+            "whole": compile_persistent(cfg, False),
+            "split_tail": compile_persistent(cfg, True),
+            "fused": compile_fused(cfg, False),
+            "fused_pointer_stores": compile_fused(cfg, True),
+        }
+    swap = GemmConfig(16, 128, 128, 8, 5, 4, swap_ab=True)
+    found[swap.name] = {
+        "split_tail": compile_persistent(GemmConfig(128, 16, 128, 8, 5, 4), True, swap_ab=True)
+    }
+    print(json.dumps({"triton": triton.__version__, "kernels": found}))
+
+
+if __name__ == "__main__":
+    main()
