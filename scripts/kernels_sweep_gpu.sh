@@ -1,26 +1,28 @@
 #!/usr/bin/env bash
 # Every GEMM-kernel measurement of one GPU lease, in one command (JSON and logs under $OUT),
-# inside a stage cap of KERNELS_S seconds (default 220):
-#   prewarm  the tuning space compiled ahead in parallel processes (Triton's disk cache), and
-#            meanwhile, in the background, scripts/probe_triton_features.py (does Triton's warp
-#            specialization compile and pay here; skipped with PROBE=0);
-#   gemm     bench_gemm.py's chunk and full shapes vs cuBLAS, small first, and the pick
-#            do_bench would have made where it differs;
+# inside a stage cap of KERNELS_S seconds (default 240):
+#   prewarm  the tuning space compiled ahead in parallel processes (Triton's disk cache);
+#   gemm     bench_gemm.py's chunk and full shapes vs cuBLAS, small first;
+#   fused    tune_fused_gpu.py's catalog shapes, small and large alternately (both bands of
+#            the targets: below and above ~0.3 ms): the fused GEMM, its tile tuned, and the
+#            overlap case (fused_overlap) against per_chunk;
 #   decode   decode GEMMs (bench_decode_gemm.py): the tuner's pick, the fastest persistent
-#            tile and the fastest swap-AB tile vs cuBLAS, M ascending;
-#   fused    tune_fused_gpu.py's catalog shapes: the fused GEMM, its tile tuned;
-#   tests    tests/gpu/test_kernels_decode_gpu.py and test_kernels_stream_k_gpu.py (split-K,
-#            swap-AB and stream-K tiles in bf16).
+#            tile and the fastest swap-AB tile vs cuBLAS, a spread of M first;
+#   tests    tests/gpu/test_kernels_decode_gpu.py and test_kernels_split_gpu.py (split-K,
+#            swap-AB and several-wave split tails in bf16);
+#   summary  scripts/kernels_sweep_summary.py: the geomeans of what the JSON holds.
+# Every variant is verified against an fp32 reference before it is timed, and every JSON
+# carries the environment's fingerprint (ficco.measure.fingerprint).
 # PHASES picks and orders them (default: all, in that order). Each phase's cap is its share
-# (SHARE_<phase>, default prewarm 17 gemm 35 decode 27 fused 17 tests 4) of the time left
+# (SHARE_<phase>, default prewarm 13 gemm 37 fused 27 decode 17 tests 6) of the time left
 # before the stage's end (KERNELS_S less MARGIN_S, default 8), so time a phase leaves unused
 # goes to the phases after it; a phase whose cap is too short to measure anything (fused 30 s,
 # gemm and decode 20 s, else 5 s) is skipped and leaves it to the next; a phase's own budget (--budget-s) is its cap less the seconds
 # its start-up and last save take. Every script writes its JSON after each shape, so a phase
-# cut by its cap still returns what it measured. On one H100, 2026-11-25, at KERNELS_S=220:
-# prewarm 24 s (160 compiles, 14 workers), bench_gemm 81 s for all 56 shapes, decode 66 s for
-# 155 of 190 shapes, GPU tests 20 s; 191 s in all.
-#   KERNELS_S=220 bash scripts/kernels_sweep_gpu.sh --dry-run   # prints the plan, runs nothing
+# cut by its cap still returns what it measured. On one H100, 2026-11-25, at KERNELS_S=250:
+# prewarm 26 s, bench_gemm 84 s for all 56 shapes (with do_bench's picks, no longer asked),
+# decode 69 s for 155 shapes, fused 37 s for 14 small shapes, GPU tests 26 s.
+#   KERNELS_S=240 bash scripts/kernels_sweep_gpu.sh --dry-run   # prints the plan, runs nothing
 set -u
 cd "$(dirname "$0")/.."
 DRY=0
@@ -32,12 +34,12 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/ficco_triton_cache}
 export FICCO_CACHE_DIR=$OUT/cache
 PY=${PYTHON:-python3}
-KERNELS_S=${KERNELS_S:-220}
+KERNELS_S=${KERNELS_S:-240}
 MARGIN_S=${MARGIN_S:-8}
-PHASES=${PHASES:-prewarm gemm decode fused tests}
+PHASES=${PHASES:-prewarm gemm fused decode tests}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 # decode rows in the order to measure: a spread of M first, so a cut run still covers each band
-DECODE_M=${DECODE_M:-1 16 64 4 32 128 512 2 8 256}
+DECODE_M=${DECODE_M:-1 16 64 512 4 128 32 2 8 256}
 LOG=$OUT/sweep.log
 START=$(date +%s)
 END=$(( START + KERNELS_S - MARGIN_S ))
@@ -45,11 +47,11 @@ mkdir -p "$OUT" "$FICCO_CACHE_DIR"
 
 share() {  # a phase's share of the time left
   case $1 in
-    prewarm) echo "${SHARE_prewarm:-17}" ;;
-    gemm) echo "${SHARE_gemm:-35}" ;;
-    decode) echo "${SHARE_decode:-27}" ;;
-    fused) echo "${SHARE_fused:-17}" ;;
-    tests) echo "${SHARE_tests:-4}" ;;
+    prewarm) echo "${SHARE_prewarm:-13}" ;;
+    gemm) echo "${SHARE_gemm:-37}" ;;
+    fused) echo "${SHARE_fused:-27}" ;;
+    decode) echo "${SHARE_decode:-17}" ;;
+    tests) echo "${SHARE_tests:-6}" ;;
     *) echo 0 ;;
   esac
 }
@@ -82,9 +84,9 @@ command_of() {  # phase, cap: the command line
   case $1 in
     prewarm) echo "$PY scripts/prewarm_kernels.py --workers ${PREWARM_WORKERS:-14}" ;;
     decode) echo "$PY scripts/bench_decode_gemm.py --commit $COMMIT --m $DECODE_M --budget-s $budget" ;;
-    gemm) echo "$PY scripts/bench_gemm.py --commit $COMMIT --skip-budgets --compare-do-bench --budget-s $budget" ;;
-    fused) echo "$PY scripts/tune_fused_gpu.py --no-check-shapes --no-robustness --budget-s $budget" ;;
-    tests) echo "$PY -m pytest -q -x -p no:cacheprovider -o addopts= tests/gpu/test_kernels_decode_gpu.py tests/gpu/test_kernels_stream_k_gpu.py" ;;
+    gemm) echo "$PY scripts/bench_gemm.py --commit $COMMIT --skip-budgets --budget-s $budget" ;;
+    fused) echo "$PY scripts/tune_fused_gpu.py --no-check-shapes --no-robustness --bands --budget-s $budget" ;;
+    tests) echo "$PY -m pytest -q -x -p no:cacheprovider -o addopts= tests/gpu/test_kernels_decode_gpu.py tests/gpu/test_kernels_split_gpu.py" ;;
   esac
 }
 run_phase() {  # name, cap, command...
@@ -108,7 +110,6 @@ if (( DRY )); then
     echo "  $name ${cap}s: $(command_of "$name" "$cap")"
     END=$(( END - cap ))
   done
-  [[ "${PROBE:-1}" == 1 ]] && echo "  probe (background, during prewarm): $PY scripts/probe_triton_features.py"
   exit 0
 fi
 
@@ -116,7 +117,6 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit,t
   --format=csv 2>&1 | tee -a "$LOG"
 echo "stage ${KERNELS_S}s, phases: $PHASES, commit $COMMIT" | tee -a "$LOG"
 rest=$PHASES
-PROBE_PID=
 for name in $PHASES; do
   rest=${rest#*"$name"}
   cap=$(cap_of "$name" "$rest")
@@ -124,18 +124,9 @@ for name in $PHASES; do
     echo "=== $name skipped: ${cap}s left" | tee -a "$LOG"
     continue
   fi
-  if [[ $name == prewarm && "${PROBE:-1}" == 1 ]]; then
-    # the probe compiles and times on its own; its answer is known only once it has run
-    timeout --kill-after=3 "$cap" $PY scripts/probe_triton_features.py > "$OUT/probe.log" 2>&1 &
-    PROBE_PID=$!
-  fi
   # shellcheck disable=SC2046
   run_phase "$name" "$cap" $(command_of "$name" "$cap")
-  if [[ -n $PROBE_PID ]]; then
-    wait "$PROBE_PID"
-    echo "=== probe rc=$? $(date -u +%T)" | tee -a "$LOG"
-    tail -n 6 "$OUT/probe.log" | tee -a "$LOG"
-    PROBE_PID=
-  fi
 done
+echo "=== summary $(date -u +%T)" | tee -a "$LOG"
+timeout 20 $PY scripts/kernels_sweep_summary.py "$OUT" 2>&1 | tee -a "$LOG"
 echo "=== kernels sweep done in $(( $(date +%s) - START ))s of ${KERNELS_S}s" | tee -a "$LOG"

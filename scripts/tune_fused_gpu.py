@@ -23,9 +23,11 @@ One run (``python scripts/tune_fused_gpu.py``; JSON to ``$OUT/fused_single_gpu.j
                    that differs from the tuned one)
    fused_overlap   the side-stream-arrival case: peer chunks copied by a side stream, 20 us
                    apart, each followed by a stream-ordered flag write; the fused kernel
-                   (TMA, tuned, on all SMs but four) spins per tile on the flags
+                   (TMA, tuned, on all SMs but four) spins per tile on the flags and, its
+                   last program, zeroes them (``reset_waits``: no memset before the next
+                   step, as per_chunk's events need none; its flags are its own)
    per_chunk       the same arrivals with events, one ``matmul`` per chunk
-   copies_alone    the side stream's copies and gaps alone
+   copies_alone    the side stream's copies and gaps alone (with events)
 
 Timing: each call is preceded by a ~1 ms ``torch.cuda._sleep`` on the main stream, so the
 host's enqueue (tens of microseconds for a Triton launch) is hidden and the events time the
@@ -99,6 +101,22 @@ def catalog_shapes(sms: int) -> list[tuple[int, int, int]]:
     return sorted(shapes, key=lambda s: (s[0] * s[1] * s[2], s))
 
 
+# cuBLAS's time on one H100/H200 passes ~0.3 ms (the issue's band edge) near this M*N*K
+# (2 M N K flops at ~600 TFLOP/s)
+LARGE_MNK = 9 * 10**10
+
+
+def by_bands(shapes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Small and large shapes alternately (each band ascending), so a run cut by its budget
+    has measured both bands of the issue's targets (below and above ~0.3 ms)."""
+    small = [s for s in shapes if s[0] * s[1] * s[2] < LARGE_MNK]
+    large = [s for s in shapes if s[0] * s[1] * s[2] >= LARGE_MNK]
+    order = []
+    for i in range(max(len(small), len(large))):
+        order += small[i : i + 1] + large[i : i + 1]
+    return order
+
+
 def time_candidates(candidates: dict, rounds: int, cover_cycles: int) -> dict:
     """One warm-up each, then ``rounds`` interleaved rounds (order rotated), each launch alone
     on an idle GPU behind a ``cover_cycles`` sleep; median and IQR per candidate."""
@@ -137,8 +155,11 @@ def run_shape(
     step = S // chunks
     rows = [(lo, lo + step) for lo in range(0, S, step)]
     peers = [(p * S + lo, p * S + hi) for p in range(1, world) for lo, hi in rows]
-    flags, flag_memory = symmetric_flags(len(peers) + 1)
-    writer = FlagWriter(flags)
+    # flags [0, n): the ready variants' (preset to 1); [n, 2n): fused_overlap's arrivals
+    n_flags = len(peers) + 1
+    all_flags, flag_memory = symmetric_flags(2 * n_flags)
+    flags, arrivals = all_flags[:n_flags], all_flags[n_flags:]
+    writer = FlagWriter(all_flags)
     side = torch.cuda.Stream()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     result: dict = {
@@ -183,7 +204,21 @@ def run_shape(
         kernels["fused_tma_before"] = FusedGemm(
             views, b, sm_budget=sms, timeout_s=10.0, config=before
         )
-    overlap = FusedGemm(views, b, sm_budget=sms - SIDE_SMS, timeout_s=10.0, config=tuned)
+    overlap_views = [FusedChunkViews(gathered[lo:hi], out[lo:hi]) for lo, hi in rows]
+    overlap_views += [
+        FusedChunkViews(
+            gathered[lo:hi], out[lo:hi], wait=arrivals[i : i + 1], name=f"arriving peer {i}"
+        )
+        for i, (lo, hi) in enumerate(peers)
+    ]
+    overlap = FusedGemm(
+        overlap_views,
+        b,
+        sm_budget=sms - SIDE_SMS,
+        timeout_s=10.0,
+        config=tuned,
+        reset_waits=True,
+    )
     result["configs"] = {name: kern.config.name for name, kern in kernels.items()}
     result["configs"]["triton"] = persistent_cfg.name
     result["paths"] = {name: kern.path for name, kern in kernels.items()}
@@ -198,7 +233,7 @@ def run_shape(
                 torch.cuda._sleep(gap_cycles)
                 gathered[lo:hi].copy_(source[lo:hi])
                 if events is None:
-                    writer.set(i)
+                    writer.set(n_flags + i)
                 else:
                     events[i].record(side)
 
@@ -206,8 +241,7 @@ def run_shape(
         # flags stay set between rounds: each arrival run ends with all of them set
         return kernel
 
-    def fused_overlap():
-        flags.zero_()
+    def fused_overlap():  # its flags are zero on entry: the last launch reset them
         copies()
         overlap()
         torch.cuda.current_stream().wait_stream(side)
@@ -224,8 +258,7 @@ def run_shape(
         torch.cuda.current_stream().wait_stream(side)
 
     def copies_alone():
-        flags.zero_()
-        copies()
+        copies(events)
         torch.cuda.current_stream().wait_stream(side)
 
     candidates = {
@@ -245,6 +278,7 @@ def run_shape(
                 gathered[S:].copy_(source[S:])
             out.fill_(float("nan"))
             flags.fill_(1)
+            arrivals.zero_()
             fn()
             torch.cuda.synchronize()
             for kern in (*kernels.values(), overlap):
@@ -258,6 +292,7 @@ def run_shape(
     timed = {name: fn for name, fn in candidates.items() if name not in bad}
     timed["copies_alone"] = copies_alone
     flags.fill_(1)
+    arrivals.zero_()
     result["timing"] = time_candidates(timed, rounds, int(COVER_US * cycles_per_us))
     return result
 
@@ -284,6 +319,11 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=280.0)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--no-catalog", action="store_true")
+    parser.add_argument(
+        "--bands",
+        action="store_true",
+        help="the catalog's shapes small and large alternately (by_bands), not small first",
+    )
     parser.add_argument(
         "--no-check-shapes", action="store_true", help="only the catalog's shapes (small first)"
     )
@@ -314,7 +354,9 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     todo = [] if args.no_check_shapes else [(*s, 15) for s in SHAPES]
     if not args.no_catalog:
-        todo += [(m, n, k, 2, 1, args.rounds) for m, n, k in catalog_shapes(sms)]
+        shapes = catalog_shapes(sms)
+        shapes = by_bands(shapes) if args.bands else shapes
+        todo += [(m, n, k, 2, 1, args.rounds) for m, n, k in shapes]
     report["skipped"] = []
     for m, n, k, world, chunks, rounds in todo:
         if time.monotonic() - t0 > args.budget_s:

@@ -160,6 +160,7 @@ def _fused_gemm_kernel(
     A_ROWWISE: tl.constexpr = False,  # SCALED: A's scales per row, else one per chunk
     B_COLWISE: tl.constexpr = False,  # SCALED: B's scales per column, else one
     IMPRECISE_ACC: tl.constexpr = None,  # SCALED: K elements a wgmma sums before promotion
+    RESET_WAITS: tl.constexpr = False,  # the last program zeroes every chunk's wait flag
 ):
     next_tile_ptr = work_ptr
     done_ptr = work_ptr + 1
@@ -297,6 +298,12 @@ def _fused_gemm_kernel(
     if finished == tl.num_programs(0) - 1:
         for i in range(num_chunks):
             tl.store(counter_ptr + i, 0)
+            if RESET_WAITS:
+                # every tile has read its flag (each program counted itself done after its
+                # last tile): consumed, ready for the next launch's arrivals
+                row = table_ptr + i * TABLE_COLS
+                if tl.load(row + 6) != 0:
+                    tl.store(flag_ref + tl.load(row + 4), 0)
         tl.store(next_tile_ptr, 0)
         tl.store(done_ptr, 0)
 
@@ -360,6 +367,12 @@ class FusedGemm(_Timed):
     FP8 operands (``ficco.kernels.scaled``): ``b`` (row- or column-major) with ``b_scale``
     (one or ``[1, N]``), every chunk with its ``a_scale``; the scales multiply the fp32 accumulator
     before the store (``fast_accum``: as ``scaled``'s, promotion per K step when False).
+
+    ``reset_waits``: the launch's last program zeroes every chunk's ``wait`` flag once every
+    tile has read it, so the next launch waits for new arrivals with no memset before it
+    (one kernel per step, as ``per_chunk``'s events need none). Only where the next arrivals
+    are ordered after this launch (a writer on a stream that waits for it): a flag set early
+    for the next launch would be lost.
     """
 
     def __init__(
@@ -373,6 +386,7 @@ class FusedGemm(_Timed):
         path: Path | None = None,
         b_scale: torch.Tensor | None = None,
         fast_accum: bool = False,
+        reset_waits: bool = False,
     ) -> None:
         if not chunks:
             raise ValueError("fused GEMM: chunks is empty")
@@ -411,6 +425,7 @@ class FusedGemm(_Timed):
         )
         self.flag_ref = torch.zeros(1, dtype=torch.int32, device=device)
         self.chunks, self.n, self.k, self.sm_budget = list(chunks), n, k, sm_budget
+        self.reset_waits = bool(reset_waits)
         # [next tile, programs done, tiles stored per chunk]: zero between launches (the
         # kernel's last program zeroes it), so a launch is one kernel, no memset
         self.work = torch.zeros(2 + len(chunks), dtype=torch.int32, device=device)
@@ -538,6 +553,8 @@ class FusedGemm(_Timed):
             POINTER_STORES=any(c.signals or c.copies for c in self.chunks),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
+        if self.reset_waits:  # only then: the other launches keep their compiled kernels
+            meta["RESET_WAITS"] = True
         if sc is not None:
             meta.update(
                 SCALED=True, A_ROWWISE=sc.rowwise, B_COLWISE=sc.colwise,

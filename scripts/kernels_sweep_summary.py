@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""The summary of a kernels sweep (scripts/kernels_sweep_gpu.sh): geomeans against cuBLAS,
+computed from the rows each benchmark's JSON holds (so a phase cut by its cap still counts
+what it measured), beside the issue's targets. Plain Python: runs anywhere.
+
+    python scripts/kernels_sweep_summary.py DIR [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+SMALL_MS = 0.3  # the fused targets' band edge: cuBLAS time
+
+
+def geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0 and math.isfinite(x)]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def gemm(d: dict) -> dict:
+    rows = [r for r in d.get("rows", []) if "ratio" in r]
+    out = {"shapes": len(rows)}
+    for s in ("full", "chunk"):
+        ratios = [r["ratio"] for r in rows if s in r.get("sets", [])]
+        out[s] = {"n": len(ratios), "geomean": geomean(ratios), "min": min(ratios, default=None)}
+    out["below_0.95"] = sorted(
+        (f"{r['M']}x{r['N']}x{r['K']}", round(r["ratio"], 3)) for r in rows if r["ratio"] < 0.95
+    )
+    return out
+
+
+def decode(d: dict) -> dict:
+    rows = [r for r in d.get("rows", []) if "space" in r.get("ratio", {})]
+    space = [r["ratio"]["space"] for r in rows]
+    best = [max(1.0, r["ratio"]["space"]) for r in rows]  # the space may pick cuBLAS
+    by_m: dict[int, list[float]] = {}
+    for r in rows:
+        by_m.setdefault(r["M"], []).append(r["ratio"]["space"])
+    return {
+        "shapes": len(rows),
+        "space_geomean": geomean(space),
+        "space_min": min(space, default=None),
+        "below_0.90": sum(x < 0.9 for x in space),
+        "best_of_space_and_cublas_geomean": geomean(best),
+        "by_m": {m: round(geomean(v), 3) for m, v in sorted(by_m.items())},
+    }
+
+
+def fused(d: dict) -> dict:
+    bands: dict[str, dict] = {}
+    for s in d.get("shapes", []):
+        t = s.get("timing", {})
+        cub = t.get("cublas", {}).get("median_ms")
+        if not cub:
+            continue
+        band = "small" if cub < SMALL_MS else "large"
+        b = bands.setdefault(band, {"fused_tma": [], "triton": [], "overlap_wins": 0, "n": 0})
+        b["n"] += 1
+        for name in ("fused_tma", "triton"):
+            if name in t:
+                b[name].append(t[name]["median_ms"] / cub)
+        over, per = t.get("fused_overlap"), t.get("per_chunk")
+        if over and per and over["median_ms"] < per["median_ms"]:
+            b["overlap_wins"] += 1
+    return {
+        band: {
+            "shapes": b["n"],
+            "fused_tma_time_vs_cublas": geomean(b["fused_tma"]),
+            "triton_time_vs_cublas": geomean(b["triton"]),
+            "fused_overlap_beats_per_chunk": f"{b['overlap_wins']} of {b['n']}",
+        }
+        for band, b in sorted(bands.items())
+    }
+
+
+def summarize(folder: Path) -> dict:
+    found: dict = {}
+    for name, fn in (
+        ("bench_gemm.json", gemm),
+        ("bench_decode_gemm.json", decode),
+        ("fused_single_gpu.json", fused),
+    ):
+        path = folder / name
+        if path.exists():
+            try:
+                data = json.loads(path.read_text())
+            except ValueError as exc:
+                found[name] = {"error": f"unreadable: {exc}"}
+                continue
+            found[name] = {"gpu": (data.get("fingerprint") or {}).get("gpu"), **fn(data)}
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--json", action="store_true", help="print JSON, not lines")
+    args = parser.parse_args()
+    found = summarize(args.folder)
+    if args.json:
+        print(json.dumps(found, indent=1))
+        return
+    for name, part in found.items():
+        print(f"{name}: {json.dumps(part, default=str)}")
+    print(
+        "targets: bf16 full and chunk geomean >= 1.00, none below 0.95; fused time <= 1.02x "
+        "cuBLAS above 0.3 ms, <= 1.08x below, fused_overlap beating per_chunk; decode >= 1.00, "
+        "none below 0.90"
+    )
+
+
+if __name__ == "__main__":
+    main()
