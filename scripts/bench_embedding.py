@@ -146,6 +146,8 @@ def verify(jobs, args) -> int:
 
 
 def main(argv=None) -> int:
+    from ficco.space.transports import GRAPH_MODES
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--batch", type=int, nargs="+", default=list(BATCH_PER_RANK))
@@ -160,6 +162,10 @@ def main(argv=None) -> int:
         help="cuda: a GPU per rank; cuda_shared (W ranks on one GPU) and cpu: --verify-only",
     )  # fmt: skip
     parser.add_argument("--verify-only", action="store_true", help="verify, time nothing")
+    parser.add_argument(
+        "--graphs", choices=GRAPH_MODES, default="all",
+        help="which verified schedules are captured and timed as CUDA graphs (TimingOptions)",
+    )  # fmt: skip
     parser.add_argument(
         "--dtype", choices=("bf16", "fp16", "fp32"), default="bf16",
         help="the tables' dtype (the cpu backend's Triton interpreter refuses bf16)",
@@ -195,12 +201,15 @@ def main(argv=None) -> int:
     from ficco.execute.pool import PoolFailure
     from ficco.measure.fingerprint import fingerprint
 
-    opts = TimingOptions(rounds=5 if args.quick else args.rounds)
+    opts = TimingOptions(rounds=5 if args.quick else args.rounds, graphs=args.graphs)
     out = Path(args.out or Path(os.environ.get("OUT", ".")) / "bench_embedding.json")
     started, rows = time.time(), {}
 
     def progress(index, msg):
         verdict = f" -> {msg['verdict']}" if msg.get("verdict") else ""
+        m = msg.get("measurement")
+        if m is not None and m.verdict != "ok":  # why, and whether a graph replay said so
+            verdict += f" ({m.extra.get('graph', 'eager')}: {m.detail[:300]})"
         print(f"    [{time.time() - started:6.1f}s] m={jobs[index][0].m}: {msg.get('phase')} "
               f"{msg.get('name')}{verdict}", flush=True)  # fmt: skip
 
@@ -229,6 +238,7 @@ def main(argv=None) -> int:
             "rounds": opts.rounds,
             "quick": args.quick,
             "dtype": args.dtype,
+            "graphs": args.graphs,
         },  # fmt: skip
         "summary": bo.summarize(shapes),
         "failures": failures,
