@@ -22,9 +22,11 @@ module: ``Problem``, the CLI's problem options and ``api.make_problem`` read the
 1. ``ficco/patterns/__init__.py``: the enum value ``Pattern.EMB_A2A = "emb_a2a"`` (the
    value names the module of step 2).
 2. ``ficco/patterns/emb_a2a.py``: ``SPEC = register(PatternSpec(...))`` with every part (the
-   module docstring says what each rank holds and produces; helpers shared by the dense and
-   routed patterns are in ``_dense`` and ``_routed``). Its references and CUDA baselines
-   import torch inside their functions, so the registry stays importable without torch.
+   module docstring says what each rank holds and produces). A dense or routed pattern
+   builds its spec with ``_dense.spec`` or ``_routed.spec`` instead, giving only the parts
+   it does not share with its family (their ``DEFAULTS`` hold the rest), beside the other
+   helpers of its family. Its references and CUDA baselines import torch inside their
+   functions, so the registry stays importable without torch.
 3. ``ficco/plan/emb_a2a.py``: its lowering and buffers (the spec names them by ``Ref``),
    built from ``ficco.plan.ops`` (a new op kind would also need its primitive in
    ``ficco.execute``).

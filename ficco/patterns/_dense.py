@@ -1,11 +1,23 @@
 """Parts shared by the dense patterns (ag_gemm, gemm_rs, gemm_ar): every rank holds whole
-rows of A (or of its shard) and the collective moves whole [rows, K] or [rows, N] blocks."""
+rows of A (or of its shard) and the collective moves whole [rows, K] or [rows, N] blocks.
+
+:func:`spec` builds a dense pattern's spec from the parts that pattern gives over
+:data:`DEFAULTS` (ag_gemm's and gemm_rs's values), so each module shows what differs."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from ficco.patterns.spec import Sizes
+from ficco.patterns import spec_of
+from ficco.patterns.spec import (
+    BASELINE_COMM,
+    BASELINE_GEMM,
+    BASELINE_SERIAL_EAGER,
+    ModelSupport,
+    PatternSpec,
+    Sizes,
+)
 from ficco.space.schedule import Compute, Granularity
 
 if TYPE_CHECKING:
@@ -48,14 +60,14 @@ def reduced_roundings(p: Problem) -> int:
     return p.world - 1
 
 
-def ring_comm_bytes(p: Problem, row_bytes: int) -> int:
-    """W - 1 peer shards of M/W rows of ``row_bytes`` received."""
-    return (p.world - 1) * p.m_shard * row_bytes
+def ring_comm_bytes(p: Problem) -> int:
+    """W - 1 peer shards of M/W whole rows of the matrix the pattern's collective moves."""
+    return (p.world - 1) * p.m_shard * spec_of(p.pattern).moved_row_bytes(p)
 
 
-def sharded_sizes(p: Problem, row_bytes: int) -> Sizes:
+def sharded_sizes(p: Problem) -> Sizes:
     """ag_gemm and gemm_rs: the whole M computed, a shard of M/W rows per peer."""
-    shard_bytes = p.m_shard * row_bytes
+    shard_bytes = p.m_shard * spec_of(p.pattern).moved_row_bytes(p)
     return Sizes(p.m, p.k * p.n, p.comm_bytes_per_rank(), shard_bytes, 0)
 
 
@@ -69,3 +81,55 @@ def plan_key(p: Problem, s: Schedule) -> tuple:
     transport = s.transport if s.granularity is Granularity.SERIAL else None
     one_order = s.granularity is not Granularity.FINER or p.world == 2
     return (transport, None if one_order else s.order)
+
+
+def summed_partials(parts) -> tuple:
+    """A reduction's reference from every rank's ``(a, b)``: ``(exact float64, plain)``, the
+    plain sum of working-dtype partials taken in fp32 and rounded once."""
+    exact = sum(a.double() @ b.double() for a, b in parts)
+    plain = sum((a @ b).float() for a, b in parts).to(parts[0][0].dtype)
+    return exact, plain
+
+
+def eager_baselines(
+    gemm_alone: Callable[[], None],
+    comm_alone: Callable[[], None],
+    serial_eager: Callable[[], None],
+    out,
+) -> dict[str, Callable[[], None]]:
+    """The CUDA baselines every dense pattern has, by name: its GEMM alone, its collective
+    alone, and both in the serial order, whose result ``out`` is verified."""
+    serial_eager.out = out
+    return {
+        BASELINE_GEMM: gemm_alone,
+        BASELINE_COMM: comm_alone,
+        BASELINE_SERIAL_EAGER: serial_eager,
+    }
+
+
+#: the parts a dense pattern has unless its spec gives them: each rank holds (or ends with)
+#: M/W rows, moved as one shard per peer and step, in one pass; a fused schedule; no problem
+#: fields of its own; measured and calibrated (ag_gemm's and gemm_rs's values)
+DEFAULTS: dict[str, Any] = dict(
+    routed=False,
+    rows_per_rank=True,
+    fused=True,
+    batched_blocks=False,
+    in_selector=True,
+    cost_model=ModelSupport.CALIBRATED,
+    comm_alone=(BASELINE_COMM,),
+    comm_bytes=ring_comm_bytes,
+    shard_rows=shard_rows,
+    serial_gemm_rows=whole_m,
+    one_step=never,
+    transfer_passes=once,
+    plan_key=plan_key,
+    sizes=sharded_sizes,
+    scaled_inputs=True,
+    problem_fields=(),
+)
+
+
+def spec(**parts: Any) -> PatternSpec:
+    """A dense pattern's spec: ``parts`` (the pattern's own), :data:`DEFAULTS` for the rest."""
+    return PatternSpec(**(DEFAULTS | parts))

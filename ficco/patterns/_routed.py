@@ -1,11 +1,24 @@
 """Parts shared by the routed patterns (a2a_gemm, gemm_a2a): tokens routed to experts, each
-rank sending every other rank a block of rows (its tokens for that rank's experts)."""
+rank sending every other rank a block of rows (its tokens for that rank's experts).
+
+:func:`spec` builds a routed pattern's spec from the parts that pattern gives over
+:data:`DEFAULTS` (the values both share), so each module shows what differs."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ficco.patterns.spec import Sizes
+from ficco.patterns import _dense as dense
+from ficco.patterns import spec_of
+from ficco.patterns.spec import (
+    BASELINE_COMM,
+    SERIAL_PLAN_PARTS,
+    Collective,
+    ModelSupport,
+    PatternSpec,
+    Sizes,
+)
+from ficco.space.schedule import Split
 
 if TYPE_CHECKING:
     from ficco.problem import Problem
@@ -39,10 +52,10 @@ def returned_by_peers(p: Problem) -> list[int]:
     return [sum(sum(between[s][d]) for d in range(w) if d != s) for s in range(w)]
 
 
-def sizes(p: Problem, row_bytes: int) -> Sizes:
+def sizes(p: Problem) -> Sizes:
     """The most tokens any rank's experts receive; its experts' weights; the largest block
-    between two ranks, of rows of ``row_bytes``."""
-    w = p.world
+    between two ranks, of whole rows of the matrix the pattern's all-to-all moves."""
+    w, row_bytes = p.world, spec_of(p.pattern).moved_row_bytes(p)
     between = p.tokens_between()
     received = [sum(sum(between[s][d]) for s in range(w)) for d in range(w)]
     block = max(sum(between[s][d]) for s in range(w) for d in range(w) if s != d)
@@ -77,3 +90,35 @@ def exchange(t, send: list[int], recv: list[int], device):
     out = torch.empty((sum(recv), t.shape[1]), dtype=t.dtype, device=device)
     dist.all_to_all_single(out, t.contiguous(), recv, send)
     return out
+
+
+#: the parts a routed pattern has unless its spec gives them: an all-to-all of blocks of
+#: tokens, one per peer, cut along M only; no fused schedule; the CUDA baselines are the
+#: serial plan's parts; measured, not modelled
+DEFAULTS: dict[str, Any] = dict(
+    collective=Collective.ALL_TO_ALL,
+    routed=True,
+    rows_per_rank=False,
+    splits=(Split.M,),
+    fused=False,
+    batched_blocks=True,
+    in_selector=True,
+    cost_model=ModelSupport.NONE,
+    comm_alone=(BASELINE_COMM,),
+    flops=dense.gemm_flops,
+    shard_rows=block_rows,
+    serial_gemm_rows=every_block_rows,
+    one_step=dense.never,
+    transfer_passes=dense.once,
+    plan_key=plan_key,
+    extra_roundings=dense.no_roundings,
+    sizes=sizes,
+    cuda_baselines=SERIAL_PLAN_PARTS,
+    scaled_inputs=True,
+    problem_fields=(),
+)
+
+
+def spec(**parts: Any) -> PatternSpec:
+    """A routed pattern's spec: ``parts`` (the pattern's own), :data:`DEFAULTS` for the rest."""
+    return PatternSpec(**(DEFAULTS | parts))

@@ -12,18 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ficco.patterns import Pattern, register
-from ficco.patterns import _dense as dense
 from ficco.patterns import _routed as routed
-from ficco.patterns.spec import (
-    BASELINE_COMM,
-    SERIAL_PLAN_PARTS,
-    Collective,
-    ModelSupport,
-    PatternSpec,
-    Ref,
-    Sizes,
-)
-from ficco.space.schedule import Split
+from ficco.patterns.spec import Ref
 
 if TYPE_CHECKING:
     from ficco.problem import Problem
@@ -31,10 +21,6 @@ if TYPE_CHECKING:
 
 def comm_bytes(p: Problem) -> int:
     return max(routed.received_from_peers(p)) * SPEC.moved_row_bytes(p)
-
-
-def sizes(p: Problem) -> Sizes:
-    return routed.sizes(p, SPEC.moved_row_bytes(p))
 
 
 def reference(p: Problem, rank: int, inp) -> tuple:
@@ -72,34 +58,14 @@ def reference_by_collectives(p: Problem, tensors: dict, device) -> tuple:
 
 
 SPEC = register(
-    PatternSpec(
+    routed.spec(
         pattern=Pattern.A2A_GEMM,
-        collective=Collective.ALL_TO_ALL,
-        routed=True,
-        rows_per_rank=False,
-        splits=(Split.M,),
-        fused=False,
-        batched_blocks=True,
-        in_selector=True,
-        cost_model=ModelSupport.NONE,
-        comm_alone=(BASELINE_COMM,),
-        flops=dense.gemm_flops,
         comm_bytes=comm_bytes,
         moved_dim="k",
-        shard_rows=routed.block_rows,
-        serial_gemm_rows=routed.every_block_rows,
-        one_step=dense.never,
-        transfer_passes=dense.once,
-        plan_key=routed.plan_key,
-        extra_roundings=dense.no_roundings,
-        sizes=sizes,
         lookup_sizes="a2a_gemm",
         reference=reference,
         reference_by_collectives=reference_by_collectives,
-        cuda_baselines=SERIAL_PLAN_PARTS,
         lowering=Ref("ficco.plan.alltoall:plan_a2a_gemm"),
-        scaled_inputs=True,
-        problem_fields=(),
         buffers=Ref("ficco.plan.alltoall:a2a_gemm_buffers"),
     )
 )

@@ -10,29 +10,11 @@ from typing import TYPE_CHECKING
 
 from ficco.patterns import Pattern, register
 from ficco.patterns import _dense as dense
-from ficco.patterns.spec import (
-    BASELINE_ASYNC_TP,
-    BASELINE_COMM,
-    BASELINE_GEMM,
-    BASELINE_SERIAL_EAGER,
-    Collective,
-    ModelSupport,
-    PatternSpec,
-    Ref,
-    Sizes,
-)
+from ficco.patterns.spec import BASELINE_ASYNC_TP, Collective, Ref
 from ficco.space.schedule import Split
 
 if TYPE_CHECKING:
     from ficco.problem import Problem
-
-
-def comm_bytes(p: Problem) -> int:
-    return dense.ring_comm_bytes(p, SPEC.moved_row_bytes(p))
-
-
-def sizes(p: Problem) -> Sizes:
-    return dense.sharded_sizes(p, SPEC.moved_row_bytes(p))
 
 
 def reference(p: Problem, rank: int, inp) -> tuple:
@@ -80,45 +62,26 @@ def cuda_baselines(p: Problem, tensors: dict, device, group_name: str) -> dict:
         )
         async_tp.out = out
 
-    serial_eager.out = c
     async_tp.out = None
     return {
-        BASELINE_GEMM: gemm_alone,
-        BASELINE_COMM: comm_alone,
-        BASELINE_SERIAL_EAGER: serial_eager,
+        **dense.eager_baselines(gemm_alone, comm_alone, serial_eager, c),
         BASELINE_ASYNC_TP: async_tp,
     }
 
 
 SPEC = register(
-    PatternSpec(
+    dense.spec(
         pattern=Pattern.AG_GEMM,
         collective=Collective.ALL_GATHER,
-        routed=False,
-        rows_per_rank=True,
         splits=(Split.M, Split.K),
-        fused=True,
-        batched_blocks=False,
-        in_selector=True,
-        cost_model=ModelSupport.CALIBRATED,
-        comm_alone=(BASELINE_COMM,),
         flops=dense.gemm_flops,
-        comm_bytes=comm_bytes,
         moved_dim="k",
-        shard_rows=dense.shard_rows,
-        serial_gemm_rows=dense.whole_m,
-        one_step=dense.never,
-        transfer_passes=dense.once,
-        plan_key=dense.plan_key,
         extra_roundings=dense.no_roundings,
-        sizes=sizes,
         lookup_sizes="ag_gemm",
         reference=reference,
         reference_by_collectives=reference_by_collectives,
         cuda_baselines=cuda_baselines,
         lowering=Ref("ficco.plan.dense:plan_ag_gemm"),
-        scaled_inputs=True,
-        problem_fields=(),
         buffers=Ref("ficco.plan.dense:ag_gemm_buffers"),
     )
 )

@@ -18,16 +18,7 @@ from typing import TYPE_CHECKING
 
 from ficco.patterns import Pattern, register
 from ficco.patterns import _dense as dense
-from ficco.patterns.spec import (
-    BASELINE_COMM,
-    BASELINE_GEMM,
-    BASELINE_SERIAL_EAGER,
-    Collective,
-    ModelSupport,
-    PatternSpec,
-    Ref,
-    Sizes,
-)
+from ficco.patterns.spec import BASELINE_COMM, Collective, ModelSupport, Ref, Sizes
 from ficco.space.schedule import AllReduce, Compute, Split
 
 if TYPE_CHECKING:
@@ -75,10 +66,7 @@ def sizes(p: Problem) -> Sizes:
 
 
 def reference(p: Problem, rank: int, inp) -> tuple:
-    parts = [(inp(r, "a"), inp(r, "b")) for r in range(p.world)]
-    exact = sum(a.double() @ b.double() for a, b in parts)
-    plain = sum((a @ b).float() for a, b in parts).to(parts[0][0].dtype)
-    return exact, plain
+    return dense.summed_partials([(inp(r, "a"), inp(r, "b")) for r in range(p.world)])
 
 
 def reference_by_collectives(p: Problem, tensors: dict, device) -> tuple:
@@ -111,11 +99,8 @@ def cuda_baselines(p: Problem, tensors: dict, device, group_name: str) -> dict:
         torch.mm(a, b, out=c)
         dist.all_reduce(c)
 
-    serial_eager.out = c
     return {
-        BASELINE_GEMM: gemm_alone,
-        BASELINE_COMM: comm_alone,
-        BASELINE_SERIAL_EAGER: serial_eager,
+        **dense.eager_baselines(gemm_alone, comm_alone, serial_eager, c),
         **symm_comm_parts(p, tensors, group_name),
     }
 
@@ -142,14 +127,11 @@ def symm_comm_parts(p: Problem, tensors: dict, group_name: str) -> dict[str, Cal
 
 
 SPEC = register(
-    PatternSpec(
+    dense.spec(
         pattern=Pattern.GEMM_AR,
         collective=Collective.ALL_REDUCE,
-        routed=False,
-        rows_per_rank=False,
+        rows_per_rank=False,  # only +rs_ag cuts M into W shards (a rule refuses it otherwise)
         splits=(Split.M, Split.N),
-        fused=True,
-        batched_blocks=False,
         in_selector=False,  # no measured profiles yet: tables cannot answer it
         cost_model=ModelSupport.REUSED,
         comm_alone=(BASELINE_COMM, BASELINE_COMM_ONE_SHOT, BASELINE_COMM_TWO_SHOT),
@@ -157,7 +139,6 @@ SPEC = register(
         comm_bytes=comm_bytes,
         moved_dim="n",
         shard_rows=shard_rows,
-        serial_gemm_rows=dense.whole_m,
         one_step=direct,
         transfer_passes=transfer_passes,
         plan_key=plan_key,
@@ -168,8 +149,6 @@ SPEC = register(
         reference_by_collectives=reference_by_collectives,
         cuda_baselines=cuda_baselines,
         lowering=Ref("ficco.plan.allreduce:plan_gemm_ar"),
-        scaled_inputs=True,
-        problem_fields=(),
         buffers=Ref("ficco.plan.allreduce:ar_buffers"),
     )
 )
