@@ -12,6 +12,8 @@ timing hung on 2 H200s in NCCL's all_to_all (every schedule had verified). Confi
 - ``graphs-ce``: NCCL plans stay eager (no NCCL call is captured);
 - ``no-graph-register``: as ``full`` with ``NCCL_GRAPH_REGISTER=0`` (NCCL does not register
   the buffers of captured calls);
+- ``no-graph-mixing``: as ``full`` with ``NCCL_GRAPH_MIXING_SUPPORT=0`` (NCCL's ordering of
+  captured against eager calls off; its documentation says that mechanism has deadlocked);
 - ``synced``: as ``full`` with 'synced' issue (hosts wait for their GPU before every
   iteration).
 
@@ -42,7 +44,20 @@ SCHEDULES = (
     "finer-c2-m/seg/triton+sm16",
     "finer-c2-m/ce/cublas",
 )
-CONFIGS = ("full", "no-baselines", "baselines", "graphs-ce", "no-graph-register", "synced")
+CONFIGS = (
+    "full",
+    "no-baselines",
+    "baselines",
+    "graphs-ce",
+    "no-graph-register",
+    "no-graph-mixing",
+    "synced",
+)
+#: NCCL environment per configuration (the ranks are spawned with it)
+NCCL_ENV = {
+    "no-graph-register": {"NCCL_GRAPH_REGISTER": "0"},
+    "no-graph-mixing": {"NCCL_GRAPH_MIXING_SUPPORT": "0"},
+}
 
 
 def problem(pattern: str, skewed: bool):
@@ -69,7 +84,7 @@ def run_config(name: str, p, timeout_s: float, backend: str = "cuda") -> dict:
         timing = replace(timing, graphs="ce")
     if name == "synced":
         timing = replace(timing, issue=("synced",))
-    env = {"NCCL_GRAPH_REGISTER": "0"} if name == "no-graph-register" else {}
+    env = NCCL_ENV.get(name, {})
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the ranks are spawned with this environment
     started = time.time()
