@@ -261,7 +261,8 @@ class CudaSharedBackend(CudaBackend):
         self.note = VERIFICATION_ONLY
         self._runs = 0  # plans run in this process: each gets its own gloo tag range
         self._handles: dict[str, IpcHandle] = {}  # the current problem's (pads are cleared)
-        self.signal_timeout_s = min(SIGNAL_TIMEOUT_S, ctx.timeout_s / 4)
+        # under the pool's no-progress limit (timeout_s): the error, not the kill, reports it
+        self.signal_timeout_s = min(SIGNAL_TIMEOUT_S, ctx.timeout_s / 2)
         self._streams = [*ctx.comm.values(), *ctx.signal.values()]
         self._host = None  # pinned room for a hung run's signal slots (allocate() makes it)
         ctx.fence.before = self._clear_pads

@@ -20,7 +20,12 @@ schedule about 75 s, more than the lane's share::
         tests/gpu/test_embedding_lane.py
 
 Each run writes its verdicts to ``$STAGE_DIR/emb_lane_<case>_<lane>.json`` where
-``STAGE_DIR`` is set (``scripts/one_gpu_checks.sh``)."""
+``STAGE_DIR`` is set (``scripts/one_gpu_checks.sh``).
+
+The lane catches what hung on two GPUs: its signals keep symmetric memory's handshake (a
+second signal on a channel waits until the first is consumed), and a run whose handshakes
+hang fails naming the channel (``ficco.execute.cuda_ipc``). The last two tests show both on
+the GPU, in one process (the CPU model: tests/test_cuda_ipc.py)."""
 
 import contextlib
 import json
@@ -113,3 +118,55 @@ def test_bench_embedding_verifies_with_ranks_sharing_the_gpu(tmp_path):
     (row,) = report["problems"]
     assert row["counts"] == {"ok": 4, "unavailable": 2}, row["counts"]
     assert not report_faults("cuda_shared", report)
+
+
+# --- the signal handshake of ranks that share a GPU (ficco.execute.cuda_ipc) ---------------
+
+
+def two_handles():
+    """Two ranks' handles over the same pads, each rank's ops on its own stream (stream
+    memory waits and writes, as the cuda_shared backend issues them), in this process."""
+    from ficco.execute.cuda_ipc import SIGNAL_CHANNELS, IpcHandle
+
+    pads = [torch.zeros(SIGNAL_CHANNELS * 2, dtype=torch.int32, device="cuda") for _ in range(2)]
+    buffers = [torch.zeros(4, device="cuda") for _ in range(2)]
+    handles = [IpcHandle(r, 2, buffers, pads) for r in range(2)]
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    torch.cuda.synchronize()
+    return handles, streams
+
+
+def test_signals_and_waits_meet_in_order():
+    from ficco.execute.cuda_ipc import settle
+
+    (h0, h1), (s0, s1) = two_handles()
+    with torch.cuda.stream(s1):  # the waits are queued first: they stall until signalled
+        h1.wait_signal(0, channel=5)
+        h1.wait_signal(0, channel=5)
+    with torch.cuda.stream(s0):
+        h0.put_signal(1, channel=5)
+        h0.put_signal(1, channel=5)  # waits for the first's consumption
+    settle([("y", h0), ("y@1", h1)], 10.0, 0, streams=(s0, s1))
+    assert int(h1.flag_of("wait", 0, 5).item()) == 4  # two landed, two consumed
+
+
+def test_a_second_signal_before_the_first_is_consumed_fails_naming_the_channel():
+    """emb_a2a's seg hang on two GPUs: each rank signals twice on a channel before it waits.
+    The streams stall; ``settle`` releases them and raises, naming the channel."""
+    from ficco.execute.cuda_ipc import SignalTimeout, settle
+
+    (h0, h1), (s0, s1) = two_handles()
+    host = torch.empty(8, dtype=torch.int32, pin_memory=True)  # before anything stalls
+    for rank, (h, s) in enumerate(((h0, s0), (h1, s1))):
+        with torch.cuda.stream(s):
+            h.put_signal(1 - rank, channel=3)
+            h.put_signal(1 - rank, channel=3)
+            h.wait_signal(1 - rank, channel=3)
+    with pytest.raises(SignalTimeout) as err:
+        settle([("y", h0), ("y@1", h1)], 0.5, 0, streams=(s0, s1), host=host)
+    text = str(err.value)
+    assert "within 0.5 s" in text
+    assert "y: signals to rank 1 on channel 3: 2 put, 1 landed, 0 consumed" in text
+    assert "y@1: signals to rank 0 on channel 3: 2 put, 1 landed, 0 consumed" in text
+    assert "stay stalled" not in text  # released: the streams drained
+    assert s0.query() and s1.query()
