@@ -176,3 +176,35 @@ def test_a_channel_outside_the_pad_is_refused_naming_it():
     _, (h0, _h1) = ranks()
     with pytest.raises(ValueError, match=r"channel: must be in \[0, 1024\), got 1024"):
         h0.put_signal(1, channel=SIGNAL_CHANNELS)
+
+
+def test_the_shared_backend_waits_for_a_run_through_the_bounded_settle(monkeypatch):
+    """``CudaSharedBackend.synchronize`` (after every verification run) and ``recover`` go
+    through ``settle`` with the problem's handles, the side streams and a bound under the
+    pool's no-progress limit, so a hung handshake is an error, not a stalled rank."""
+    import types
+
+    from ficco.execute import cuda_shared
+
+    calls = []
+    monkeypatch.setattr(cuda_shared, "settle", lambda *args: calls.append(args))
+    ctx = types.SimpleNamespace(
+        rank=1,
+        world=2,
+        timeout_s=30.0,
+        nccl_ce_error=None,
+        comm={"normal": "comm", "high": "comm-hi"},
+        signal={"normal": "sig", "high": "sig-hi"},
+        fence=types.SimpleNamespace(before=None),
+    )
+    backend = cuda_shared.CudaSharedBackend(ctx)
+    _, (_h0, h1) = ranks()
+    backend._handles = {"y": h1}
+    backend.synchronize()
+    handles, timeout_s, rank, streams, _host = calls[-1]
+    assert handles == [("y", h1)] and rank == 1
+    assert timeout_s == 15.0  # half the ranks' 30 s: the error comes before the pool's kill
+    assert streams == ["comm", "comm-hi", "sig", "sig-hi"]
+    h1.pads[1].fill_(3)
+    backend.recover()
+    assert len(calls) == 2 and h1.pads[1].eq(0).all()  # settled, then the pad cleared
