@@ -41,7 +41,7 @@ from collections.abc import Callable
 
 from ficco.execute.backend import Buffers
 from ficco.execute.cuda import CudaBackend, CudaPrimitives
-from ficco.execute.cuda_ipc import (  # noqa: F401 - IpcHandle, exchange: their old home
+from ficco.execute.cuda_ipc import (
     SIGNAL_CHANNELS,
     SIGNAL_HOST_SLOTS,
     SIGNAL_TIMEOUT_S,
