@@ -3,10 +3,11 @@
 Run without TRITON_INTERPRET (the interpreter compiles nothing), it lowers the persistent
 FP8 kernel (``ficco.kernels.scaled``) and the fused kernel with FP8 operands through PTX to a
 cubin with Triton's bundled ptxas, for each configuration named (default: the first of the
-FP8 space), and prints per kernel as JSON: the FP8 wgmma instructions in the PTX, registers,
-spills, shared memory. Exit status 3: this Triton has no offline compile entry point.
+FP8 space), and prints per kernel as JSON: the FP8 wgmma instructions and wgmma waits in the
+PTX, ptxas's performance notes (C7514/C7515: wgmmas serialized), registers, spills, shared
+memory. Exit status 3: this Triton has no offline compile entry point.
 
-    python tests/compile_scaled_sm90.py [--all] [--fast-accum]
+    python tests/compile_scaled_sm90.py [--all | --config NAME ...] [--fast-accum] [--no-fused]
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
+import tempfile
 import time
 
 if os.environ.get("TRITON_INTERPRET") == "1":
@@ -32,7 +35,7 @@ except ImportError as err:  # pragma: no cover - another Triton's layout
 
 from ficco.kernels.configs import GemmConfig  # noqa: E402
 from ficco.kernels.fused import _TABLE_COLS, _fused_gemm_kernel  # noqa: E402
-from ficco.kernels.scaled import _scaled_mm_tma_kernel, imprecise_acc  # noqa: E402
+from ficco.kernels.scaled import _scaled_mm_tma_kernel, imprecise_acc, lagged  # noqa: E402
 from ficco.kernels.scaled_configs import FP8_GPU_CONFIGS  # noqa: E402
 
 
@@ -58,13 +61,42 @@ def _compile(fn, pointers: dict, descs: dict, constants: dict, cfg: GemmConfig):
     return kernel
 
 
+def _ptxas(ptx: str) -> dict | None:
+    """ptxas's performance notes on the PTX (wgmma serialization C7514/C7515, waits it
+    injects C7517), registers and spill bytes, from Triton's bundled ptxas run again
+    verbosely; None where it cannot be found."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        ptxas = get_ptxas(90).path
+    except Exception:  # pragma: no cover - another Triton's layout
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        got = subprocess.run(
+            [ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
+            capture_output=True,
+            text=True,
+        )
+    text = got.stdout + got.stderr
+    used = re.search(r"Used (\d+) registers", text)
+    spills = re.search(r"(\d+) bytes spill stores", text)
+    return {
+        "notes": sorted(set(re.findall(r"\((C75\d\d)\)", text))),
+        "registers": int(used.group(1)) if used else None,
+        "spill_bytes": int(spills.group(1)) if spills else None,
+    }
+
+
 def _report(kernel, t0: float) -> dict:
     ptx = kernel.asm["ptx"]
     meta = kernel.metadata
     return {
         "wgmma": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.[\w.]+", ptx))),
-        "registers": getattr(kernel, "n_regs", None),
-        "spills": getattr(kernel, "n_spills", None),
+        "waits": re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", ptx),
+        "ptxas": _ptxas(ptx),
         "shared": getattr(meta, "shared", None),
         "compile_s": round(time.perf_counter() - t0, 2),
     }
@@ -89,7 +121,8 @@ def compile_scaled(
         B_K_MAJOR=b_k_major, A_ROWWISE=True, B_COLWISE=True, EPILOGUE_SUBTILE=cfg.epilogue_subtile,
         IMPRECISE_ACC=imprecise_acc(cfg, fast_accum),
         PROMOTE_EVERY=1 if fast_accum else cfg.promote_every,
-        WARP_SPECIALIZE=cfg.warp_specialize,
+        WARP_SPECIALIZE=cfg.warp_specialize, LAGGED=lagged(cfg, fast_accum),
+        FLATTEN=not lagged(cfg, fast_accum),
     )  # fmt: skip
     return _report(_compile(_scaled_mm_tma_kernel, pointers, descs, constants, cfg), t0)
 
@@ -120,8 +153,12 @@ def main() -> None:
     parser.add_argument("--all", action="store_true", help="every configuration of the space")
     parser.add_argument("--fast-accum", action="store_true")
     parser.add_argument("--no-fused", action="store_true")
+    parser.add_argument("--config", action="append", help="a configuration's name (repeatable)")
     args = parser.parse_args()
     configs = FP8_GPU_CONFIGS if args.all else FP8_GPU_CONFIGS[:1]
+    if args.config:
+        by_name = {c.name: c for c in FP8_GPU_CONFIGS}
+        configs = [by_name[name] for name in args.config]
     found = {}
     for cfg in configs:
         found[cfg.name] = {

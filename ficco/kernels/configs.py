@@ -75,6 +75,11 @@ class GemmConfig:
     """FP8 kernel: K steps whose products the tensor cores sum before one fp32 promotion (1:
     every step, as cuBLASLt's default; n > 1: n steps in a pipelined inner loop, then one
     add: fewer waits on the wgmma, n x BLOCK_K products summed at the tensor cores' precision)."""
+    lagged_promotion: bool = False
+    """FP8 kernel: K steps taken in pairs, each step's products summed by the tensor cores
+    apart and added to the fp32 accumulator one step late (the pair's second while the next
+    pair's first runs), so the fp32 adds overlap tensor-core work instead of waiting on it;
+    the precision of promotion every K step. The tile loop is then not flattened."""
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -108,6 +113,10 @@ class GemmConfig:
             raise ValueError(
                 f"GemmConfig.promote_every must be in [1, 16], got {self.promote_every}"
             )
+        if self.lagged_promotion and (self.promote_every > 1 or self.warp_specialize):
+            raise ValueError(
+                "GemmConfig.lagged_promotion takes neither promote_every > 1 nor warp_specialize"
+            )
         if self.programs_per_sm not in (1, 2):
             raise ValueError(
                 f"GemmConfig.programs_per_sm must be 1 or 2, got {self.programs_per_sm}"
@@ -125,6 +134,7 @@ class GemmConfig:
         per_sm = f"_p{self.programs_per_sm}" if self.programs_per_sm > 1 else ""
         per_sm += f"_pe{self.promote_every}" if self.promote_every > 1 else ""
         ws = "_ws" if self.warp_specialize else ""
+        ws += "_lag" if self.lagged_promotion else ""
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}"
             f"_s{self.num_stages}_w{self.num_warps}{swap}{sub}{split}{split_k}{ws}"
@@ -158,9 +168,8 @@ class GemmConfig:
         """`num_stages` A [BM, BK] + B [BK, BN] buffers plus C's staging tile (two when
         accumulating: the C tile read back). Matches Triton 3.6's sm_90 TMA kernel to within
         its 32-40 bytes of barriers."""
-        ab = (
-            self.num_stages * (self.block_m * self.block_k + self.block_k * self.block_n) * in_bytes
-        )
+        steps = self.num_stages * (2 if self.lagged_promotion else 1)  # lagged: K step pairs
+        ab = steps * (self.block_m * self.block_k + self.block_k * self.block_n) * in_bytes
         c_cols = self.block_n // 2 if self.epilogue_subtile else self.block_n
         return ab + (2 if accumulate else 1) * self.block_m * c_cols * out_bytes
 

@@ -28,12 +28,16 @@ per card (``shipped_configs``), else tuned now (``tune_scaled``), else under
 ``FICCO_GEMM_AUTOTUNE=0`` a heuristic.
 
 Accumulation: by default the wgmma's partial sums are promoted into the fp32 accumulator
-after every BLOCK_K step (``max_num_imprecise_acc = BLOCK_K``), as ``torch._scaled_mm``
-does by default (``use_fast_accum=False``; the two agree to the digit on one H100). ptxas
-then waits for each wgmma before its adds, which two programs per SM hide in part.
-``GemmConfig.promote_every = n`` promotes every n steps instead (not in the default space);
-``fast_accum=True`` leaves the sums in the tensor cores' reduced-precision accumulator for
-the whole K, as ``use_fast_accum=True`` does.
+every ``PROMOTION_K`` = 128 products (``max_num_imprecise_acc``; a K step of 256 promotes
+twice), CUTLASS's FP8 promotion interval; ``torch._scaled_mm``'s default
+(``use_fast_accum=False``: cuBLASLt's row-wise FP8 GEMM on sm_90 with cuBLAS >= 12.9,
+CUTLASS's ``f8f8bf16_rowwise`` before it) promotes periodically too, at an interval cuBLAS
+does not document. Triton's own default on sm_90 (``max_num_imprecise_acc = 2**30``) never
+promotes: ``fast_accum=True`` asks for that, as ``use_fast_accum=True`` does. ptxas waits for
+each wgmma before its promotion adds; two programs per SM hide that in part, and
+``GemmConfig.lagged_promotion`` overlaps the adds with the next K step's wgmma.
+``GemmConfig.promote_every = n`` promotes every n K steps instead (coarser; not in the
+default space).
 
 Refused with :class:`ficco.verdict.Unavailable` naming the cause: a device without TMA
 (compute capability below 9.0: FP8 on Ada runs on cuBLAS only), a Triton without host
@@ -146,6 +150,8 @@ def _scaled_mm_tma_kernel(
     IMPRECISE_ACC: tl.constexpr,  # K elements a wgmma sums before promotion to fp32
     PROMOTE_EVERY: tl.constexpr = 1,  # K steps per fp32 promotion (GemmConfig.promote_every)
     WARP_SPECIALIZE: tl.constexpr = False,  # loader and MMA warps apart (GemmConfig's)
+    LAGGED: tl.constexpr = False,  # fp32 adds one step late (GemmConfig.lagged_promotion)
+    FLATTEN: tl.constexpr = True,  # one flattened loop over tiles and K steps
 ):
     start_pid = tl.program_id(axis=0)
     num_programs = tl.num_programs(axis=0)
@@ -155,12 +161,33 @@ def _scaled_mm_tma_kernel(
     num_tiles = num_pid_m * num_pid_n
     tile_c = start_pid - num_programs
 
-    for tile_id in tl.range(start_pid, num_tiles, num_programs, flatten=True):
+    for tile_id in tl.range(start_pid, num_tiles, num_programs, flatten=FLATTEN):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         offs_m = pid_m * BLOCK_M
         offs_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if PROMOTE_EVERY == 1:
+        if LAGGED:
+            # K steps in pairs, each step's products summed apart by the tensor cores
+            # (BLOCK_K <= PROMOTION_K); the pair's first waits for them (and so for the pair
+            # before's second), whose fp32 add runs while this pair's second is computed.
+            # A step past K loads zeros (the descriptor clips), an odd count's last pair.
+            second = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for ki in tl.range(0, k_tiles, 2):
+                offs_k = ki * BLOCK_K
+                a0 = a_desc.load([offs_m, offs_k])
+                a1 = a_desc.load([offs_m, offs_k + BLOCK_K])
+                if B_K_MAJOR:
+                    b0 = b_desc.load([offs_n, offs_k]).T
+                    b1 = b_desc.load([offs_n, offs_k + BLOCK_K]).T
+                else:
+                    b0 = b_desc.load([offs_k, offs_n])
+                    b1 = b_desc.load([offs_k + BLOCK_K, offs_n])
+                first = tl.dot(a0, b0)
+                acc += second  # the pair before's, complete once `first` is
+                second = tl.dot(a1, b1)  # runs during the add below
+                acc += first
+            acc += second
+        elif PROMOTE_EVERY == 1:
             for ki in tl.range(0, k_tiles, warp_specialize=WARP_SPECIALIZE):
                 offs_k = ki * BLOCK_K
                 a = a_desc.load([offs_m, offs_k])
@@ -207,10 +234,29 @@ def programs(config: GemmConfig, sm_budget: int, device: torch.device) -> int:
     return sm_budget * (config.programs_per_sm if full else 1)
 
 
+#: Products the tensor cores sum before an fp32 promotion, unless fast accumulation is asked
+#: for: CUTLASS's FP8 mainloop promotes every 4 wgmma K-steps of 32 (its
+#: ``mma_promotion_interval``), 128 products; a K step of 256 promotes twice.
+PROMOTION_K = 128
+
+
 def imprecise_acc(config: GemmConfig, fast_accum: bool) -> int | None:
-    """``tl.dot``'s ``max_num_imprecise_acc``: BLOCK_K (promote every K step), or None for
-    fast accumulation (Triton's default on sm_90: no promotion)."""
-    return None if fast_accum else config.block_k
+    """``tl.dot``'s ``max_num_imprecise_acc``: ``PROMOTION_K`` products (BLOCK_K where
+    smaller) before each promotion to fp32, or None for fast accumulation (Triton's default
+    on sm_90, ``2**30``: no promotion at all)."""
+    return None if fast_accum else min(config.block_k, PROMOTION_K)
+
+
+def lagged(config: GemmConfig, fast_accum: bool) -> bool:
+    """The launch takes the lagged-promotion K loop (``GemmConfig.lagged_promotion``; fast
+    accumulation has no promotion to lag); refuses a K step longer than ``PROMOTION_K``,
+    whose products the tensor cores would sum unpromoted."""
+    if config.lagged_promotion and config.block_k > PROMOTION_K:
+        raise ValueError(
+            f"GemmConfig.lagged_promotion needs block_k <= {PROMOTION_K} (one promotion per "
+            f"step), got {config.name}"
+        )
+    return config.lagged_promotion and not fast_accum
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,6 +381,9 @@ def launch_scaled(
         IMPRECISE_ACC=imprecise_acc(config, fast_accum),
         PROMOTE_EVERY=1 if fast_accum else config.promote_every,
         WARP_SPECIALIZE=config.warp_specialize,
+        LAGGED=lagged(config, fast_accum),
+        # flattened, the tile loop's reset of the lagged partial sum serializes the wgmmas
+        FLATTEN=not lagged(config, fast_accum),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

@@ -22,7 +22,7 @@ from ficco.kernels.configs import (
 FP8_BYTES = 1
 
 
-def _c(bm, bn, bk, stages, warps, group=8, sub=False, per_sm=1, pe=1, ws=False) -> GemmConfig:
+def _c(bm, bn, bk, stages, warps, group=8, sub=False, per_sm=1, pe=1, lag=False) -> GemmConfig:
     return GemmConfig(
         bm,
         bn,
@@ -33,7 +33,7 @@ def _c(bm, bn, bk, stages, warps, group=8, sub=False, per_sm=1, pe=1, ws=False) 
         sub,
         programs_per_sm=per_sm,
         promote_every=pe,
-        warp_specialize=ws,
+        lagged_promotion=lag,
     )
 
 
@@ -65,20 +65,23 @@ FP8_GPU_CONFIGS: tuple[GemmConfig, ...] = (
     _c(64, 128, 128, 4, 4, per_sm=2),
     _c(128, 64, 128, 4, 4, per_sm=2),
     # One H100 (profiles/h100/fp8_gemm.json) took the first of these at 39 of 56 shapes:
-    # its grouping varied, and K steps of 256 (one promotion per 256 products, two stages).
+    # its grouping varied, and K steps of 256 (two promotions a step, two stages).
     _c(128, 128, 128, 3, 4, group=4, sub=True, per_sm=2),
     _c(128, 128, 128, 3, 4, group=16, sub=True, per_sm=2),
     _c(64, 128, 256, 2, 4, per_sm=2),
     _c(128, 64, 256, 2, 4, per_sm=2),
-    # loader and MMA warps apart (Triton's warp specialization; it paid on bf16 on one H100)
-    _c(128, 256, 128, 3, 8, sub=True, ws=True),
-    _c(128, 128, 128, 4, 8, ws=True),
-    # fp32 promotion every 2 or 4 K steps (256 or 512 products: cuBLASLt's default promotes
-    # every 128), the steps between pipelined: offered only where asked for (`promote_every`).
+    # The fp32 adds one K step late, overlapping the next step's wgmma (lagged_promotion):
+    # three fp32 tiles live (the sum, two steps' products), so 64 registers a tile at most;
+    # K steps in pairs, so a stage holds two steps.
+    _c(128, 128, 128, 2, 8, lag=True),
+    _c(128, 128, 128, 2, 8, group=16, lag=True),
+    _c(128, 128, 128, 3, 8, sub=True, lag=True),
+    _c(64, 128, 128, 2, 4, sub=True, per_sm=2, lag=True),
+    _c(128, 64, 128, 2, 4, per_sm=2, lag=True),
+    # fp32 promotion every 2 or 4 K steps (256 or 512 products: coarser than cuBLASLt's
+    # default), offered only where asked for (`promote_every`): on one H100 it ran at 0.81x
+    # the same tile promoting every step (profiles/h100/fp8_gemm_notes.md).
     _c(128, 128, 128, 4, 8, pe=4),
-    _c(128, 128, 128, 4, 8, pe=2),
-    _c(64, 128, 128, 4, 4, per_sm=2, pe=4),
-    _c(128, 64, 128, 4, 4, per_sm=2, pe=4),
 )
 
 #: The CPU interpreter's: small blocks keep tests fast (and leave ragged tiles on small
