@@ -53,7 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_gemm import shape_sets  # noqa: E402
+from bench_gemm import _finite, _geomean, _rel_error, shape_sets  # noqa: E402
 
 from ficco.kernels.configs import GemmConfig  # noqa: E402
 from ficco.kernels.scaled_configs import FP8_GPU_CONFIGS, scaled_candidate_configs  # noqa: E402
@@ -92,6 +92,21 @@ def shape_order(shapes: dict) -> list[tuple[int, int, int]]:
     return out
 
 
+#: The accumulation probe (`accumulation_probe`): a long K, fp32 output, so the error of the
+#: sums' precision shows beside the inputs' rounding. Each Triton variant is named by the
+#: products its tensor cores sum before an fp32 promotion.
+PROBE_SHAPE = (512, 512, 16384)
+PROBE_CONFIGS: tuple[tuple[str, GemmConfig, bool], ...] = (
+    ("triton_promote_32", GemmConfig(128, 128, 32, 8, 4, 8), False),
+    ("triton_promote_64", GemmConfig(128, 128, 64, 8, 4, 8), False),
+    ("triton_promote_128", GemmConfig(128, 128, 128, 8, 4, 8), False),
+    ("triton_promote_128_lagged", GemmConfig(128, 128, 128, 8, 2, 8, lagged_promotion=True), False),
+    ("triton_promote_256", GemmConfig(128, 128, 128, 8, 4, 8, promote_every=2), False),
+    ("triton_promote_512", GemmConfig(128, 128, 128, 8, 4, 8, promote_every=4), False),
+    ("triton_never", GemmConfig(128, 128, 128, 8, 4, 8), True),
+)  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------
 # Compiling ahead (a process pool fills Triton's disk cache)
 
@@ -102,6 +117,8 @@ def compile_tasks() -> list[tuple[str, dict, bool, bool]]:
     for cfg in FP8_GPU_CONFIGS:
         out.append(("scaled", cfg.to_dict(), True, False))
         out.append(("fused", cfg.to_dict(), True, False))
+    for _, cfg, fast in PROBE_CONFIGS:
+        out.append(("probe", cfg.to_dict(), True, fast))
     for cfg in FP8_GPU_CONFIGS:
         out.append(("scaled", cfg.to_dict(), False, False))
         out.append(("scaled", cfg.to_dict(), True, True))
@@ -120,9 +137,10 @@ def _compile(task) -> dict:
         a, b, sa, sb, ref = scaled.random_operands(m, n, k, torch.float8_e4m3fn, "cuda", seed=1)
         if not vector:
             sa, sb = sa.amax().reshape(1, 1), sb.amax().reshape(1, 1)
-        out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-        if kind == "scaled":
-            ops = scaled.prepare_operands(a, b, sa, sb, torch.bfloat16, out)
+        out_dtype = torch.float32 if kind == "probe" else torch.bfloat16
+        out = torch.empty((m, n), device="cuda", dtype=out_dtype)
+        if kind in ("scaled", "probe"):
+            ops = scaled.prepare_operands(a, b, sa, sb, out_dtype, out)
             scaled.launch_scaled(ops, sm_budget=132, config=cfg, fast_accum=fast)
         else:
             views = [
@@ -173,24 +191,49 @@ def prewarm(workers: int, budget_s: float) -> dict:
 # One shape
 
 
-def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    diff = torch.linalg.vector_norm((out.float() - ref).flatten())
-    return float(diff / torch.linalg.vector_norm(ref.flatten()).clamp_min(1e-30))
+def accumulation_probe(
+    device: str, sm_budget: int, shape: tuple[int, int, int] = PROBE_SHAPE
+) -> dict:
+    """What each side's accumulation computes: the relative error (Frobenius) of an fp32
+    output against the float64 product of the same fp8 bits and scales, for `_scaled_mm` at
+    its default and with fast accumulation, and for ficco's kernel promoting to fp32 every
+    32 ... 512 products or never (`PROBE_CONFIGS`); `scaled_mm_matches` names the Triton
+    variant whose error is nearest `_scaled_mm`'s default (log scale)."""
+    from ficco.kernels import scaled
 
+    m, n, k = shape
+    a, b, sa, sb, _ = scaled.random_operands(m, n, k, getattr(torch, DTYPE), device, seed=11)
+    ref = (a.float().double() * sa.double()) @ (b.float().double() * sb.double())
+    found: dict = {"shape": [m, n, k], "out_dtype": "float32", "errors": {}, "failures": {}}
 
-def _geomean(xs) -> float:
-    xs = [x for x in xs if x and x > 0 and math.isfinite(x)]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
+    def error(out: torch.Tensor) -> float:
+        return float((out.double() - ref).norm() / ref.norm())
 
-
-def _finite(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
+    for fast in (False, True):
+        name = "scaled_mm_fast" if fast else "scaled_mm"
+        try:
+            out = torch._scaled_mm(
+                a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float32, use_fast_accum=fast
+            )
+            found["errors"][name] = error(out)
+        except RuntimeError as exc:  # recorded: the Triton rows still say what they compute
+            found["failures"][name] = f"{type(exc).__name__}: {exc}"[:300]
+    out = torch.empty((m, n), dtype=torch.float32, device=device)
+    for name, cfg, fast in PROBE_CONFIGS:
+        try:
+            ops = scaled.prepare_operands(a, b, sa, sb, torch.float32, out)
+            out.fill_(float("nan"))
+            scaled.launch_scaled(ops, sm_budget=sm_budget, config=cfg, fast_accum=fast)
+            found["errors"][name] = error(out)
+        except Exception as exc:  # recorded, never fatal
+            found["failures"][name] = f"{type(exc).__name__}: {exc}"[:300]
+    want = found["errors"].get("scaled_mm")
+    tritons = {k: v for k, v in found["errors"].items() if k.startswith("triton_") and v > 0}
+    if want and tritons:
+        found["scaled_mm_matches"] = min(
+            tritons, key=lambda name: abs(math.log(tritons[name] / want))
+        )
+    return found
 
 
 class Ops:
@@ -553,6 +596,13 @@ def main(argv: list[str] | None = None) -> int:
     if on_gpu and not args.no_prewarm:
         result["prewarm"] = prewarm(args.workers, min(60.0, args.budget_s / 3))
         print(f"[{time.perf_counter() - t_start:6.1f}s] prewarm {result['prewarm']}", flush=True)
+        save()
+    if on_gpu:
+        try:
+            result["accumulation"] = accumulation_probe("cuda", sm_budget)
+        except Exception as exc:  # recorded, never fatal: the shapes still run
+            result["accumulation"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        print(f"[{time.perf_counter() - t_start:6.1f}s] accumulation {result['accumulation']}")
         save()
     timer = LaunchTimer() if on_gpu else HostTimer()
     for i, (m, n, k) in enumerate(order):

@@ -261,11 +261,12 @@ def test_bench_script_runs_its_loop_under_the_interpreter(tmp_path):
     assert len(tuning["entries"]) == 2
 
 
-def test_both_kernels_compile_to_fp8_wgmma_for_sm90():
+def test_both_kernels_compile_to_fp8_wgmma_for_sm90_and_lagged_adds_wait_on_no_wgmma():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)  # this checkout's ficco, wherever the venv points
+    lagged = next(c for c in FP8_GPU_CONFIGS if c.lagged_promotion)
     got = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "compile_scaled_sm90.py")],
+        [sys.executable, str(ROOT / "tests" / "compile_scaled_sm90.py"), "--config", lagged.name],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -275,9 +276,13 @@ def test_both_kernels_compile_to_fp8_wgmma_for_sm90():
         pytest.skip(f"no offline sm_90 compile in this Triton: {got.stderr.strip()}")
     assert got.returncode == 0, got.stderr[-2000:]
     kernels = json.loads(got.stdout.strip().splitlines()[-1])["kernels"]
+    assert list(kernels) == [lagged.name]
     for name, found in kernels.items():
         for kernel in ("scaled", "scaled_b_row_major", "fused"):
             assert any(".e4m3.e4m3" in w for w in found[kernel]["wgmma"]), (name, kernel, found)
+        for kernel in ("scaled", "scaled_b_row_major"):  # the adds overlap the next wgmma:
+            ptxas = found[kernel]["ptxas"]  # ptxas neither serializes nor adds waits
+            assert ptxas is None or (ptxas["notes"] == [] and ptxas["spill_bytes"] == 0), ptxas
 
 
 def test_bench_tuning_entries_carry_the_faster_timed_config():
@@ -371,3 +376,61 @@ def test_promoting_every_few_k_steps_computes_the_same_product(k):
     assert any(
         c.promote_every > 1 for c in scaled_candidate_configs(4096, 4096, 4096, promote_every=4)
     )
+
+
+@pytest.mark.parametrize("k", [96, 128], ids=["odd-steps", "even-steps"])
+def test_lagged_promotion_computes_the_same_product(k):
+    a, b, sa, sb, _ = random_operands(40, 64, k, torch.float8_e4m3fn, "cpu", seed=23)
+    config = GemmConfig(32, 32, 32, 4, 1, 4, lagged_promotion=True)
+    assert config.name.endswith("_lag")
+    want = reference_matmul(a, b, sa, sb)
+    for b_view in (b, b.contiguous()):  # K-major and row-major B
+        _close(scaled_matmul(a, b_view, sa, sb, sm_budget=3, config=config), want)
+
+
+def test_promotion_every_128_products_and_what_lagging_refuses():
+    from ficco.kernels.scaled import PROMOTION_K, imprecise_acc, lagged
+
+    assert PROMOTION_K == 128
+    assert imprecise_acc(GemmConfig(128, 128, 256, 8, 3, 8), False) == 128  # twice a step
+    assert imprecise_acc(GemmConfig(128, 128, 64, 8, 3, 8), False) == 64
+    assert imprecise_acc(GemmConfig(128, 128, 128, 8, 3, 8), True) is None  # never
+    long_step = GemmConfig(128, 128, 256, 8, 2, 8, lagged_promotion=True)
+    with pytest.raises(ValueError, match="lagged_promotion needs block_k <= 128"):
+        lagged(long_step, False)
+    assert lagged(GemmConfig(128, 128, 128, 8, 2, 8, lagged_promotion=True), True) is False
+    with pytest.raises(ValueError, match="lagged_promotion takes neither"):
+        GemmConfig(128, 128, 128, 8, 2, 8, promote_every=2, lagged_promotion=True)
+    # a stage holds a K step pair
+    pair = GemmConfig(128, 128, 128, 8, 2, 8, lagged_promotion=True)
+    assert pair.shared_memory_bytes(1, 2) == 2 * 2 * 2 * 128 * 128 + 128 * 128 * 2
+    # the space's lagged tiles: K steps of 128, three fp32 tiles of <= 64 registers a thread
+    offered = [c for c in FP8_GPU_CONFIGS if c.lagged_promotion]
+    assert offered
+    for cfg in offered:
+        assert cfg.block_k <= PROMOTION_K
+        assert cfg.block_m * cfg.block_n // (32 * cfg.num_warps) <= 64, cfg.name
+
+
+def test_every_dtype_shares_the_untuned_fused_tiles():
+    from ficco.kernels.fused_configs import fused_config, pointer_config, untuned_fused_config
+    from ficco.kernels.scaled_fused import fused_scaled_config
+
+    for device, path in ((torch.device("cpu"), "tma"), (torch.device("cuda", 0), "ptr")):
+        want = untuned_fused_config(512, 256, 128, 4, device, path)
+        assert want is not None
+        got = fused_scaled_config(512, 256, 128, 4, torch.float8_e4m3fn, 3, device, path)
+        assert got == want == fused_config(512, 256, 128, 4, torch.bfloat16, 3, device, path)
+    assert want == pointer_config(128)  # the largest chunk's rows
+    assert untuned_fused_config(512, 256, 128, 4, torch.device("cuda", 0), "tma") is None
+
+
+def test_accumulation_probe_names_every_variant_and_its_nearest_match():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_fp8_gemm
+
+    found = bench_fp8_gemm.accumulation_probe("cpu", 2, (32, 32, 128))
+    names = {name for name, _, _ in bench_fp8_gemm.PROBE_CONFIGS}
+    assert names <= set(found["errors"]) and not found["failures"]
+    assert all(0 < e < 1e-3 for e in found["errors"].values())  # fp32 output, exact inputs
+    assert found["scaled_mm_matches"] in names

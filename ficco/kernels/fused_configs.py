@@ -83,6 +83,19 @@ def pointer_config(rows: int) -> GemmConfig:
     return POINTER_CONFIGS[0]
 
 
+def untuned_fused_config(
+    m: int, n: int, k: int, chunks: int, device: torch.device, path: Path
+) -> GemmConfig | None:
+    """The fused tile no tuning picks (every dtype's: FP8 too): under the interpreter the
+    small tile that keeps CPU tests fast, on the pointer path its own (``pointer_config`` of
+    the largest chunk's rows); None on the TMA path, whose tile is chosen per shape."""
+    if device.type != "cuda":
+        return heuristic_config(m, n, k, interpreter=True)
+    if path == "ptr":
+        return pointer_config(-(-m // chunks))
+    return None
+
+
 def fused_config(
     m: int,
     n: int,
@@ -94,11 +107,10 @@ def fused_config(
     path: Path,
 ) -> GemmConfig:
     """The tile for a fused launch of ``chunks`` row chunks, ``m`` rows in all (module
-    docstring). Under the interpreter: the small tiles that keep CPU tests fast."""
-    if device.type != "cuda":
-        return heuristic_config(m, n, k, interpreter=True)
-    if path == "ptr":
-        return pointer_config(-(-m // chunks))
+    docstring)."""
+    untuned = untuned_fused_config(m, n, k, chunks, device, path)
+    if untuned is not None:
+        return untuned
     hit = cached_config(FusedTuningKey.for_problem(m, n, k, chunks, dtype, sm_budget, device))
     if hit is not None:
         return hit

@@ -10,9 +10,8 @@ import torch
 from ficco.execute.scaled_mm import check_operands
 from ficco.kernels.configs import GemmConfig
 from ficco.kernels.flags import _offset
-from ficco.kernels.fused_configs import pointer_config
+from ficco.kernels.fused_configs import untuned_fused_config
 from ficco.kernels.scaled import FP8_DTYPES, scaled_config_for
-from ficco.kernels.scaled_configs import scaled_heuristic_config
 
 
 @dataclass(frozen=True)
@@ -69,11 +68,9 @@ def fused_scaled_config(
     """The tile of a fused FP8 launch of ``chunks`` chunks, ``m`` rows in all: the persistent
     FP8 GEMM's for one chunk's rows (its tiles never straddle chunks: a tile taller than a
     chunk computes padding; on one H100 the whole problem's 256-row tile on 128-row chunks ran
-    at 0.40x ``_scaled_mm``), the pointer path's own tile where descriptors cannot be used,
-    the interpreter's small one."""
-    rows = -(-m // chunks)
-    if device.type != "cuda":
-        return scaled_heuristic_config(m, n, interpreter=True)
-    if path == "ptr":
-        return pointer_config(rows)
-    return scaled_config_for(rows, n, k, dtype, sm_budget, device)
+    at 0.40x ``_scaled_mm``); the interpreter's and the pointer path's tiles as every dtype's
+    (``fused_configs.untuned_fused_config``)."""
+    untuned = untuned_fused_config(m, n, k, chunks, device, path)
+    if untuned is not None:
+        return untuned
+    return scaled_config_for(-(-m // chunks), n, k, dtype, sm_budget, device)

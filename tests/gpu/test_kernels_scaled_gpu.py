@@ -94,3 +94,70 @@ def test_refusal_names_the_view_tma_cannot_take():
     shifted = storage[8:].view(torch.float8_e4m3fn).view(64, 48)
     with pytest.raises(Unavailable, match="16-byte aligned"):
         scaled_matmul(shifted, b, sa, sb)
+
+
+def test_lagged_promotion_on_an_odd_count_of_k_steps():
+    """K steps in pairs: with 9 steps the last pair's second lies past K (zeros loaded)."""
+    from ficco.kernels.scaled import scaled_matmul
+    from ficco.kernels.scaled_configs import FP8_GPU_CONFIGS
+
+    a, b, sa, sb, ref = _operands(1000, 1040, 9 * 128, torch.float8_e4m3fn, ("row", "col"))
+    lagged = [c for c in FP8_GPU_CONFIGS if c.lagged_promotion]
+    assert lagged
+    for cfg in lagged:
+        # column-major B for each (the benchmark compiled them); row-major B for one
+        for b_view in (b, b.contiguous()) if cfg is lagged[0] else (b,):
+            out = torch.full((1000, 1040), float("nan"), device="cuda", dtype=torch.bfloat16)
+            scaled_matmul(a, b_view, sa, sb, out=out, config=cfg)
+            assert _rel(out, ref) <= LIMIT, cfg.name
+
+
+#: Row counts tried on cuBLASLt's row-wise FP8 GEMM, unpadded (``torch._scaled_mm`` itself)
+PROBE_ROWS = (*range(1, 21), 24, 28, 32, 40, 48, 64)
+
+
+def test_cublaslt_row_wise_rows_the_padding_rule_gives_run_and_fewer_do_not():
+    """Which row counts (and scale offsets) cuBLASLt's row-wise FP8 GEMM takes, called
+    directly: every count ``vector_operands`` pads to (multiples of ``VECTOR_ROWS`` at
+    ``SCALE_ALIGN``-aligned scales) must run and compute the product; for each proper
+    divisor d of ``VECTOR_ROWS`` some multiple of d must be refused (else the padding is more
+    than cuBLASLt needs). The table goes to $STAGE_DIR/cublaslt_rowwise_rows.json."""
+    import json
+    import os
+
+    from ficco.execute import scaled_mm
+
+    a_all, b, sa_all, sb, _ = _operands(80, 64, 128, torch.float8_e4m3fn, ("row", "col"))
+    ran: dict[str, dict[int, str]] = {"aligned": {}, "scale_offset_4": {}}
+    for rows in PROBE_ROWS:
+        for where, start in (("aligned", 0), ("scale_offset_4", 1)):
+            a = a_all[start : start + rows].contiguous()  # A itself aligned; scales offset
+            sa = sa_all[start : start + rows]
+            try:
+                out = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+                torch.cuda.synchronize()
+            except RuntimeError as exc:
+                ran[where][rows] = f"refused: {str(exc)[:160]}"
+                continue
+            ref = (a.float() * sa) @ (b.float() * sb)
+            ran[where][rows] = "ran" if _rel(out, ref) <= LIMIT else "wrong"
+    stage = os.environ.get("STAGE_DIR")
+    if stage:
+        table = {
+            "vector_rows": scaled_mm.VECTOR_ROWS,
+            "scale_align": scaled_mm.SCALE_ALIGN,
+            "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            **{k: {str(r): v for r, v in got.items()} for k, got in ran.items()},
+        }
+        with open(os.path.join(stage, "cublaslt_rowwise_rows.json"), "w") as f:
+            json.dump(table, f, indent=1)
+    print({k: sorted(r for r, v in got.items() if v == "ran") for k, got in ran.items()})
+    assert "wrong" not in ran["aligned"].values(), ran["aligned"]
+    g = scaled_mm.VECTOR_ROWS
+    padded = [r for r in PROBE_ROWS if r % g == 0]
+    assert all(ran["aligned"][r] == "ran" for r in padded), ran["aligned"]
+    for d in (d for d in range(1, g) if g % d == 0):
+        finer = [r for r in PROBE_ROWS if r % d == 0 and r % g]
+        assert any(ran["aligned"][r].startswith("refused") for r in finer), (d, ran["aligned"])
