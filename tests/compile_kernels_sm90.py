@@ -1,7 +1,8 @@
 """Compile ficco's bf16 GEMM kernels for an H100/H200 (sm_90) on a machine without a GPU.
 
 Run without TRITON_INTERPRET (the interpreter compiles nothing), it lowers the persistent TMA
-kernel (whole tiles and the split tail, plain and swap-AB) and the fused kernel (TMA loads)
+kernel (whole tiles and the split tail, plain and swap-AB) and the fused kernel (TMA loads;
+host-built or in-kernel descriptors)
 through PTX to a cubin with Triton's bundled ptxas, for each configuration named (default:
 the first three of the bf16 space), and prints per kernel as JSON: the wgmma instructions in
 the PTX, registers, spills, shared memory. Exit status 3: no offline compile entry point.
@@ -50,7 +51,7 @@ def compile_persistent(cfg: GemmConfig, split_tail: bool, swap_ab: bool = False)
     return _report(_compile(_matmul_tma_kernel, pointers, descs, constants, cfg), t0)
 
 
-def compile_fused(cfg: GemmConfig, pointer_stores: bool) -> dict:
+def compile_fused(cfg: GemmConfig, pointer_stores: bool, host_descs: bool = True) -> dict:
     t0 = time.perf_counter()
     pointers = {
         **dict.fromkeys(("a_ref", "b_ptr", "c_ref"), "bf16"),
@@ -58,13 +59,18 @@ def compile_fused(cfg: GemmConfig, pointer_stores: bool) -> dict:
         **dict.fromkeys(("table_ptr", "copy_ptr"), "i64"),
         **dict.fromkeys(("a_scale_ref", "b_scale_ptr"), "i32"),
     }
-    descs = {"b_desc": f"tensordesc<bf16[{cfg.block_k}, {cfg.block_n}]>"}
+    c_cols = cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n
+    descs = {
+        "b_desc": f"tensordesc<bf16[{cfg.block_k}, {cfg.block_n}]>",
+        "a_host_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
+        "c_host_desc": f"tensordesc<bf16[{cfg.block_m}, {c_cols}]>",
+    }
     constants = dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         A_ALIGN=8, C_ALIGN=8, USE_TMA=True, B_COL_MAJOR=False,
         EPILOGUE_SUBTILE=cfg.epilogue_subtile, ON_GPU=True, INPUT_PRECISION="tf32",
         TABLE_COLS=_TABLE_COLS, POINTER_STORES=pointer_stores, SCALED=False, A_ROWWISE=False,
-        B_COLWISE=False, IMPRECISE_ACC=None,
+        B_COLWISE=False, IMPRECISE_ACC=None, RESET_WAITS=True, HOST_DESCS=host_descs,
     )  # fmt: skip
     return _report(_compile(_fused_gemm_kernel, pointers, descs, constants, cfg), t0)
 
@@ -81,6 +87,7 @@ def main() -> None:
             "split_tail": compile_persistent(cfg, True),
             "fused": compile_fused(cfg, False),
             "fused_pointer_stores": compile_fused(cfg, True),
+            "fused_device_descriptors": compile_fused(cfg, True, host_descs=False),
         }
     swap = GemmConfig(16, 128, 128, 8, 5, 4, swap_ab=True)
     found[swap.name] = {

@@ -41,6 +41,9 @@ from ficco.kernels.scaled_configs import FP8_GPU_CONFIGS  # noqa: E402
 
 def _compile(fn, pointers: dict, descs: dict, constants: dict, cfg: GemmConfig):
     names = fn.arg_names
+    # a constexpr left out takes its default (not a runtime argument)
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
+    constants = {**defaults, **constants}
     signature = {}
     for name in names:
         if name in pointers:

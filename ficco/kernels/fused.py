@@ -49,7 +49,6 @@ flags, with the same timeout.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -60,13 +59,22 @@ from ficco.kernels.flags import (
     FlagTimeout,
     FlagWait,
     _budget_ns,
+    _bulk_store_wait,
     _load,
     _offset,
+    _proxy_fence,
     _Timed,
     _wait_flag,
     _Watchdog,
 )
 from ficco.kernels.fused_configs import Path, fused_config, smaller_config, tma_supported
+from ficco.kernels.fused_views import (
+    FusedChunkViews,
+    FusedCopyViews,
+    _alignment,
+    _same,
+    row_blocks,
+)
 from ficco.kernels.persistent import (
     INTERPRETER,
     LAUNCH_COUNTS,
@@ -84,33 +92,7 @@ __all__ = ["FlagTimeout", "FlagWait", "FusedChunkViews", "FusedCopyViews", "Fuse
 _PRECISION = {torch.float32: "ieee", torch.float16: "tf32", torch.bfloat16: "tf32"}
 _PRECISION.update(dict.fromkeys(FP8_DTYPES, "tf32"))  # unused by fp8 dots
 #: int64 fields per chunk in the kernel's chunk table (``table_ptr``)
-_TABLE_COLS = 12
-
-
-@triton.jit
-def _proxy_fence():
-    # TMA loads are async-proxy accesses: order them after the generic-proxy acquire of a flag
-    return tl.inline_asm_elementwise(
-        "fence.proxy.async.global;\n\tmov.u32 $0, 0;",
-        "=r",
-        [],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
-
-
-@triton.jit
-def _bulk_store_wait():
-    # this thread's TMA stores done: a descriptor they use may be rewritten after this
-    return tl.inline_asm_elementwise(
-        "cp.async.bulk.wait_group 0;\n\tmov.u32 $0, 0;",
-        "=r",
-        [],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
+_TABLE_COLS = 14
 
 
 @triton.jit
@@ -118,12 +100,15 @@ def _fused_gemm_kernel(
     a_ref,  # every A chunk is a_ref + offset: rows [rows_i, K], strides (stride_am, stride_ak)
     b_ptr,  # B [K, N], strides (stride_bk, stride_bn)
     b_desc,  # TMA: B's host-built descriptor ([K, N], or B^T [N, K] when B_COL_MAJOR)
+    a_host_desc,  # HOST_DESCS: every A chunk's rows in one host-built descriptor [rows, K]
+    c_host_desc,  # HOST_DESCS: every TMA-stored output chunk's rows, [rows, N]
     c_ref,  # every output chunk is c_ref + offset: [rows_i, N], strides (stride_cm, stride_cn)
     flag_ref,  # int32: every flag is flag_ref + offset
     table_ptr,  # int64 [chunks, TABLE_COLS]: a_off, c_off, rows, tile_start, wait_off,
-    #            signal_off, has_wait, has_signal, copy_start, copy_count, counted, a_scale_off
-    #            (offsets may be negative: they are from private refs; counted: some
-    #            destination signals)
+    #            signal_off, has_wait, has_signal, copy_start, copy_count, counted, a_scale_off,
+    #            a_blk0, c_blk0 (offsets may be negative: they are from private refs; counted:
+    #            some destination signals; HOST_DESCS: the chunk's first BLOCK_M row block in
+    #            the host descriptors)
     copy_ptr,  # int64 [copies, 3]: c_off, signal_off, has_signal of each further destination
     tile_chunk_ptr,  # int32 [tiles]: the chunk of each tile
     work_ptr,  # int32 [2 + chunks]: next tile to claim, programs done, tiles stored per
@@ -161,6 +146,7 @@ def _fused_gemm_kernel(
     B_COLWISE: tl.constexpr = False,  # SCALED: B's scales per column, else one
     IMPRECISE_ACC: tl.constexpr = None,  # SCALED: K elements a wgmma sums before promotion
     RESET_WAITS: tl.constexpr = False,  # the last program zeroes every chunk's wait flag
+    HOST_DESCS: tl.constexpr = False,  # TMA: A and C through a_host_desc and c_host_desc
 ):
     next_tile_ptr = work_ptr
     done_ptr = work_ptr + 1
@@ -175,8 +161,11 @@ def _fused_gemm_kernel(
     # A program's tiles therefore rise, and so do their chunks: a chunk's row and
     # descriptors are read and made when the program first meets it, not per tile.
     tile = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
-    desc_chunk = tl.load(tile_chunk_ptr + tl.minimum(tile, num_tiles - 1))  # the first tile's
-    if USE_TMA:
+    if USE_TMA and HOST_DESCS:  # made on the host: no descriptor to write and fence here
+        a_desc = a_host_desc
+        c_desc = c_host_desc
+    elif USE_TMA:
+        desc_chunk = tl.load(tile_chunk_ptr + tl.minimum(tile, num_tiles - 1))  # the first tile's
         # 128 bytes each, written to global scratch and fenced by the compiler
         row = table_ptr + desc_chunk * TABLE_COLS
         rows = tl.load(row + 2).to(tl.int32)
@@ -201,7 +190,7 @@ def _fused_gemm_kernel(
         copy_start = tl.load(row + 8)
         copy_count = tl.load(row + 9).to(tl.int32)
         counted = tl.load(row + 10)
-        if USE_TMA:  # noqa: SIM102 - a constexpr branch: the descriptors exist only here
+        if USE_TMA and not HOST_DESCS:  # noqa: SIM102 - constexpr: the descriptors exist here
             if chunk != desc_chunk:  # a later chunk: others took the tiles between
                 if ON_GPU:
                     _bulk_store_wait()  # the last tile's store read the old C descriptor
@@ -223,9 +212,14 @@ def _fused_gemm_kernel(
             num_pid_m = tl.cdiv(rows, BLOCK_M)
             pid_m, pid_n = _tile_coords(tile - tile_start, num_pid_m, num_pid_n, GROUP_M)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            a_blk = pid_m  # the tile's row block in A's and C's descriptors
+            c_blk = pid_m
+            if HOST_DESCS:
+                a_blk += tl.load(row + 12).to(tl.int32)
+                c_blk += tl.load(row + 13).to(tl.int32)
             if USE_TMA:
                 for ki in range(k_tiles):
-                    a = a_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])
+                    a = a_desc.load([a_blk * BLOCK_M, ki * BLOCK_K])
                     if B_COL_MAJOR:
                         b = b_desc.load([pid_n * BLOCK_N, ki * BLOCK_K]).T
                     else:
@@ -258,9 +252,9 @@ def _fused_gemm_kernel(
                     BLOCK_M, BLOCK_N, A_ROWWISE, B_COLWISE,
                 )  # fmt: skip
             if USE_TMA and not POINTER_STORES:
-                _store_c_tile(c_desc, acc, pid_m, pid_n, BLOCK_M, BLOCK_N, False, EPILOGUE_SUBTILE)
+                _store_c_tile(c_desc, acc, c_blk, pid_n, BLOCK_M, BLOCK_N, False, EPILOGUE_SUBTILE)
             elif USE_TMA and ((counted == 0) & (copy_count == 0)):
-                _store_c_tile(c_desc, acc, pid_m, pid_n, BLOCK_M, BLOCK_N, False, EPILOGUE_SUBTILE)
+                _store_c_tile(c_desc, acc, c_blk, pid_n, BLOCK_M, BLOCK_N, False, EPILOGUE_SUBTILE)
             else:
                 # pointer stores for signalled chunks: generic-proxy writes (peer memory
                 # included) that the release below publishes; the tile is converted once and
@@ -308,53 +302,6 @@ def _fused_gemm_kernel(
         tl.store(done_ptr, 0)
 
 
-@dataclass(frozen=True, slots=True)
-class FusedCopyViews:
-    """A further destination of a chunk's tiles (the same tile, stored again)."""
-
-    out: torch.Tensor  # [rows, N], on this rank or a peer-mapped view
-    signal: torch.Tensor | None = None  # 1-element int32 view of a flag, or None
-
-
-@dataclass(frozen=True, slots=True)
-class FusedChunkViews:
-    """One chunk of a fused launch: ``out = a @ b`` over ``a``'s rows."""
-
-    a: torch.Tensor  # [rows, K]
-    out: torch.Tensor  # [rows, N], on this rank or a peer-mapped view
-    wait: torch.Tensor | None = None  # 1-element int32 view of a flag, or None (ready)
-    signal: torch.Tensor | None = None  # 1-element int32 view of a flag, or None
-    name: str = ""
-    """How errors name the chunk (e.g. 'rank 1 chunk 0')."""
-    copies: tuple[FusedCopyViews, ...] = ()
-    """Further destinations: each tile is computed once and stored to ``out`` and to every
-    copy's ``out``; the chunk's last tile sets every destination's ``signal``."""
-    a_scale: torch.Tensor | None = None
-    """fp8 ``a``: its fp32 scales, one (``[1, 1]``) or per row (``[rows, 1]``)."""
-
-    @property
-    def outs(self) -> list[torch.Tensor]:
-        return [self.out, *(c.out for c in self.copies)]
-
-    @property
-    def signals(self) -> list[torch.Tensor]:
-        return [f for f in (self.signal, *(c.signal for c in self.copies)) if f is not None]
-
-
-def _same(name: str, views: Sequence[torch.Tensor], attr: str) -> None:
-    values = {v.stride() if attr == "stride" else getattr(v, attr) for v in views}
-    if len(values) > 1:
-        raise ValueError(f"fused GEMM: every chunk's {name} must share one {attr}, got {values}")
-
-
-def _alignment(offsets: Sequence[int], element_size: int) -> int:
-    """The largest power of two, up to 16 bytes' worth of elements, dividing every offset."""
-    align = max(1, 16 // element_size)
-    while align > 1 and any(off % align for off in offsets):
-        align //= 2
-    return align
-
-
 class FusedGemm(_Timed):
     """One fused launch, prepared once (tables on the device, so a launch can be captured in
     a CUDA graph) and issued by calling it: ``chunk.out = chunk.a @ b`` for every chunk,
@@ -373,6 +320,12 @@ class FusedGemm(_Timed):
     (one kernel per step, as ``per_chunk``'s events need none). Only where the next arrivals
     are ordered after this launch (a writer on a stream that waits for it): a flag set early
     for the next launch would be lost.
+
+    ``host_descriptors`` (TMA path): where every chunk's rows lie in one buffer on row-block
+    boundaries (``fused_configs.row_blocks``; a gathered A and its output usually do), A and
+    C go through two descriptors built on the host, not two per chunk written and fenced by
+    each program. None: on GPUs for bf16/fp16 operands. Under the interpreter only where no
+    peer writes into these buffers during the launch (descriptor arguments are copied back).
     """
 
     def __init__(
@@ -387,6 +340,7 @@ class FusedGemm(_Timed):
         b_scale: torch.Tensor | None = None,
         fast_accum: bool = False,
         reset_waits: bool = False,
+        host_descriptors: bool | None = None,
     ) -> None:
         if not chunks:
             raise ValueError("fused GEMM: chunks is empty")
@@ -426,6 +380,9 @@ class FusedGemm(_Timed):
         self.flag_ref = torch.zeros(1, dtype=torch.int32, device=device)
         self.chunks, self.n, self.k, self.sm_budget = list(chunks), n, k, sm_budget
         self.reset_waits = bool(reset_waits)
+        if host_descriptors is None:
+            host_descriptors = not INTERPRETER and self.scales is None
+        self.host_descriptors = bool(host_descriptors)
         # [next tile, programs done, tiles stored per chunk]: zero between launches (the
         # kernel's last program zeroes it), so a launch is one kernel, no memset
         self.work = torch.zeros(2 + len(chunks), dtype=torch.int32, device=device)
@@ -472,6 +429,8 @@ class FusedGemm(_Timed):
     def _tabulate(self, config: GemmConfig) -> None:
         """The chunk table and the tile -> chunk map for ``config``'s tile shape."""
         device, n = self.a0.device, self.n
+        self.host = self._host_descs(config) if self.host_descriptors else None
+        blocks = self.host[2] if self.host else [(0, 0)] * len(self.chunks)
         table, copies, tile_chunk, start = [], [], [], 0
         for i, c in enumerate(self.chunks):
             rows = c.a.shape[0]
@@ -490,6 +449,7 @@ class FusedGemm(_Timed):
                     len(c.copies),
                     int(bool(c.signals)),
                     0 if self.scales is None else self.scales.a_offsets[i],
+                    *blocks[i],
                 ]
             )
             copies += [
@@ -519,6 +479,29 @@ class FusedGemm(_Timed):
         self.tiles = start
         self.grid = (max(1, min(programs(config, self.sm_budget, device), start)),)
 
+    def _host_descs(self, config: GemmConfig) -> tuple | None:
+        """(A's and C's host descriptors, each chunk's (A, C) first row block in them), or
+        None where ``row_blocks`` finds no span for A or for the TMA-stored outputs."""
+        if self.path != "tma":
+            return None
+        bm = config.block_m
+        a_span = row_blocks([c.a for c in self.chunks], bm)
+        # signalled chunks and those with copies store through pointers: no C descriptor
+        stored = [i for i, c in enumerate(self.chunks) if not (c.signals or c.copies)]
+        c_span = row_blocks([self.chunks[i].out for i in stored], bm) if stored else None
+        if a_span is None or (stored and c_span is None):
+            return None
+        if c_span is None:  # never stored through, but typed as a C descriptor
+            c_span = (self.chunks[0].out, [])
+        c_cols = config.block_n // 2 if config.epilogue_subtile else config.block_n
+
+        def desc(span, block):
+            return TensorDescriptor(span, list(span.shape), list(span.stride()), block)
+
+        c_blk = dict(zip(stored, c_span[1], strict=True))
+        blocks = [(a_span[1][i], c_blk.get(i, 0)) for i in range(len(self.chunks))]
+        return desc(a_span[0], [bm, config.block_k]), desc(c_span[0], [bm, c_cols]), blocks
+
     def __call__(self) -> None:
         """Issue the launch on the current stream (under the interpreter: run it)."""
         with _Watchdog(self.waits, self.timeout_s):
@@ -537,7 +520,8 @@ class FusedGemm(_Timed):
         if self.path == "tma":
             _ensure_allocator()
         args = (
-            a0, b, self.b_desc, out0, self.flag_ref, self.table, self.copy_table,
+            a0, b, self.b_desc, *(self.host[:2] if self.host else (self.b_desc,) * 2),
+            out0, self.flag_ref, self.table, self.copy_table,
             self.tile_chunk, self.work, self.status,
             *((self.flag_ref, self.flag_ref) if sc is None else (sc.a_ref, sc.b_scale)),
             len(self.chunks), self.tiles, self.n, self.k,
@@ -555,6 +539,8 @@ class FusedGemm(_Timed):
         )  # fmt: skip
         if self.reset_waits:  # only then: the other launches keep their compiled kernels
             meta["RESET_WAITS"] = True
+        if self.host:
+            meta["HOST_DESCS"] = True
         if sc is not None:
             meta.update(
                 SCALED=True, A_ROWWISE=sc.rowwise, B_COLWISE=sc.colwise,
