@@ -633,6 +633,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_table(result: dict) -> None:
+    probe = result.get("accumulation") or {}
+    if probe.get("errors"):
+        errors = " ".join(f"{k} {v:.2e}" for k, v in probe["errors"].items())
+        print(
+            f"accumulation {probe['shape']} fp32 out, relative error: {errors}; "
+            f"_scaled_mm's default nearest: {probe.get('scaled_mm_matches')}; "
+            f"failures {probe.get('failures')}"
+        )
     print(
         f"\n{'M':>6} {'N':>6} {'K':>6} {'set':<10} {'config':<26} {'tri ms':>8} {'smm ms':>8} {'pers':>6} {'fused':>6} {'extra':>6}"
     )
