@@ -62,6 +62,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from ficco.execute.timing import LaunchTimer as Timer  # noqa: E402
+from ficco.execute.timing import warm_then_rounds  # noqa: E402
 from ficco.kernels import matmul, tune  # noqa: E402
 from ficco.kernels import persistent as kernel_paths  # noqa: E402
 from ficco.kernels.configs import (  # noqa: E402
@@ -300,11 +301,9 @@ def bench_shape(m, n, k, dtype, timer, args, gen, budget) -> dict:
     }
     if before is not None and before != cfg and err_before <= REL_ERROR_LIMIT:
         fns["triton_before"] = lambda: matmul(a, b, c_t, sm_budget=budget, config=before)
-    for fn in fns.values():  # warm-up: compile, cuBLAS heuristics, clocks
-        fn()
-    warm = timer.interleaved(fns, 2)
-    rounds = _rounds_for(_median(warm["cublas"]), args.quick)
-    times = timer.interleaved(fns, rounds)
+    times, rounds = warm_then_rounds(
+        fns, timer.interleaved, lambda ms: _rounds_for(ms, args.quick), "cublas"
+    )
     t_ms, c_ms, t2_ms = (_median(times[x]) for x in ("triton", "cublas", "triton2"))
     # the other pick: its own timing where it differs, the same kernel's where it does not,
     # none where it failed its check

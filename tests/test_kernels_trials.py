@@ -11,7 +11,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from ficco.execute.options import TimingOptions  # noqa: E402
-from ficco.execute.timing import time_rounds  # noqa: E402
+from ficco.execute.timing import time_rounds, warm_then_rounds  # noqa: E402
 from ficco.kernels.configs import INTERPRETER_CONFIGS, GemmConfig  # noqa: E402
 from ficco.kernels.trials import (  # noqa: E402
     MAX_ROUNDS,
@@ -164,3 +164,22 @@ def test_rotated_rounds(rotate, expected):
     samples = time_rounds(fns, TimingOptions(warmup=0, rounds=3), clock, rotate=rotate)
     assert "".join(clock.calls) == expected
     assert {name: len(s) for name, s in samples.items()} == {"A": 3, "B": 3, "C": 3}
+
+
+def test_warm_then_rounds_sizes_the_rounds_by_the_reference():
+    ran = []
+    calls = []
+
+    def interleaved(fns, rounds):
+        calls.append(rounds)
+        return {name: [2.0 if name == "ref" else 1.0] * rounds for name in fns}
+
+    fns = {"ref": lambda: ran.append("ref"), "other": lambda: ran.append("other")}
+    times, rounds = warm_then_rounds(fns, interleaved, lambda ms: int(10 * ms), "ref")
+    assert ran == ["ref", "other"]  # each once, before any timed round
+    assert calls == [2, 20] and rounds == 20 and len(times["other"]) == 20
+    # no reference among the candidates (it failed its check): 1 ms
+    _, rounds = warm_then_rounds(
+        {"other": fns["other"]}, interleaved, lambda ms: int(10 * ms), "ref"
+    )
+    assert rounds == 10

@@ -108,6 +108,22 @@ def time_rounds(
     return samples
 
 
+def warm_then_rounds(
+    fns: dict[str, Callable[[], None]],
+    interleaved: Callable[[dict[str, Callable[[], None]], int], dict[str, list[float]]],
+    rounds_for: Callable[[float], int],
+    reference: str,
+) -> tuple[dict[str, list[float]], int]:
+    """A benchmark row's timing: every candidate once (compiles, library heuristics, clocks),
+    two ``interleaved`` rounds whose median for ``reference`` (1 ms where it is not among
+    them) sets the round count, ``rounds_for(ms)``, then that many rounds: (times, rounds)."""
+    for fn in fns.values():
+        fn()
+    warm = interleaved(fns, 2)
+    rounds = rounds_for(statistics.median(warm[reference]) if reference in warm else 1.0)
+    return interleaved(fns, rounds), rounds
+
+
 def device_events(fn: Callable[[], None]):
     """``(start, end)`` CUDA events recorded around ``fn`` on the current stream (read once
     the device has synchronized): the one way a launch is timed on the GPU."""
