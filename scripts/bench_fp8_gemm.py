@@ -55,6 +55,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from bench_gemm import _finite, _geomean, _rel_error, shape_sets  # noqa: E402
 
+from ficco.execute.timing import warm_then_rounds  # noqa: E402
 from ficco.kernels.configs import GemmConfig  # noqa: E402
 from ficco.kernels.scaled_configs import FP8_GPU_CONFIGS, scaled_candidate_configs  # noqa: E402
 
@@ -375,12 +376,12 @@ def bench_shape(m, n, k, timer, sm_budget: int, extra: str, device: str = "cuda"
         fns["scaled_mm_fast"] = ops.scaled_mm(fast=True)
     bad = {name: e for name, e in errors.items() if not e <= CHECK_LIMIT}
     fns = {name: fn for name, fn in fns.items() if name not in bad}
-    for fn in fns.values():
-        fn()
-    warm = timer.interleaved(fns, 2)
-    est = statistics.median(warm.get("scaled_mm", [1.0]))
-    rounds = int(min(40, max(10, 60.0 / max(est, 1e-3)))) if device == "cuda" else 2
-    times = timer.interleaved(fns, rounds)
+    times, rounds = warm_then_rounds(
+        fns,
+        timer.interleaved,
+        lambda ms: int(min(40, max(10, 60.0 / max(ms, 1e-3)))) if device == "cuda" else 2,
+        "scaled_mm",
+    )
     ms = {name: statistics.median(t) for name, t in times.items()}
     c_ms = ms.get("scaled_mm", math.nan)
     pick = f"triton:{ranked[0]}"
