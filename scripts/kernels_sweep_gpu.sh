@@ -14,7 +14,7 @@
 # Every variant is verified against an fp32 reference before it is timed, and every JSON
 # carries the environment's fingerprint (ficco.measure.fingerprint).
 # PHASES picks and orders them (default: all, in that order). Each phase's cap is its share
-# (SHARE_<phase>, default prewarm 13 gemm 37 fused 27 decode 17 tests 6) of the time left
+# (SHARE_<phase>, default prewarm 12 gemm 40 fused 28 decode 14 tests 6) of the time left
 # before the stage's end (KERNELS_S less MARGIN_S, default 8), so time a phase leaves unused
 # goes to the phases after it; a phase whose cap is too short to measure anything (fused 30 s,
 # gemm and decode 20 s, else 5 s) is skipped and leaves it to the next; a phase's own budget (--budget-s) is its cap less the seconds
@@ -47,10 +47,10 @@ mkdir -p "$OUT" "$FICCO_CACHE_DIR"
 
 share() {  # a phase's share of the time left
   case $1 in
-    prewarm) echo "${SHARE_prewarm:-13}" ;;
-    gemm) echo "${SHARE_gemm:-37}" ;;
-    fused) echo "${SHARE_fused:-27}" ;;
-    decode) echo "${SHARE_decode:-17}" ;;
+    prewarm) echo "${SHARE_prewarm:-12}" ;;
+    gemm) echo "${SHARE_gemm:-40}" ;;
+    fused) echo "${SHARE_fused:-28}" ;;
+    decode) echo "${SHARE_decode:-14}" ;;
     tests) echo "${SHARE_tests:-6}" ;;
     *) echo 0 ;;
   esac
