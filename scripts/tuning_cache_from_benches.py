@@ -4,13 +4,15 @@ that was fastest in the benchmark's interleaved, L2-flushed rounds, not the tune
 pick (which mis-ranks kernels of a few microseconds).
 
     python scripts/tuning_cache_from_benches.py RAW_CACHE OUT [--gemm bench_gemm.json]
-        [--decode bench_decode_gemm.json] [--merge SHIPPED_CACHE]
+        [--decode bench_decode_gemm.json] [--fused] [--merge SHIPPED_CACHE]
 
 RAW_CACHE is the run's $FICCO_CACHE_DIR/gemm_tuning.json (its keys name the device, Triton
 version, dtype, shape and SM budget). For a ``bench_gemm.py`` row the choice is between the
 tuner's pick and the other pick it timed beside it (``--compare-before``: the space before
 widening; ``--compare-do-bench``: do_bench's); for a ``bench_decode_gemm.py`` row between the
-tuner's pick and the fastest config of each kernel (persistent, swap-AB, split-K). The entry
+tuner's pick and the fastest config of each kernel (persistent, swap-AB, split-K); with
+``--fused``, the fused kernel's own tuning entries (``tune_fused``'s pick, ranked in the
+same interleaved rounds) as they are. The entry
 keeps the tuner's record and says what chose it (``chosen_by``). Shapes that no benchmark
 timed are left out, or, with ``--merge``, keep the shipped cache's entry (a run cut by its
 time cap re-measures only some shapes).
@@ -93,6 +95,7 @@ def main() -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--gemm", type=Path)
     parser.add_argument("--decode", type=Path)
+    parser.add_argument("--fused", action="store_true", help="the raw cache's fused entries too")
     parser.add_argument("--merge", type=Path, help="a shipped cache whose other entries stay")
     args = parser.parse_args()
     raw = json.loads(args.raw.read_text())["entries"]
@@ -102,12 +105,14 @@ def main() -> int:
         entries.update(from_gemm(raw, json.loads(args.gemm.read_text())))
     if args.decode:
         entries.update(from_decode(raw, json.loads(args.decode.read_text())))
+    if args.fused:
+        entries.update({key: e for key, e in raw.items() if "|fused|" in key})
     args.out.write_text(json.dumps({"format": 1, "entries": entries}, indent=1, sort_keys=True))
     picks = [e["name"] for e in entries.values()]
     print(
         f"{len(entries)} entries ({sum('_splitk' in p for p in picks)} on the split-K kernel, "
-        f"{sum('_swap' in p for p in picks)} swap-AB, {sum('_streamk' in p for p in picks)} "
-        f"stream-K; {kept} read from --merge) -> {args.out}"
+        f"{sum('_swap' in p for p in picks)} swap-AB, "
+        f"{sum('|fused|' in key for key in entries)} fused; {kept} read from --merge) -> {args.out}"
     )
     return 0
 
