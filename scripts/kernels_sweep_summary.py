@@ -58,9 +58,11 @@ def fused(d: dict) -> dict:
         if not cub:
             continue
         band = "small" if cub < SMALL_MS else "large"
-        b = bands.setdefault(band, {"fused_tma": [], "triton": [], "overlap_wins": 0, "n": 0})
-        b["n"] += 1
-        for name in ("fused_tma", "triton"):
+        b = bands.setdefault(
+            band, {"fused_tma": [], "triton": [], "fused_tma_chunk_descs": [], "overlap_wins": 0}
+        )
+        b["n"] = b.get("n", 0) + 1
+        for name in ("fused_tma", "triton", "fused_tma_chunk_descs"):
             if name in t:
                 b[name].append(t[name]["median_ms"] / cub)
         over, per = t.get("fused_overlap"), t.get("per_chunk")
@@ -71,6 +73,7 @@ def fused(d: dict) -> dict:
             "shapes": b["n"],
             "fused_tma_time_vs_cublas": geomean(b["fused_tma"]),
             "triton_time_vs_cublas": geomean(b["triton"]),
+            "fused_tma_chunk_descs_time_vs_cublas": geomean(b["fused_tma_chunk_descs"]),
             "fused_overlap_beats_per_chunk": f"{b['overlap_wins']} of {b['n']}",
         }
         for band, b in sorted(bands.items())

@@ -21,6 +21,8 @@ One run (``python scripts/tune_fused_gpu.py``; JSON to ``$OUT/fused_single_gpu.j
                    once tuned)
    fused_tma_before  the same, the fastest tile of the space before it was widened (where
                    that differs from the tuned one)
+   fused_tma_chunk_descs  fused_tma with descriptors made in the kernel per chunk (where
+                   fused_tma's are host-built: every chunk on row-block boundaries)
    fused_overlap   the side-stream-arrival case: peer chunks copied by a side stream, 20 us
                    apart, each followed by a stream-ordered flag write; the fused kernel
                    (TMA, tuned, on all SMs but four) spins per tile on the flags and, its
@@ -200,6 +202,12 @@ def run_shape(
         ),
         "fused_tma": FusedGemm(views, b, sm_budget=sms, timeout_s=10.0, config=tuned),
     }
+    per_chunk_descs = FusedGemm(
+        views, b, sm_budget=sms, timeout_s=10.0, config=tuned, host_descriptors=False
+    )
+    if kernels["fused_tma"].host is not None:
+        kernels["fused_tma_chunk_descs"] = per_chunk_descs
+    result["host_descriptors"] = kernels["fused_tma"].host is not None
     if before is not None and before != tuned:
         kernels["fused_tma_before"] = FusedGemm(
             views, b, sm_budget=sms, timeout_s=10.0, config=before
@@ -309,6 +317,7 @@ def summary_line(r: dict) -> str:
         f"triton {ms('triton') / cub:.3f} ptr {ms('fused_ptr') / cub:.3f} "
         f"tma_pers {ms('fused_tma_pers') / cub:.3f} tma {ms('fused_tma') / cub:.3f} "
         f"before {ms('fused_tma_before') / cub:.3f} "
+        f"chunk_descs {ms('fused_tma_chunk_descs') / cub:.3f} "
         f"overlap {ms('fused_overlap'):.4f} per_chunk {ms('per_chunk'):.4f} "
         f"[{r['configs']['fused_tma']}] bad={[k for k, v in r['verify'].items() if not v['ok']]}"
     )
