@@ -250,6 +250,45 @@ def test_fused_tma_reads_a_chunk_only_after_its_flag(gen):
     _check(out, a, b)  # a: the chunks' rows as they arrived
 
 
+@pytest.mark.skipif(not HOPPER, reason="the TMA path's host descriptors")
+@pytest.mark.parametrize("cfg", [GPU_CONFIGS[0], GemmConfig(128, 128, 64, 8, 4, 8)], ids=str)
+def test_fused_host_descriptors_wait_and_signal(cfg, gen):
+    """Every chunk in one buffer on 128-row boundaries (the last ragged, ending it): A and C
+    through host-built descriptors; late chunks read only after their flags, one signals."""
+    from ficco.kernels.fused import FusedChunkViews, FusedGemm
+
+    k, n = 1096, 1000
+    a = _rand(700, k, gen=gen)
+    b = _rand(k, n, gen=gen)
+    out = torch.full((700, n), float("nan"), device=DEV, dtype=torch.bfloat16)
+    flags = torch.zeros(4, dtype=torch.int32, device=DEV)
+    rows = [(0, 256), (256, 512), (512, 700)]
+    chunks = [
+        FusedChunkViews(a[0:256], out[0:256]),
+        FusedChunkViews(a[256:512], out[256:512], wait=flags[0:1], signal=flags[2:3]),
+        FusedChunkViews(a[512:700], out[512:700], wait=flags[1:2]),
+    ]
+    arriving = [a[lo:hi].clone() for lo, hi in rows[1:]]
+    for chunk in chunks[1:]:
+        chunk.a.fill_(float("nan"))  # not there yet
+    kernel = FusedGemm(chunks, b, sm_budget=120, timeout_s=10.0, config=cfg)
+    assert kernel.path == "tma" and kernel.host is not None
+    kernel.compile()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # land each chunk late, then set its flag
+        for i, chunk in enumerate(chunks[1:]):
+            torch.cuda._sleep(2_000_000)
+            chunk.a.copy_(arriving[i])
+            flags[i : i + 1].fill_(1)
+    kernel()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    kernel.raise_on_timeout("test")
+    _check(out, a, b)
+    assert flags[2].item() == 1
+
+
 def test_fused_tma_never_set_flag_times_out(gen):
     import time
 
