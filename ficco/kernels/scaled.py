@@ -68,7 +68,6 @@ from ficco.kernels.persistent import (
     LAUNCH_COUNTS,
     TensorDescriptor,
     _store_c_tile,
-    _tile_coords,
     _tma_operand,
     default_sm_budget,
     device_info,
@@ -79,6 +78,7 @@ from ficco.kernels.scaled_configs import (
     scaled_candidate_configs,
     scaled_heuristic_config,
 )
+from ficco.kernels.tiles import _program_grid, _tile_coords
 from ficco.kernels.trials import RoundsTimer, Timer, Trials, check_then_time, tuning_record
 from ficco.kernels.tuning import (
     AUTOTUNE_ENV,
@@ -153,12 +153,9 @@ def _scaled_mm_tma_kernel(
     LAGGED: tl.constexpr = False,  # fp32 adds one step late (GemmConfig.lagged_promotion)
     FLATTEN: tl.constexpr = True,  # one flattened loop over tiles and K steps
 ):
-    start_pid = tl.program_id(axis=0)
-    num_programs = tl.num_programs(axis=0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    num_tiles = num_pid_m * num_pid_n
+    start_pid, num_programs, num_pid_m, num_pid_n, k_tiles, num_tiles = _program_grid(
+        M, N, K, BLOCK_M, BLOCK_N, BLOCK_K
+    )
     tile_c = start_pid - num_programs
 
     for tile_id in tl.range(start_pid, num_tiles, num_programs, flatten=FLATTEN):
