@@ -14,6 +14,8 @@ schedules are lowered by ``ficco.plan.fused`` on the same buffers.
 
 from __future__ import annotations
 
+import functools
+
 from ficco.plan.fused import plan_ag_gemm_fused, plan_gemm_rs_fused
 from ficco.plan.ops import (
     PULL,
@@ -119,10 +121,7 @@ def _ag_gemm_overlapped(
     last = len(pieces) - 1
     steps = peer_steps(rank, w, False)
 
-    def rect(row0: int, piece: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
-        if split_k:
-            return (row0, row0 + S), piece
-        return (row0 + piece[0], row0 + piece[1]), (0, K)
+    rect = functools.partial(_chunk_rect, rows=S, cols=K, split_cols=split_k)
 
     # per chunk, the regions every step shares: the chunk of every rank's a_shard, and where
     # this rank's chunk lands in a peer's a_full (built once: a plan at W = 64 has thousands)
@@ -242,10 +241,7 @@ def _gemm_rs_overlapped(
     pieces = cut(N if split_n else S, s)
     steps = peer_steps(rank, w, True)  # peers first, local block last
 
-    def rect(row0: int, piece):
-        if split_n:
-            return (row0, row0 + S), piece
-        return (row0 + piece[0], row0 + piece[1]), (0, N)
+    rect = functools.partial(_chunk_rect, rows=S, cols=N, split_cols=split_n)
 
     # per chunk, the regions every step shares (built once: a plan at W = 64 has thousands):
     # this rank's rows in a peer's staging and in its own partial, and the chunk of b
@@ -289,6 +285,17 @@ def _gemm_rs_overlapped(
         op = _reduce_op(rank, S, rows, cols, recvs)
         bld.add(op, Stream.COMPUTE, [local_gemm[j], *recvs.values()], chunk=(rank, j))
     return Plan(p, s, rank, buffers, tuple(bld.tasks), "c_shard")
+
+
+def _chunk_rect(
+    row0: int, piece: tuple[int, int], rows: int, cols: int, split_cols: bool
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``(rows, cols)`` of chunk ``piece`` of the ``rows x cols`` block at row ``row0``: a
+    range of its columns where the schedule splits them (ag_gemm: K, gemm_rs: N), else of its
+    rows."""
+    if split_cols:
+        return (row0, row0 + rows), piece
+    return (row0 + piece[0], row0 + piece[1]), (0, cols)
 
 
 def _sources(rank: int, world: int) -> list[int]:
