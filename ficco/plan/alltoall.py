@@ -21,6 +21,8 @@ peers' passive halves stay plain transfer tasks, and both transports move the sa
 from __future__ import annotations
 
 from ficco.plan.ops import (
+    PULL,
+    PUSH,
     BufferSpec,
     Builder,
     CollectiveOp,
@@ -61,6 +63,69 @@ def _a2a_layout(p: Problem, rank: int):
             row += between[s][rank][j]
         recv_off.append(offs)
     return between, send_off, recv_off
+
+
+def add_serial_all_to_all(
+    bld: Builder,
+    p: Problem,
+    s: Schedule,
+    rank: int,
+    moved: tuple[str, str, int],
+    combine: bool,
+    deps: tuple[int, ...] | list[int],
+) -> list[int]:
+    """Add the serial schedule's all-to-all of whole blocks, after ``deps``: ``moved = (source
+    buffer, destination buffer, columns)``. Dispatch (``combine`` False) sends each rank its
+    experts' tokens, from the sender's expert-sorted rows to the receiver's (source rank,
+    local expert) rows; combine returns them, the other way. Through the collective, or as
+    one-sided transfers by :func:`add_serial_moves`: dispatch pulls, combine pushes. Returns
+    the ids of what the next tasks wait on."""
+    w, (src_buf, dst_buf, cols) = p.world, moved
+    between = p.tokens_between()
+
+    def rows(frm: int, to: int) -> int:
+        """Rows of rank ``frm``'s block for rank ``to`` (combine: ``to``'s tokens that
+        ``frm``'s experts computed)."""
+        return sum(between[to][frm]) if combine else sum(between[frm][to])
+
+    if uses_collective(s):
+        send_rows = tuple(rows(rank, to) for to in range(w))
+        recv_rows = tuple(rows(frm, rank) for frm in range(w))
+        op = CollectiveOp("all_to_all", src_buf, dst_buf, send_rows, recv_rows)
+        return [bld.add(op, Stream.COMM, deps)]
+
+    layouts = [_a2a_layout(p, r) for r in range(w)]
+    send_off, recv_off = [lay[1] for lay in layouts], [lay[2] for lay in layouts]
+    # a dispatched block leaves its sender's send offsets for its receiver's receive offsets;
+    # combine returns it, from the receive offsets to the send offsets
+    leaves, lands = (recv_off, send_off) if combine else (send_off, recv_off)
+
+    def block(frm: int, to: int) -> tuple[Region, Region] | None:
+        """Rank ``frm``'s block for rank ``to``: its rows in ``frm``'s source buffer and in
+        ``to``'s destination buffer (None when empty)."""
+        n = rows(frm, to)
+        if not n:
+            return None
+        lo, at = leaves[frm][to][0], lands[to][frm][0]
+        return Region(src_buf, (lo, lo + n), (0, cols)), Region(dst_buf, (at, at + n), (0, cols))
+
+    initiator = PUSH if combine else PULL
+    # per ring step (acting, passive): the transfer this rank moves (the local block: a copy)
+    # and the peer-initiated half it only posts
+    moves: list[tuple[TransferOp | LocalCopyOp | None, TransferOp | None]] = []
+    for step, (src, dst) in enumerate(peer_steps(rank, w, combine)):
+        tag = transfer_tag(step, 0)
+        if src == rank:  # the local step (then dst == rank too)
+            local = block(rank, rank)
+            moves.append((None if local is None else LocalCopyOp(*local), None))
+            continue
+        recv = send = None
+        if incoming := block(src, rank):  # lands here: (there, here)
+            recv = TransferOp(src, "recv", incoming[1], incoming[0], tag, initiator)
+        if outgoing := block(rank, dst):
+            send = TransferOp(dst, "send", *outgoing, tag, initiator)
+        moves.append((send, recv) if combine else (recv, send))
+    return add_serial_moves(bld, s, moves, deps)
 
 
 def _block_pieces(sizes: list[int], schedule: Schedule) -> list[list[tuple[int, int, int]]]:
@@ -188,54 +253,7 @@ def plan_a2a_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
         )
 
     if s.granularity is Granularity.SERIAL:
-        if uses_collective(s):
-            send_rows = tuple(sum(between[rank][d]) for d in range(w))
-            recv_rows = tuple(sum(between[src][rank]) for src in range(w))
-            deps = [
-                bld.add(
-                    CollectiveOp("all_to_all", "x", "x_recv", send_rows, recv_rows), Stream.COMM
-                )
-            ]
-        else:
-            # per ring step: the block received (a pull, or the local copy), the block sent
-            moves: list[tuple[TransferOp | LocalCopyOp | None, TransferOp | None]] = []
-            for step, (src, dst) in enumerate(peer_steps(rank, w, False)):
-                n_rows = sum(between[src][rank])
-                dst_rows = (recv_off[src][0], recv_off[src][0] + n_rows)
-                src_rows = (
-                    _a2a_layout(p, src)[1][rank][0],
-                    _a2a_layout(p, src)[1][rank][0] + n_rows,
-                )
-                received: TransferOp | LocalCopyOp | None = None
-                if not n_rows:
-                    pass  # nothing to receive from src this step; the send below may still go
-                elif src == rank:
-                    received = LocalCopyOp(
-                        Region("x", src_rows, (0, K)), Region("x_recv", dst_rows, (0, K))
-                    )
-                else:
-                    received = TransferOp(
-                        src,
-                        "recv",
-                        Region("x_recv", dst_rows, (0, K)),
-                        Region("x", src_rows, (0, K)),
-                        transfer_tag(step, 0),
-                        "receiver",
-                    )
-                sent = None
-                n_send = sum(between[rank][dst])
-                if n_send and dst != rank:
-                    dst_off = _a2a_layout(p, dst)[2][rank][0]
-                    sent = TransferOp(
-                        dst,
-                        "send",
-                        Region("x", (send_off[dst][0], send_off[dst][0] + n_send), (0, K)),
-                        Region("x_recv", (dst_off, dst_off + n_send), (0, K)),
-                        transfer_tag(step, 0),
-                        "receiver",
-                    )
-                moves.append((received, sent))
-            deps = add_serial_moves(bld, s, moves, ())
+        deps = add_serial_all_to_all(bld, p, s, rank, ("x", "x_recv", K), combine=False, deps=())
         for src in range(w):
             for j in range(epr):
                 lo = recv_off[src][j]
@@ -376,42 +394,7 @@ def plan_gemm_a2a(p: Problem, s: Schedule, rank: int) -> Plan:
                 else []
             )
             g += gemm_rows(src, 0, sum(between[src][rank]), segs)
-        if uses_collective(s):
-            send_rows = tuple(sum(between[d][rank]) for d in range(w))
-            recv_rows = tuple(sum(between[rank][src]) for src in range(w))
-            bld.add(
-                CollectiveOp("all_to_all", "y_local", "y", send_rows, recv_rows), Stream.COMM, g
-            )
-        else:
-            # per ring step: the block pushed (or copied locally), the push received
-            moves: list[tuple[TransferOp | LocalCopyOp | None, TransferOp | None]] = []
-            for step, (src, dst) in enumerate(peer_steps(rank, w, True)):
-                pushed: TransferOp | LocalCopyOp | None = None
-                n_send = sum(between[dst][rank])
-                if n_send:
-                    local = Region("y_local", (recv_off[dst][0], recv_off[dst][0] + n_send), (0, N))
-                    dst_off = _a2a_layout(p, dst)[1][rank][0]
-                    remote = Region("y", (dst_off, dst_off + n_send), (0, N))
-                    if dst == rank:
-                        pushed = LocalCopyOp(local, remote)
-                    else:
-                        pushed = TransferOp(
-                            dst, "send", local, remote, transfer_tag(step, 0), initiator
-                        )
-                received = None
-                n_recv = sum(between[rank][src])
-                if n_recv and src != rank:
-                    src_base = _a2a_layout(p, src)[2][rank][0]
-                    received = TransferOp(
-                        src,
-                        "recv",
-                        Region("y", (send_off[src][0], send_off[src][0] + n_recv), (0, N)),
-                        Region("y_local", (src_base, src_base + n_recv), (0, N)),
-                        transfer_tag(step, 0),
-                        initiator,
-                    )
-                moves.append((pushed, received))
-            add_serial_moves(bld, s, moves, g)
+        add_serial_all_to_all(bld, p, s, rank, ("y_local", "y", N), combine=True, deps=g)
         return Plan(p, s, rank, buffers, tuple(bld.tasks), "y")
 
     steps = peer_steps(rank, w, True)
