@@ -9,7 +9,7 @@ its scales while a reduce-scatter or all-reduce moves and reduces bf16 partials.
 derives its tolerance from the output dtype (the roundings happen there).
 
 To add a dtype: one :class:`DType` in :data:`DTYPES`; the stdlib lookup's width and alias
-tables (``ficco.export.lookup``) are held to it by ``tests/test_fp8_dtypes.py``. No table
+tables (``ficco.export.lookup_features``) are held to it by ``tests/test_fp8_dtypes.py``. No table
 holds a scaled dtype's features yet: the selector refuses them (``ficco.select.features``),
 so the lookup's one width per dtype (its sizes twins move ``b``-byte rows) stays right.
 

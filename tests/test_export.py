@@ -22,7 +22,9 @@ from ficco.export.lookup_csv import CsvTable, load_csv_table
 from ficco.problem import Problem
 from ficco.testing.synthetic_profiles import synthetic_table
 
-LOOKUP_FILE = Path(__file__).resolve().parents[1] / "ficco" / "export" / "lookup.py"
+EXPORT_DIR = Path(__file__).resolve().parents[1] / "ficco" / "export"
+#: what a runtime copies to look answers up without ficco
+LOOKUP_FILES = ("lookup.py", "lookup_features.py", "lookup_csv.py")
 
 
 @pytest.fixture(scope="module")
@@ -195,21 +197,28 @@ def test_c_header_agrees_with_the_python_lookup(trained, tmp_path):
     assert out[-1] == "NULL"
 
 
-def test_lookup_module_needs_only_the_standard_library(trained):
+def test_lookup_files_copied_without_ficco_need_only_the_standard_library(trained, tmp_path):
+    """A runtime copies the lookup's files: they answer (JSON and CSV) where ficco, numpy and
+    every other installed package are out of reach (``-S``: no site-packages)."""
+    for name in LOOKUP_FILES:
+        shutil.copy(EXPORT_DIR / name, tmp_path / name)
+    (tmp_path / "t.csv").write_text(to_csv(load_table(trained["path"])))
     code = f"""
-import importlib.util, sys
+import sys
 before = set(sys.modules)
-spec = importlib.util.spec_from_file_location("lookup", {str(LOOKUP_FILE)!r})
-mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
-answer = mod.load_table({str(trained["path"])!r}).lookup("ag_gemm", 8192, 8192, 4096, 2, "bf16")
+import lookup, lookup_csv
+problem = ("ag_gemm", 8192, 8192, 4096, 2, "bf16")
+print(lookup.load_table({str(trained["path"])!r}).lookup(*problem).schedule)
+print(lookup_csv.load_csv_table("t.csv").lookup(*problem).schedule)
 new = {{m.split(".")[0] for m in set(sys.modules) - before}}
-print(answer.schedule)
-print(sorted(m for m in new if m not in sys.stdlib_module_names and m != "lookup"))
+print(sorted(m for m in new if m not in sys.stdlib_module_names and m + ".py" not in {LOOKUP_FILES!r}))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    schedule, modules = out.stdout.splitlines()
+    run = [sys.executable, "-S", "-c", code]
+    out = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True, check=True)
+    from_json, from_csv, modules = out.stdout.splitlines()
     assert modules == "[]"
-    assert schedule == load_table(trained["path"]).lookup("ag_gemm", 8192, 8192, 4096, 2).schedule
+    expected = load_table(trained["path"]).lookup("ag_gemm", 8192, 8192, 4096, 2).schedule
+    assert from_json == from_csv == expected
 
 
 def test_cli_export_writes_every_format(trained, tmp_path):

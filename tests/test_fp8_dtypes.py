@@ -16,7 +16,7 @@ from ficco.execute import scaled_mm
 from ficco.execute.scaled import allocate_scaled, operand_sides, quantize, scale_name
 from ficco.execute.scaled_baselines import async_tp_scaled_op, scaled_cuda_baselines
 from ficco.execute.verify import check_output
-from ficco.export import lookup
+from ficco.export import lookup, lookup_features
 from ficco.patterns import Collective, spec_of
 from ficco.plan import build_plan
 from ficco.problem import DTYPE_BYTES, Problem, canonical_dtype, torch_dtype
@@ -49,10 +49,10 @@ def plain(problem: Problem, dtype="bf16") -> Problem:
 
 
 def test_the_lookup_twin_knows_every_dtype_width_alias_and_output():
-    assert lookup.DTYPE_BYTES == DTYPE_BYTES == {n: d.bytes for n, d in DTYPES.items()}
+    assert lookup_features.DTYPE_BYTES == DTYPE_BYTES == {n: d.bytes for n, d in DTYPES.items()}
     for d in DTYPES.values():
         for spelling in (d.name, *d.aliases, f"torch.{d.torch_name}"):
-            assert lookup.canonical_dtype(spelling) == canonical_dtype(spelling) == d.name
+            assert lookup_features.canonical_dtype(spelling) == canonical_dtype(spelling) == d.name
         assert torch_dtype(d.name) is getattr(torch, d.torch_name)
 
 

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 import ficco.patterns as patterns
-from ficco.export import lookup
+from ficco.export import lookup_features
 from ficco.patterns import (
     SERIAL_PLAN_PARTS,
     Pattern,
@@ -63,8 +63,8 @@ def defects(spec: PatternSpec) -> list[str]:
     found += [f"{name}: not callable" for name in CODE_PARTS if not callable(getattr(spec, name))]
     if not (callable(spec.cuda_baselines) or spec.cuda_baselines == SERIAL_PLAN_PARTS):
         found.append("cuda_baselines: neither a function nor SERIAL_PLAN_PARTS")
-    if spec.lookup_sizes not in lookup.SIZES:
-        found.append(f"lookup_sizes: no twin {spec.lookup_sizes!r} in ficco.export.lookup.SIZES")
+    if spec.lookup_sizes not in lookup_features.SIZES:
+        found.append(f"lookup_sizes: no twin {spec.lookup_sizes!r} in lookup_features.SIZES")
     if spec.moved_dim not in ("k", "n"):
         found.append(f"moved_dim: {spec.moved_dim!r} is not k or n")
     return found
@@ -147,7 +147,7 @@ def test_the_parity_problems_cover_every_pattern():
 @pytest.mark.parametrize("problem", PARITY, ids=lambda p: p.key)
 def test_the_lookup_twin_computes_the_specs_sizes(problem):
     spec = spec_of(problem.pattern)
-    twin = lookup.SIZES[spec.lookup_sizes]
+    twin = lookup_features.SIZES[spec.lookup_sizes]
     routing = [list(row) for row in problem.routing] if problem.routing else None
     if problem.tables:  # emb_a2a's layout argument: the tables' rows
         routing = list(problem.tables)
@@ -158,10 +158,10 @@ def test_the_lookup_twin_computes_the_specs_sizes(problem):
 
 
 def test_the_lookup_lists_are_the_registrys():
-    assert tuple(p.value for p in FEATURE_PATTERNS) == lookup.PATTERNS
+    assert tuple(p.value for p in FEATURE_PATTERNS) == lookup_features.PATTERNS
     assert tuple(s.pattern for s in specs() if s.in_selector) == FEATURE_PATTERNS
-    assert {s.pattern.value for s in specs() if s.routed} == lookup.ROUTED_PATTERNS
-    assert set(lookup.SIZES) == {s.lookup_sizes for s in specs()}
+    assert {s.pattern.value for s in specs() if s.routed} == lookup_features.ROUTED_PATTERNS
+    assert set(lookup_features.SIZES) == {s.lookup_sizes for s in specs()}
 
 
 @pytest.mark.parametrize("problem", PARITY[:7] + PARITY[9:11], ids=lambda p: p.key)

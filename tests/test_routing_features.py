@@ -11,12 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from ficco.export.build import build_table, problem_table_features, write_table
-from ficco.export.lookup import (
-    ROUTING_FEATURES,
-    TABLE_FEATURES,
-    Table,
-    load_table,
-)
+from ficco.export.lookup import Table, load_table
+from ficco.export.lookup_features import ROUTING_FEATURES, TABLE_FEATURES
 from ficco.export.recommend import recommend
 from ficco.problem import Problem
 from ficco.profile.frame import frame_from_records

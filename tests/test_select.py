@@ -18,7 +18,7 @@ from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
 from ficco.export.build import problem_table_features
-from ficco.export.lookup import TABLE_FEATURES
+from ficco.export.lookup_features import TABLE_FEATURES
 from ficco.problem import Problem
 from ficco.select import baselines
 from ficco.select.dataset import SERIAL, SHARD_CE, build_dataset, pick_label

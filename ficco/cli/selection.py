@@ -275,7 +275,8 @@ def evaluate_cmd(store, fingerprint, holdout_by, machine, as_json, out, force) -
 def export_cmd(machine, table, format, out, force) -> None:
     """Write the machine's table for a runtime: JSON, CSV rules or a C header.
 
-    The Python lookup that needs no ficco is ficco/export/lookup.py (standard library only).
+    The Python lookup that needs no ficco is ficco/export/lookup.py with
+    ficco/export/lookup_features.py beside it (standard library only).
 
     \b
     Example:

@@ -9,7 +9,7 @@ Steps (``train_table``):
    least mean regret over the pattern's problems; ``ficco.select.safe``): the table's answer
    outside its training range;
 4. write its decisions as data: a decision tree over the table features
-   (``ficco.export.lookup.TABLE_FEATURES``), fitted to the selector's picks on the training
+   (``ficco.export.lookup_features.TABLE_FEATURES``), fitted to the selector's picks on the training
    problems and on problems sampled log-uniformly inside each training range. Every training
    problem's lookup must equal the selector's pick, or training fails; the agreement on the
    sampled problems is recorded (``distillation``). A leaf's ``speedup`` is the geometric mean
@@ -30,14 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from ficco.export.lookup import (
-    DTYPE_BYTES,
-    FORMAT,
-    SCHEMA_VERSION,
-    TABLE_FEATURES,
-    Table,
-    table_features,
-)
+from ficco.export.lookup import FORMAT, SCHEMA_VERSION, Table
+from ficco.export.lookup_features import DTYPE_BYTES, TABLE_FEATURES, table_features
 from ficco.problem import Pattern, Problem
 from ficco.routing import imbalance
 from ficco.select.dataset import SERIAL, Dataset, problem_from_row

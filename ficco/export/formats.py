@@ -20,15 +20,13 @@ import math
 import re
 from typing import Any
 
-from ficco.export.lookup import (
+from ficco.export.lookup import FORMAT, SCHEMA_VERSION, Table
+from ficco.export.lookup_features import (
     DTYPE_BYTES,
-    FORMAT,
     INTEGER_FEATURES,
     PATTERNS,
     ROUTED_PATTERNS,
-    SCHEMA_VERSION,
     TABLE_FEATURES,
-    Table,
 )
 
 Box = dict[str, tuple[float, float]]  # feature -> (exclusive low, inclusive high)

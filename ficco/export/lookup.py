@@ -1,7 +1,8 @@
 """Answer "which schedule?" from an exported ficco table, with the standard library only.
 
-This module imports nothing from ficco (nor numpy, torch or scikit-learn): a runtime may copy
-this one file and call it::
+This module and its problem side, ``lookup_features`` (the problem's checks and features),
+need nothing of ficco (nor numpy, torch or scikit-learn): a runtime may copy these two files
+and call them::
 
     from lookup import load_table
     table = load_table("schedules/h200x2/table.json")
@@ -11,7 +12,7 @@ this one file and call it::
 A table (JSON, ``format: ficco.schedule-table``, ``schema_version: 2``) holds:
 
 ``roofs``         the machine constants the predicted-time features use;
-``features``      the feature names, in the order ``table_features`` computes them;
+``features``      the feature names it uses, among ``TABLE_FEATURES``;
 ``range``         per (pattern, world, dtype) the training problems' m / n / k (and experts)
                   ranges (the table's training range);
 ``safe_default``  per pattern, the schedule of least mean regret over the training problems
@@ -25,15 +26,12 @@ A table (JSON, ``format: ficco.schedule-table``, ``schema_version: 2``) holds:
               examples}`` answer (``speedup``: serial time / schedule time, the geometric mean
               over the training problems the leaf covers; ``support``: how many).
 
-Features are quantities computed from the problem (see ``table_features``; each pattern's
-sizes are ``SIZES``, the twins of its spec's in ``ficco.patterns``). For the all-to-all patterns
-a lookup takes the routing as a W x experts table of token counts (``routing=``, e.g. a
-runtime's router counts; ``ficco.recommend`` also draws one from a skew description) and the
-experts per token (``top_k=``), else assumes uniform routing, top-1. The routing features
-(``ROUTING_FEATURES``: top-k, experts per rank, tokens per expert, and the imbalance of tokens
-received per rank and per expert) are ratios and counts that keep their meaning as sizes grow.
-A table lists the features it was trained on (any of ``TABLE_FEATURES``: tables written before
-the routing features still load) and, for the all-to-alls, may bound ``top_k`` and the two
+The features (``lookup_features.table_features``, in ``lookup_features.TABLE_FEATURES``
+order) are quantities computed from the problem; for the all-to-all patterns a lookup also
+takes the routing (``routing=``, a W x experts table of token counts) and the experts per token
+(``top_k=``), else assumes uniform routing, top-1 (``lookup_features`` says more). A table
+lists the features it was trained on (any of ``TABLE_FEATURES``: tables written before the
+routing features still load) and, for the all-to-alls, may bound ``top_k`` and the two
 imbalances in its ``range``. A CSV export of the same table (one row per rule, -1 meaning
 "any", first match wins) is read by ``ficco.export.lookup_csv.load_csv_table``.
 """
@@ -45,29 +43,14 @@ import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
+try:  # inside ficco
+    from ficco.export import lookup_features
+except ImportError:  # copied beside lookup_features.py, without ficco
+    import lookup_features  # type: ignore[no-redef]
+
 FORMAT = "ficco.schedule-table"
 SCHEMA_VERSION = 2
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1}
-_DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32"}
-_DTYPE_ALIASES |= {"float": "fp32", "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
-
-#: Feature names in the order ``table_features`` returns them.
-_FEATURE_NAMES = (
-    "is_ag_gemm is_gemm_rs is_a2a_gemm is_gemm_a2a world dtype_bytes experts m n k m_shard rows"
-    " flops comm_bytes shard_bytes intensity t_gemm_pred_ms t_comm_ce_pred_ms"
-    " t_comm_nccl_pred_ms comm_compute_ratio"
-    " top_k experts_per_rank tokens_per_expert rank_imbalance expert_imbalance"
-)
-TABLE_FEATURES: tuple[str, ...] = tuple(_FEATURE_NAMES.split())
-#: Patterns a table answers: those with a one-hot column (``ficco``'s selector patterns).
-PATTERNS: tuple[str, ...] = tuple(f[3:] for f in TABLE_FEATURES if f.startswith("is_"))
-#: Patterns whose tokens are routed to experts (they take experts, routing and top_k).
-ROUTED_PATTERNS = frozenset({"a2a_gemm", "gemm_a2a"})
-#: The routing features (the last five): 0 / 0 / 0.0 / 1.0 / 1.0 for ag_gemm and gemm_rs.
-ROUTING_FEATURES: tuple[str, ...] = TABLE_FEATURES[20:]
-#: Features that are integers for every problem (the rest are real-valued).
-INTEGER_FEATURES = frozenset(TABLE_FEATURES[:15] + ("top_k", "experts_per_rank"))
 #: Routing bounds a table's all-to-all ``range`` entry may carry: integer top_k, real imbalances.
 ROUTING_RANGES: tuple[str, ...] = ("top_k", "rank_imbalance", "expert_imbalance")
 ROOF_KEYS = ("gemm_tflops", "gemm_floor_us", "ce_gbps", "ce_floor_us", "nccl_gbps", "nccl_floor_us")
@@ -98,199 +81,6 @@ class Answer(NamedTuple):
     """Out of range: per field ``(field, value, low, high, factor)``, the factor by which the
     value lies beyond the nearest bound (``value / high`` above, ``low / value`` below; None
     for a dtype or pattern the table has no problems of)."""
-
-
-def canonical_dtype(dtype: str) -> str:
-    key = str(dtype).lower().removeprefix("torch.")
-    key = _DTYPE_ALIASES.get(key, key)
-    if key not in DTYPE_BYTES:
-        raise ValueError(f"dtype: unknown dtype {dtype!r}; expected one of {sorted(DTYPE_BYTES)}")
-    return key
-
-
-def check_problem(
-    pattern: str,
-    m: int,
-    n: int,
-    k: int,
-    world: int,
-    experts: int | None,
-    routing: Any = None,
-    top_k: int | None = None,
-) -> None:
-    """ValueError naming the field when the problem is not valid (the rules of
-    ``ficco.problem.Problem``)."""
-    if pattern not in PATTERNS:
-        raise ValueError(f"pattern: unknown pattern {pattern!r}; expected one of {PATTERNS}")
-    for name, value in (("m", m), ("n", n), ("k", k), ("world", world)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name}: must be a positive integer, got {value!r}")
-    if world < 2:
-        raise ValueError(f"world: needs at least 2 ranks, got {world}")
-    a2a = pattern in ROUTED_PATTERNS
-    if not a2a and (routing is not None or top_k is not None):
-        raise ValueError(
-            f"routing/top_k: only the all-to-all patterns take them, not {pattern}, got "
-            f"{(routing, top_k)!r}"
-        )
-    if routing is None and m % world:
-        raise ValueError(f"m: must be divisible by world={world}, got {m}")
-    if not a2a:
-        return
-    if isinstance(experts, bool) or not isinstance(experts, int) or experts <= 0 or experts % world:
-        raise ValueError(
-            f"experts: {pattern} needs a positive multiple of world={world}, got {experts!r}"
-        )
-    if top_k is not None and (
-        isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= experts
-    ):
-        raise ValueError(f"top_k: must be an integer in [1, experts={experts}], got {top_k!r}")
-    rows = [m // world] * world
-    if routing is not None:
-        rule = f"must be a list of world={world} rows of experts={experts} counts >= 0"
-        if not isinstance(routing, (list, tuple)) or len(routing) != world:
-            raise ValueError(f"routing: {rule}, got {routing!r}")
-        for row in routing:
-            if (
-                not isinstance(row, (list, tuple))
-                or len(row) != experts
-                or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in row)
-            ):
-                raise ValueError(f"routing: {rule}, got row {row!r}")
-        rows = [sum(row) for row in routing]
-        if sum(rows) != m:
-            raise ValueError(f"routing: counts must sum to m={m}, they sum to {sum(rows)}")
-    for s, total in enumerate(rows if top_k else ()):
-        # a token's top_k rows go to distinct experts: no expert gets more than the tokens
-        most = max(routing[s]) if routing is not None else 0
-        if total % top_k or most > total // top_k:
-            raise ValueError(
-                f"top_k: rank {s} sends {total} rows, at most {most} to one expert: not a "
-                f"whole number of tokens x top_k={top_k} with distinct experts per token"
-            )
-
-
-def routing_summary(routing: Any, world: int, experts: int) -> tuple[int, ...]:
-    """Sums of a W x experts routing: ``(rows, block, recv_max, back_max, expert_max,
-    total)``: the most tokens any rank's experts get, the largest rank-to-rank block, the most
-    rows a rank receives from peers (dispatch) and gets back from them (combine), the busiest
-    expert's tokens, and all tokens."""
-    epr = experts // world
-    # between[s][d]: tokens rank s sends to rank d's experts
-    between = [[sum(row[d * epr : (d + 1) * epr]) for d in range(world)] for row in routing]
-    ranks = range(world)
-    return (
-        max(sum(between[s][d] for s in ranks) for d in ranks),
-        max(between[s][d] for s in ranks for d in ranks if s != d),
-        max(sum(between[s][d] for s in ranks) - between[d][d] for d in ranks),
-        max(sum(between[s]) - between[s][s] for s in ranks),
-        max(sum(col) for col in zip(*routing, strict=True)),
-        sum(map(sum, routing)),
-    )
-
-
-# --- sizes: twins of each pattern spec's ``sizes`` (``ficco.patterns``; a parity test holds
-# them equal): ``(rows, weights, comm_bytes, shard_bytes, experts)`` of one rank -------------
-
-
-def _sharded_sizes(m: int, n: int, k: int, w: int, b: int, cols: int) -> tuple[int, ...]:
-    shard_bytes = m // w * cols * b
-    return m, k * n, (w - 1) * shard_bytes, shard_bytes, 0
-
-
-def _uniform_blocks(m: int, w: int, e: int) -> tuple[int, int, int, int]:
-    """Uniform routing: ``(per_rank, largest block, smallest block, busiest expert)``."""
-    per_rank = m // w
-    base, extra = divmod(per_rank, e)
-    epr = e // w
-    block_max = epr * base + min(extra, epr)
-    block_min = epr * base + max(0, min(extra - (w - 1) * epr, epr))
-    return per_rank, block_max, block_min, w * (base + (extra > 0))
-
-
-def _routed_sizes(m, n, k, w, b, experts, routing, dispatch: bool) -> tuple[int, ...]:
-    e = experts or 0
-    weights = e // w * k * n
-    cols = k if dispatch else n
-    if routing is None:
-        per_rank, block_max, block_min, _ = _uniform_blocks(m, w, e)
-        rows, shard_bytes = w * block_max, block_max * cols * b
-        comm_rows = (w - 1) * block_max if dispatch else per_rank - block_min
-    else:
-        rows, block, recv_max, back_max, _, _ = routing_summary(routing, w, e)
-        shard_bytes, comm_rows = block * cols * b, recv_max if dispatch else back_max
-    return rows, weights, comm_rows * cols * b, shard_bytes, e
-
-
-def _emb_sizes(m, n, w, b, tables) -> tuple[int, ...]:  # tables whole, samples evenly
-    c, s = ([x // w + (r < x % w) for r in range(w)] for x in (len(tables), m))
-    own = max(sum(tables[sum(c[:r]) : sum(c[: r + 1])]) for r in range(w)) * n
-    got = max((len(tables) - c[r]) * s[r] for r in range(w))
-    pair = max(c[i] * s[j] for i in range(w) for j in range(w) if i != j)
-    return max(c) * m, own, got * n * b, pair * n * b, 0
-
-
-SIZES = {
-    "ag_gemm": lambda m, n, k, w, b, e, r: _sharded_sizes(m, n, k, w, b, k),
-    "gemm_rs": lambda m, n, k, w, b, e, r: _sharded_sizes(m, n, k, w, b, n),
-    "a2a_gemm": lambda m, n, k, w, b, e, r: _routed_sizes(m, n, k, w, b, e, r, True),
-    "gemm_a2a": lambda m, n, k, w, b, e, r: _routed_sizes(m, n, k, w, b, e, r, False),
-    "emb_a2a": lambda m, n, k, w, b, e, r: _emb_sizes(m, n, w, b, r),  # r: the tables' rows
-    "gemm_ar": lambda m, n, k, w, b, e, r: (
-        m,
-        k * n,
-        -(-2 * (w - 1) * m * n // w) * b,
-        -(-m // w) * n * b,
-        0,
-    ),
-}
-
-
-def table_features(
-    pattern: str,
-    m: int,
-    n: int,
-    k: int,
-    world: int,
-    dtype_bytes: int,
-    experts: int | None,
-    roofs: dict[str, Any],
-    tflops: float,
-    routing: Any = None,
-    top_k: int | None = None,
-) -> tuple[float, ...]:
-    """The features of a problem in ``TABLE_FEATURES`` order (``routing`` None: uniform;
-    ``top_k`` None: 1).
-
-    ``tflops`` is ``roofs['gemm_tflops'][dtype]``. Same arithmetic, in the same order, as
-    ``ficco.select.features.raw_features``."""
-    b = dtype_bytes
-    w = world
-    rows, weights, comm_bytes, shard_bytes, e = SIZES[pattern](m, n, k, w, b, experts, routing)
-    if pattern in ROUTED_PATTERNS:
-        if routing is None:
-            expert_max, total = _uniform_blocks(m, w, e)[3], m
-        else:
-            expert_max, total = routing_summary(routing, w, e)[4:]
-        share = (rows * w / total, expert_max * e / total) if total else (1.0, 1.0)
-        routed = (top_k or 1, e // w, m / e, *share)
-    else:
-        routed = (0, 0, 0.0, 1.0, 1.0)
-    flops = 2 * rows * n * k
-    touched = (rows * k + weights + rows * n) * b
-    t_gemm = flops / (tflops * 1e9) + roofs["gemm_floor_us"] / 1000.0
-    t_ce = (w - 1) * roofs["ce_floor_us"] / 1000.0 + comm_bytes / (roofs["ce_gbps"] * 1e6)
-    t_nccl = roofs["nccl_floor_us"] / 1000.0 + comm_bytes / (roofs["nccl_gbps"] * 1e6)
-    return (
-        *(float(pattern == p) for p in PATTERNS),
-        *map(float, (w, b, e, m, n, k, m // w, rows, flops, comm_bytes, shard_bytes)),
-        flops / touched,
-        t_gemm,
-        t_ce,
-        t_nccl,
-        t_ce / t_gemm,
-        *(float(x) for x in routed),
-    )
 
 
 # --- validation -------------------------------------------------------------------------------
@@ -347,11 +137,11 @@ def validate_table(data: Any, source: str = "table") -> None:
             raise _fail(f"{source}: roofs.{key}", f"must be a positive number, got {roofs[key]!r}")
     features = data["features"]
     listed = isinstance(features, list) and len(set(map(str, features))) == len(features)
-    if not listed or not set(features) <= set(TABLE_FEATURES):
+    if not listed or not set(features) <= set(lookup_features.TABLE_FEATURES):
         raise _fail(
             f"{source}: features",
             f"must be distinct names among the features this reader computes "
-            f"{list(TABLE_FEATURES)!r}, got {features!r}",
+            f"{list(lookup_features.TABLE_FEATURES)!r}, got {features!r}",
         )
     fallback = data["fallback"]
     if not isinstance(fallback, dict) or not isinstance(fallback.get("schedule"), str):
@@ -361,8 +151,10 @@ def validate_table(data: Any, source: str = "table") -> None:
         raise _fail(f"{source}: safe_default", "must be an object mapping patterns to entries")
     for pattern, entry in safe.items():
         where = f"{source}: safe_default.{pattern}"
-        if pattern not in PATTERNS:
-            raise _fail(where, f"unknown pattern {pattern!r}; expected one of {PATTERNS}")
+        if pattern not in lookup_features.PATTERNS:
+            raise _fail(
+                where, f"unknown pattern {pattern!r}; expected one of {lookup_features.PATTERNS}"
+            )
         if not isinstance(entry, dict) or not isinstance(entry.get("schedule"), str):
             raise _fail(where, "must be an object with a 'schedule' string")
         for key in ("mean_regret", "worst_regret"):
@@ -377,9 +169,9 @@ def validate_table(data: Any, source: str = "table") -> None:
         where = f"{source}: range[{i}]"
         if not isinstance(entry, dict):
             raise _fail(where, "must be an object")
-        if entry.get("pattern") not in PATTERNS:
+        if entry.get("pattern") not in lookup_features.PATTERNS:
             raise _fail(f"{where}.pattern", f"unknown pattern {entry.get('pattern')!r}")
-        if entry.get("dtype") not in DTYPE_BYTES:
+        if entry.get("dtype") not in lookup_features.DTYPE_BYTES:
             raise _fail(f"{where}.dtype", f"unknown dtype {entry.get('dtype')!r}")
         if entry["dtype"] not in tflops:
             raise _fail(f"{where}.dtype", f"roofs.gemm_tflops has no {entry['dtype']!r}")
@@ -388,7 +180,7 @@ def validate_table(data: Any, source: str = "table") -> None:
             raise _fail(f"{where}.world", f"must be an integer >= 2, got {world!r}")
         for dim in ("m", "n", "k"):
             _int_range(f"{where}.{dim}", entry.get(dim))
-        if entry["pattern"] in ROUTED_PATTERNS:
+        if entry["pattern"] in lookup_features.ROUTED_PATTERNS:
             _int_range(f"{where}.experts", entry.get("experts"))
             for name in ROUTING_RANGES:
                 bounds = entry.get(name)
@@ -471,7 +263,7 @@ def outside_range(
             return why, (("dtype", dtype, dtypes[0], dtypes[-1], None),)
         return why, (("pattern", pattern, None, None, None),)
     dims = [("m", m), ("n", n), ("k", k)]
-    if pattern in ROUTED_PATTERNS:
+    if pattern in lookup_features.ROUTED_PATTERNS:
         dims.append(("experts", experts))
         dims += [(name, (routed or {})[name]) for name in ROUTING_RANGES if name in entry]
     outside = []
@@ -504,7 +296,7 @@ class Table:
         self.roofs: dict[str, Any] = data["roofs"]
         self.fallback: str = data["fallback"]["schedule"]
         self.safe: dict[str, dict[str, Any]] = data["safe_default"]
-        index = {name: i for i, name in enumerate(TABLE_FEATURES)}
+        index = {name: i for i, name in enumerate(lookup_features.TABLE_FEATURES)}
         # (feature index, threshold, left, right) for internal nodes; (-1, speedup, schedule,
         # support) for leaves.
         self._nodes = [
@@ -532,39 +324,66 @@ class Table:
         """The table's schedule for a problem (all-to-alls: ``routing`` a W x experts table of
         token counts, None for uniform; ``top_k`` experts per token, None for 1); the measured
         safe default outside the training range."""
-        dtype = canonical_dtype(dtype)
-        check_problem(pattern, m, n, k, world, experts, routing, top_k)
         problem = (pattern, m, n, k, world, dtype, experts, routing, top_k)
-        features, why, outside = placed_problem(self.roofs, self.data["range"], problem)
-        if why is not None:
-            return safe_default_answer(self.safe, self.fallback, pattern, why, outside)
+        placed = placed_problem(self.roofs, self.data["range"], *problem)
+        if placed.why is not None:
+            return safe_default_answer(self.safe, self.fallback, pattern, *placed[2:])
+        features = placed.features
         nodes, path, i = self._nodes, [], 0
         while nodes[i][0] >= 0:
             feature, threshold, left, right = nodes[i]
             value = features[feature]
             below = value <= threshold
-            path.append((TABLE_FEATURES[feature], value, "<=" if below else ">", threshold))
+            name = lookup_features.TABLE_FEATURES[feature]
+            path.append((name, value, "<=" if below else ">", threshold))
             i = left if below else right
         _, speedup, schedule, support = nodes[i]
         reason = f"rule {i} of the {self.machine} table ({support} training problems in its region)"
         return Answer(schedule, speedup, True, i, tuple(path), reason, features)
 
 
+class Placed(NamedTuple):
+    """Where a problem stands before a table answers it (:func:`placed_problem`)."""
+
+    dtype: str
+    """Its dtype's canonical name."""
+    features: tuple[float, ...]
+    """Its table features (``()`` where the roofs have no figure for its dtype)."""
+    why: str | None
+    """Why it lies outside the training ranges (None inside)."""
+    outside: tuple[tuple[str, Any, Any, Any, float | None], ...]
+    """Per field beyond its bounds, ``(field, value, low, high, factor)``."""
+
+
 def placed_problem(
-    roofs: dict, ranges: list, problem: tuple[str, int, int, int, int, str, Any, Any, Any]
-) -> tuple[tuple, str | None, tuple]:
-    """A checked problem's table features (``()`` where the roofs have no figure for its dtype)
-    and where it stands against the training ranges (``outside_range``'s ``(why, outside)``):
-    what every table format computes before it answers. ``problem``: ``(pattern, m, n, k,
-    world, dtype, experts, routing, top_k)``, as :meth:`Table.lookup` takes them."""
-    pattern, m, n, k, world, dtype, experts, routing, top_k = problem
+    roofs: dict,
+    ranges: list,
+    pattern: str,
+    m: int,
+    n: int,
+    k: int,
+    world: int,
+    dtype: str,
+    experts: int | None,
+    routing: Any,
+    top_k: int | None,
+) -> Placed:
+    """The problem of :meth:`Table.lookup`'s arguments checked (ValueError naming the field)
+    and placed against the roofs and training ranges: what every table format computes
+    before it answers."""
+    dtype = lookup_features.canonical_dtype(dtype)
+    lookup_features.check_problem(pattern, m, n, k, world, experts, routing, top_k)
     tflops = roofs["gemm_tflops"].get(dtype)
-    args = (pattern, m, n, k, world, DTYPE_BYTES[dtype], experts, roofs, tflops, routing, top_k)
-    features = table_features(*args) if tflops is not None else ()
+    features = ()
+    if tflops is not None:
+        b = lookup_features.DTYPE_BYTES[dtype]
+        args = (pattern, m, n, k, world, b, experts, roofs, tflops, routing, top_k)
+        features = lookup_features.table_features(*args)
     # the routing features close the feature tuple; () out of roofs
-    routed = dict(zip(ROUTING_FEATURES, features[-len(ROUTING_FEATURES) :], strict=False))
+    names = lookup_features.ROUTING_FEATURES
+    routed = dict(zip(names, features[-len(names) :], strict=False))
     why, outside = outside_range(ranges, pattern, m, n, k, world, dtype, experts, routed)
-    return features, why, outside
+    return Placed(dtype, features, why, outside)
 
 
 def safe_default_answer(

@@ -1,8 +1,8 @@
 """Answer "which schedule?" from the CSV export of a ficco table (standard library only).
 
 One row per rule, ``-1`` meaning "any", first matching row wins; the features are computed
-by ``ficco.export.lookup.table_features`` (copy ``lookup.py`` beside this file to use it
-without ficco).
+by ``ficco.export.lookup_features.table_features`` (copy ``lookup.py`` and
+``lookup_features.py`` beside this file to use it without ficco).
 """
 
 from __future__ import annotations
@@ -13,30 +13,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-try:
-    from ficco.export.lookup import (
-        FORMAT,
-        SCHEMA_VERSION,
-        TABLE_FEATURES,
-        Answer,
-        TableError,
-        canonical_dtype,
-        check_problem,
-        placed_problem,
-        safe_default_answer,
-    )
-except ImportError:  # copied beside lookup.py, without ficco
-    from lookup import (  # type: ignore[no-redef]
-        FORMAT,
-        SCHEMA_VERSION,
-        TABLE_FEATURES,
-        Answer,
-        TableError,
-        canonical_dtype,
-        check_problem,
-        placed_problem,
-        safe_default_answer,
-    )
+try:  # inside ficco
+    from ficco.export import lookup as json_lookup
+    from ficco.export import lookup_features
+except ImportError:  # copied beside lookup.py and lookup_features.py, without ficco
+    import lookup as json_lookup  # type: ignore[no-redef]
+    import lookup_features  # type: ignore[no-redef]
+
+Answer, TableError = json_lookup.Answer, json_lookup.TableError
 
 
 class CsvTable:
@@ -61,12 +45,12 @@ class CsvTable:
                     meta[key.strip()] = value.strip()
             elif line.strip():
                 body.append(line)
-        if meta.get("format") != FORMAT:
+        if meta.get("format") != json_lookup.FORMAT:
             raise TableError(f"{source}: format: not a ficco schedule table CSV")
-        if meta.get("schema_version") != str(SCHEMA_VERSION):
+        if meta.get("schema_version") != str(json_lookup.SCHEMA_VERSION):
             raise TableError(
                 f"{source}: schema_version: this CSV has version {meta.get('schema_version')!r}, "
-                f"this reader reads {SCHEMA_VERSION}"
+                f"this reader reads {json_lookup.SCHEMA_VERSION}"
             )
         try:
             self.roofs = json.loads(meta["roofs"])
@@ -91,13 +75,13 @@ class CsvTable:
         top_k: int | None = None,
     ) -> Answer:
         """As ``ficco.export.lookup.Table.lookup``."""
-        dtype = canonical_dtype(dtype)
-        check_problem(pattern, m, n, k, world, experts, routing, top_k)
         problem = (pattern, m, n, k, world, dtype, experts, routing, top_k)
-        features, why, outside = placed_problem(self.roofs, self.ranges, problem)
+        dtype, features, why, outside = json_lookup.placed_problem(
+            self.roofs, self.ranges, *problem
+        )
         if why is not None:  # as the JSON table: outside the training range, the safe default
-            return safe_default_answer(self.safe, self.fallback, pattern, why, outside)
-        values = dict(zip(TABLE_FEATURES, features, strict=False))  # () without roofs
+            return json_lookup.safe_default_answer(self.safe, self.fallback, pattern, why, outside)
+        values = dict(zip(lookup_features.TABLE_FEATURES, features, strict=False))  # () no roofs
         for number, row in enumerate(self.rows):
             if row["pattern"] != pattern or row["dtype"] != dtype or int(row["world"]) != world:
                 continue
@@ -107,7 +91,7 @@ class CsvTable:
         # rows are the leaves cut to the training ranges: a problem inside a range lands in
         # one; should none match, answer as outside the range rather than guess
         why = f"no row of {self.source} matches {pattern} {dtype} W={world}"
-        return safe_default_answer(self.safe, self.fallback, pattern, why, outside)
+        return json_lookup.safe_default_answer(self.safe, self.fallback, pattern, why, outside)
 
 
 def _row_matches(row: dict[str, str], values: dict[str, float]) -> bool:

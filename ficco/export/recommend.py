@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ficco.defaults import DEFAULT_MACHINE
-from ficco.export.lookup import PATTERNS, ROUTING_FEATURES, TABLE_FEATURES, Table, load_table
+from ficco.export.lookup import Table, load_table
+from ficco.export.lookup_features import PATTERNS, ROUTING_FEATURES, TABLE_FEATURES
 from ficco.problem import Problem
 from ficco.routing import imbalance
 from ficco.shipped import shipped_dir

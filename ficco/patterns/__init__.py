@@ -30,10 +30,10 @@ module: ``Problem``, the CLI's problem options and ``api.make_problem`` read the
 3. ``ficco/plan/emb_a2a.py``: its lowering and buffers (the spec names them by ``Ref``),
    built from ``ficco.plan.ops`` (a new op kind would also need its primitive in
    ``ficco.execute``).
-4. ``ficco/export/lookup.py``: its stdlib sizes twin in ``SIZES`` (the parity test holds it
-   to the spec's ``sizes``).
+4. ``ficco/export/lookup_features.py``: its stdlib sizes twin in ``SIZES`` (the parity test
+   holds it to the spec's ``sizes``).
 5. Once measured profiles exist (``in_selector=True``): its ``is_emb_a2a`` column in
-   ``lookup.TABLE_FEATURES`` (same file as 4) and in the C header's features in
+   ``lookup_features.TABLE_FEATURES`` (same file as 4) and in the C header's features in
    ``ficco/export/formats.py``; the selector's one-hots (``FEATURE_PATTERNS``) follow the
    registry, and the tables are retrained (the column moves every later index).
 

@@ -180,7 +180,7 @@ class PatternSpec:
     sizes: Callable[[Problem], Sizes]
     """Sizes of one rank (the selector's features)."""
     lookup_sizes: str
-    """Key of the stdlib twin of ``sizes`` in ``ficco.export.lookup.SIZES``."""
+    """Key of the stdlib twin of ``sizes`` in ``ficco.export.lookup_features.SIZES``."""
     reference: Callable[..., tuple]
     """``(problem, rank, inputs(rank, name)) -> (exact float64, plain)``: this rank's output
     from every rank's inputs, without communication (imports torch inside)."""

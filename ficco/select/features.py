@@ -9,8 +9,9 @@ Two views of the same numbers:
 
 ``raw_features``       positive quantities in natural units (rows, bytes, FLOPs, ms). Exported
                        tables split on these, so a runtime recomputes them with a few integer
-                       products and one division (``ficco.export.lookup.table_features`` is the
-                       stdlib twin; a test checks the two agree bit for bit).
+                       products and one division (the stdlib twin is
+                       ``ficco.export.lookup_features.table_features``; a test checks the two
+                       agree bit for bit).
 ``selector_features``  the same, log2-scaled where a quantity spans decades, plus a one-hot
                        pattern: what the selector's models see. Tree models are invariant to
                        monotone per-feature transforms, so a tree split on ``log2_x <= t`` is
@@ -197,7 +198,7 @@ _LOG_OR_ZERO = frozenset({"experts", "tokens_per_expert"})
 
 def _sizes(problem: Problem) -> Sizes:
     """``(rows, weights, comm_bytes, shard_bytes, experts)`` of one rank: the pattern's spec's
-    ``sizes`` (whose stdlib twin ``ficco.export.lookup`` computes alike)."""
+    ``sizes`` (whose stdlib twin ``ficco.export.lookup_features`` computes alike)."""
     if problem.pattern not in FEATURE_PATTERNS:
         raise ValueError(
             f"pattern: the selector's features cover {', '.join(map(str, FEATURE_PATTERNS))}; "
@@ -216,7 +217,7 @@ def _sizes(problem: Problem) -> Sizes:
 def raw_features(problem: Problem, roofs: Roofs) -> dict[str, float]:
     """The raw features of ``problem`` on a machine (see ``FEATURE_DOC``), in table order.
 
-    The arithmetic is written in the same order as ``ficco.export.lookup.table_features`` so the
+    The arithmetic is written in the same order as ``ficco.export.lookup_features.table_features`` so the
     two agree bit for bit, uniform or routed."""
     b = problem.dtype_bytes
     w = problem.world
