@@ -325,10 +325,9 @@ class Table:
         token counts, None for uniform; ``top_k`` experts per token, None for 1); the measured
         safe default outside the training range."""
         problem = (pattern, m, n, k, world, dtype, experts, routing, top_k)
-        placed = placed_problem(self.roofs, self.data["range"], *problem)
-        if placed.why is not None:
-            return safe_default_answer(self.safe, self.fallback, pattern, *placed[2:])
-        features = placed.features
+        _, features, why, outside = placed_problem(self.roofs, self.data["range"], problem)
+        if why is not None:
+            return safe_default_answer(self.safe, self.fallback, pattern, why, outside)
         nodes, path, i = self._nodes, [], 0
         while nodes[i][0] >= 0:
             feature, threshold, left, right = nodes[i]
@@ -356,21 +355,13 @@ class Placed(NamedTuple):
 
 
 def placed_problem(
-    roofs: dict,
-    ranges: list,
-    pattern: str,
-    m: int,
-    n: int,
-    k: int,
-    world: int,
-    dtype: str,
-    experts: int | None,
-    routing: Any,
-    top_k: int | None,
+    roofs: dict, ranges: list, problem: tuple[str, int, int, int, int, str, Any, Any, Any]
 ) -> Placed:
-    """The problem of :meth:`Table.lookup`'s arguments checked (ValueError naming the field)
-    and placed against the roofs and training ranges: what every table format computes
-    before it answers."""
+    """The problem checked (ValueError naming the field) and placed against the roofs and the
+    training ranges: what every table format computes before it answers. ``problem``:
+    ``(pattern, m, n, k, world, dtype, experts, routing, top_k)``, as :meth:`Table.lookup`
+    takes them."""
+    pattern, m, n, k, world, dtype, experts, routing, top_k = problem
     dtype = lookup_features.canonical_dtype(dtype)
     lookup_features.check_problem(pattern, m, n, k, world, experts, routing, top_k)
     tflops = roofs["gemm_tflops"].get(dtype)

@@ -76,9 +76,7 @@ class CsvTable:
     ) -> Answer:
         """As ``ficco.export.lookup.Table.lookup``."""
         problem = (pattern, m, n, k, world, dtype, experts, routing, top_k)
-        dtype, features, why, outside = json_lookup.placed_problem(
-            self.roofs, self.ranges, *problem
-        )
+        dtype, features, why, outside = json_lookup.placed_problem(self.roofs, self.ranges, problem)
         if why is not None:  # as the JSON table: outside the training range, the safe default
             return json_lookup.safe_default_answer(self.safe, self.fallback, pattern, why, outside)
         values = dict(zip(lookup_features.TABLE_FEATURES, features, strict=False))  # () no roofs
