@@ -80,3 +80,25 @@ def test_host_descriptors_compute_every_chunk(signalled):
     assert fallback.host is None
     fallback()
     assert (out - a @ b).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("programs", [4, 2])  # 4 tiles: one each; two each
+def test_back_to_back_launches_with_one_tile_each(programs):
+    """No more tiles than programs and nothing signalled: no program claims twice or counts
+    itself done; the last ticket's holder alone resets the claim counter for the next launch."""
+    from ficco.kernels.configs import GemmConfig
+    from ficco.kernels.fused import FusedChunkViews, FusedGemm
+
+    gen = torch.Generator().manual_seed(7)
+    a, b = torch.randn(24, 16, generator=gen), torch.randn(16, 32, generator=gen)
+    out = torch.full((24, 32), float("nan"))
+    flags = torch.ones(1, dtype=torch.int32)
+    chunks = [FusedChunkViews(a[:16], out[:16]), FusedChunkViews(a[16:], out[16:], wait=flags)]
+    cfg = GemmConfig(16, 16, 16, 4, 1, 4)  # 2 + 2 tiles
+    kernel = FusedGemm(chunks, b, sm_budget=programs, timeout_s=5.0, config=cfg)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        kernel()
+        kernel.raise_on_timeout("launch")
+        assert (out - a @ b).abs().max().item() < 1e-4
+        assert kernel.work.eq(0).all()

@@ -161,6 +161,10 @@ def _fused_gemm_kernel(
     # A program's tiles therefore rise, and so do their chunks: a chunk's row and
     # descriptors are read and made when the program first meets it, not per tile.
     tile = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
+    first = tile
+    # No more tiles than programs (the grid is then the tile count): each claims one, so no
+    # second claim is needed to find the queue empty
+    one_each = (num_tiles <= tl.num_programs(0)) & (num_tiles > 0)
     if USE_TMA and HOST_DESCS:  # made on the host: no descriptor to write and fence here
         a_desc = a_host_desc
         c_desc = c_host_desc
@@ -284,22 +288,34 @@ def _fused_gemm_kernel(
                             tl.atomic_xchg(copy_flag, 1, sem="release", scope="sys")
         else:
             tl.store(status_ptr + chunk, 1)
-        tile = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
+        if one_each:
+            tile += num_tiles  # past the end: this program's one tile is done
+        else:
+            tile = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
     # The last program to finish zeroes the claim counter and the chunk counters for the
     # next launch (every other program's claims and counts came before its own count here),
-    # so a launch needs no memset before it.
-    finished = tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
-    if finished == tl.num_programs(0) - 1:
-        for i in range(num_chunks):
-            tl.store(counter_ptr + i, 0)
-            if RESET_WAITS:
-                # every tile has read its flag (each program counted itself done after its
-                # last tile): consumed, ready for the next launch's arrivals
-                row = table_ptr + i * TABLE_COLS
-                if tl.load(row + 6) != 0:
-                    tl.store(flag_ref + tl.load(row + 4), 0)
-        tl.store(next_tile_ptr, 0)
-        tl.store(done_ptr, 0)
+    # so a launch needs no memset before it. With one tile each and no chunk counter or
+    # flag to reset, the claim counter is all: the last ticket's holder zeroes it (every
+    # program has claimed by then), and no program counts itself done.
+    claim_only = False
+    if not (POINTER_STORES or RESET_WAITS):
+        claim_only = one_each
+    if claim_only:
+        if first == num_tiles - 1:
+            tl.store(next_tile_ptr, 0)
+    else:
+        finished = tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
+        if finished == tl.num_programs(0) - 1:
+            for i in range(num_chunks):
+                tl.store(counter_ptr + i, 0)
+                if RESET_WAITS:
+                    # every tile has read its flag (each program counted itself done after
+                    # its last tile): consumed, ready for the next launch's arrivals
+                    row = table_ptr + i * TABLE_COLS
+                    if tl.load(row + 6) != 0:
+                        tl.store(flag_ref + tl.load(row + 4), 0)
+            tl.store(next_tile_ptr, 0)
+            tl.store(done_ptr, 0)
 
 
 class FusedGemm(_Timed):
