@@ -46,23 +46,23 @@ from ficco.space.geometry import cut
 def _a2a_layout(p: Problem, rank: int):
     """Row offsets. ``send_off[d][j]``: first row of x (sorted by expert) for rank d's j-th
     expert; ``recv_off[s][j]``: first row of the received block from s for local expert j."""
-    w, epr = p.world, p.experts_per_rank
-    between = p.tokens_between()
-    send_off, row = [], 0
-    for d in range(w):
-        offs = []
-        for j in range(epr):
-            offs.append(row)
-            row += between[rank][d][j]
-        send_off.append(offs)
-    recv_off, row = [], 0
-    for s in range(w):
-        offs = []
-        for j in range(epr):
-            offs.append(row)
-            row += between[s][rank][j]
-        recv_off.append(offs)
+    w, between = p.world, p.tokens_between()
+    send_off = _first_rows([between[rank][d] for d in range(w)])
+    recv_off = _first_rows([between[s][rank] for s in range(w)])
     return between, send_off, recv_off
+
+
+def _first_rows(blocks: list) -> list[list[int]]:
+    """The first row of each expert's segment of each block, for ``blocks`` (per peer, the
+    rows per local expert) laid out one after the other."""
+    firsts, row = [], 0
+    for per_expert in blocks:
+        offs = []
+        for n in per_expert:
+            offs.append(row)
+            row += n
+        firsts.append(offs)
+    return firsts
 
 
 def add_serial_all_to_all(
