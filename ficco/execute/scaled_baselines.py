@@ -25,8 +25,8 @@ from ficco.patterns.spec import (
     BASELINE_ASYNC_TP,
     BASELINE_COMM,
     BASELINE_GEMM,
-    BASELINE_SERIAL_EAGER,
     Collective,
+    eager_baselines,
 )
 from ficco.plan import Region
 from ficco.problem import Problem, torch_dtype
@@ -113,12 +113,7 @@ def _all_gather(p: Problem, tensors: dict, device, group_name: str) -> dict:
         gather()
         gemm_alone()
 
-    serial_eager.out = c
-    out = {
-        BASELINE_GEMM: gemm_alone,
-        BASELINE_COMM: gather,
-        BASELINE_SERIAL_EAGER: serial_eager,
-    }
+    out = eager_baselines(gemm_alone, gather, serial_eager, c)
     op = async_tp_scaled_op(Collective.ALL_GATHER)
     if op is None:
         out[BASELINE_ASYNC_TP] = _refused(
@@ -164,12 +159,7 @@ def _reduced(p: Problem, tensors: dict, device, group_name: str, collective: Col
         gemm_alone()
         comm_alone()
 
-    serial_eager.out = result
-    out = {
-        BASELINE_GEMM: gemm_alone,
-        BASELINE_COMM: comm_alone,
-        BASELINE_SERIAL_EAGER: serial_eager,
-    }
+    out = eager_baselines(gemm_alone, comm_alone, serial_eager, result)
     if not scattered:  # PyTorch has no fused scaled matmul + all-reduce
         return out
     op = async_tp_scaled_op(Collective.REDUCE_SCATTER)

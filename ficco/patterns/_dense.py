@@ -6,18 +6,10 @@ rows of A (or of its shard) and the collective moves whole [rows, K] or [rows, N
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ficco.patterns import spec_of
-from ficco.patterns.spec import (
-    BASELINE_COMM,
-    BASELINE_GEMM,
-    BASELINE_SERIAL_EAGER,
-    ModelSupport,
-    PatternSpec,
-    Sizes,
-)
+from ficco.patterns.spec import BASELINE_COMM, ModelSupport, PatternSpec, Sizes
 from ficco.space.schedule import Compute, Granularity
 
 if TYPE_CHECKING:
@@ -89,22 +81,6 @@ def summed_partials(parts) -> tuple:
     exact = sum(a.double() @ b.double() for a, b in parts)
     plain = sum((a @ b).float() for a, b in parts).to(parts[0][0].dtype)
     return exact, plain
-
-
-def eager_baselines(
-    gemm_alone: Callable[[], None],
-    comm_alone: Callable[[], None],
-    serial_eager: Callable[[], None],
-    out,
-) -> dict[str, Callable[[], None]]:
-    """The CUDA baselines every dense pattern has, by name: its GEMM alone, its collective
-    alone, and both in the serial order, whose result ``out`` is verified."""
-    serial_eager.out = out
-    return {
-        BASELINE_GEMM: gemm_alone,
-        BASELINE_COMM: comm_alone,
-        BASELINE_SERIAL_EAGER: serial_eager,
-    }
 
 
 #: the parts a dense pattern has unless its spec gives them: each rank holds (or ends with)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ficco.patterns import Pattern, register
 from ficco.patterns import _dense as dense
-from ficco.patterns.spec import BASELINE_ASYNC_TP, Collective, Ref
+from ficco.patterns.spec import BASELINE_ASYNC_TP, Collective, Ref, eager_baselines
 from ficco.space.schedule import Split
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def cuda_baselines(p: Problem, tensors: dict, device, group_name: str) -> dict:
 
     async_tp.out = None
     return {
-        **dense.eager_baselines(gemm_alone, comm_alone, serial_eager, c),
+        **eager_baselines(gemm_alone, comm_alone, serial_eager, c),
         BASELINE_ASYNC_TP: async_tp,
     }
 

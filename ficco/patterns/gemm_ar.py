@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from ficco.patterns import Pattern, register
 from ficco.patterns import _dense as dense
-from ficco.patterns.spec import BASELINE_COMM, Collective, ModelSupport, Ref, Sizes
+from ficco.patterns.spec import BASELINE_COMM, Collective, ModelSupport, Ref, Sizes, eager_baselines
 from ficco.space.schedule import AllReduce, Compute, Split
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def cuda_baselines(p: Problem, tensors: dict, device, group_name: str) -> dict:
         dist.all_reduce(c)
 
     return {
-        **dense.eager_baselines(gemm_alone, comm_alone, serial_eager, c),
+        **eager_baselines(gemm_alone, comm_alone, serial_eager, c),
         **symm_comm_parts(p, tensors, group_name),
     }
 

@@ -60,6 +60,22 @@ BASELINE_ASYNC_TP = "async_tp"
 SERIAL_PLAN_PARTS = "serial plan parts"
 
 
+def eager_baselines(
+    gemm_alone: Callable[[], None],
+    comm_alone: Callable[[], None],
+    serial_eager: Callable[[], None],
+    out,
+) -> dict[str, Callable[[], None]]:
+    """The baselines a ``cuda_baselines`` function builds, by name: the GEMM alone, the
+    collective alone, and both in the serial order, whose result ``out`` is verified."""
+    serial_eager.out = out
+    return {
+        BASELINE_GEMM: gemm_alone,
+        BASELINE_COMM: comm_alone,
+        BASELINE_SERIAL_EAGER: serial_eager,
+    }
+
+
 class Sizes(NamedTuple):
     """One rank's sizes, the selector's features and the lookup twin are built on."""
 
