@@ -407,6 +407,16 @@ def test_promotion_every_128_products_and_what_lagging_refuses():
         assert cfg.block_m * cfg.block_n // (32 * cfg.num_warps) <= 64, cfg.name
 
 
+def test_the_fused_kernel_takes_a_lagged_tile_as_single_steps_in_the_same_memory():
+    from ficco.kernels.scaled_fused import unlagged
+
+    lag = next(c for c in FP8_GPU_CONFIGS if c.lagged_promotion)
+    plain = unlagged(lag)
+    assert not plain.lagged_promotion and plain.num_stages == 2 * lag.num_stages
+    assert plain.shared_memory_bytes(1, 2) == lag.shared_memory_bytes(1, 2)
+    assert unlagged(FP8_GPU_CONFIGS[0]) is FP8_GPU_CONFIGS[0]
+
+
 def test_every_dtype_shares_the_untuned_fused_tiles():
     from ficco.kernels.fused_configs import fused_config, pointer_config, untuned_fused_config
     from ficco.kernels.scaled_fused import fused_scaled_config

@@ -3,7 +3,7 @@ and B's, checked as ``ficco.kernels.scaled`` checks its own, and the fused launc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -73,4 +73,13 @@ def fused_scaled_config(
     untuned = untuned_fused_config(m, n, k, chunks, device, path)
     if untuned is not None:
         return untuned
-    return scaled_config_for(-(-m // chunks), n, k, dtype, sm_budget, device)
+    return unlagged(scaled_config_for(-(-m // chunks), n, k, dtype, sm_budget, device))
+
+
+def unlagged(config: GemmConfig) -> GemmConfig:
+    """``config`` for the fused kernel, whose K loop promotes each step in place: a lagged
+    configuration's stages (each a pair of K steps, ``GemmConfig.lagged_promotion``) become
+    twice as many stages of one step, the same shared memory."""
+    if not config.lagged_promotion:
+        return config
+    return replace(config, lagged_promotion=False, num_stages=2 * config.num_stages)
