@@ -32,23 +32,16 @@ def git_commit(path: str | Path | None = None) -> str:
     (a copy sent to a GPU machine)."""
     if os.environ.get("FICCO_GIT_COMMIT"):
         return os.environ["FICCO_GIT_COMMIT"]
+    cwd = path or Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        run = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=5)
+        return run.stdout.strip()
+
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=path or Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=path or Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-        commit = out.stdout.strip()
-        return f"{commit}{'-dirty' if dirty.stdout.strip() else ''}" if commit else "unknown"
+        commit = git("rev-parse", "--short=12", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return f"{commit}{'-dirty' if dirty else ''}" if commit else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
