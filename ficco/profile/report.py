@@ -184,6 +184,15 @@ def _page_name(stem: str, page: int) -> str:
     return f"{stem}.png" if page == 0 else f"{stem}_{page + 1}.png"
 
 
+def _save(fig, path: Path) -> Path:
+    """Write ``fig`` to ``path`` (every figure of the report at one resolution) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _cpu_subtitle(frame: pd.DataFrame) -> str:
     if "cpu" in set(frame["backend"]):
         return "\n[cpu backend: harness timings only, never for choosing schedules]"
@@ -230,10 +239,7 @@ def plot_speedup_heatmap(
         if len(keys) > HEATMAP_ROWS:
             title += f", page {page + 1}"
         ax.set_title(title + note, fontsize=10)
-        path = out / _page_name("speedup_heatmap", page)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        files.append(path)
+        files.append(_save(fig, out / _page_name("speedup_heatmap", page)))
     return files
 
 
@@ -371,10 +377,7 @@ def plot_signature_breakdown(
         if len(rows) > BREAKDOWN_ROWS:
             title += f", page {page + 1}"
         ax.set_title(title + note, fontsize=10)
-        path = out / _page_name("signature_breakdown", page)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        files.append(path)
+        files.append(_save(fig, out / _page_name("signature_breakdown", page)))
     return files
 
 
@@ -418,7 +421,4 @@ def plot_share_of_ideal(table: pd.DataFrame, out: Path, note: str = "") -> list[
     fig.legend(unique.values(), unique.keys(), fontsize=8, loc="outside right", title="pattern")
     title = "Realized share of the ideal gain across the catalog\n(best schedule per problem; bar: median; v: clipped to the axis)"
     ax.set_title(title + note, fontsize=10)
-    path = out / "share_of_ideal.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    return [_save(fig, out / "share_of_ideal.png")]
