@@ -4,7 +4,7 @@ Protocol: load the table once (the first call reads and validates the file; it i
 while the file is unchanged), build a fixed set of problems inside and outside the table's
 training ranges, then for ``--rounds`` rounds time ``--lookups`` calls cycling through them with
 ``time.perf_counter_ns`` and take the median over rounds of the per-call mean. The stdlib
-lookup alone (``Table.lookup``, what a runtime copying ``ficco/export/lookup.py`` pays) is timed
+lookup alone (``Table.lookup``, what a runtime copying ``ficco/export/lookup*.py`` pays) is timed
 the same way. The last line printed is the result, with the environment fingerprint.
 
     python scripts/bench_recommend.py                       # schedules/h200x2/table.json
