@@ -331,29 +331,11 @@ def plan_a2a_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
         if s.compute is Compute.MERGED:
             deps = [arrived[(i, c)] for c in cs]
             for j, lo, hi in _block_pieces(list(between[src][rank]), Schedule())[0] if cs else []:
-                bld.add(
-                    GemmOp(
-                        Region(a_buf, (a_base + lo, a_base + hi), (0, K)),
-                        Region("b", (0, K), (0, N), index=j),
-                        Region("y", (out_base + lo, out_base + hi), (0, N)),
-                    ),
-                    Stream.COMPUTE,
-                    deps,
-                    (src, -1),
-                )
+                gemm(a_buf, a_base, out_base, j, lo, hi, deps, (src, -1))
             continue
         for c in cs:
             for j, lo, hi in recv_chunks[i][c]:
-                bld.add(
-                    GemmOp(
-                        Region(a_buf, (a_base + lo, a_base + hi), (0, K)),
-                        Region("b", (0, K), (0, N), index=j),
-                        Region("y", (out_base + lo, out_base + hi), (0, N)),
-                    ),
-                    Stream.COMPUTE,
-                    [arrived[(i, c)]],
-                    (src, c),
-                )
+                gemm(a_buf, a_base, out_base, j, lo, hi, [arrived[(i, c)]], (src, c))
     return Plan(p, s, rank, buffers, tuple(bld.tasks), "y")
 
 
