@@ -114,16 +114,15 @@ def symm_comm_parts(p: Problem, tensors: dict, group_name: str) -> dict[str, Cal
 
     c = tensors["c"]
     staged = tensors["staging"][: p.m]  # row block 0: where the one-shot GEMM writes
-    parts: dict[str, Callable] = {}
-    if is_legal(p, Schedule(transport=Transport.SYMM1)):
-        parts[BASELINE_COMM_ONE_SHOT] = functools.partial(
-            cuda_symm_all_reduce, ONE_SHOT, staged, c, group_name
-        )
-    if is_legal(p, Schedule(transport=Transport.SYMM2)):
-        parts[BASELINE_COMM_TWO_SHOT] = functools.partial(
-            cuda_symm_all_reduce, TWO_SHOT, c, c, group_name
-        )
-    return parts
+    kernels = (
+        (BASELINE_COMM_ONE_SHOT, Transport.SYMM1, ONE_SHOT, staged),
+        (BASELINE_COMM_TWO_SHOT, Transport.SYMM2, TWO_SHOT, c),
+    )
+    return {
+        name: functools.partial(cuda_symm_all_reduce, kernel, source, c, group_name)
+        for name, transport, kernel, source in kernels
+        if is_legal(p, Schedule(transport=transport))
+    }
 
 
 SPEC = register(
