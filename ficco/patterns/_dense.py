@@ -6,6 +6,8 @@ rows of A (or of its shard) and the collective moves whole [rows, K] or [rows, N
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ficco.patterns import spec_of
@@ -86,23 +88,25 @@ def summed_partials(parts) -> tuple:
 #: the parts a dense pattern has unless its spec gives them: each rank holds (or ends with)
 #: M/W rows, moved as one shard per peer and step, in one pass; a fused schedule; no problem
 #: fields of its own; measured and calibrated (ag_gemm's and gemm_rs's values)
-DEFAULTS: dict[str, Any] = dict(
-    routed=False,
-    rows_per_rank=True,
-    fused=True,
-    batched_blocks=False,
-    in_selector=True,
-    cost_model=ModelSupport.CALIBRATED,
-    comm_alone=(BASELINE_COMM,),
-    comm_bytes=ring_comm_bytes,
-    shard_rows=shard_rows,
-    serial_gemm_rows=whole_m,
-    one_step=never,
-    transfer_passes=once,
-    plan_key=plan_key,
-    sizes=sharded_sizes,
-    scaled_inputs=True,
-    problem_fields=(),
+DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    dict(
+        routed=False,
+        rows_per_rank=True,
+        fused=True,
+        batched_blocks=False,
+        in_selector=True,
+        cost_model=ModelSupport.CALIBRATED,
+        comm_alone=(BASELINE_COMM,),
+        comm_bytes=ring_comm_bytes,
+        shard_rows=shard_rows,
+        serial_gemm_rows=whole_m,
+        one_step=never,
+        transfer_passes=once,
+        plan_key=plan_key,
+        sizes=sharded_sizes,
+        scaled_inputs=True,
+        problem_fields=(),
+    )
 )
 
 

@@ -6,6 +6,8 @@ rank sending every other rank a block of rows (its tokens for that rank's expert
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ficco.patterns import _dense as dense
@@ -95,27 +97,29 @@ def exchange(t, send: list[int], recv: list[int], device):
 #: the parts a routed pattern has unless its spec gives them: an all-to-all of blocks of
 #: tokens, one per peer, cut along M only; no fused schedule; the CUDA baselines are the
 #: serial plan's parts; measured, not modelled
-DEFAULTS: dict[str, Any] = dict(
-    collective=Collective.ALL_TO_ALL,
-    routed=True,
-    rows_per_rank=False,
-    splits=(Split.M,),
-    fused=False,
-    batched_blocks=True,
-    in_selector=True,
-    cost_model=ModelSupport.NONE,
-    comm_alone=(BASELINE_COMM,),
-    flops=dense.gemm_flops,
-    shard_rows=block_rows,
-    serial_gemm_rows=every_block_rows,
-    one_step=dense.never,
-    transfer_passes=dense.once,
-    plan_key=plan_key,
-    extra_roundings=dense.no_roundings,
-    sizes=sizes,
-    cuda_baselines=SERIAL_PLAN_PARTS,
-    scaled_inputs=True,
-    problem_fields=(),
+DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    dict(
+        collective=Collective.ALL_TO_ALL,
+        routed=True,
+        rows_per_rank=False,
+        splits=(Split.M,),
+        fused=False,
+        batched_blocks=True,
+        in_selector=True,
+        cost_model=ModelSupport.NONE,
+        comm_alone=(BASELINE_COMM,),
+        flops=dense.gemm_flops,
+        shard_rows=block_rows,
+        serial_gemm_rows=every_block_rows,
+        one_step=dense.never,
+        transfer_passes=dense.once,
+        plan_key=plan_key,
+        extra_roundings=dense.no_roundings,
+        sizes=sizes,
+        cuda_baselines=SERIAL_PLAN_PARTS,
+        scaled_inputs=True,
+        problem_fields=(),
+    )
 )
 
 
