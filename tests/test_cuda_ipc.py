@@ -208,3 +208,69 @@ def test_the_shared_backend_waits_for_a_run_through_the_bounded_settle(monkeypat
     h1.pads[1].fill_(3)
     backend.recover()
     assert len(calls) == 2 and h1.pads[1].eq(0).all()  # settled, then the pad cleared
+
+
+def issue_signals(problem, schedule, every_push: bool):
+    """Every rank's signal ops of one run of ``schedule``, in plan order, into one
+    ``Streams``: pushes signal on the rank's comm stream, passive receives wait on its signal
+    stream (as ``CudaPrimitives`` issues them). ``every_push``: each pushed transfer signals,
+    as ``seg`` did before ``push_signal_points`` (the hang on two GPUs), instead of once per
+    (peer, tag). Returns the streams and every (rank, buffer) handle."""
+    from ficco.plan import TransferGroupOp, TransferOp, build_plan
+    from ficco.plan.tags import push_signal_points, signal_channel
+
+    world, streams, handles = problem.world, Streams(), {}
+
+    def handle(rank: int, name: str) -> IpcHandle:
+        if (rank, name) not in handles:
+            pads = [torch.zeros(SIGNAL_CHANNELS * world, dtype=torch.int32) for _ in range(world)]
+            for r in range(world):  # every rank's handle of a buffer shares its pads
+                handles[r, name] = IpcHandle(r, world, [None] * world, pads, memory=streams)
+        return handles[rank, name]
+
+    for rank in range(world):
+        plan = build_plan(problem, schedule, rank)
+        signalled, awaited = push_signal_points(plan)
+        for task in plan.tasks:
+            ops = task.op.transfers if isinstance(task.op, TransferGroupOp) else (task.op,)
+            for op in ops:
+                if not isinstance(op, TransferOp) or op.initiator != "sender":
+                    continue
+                channel = signal_channel(op.tag, schedule.chunks)
+                if op.direction == "send" and (every_push or op in signalled):
+                    on(streams, f"rank{rank}/comm")
+                    handle(rank, op.remote.buffer).put_signal(op.peer, channel)
+                elif op.direction == "recv" and op in awaited:
+                    on(streams, f"rank{rank}/signal")
+                    handle(rank, op.local.buffer).wait_signal(op.peer, channel)
+    return streams, handles
+
+
+def test_seg_batch_chunks_signalling_every_push_hang_in_the_lane_naming_the_channel():
+    """emb_a2a's finer-c2-b/seg on two GPUs: a batch chunk pushes a run per table under one
+    tag. Signalled once per (peer, tag) every signal meets its wait; signalled per push, as
+    before the fix, the chunk's later signals wait for consumptions that never come, so the
+    lane's run stalls, and what it names is the channel."""
+    from ficco.problem import Problem
+    from ficco.space import Schedule
+
+    problem = Problem(
+        pattern="emb_a2a", m=1001, n=128, k=8, world=2,
+        tables=(50000, 30, 20000, 700, 9), bags=(1, 8, 3, 5, 2),
+    )  # fmt: skip
+    schedule = Schedule.parse("finer-c2-b/seg/triton+sm32+hi")
+    streams, handles = issue_signals(problem, schedule, every_push=False)
+    assert streams.drain() == {}
+    assert all(unmet(h, read) == [] for h in handles.values())
+    streams, handles = issue_signals(problem, schedule, every_push=True)
+    # rank 0 pushes three runs per tag: its third signal on channel 0 waits for a second
+    # consumption that never comes, its channel 1 signals queue behind it on the comm stream,
+    # and rank 1's wait on channel 1 stalls too (rank 1 pushes two runs: its second signal
+    # lands once rank 0 consumed the first)
+    assert set(streams.drain()) == {"rank0/comm", "rank1/signal"}
+    assert unmet(handles[0, "y"], read)[0].startswith(
+        "signals to rank 1 on channel 0: 3 put, 2 landed, 1 consumed"
+    )
+    assert unmet(handles[1, "y"], read) == [
+        "signals from rank 0 on channel 1: 1 awaited, 0 arrived"
+    ]
