@@ -3,8 +3,9 @@
 Its problem fields (each bad value refused naming the field and the rule), its bags (the one
 seeded definition), its schedule space and rules, its plans (every pooled row written once,
 the fused plan's flags agreeing across ranks), its DLRM workloads, ``recommend``'s refusal,
-and every distinct plan run over gloo at W = 2 and 3 against the float64 reference, with
-skewed tables, uneven bags and a batch W does not divide (one rank pool per W)."""
+and every distinct plan of the one-GPU lane's problems (``tests/emb_lane.py``) run over
+gloo at W = 2 and 3 against the float64 reference, with skewed tables, uneven bags and a
+batch W does not divide, beside an even batch and fp16 rows (one rank pool per W)."""
 
 from __future__ import annotations
 
@@ -320,40 +321,25 @@ def test_recommend_refuses_emb_a2a_until_a_table_measured_it():
     assert "ficco sweep --backend cuda" in str(err.value)
 
 
-# --- verification over gloo ---------------------------------------------------------------------
+# --- verification over gloo: every distinct plan, the one-GPU lane's list ------------------
 
 
-def distinct_plans(p: Problem, chunk_counts=(2, 4)) -> list[Schedule]:
-    """One schedule of every distinct plan (``plan_key``) of ``p``: torch's pooling for the
-    unfused ones, the Triton choice where fused needs it, no reserve or priority (they change
-    no plan)."""
-    opts = SpaceOptions(chunk_counts=chunk_counts, sm_reserves=(0,))
-    out, keys = [], set()
-    for s in enumerate_schedules(p, opts):
-        if s.comm_priority.value != "normal" or (s.gemm is Gemm.TRITON) != (
-            s.compute is Compute.FUSED
-        ):
-            continue
-        if plan_key(p, s) not in keys:
-            keys.add(plan_key(p, s))
-            out.append(s)
-    return out
-
-
-#: every distinct plan of the first problem of each W (chunks 2 and 4), the serial, shard and
-#: fused plans of the others: even batch with per-table bag sizes (sum); fp16 with uniform
-#: bags (mean; Triton's CPU interpreter is refused bf16); a batch 3 does not divide, skewed
-#: tables, uneven bags (mean)
-VERIFIED = {
+#: the lane's problems run here at batch 61 (no W divides it) in fp32 rows of 8
+ON_CPU = dict(m=61, n=8, dtype="fp32")
+#: problems the lane has not, a few schedules each (every plan: the lane's problems): an even
+#: batch with per-table bag sizes (sum) over 3 tables; fp16 rows with uniform bags (mean) over
+#: one table per rank (Triton's CPU interpreter is refused bf16)
+OTHERS = {
     2: [
         Problem(pattern="emb_a2a", m=12, n=8, k=3, world=2, tables=(40, 9, 100),
                 bags=(3, 1, 2), dtype="fp32"),
         Problem(pattern="emb_a2a", m=7, n=16, k=4, world=2, tables=(33, 5), bags="uniform",
                 pooling="mean", dtype="fp16"),
     ],
-    3: [emb_problem(bags="uniform", pooling="mean")],
+    3: [],
 }  # fmt: skip
-FEW = ("serial/nccl/cublas", "serial/seg/cublas", "shard/ce/cublas", "finer-c2-m/ce/triton+fused")
+FEW = ("serial/nccl/cublas", "serial/seg/cublas", "shard/ce/cublas", "finer-c2-b/seg/cublas",
+       "finer-c2-m/ce/triton+fused")  # fmt: skip
 
 
 def drop_first_pooled_segment(plan):
@@ -372,45 +358,21 @@ def drop_first_pooled_segment(plan):
     return dataclasses.replace(plan, tasks=tuple(tasks))
 
 
-@pytest.mark.parametrize("world", sorted(VERIFIED))
-def test_every_distinct_plan_verifies_against_the_float64_reference(world):
-    with backend_pool("cpu", world, RunOptions(timing=None)) as pool:
-        for i, problem in enumerate(VERIFIED[world]):
-            schedules = distinct_plans(problem) if i == 0 else [Schedule.parse(t) for t in FEW]
-            assert any(s.compute is Compute.FUSED for s in schedules)
-            got = measure_in(pool, problem, schedules, None, baselines=False)
-            assert isinstance(got, list), got  # not a PoolFailure
-            bad = [(m.name, m.verdict, m.detail) for m in got if m.verdict != "ok"]
-            assert len(got) == len(schedules) and not bad, bad
-        # the check can fail: a pooled segment left unwritten is caught
-        broken = [
-            Schedule.parse(t)
-            for t in ("shard/ce/cublas", "finer-c2-m/ce/triton+fused", "finer-c2-b/seg/cublas")
-        ]
-        got = measure_in(
-            pool, VERIFIED[world][0], broken, None, baselines=False,
-            plan_hook=drop_first_pooled_segment,
-        )  # fmt: skip
-        assert isinstance(got, list) and [m.verdict for m in got] == ["incorrect"] * 3, got
-
-
-# --- the one-GPU lane's list, on CPU ------------------------------------------------------------
-
-
-@pytest.mark.parametrize("world", [2, 3])
-def test_the_lanes_schedule_list_verifies_on_cpu(world):
+@pytest.mark.parametrize("world", sorted(OTHERS))
+def test_every_distinct_plan_of_the_lanes_list_verifies_against_the_float64_reference(world):
     """``tests/emb_lane.py``'s problems, schedule lists and verdict check, as the one-GPU lane
     runs them (``tests/gpu/test_embedding_lane.py``), on the cpu backend, at batch 61 in fp32
     rows of 8 (the lists are asserted the same as the lane's): each list holds every
-    (plan, pooling kernel) pair of the space once; each plan runs once here (the cpu backend
-    runs the schedules of one plan alike: no streams, no SM grids, torch's pooling unless
-    fused), and every one is ok."""
+    (plan, pooling kernel) pair of the space once; each distinct plan runs once here (the cpu
+    backend runs the schedules of one plan alike: no streams, no SM grids, torch's pooling
+    unless fused), and every one is ok against the float64 reference. Then the problems the
+    lane has not (``OTHERS``), and a pooled segment left unwritten, caught. One rank pool."""
     from emb_lane import lane_problems, lane_schedules, verdict_faults
 
     listed = []
     with backend_pool("cpu", world, RunOptions(timing=None)) as pool:
         for on_gpu, problem in zip(
-            lane_problems(world), lane_problems(world, m=61, n=8, dtype="fp32"), strict=True
+            lane_problems(world), lane_problems(world, **ON_CPU), strict=True
         ):
             schedules = lane_schedules(problem)
             assert [str(s) for s in schedules] == [str(s) for s in lane_schedules(on_gpu)]
@@ -420,8 +382,9 @@ def test_the_lanes_schedule_list_verifies_on_cpu(world):
                 map(str, {(plan_key(problem, s), s.gemm) for s in every})
             )
             once = list({plan_key(problem, s): s for s in reversed(schedules)}.values())[::-1]
+            assert any(s.compute is Compute.FUSED for s in once)
             got = measure_in(pool, problem, once, None, baselines=False)
-            assert isinstance(got, list), got
+            assert isinstance(got, list), got  # not a PoolFailure
             assert not verdict_faults("cpu", problem, once, got)
             # the check can fail: ranks that share a GPU refuse what ran here
             refused = {str(s) for s in once if s.compute is Compute.FUSED
@@ -429,6 +392,22 @@ def test_the_lanes_schedule_list_verifies_on_cpu(world):
             shared = verdict_faults("cuda_shared", problem, once, got)
             assert refused and {name for name, _, _ in shared} == refused
             listed += [str(s) for s in schedules]
+        for problem in OTHERS[world]:
+            schedules = [Schedule.parse(t) for t in FEW]
+            got = measure_in(pool, problem, schedules, None, baselines=False)
+            assert isinstance(got, list), got
+            bad = [(m.name, m.verdict, m.detail) for m in got if m.verdict != "ok"]
+            assert len(got) == len(schedules) and not bad, bad
+        # the check can fail: a pooled segment left unwritten is caught
+        broken = [
+            Schedule.parse(t)
+            for t in ("shard/ce/cublas", "finer-c2-m/ce/triton+fused", "finer-c2-b/seg/cublas")
+        ]
+        got = measure_in(
+            pool, lane_problems(world, **ON_CPU)[0], broken, None, baselines=False,
+            plan_hook=drop_first_pooled_segment,
+        )  # fmt: skip
+        assert isinstance(got, list) and [m.verdict for m in got] == ["incorrect"] * 3, got
     texts = " ".join(listed)
     for part in ("-b/ce/cublas", "-b/ce/triton", "-b/seg/cublas", "-b/seg/triton", "+merged",
                  "+hi", "+sm16", "+sm32", "+fused", "nccl_ce"):  # fmt: skip

@@ -3,6 +3,7 @@
 import dataclasses
 
 import pytest
+from covering import covering as cover
 
 from ficco.execute import Verdict, run_cpu
 from ficco.plan import GemmOp, Plan, ReduceOp, TransferOp
@@ -31,13 +32,7 @@ def problem(pattern: str, world: int, dtype: str = "fp32", **kw) -> Problem:
 
 def covering(schedules):
     """A few schedules that together take every value of every axis that occurs."""
-    chosen, seen = [], set()
-    for s in schedules:
-        values = {(axis, getattr(s, axis)) for axis in AXES}
-        if values - seen:
-            chosen.append(s)
-            seen |= values
-    return chosen
+    return cover(schedules, AXES)
 
 
 def assert_all_ok(results, expected):

@@ -1,6 +1,8 @@
 """Scaled (fp8) problems run for real over gloo and verified: every pattern at W = 2 and 3,
-schedules covering every axis value the rules allow, both scale granularities on each side,
-both fp8 dtypes; one rank pool per world (set-up paid once).
+schedules covering every axis value the rules allow (each value once, ficco's Triton FP8
+GEMM and its fused kernel by as few schedules as take them: ``tests/covering.py``), both
+scale granularities on each side, both fp8 dtypes; one rank pool per world (set-up paid
+once).
 
 Every legal schedule (not a covering set) verifies too; that takes minutes on 2 cores, so it
 is a command rather than a test, e.g.
@@ -8,6 +10,7 @@ is a command rather than a test, e.g.
 column --backend cpu --all``."""
 
 import pytest
+from covering import covering
 
 from ficco.execute.options import RunOptions
 from ficco.execute.run import run_cuda_jobs
@@ -25,17 +28,6 @@ SCALINGS = {
     2: [("fp8_e4m3", "row", "column"), ("fp8_e4m3", "tensor", "tensor"), ("fp8_e5m2", "row", "tensor")],
     3: [("fp8_e4m3", "tensor", "column"), ("fp8_e5m2", "row", "column"), ("fp8_e4m3", "row", "tensor")],
 }  # fmt: skip
-
-
-def covering(schedules):
-    """Schedules that together take every value of every axis that occurs (serial first)."""
-    chosen, seen = [], set()
-    for s in sorted(schedules, key=lambda s: s != Schedule()):  # stable: the rest in order
-        values = {(axis, getattr(s, axis)) for axis in AXES}
-        if values - seen:
-            chosen.append(s)
-            seen |= values
-    return chosen
 
 
 def problems(world: int) -> list[Problem]:
@@ -68,7 +60,7 @@ def verified(request):
     """(problem, legal schedules, schedules run, measurements) of every fp8 problem of one
     world, run in one pool."""
     legal = {p: list(enumerate_schedules(p)) for p in problems(request.param)}
-    jobs = [(p, covering(schedules)) for p, schedules in legal.items()]
+    jobs = [(p, covering(schedules, AXES, first=Schedule())) for p, schedules in legal.items()]
     results = run_cuda_jobs(jobs, options=RunOptions(timing=None), backend="cpu")
     return [(p, legal[p], s, r) for (p, s), r in zip(jobs, results, strict=True)]
 

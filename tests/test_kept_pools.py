@@ -11,6 +11,9 @@ SCHEDULE = Schedule.parse("finer-c2-m/ce/cublas")
 
 
 def test_kept_pools_reuse_ranks_per_world_and_environment_and_close_them(monkeypatch):
+    """Reused across runs of one world and environment (the user directory aside: no rank
+    reads it); another environment starts other ranks; the least recently used pool beyond
+    ``KEPT_POOLS`` is closed, and every one at the end."""
     made = []
     real = run_module.backend_pool
 
@@ -23,6 +26,9 @@ def test_kept_pools_reuse_ranks_per_world_and_environment_and_close_them(monkeyp
         for _ in range(2):
             assert run_cpu(PROBLEM, [SCHEDULE])[0].ok
         assert len(made) == 1  # the second run found the first one's ranks
+        monkeypatch.setenv("FICCO_HOME", "/nonexistent/ficco-home")  # read by the parent only
+        assert run_cpu(PROBLEM, [SCHEDULE])[0].ok
+        assert len(made) == 1
         pids = [p.pid for p in made[0]._procs]
         monkeypatch.setenv("FICCO_KEPT_POOLS_TEST", "1")  # ranks see the environment they start in
         assert run_cpu(PROBLEM, [SCHEDULE])[0].ok

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from ficco.backends import backend_spec
+from ficco.defaults import USER_DIR_ENV
 from ficco.execute.options import RunOptions, TimingOptions
 from ficco.execute.pool import PoolFailure, RankPool
 from ficco.execute.rank import Job
@@ -121,8 +122,9 @@ def backend_pool(
 
 #: the pools ``kept_pools`` keeps, by what makes a pool (None: every run starts fresh ranks)
 _kept: dict[tuple, RankPool] | None = None
-#: environment variables that change between runs and that no rank reads
-_UNREAD_ENV = frozenset({"PYTEST_CURRENT_TEST"})
+#: environment variables that change between runs and that no rank reads (the user
+#: directory: where the parent writes what the user named no path for)
+_UNREAD_ENV = frozenset({"PYTEST_CURRENT_TEST", USER_DIR_ENV})
 #: at most this many pools kept (the least recently used one is closed): W = 8 is 8 processes
 KEPT_POOLS = 3
 
