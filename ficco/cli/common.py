@@ -15,7 +15,13 @@ from collections.abc import Callable
 import click
 
 from ficco.backends import DEFAULT_BACKEND
-from ficco.defaults import DEFAULT_MACHINE
+from ficco.defaults import (
+    AUTO_CONFIDENCE,
+    AUTO_MAX_ROUNDS,
+    AUTO_MIN_ROUNDS,
+    AUTO_TARGET_REL_CI,
+    DEFAULT_MACHINE,
+)
 from ficco.patterns import problem_fields
 from ficco.problem import DTYPE_BYTES, AScale, BScale, Pattern
 from ficco.space.transports import GRAPH_MODES, names, transports_where
@@ -156,6 +162,39 @@ def per_backend(value: Callable, *, timed_runs: bool = False) -> str:
 
     specs = [s for s in registry().values() if s.run_timed or not timed_runs]
     return ", ".join(f"{value(spec)} {spec.name}" for spec in specs)
+
+
+def rounds_option(*, timed_runs: bool, note: str = "") -> Callable:
+    """``--rounds``: interleaved timing rounds, or ``auto`` (``ficco.defaults``' stopping
+    rule); its default is the backend's (``timed_runs``: of the backends whose ``ficco run``
+    times, which the help says). ``note`` closes the help's description of ``auto``."""
+    what = (
+        "Timed backends: interleaved timing rounds" if timed_runs else "Interleaved timing rounds"
+    )
+    default = per_backend(lambda spec: spec.timing.rounds, timed_runs=timed_runs)
+    return click.option(
+        "--rounds",
+        metavar="INT|auto",
+        type=str,
+        default=None,
+        help=f"{what}, or 'auto' (at least {AUTO_MIN_ROUNDS}, then until each median's "
+        f"{AUTO_CONFIDENCE:.0%} confidence interval is within {AUTO_TARGET_REL_CI:.0%}, at most "
+        f"{AUTO_MAX_ROUNDS}{note}) [default: {default}].",
+    )
+
+
+def timeout_option() -> Callable:
+    """``--timeout``: seconds without progress before a rank pool counts as hung
+    (``RunOptions.timeout_s``); its default is the backend's."""
+    return click.option(
+        "--timeout",
+        "timeout_s",
+        metavar="SECONDS",
+        type=str,
+        default=None,
+        help="Seconds without progress before a hang counts "
+        f"[default: {per_backend(lambda spec: f'{spec.timeout_s:g}')}].",
+    )
 
 
 def dtype_option(with_backend: bool) -> Callable:

@@ -16,19 +16,14 @@ from ficco.cli.common import (
     graphs_option,
     issue_option,
     json_text,
-    per_backend,
     problem_of,
     problem_options,
+    rounds_option,
     table_console,
     table_options,
+    timeout_option,
 )
-from ficco.defaults import (
-    AUTO_CONFIDENCE,
-    AUTO_MAX_ROUNDS,
-    AUTO_MIN_ROUNDS,
-    AUTO_TARGET_REL_CI,
-    SEED,
-)
+from ficco.defaults import SEED
 from ficco.patterns import ideal_ms
 
 
@@ -63,26 +58,10 @@ def enumerate_cmd(as_json: bool, **params) -> None:
     table_console().print(table)
 
 
-def _rounds(spec) -> str:
-    return str(spec.timing.rounds)
-
-
-def _timeout(spec) -> str:
-    return f"{spec.timeout_s:g}"
-
-
 @click.command("run", cls=ApiCommand)
 @problem_options(with_backend=True)
 @backend_option(DEFAULT_BACKEND)
-@click.option(
-    "--rounds",
-    metavar="INT|auto",
-    type=str,
-    default=None,
-    help=f"Timed backends: interleaved timing rounds, or 'auto' (at least {AUTO_MIN_ROUNDS}, "
-    f"then until each median's {AUTO_CONFIDENCE:.0%} confidence interval is within "
-    f"{AUTO_TARGET_REL_CI:.0%}, at most {AUTO_MAX_ROUNDS}) [default: {per_backend(_rounds, timed_runs=True)}].",
-)
+@rounds_option(timed_runs=True)
 @issue_option(multiple=True)
 @graphs_option
 @click.option("--schedule", "-s", "schedule", multiple=True, help="A schedule to run (repeat).")
@@ -95,14 +74,7 @@ def _timeout(spec) -> str:
     show_default=True,
     help="Seed of the random inputs.",
 )
-@click.option(
-    "--timeout",
-    "timeout_s",
-    metavar="SECONDS",
-    type=str,
-    default=None,
-    help=f"Seconds without progress before a hang counts [default: {per_backend(_timeout)}].",
-)
+@timeout_option()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON results instead of a table.")
 def run_cmd(
     backend: str,

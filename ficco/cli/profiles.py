@@ -23,15 +23,11 @@ from ficco.cli.common import (
     issue_option,
     json_text,
     per_backend,
+    rounds_option,
     table_console,
+    timeout_option,
 )
-from ficco.defaults import (
-    AUTO_CONFIDENCE,
-    AUTO_MAX_ROUNDS,
-    AUTO_MIN_ROUNDS,
-    AUTO_TARGET_REL_CI,
-    SEED,
-)
+from ficco.defaults import SEED
 from ficco.problem import DTYPE_BYTES
 from ficco.space import Gemm, Transport
 from ficco.sweep.base import SWEEP_DEFAULTS, SweepObserver
@@ -279,24 +275,8 @@ class _ProgressObserver(SweepObserver):
     help="Chunk counts of finer schedules (one or more).",
 )
 @click.option("--seed", metavar="INT", type=str, default=SEED, show_default=True)
-@click.option(
-    "--timeout",
-    "timeout_s",
-    metavar="SECONDS",
-    type=str,
-    default=None,
-    help=f"Seconds before a hang counts [default: {per_backend(lambda s: f'{s.timeout_s:g}')}].",
-)
-@click.option(
-    "--rounds",
-    metavar="INT|auto",
-    type=str,
-    default=None,
-    help=f"Interleaved timing rounds, or 'auto' (at least {AUTO_MIN_ROUNDS}, then until each "
-    f"median's {AUTO_CONFIDENCE:.0%} confidence interval is within {AUTO_TARGET_REL_CI:.0%}, "
-    f"at most {AUTO_MAX_ROUNDS}; each record keeps its rounds) "
-    f"[default: {per_backend(lambda s: s.timing.rounds)}].",
-)
+@timeout_option()
+@rounds_option(timed_runs=False, note="; each record keeps its rounds")
 @graphs_option
 @click.option(
     "--signatures/--no-signatures",
