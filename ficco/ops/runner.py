@@ -37,7 +37,7 @@ from ficco.ops.choice import Choice, Target, check_enabled, choose
 from ficco.ops.groups import group_cache, prune
 from ficco.ops.observe import count, profiled, record_name, tally_key
 from ficco.plan import Plan, build_plan
-from ficco.problem import Problem
+from ficco.problem import Problem, split_evenly
 from ficco.space import Schedule
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -110,7 +110,7 @@ def check_group(pg: dist.ProcessGroup, device: torch.device) -> Target:
 def even_rows(total: int, world: int) -> list[int]:
     """Every rank's share of ``total`` rows as ``torch.tensor_split`` deals them (the first
     ``total % world`` ranks one more): a ``rows=`` for a length W does not divide."""
-    return [total // world + (r < total % world) for r in range(world)]
+    return split_evenly(total, world)
 
 
 def shard_rows(op: str, a: torch.Tensor, rows: tuple[int, ...], world: int) -> tuple[int, ...]:

@@ -39,6 +39,7 @@ from ficco.patterns.spec import (
     Ref,
     Sizes,
 )
+from ficco.problem import split_evenly
 from ficco.space.schedule import Split
 from ficco.validate import InputError
 
@@ -50,11 +51,6 @@ POOLINGS = ("sum", "mean")
 BAG_SIZES = ("fixed", "uniform")
 #: bags of global table t are drawn from ``torch.Generator().manual_seed(BAG_SEED + t)``
 BAG_SEED = 20_240_601
-
-
-def _split_evenly(total: int, parts: int) -> list[int]:
-    base, extra = divmod(total, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
 def _ranges(counts: list[int]) -> list[tuple[int, int]]:
@@ -169,12 +165,12 @@ FIELDS = (
 def table_ranges(p: Problem) -> list[tuple[int, int]]:
     """``[t0_r, t1_r)``: the global tables rank r owns."""
     assert p.tables is not None
-    return _ranges(_split_evenly(len(p.tables), p.world))
+    return _ranges(split_evenly(len(p.tables), p.world))
 
 
 def sample_ranges(p: Problem) -> list[tuple[int, int]]:
     """``[b0_d, b1_d)``: the samples rank d receives."""
-    return _ranges(_split_evenly(p.m, p.world))
+    return _ranges(split_evenly(p.m, p.world))
 
 
 def weight_rows(p: Problem, rank: int) -> int:
