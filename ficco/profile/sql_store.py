@@ -47,6 +47,7 @@ from ficco.profile.store import (
     key_of,
     new_header,
     problem_key_of,
+    read_only_error,
 )
 
 RECORDS_TABLE = "ficco_records"
@@ -349,10 +350,7 @@ class SqlStore(Store):
 
     def _append_once(self, record: dict[str, Any]) -> dict[str, Any]:
         if not self._writable:
-            raise ValueError(
-                f"store {self.location}: opened read-only; to append, open it with this "
-                "run's fingerprint: open_store(spec, fingerprint)"
-            )
+            raise read_only_error(self.location)
         key = key_of(record)
         values = {
             "problem_key": key[0],

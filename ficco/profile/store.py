@@ -376,10 +376,7 @@ class ProfileStore(Store):
 
     def _append_once(self, record: dict[str, Any]) -> dict[str, Any]:
         if self._file is None:
-            raise ValueError(
-                f"store {self._path}: opened read-only; to append, open it with this "
-                "run's fingerprint: open_store(spec, fingerprint)"
-            )
+            raise read_only_error(self._path)
         line = (json.dumps(record, default=_json_default) + "\n").encode()
         with _flock(self._file, exclusive=True):
             self._scan(writing=True)  # what the other writers appended since the last look
@@ -533,6 +530,14 @@ def _check_header(path: Path, header: dict[str, Any], fp: dict[str, Any]) -> Non
             f"{len(diffs)} field(s): " + "; ".join(diffs) + ". Use another store directory "
             "for another machine or software stack"
         )
+
+
+def read_only_error(location) -> ValueError:
+    """What a store opened without a fingerprint says to an append."""
+    return ValueError(
+        f"store {location}: opened read-only; to append, open it with this run's fingerprint: "
+        "open_store(spec, fingerprint)"
+    )
 
 
 def _ranges(numbers: Iterable[int]) -> str:
