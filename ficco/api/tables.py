@@ -139,12 +139,16 @@ def _open_table(machine: str, table: str | Path | None):
         table = validate.text("table", str(table))
     try:
         return open_table(machine, table)
-    except TableNotFound as err:
-        raise InputError(
-            "machine" if table is None else "table", table or machine, str(err)
-        ) from None
-    except TableError as err:
-        raise InputError("table", table or machine, str(err)) from None
+    except (TableNotFound, TableError) as err:
+        raise _table_refused(err, machine, table) from None
+
+
+def _table_refused(err: TableNotFound | TableError, machine: str, table) -> InputError:
+    """A table missing or unusable, refused as the input that named it: the table file where
+    one was given, else the machine (a missing table is the machine's; an unusable one, its
+    table's)."""
+    field = "machine" if table is None and isinstance(err, TableNotFound) else "table"
+    return InputError(field, table or machine, str(err))
 
 
 def routed_problem(
@@ -217,11 +221,9 @@ def recommend(
             safe_rec = _measured_safe_default(problem, machine, why)
             if safe_rec is not None:
                 return safe_rec
-        raise InputError(
-            "machine" if table is None else "table", table or machine, str(err)
-        ) from None
+        raise _table_refused(err, machine, table) from None
     except TableError as err:
-        raise InputError("table", table or machine, str(err)) from None
+        raise _table_refused(err, machine, table) from None
     except PatternNotInTables as err:
         raise InputError("pattern", problem.pattern.value, str(err)) from None
     except DtypeNotInTables as err:
