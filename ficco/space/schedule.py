@@ -101,6 +101,8 @@ class Schedule:
             ("all_reduce", AllReduce),
         ):
             value = getattr(self, fname)
+            if type(value) is kind:
+                continue  # already its member (the enumerator builds ~10,000 per problem)
             try:
                 object.__setattr__(self, fname, kind(value))
             except ValueError:
