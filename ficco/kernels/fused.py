@@ -72,6 +72,7 @@ from ficco.kernels.fused_views import (
     FusedChunkViews,
     FusedCopyViews,
     _alignment,
+    _ensure_allocator,
     _same,
     row_blocks,
 )
@@ -93,6 +94,26 @@ _PRECISION = {torch.float32: "ieee", torch.float16: "tf32", torch.bfloat16: "tf3
 _PRECISION.update(dict.fromkeys(FP8_DTYPES, "tf32"))  # unused by fp8 dots
 #: int64 fields per chunk in the kernel's chunk table (``table_ptr``)
 _TABLE_COLS = 14
+
+
+@triton.jit
+def _chunk_row(row, A_ALIGN: tl.constexpr, C_ALIGN: tl.constexpr):
+    # A chunk's fields in the kernel's table (``_fused_gemm_kernel``'s ``table_ptr``)
+    return (
+        tl.multiple_of(tl.load(row), A_ALIGN),  # a_off
+        tl.multiple_of(tl.load(row + 1), C_ALIGN),  # c_off
+        tl.load(row + 2).to(tl.int32),  # rows
+        tl.load(row + 3).to(tl.int32),  # tile_start
+        tl.load(row + 4),  # wait_off
+        tl.load(row + 5),  # signal_off
+        tl.load(row + 6),  # has_wait
+        tl.load(row + 7),  # has_signal
+        tl.load(row + 8),  # copy_start
+        tl.load(row + 9).to(tl.int32),  # copy_count
+        tl.load(row + 10),  # counted
+        tl.load(row + 12).to(tl.int32),  # a_blk0
+        tl.load(row + 13).to(tl.int32),  # c_blk0
+    )
 
 
 @triton.jit
@@ -165,37 +186,32 @@ def _fused_gemm_kernel(
     # No more tiles than programs (the grid is then the tile count): each claims one, so no
     # second claim is needed to find the queue empty
     one_each = (num_tiles <= tl.num_programs(0)) & (num_tiles > 0)
+    # The chunk of the program's first tile (the last chunk where none is left), its table
+    # row, and the first tile past it: a later tile of the same chunk reads nothing more
+    chunk = tl.load(tile_chunk_ptr + tl.minimum(tile, num_tiles - 1))
+    a_off, c_off, rows, tile_start, wait_off, signal_off, has_wait, has_signal, copy_start, \
+        copy_count, counted, a_blk0, c_blk0 = _chunk_row(table_ptr + chunk * TABLE_COLS,
+                                                        A_ALIGN, C_ALIGN)  # fmt: skip
+    chunk_end = tile_start + tl.cdiv(rows, BLOCK_M) * num_pid_n
     if USE_TMA and HOST_DESCS:  # made on the host: no descriptor to write and fence here
         a_desc = a_host_desc
         c_desc = c_host_desc
-    elif USE_TMA:
-        desc_chunk = tl.load(tile_chunk_ptr + tl.minimum(tile, num_tiles - 1))  # the first tile's
-        # 128 bytes each, written to global scratch and fenced by the compiler
-        row = table_ptr + desc_chunk * TABLE_COLS
-        rows = tl.load(row + 2).to(tl.int32)
+    elif USE_TMA:  # 128 bytes each, written to global scratch and fenced by the compiler
         a_desc = tl.make_tensor_descriptor(
-            a_ref + tl.load(row), [rows, K], [stride_am, 1], [BLOCK_M, BLOCK_K]
+            a_ref + a_off, [rows, K], [stride_am, 1], [BLOCK_M, BLOCK_K]
         )
         c_desc = tl.make_tensor_descriptor(
-            c_ref + tl.load(row + 1), [rows, N], [stride_cm, 1], [BLOCK_M, C_COLS]
+            c_ref + c_off, [rows, N], [stride_cm, 1], [BLOCK_M, C_COLS]
         )
     seen = -1  # the last chunk whose flag this program acquired: its later tiles skip the wait
     while tile < num_tiles:
-        chunk = tl.load(tile_chunk_ptr + tile)
-        row = table_ptr + chunk * TABLE_COLS
-        a_off = tl.multiple_of(tl.load(row), A_ALIGN)
-        c_off = tl.multiple_of(tl.load(row + 1), C_ALIGN)
-        rows = tl.load(row + 2).to(tl.int32)
-        tile_start = tl.load(row + 3).to(tl.int32)
-        wait_off = tl.load(row + 4)
-        signal_off = tl.load(row + 5)
-        has_wait = tl.load(row + 6)
-        has_signal = tl.load(row + 7)
-        copy_start = tl.load(row + 8)
-        copy_count = tl.load(row + 9).to(tl.int32)
-        counted = tl.load(row + 10)
-        if USE_TMA and not HOST_DESCS:  # noqa: SIM102 - constexpr: the descriptors exist here
-            if chunk != desc_chunk:  # a later chunk: others took the tiles between
+        if tile >= chunk_end:  # a later chunk (others took the tiles between)
+            chunk = tl.load(tile_chunk_ptr + tile)
+            a_off, c_off, rows, tile_start, wait_off, signal_off, has_wait, has_signal, \
+                copy_start, copy_count, counted, a_blk0, c_blk0 = _chunk_row(
+                    table_ptr + chunk * TABLE_COLS, A_ALIGN, C_ALIGN)  # fmt: skip
+            chunk_end = tile_start + tl.cdiv(rows, BLOCK_M) * num_pid_n
+            if USE_TMA and not HOST_DESCS:
                 if ON_GPU:
                     _bulk_store_wait()  # the last tile's store read the old C descriptor
                 a_desc = tl.make_tensor_descriptor(
@@ -204,7 +220,7 @@ def _fused_gemm_kernel(
                 c_desc = tl.make_tensor_descriptor(
                     c_ref + c_off, [rows, N], [stride_cm, 1], [BLOCK_M, C_COLS]
                 )
-                desc_chunk = chunk
+        row = table_ptr + chunk * TABLE_COLS
         ready = 1
         if (has_wait != 0) & (chunk != seen):
             ready = _wait_flag(flag_ref + wait_off, budget_ns, ON_GPU)
@@ -219,8 +235,8 @@ def _fused_gemm_kernel(
             a_blk = pid_m  # the tile's row block in A's and C's descriptors
             c_blk = pid_m
             if HOST_DESCS:
-                a_blk += tl.load(row + 12).to(tl.int32)
-                c_blk += tl.load(row + 13).to(tl.int32)
+                a_blk += a_blk0
+                c_blk += c_blk0
             if USE_TMA:
                 for ki in range(k_tiles):
                     a = a_desc.load([a_blk * BLOCK_M, ki * BLOCK_K])
@@ -491,7 +507,8 @@ class FusedGemm(_Timed):
         self.table = torch.tensor(table, dtype=torch.int64, device=device)
         # one unused row where no chunk has copies: the kernel never reads it then
         self.copy_table = torch.tensor(copies or [[0, 0, 0]], dtype=torch.int64, device=device)
-        self.tile_chunk = torch.tensor(tile_chunk, dtype=torch.int32, device=device)
+        # never empty: the kernel reads its first entry even when there is no tile
+        self.tile_chunk = torch.tensor(tile_chunk or [0], dtype=torch.int32, device=device)
         self.tiles = start
         self.grid = (max(1, min(programs(config, self.sm_budget, device), start)),)
 
@@ -573,17 +590,3 @@ class FusedGemm(_Timed):
         compiled while a peer spun on its flags would spend the peer's timeout budget."""
         if not INTERPRETER:
             self._launch(self.config, warm=True)
-
-
-def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
-    # global scratch for descriptors made inside a kernel (128 bytes each per program)
-    return torch.empty(size, dtype=torch.int8, device="cpu" if INTERPRETER else "cuda")
-
-
-def _ensure_allocator() -> None:
-    """Kernels that make tensor descriptors need Triton's scratch allocator; set ficco's
-    (torch's caching allocator) where none is set in this thread's context."""
-    from triton.runtime import _allocation
-
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_scratch)

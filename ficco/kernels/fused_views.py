@@ -1,6 +1,7 @@
 """The chunk views of a fused launch (``ficco.kernels.fused``) and how they are addressed:
 what every chunk must share, the alignment of their offsets, and where one host-built
-descriptor can span them all (``row_blocks``)."""
+descriptor can span them all (``row_blocks``), or else the scratch that descriptors made
+inside the kernel need (``_ensure_allocator``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import triton
+
+from ficco.kernels.persistent import INTERPRETER
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,3 +92,17 @@ def row_blocks(
             return None
     span = low.as_strided((total, low.shape[1]), low.stride())
     return span, [s // block_m for s in starts]
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    # global scratch for descriptors made inside a kernel (128 bytes each per program)
+    return torch.empty(size, dtype=torch.int8, device="cpu" if INTERPRETER else "cuda")
+
+
+def _ensure_allocator() -> None:
+    """Kernels that make tensor descriptors need Triton's scratch allocator; set ficco's
+    (torch's caching allocator) where none is set in this thread's context."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
