@@ -11,6 +11,7 @@ this Triton has no offline compile entry point (the caller skips).
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -40,7 +41,13 @@ def compile_path(use_tma: bool, dtype: str = "bf16", block=(128, 128, 64)) -> st
         **dict.fromkeys(("table_ptr", "copy_ptr"), "i64"),
         **dict.fromkeys(("a_scale_ref", "b_scale_ptr"), "fp32"),
     }
-    constants = dict(
+    # every constexpr the launch leaves at its default (e.g. HOST_DESCS) stays a constexpr
+    defaults = {
+        p.name: p.default
+        for p in _fused_gemm_kernel.params
+        if p.is_constexpr and p.default is not inspect.Parameter.empty
+    }
+    constants = defaults | dict(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, A_ALIGN=8, C_ALIGN=8,
         USE_TMA=use_tma, B_COL_MAJOR=False, EPILOGUE_SUBTILE=False, ON_GPU=True,
         INPUT_PRECISION="tf32", TABLE_COLS=_TABLE_COLS,
