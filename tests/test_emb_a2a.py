@@ -5,7 +5,7 @@ seeded definition), its schedule space and rules, its plans (every pooled row wr
 the fused plan's flags agreeing across ranks), its DLRM workloads, ``recommend``'s refusal,
 and every distinct plan of the one-GPU lane's problems (``tests/emb_lane.py``) run over
 gloo at W = 2 and 3 against the float64 reference, with skewed tables, uneven bags and a
-batch W does not divide, beside an even batch and fp16 rows (one rank pool per W)."""
+batch W does not divide, beside an even batch and fp16 rows."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ if not torch.cuda.is_available():
 import ficco  # noqa: E402
 import ficco.api  # noqa: E402
 from ficco.execute.options import RunOptions  # noqa: E402
-from ficco.execute.run import backend_pool, measure_in  # noqa: E402
+from ficco.execute.run import run_cpu, run_schedules  # noqa: E402
 from ficco.patterns import emb_a2a as emb  # noqa: E402
 from ficco.plan import PoolOp, WaitFlagsOp, build_plan, plan_key  # noqa: E402
 from ficco.problem import Problem  # noqa: E402
@@ -324,6 +324,8 @@ def test_recommend_refuses_emb_a2a_until_a_table_measured_it():
 # --- verification over gloo: every distinct plan, the one-GPU lane's list ------------------
 
 
+#: verify only (run_schedules raises if a problem fails as a whole)
+VERIFY = RunOptions(timing=None)
 #: the lane's problems run here at batch 61 (no W divides it) in fp32 rows of 8
 ON_CPU = dict(m=61, n=8, dtype="fp32")
 #: problems the lane has not, a few schedules each (every plan: the lane's problems): an even
@@ -366,48 +368,41 @@ def test_every_distinct_plan_of_the_lanes_list_verifies_against_the_float64_refe
     (plan, pooling kernel) pair of the space once; each distinct plan runs once here (the cpu
     backend runs the schedules of one plan alike: no streams, no SM grids, torch's pooling
     unless fused), and every one is ok against the float64 reference. Then the problems the
-    lane has not (``OTHERS``), and a pooled segment left unwritten, caught. One rank pool."""
+    lane has not (``OTHERS``), and a pooled segment left unwritten, caught. In the session's
+    rank pool of the world (tests/conftest.py)."""
     from emb_lane import lane_problems, lane_schedules, verdict_faults
 
     listed = []
-    with backend_pool("cpu", world, RunOptions(timing=None)) as pool:
-        for on_gpu, problem in zip(
-            lane_problems(world), lane_problems(world, **ON_CPU), strict=True
-        ):
-            schedules = lane_schedules(problem)
-            assert [str(s) for s in schedules] == [str(s) for s in lane_schedules(on_gpu)]
-            pairs = [(plan_key(problem, s), s.gemm) for s in schedules]
-            every = lane_schedules(problem, every=True)
-            assert sorted(map(str, pairs)) == sorted(
-                map(str, {(plan_key(problem, s), s.gemm) for s in every})
-            )
-            once = list({plan_key(problem, s): s for s in reversed(schedules)}.values())[::-1]
-            assert any(s.compute is Compute.FUSED for s in once)
-            got = measure_in(pool, problem, once, None, baselines=False)
-            assert isinstance(got, list), got  # not a PoolFailure
-            assert not verdict_faults("cpu", problem, once, got)
-            # the check can fail: ranks that share a GPU refuse what ran here
-            refused = {str(s) for s in once if s.compute is Compute.FUSED
-                       or s.transport is Transport.NCCL_CE}  # fmt: skip
-            shared = verdict_faults("cuda_shared", problem, once, got)
-            assert refused and {name for name, _, _ in shared} == refused
-            listed += [str(s) for s in schedules]
-        for problem in OTHERS[world]:
-            schedules = [Schedule.parse(t) for t in FEW]
-            got = measure_in(pool, problem, schedules, None, baselines=False)
-            assert isinstance(got, list), got
-            bad = [(m.name, m.verdict, m.detail) for m in got if m.verdict != "ok"]
-            assert len(got) == len(schedules) and not bad, bad
-        # the check can fail: a pooled segment left unwritten is caught
-        broken = [
-            Schedule.parse(t)
-            for t in ("shard/ce/cublas", "finer-c2-m/ce/triton+fused", "finer-c2-b/seg/cublas")
-        ]
-        got = measure_in(
-            pool, lane_problems(world, **ON_CPU)[0], broken, None, baselines=False,
-            plan_hook=drop_first_pooled_segment,
-        )  # fmt: skip
-        assert isinstance(got, list) and [m.verdict for m in got] == ["incorrect"] * 3, got
+    for on_gpu, problem in zip(lane_problems(world), lane_problems(world, **ON_CPU), strict=True):
+        schedules = lane_schedules(problem)
+        assert [str(s) for s in schedules] == [str(s) for s in lane_schedules(on_gpu)]
+        pairs = [(plan_key(problem, s), s.gemm) for s in schedules]
+        every = lane_schedules(problem, every=True)
+        assert sorted(map(str, pairs)) == sorted(
+            map(str, {(plan_key(problem, s), s.gemm) for s in every})
+        )
+        once = list({plan_key(problem, s): s for s in reversed(schedules)}.values())[::-1]
+        assert any(s.compute is Compute.FUSED for s in once)
+        got = run_schedules(problem, once, backend="cpu", options=VERIFY)
+        assert not verdict_faults("cpu", problem, once, got)
+        # the check can fail: ranks that share a GPU refuse what ran here
+        refused = {str(s) for s in once if s.compute is Compute.FUSED
+                   or s.transport is Transport.NCCL_CE}  # fmt: skip
+        shared = verdict_faults("cuda_shared", problem, once, got)
+        assert refused and {name for name, _, _ in shared} == refused
+        listed += [str(s) for s in schedules]
+    for problem in OTHERS[world]:
+        schedules = [Schedule.parse(t) for t in FEW]
+        got = run_schedules(problem, schedules, backend="cpu", options=VERIFY)
+        bad = [(m.name, m.verdict, m.detail) for m in got if m.verdict != "ok"]
+        assert len(got) == len(schedules) and not bad, bad
+    # the check can fail: a pooled segment left unwritten is caught
+    broken = [
+        Schedule.parse(t)
+        for t in ("shard/ce/cublas", "finer-c2-m/ce/triton+fused", "finer-c2-b/seg/cublas")
+    ]
+    got = run_cpu(lane_problems(world, **ON_CPU)[0], broken, plan_hook=drop_first_pooled_segment)
+    assert [r.verdict.value for r in got] == ["incorrect"] * 3, got
     texts = " ".join(listed)
     for part in ("-b/ce/cublas", "-b/ce/triton", "-b/seg/cublas", "-b/seg/triton", "+merged",
                  "+hi", "+sm16", "+sm32", "+fused", "nccl_ce"):  # fmt: skip
