@@ -24,17 +24,19 @@ def pytest_configure(config):
 
 
 # The longest test files, longest first: xdist hands out whole files in collection order, so
-# these start first and the workers finish together (the shipped-store optuna replay and the
-# README script, a minute or more each, would otherwise start last, alphabetically).
+# these start first and the workers finish together (the shipped store's family comparison and
+# optuna replay, and the help examples that report on it, a minute or more each, would
+# otherwise start last, alphabetically).
 LONGEST_FIRST = (
-    "test_shipped_profiles.py",
-    "test_script_api.py",
     "test_select.py",
     "test_execute_cpu.py",
     "test_cli_help.py",
-    "test_store_sql.py",
-    "test_sweep.py",
     "test_ops.py",
+    "test_store_sql.py",
+    "test_shipped_profiles.py",
+    "test_model_dense.py",
+    "test_sweep.py",
+    "test_emb_a2a.py",
 )
 
 

@@ -242,12 +242,17 @@ def tiny_families(machine: str = "h200x2") -> dict:
 
 @lru_cache(maxsize=2)
 def synthetic_table(machine: str = "h200x2", per_group: int = 300):
-    """``(table, evaluation, selector, dataset)`` trained on the synthetic frame (cached)."""
+    """``(table, evaluation, selector, dataset)`` trained on the synthetic frame (cached),
+    choosing among the safe default, the tree and the forest of ``light_families`` (the forest
+    wins): the tests that read it need a trained table, not the comparison of every family
+    (``tests/test_select.py`` makes that), which would take three times as long."""
     from ficco.export.build import train_table
     from ficco.select.dataset import build_dataset
 
     frame = synthetic_frame()
+    light = light_families(machine)
+    families = {name: light[name] for name in ("safe_default", "tree", "forest")}
     table, evaluation, selector = train_table(
-        frame, machine=machine, families=light_families(machine), per_group=per_group
+        frame, machine=machine, families=families, per_group=per_group
     )
     return table, evaluation, selector, build_dataset(frame)
