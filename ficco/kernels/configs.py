@@ -285,54 +285,23 @@ class SplitPlan:
         return self.dp_tiles + self.tail_tiles * self.split
 
 
-# A last wave more than half full is split only where the model below puts its time at most
-# this fraction of a whole tile's. A unit of a split tile costs its share of the K steps plus
-# the fp32 partial it stores and its tile's last arriver reads back, counted as
-# SPLIT_PARTIAL_STEPS K steps: BLOCK_M x BLOCK_N x 8 bytes over an SM's share of the memory
-# bandwidth against 2 x BLOCK_M x BLOCK_N x BLOCK_K flops per step at an SM's bf16 rate is
-# ~20 steps through HBM and ~6 through L2 on an H100; 8 is between them, a lead to measure.
-WAVE_SPLIT_MAX_TIME = 0.9
-SPLIT_PARTIAL_STEPS = 8
-# ... and only where that saves at least this fraction of the whole launch's waves (a launch
-# of many full waves gains little from its last).
-WAVE_SPLIT_MIN_GAIN = 0.05
-
-
-def _tail_time(tail: int, programs: int, k_steps: int, split: int) -> float:
-    # The last wave's time in whole tiles when its tiles are split `split` ways.
-    waves = -(-tail * split // programs)
-    return waves * (1 / split + SPLIT_PARTIAL_STEPS / k_steps)
-
-
 def split_plan(num_tiles: int, programs: int, k_steps: int) -> SplitPlan | None:
-    """The split of the last wave, or None where splitting would not shorten it.
+    """The split of the last wave, or None where splitting would not fill idle programs.
 
     With T tiles on P programs the last wave holds T mod P tiles (all T when T < P) and leaves
-    the rest of the programs idle. A tail of at most half the programs is split
-    `P // tail` ways along K: one wave of units. A fuller tail is split the number of ways
-    whose units' waves `_tail_time` puts shortest (their partials counted), where that is at
-    most WAVE_SPLIT_MAX_TIME of the unsplit wave and saves WAVE_SPLIT_MIN_GAIN of the
-    launch: 512x5120 in 128x256 tiles at K = 8192 is 80
-    tiles on 132 SMs, split 3 ways in 2 waves of thirds (0.79); 1024x3072 at K = 4096 is 96
-    tiles, not split (4 ways: 3 waves of quarters, 1.13 with the partials). Consecutive units
-    are one tile's K ranges, so programs side by side share its A and B in L2. Every range
-    keeps >= MIN_K_STEPS_PER_SPLIT steps, and a tile is split at most MAX_SPLIT ways.
+    the rest of the programs idle; splitting each of its tiles `split = P // tail` ways along K
+    fills them, when every range keeps >= MIN_K_STEPS_PER_SPLIT steps. A tail of more than
+    half the programs is left whole: split into several waves of K ranges it ran slower than
+    whole at every shape one H200 timed (512x5120x8192 in 128x256 tiles, 80 tiles 3 ways:
+    1.25x the pick's time against 1.16x whole; profiles/h200/NOTES_gemm.md), the fp32
+    partials costing more than the shorter wave saved.
     """
     tail = num_tiles % programs if num_tiles >= programs else num_tiles
     if tail == 0:
         return None
-    most = min(k_steps // MIN_K_STEPS_PER_SPLIT, MAX_SPLIT)
-    split = min(programs // tail, most)
+    split = min(programs // tail, k_steps // MIN_K_STEPS_PER_SPLIT, MAX_SPLIT)
     if split < 2:
-        split = min(
-            range(2, most + 1),
-            key=lambda s: (_tail_time(tail, programs, k_steps, s), s),
-            default=1,
-        )
-        time = _tail_time(tail, programs, k_steps, split) if split >= 2 else 1.0
-        waves = num_tiles // programs + 1
-        if time > WAVE_SPLIT_MAX_TIME or (1 - time) / waves < WAVE_SPLIT_MIN_GAIN:
-            return None
+        return None
     k_per_split = -(-k_steps // split)
     split = -(-k_steps // k_per_split)  # no empty ranges
     return SplitPlan(num_tiles - tail, tail, split, k_per_split)
@@ -366,14 +335,6 @@ def splits_here(cfg: GemmConfig, m: int, n: int, k: int, sm_budget: int) -> bool
     return split_plan(tiles, sm_budget, -(-k // cfg.block_k)) is not None
 
 
-def splits_in_one_wave(cfg: GemmConfig, m: int, n: int, k: int, sm_budget: int) -> bool:
-    """`split_plan` splits this launch's last wave into one wave of units (a tail of at most
-    half the programs), not the several waves of a fuller tail's split."""
-    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-    plan = split_plan(tiles, sm_budget, -(-k // cfg.block_k))
-    return plan is not None and plan.units - plan.dp_tiles <= sm_budget
-
-
 def candidate_configs(
     m: int,
     n: int,
@@ -389,7 +350,7 @@ def candidate_configs(
     swap-AB tiles for few rows (`swap_candidate_configs`).
 
     Each kept configuration also comes with `split_tail=True` where that changes the launch
-    (`split_plan`: the last wave split along K, also where it is more than half full).
+    (`split_plan`: a last wave of at most half the programs split along K).
     The split-K decode kernel's configs (`decode_candidate_configs`) are not offered here: on
     one H100 it lost to the persistent kernel at 189 of 190 decode shapes, and do_bench's
     ranking of microsecond kernels picked it where it was slower (profiles/h100/
@@ -439,8 +400,7 @@ def swap_candidate_configs(
     shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
 ) -> list[GemmConfig]:
     """The swap-AB tiles for `[m, k] @ [k, n]` (none above SWAP_MAX_ROWS rows), each with its
-    split tail where the tiles leave programs idle (a decode GEMM's usual case), else whole;
-    both where the split is a fuller tail's (several waves of units)."""
+    split tail where the tiles leave programs idle (a decode GEMM's usual case), else whole."""
     if m > SWAP_MAX_ROWS:
         return []
     tiles_nk = INTERPRETER_SWAP_TILES if interpreter else SWAP_TILES
@@ -454,10 +414,7 @@ def swap_candidate_configs(
         ):
             continue
         split = replace(cfg, split_tail=True)
-        if splits_here(split, m, n, k, sm_budget):
-            kept.append(split)
-        if not splits_in_one_wave(split, m, n, k, sm_budget):
-            kept.append(cfg)
+        kept.append(split if splits_here(split, m, n, k, sm_budget) else cfg)
     return kept
 
 

@@ -33,10 +33,9 @@ followed that wave count exactly (8192^3: 16 waves at 132 programs, 18 at 120: 0
 writes an fp32 partial, and the last of them to arrive (an acq_rel ticket per tile) sums the
 partials in a fixed order, so results are deterministic, and stores C.
 
-A last wave more than half full (1024x3072x4096 in 128x256 tiles is 96 tiles on 132 SMs)
-is split too where that shortens it (`split_plan`: 96 tiles in 4 K ranges are 3 waves of
-quarter tiles). The bf16 kernels take no warp specialization (`GemmConfig.warp_specialize`
-is the FP8 kernel's option).
+A last wave of more than half the programs is left whole (split into several waves of K
+ranges it ran slower on an H200: `split_plan`). The bf16 kernels take no warp
+specialization (`GemmConfig.warp_specialize` is the FP8 kernel's option).
 """
 
 from __future__ import annotations
