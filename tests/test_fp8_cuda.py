@@ -90,21 +90,22 @@ def test_e5m2_is_refused_on_gpus_naming_cublaslt(monkeypatch):
 
 
 @pytest.mark.parametrize(("rows", "start"), [(1, 3), (2, 2), (6, 0), (4, 1), (4, 4), (12, 8)])
-def test_a_row_wise_gemm_gets_the_rows_and_alignment_cublaslt_takes(rows, start):
+def test_a_row_wise_gemm_gets_the_scale_alignment_cublaslt_takes(rows, start):
     p = fp8(a_scale="row")
     from ficco.execute.scaled import quantize
 
     a_all, sa_all = quantize(p, "a", torch.randn(32, 64))
     b, sb = quantize(p, "b", torch.randn(64, 32))
     a, sa = a_all[start : start + rows], sa_all[start : start + rows]
-    pa, psa, psb, m = scaled_mm.vector_operands(a, sa, sb)
-    assert m == rows and pa.shape[0] % scaled_mm.VECTOR_ROWS == 0
+    psa, psb = scaled_mm.aligned_scales(sa, sb)
     assert psa.data_ptr() % scaled_mm.SCALE_ALIGN == 0 and psb.data_ptr() % 16 == 0
-    aligned = rows % 4 == 0 and sa.data_ptr() % 16 == 0
-    assert (pa.data_ptr() == a.data_ptr()) is aligned  # no copy where none is needed
-    assert pa.view(torch.uint8)[rows:].eq(0).all() and psa[rows:].eq(1).all()
-    want = scaled_mm.scaled_matmul(a, b, sa, sb)
-    assert torch.equal(scaled_mm.scaled_matmul(pa, b, psa, psb)[:rows], want)
+    assert psa.is_contiguous() and torch.equal(psa, sa) and psb.shape == sb.shape
+    assert (psa.data_ptr() == sa.data_ptr()) is (sa.data_ptr() % 16 == 0)  # copied if needed
+    assert torch.equal(
+        scaled_mm.scaled_matmul(a, b, psa, psb), scaled_mm.scaled_matmul(a, b, sa, sb)
+    )
+    column = torch.ones(rows, 2)[:, :1]  # a strided view: copied to contiguous storage
+    assert scaled_mm.aligned_scales(column, sb)[0].is_contiguous()
 
 
 # --- the scaled primitives' moves, unbound, on two ranks' CPU tensors ----------------------

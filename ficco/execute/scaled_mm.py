@@ -6,8 +6,8 @@
 upcasts the same fp8 bits a GPU's tensor cores read; on CUDA it is ``torch._scaled_mm``
 (cuBLASLt), where a per-tensor scale beside a per-row/column one is broadcast to a vector
 (``_scaled_mm`` takes both scalar or both vectors; the product is the same), and a row-wise
-product's operands are put in the form cuBLASLt takes (:func:`vector_operands`: a chunk of a
-few rows is padded with zero rows).
+product's scale vectors are copied to aligned storage where a chunk's start off it
+(:func:`aligned_scales`).
 
 Every call is refused with its cause first: a wrong scale (not fp32, a shape that is neither
 one value nor one per row/column, a value not finite and positive), a GPU below compute
@@ -110,33 +110,26 @@ def check_operands(a, b, a_scale, b_scale, values: bool = True) -> tuple[bool, b
     return rows, cols
 
 
-#: cuBLASLt's row-wise (outer-vector) FP8 GEMM: A's rows per call a multiple of
-#: ``VECTOR_ROWS``, every scale vector ``SCALE_ALIGN``-byte aligned. Measured on one H100
-#: (torch 2.11+cu130, 2026-11-25): chunks of 1, 2 and 6 rows, and expert blocks of any
-#: rows, were refused (CUBLAS_STATUS_NOT_SUPPORTED), while 4, 8, 12, 16, 32 and 64 rows at
-#: scale offsets of whole 16 bytes ran; which of the two conditions it needs was not told
-#: apart, so both are met. Per-tensor scales ran at every row count.
-VECTOR_ROWS = 4
+#: cuBLASLt's row-wise (outer-vector) FP8 GEMM takes its scale vectors at ``SCALE_ALIGN``-byte
+#: aligned addresses only, and A of any row count. Measured on one H200 (torch 2.11+cu130, CUDA
+#: 13.0, 2026-11-26; profiles/h200/fp8_gemm_cublaslt_rows.json): 1-20, 24, 28, 32, 40, 48 and
+#: 64 rows all ran with their scales at an aligned address, none with them 4 bytes past one
+#: (CUBLAS_STATUS_NOT_SUPPORTED). The chunks of 1, 2 and 6 rows an H100 refused (2026-11-25)
+#: had their scales 12, 8 and 24 bytes into a vector; per-tensor scales run anywhere.
 SCALE_ALIGN = 16
 
 
-def vector_operands(a, a_scale, b_scale):
-    """``(a, a_scale, b_scale, rows)``: the operands of a row-wise FP8 GEMM as cuBLASLt
-    takes them (see ``VECTOR_ROWS``): ``a [rows, K]`` padded with zero rows (scale 1) to a
-    multiple of ``VECTOR_ROWS`` in fresh (aligned) storage where it is not one or its scales
-    start off the alignment; ``b_scale`` copied where it starts off it. The product's first
-    ``rows`` rows are ``a``'s."""
-    rows = a.shape[0]
-    pad = -rows % VECTOR_ROWS
-    if pad or a_scale.data_ptr() % SCALE_ALIGN:
-        bits = torch.zeros((rows + pad, a.shape[1]), dtype=torch.uint8, device=a.device)
-        bits[:rows].copy_(a.view(torch.uint8))
-        scales = torch.ones((rows + pad, 1), dtype=torch.float32, device=a.device)
-        scales[:rows].copy_(a_scale)
-        a, a_scale = bits.view(a.dtype), scales
-    if b_scale.data_ptr() % SCALE_ALIGN:
-        b_scale = b_scale.clone()
-    return a, a_scale, b_scale, rows
+def aligned_scales(a_scale, b_scale):
+    """``(a_scale, b_scale)`` as cuBLASLt's row-wise FP8 GEMM takes them (``SCALE_ALIGN``):
+    each copied into fresh (aligned) storage where it starts off the alignment, as a chunk's
+    row scales do at most row offsets (or not contiguous, which ``_scaled_mm`` refuses)."""
+
+    def aligned(scale):
+        if scale.is_contiguous() and scale.data_ptr() % SCALE_ALIGN == 0:
+            return scale
+        return scale.clone(memory_format=torch.contiguous_format)
+
+    return aligned(a_scale), aligned(b_scale)
 
 
 def scaled_matmul(
@@ -159,16 +152,11 @@ def scaled_matmul(
         b_scale = b_scale.reshape(1, -1).expand(1, b.shape[1]).contiguous()
     elif not rows:
         a_scale, b_scale = a_scale.reshape(()), b_scale.reshape(())
-    m = a.shape[0]
     if rows or cols:
-        a, a_scale, b_scale, m = vector_operands(a, a_scale, b_scale)
+        a_scale, b_scale = aligned_scales(a_scale, b_scale)
     if b.stride(0) != 1:  # cuBLASLt's FP8 GEMM takes B column-major (a copy: pass it so)
         b = b.t().contiguous().t()
-    padded = a.shape[0] != m
-    kwargs = {"out": out} if out is not None and not padded else {}
-    product = torch_scaled_mm()(
+    kwargs = {"out": out} if out is not None else {}
+    return torch_scaled_mm()(
         a.contiguous(), b, scale_a=a_scale, scale_b=b_scale, out_dtype=out_dtype, **kwargs
     )
-    if not padded:
-        return product
-    return product[:m] if out is None else out.copy_(product[:m])

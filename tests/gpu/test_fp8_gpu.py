@@ -44,7 +44,8 @@ def test_scaled_mm_on_the_gpu_is_the_cpu_emulation(a_scale, b_scale):
 @pytest.mark.parametrize(("rows", "start"), [(1, 3), (2, 2), (6, 6), (5, 0), (4, 1), (16, 16)])
 def test_a_row_wise_chunk_of_any_rows_and_offset_runs(rows, start):
     """A plan's chunk GEMM takes a few rows at any offset of its buffer, their row scales
-    with them; cuBLASLt's row-wise GEMM refuses some (``scaled_mm.vector_operands``)."""
+    with them; cuBLASLt's row-wise GEMM takes scales at aligned addresses only
+    (``scaled_mm.aligned_scales``)."""
     p = Problem(pattern="ag_gemm", m=2, n=64, k=64, world=2, dtype="fp8_e4m3",
                 a_scale="row", b_scale="column")  # fmt: skip
     a, sa = quantize(p, "a", torch.randn(32, 64))
