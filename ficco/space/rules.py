@@ -11,10 +11,11 @@ excludes cuts that would leave a chunk empty.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from ficco.defaults import SM_COUNT
-from ficco.patterns import patterns_where, spec_of
+from ficco.patterns import Pattern, patterns_where, spec_of
 from ficco.problem import DTYPE_BYTES, SCALED_GEMM_ALIGN, Problem
 from ficco.space.geometry import cut, quantum, split_extent
 from ficco.space.schedule import (
@@ -27,7 +28,7 @@ from ficco.space.schedule import (
     Schedule,
     Split,
 )
-from ficco.space.transports import names, transports_where
+from ficco.space.transports import Transport, names, transports_where
 
 Rule = Callable[[Problem, Schedule], "str | None"]
 
@@ -67,12 +68,19 @@ def chunks_fit_extent(p: Problem, s: Schedule) -> str | None:
 
 
 def transport_serves_pattern(p: Problem, s: Schedule) -> str | None:
-    t = s.transport.traits
-    if not t.serves(spec_of(p.pattern)):
-        alternatives = names(transports_where(lambda x: x.serves(spec_of(p.pattern))))
+    return _unserved(s.transport, p.pattern)
+
+
+@functools.cache
+def _unserved(transport: Transport, pattern: Pattern) -> str | None:
+    # cached: it reads only the registries, and the enumerator asks it at every point of the
+    # axis product (its sentence lists the patterns and the transports: most of the cost)
+    t, spec = transport.traits, spec_of(pattern)
+    if not t.serves(spec):
+        alternatives = names(transports_where(lambda x: x.serves(spec)))
         return (
-            f"{s.transport.value} ({t.summary}) serves {', '.join(map(str, t.patterns))} only, "
-            f"not {p.pattern} (use {alternatives})"
+            f"{transport.value} ({t.summary}) serves {', '.join(map(str, t.patterns))} only, "
+            f"not {pattern} (use {alternatives})"
         )
     return None
 
