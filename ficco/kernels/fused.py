@@ -181,11 +181,18 @@ def _fused_gemm_kernel(
     # flag wait) owns no tile, so the chunks a peer waits on cannot be stuck behind it.
     # A program's tiles therefore rise, and so do their chunks: a chunk's row and
     # descriptors are read and made when the program first meets it, not per tile.
-    tile = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
-    first = tile
-    # No more tiles than programs (the grid is then the tile count): each claims one, so no
-    # second claim is needed to find the queue empty
+    # No more tiles than programs (the grid is then the tile count): each program has one
+    # tile and needs no second claim to find the queue empty. Where, besides, no chunk
+    # signals and no flag is reset (no peer waits on this launch), program p's tile is p:
+    # no claim at all, no counter to zero.
     one_each = (num_tiles <= tl.num_programs(0)) & (num_tiles > 0)
+    by_program = False
+    if not (POINTER_STORES or RESET_WAITS):
+        by_program = one_each
+    if by_program:  # noqa: SIM108 - a runtime branch: Triton has no tensor ternary
+        tile = tl.program_id(0)
+    else:
+        tile = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
     # The chunk of the program's first tile (the last chunk where none is left), its table
     # row, and the first tile past it: a later tile of the same chunk reads nothing more
     chunk = tl.load(tile_chunk_ptr + tl.minimum(tile, num_tiles - 1))
@@ -310,16 +317,8 @@ def _fused_gemm_kernel(
             tile = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
     # The last program to finish zeroes the claim counter and the chunk counters for the
     # next launch (every other program's claims and counts came before its own count here),
-    # so a launch needs no memset before it. With one tile each and no chunk counter or
-    # flag to reset, the claim counter is all: the last ticket's holder zeroes it (every
-    # program has claimed by then), and no program counts itself done.
-    claim_only = False
-    if not (POINTER_STORES or RESET_WAITS):
-        claim_only = one_each
-    if claim_only:
-        if first == num_tiles - 1:
-            tl.store(next_tile_ptr, 0)
-    else:
+    # so a launch needs no memset before it; tiles by program touched no counter.
+    if not by_program:
         finished = tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
         if finished == tl.num_programs(0) - 1:
             for i in range(num_chunks):
