@@ -4,18 +4,21 @@ several configurations, each on fresh ranks with a short no-progress limit, so a
 
 The default problem is tests/gpu/test_seg_gpu.py's gemm_a2a with skewed routing (m=2048,
 n=512, k=256, 8 experts, top-2, alpha 1.2, seed 0) and its seven seg/ce schedules, whose
-timing hung on 2 H200s in NCCL's all_to_all (every schedule had verified). Configurations:
+timing hung on 2 H200s in NCCL's all_to_all (every schedule had verified) while the executor
+captured NCCL all-to-alls; it now keeps them eager (``ficco.execute.capture``). Configurations:
 
-- ``full``: as the test runs it (schedules and baselines, graphs 'all');
+- ``full``: as the test runs it (schedules and baselines, graphs 'all', NCCL all-to-alls
+  eager);
+- ``a2a-captured``: as ``full`` with NCCL's all-to-alls captured
+  (``FICCO_CAPTURE_NCCL_ALL_TO_ALL=1``), as before the rule: the configuration that hung;
 - ``no-baselines``: the schedules alone (no NCCL call is timed);
-- ``baselines``: the baselines beside the one schedule ``serial/nccl/cublas`` (NCCL only);
 - ``graphs-ce``: NCCL plans stay eager (no NCCL call is captured);
-- ``no-graph-register``: as ``full`` with ``NCCL_GRAPH_REGISTER=0`` (NCCL does not register
-  the buffers of captured calls);
-- ``no-graph-mixing``: as ``full`` with ``NCCL_GRAPH_MIXING_SUPPORT=0`` (NCCL's ordering of
+- and, each with NCCL's all-to-alls captured (they bisect the hang):
+  ``baselines``: the baselines beside the one schedule ``serial/nccl/cublas`` (NCCL only);
+  ``no-graph-register``: ``NCCL_GRAPH_REGISTER=0`` (NCCL does not register the buffers of
+  captured calls); ``no-graph-mixing``: ``NCCL_GRAPH_MIXING_SUPPORT=0`` (NCCL's ordering of
   captured against eager calls off; its documentation says that mechanism has deadlocked);
-- ``synced``: as ``full`` with 'synced' issue (hosts wait for their GPU before every
-  iteration).
+  ``synced``: 'synced' issue (hosts wait for their GPU before every iteration).
 
 Usage (2 GPUs): python scripts/timing_hang_bisect.py [--configs full baselines ...]
 [--timeout 45]. Prints one line per configuration: ok, or the failure; writes
@@ -46,6 +49,7 @@ SCHEDULES = (
 )
 CONFIGS = (
     "full",
+    "a2a-captured",
     "no-baselines",
     "baselines",
     "graphs-ce",
@@ -53,11 +57,23 @@ CONFIGS = (
     "no-graph-mixing",
     "synced",
 )
+#: the configurations that capture NCCL's all-to-alls, as the executor did when it hung
+A2A_CAPTURED = ("a2a-captured", "baselines", "no-graph-register", "no-graph-mixing", "synced")
 #: NCCL environment per configuration (the ranks are spawned with it)
 NCCL_ENV = {
     "no-graph-register": {"NCCL_GRAPH_REGISTER": "0"},
     "no-graph-mixing": {"NCCL_GRAPH_MIXING_SUPPORT": "0"},
 }
+
+
+def config_env(name: str) -> dict[str, str]:
+    """The environment configuration ``name`` spawns its ranks with."""
+    from ficco.execute.capture import CAPTURE_NCCL_ALL_TO_ALL_ENV
+
+    env = dict(NCCL_ENV.get(name, {}))
+    if name in A2A_CAPTURED:
+        env[CAPTURE_NCCL_ALL_TO_ALL_ENV] = "1"
+    return env
 
 
 def problem(pattern: str, skewed: bool):
@@ -84,7 +100,7 @@ def run_config(name: str, p, timeout_s: float, backend: str = "cuda") -> dict:
         timing = replace(timing, graphs="ce")
     if name == "synced":
         timing = replace(timing, issue=("synced",))
-    env = NCCL_ENV.get(name, {})
+    env = config_env(name)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the ranks are spawned with this environment
     started = time.time()
@@ -126,6 +142,8 @@ def main(argv=None) -> int:
     p = problem(args.pattern, not args.even)
     if args.dry_run:
         print(f"{p.key}: configs {args.configs}, schedules {list(SCHEDULES)}")
+        for name in args.configs:
+            print(f"  {name}: environment {config_env(name)}")
         return 0
     rows = []
     for name in args.configs:

@@ -11,6 +11,8 @@ in their primitives (transports, GEMM kernels) and clocks. Modules:
 ``cuda_setup``   a CUDA rank's GPU, groups, streams, symmetric memory, nccl_ce probe
 ``cuda_signatures``  per-task spans and parts alone: the inefficiency signature
 ``measure``      verify, capture, baselines, time: one problem on one rank
+``capture``      what stays out of CUDA graphs though its transport captures (NCCL
+                 all-to-alls), and the note saying why
 ``timing``       the interleaved-rounds protocol (fixed or ``rounds="auto"``)
 ``baselines``    serial, async-TP, the isolated GEMM and collective
 ``reference``, ``verify``, ``buffers``   what the output must be; is it; the tensors

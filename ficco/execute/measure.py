@@ -9,7 +9,8 @@ gets the same rank-merged measurements. Steps:
 2. Where the backend captures (CUDA graphs), a verified schedule is captured and its replay
    verified too: what is timed is what was checked. Every rank must agree before a graph is
    captured or replayed: a graph holding NCCL calls replayed on one rank only would wait
-   forever for its peer.
+   forever for its peer. What ``ficco.execute.capture`` refuses (NCCL all-to-alls) stays
+   eager, its ``extra['graph']`` note saying why.
 3. Baselines (``ficco.execute.baselines``) are verified where they write the op's output;
    the serial baseline and the isolated parts of ``ideal`` also get captured twins.
 4. Every verified candidate is timed in interleaved rounds (``ficco.execute.timing``), once
@@ -33,6 +34,7 @@ from ficco.execute.baselines import (
     GRAPHED_PART,
     ISOLATED_PARTS,
 )
+from ficco.execute.capture import baseline_graph_refusal, graph_refusal
 from ficco.execute.interpreter import interpret
 from ficco.execute.options import TimingOptions
 from ficco.execute.timing import time_rounds
@@ -125,6 +127,9 @@ def measure_problem(
         ok = check is not None and check.ok and failure is None
         # the same on every rank, so every rank joins the all_ranks collective or none does
         wants_graph = options is not None and backend.wants_graph(options, schedule)
+        refusal = graph_refusal(problem, schedule) if wants_graph else None
+        if refusal is not None:  # verified and timed as issued eagerly, saying why
+            graph_notes[name], wants_graph = refusal, False
         if wants_graph and backend.all_ranks(ok):
             graph_notes[name], replay = _capture_and_verify(
                 backend, runners[name], plan, bufs, (exact, plain), problem, schedule
@@ -245,8 +250,15 @@ def _capture_and_verify(backend, run, plan, bufs, reference, problem, schedule):
 
 def _graph_baselines(backend, base, results, runners, part_graphs, reference, problem) -> None:
     """The serial baseline captured (the fair baseline for captured schedules), and captured
-    twins of the isolated parts of ``ideal`` (timed beside them; each keeps the faster)."""
-    if BASELINE_SERIAL_EAGER in results and results[BASELINE_SERIAL_EAGER].verdict == "ok":
+    twins of the isolated parts of ``ideal`` (timed beside them; each keeps the faster).
+    A baseline ``ficco.execute.capture`` keeps eager gets no twin (no ``serial_graph``), its
+    note saying why."""
+    refused = {name: baseline_graph_refusal(problem, name) for name in base}  # rank-free
+    for name, note in refused.items():
+        if note is not None:
+            results[name].extra["graph"] = note
+    serial_ok = BASELINE_SERIAL_EAGER in results and results[BASELINE_SERIAL_EAGER].verdict == "ok"
+    if serial_ok and refused.get(BASELINE_SERIAL_EAGER) is None:
         fn = base[BASELINE_SERIAL_EAGER]
         check, failure, detail, graph, capture_error = None, None, "", None, ""
         try:
@@ -272,7 +284,7 @@ def _graph_baselines(backend, base, results, runners, part_graphs, reference, pr
         if m.verdict == "ok":
             m.extra["graph"] = "graph"
             runners[BASELINE_SERIAL_GRAPH] = graph.replay  # the bound method keeps it alive
-    for name in (n for n in ISOLATED_PARTS if n in base):  # the same names on every rank
+    for name in (n for n in ISOLATED_PARTS if n in base and refused.get(n) is None):
         graph = None
         if name in runners:
             try:
