@@ -253,7 +253,7 @@ def _graph_baselines(backend, base, results, runners, part_graphs, reference, pr
     twins of the isolated parts of ``ideal`` (timed beside them; each keeps the faster).
     A baseline ``ficco.execute.capture`` keeps eager gets no twin (no ``serial_graph``), its
     note saying why."""
-    refused = {name: baseline_graph_refusal(problem, name) for name in base}  # rank-free
+    refused = {name: baseline_graph_refusal(problem, name) for name in base}  # as every rank
     for name, note in refused.items():
         if note is not None:
             results[name].extra["graph"] = note
