@@ -35,7 +35,12 @@ except ImportError as err:  # pragma: no cover - another Triton's layout
 
 from ficco.kernels.configs import GemmConfig  # noqa: E402
 from ficco.kernels.fused import _TABLE_COLS, _fused_gemm_kernel  # noqa: E402
-from ficco.kernels.scaled import _scaled_mm_tma_kernel, imprecise_acc, lagged  # noqa: E402
+from ficco.kernels.scaled import (  # noqa: E402
+    _scaled_mm_tma_kernel,
+    imprecise_acc,
+    lagged,
+    split_rows,
+)
 from ficco.kernels.scaled_configs import FP8_GPU_CONFIGS  # noqa: E402
 
 
@@ -113,8 +118,9 @@ def compile_scaled(
     t0 = time.perf_counter()
     c_cols = cfg.block_n // 2 if cfg.epilogue_subtile else cfg.block_n
     b_block = [cfg.block_n, cfg.block_k] if b_k_major else [cfg.block_k, cfg.block_n]
+    split = split_rows(cfg, fast_accum)
     descs = {
-        "a_desc": f"tensordesc<{dtype}[{cfg.block_m}, {cfg.block_k}]>",
+        "a_desc": f"tensordesc<{dtype}[{cfg.block_m // (2 if split else 1)}, {cfg.block_k}]>",
         "b_desc": f"tensordesc<{dtype}[{b_block[0]}, {b_block[1]}]>",
         "c_desc": f"tensordesc<bf16[{cfg.block_m}, {c_cols}]>",
     }
@@ -125,7 +131,7 @@ def compile_scaled(
         IMPRECISE_ACC=imprecise_acc(cfg, fast_accum),
         PROMOTE_EVERY=1 if fast_accum else cfg.promote_every,
         WARP_SPECIALIZE=cfg.warp_specialize, LAGGED=lagged(cfg, fast_accum),
-        FLATTEN=not lagged(cfg, fast_accum),
+        FLATTEN=not lagged(cfg, fast_accum), SPLIT_ROWS=split,
     )  # fmt: skip
     return _report(_compile(_scaled_mm_tma_kernel, pointers, descs, constants, cfg), t0)
 

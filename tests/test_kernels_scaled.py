@@ -440,3 +440,17 @@ def test_accumulation_probe_names_every_variant_and_its_nearest_match():
     assert names <= set(found["errors"]) and not found["failures"]
     assert all(0 < e < 1e-3 for e in found["errors"].values())  # fp32 output, exact inputs
     assert found["scaled_mm_matches"] in names
+
+
+def test_a_one_warpgroup_128_row_tile_runs_as_two_64_row_dots():
+    from ficco.kernels.scaled import split_rows
+
+    config = GemmConfig(128, 32, 32, 4, 1, 4)
+    assert split_rows(config, False) and not split_rows(config, True)  # fast: one dot
+    assert not split_rows(GemmConfig(128, 128, 128, 8, 4, 8), False)  # two warpgroups
+    assert not split_rows(GemmConfig(128, 32, 32, 4, 1, 4, lagged_promotion=True), False)
+    # ragged: the second tile's top half partly inside M, its bottom half past it
+    a, b, sa, sb, _ = random_operands(160, 48, 96, torch.float8_e4m3fn, "cpu", seed=29)
+    want = reference_matmul(a, b, sa, sb)
+    for b_view in (b, b.contiguous()):  # K-major and row-major B
+        _close(scaled_matmul(a, b_view, sa, sb, sm_budget=3, config=config), want)

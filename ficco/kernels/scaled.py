@@ -151,6 +151,7 @@ def _scaled_mm_tma_kernel(
     PROMOTE_EVERY: tl.constexpr = 1,  # K steps per fp32 promotion (GemmConfig.promote_every)
     WARP_SPECIALIZE: tl.constexpr = False,  # loader and MMA warps apart (GemmConfig's)
     LAGGED: tl.constexpr = False,  # fp32 adds one step late (GemmConfig.lagged_promotion)
+    SPLIT_ROWS: tl.constexpr = False,  # two BLOCK_M / 2-row dots a step (`split_rows`)
     FLATTEN: tl.constexpr = True,  # one flattened loop over tiles and K steps
 ):
     start_pid, num_programs, num_pid_m, num_pid_n, k_tiles, num_tiles = _program_grid(
@@ -184,6 +185,20 @@ def _scaled_mm_tma_kernel(
                 second = tl.dot(a1, b1)  # runs during the add below
                 acc += first
             acc += second
+        elif SPLIT_ROWS:
+            # the tile's two 64-row halves as two dots (A loaded in [BLOCK_M / 2, BLOCK_K]
+            # blocks), each promoting after its own wgmmas
+            HALF_M: tl.constexpr = BLOCK_M // 2
+            top = tl.zeros((HALF_M, BLOCK_N), dtype=tl.float32)
+            bottom = tl.zeros((HALF_M, BLOCK_N), dtype=tl.float32)
+            for ki in tl.range(0, k_tiles):
+                offs_k = ki * BLOCK_K
+                a_top = a_desc.load([offs_m, offs_k])
+                a_bottom = a_desc.load([offs_m + HALF_M, offs_k])
+                b = b_desc.load([offs_n, offs_k]).T if B_K_MAJOR else b_desc.load([offs_k, offs_n])
+                top = tl.dot(a_top, b, top, max_num_imprecise_acc=IMPRECISE_ACC)
+                bottom = tl.dot(a_bottom, b, bottom, max_num_imprecise_acc=IMPRECISE_ACC)
+            acc = tl.join(top, bottom).permute(2, 0, 1).reshape(BLOCK_M, BLOCK_N)
         elif PROMOTE_EVERY == 1:
             for ki in tl.range(0, k_tiles, warp_specialize=WARP_SPECIALIZE):
                 offs_k = ki * BLOCK_K
@@ -242,6 +257,21 @@ def imprecise_acc(config: GemmConfig, fast_accum: bool) -> int | None:
     smaller) before each promotion to fp32, or None for fast accumulation (Triton's default
     on sm_90, ``2**30``: no promotion at all)."""
     return None if fast_accum else min(config.block_k, PROMOTION_K)
+
+
+def split_rows(config: GemmConfig, fast_accum: bool) -> bool:
+    """A one-warpgroup 128-row tile promoting every K step runs as two 64-row dots: one dot
+    over both halves adds each half's partial sums between the wgmmas of the tile, and ptxas
+    then serializes every wgmma (C7514 in the offline sm_90 compile with Triton 3.6); two
+    dots leave it two waits a step."""
+    return (
+        config.block_m == 128
+        and config.num_warps == 4
+        and not fast_accum
+        and config.promote_every == 1
+        and not config.lagged_promotion
+        and not config.warp_specialize
+    )
 
 
 def lagged(config: GemmConfig, fast_accum: bool) -> bool:
@@ -350,6 +380,7 @@ def launch_scaled(
         config, FP8_BYTES, out.element_size(), info.shared_memory_bytes, False
     )
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    split = split_rows(config, fast_accum)
     a_shape, a_strides, _ = _tma_operand(ops.a)
     b_shape, b_strides, _ = _tma_operand(ops.b)
     c_shape, c_strides, _ = _tma_operand(out)
@@ -359,7 +390,9 @@ def launch_scaled(
     c_cols = config.block_n // 2 if config.epilogue_subtile else config.block_n
     grid = (max(1, min(programs(config, sm_budget, out.device), tiles)),)
     LAST_COMPILED["scaled"] = _scaled_mm_tma_kernel[grid](
-        TensorDescriptor(ops.a, a_shape, a_strides, [config.block_m, config.block_k]),
+        TensorDescriptor(
+            ops.a, a_shape, a_strides, [config.block_m // (2 if split else 1), config.block_k]
+        ),
         TensorDescriptor(ops.b, b_shape, b_strides, b_block),
         TensorDescriptor(out, c_shape, c_strides, [config.block_m, c_cols]),
         ops.a_scale,
@@ -379,6 +412,7 @@ def launch_scaled(
         PROMOTE_EVERY=1 if fast_accum else config.promote_every,
         WARP_SPECIALIZE=config.warp_specialize,
         LAGGED=lagged(config, fast_accum),
+        SPLIT_ROWS=split,
         # flattened, the tile loop's reset of the lagged partial sum serializes the wgmmas
         FLATTEN=not lagged(config, fast_accum),
         num_warps=config.num_warps,
