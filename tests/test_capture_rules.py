@@ -120,3 +120,24 @@ def test_the_flow_times_refused_candidates_eagerly_and_captures_the_rest():
     assert by_rs[str(nccl)].extra["graph"] == "graph"
     assert by_rs["serial_graph"].verdict == "ok" and by_rs["serial_graph"].extra["graph"] == "graph"
     assert by_rs["comm_alone"].extra["issue_graph"]["queued"] in ("graph", "eager")
+
+
+def test_the_cost_model_prices_what_the_executor_keeps_eager_as_eager():
+    # one rule for both: runs_as_graph with the pattern says what measure_in captures, and the
+    # predictor adds the eager host's issue time to exactly those schedules
+    from ficco.model.predict import predictor
+
+    emb = Problem(
+        pattern="emb_a2a", m=4096, n=128, k=64, world=2, dtype="bf16", tables=(4000, 900, 10_000)
+    )
+    serial_nccl, serial_ce = (
+        Schedule.parse("serial/nccl/cublas"),
+        Schedule.parse("serial/ce/cublas"),
+    )
+    assert runs_as_graph(serial_nccl) and not runs_as_graph(serial_nccl, pattern=emb.pattern)
+    assert runs_as_graph(serial_ce, pattern=emb.pattern)
+    pr = predictor("h200x2")
+    nccl, ce = pr.schedule_time(emb, serial_nccl), pr.schedule_time(emb, serial_ce)
+    assert (nccl.graphed, ce.graphed) == (False, True)
+    rs = Problem(pattern="gemm_rs", m=4096, n=4096, k=4096, world=2, dtype="bf16")
+    assert pr.schedule_time(rs, serial_nccl).graphed  # NCCL reduce-scatter stays captured

@@ -11,6 +11,8 @@ from ficco.execute.allreduce import SYMM_KINDS
 from ficco.execute.options import TimingOptions
 from ficco.model import graphed
 from ficco.model.predict import PREDICTED_SPACE
+from ficco.patterns import spec_of
+from ficco.patterns.spec import Collective
 from ficco.plan.allreduce import all_reduce_source
 from ficco.problem import Pattern, Problem
 from ficco.space import (
@@ -151,21 +153,27 @@ def test_runs_as_graph_refuses_an_unknown_mode():
         runs_as_graph(Schedule(), "some")
 
 
-def test_the_model_asks_the_same_function_and_only_nccl_ce_flips():
+def test_the_model_asks_the_same_function_and_only_nccl_ce_and_all_to_all_nccl_flip():
     """The model's ``graphed`` is the executor's answer under the records' mode ('all'); it
-    differs from what the model used to say for nccl_ce schedules alone (now eager, as the
-    executor always ran them)."""
+    differs from what the model used to say for nccl_ce schedules (now eager, as the executor
+    always ran them) and, of the all-to-all patterns, for the NCCL schedules the executor
+    keeps out of graphs (``graph_refusal``)."""
     flipped = set()
     for pattern in Pattern:
         problem = Problem(
             pattern=pattern, m=128, n=128, k=128, world=4, dtype="bf16", **_kw(pattern)
         )
+        all_to_all = spec_of(pattern).collective is Collective.ALL_TO_ALL
         for s in enumerate_schedules(problem, SpaceOptions(sm_reserves=(0,))):
-            assert graphed(s) is runs_as_graph(s, "all")
-            if graphed(s) is not _model_rule_before(s):
-                flipped.add(s.transport)
-    assert flipped == {Transport.NCCL_CE}
-    assert graphed(Schedule(transport=Transport.NCCL), "ce") is False  # the mode is honoured
+            assert graphed(s, pattern) is runs_as_graph(s, "all", pattern)
+            if graphed(s, pattern) is not _model_rule_before(s):
+                flipped.add((all_to_all, s.transport))
+    assert flipped == {
+        (False, Transport.NCCL_CE),
+        (True, Transport.NCCL_CE),
+        (True, Transport.NCCL),
+    }
+    assert graphed(Schedule(transport=Transport.NCCL), graphs="ce") is False  # the mode holds
 
 
 def test_the_shipped_store_records_were_captured_as_runs_as_graph_says():

@@ -24,34 +24,24 @@ captures them anyway (to retry on another torch or NCCL; ``scripts/timing_hang_b
 
 from __future__ import annotations
 
-import os
-
-from ficco.patterns import spec_of
-from ficco.patterns.spec import BASELINE_COMM, BASELINE_SERIAL_EAGER, Collective
+from ficco.patterns.spec import BASELINE_COMM, BASELINE_SERIAL_EAGER
 from ficco.problem import Problem
 from ficco.space import Schedule
+from ficco.space import transports as _transports
 
 #: the note of a candidate kept eager by the rule (module docstring)
-NCCL_ALL_TO_ALL_EAGER = (
-    "eager (NCCL all-to-all not captured: its grouped ncclSend/ncclRecv hung or left rows "
-    "unwritten when replayed from CUDA graphs on 2xH200, torch 2.11 / NCCL 2.28)"
-)
+NCCL_ALL_TO_ALL_EAGER = _transports.NCCL_ALL_TO_ALL_EAGER
 #: set to 1: NCCL all-to-alls are captured like other NCCL plans (the rule is off)
-CAPTURE_NCCL_ALL_TO_ALL_ENV = "FICCO_CAPTURE_NCCL_ALL_TO_ALL"
+CAPTURE_NCCL_ALL_TO_ALL_ENV = _transports.CAPTURE_NCCL_ALL_TO_ALL_ENV
 #: the baselines whose captured twins run the serial plan's collective
 SERIAL_PLAN_COLLECTIVE_BASELINES = (BASELINE_SERIAL_EAGER, BASELINE_COMM)
 
 
 def graph_refusal(problem: Problem, schedule: Schedule) -> str | None:
     """Why ``schedule``'s plan is issued eagerly although its transport captures (the note
-    its measurement keeps), or None. The same on every rank: it reads the problem's pattern
-    and the schedule's transport, nothing of one rank's plan (and the environment, which the
-    ranks share)."""
-    if schedule.transport.traits.communicator is None:
-        return None  # copy-engine and kernel transports: no NCCL call
-    if spec_of(problem.pattern).collective is Collective.ALL_TO_ALL:
-        return None if os.environ.get(CAPTURE_NCCL_ALL_TO_ALL_ENV) == "1" else NCCL_ALL_TO_ALL_EAGER
-    return None
+    its measurement keeps), or None: ``ficco.space.transports.graph_refusal``, the rule the
+    cost model's ``runs_as_graph`` applies too. The same on every rank."""
+    return _transports.graph_refusal(problem.pattern, schedule)
 
 
 def baseline_graph_refusal(problem: Problem, name: str) -> str | None:

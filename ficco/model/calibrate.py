@@ -246,7 +246,7 @@ def fit_overlap(
 
     contention = dict(base.contention)
     host = dict(base.host)
-    graph_samples = [s for s in samples if graphed(s.schedule)][::stride]
+    graph_samples = [s for s in samples if graphed(s.schedule, s.problem.pattern)][::stride]
 
     def predictor(cont: dict, hst: dict) -> Predictor:
         return Predictor(machine, _with(base, contention=cont, host=hst))
@@ -334,7 +334,9 @@ def _host_rounds(
         probe[key] = 1.0
         probes.append(CostModel(machine, _with(base, host=probe)))
     if records is None:  # each eager schedule alone: a round of one
-        by_problem = [[_sample_record(s)] for s in samples if not graphed(s.schedule)]
+        by_problem = [
+            [_sample_record(s)] for s in samples if not graphed(s.schedule, s.problem.pattern)
+        ]
     else:
         grouped: dict[str, list[dict]] = defaultdict(list)
         for rec in records:
@@ -509,7 +511,7 @@ def fit_timed_scale(
     bins: dict[int, list[float]] = defaultdict(list)
     pr = Predictor(machine, _with(base, timed_scale=((0.0, 1.0),)))
     for s in samples:
-        if s.schedule.overlapped or not graphed(s.schedule):
+        if s.schedule.overlapped or not graphed(s.schedule, s.problem.pattern):
             continue
         gpu = pr.schedule_time(s.problem, s.schedule).gpu_ms
         bins[round(math.log2(gpu))].append(s.median_ms / gpu)

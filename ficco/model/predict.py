@@ -34,6 +34,7 @@ from ficco.model.machine import Machine, load_machine
 from ficco.model.params import ModelParams, load_params, timed_scale_at
 from ficco.model.rounds import alone_ms
 from ficco.model.simulate import SimGraph, makespan_ms
+from ficco.patterns import Pattern
 from ficco.plan import LOWERINGS, Plan, build_plan, plan_key
 from ficco.problem import Problem
 from ficco.shipped import shipped_dir
@@ -72,10 +73,13 @@ WORK_MS = operator.attrgetter("work_ms")
 MEASURED_GRAPHS = "all"
 
 
-def graphed(schedule: Schedule, graphs: str = MEASURED_GRAPHS) -> bool:
+def graphed(
+    schedule: Schedule, pattern: Pattern | None = None, graphs: str = MEASURED_GRAPHS
+) -> bool:
     """Whether the executor runs it as a CUDA graph: ``ficco.space.runs_as_graph``, the
-    executor's own answer, under ``graphs`` (the records' mode by default)."""
-    return runs_as_graph(schedule, graphs)
+    executor's own answer for ``pattern``'s schedules, under ``graphs`` (the records' mode by
+    default)."""
+    return runs_as_graph(schedule, graphs, pattern)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,14 +155,18 @@ class Predictor:
             if len(self._makespans) > 4096:
                 self._makespans.clear()
             self._makespans[key] = gpu
-        return self._timed(schedule, gpu, None if graphed(schedule) else issue_end_ms(tasks))
+        graph = graphed(schedule, problem.pattern)
+        return self._timed(schedule, gpu, None if graph else issue_end_ms(tasks), graph)
 
-    def _timed(self, schedule: Schedule, gpu: float, issue_end: float | None) -> ScheduleTime:
+    def _timed(
+        self, schedule: Schedule, gpu: float, issue_end: float | None, graph: bool
+    ) -> ScheduleTime:
         """The schedule's time from its simulated GPU time: scaled to a timed run's, plus a
         graph launch, or under queued issue the host's issue time (``issue_end``: when the
-        eager host has issued its last task; None for a graphed schedule) beyond its lead."""
+        eager host has issued its last task; None for a graphed schedule: ``graph``) beyond
+        its lead."""
         gpu *= timed_scale_at(self.params.timed_scale, gpu)
-        if graphed(schedule):
+        if graph:
             host = self.params.host["graph_ms"]
             total = gpu + host
         else:
@@ -168,7 +176,7 @@ class Predictor:
                 raise ValueError(f"schedule: {schedule} runs eagerly; its issue end is needed")
             host = issue_end
             total = alone_ms(gpu, host, self.params.host["lead_ms"])
-        return ScheduleTime(str(schedule), total, gpu, host, graphed(schedule))
+        return ScheduleTime(str(schedule), total, gpu, host, graph)
 
     def parts_ms(self, problem: Problem) -> tuple[float, float]:
         """(t_gemm, t_comm): the undecomposed cuBLAS GEMM and NCCL collective, alone."""
@@ -240,7 +248,8 @@ class Predictor:
                             check_legal(problem, s)
                         lowered = dense[structure] = lower_dense(self.costs, problem, s)
                     gpu = lowered.graph.makespan_ms(lowered.work_for(self.costs, s), slowdown)
-                    issue_end = None if graphed(s) else lowered.issue_end_ms()
+                    graph = graphed(s, problem.pattern)
+                    issue_end = None if graph else lowered.issue_end_ms()
                 else:
                     plan = plans.get(shape)
                     if plan is None:
@@ -250,8 +259,9 @@ class Predictor:
                     if graph is None:
                         graph = graphs[structure] = SimGraph(tasks)
                     gpu = graph.makespan_ms(list(map(WORK_MS, tasks)), slowdown)
-                    issue_end = None if graphed(s) else issue_end_ms(tasks)
-                t = timed[twin] = self._timed(s, gpu, issue_end)
+                    graph = graphed(s, problem.pattern)
+                    issue_end = None if graph else issue_end_ms(tasks)
+                t = timed[twin] = self._timed(s, gpu, issue_end, graph)
             times.append(ScheduleTime(str(s), t.ms, t.gpu_ms, t.host_ms, t.graphed))
         times.sort(key=lambda t: (t.ms, t.schedule))
         gemm, comm = self.parts_ms(problem)

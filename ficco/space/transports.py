@@ -33,11 +33,13 @@ one launch over many segments, is a new plan op, not only a transport: it adds t
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ficco.patterns import Pattern, patterns_where
+from ficco.patterns import Pattern, patterns_where, spec_of
+from ficco.patterns.spec import Collective
 
 if TYPE_CHECKING:
     from ficco.patterns.spec import PatternSpec
@@ -347,18 +349,44 @@ def names(transports: tuple[Transport, ...]) -> str:
     return ", ".join(t.value for t in transports)
 
 
-def runs_as_graph(schedule: Schedule, graphs: str = "all") -> bool:
+#: the note of a candidate kept eager by :func:`graph_refusal`
+NCCL_ALL_TO_ALL_EAGER = (
+    "eager (NCCL all-to-all not captured: its grouped ncclSend/ncclRecv hung or left rows "
+    "unwritten when replayed from CUDA graphs on 2xH200, torch 2.11 / NCCL 2.28)"
+)
+#: set to 1: NCCL all-to-alls are captured like other NCCL plans (the rule is off)
+CAPTURE_NCCL_ALL_TO_ALL_ENV = "FICCO_CAPTURE_NCCL_ALL_TO_ALL"
+
+
+def graph_refusal(pattern: Pattern, schedule: Schedule) -> str | None:
+    """Why ``schedule`` of ``pattern`` is issued eagerly although its transport captures (the
+    note its measurement keeps), or None. Nothing of an all-to-all pattern that calls NCCL is
+    captured: torch issues ``all_to_all_single`` as one group of ``ncclSend``/``ncclRecv`` per
+    peer, the point-to-point calls the ``nccl`` transport already keeps out of graphs, and
+    captured they hung or replayed NaN on 2xH200 (``ficco.execute.capture`` has the record).
+    The same on every rank: it reads the pattern, the transport and the environment."""
+    if TRAITS[schedule.transport].communicator is None:
+        return None  # copy-engine and kernel transports: no NCCL call
+    if spec_of(pattern).collective is not Collective.ALL_TO_ALL:
+        return None
+    return None if os.environ.get(CAPTURE_NCCL_ALL_TO_ALL_ENV) == "1" else NCCL_ALL_TO_ALL_EAGER
+
+
+def runs_as_graph(schedule: Schedule, graphs: str = "all", pattern: Pattern | None = None) -> bool:
     """Whether the CUDA executor captures ``schedule`` into a CUDA graph and times its replays
     (the one definition: the executor and the cost model both ask here). ``graphs`` is
-    ``TimingOptions.graphs``: 'all', 'ce' (only plans without NCCL calls) or 'none'. A
-    capture that fails at run time still falls back to eager issue (recorded in the
-    measurement's ``extra['graph']``); this says what is attempted."""
+    ``TimingOptions.graphs``: 'all', 'ce' (only plans without NCCL calls) or 'none'. With
+    ``pattern``, :func:`graph_refusal`'s rule applies too. A capture that fails at run time
+    still falls back to eager issue (recorded in the measurement's ``extra['graph']``); this
+    says what is attempted."""
     if graphs not in GRAPH_MODES:
         raise ValueError(f"graphs: {graphs!r}; expected one of {', '.join(GRAPH_MODES)}")
     t = TRAITS[schedule.transport]
     if graphs == "none" or t.capture is Capture.NEVER:
         return False
     if t.capture is Capture.SERIAL and schedule.overlapped:
+        return False
+    if pattern is not None and graph_refusal(pattern, schedule) is not None:
         return False
     # 'ce' keeps every plan with an NCCL call eager
     return graphs == "all" or t.communicator is None
