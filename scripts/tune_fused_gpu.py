@@ -101,7 +101,10 @@ def catalog_shapes(sms: int) -> list[tuple[int, int, int]]:
     entries = json.loads(CATALOG.read_text())["entries"]
     shapes = set()
     for key in entries:
-        _dev, _tri, _dtype, mnk, sm = key.split("|")
+        parts = key.split("|")
+        if len(parts) != 5:  # a fused entry (``...|fused|chunks=C``) of a shape listed plainly
+            continue
+        _dev, _tri, _dtype, mnk, sm = parts
         if sm == f"sm={sms}":
             m, n, k = (int(part.split("=")[1]) for part in mnk.split(","))
             shapes.add((m, n, k))
