@@ -151,8 +151,7 @@ def test_fp8_space_is_its_own_and_fits_hopper_shared_memory():
 
     assert not set(FP8_GPU_CONFIGS) & set(GPU_CONFIGS)
     for cfg in FP8_GPU_CONFIGS:
-        # fp8 wgmma K steps of 32; tiles of 128 bytes per row, 64 for lagged pairs of steps
-        assert cfg.block_k >= (64 if cfg.lagged_promotion else 128), cfg.name
+        assert cfg.block_k >= 128  # fp8 wgmma K steps of 32; tiles of 128 bytes per row
         assert cfg.shared_memory_bytes(1, 2) <= HOPPER_SHARED_MEMORY_BYTES, cfg.name
     # pruning as bf16's: a 256-row problem takes no 256-row tile
     assert all(c.block_m <= 256 for c in scaled_candidate_configs(256, 4096, 4096))

@@ -73,10 +73,11 @@ FP8_GPU_CONFIGS: tuple[GemmConfig, ...] = (
     # The fp32 adds one K step late, overlapping the next step's wgmma (lagged_promotion):
     # three fp32 tiles live (the sum, two steps' products), so 64 registers a tile at most;
     # K steps in pairs, so a stage holds two steps.
+    # On one H200 they ran at 0.74-0.75 of _scaled_mm (tuning geomean over 56 shapes) against
+    # 0.85 for the two-per-SM 128x128 tiles; with two stages, or two per SM in K steps of 64,
+    # at 0.50-0.58 (profiles/h200/fp8_gemm_notes.md).
     _c(128, 128, 128, 3, 8, sub=True, lag=True),
     _c(128, 128, 128, 3, 8, group=16, sub=True, lag=True),
-    _c(64, 128, 64, 3, 4, sub=True, per_sm=2, lag=True),
-    _c(128, 64, 64, 3, 4, per_sm=2, lag=True),
     # fp32 promotion every 2 or 4 K steps (256 or 512 products: coarser than cuBLASLt's
     # default), offered only where asked for (`promote_every`): on one H100 it ran at 0.81x
     # the same tile promoting every step (profiles/h100/fp8_gemm_notes.md).
