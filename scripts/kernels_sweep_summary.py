@@ -68,9 +68,6 @@ def fused(d: dict) -> dict:
         over, per = t.get("fused_overlap"), t.get("per_chunk")
         if over and per and over["median_ms"] < per["median_ms"]:
             b["overlap_wins"] += 1
-        over16 = t.get("fused_overlap_side16")
-        if over16 and per and over16["median_ms"] < per["median_ms"]:
-            b["overlap16_wins"] = b.get("overlap16_wins", 0) + 1
     return {
         band: {
             "shapes": b["n"],
@@ -78,7 +75,6 @@ def fused(d: dict) -> dict:
             "triton_time_vs_cublas": geomean(b["triton"]),
             "fused_tma_chunk_descs_time_vs_cublas": geomean(b["fused_tma_chunk_descs"]),
             "fused_overlap_beats_per_chunk": f"{b['overlap_wins']} of {b['n']}",
-            "fused_overlap_side16_beats_per_chunk": f"{b.get('overlap16_wins', 0)} of {b['n']}",
         }
         for band, b in sorted(bands.items())
     }

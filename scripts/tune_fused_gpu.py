@@ -28,10 +28,6 @@ One run (``python scripts/tune_fused_gpu.py``; JSON to ``$OUT/fused_single_gpu.j
                    (TMA, tuned, on all SMs but four) spins per tile on the flags and, its
                    last program, zeroes them (``reset_waits``: no memset before the next
                    step, as per_chunk's events need none; its flags are its own)
-   fused_overlap_side16  fused_overlap leaving 16 SMs, not four, to the side stream (its
-                   copy kernels: with four, a copy landing after the local chunk's tiles
-                   are done runs on four SMs while the fused kernel's programs spin on the
-                   rest; peers' copy engines do not need this GPU's SMs)
    per_chunk       the same arrivals with events, one ``matmul`` per chunk
    copies_alone    the side stream's copies and gaps alone (with events)
 
@@ -87,8 +83,7 @@ from ficco.kernels.tuning import config_for  # noqa: E402
 GAP_US = 20.0  # sleep before each peer copy: the spacing of arrivals
 SIDE_SMS = 4  # SMs the overlapped fused GEMM leaves to the side stream's kernels
 COVER_US = 1000.0  # GPU busy while the host enqueues a candidate
-ARRIVING = ("fused_overlap", "fused_overlap_side16", "per_chunk")
-SIDE_SMS_WIDE = 16
+ARRIVING = ("fused_overlap", "per_chunk")
 TOLERANCE = 2e-2  # relative (Frobenius) error against fp32, bf16 operands and output
 CATALOG = REPO / "profiles" / "h200" / "fused_catalog.json"
 
@@ -228,14 +223,6 @@ def run_shape(
         config=tuned,
         reset_waits=True,
     )
-    overlap16 = FusedGemm(
-        overlap_views,
-        b,
-        sm_budget=sms - SIDE_SMS_WIDE,
-        timeout_s=10.0,
-        config=tuned,
-        reset_waits=True,
-    )
     result["configs"] = {name: kern.config.name for name, kern in kernels.items()}
     result["configs"]["triton"] = persistent_cfg.name
     result["paths"] = {name: kern.path for name, kern in kernels.items()}
@@ -263,11 +250,6 @@ def run_shape(
         overlap()
         torch.cuda.current_stream().wait_stream(side)
 
-    def fused_overlap_side16():
-        copies()
-        overlap16()
-        torch.cuda.current_stream().wait_stream(side)
-
     events = [torch.cuda.Event() for _ in peers]
 
     def per_chunk():
@@ -288,7 +270,6 @@ def run_shape(
         "triton": lambda: matmul(gathered, b, out=out),
         **{name: ready(kern) for name, kern in kernels.items()},
         "fused_overlap": fused_overlap,
-        "fused_overlap_side16": fused_overlap_side16,
         "per_chunk": per_chunk,
     }
     reference = source.float() @ b.float()
@@ -304,7 +285,7 @@ def run_shape(
             arrivals.zero_()
             fn()
             torch.cuda.synchronize()
-            for kern in (*kernels.values(), overlap, overlap16):
+            for kern in (*kernels.values(), overlap):
                 kern.raise_on_timeout(name)
             err = rel_err(out, reference)
             verify[name] = {"ok": bool(err <= TOLERANCE), "rel_err": err}
@@ -333,8 +314,7 @@ def summary_line(r: dict) -> str:
         f"tma_pers {ms('fused_tma_pers') / cub:.3f} tma {ms('fused_tma') / cub:.3f} "
         f"before {ms('fused_tma_before') / cub:.3f} "
         f"chunk_descs {ms('fused_tma_chunk_descs') / cub:.3f} "
-        f"overlap {ms('fused_overlap'):.4f} side16 {ms('fused_overlap_side16'):.4f} "
-        f"per_chunk {ms('per_chunk'):.4f} "
+        f"overlap {ms('fused_overlap'):.4f} per_chunk {ms('per_chunk'):.4f} "
         f"[{r['configs']['fused_tma']}] bad={[k for k, v in r['verify'].items() if not v['ok']]}"
     )
 
