@@ -1,12 +1,14 @@
-"""Where ficco's shipped files are: the trained tables and calibrated model (``schedules/``) and
-the measured profiles (``profiles/``).
+"""Where ficco's shipped files are: the trained tables and calibrated model and the measured
+GEMM tuning caches (``schedules/``) and the measured profiles (``profiles/``).
 
-The repository keeps both at its top level, beside the ``ficco`` package. The tables and
-models are read at run time, so they travel inside the package: ``ficco/_shipped/schedules``
-is a link to the top-level ``schedules/`` in the repository, and a wheel or an sdist holds
-the files themselves there (``pyproject.toml``'s package data). One path serves a checkout,
-an editable install and a wheel. ``profiles/`` (measurements and notes, 18 MB) is read only
-where a user names it, so it stays in the repository.
+The repository keeps both at its top level, beside the ``ficco`` package. The tables, models
+and tuning caches (``schedules/<card>/gemm_tuning.json``, ``fp8_gemm_tuning.json``:
+``ficco.kernels.tuning.shipped_entries``) are read at run time, so they travel inside the
+package: ``ficco/_shipped/schedules`` is a link to the top-level ``schedules/`` in the
+repository, and a wheel or an sdist holds the files themselves there (``pyproject.toml``'s
+package data). One path serves a checkout, an editable install and a wheel. ``profiles/``
+(measurements and notes, 18 MB) is read only where a user names it, so it stays in the
+repository.
 """
 
 from __future__ import annotations

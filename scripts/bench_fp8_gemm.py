@@ -30,7 +30,9 @@ Protocol, per shape:
 Before the shapes, the candidates are compiled in parallel processes (Triton's disk cache),
 so the timed loop only loads them. JSON (`fp8_gemm.json` in --out) is rewritten after every
 shape, with the fingerprint, the protocol and a summary; the tuned configs also go to
-`fp8_gemm_tuning.json` (the tuning cache's format). A summary table is printed at the end.
+`fp8_gemm_tuning.json` (the tuning cache's format; shipped as `schedules/<card>/`'s copy, where
+`scaled_config_for` takes an entry the user's cache lacks). A summary table is printed at the
+end.
 
     python scripts/bench_fp8_gemm.py --out DIR --budget-s 195 [--dry-run]
 """

@@ -29,14 +29,8 @@ DEST=${OUT:-$ROOT/gpu_checks}
 mkdir -p "$DEST"
 export PYTHONUNBUFFERED=1
 export FICCO_CACHE_DIR=${FICCO_CACHE_DIR:-$ROOT/.cache}
-# the shipped tuning cache of this card (entries are keyed by device name)
-case $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1) in
-  *H100*) SEED_CACHE=profiles/h100/gemm_tuning.json ;;
-  *) SEED_CACHE=profiles/h200/gemm_tuning.json ;;
-esac
-if [ ! -f "$FICCO_CACHE_DIR/gemm_tuning.json" ] && [ -f "$SEED_CACHE" ]; then
-  mkdir -p "$FICCO_CACHE_DIR" && cp "$SEED_CACHE" "$FICCO_CACHE_DIR/"
-fi
+# where this cache has no entry, the tuning caches shipped in the package for this card
+# (schedules/<card>/gemm_tuning.json: ficco.kernels.tuning.shipped_entries) answer
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 run() {  # run NAME TIMEOUT CMD...: log to $DEST/NAME.log, say how it ended, go on
   local name=$1 limit=$2; shift 2

@@ -33,14 +33,8 @@ TABLES=${TABLES:-schedules/$MACHINE}
 mkdir -p "$PROFILES"
 export PYTHONUNBUFFERED=1
 export FICCO_CACHE_DIR=${FICCO_CACHE_DIR:-$ROOT/.cache}
-# the shipped tuning cache of this card (entries are keyed by device name)
-case $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1) in
-  *H100*) SEED_CACHE=profiles/h100/gemm_tuning.json ;;
-  *) SEED_CACHE=profiles/h200/gemm_tuning.json ;;
-esac
-if [ ! -f "$FICCO_CACHE_DIR/gemm_tuning.json" ] && [ -f "$SEED_CACHE" ]; then
-  mkdir -p "$FICCO_CACHE_DIR" && cp "$SEED_CACHE" "$FICCO_CACHE_DIR/"
-fi
+# where this cache has no entry, the tuning caches shipped in the package for this card
+# (schedules/<card>/gemm_tuning.json: ficco.kernels.tuning.shipped_entries) answer
 # --force: this script writes the shipped profiles/ and schedules/ that user commands refuse
 ficco() { python3 -m ficco.cli "$@"; }
 has() { [[ " $STAGES " == *" $1 "* ]]; }

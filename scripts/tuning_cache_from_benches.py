@@ -6,6 +6,10 @@ pick (which mis-ranks kernels of a few microseconds).
     python scripts/tuning_cache_from_benches.py RAW_CACHE OUT [--gemm bench_gemm.json]
         [--decode bench_decode_gemm.json] [--fused] [--merge SHIPPED_CACHE]
 
+The shipped caches are ``schedules/<card>/gemm_tuning.json`` (inside the package, where
+``ficco.kernels.tuning.shipped_entries`` reads them): OUT and SHIPPED_CACHE are that file to
+update one, e.g. ``schedules/h200/gemm_tuning.json ... --merge schedules/h200/gemm_tuning.json``.
+
 RAW_CACHE is the run's $FICCO_CACHE_DIR/gemm_tuning.json (its keys name the device, Triton
 version, dtype, shape and SM budget). For a ``bench_gemm.py`` row the choice is between the
 tuner's pick and the other pick it timed beside it (``--compare-before``: the space before
@@ -96,7 +100,11 @@ def main() -> int:
     parser.add_argument("--gemm", type=Path)
     parser.add_argument("--decode", type=Path)
     parser.add_argument("--fused", action="store_true", help="the raw cache's fused entries too")
-    parser.add_argument("--merge", type=Path, help="a shipped cache whose other entries stay")
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        help="a shipped cache (schedules/<card>/gemm_tuning.json) whose other entries stay",
+    )
     args = parser.parse_args()
     raw = json.loads(args.raw.read_text())["entries"]
     entries = json.loads(args.merge.read_text())["entries"] if args.merge else {}

@@ -335,7 +335,7 @@ def test_a_shipped_fp8_entry_answers_where_the_cache_has_none(tmp_path, monkeypa
     monkeypatch.setenv("FICCO_CACHE_DIR", str(tmp_path / "cache"))  # an empty cache
     monkeypatch.setenv("FICCO_GEMM_AUTOTUNE", "1")
     tuning.clear_memory()
-    card = tmp_path / "profiles" / "card"
+    card = tmp_path / "schedules" / "card"
     card.mkdir(parents=True)
     shipped = FP8_INTERPRETER_CONFIGS[1]
     key = tuning.TuningKey.for_problem(40, 48, 64, torch.float8_e4m3fn, 3, torch.device("cpu"))
@@ -343,8 +343,8 @@ def test_a_shipped_fp8_entry_answers_where_the_cache_has_none(tmp_path, monkeypa
     (card / "fp8_gemm_tuning.json").write_text(
         json.dumps({"format": 1, "entries": {str(key): entry}})
     )
-    monkeypatch.setattr(scaled, "SHIPPED_TUNING", tmp_path / "profiles")
-    scaled.shipped_configs.cache_clear()
+    monkeypatch.setattr(tuning, "SHIPPED_TUNING", tmp_path / "schedules")
+    tuning.clear_memory()
 
     def no_tuning(*args, **kwargs):
         raise AssertionError("tuned")
@@ -356,7 +356,6 @@ def test_a_shipped_fp8_entry_answers_where_the_cache_has_none(tmp_path, monkeypa
         with pytest.raises(AssertionError, match="tuned"):
             scaled.scaled_config_for(40, 48, 128, torch.float8_e4m3fn, 3, "cpu")
     finally:
-        scaled.shipped_configs.cache_clear()
         tuning.clear_memory()
 
 

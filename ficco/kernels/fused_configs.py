@@ -1,7 +1,8 @@
 """The fused GEMM's tile, per shape: chosen as the persistent GEMM chooses its own.
 
 `fused_config` answers, in order: a configuration tuned for the fused kernel itself at this
-shape (`fused_tuning.tune_fused`, cached in the persistent GEMM's tuning file under its own key), else the
+shape (`fused_tuning.tune_fused`, cached in the persistent GEMM's tuning file under its own key,
+or shipped in the package's copy of that file: `tuning.known_config`), else the
 persistent GEMM's configuration for the whole problem (`tuning.config_for`: cached, tuned now,
 or the heuristic under FICCO_GEMM_AUTOTUNE=0) without its split tail (the heuristic where that
 is the split-K decode kernel's). Both draw on the one
@@ -25,8 +26,8 @@ from ficco.kernels.configs import (
 from ficco.kernels.persistent import INTERPRETER, TensorDescriptor, device_info
 from ficco.kernels.tuning import (
     TuningKey,
-    cached_config,
     config_for,
+    known_config,
 )
 
 Path = Literal["tma", "ptr"]
@@ -111,7 +112,7 @@ def fused_config(
     untuned = untuned_fused_config(m, n, k, chunks, device, path)
     if untuned is not None:
         return untuned
-    hit = cached_config(FusedTuningKey.for_problem(m, n, k, chunks, dtype, sm_budget, device))
+    hit = known_config(FusedTuningKey.for_problem(m, n, k, chunks, dtype, sm_budget, device))
     if hit is not None:
         return hit
     chosen = config_for(m, n, k, dtype, sm_budget, device)

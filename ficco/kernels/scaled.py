@@ -23,7 +23,7 @@ tiles and K steps, TMA descriptors (ragged M, N, K clipped by the descriptor), t
 fused kernel), FP8's tile space and two programs per SM where a config asks for them
 (``GemmConfig.programs_per_sm``, full-GPU budgets only). The configuration comes from the
 FP8 space (``ficco.kernels.scaled_configs``), per shape from the tuning cache (``TuningKey``
-with the fp8 dtype: the scale granularities share an entry), else from the entries committed
+with the fp8 dtype: the scale granularities share an entry), else from the entries shipped
 per card (``shipped_configs``), else tuned now (``tune_scaled``), else under
 ``FICCO_GEMM_AUTOTUNE=0`` a heuristic.
 
@@ -48,12 +48,10 @@ same bits.
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import triton
@@ -84,11 +82,10 @@ from ficco.kernels.tuning import (
     AUTOTUNE_ENV,
     CACHE_DIR_ENV,
     TuningKey,
-    _config_of,
     _fast,
-    _read_entries,
-    cached_config,
+    known_config,
     launch_timer,
+    shipped_entries,
     store,
     wall_clock_timer,
 )
@@ -462,23 +459,15 @@ def _device(device) -> torch.device:
     return device
 
 
-#: FP8 configurations measured per card, committed beside their benchmark
-#: (``profiles/<card>/fp8_gemm_tuning.json``: the tuning cache's format and keys, so only the
+#: FP8 configurations measured per card, shipped in the package
+#: (``schedules/<card>/fp8_gemm_tuning.json``: the tuning cache's format and keys, so only the
 #: card and Triton they were measured with match): read where the tuning cache has no entry
-#: (in a checkout; an installed wheel has no ``profiles``)
-SHIPPED_TUNING = Path(__file__).resolve().parents[2] / "profiles"
+SHIPPED_TUNING_FILE = "fp8_gemm_tuning.json"
 
 
-@functools.cache
 def shipped_configs() -> dict[str, GemmConfig]:
-    """Tuning key -> configuration, from every ``SHIPPED_TUNING/*/fp8_gemm_tuning.json``."""
-    found: dict[str, GemmConfig] = {}
-    for path in sorted(SHIPPED_TUNING.glob("*/fp8_gemm_tuning.json")):
-        for key, entry in _read_entries(path).items():
-            cfg = _config_of(key, entry, path)
-            if cfg is not None:
-                found[key] = cfg
-    return found
+    """Tuning key -> configuration, from every shipped ``<card>/fp8_gemm_tuning.json``."""
+    return shipped_entries(SHIPPED_TUNING_FILE)
 
 
 def scaled_config_for(
@@ -492,7 +481,7 @@ def scaled_config_for(
         return hit
     device = _device(device)
     key = TuningKey.for_problem(m, n, k, dtype, sm_budget, device)
-    hit = cached_config(key) or shipped_configs().get(str(key))
+    hit = known_config(key, SHIPPED_TUNING_FILE)
     if hit is None:
         if os.environ.get(AUTOTUNE_ENV, "1") == "0":
             return scaled_heuristic_config(m, n, interpreter=device.type != "cuda")

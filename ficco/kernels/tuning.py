@@ -20,6 +20,12 @@ merging the file so that concurrent ranks lose no one else's entries. A file tha
 parse, or an entry that does not describe a valid config, is reported with a warning and
 ignored: a cache must never stop a run.
 
+Measured caches travel inside the package, one folder per card
+(`schedules/<card>/gemm_tuning.json`, FP8's `fp8_gemm_tuning.json`: `ficco.shipped`), in the
+same format and keys: `shipped_entries` reads them, and a lookup takes a shipped entry where
+the user's cache has none (before tuning). The key names the device and Triton version, so
+only a card's own entries, measured with this Triton, ever apply.
+
 Tuning cost on an H200 (scripts/bench_gemm.py, profiles/h200/NOTES_gemm.md): compiling is
 ~1 s per configuration, once per process (shapes share compiled kernels: M, N, K are runtime
 values); after that a shape tunes in ~1-3 s over its 18-36 candidates (do_bench, 30 ms each).
@@ -27,6 +33,7 @@ values); after that a shape tunes in ~1-3 s over its 18-36 candidates (do_bench,
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -54,11 +61,14 @@ from ficco.kernels.trials import (
     check_then_time,
     tuning_record,
 )
+from ficco.shipped import shipped_dir
 
 CACHE_DIR_ENV = "FICCO_CACHE_DIR"
 AUTOTUNE_ENV = "FICCO_GEMM_AUTOTUNE"
 CACHE_FILENAME = "gemm_tuning.json"
 CACHE_FORMAT = 1
+#: Where the measured caches ship: `<card>/<cache file>` under the package's schedules.
+SHIPPED_TUNING = shipped_dir("schedules")
 
 # do_bench arguments are milliseconds of warm-up and of timed repeats.
 TUNE_WARMUP_MS = 5
@@ -199,10 +209,31 @@ def store(key: TuningKey, entry: dict) -> None:
     _fast.clear()
 
 
+@functools.cache
+def shipped_entries(filename: str) -> dict[str, GemmConfig]:
+    """Tuning key -> configuration, from every shipped `SHIPPED_TUNING/<card>/<filename>`
+    (read once per process)."""
+    found: dict[str, GemmConfig] = {}
+    for path in sorted(SHIPPED_TUNING.glob(f"*/{filename}")):
+        for k, entry in _read_entries(path).items():
+            cfg = _config_of(k, entry, path)
+            if cfg is not None:
+                found[k] = cfg
+    return found
+
+
+def known_config(key: TuningKey, shipped_file: str = CACHE_FILENAME) -> GemmConfig | None:
+    """The user's cached configuration for `key` (a `TuningKey` or a key whose text extends
+    one), else the shipped one from `shipped_file`, else None."""
+    hit = cached_config(key)
+    return hit if hit is not None else shipped_entries(shipped_file).get(str(key))
+
+
 def clear_memory() -> None:
-    """Forget the in-process layers (the next lookup re-reads the file)."""
+    """Forget the in-process layers (the next lookup re-reads the files)."""
     _memory.clear()
     _fast.clear()
+    shipped_entries.cache_clear()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,8 +346,8 @@ def tune(
 def config_for(
     m: int, n: int, k: int, dtype: torch.dtype, sm_budget: int, device: torch.device
 ) -> GemmConfig:
-    """The configuration `matmul` uses: cached, else tuned now (unless FICCO_GEMM_AUTOTUNE=0,
-    which takes an untuned heuristic instead)."""
+    """The configuration `matmul` uses: cached, else shipped (`known_config`), else tuned now
+    (unless FICCO_GEMM_AUTOTUNE=0, which takes an untuned heuristic instead)."""
     fast_key = (os.environ.get(CACHE_DIR_ENV), m, n, k, dtype, sm_budget, device)
     hit = _fast.get(fast_key)
     if hit is not None:
@@ -325,7 +356,7 @@ def config_for(
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     key = TuningKey.for_problem(m, n, k, dtype, sm_budget, device)
-    hit = cached_config(key)
+    hit = known_config(key)
     if hit is None:
         if os.environ.get(AUTOTUNE_ENV, "1") == "0":
             return heuristic_config(m, n, k, interpreter=device.type != "cuda")
