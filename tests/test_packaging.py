@@ -93,6 +93,9 @@ def _shipped_files() -> list[str]:
 def test_the_sdist_and_the_wheel_carry_the_shipped_tables(built):
     assert "schedules/h200x2/table.json" in _shipped_files()
     assert "schedules/h200x2/model.json" in _shipped_files()
+    for card in ("h100", "h200"):  # the measured GEMM tuning caches
+        assert f"schedules/{card}/gemm_tuning.json" in _shipped_files()
+        assert f"schedules/{card}/fp8_gemm_tuning.json" in _shipped_files()
     with tarfile.open(built["sdist"]) as tar:
         in_sdist = {name.partition("/")[2] for name in tar.getnames()}
     with zipfile.ZipFile(built["wheel"]) as whl:
@@ -130,6 +133,22 @@ def test_the_installed_wheel_answers_from_any_directory(installed, tmp_path):
     package, schedules, api_answer = where.stdout.split()
     assert Path(package).is_relative_to(installed.parent)  # the wheel's ficco, not this tree's
     assert Path(schedules) == Path(package).parent / "_shipped" / "schedules"
+
+    # the GEMM lookups' shipped tuning entries come from the installed package too
+    tuned = _run(
+        installed,
+        tmp_path,
+        installed / "python",
+        "-c",
+        "from ficco.kernels.tuning import SHIPPED_TUNING, shipped_entries as e; "
+        "print(SHIPPED_TUNING); "
+        "print(sum(k.startswith('NVIDIA H200|') for k in e('gemm_tuning.json'))); "
+        "print(sum(k.startswith('NVIDIA H100') for k in e('fp8_gemm_tuning.json')))",
+    )
+    assert tuned.returncode == 0, tuned.stderr
+    tuning_root, h200_bf16, h100_fp8 = tuned.stdout.split()
+    assert Path(tuning_root) == Path(schedules)
+    assert int(h200_bf16) > 0 and int(h100_fp8) > 0
 
     got = _run(installed, tmp_path, installed / "ficco", "recommend", *SHAPE, "--json")
     assert got.returncode == 0, got.stderr
