@@ -286,6 +286,7 @@ def tune(
     `configs` (default: `candidate_configs` for the shape) with `timer` (default: `launch_timer`
     on CUDA, host wall clock under the CPU interpreter) on contiguous random inputs,
     and records the result in the cache (when `write_cache`). `read_cache=False` re-tunes.
+    Only the user's cache answers here, never a shipped entry: a tuner measures this machine.
     """
     if min(m, n, k) < 1:
         raise ValueError(f"m, n, k must be positive, got {(m, n, k)}")
