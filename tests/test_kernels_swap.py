@@ -132,7 +132,7 @@ def test_fused_config_refuses_swap_tile(monkeypatch):
     from ficco.kernels import fused_configs
 
     swap = replace(swap_candidate_configs(1, 4096, 2048, 2, 2)[0])
-    monkeypatch.setattr(fused_configs, "cached_config", lambda key: None)
+    monkeypatch.setattr(fused_configs, "known_config", lambda key: None)
     monkeypatch.setattr(fused_configs.FusedTuningKey, "for_problem", lambda *args: None)
     monkeypatch.setattr(fused_configs, "config_for", lambda *args: swap)
     cfg = fused_config(8, 4096, 2048, 1, torch.bfloat16, 132, torch.device("cuda", 0), "tma")
