@@ -7,6 +7,7 @@ a backend whose "graphs" replay the eager call and which captures what
 import functools
 
 import pytest
+from measuring_rank import serve_measure_jobs
 
 from ficco.execute import RunOptions, TimingOptions
 from ficco.execute.baselines import BASELINE_SERIAL_EAGER
@@ -86,16 +87,10 @@ class RuleCapturingCpuBackend(CpuBackend):
 
 def rule_capturing_rank(rank, world, init_file, conn, options):
     from ficco.execute.cpu_group import init_gloo_rank
-    from ficco.execute.measure import measure_problem
 
     init_gloo_rank(rank, world, init_file, options.timeout_s)
     backend = RuleCapturingCpuBackend(rank, world)
-    while (message := conn.recv()) is not None:
-        tag, job = message
-        out = measure_problem(backend, job.problem, job.schedules, 0, job.timing, lambda m: None)
-        if rank == 0:
-            conn.send(("done", tag, out))
-    backend.close()
+    serve_measure_jobs(backend, conn)
 
 
 def test_the_flow_times_refused_candidates_eagerly_and_captures_the_rest():

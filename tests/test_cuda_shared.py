@@ -6,6 +6,7 @@ import types
 
 import pytest
 import torch
+from measuring_rank import serve_measure_jobs
 
 from ficco.execute.buffers import view
 from ficco.execute.cpu import CpuBackend
@@ -64,16 +65,10 @@ class NotedCpuBackend(CpuBackend):
 
 def noted_rank(rank, world, init_file, conn, options):
     from ficco.execute.cpu_group import init_gloo_rank
-    from ficco.execute.measure import measure_problem
 
     init_gloo_rank(rank, world, init_file, options.timeout_s)
     backend = NotedCpuBackend(rank, world)
-    while (message := conn.recv()) is not None:
-        tag, job = message
-        out = measure_problem(backend, job.problem, job.schedules, 0, job.timing, lambda m: None)
-        if rank == 0:
-            conn.send(("done", tag, out))
-    backend.close()
+    serve_measure_jobs(backend, conn)
 
 
 def test_verification_only_runs_say_so_and_a_store_refuses_them():

@@ -4,6 +4,8 @@ serial baseline and the @graph twins of the isolated parts run without a GPU."""
 
 import functools
 
+from measuring_rank import serve_measure_jobs
+
 from ficco.execute import RunOptions, TimingOptions
 from ficco.execute.baselines import BASELINE_SERIAL_EAGER
 from ficco.execute.cpu import CpuBackend
@@ -41,17 +43,11 @@ class CapturingCpuBackend(CpuBackend):
 
 def capturing_rank(rank, world, init_file, conn, options, broken=False):
     from ficco.execute.cpu_group import init_gloo_rank
-    from ficco.execute.measure import measure_problem
 
     init_gloo_rank(rank, world, init_file, options.timeout_s)
     backend = CapturingCpuBackend(rank, world)
     backend.broken = broken
-    while (message := conn.recv()) is not None:
-        tag, job = message
-        out = measure_problem(backend, job.problem, job.schedules, 0, job.timing, lambda m: None)
-        if rank == 0:
-            conn.send(("done", tag, out))
-    backend.close()
+    serve_measure_jobs(backend, conn)
 
 
 def test_captured_candidates_are_verified_and_timed_beside_their_eager_twins():

@@ -72,6 +72,23 @@ def _launches(path: str) -> int:
     return kernel_paths.LAUNCH_COUNTS[path]
 
 
+def _run_with_late_chunks(kernel, late, arriving, flags):
+    """Run the compiled fused ``kernel`` while a side stream lands each chunk of ``late`` late
+    (its rows from ``arriving``) and then sets its flag ``flags[i]``."""
+    kernel.compile()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i, chunk in enumerate(late):
+            torch.cuda._sleep(2_000_000)
+            chunk.a.copy_(arriving[i])
+            flags[i : i + 1].fill_(1)
+    kernel()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    kernel.raise_on_timeout("test")
+
+
 @pytest.mark.parametrize("mnk", [(1024, 3072, 4096), (256, 4096, 2048), (1000, 3000, 520)])
 def test_bf16_tuned(mnk, gen):
     m, n, k = mnk
@@ -235,18 +252,7 @@ def test_fused_tma_reads_a_chunk_only_after_its_flag(gen):
     chunks[2].a.fill_(float("nan"))
     kernel = FusedGemm(chunks, b, sm_budget=120, timeout_s=10.0)  # default path and tile
     assert kernel.path == "tma"
-    kernel.compile()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # land each chunk late, then set its flag
-        for i, chunk in enumerate(chunks[1:]):
-            torch.cuda._sleep(2_000_000)
-            chunk.a.copy_(arriving[i])
-            flags[i : i + 1].fill_(1)
-    kernel()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    kernel.raise_on_timeout("test")
+    _run_with_late_chunks(kernel, chunks[1:], arriving, flags)
     _check(out, a, b)  # a: the chunks' rows as they arrived
 
 
@@ -273,18 +279,7 @@ def test_fused_host_descriptors_wait_and_signal(cfg, gen):
         chunk.a.fill_(float("nan"))  # not there yet
     kernel = FusedGemm(chunks, b, sm_budget=120, timeout_s=10.0, config=cfg)
     assert kernel.path == "tma" and kernel.host is not None
-    kernel.compile()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # land each chunk late, then set its flag
-        for i, chunk in enumerate(chunks[1:]):
-            torch.cuda._sleep(2_000_000)
-            chunk.a.copy_(arriving[i])
-            flags[i : i + 1].fill_(1)
-    kernel()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    kernel.raise_on_timeout("test")
+    _run_with_late_chunks(kernel, chunks[1:], arriving, flags)
     _check(out, a, b)
     assert flags[2].item() == 1
 
