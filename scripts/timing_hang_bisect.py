@@ -68,7 +68,7 @@ NCCL_ENV = {
 
 def config_env(name: str) -> dict[str, str]:
     """The environment configuration ``name`` spawns its ranks with."""
-    from ficco.execute.capture import CAPTURE_NCCL_ALL_TO_ALL_ENV
+    from ficco.space.transports import CAPTURE_NCCL_ALL_TO_ALL_ENV
 
     env = dict(NCCL_ENV.get(name, {}))
     if name in A2A_CAPTURED:

@@ -12,8 +12,6 @@ from measuring_rank import serve_measure_jobs
 from ficco.execute import RunOptions, TimingOptions
 from ficco.execute.baselines import BASELINE_SERIAL_EAGER
 from ficco.execute.capture import (
-    CAPTURE_NCCL_ALL_TO_ALL_ENV,
-    NCCL_ALL_TO_ALL_EAGER,
     baseline_graph_refusal,
     graph_refusal,
 )
@@ -24,6 +22,7 @@ from ficco.execute.run import measure_in
 from ficco.plan import build_plan
 from ficco.problem import Problem
 from ficco.space import Schedule, runs_as_graph
+from ficco.space.transports import CAPTURE_NCCL_ALL_TO_ALL_ENV, NCCL_ALL_TO_ALL_EAGER
 
 A2A = Problem(pattern="gemm_a2a", m=32, n=16, k=16, world=2, experts=4, dtype="fp32")
 RS = Problem(pattern="gemm_rs", m=32, n=16, k=16, world=2, dtype="fp32")

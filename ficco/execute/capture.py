@@ -29,10 +29,6 @@ from ficco.problem import Problem
 from ficco.space import Schedule
 from ficco.space import transports as _transports
 
-#: the note of a candidate kept eager by the rule (module docstring)
-NCCL_ALL_TO_ALL_EAGER = _transports.NCCL_ALL_TO_ALL_EAGER
-#: set to 1: NCCL all-to-alls are captured like other NCCL plans (the rule is off)
-CAPTURE_NCCL_ALL_TO_ALL_ENV = _transports.CAPTURE_NCCL_ALL_TO_ALL_ENV
 #: the baselines whose captured twins run the serial plan's collective
 SERIAL_PLAN_COLLECTIVE_BASELINES = (BASELINE_SERIAL_EAGER, BASELINE_COMM)
 
