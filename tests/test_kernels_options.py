@@ -15,6 +15,7 @@ from dataclasses import replace  # noqa: E402
 import pytest  # noqa: E402
 
 from ficco.kernels import GemmConfig, candidate_configs, configs  # noqa: E402
+from ficco.kernels import persistent as kernel_paths  # noqa: E402
 from ficco.kernels.configs import split_plan  # noqa: E402
 from ficco.kernels.persistent import INTERPRETER, launch  # noqa: E402
 
@@ -72,3 +73,51 @@ def test_warp_specialize_refused_by_bf16_kernels(gen):
     assert not any(
         c.warp_specialize for c in configs.fused_candidate_configs(1024, 8192, 8192, 2, 2)
     )
+
+
+@pytest.mark.parametrize(
+    "a_t, b_t, accumulate",
+    [(False, False, False), (True, True, True), (False, True, False)],
+)
+def test_three_part_tiles_match_the_reference(a_t, b_t, accumulate, gen):
+    # A 48-wide tile is three 16-column accumulators (ficco.kernels.wide); ragged M, N and K
+    # (N = 100: the last tile's third part lies wholly past N) and both operand layouts.
+    cfg = GemmConfig(16, 48, 16, 4, 1, 4) if DEVICE == "cpu" else GemmConfig(128, 192, 64, 8, 3, 8)
+    assert cfg.n_parts == 3 and cfg.name.startswith(f"{cfg.block_m}x{cfg.block_n}x")
+    m, n, k = (40, 100, 36) if DEVICE == "cpu" else (520, 1000, 300)
+    a = _rand(k, m, gen=gen).t() if a_t else _rand(m, k, gen=gen)
+    b = _rand(n, k, gen=gen).t() if b_t else _rand(k, n, gen=gen)
+    out = _rand(m, n, gen=gen)
+    expected = a.double() @ b.double() + (out.double() if accumulate else 0)
+    before = kernel_paths.LAUNCH_COUNTS["wide"]
+    launch(a, b, out, accumulate=accumulate, sm_budget=3, config=cfg, path="tma")
+    assert kernel_paths.LAUNCH_COUNTS["wide"] == before + 1
+    torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_three_part_widths_take_no_other_option():
+    assert GemmConfig(128, 96, 64).n_parts == 3 and GemmConfig(128, 128, 64).n_parts == 1
+    for extra in (
+        {"epilogue_subtile": True},
+        {"split_tail": True},
+        {"swap_ab": True},
+        {"split_k": 2},
+    ):
+        with pytest.raises(ValueError, match="three-part tile"):
+            GemmConfig(128, 192, 64, **extra)
+    with pytest.raises(ValueError, match=r"block_n must be a power of two .* or one of"):
+        GemmConfig(128, 160, 64)
+    # the persistent space offers them, whole; the fused space never does
+    wide = [c for c in candidate_configs(1024, 3072, 4096, 2, 2) if c.n_parts == 3]
+    assert wide and not any(c.split_tail for c in wide)
+    assert all(c.n_parts == 1 for c in configs.fused_candidate_configs(1024, 3072, 4096, 2, 2))
+
+
+def test_three_part_tiles_on_the_pointer_path_fall_back_with_a_warning(gen):
+    cfg = GemmConfig(16, 48, 16, 4, 1, 4) if DEVICE == "cpu" else GemmConfig(64, 96, 128, 8, 4, 4)
+    a, b = _rand(20, 24, gen=gen), _rand(24, 50, gen=gen)
+    out = torch.empty(20, 50, device=DEVICE)
+    kernel_paths._warned.clear()
+    with pytest.warns(RuntimeWarning, match="three-part tiles run on the TMA path only"):
+        launch(a, b, out, accumulate=False, sm_budget=2, config=cfg, path="ptr")
+    torch.testing.assert_close(out, a @ b, rtol=1e-4, atol=1e-4)

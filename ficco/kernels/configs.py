@@ -27,6 +27,11 @@ HOPPER_SHARED_MEMORY_BYTES = 232_448
 MAX_SPLIT_K = 32
 
 
+# Tile widths of three power-of-two parts (`ficco.kernels.wide`): tile counts that fill the
+# SMs where power-of-two tiles leave a short last wave.
+THREE_PART_WIDTHS = (48, 96, 192)
+
+
 def _is_power_of_two(x: int) -> bool:
     return x > 0 and (x & (x - 1)) == 0
 
@@ -38,7 +43,8 @@ class GemmConfig:
     block_m: int
     """Rows of C computed by one tile (power of two, 16-256)."""
     block_n: int
-    """Columns of C computed by one tile (power of two, 16-256)."""
+    """Columns of C computed by one tile: a power of two, 16-256, or three times one (48, 96,
+    192: the three-part tiles of `ficco.kernels.wide`, persistent bf16 kernel only)."""
     block_k: int
     """Depth of one K step (power of two, 16-256)."""
     group_m: int = 8
@@ -84,9 +90,32 @@ class GemmConfig:
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
             value = getattr(self, name)
+            if name == "block_n" and value in THREE_PART_WIDTHS:
+                continue
             if not (_is_power_of_two(value) and 16 <= value <= 256):
+                extra = f" or one of {THREE_PART_WIDTHS}" if name == "block_n" else ""
                 raise ValueError(
-                    f"GemmConfig.{name} must be a power of two in [16, 256], got {value}"
+                    f"GemmConfig.{name} must be a power of two in [16, 256]{extra}, got {value}"
+                )
+        if self.n_parts > 1:
+            taken = [
+                name
+                for name, on in (
+                    ("epilogue_subtile", self.epilogue_subtile),
+                    ("split_tail", self.split_tail),
+                    ("split_k > 1", self.split_k > 1),
+                    ("swap_ab", self.swap_ab),
+                    ("warp_specialize", self.warp_specialize),
+                    ("programs_per_sm > 1", self.programs_per_sm > 1),
+                    ("promote_every > 1", self.promote_every > 1),
+                    ("lagged_promotion", self.lagged_promotion),
+                )
+                if on
+            ]
+            if taken:
+                raise ValueError(
+                    f"GemmConfig.block_n = {self.block_n} (a three-part tile) takes none of "
+                    f"{', '.join(taken)}"
                 )
         if not (_is_power_of_two(self.group_m) and self.group_m <= 64):
             raise ValueError(f"GemmConfig.group_m must be a power of two <= 64, got {self.group_m}")
@@ -142,6 +171,12 @@ class GemmConfig:
         )
 
     @property
+    def n_parts(self) -> int:
+        """Accumulators across the tile's width: 3 for the three-part widths (48, 96, 192,
+        `ficco.kernels.wide`), else 1."""
+        return 3 if self.block_n in THREE_PART_WIDTHS else 1
+
+    @property
     def decode(self) -> bool:
         """Runs in the split-K decode kernel (`ficco.kernels.decode`)."""
         return self.split_k > 1
@@ -170,7 +205,7 @@ class GemmConfig:
         its 32-40 bytes of barriers."""
         steps = self.num_stages * (2 if self.lagged_promotion else 1)  # lagged: K step pairs
         ab = steps * (self.block_m * self.block_k + self.block_k * self.block_n) * in_bytes
-        c_cols = self.block_n // 2 if self.epilogue_subtile else self.block_n
+        c_cols = self.block_n // 2 if self.epilogue_subtile else self.block_n // self.n_parts
         return ab + (2 if accumulate else 1) * self.block_m * c_cols * out_bytes
 
 
@@ -219,6 +254,14 @@ GPU_CONFIGS: tuple[GemmConfig, ...] = (
     _c(128, 128, 64, 6, 4, sub=True),
     _c(128, 128, 128, 3, 4, sub=True),
     _c(128, 128, 64, 5, 4, group=16, sub=True),
+    # Three-part widths (`ficco.kernels.wide`) for shapes whose power-of-two tiles leave a
+    # short last wave: 1024x3072 is 128 tiles of 128x192 on 132 SMs, 512x3072 128 of 128x96
+    # or 64x192, 5120 columns 27 of 192 (the five shapes below 0.95x cuBLAS on one H200).
+    _c(128, 192, 64, 4, 8),
+    _c(128, 192, 64, 3, 8),
+    _c(64, 192, 64, 5, 4),
+    _c(128, 96, 64, 5, 4),
+    _c(64, 96, 128, 4, 4),
     # (64x256x64, 5 stages, 8 warps, split epilogue was here: Triton 3.6 asks 253,992 bytes of
     # shared memory for it on an H100, past the limit its estimate said it fits)
 )
@@ -367,7 +410,7 @@ def candidate_configs(
             continue
         if not cfg.split_tail:
             kept.append(cfg)
-        if splits_here(cfg, m, n, k, sm_budget):
+        if cfg.n_parts == 1 and splits_here(cfg, m, n, k, sm_budget):
             kept.append(replace(cfg, split_tail=True))
     kept += swap_candidate_configs(
         m,
@@ -488,9 +531,10 @@ def fused_candidate_configs(
 ) -> list[GemmConfig]:
     """The fused GEMM's candidates for chunks of `rows` rows: the persistent GPU space, pruned
     as `candidate_configs` prunes it, without `split_tail` (the fused kernel never splits K:
-    its tiles are claimed one at a time as their chunks arrive) and without swap-AB tiles."""
+    its tiles are claimed one at a time as their chunks arrive), without swap-AB tiles and
+    without three-part widths (the persistent kernel's alone)."""
     kept = candidate_configs(
         rows, n, k, in_bytes, out_bytes, sm_budget=1, shared_memory_bytes=shared_memory_bytes
     )
-    plain = (replace(cfg, split_tail=False) for cfg in kept if not cfg.swap_ab)
+    plain = (replace(cfg, split_tail=False) for cfg in kept if not cfg.swap_ab and cfg.n_parts == 1)
     return list(dict.fromkeys(plain))
