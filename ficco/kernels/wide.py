@@ -9,6 +9,13 @@ of 128x128 (1.45 waves), but 128 of 128x192 (97%); 512x3072 is 128 tiles of 128x
 
 Row- or column-major A and B as in `persistent._matmul_tma_kernel`; C row-major, stored one
 part at a time ([BLOCK_M, BLOCK_N / 3] staging tile). No split tail, swap-AB or split-K.
+
+The tile loop is not flattened: flattened (as the persistent kernel's is), ptxas serializes
+the three dots' wgmmas (C7515: the per-tile zeroing of the accumulators lands inside the
+pipeline stage), and on one H100 every such tile ran 1.04-2.7x the time of the best
+power-of-two tile (`profiles/h100/NOTES_gemm.md`). Unflattened, the sm_90 compile has no
+such note (`tests/compile_kernels_sm90.py`); the next tile's loads then wait for this tile's
+stores, which costs little where the tiles make about one wave, as these do.
 """
 
 from __future__ import annotations
@@ -52,8 +59,7 @@ def _matmul_tma_wide_kernel(
     start_pid, num_programs, num_pid_m, num_pid_n, k_tiles, num_tiles = _program_grid(
         M, N, K, BLOCK_M, 3 * PART_N, BLOCK_K
     )
-    tile_c = start_pid - num_programs
-    for tile_id in tl.range(start_pid, num_tiles, num_programs, flatten=True):
+    for tile_id in tl.range(start_pid, num_tiles, num_programs):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         offs_m = pid_m * BLOCK_M
         offs_n = pid_n * (3 * PART_N)
@@ -69,11 +75,6 @@ def _matmul_tma_wide_kernel(
             acc0 = tl.dot(a, b0, acc0, input_precision=INPUT_PRECISION)
             acc1 = tl.dot(a, b1, acc1, input_precision=INPUT_PRECISION)
             acc2 = tl.dot(a, b2, acc2, input_precision=INPUT_PRECISION)
-        # Coordinates from the epilogue's own counter, as in the persistent kernel.
-        tile_c += num_programs
-        pid_m, pid_n = _tile_coords(tile_c, num_pid_m, num_pid_n, GROUP_M)
-        offs_cm = pid_m * BLOCK_M
-        offs_cn = pid_n * (3 * PART_N)
-        _store_part(c_desc, acc0, offs_cm, offs_cn, ACCUMULATE)
-        _store_part(c_desc, acc1, offs_cm, offs_cn + PART_N, ACCUMULATE)
-        _store_part(c_desc, acc2, offs_cm, offs_cn + 2 * PART_N, ACCUMULATE)
+        _store_part(c_desc, acc0, offs_m, offs_n, ACCUMULATE)
+        _store_part(c_desc, acc1, offs_m, offs_n + PART_N, ACCUMULATE)
+        _store_part(c_desc, acc2, offs_m, offs_n + 2 * PART_N, ACCUMULATE)
