@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -45,8 +46,12 @@ def compile_wide(cfg: GemmConfig) -> dict:
     constants = dict(
         BLOCK_M=cfg.block_m, PART_N=part, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         A_COL_MAJOR=False, B_COL_MAJOR=False, ACCUMULATE=False, INPUT_PRECISION="tf32",
+        A_IN_REGISTERS=cfg.a_in_registers,
     )  # fmt: skip
-    return _report(_compile(_matmul_tma_wide_kernel, {}, descs, constants, cfg), t0)
+    kernel = _compile(_matmul_tma_wide_kernel, {}, descs, constants, cfg)
+    # wgmma's register-A form lists A's registers after the accumulators: "}, {%r..."
+    a_regs = re.search(r"wgmma\.mma_async[^;]*\}, \{%r", kernel.asm["ptx"]) is not None
+    return {**_report(kernel, t0), "a_from_registers": a_regs}
 
 
 def compile_persistent(cfg: GemmConfig, split_tail: bool, swap_ab: bool = False) -> dict:

@@ -80,13 +80,15 @@ def test_warp_specialize_refused_by_bf16_kernels(gen):
 
 
 @pytest.mark.parametrize(
-    "a_t, b_t, accumulate",
-    [(False, False, False), (True, True, True), (False, True, False)],
+    "a_t, b_t, accumulate, a_regs",
+    [(False, False, False, False), (True, True, True, False), (False, True, False, True)],
 )
-def test_three_part_tiles_match_the_reference(a_t, b_t, accumulate, gen):
+def test_three_part_tiles_match_the_reference(a_t, b_t, accumulate, a_regs, gen):
     # A 48-wide tile is three 16-column accumulators (ficco.kernels.wide); ragged M, N and K
     # (N = 100: the last tile's third part lies wholly past N) and both operand layouts.
+    # (a_in_registers is an inline-asm copy on the GPU; the interpreter skips it.)
     cfg = GemmConfig(16, 48, 16, 4, 1, 4) if DEVICE == "cpu" else GemmConfig(128, 192, 64, 8, 3, 8)
+    cfg = replace(cfg, a_in_registers=a_regs)
     assert cfg.n_parts == 3 and cfg.name.startswith(f"{cfg.block_m}x{cfg.block_n}x")
     m, n, k = (40, 100, 36) if DEVICE == "cpu" else (520, 1000, 300)
     a = _rand(k, m, gen=gen).t() if a_t else _rand(m, k, gen=gen)
@@ -101,6 +103,8 @@ def test_three_part_tiles_match_the_reference(a_t, b_t, accumulate, gen):
 
 def test_three_part_widths_take_no_other_option():
     assert GemmConfig(128, 96, 64).n_parts == 3 and GemmConfig(128, 128, 64).n_parts == 1
+    with pytest.raises(ValueError, match="a_in_registers is the three-part tiles' option"):
+        GemmConfig(128, 128, 64, a_in_registers=True)
     for extra in (
         {"epilogue_subtile": True},
         {"split_tail": True},
@@ -127,21 +131,23 @@ def test_three_part_tiles_on_the_pointer_path_fall_back_with_a_warning(gen):
     torch.testing.assert_close(out, a @ b, rtol=1e-4, atol=1e-4)
 
 
-def test_three_part_tile_compiles_for_sm90_without_serialized_wgmma():
+@pytest.mark.parametrize("name", ["128x192x64_g8_s4_w8", "128x192x64_g8_s4_w8_rs"])
+def test_three_part_tile_compiles_for_sm90_without_serialized_wgmma(name):
     # Flattened, the tile loop made ptxas serialize the three dots (C7515) and the tiles ran
-    # up to 2.7x slower on one H100; the sm_90 compile must carry no such note.
+    # up to 2.7x slower on one H100; the sm_90 compile must carry no such note. The `_rs`
+    # tile's dots must take A from registers (wgmma's register-A form).
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(root)
     got = subprocess.run(
-        [sys.executable, str(root / "tests" / "compile_kernels_sm90.py"), "--wide",
-         "128x192x64_g8_s4_w8"],
+        [sys.executable, str(root / "tests" / "compile_kernels_sm90.py"), "--wide", name],
         capture_output=True, text=True, cwd=root, env=env,
     )  # fmt: skip
     if got.returncode == 3:
         pytest.skip(f"no offline sm_90 compile in this Triton: {got.stderr.strip()}")
     assert got.returncode == 0, got.stderr[-2000:]
-    found = json.loads(got.stdout.strip().splitlines()[-1])["kernels"]["128x192x64_g8_s4_w8"]
+    found = json.loads(got.stdout.strip().splitlines()[-1])["kernels"][name]
     assert found["wgmma"] == ["wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"], found
+    assert found["a_from_registers"] == name.endswith("_rs"), found
     ptxas = found["ptxas"]
     assert ptxas is None or (ptxas["notes"] == [] and ptxas["spill_bytes"] == 0), ptxas

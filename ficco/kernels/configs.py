@@ -86,6 +86,10 @@ class GemmConfig:
     apart and added to the fp32 accumulator one step late (the pair's second while the next
     pair's first runs), so the fp32 adds overlap tensor-core work instead of waiting on it;
     the precision of promotion every K step. The tile loop is then not flattened."""
+    a_in_registers: bool = False
+    """Three-part tiles only (`ficco.kernels.wide`): A's block passes through registers, so
+    the three dots take wgmma's register-A form and read A from shared memory once per K step,
+    not once per dot (the shared-memory bandwidth that 64-column wgmmas run short of)."""
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -146,6 +150,11 @@ class GemmConfig:
             raise ValueError(
                 "GemmConfig.lagged_promotion takes neither promote_every > 1 nor warp_specialize"
             )
+        if self.a_in_registers and self.n_parts == 1:
+            raise ValueError(
+                f"GemmConfig.a_in_registers is the three-part tiles' option (block_n one of "
+                f"{THREE_PART_WIDTHS}), got block_n = {self.block_n}"
+            )
         if self.programs_per_sm not in (1, 2):
             raise ValueError(
                 f"GemmConfig.programs_per_sm must be 1 or 2, got {self.programs_per_sm}"
@@ -164,6 +173,7 @@ class GemmConfig:
         per_sm += f"_pe{self.promote_every}" if self.promote_every > 1 else ""
         ws = "_ws" if self.warp_specialize else ""
         ws += "_lag" if self.lagged_promotion else ""
+        ws += "_rs" if self.a_in_registers else ""
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}"
             f"_s{self.num_stages}_w{self.num_warps}{swap}{sub}{split}{split_k}{ws}"
@@ -255,13 +265,14 @@ GPU_CONFIGS: tuple[GemmConfig, ...] = (
     _c(128, 128, 128, 3, 4, sub=True),
     _c(128, 128, 64, 5, 4, group=16, sub=True),
     # Three-part widths (`ficco.kernels.wide`) for shapes whose power-of-two tiles leave a
-    # short last wave: 1024x3072 is 128 tiles of 128x192 on 132 SMs, 512x3072 128 of 128x96
-    # or 64x192, 5120 columns 27 of 192 (the five shapes below 0.95x cuBLAS on one H200).
+    # short last wave: 1024x3072 is 128 tiles of 128x192 on 132 SMs, 512x3072 128 of 64x192,
+    # 5120 columns 27 of 192 (the five shapes below 0.95x cuBLAS on one H200). On one H200
+    # with A read from shared memory per dot, their best ran 1.03x the best power-of-two tile
+    # at 1024x3072x4096 and slower elsewhere (128x96 and 64x96 tiles 1.5-2.2x: gone).
     _c(128, 192, 64, 4, 8),
-    _c(128, 192, 64, 3, 8),
     _c(64, 192, 64, 5, 4),
-    _c(128, 96, 64, 5, 4),
-    _c(64, 96, 128, 4, 4),
+    replace(_c(128, 192, 64, 4, 8), a_in_registers=True),
+    replace(_c(64, 192, 64, 5, 4), a_in_registers=True),
     # (64x256x64, 5 stages, 8 warps, split epilogue was here: Triton 3.6 asks 253,992 bytes of
     # shared memory for it on an H100, past the limit its estimate said it fits)
 )

@@ -483,6 +483,7 @@ def _launch_wide(a, b, out, accumulate, sm_budget, config: GemmConfig, precision
         B_COL_MAJOR=b_col,
         ACCUMULATE=accumulate,
         INPUT_PRECISION=precision,
+        A_IN_REGISTERS=config.a_in_registers and not INTERPRETER,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

@@ -16,6 +16,11 @@ pipeline stage), and on one H100 every such tile ran 1.04-2.7x the time of the b
 power-of-two tile (`profiles/h100/NOTES_gemm.md`). Unflattened, the sm_90 compile has no
 such note (`tests/compile_kernels_sm90.py`); the next tile's loads then wait for this tile's
 stores, which costs little where the tiles make about one wave, as these do.
+
+Three 64-column dots read A's block from shared memory once each: at 64 columns a wgmma
+moves as many bytes of A as of B, and shared-memory bandwidth, not the tensor cores, sets the
+pace. `GemmConfig.a_in_registers` passes A through registers first (an opaque copy), so the
+dots take wgmma's register-A form and A is read once per K step.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ def _matmul_tma_wide_kernel(
     B_COL_MAJOR: tl.constexpr,
     ACCUMULATE: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    A_IN_REGISTERS: tl.constexpr,
 ):
     start_pid, num_programs, num_pid_m, num_pid_n, k_tiles, num_tiles = _program_grid(
         M, N, K, BLOCK_M, 3 * PART_N, BLOCK_K
@@ -69,6 +75,10 @@ def _matmul_tma_wide_kernel(
         for ki in tl.range(0, k_tiles):
             offs_k = ki * BLOCK_K
             a = a_desc.load([offs_k, offs_m]).T if A_COL_MAJOR else a_desc.load([offs_m, offs_k])
+            if A_IN_REGISTERS:  # an opaque copy: the dots then take A from registers
+                a = tl.inline_asm_elementwise(
+                    "mov.b32 $0, $1;", "=r,r", [a], dtype=a.dtype, is_pure=True, pack=2
+                )
             b0 = _load_b_part(b_desc, offs_k, offs_n, B_COL_MAJOR)
             b1 = _load_b_part(b_desc, offs_k, offs_n + PART_N, B_COL_MAJOR)
             b2 = _load_b_part(b_desc, offs_k, offs_n + 2 * PART_N, B_COL_MAJOR)
