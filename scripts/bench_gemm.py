@@ -226,9 +226,7 @@ def _verify(m, n, k, dtype, cfg, budget, gen) -> tuple[float, float, str]:
     before = dict(kernel_paths.LAUNCH_COUNTS)
     matmul(a, b, out, sm_budget=budget, config=cfg)
     path = next(
-        p
-        for p in ("tma", "wide", "ptr", "decode")
-        if kernel_paths.LAUNCH_COUNTS[p] > before.get(p, 0)
+        p for p in ("tma", "ptr", "decode") if kernel_paths.LAUNCH_COUNTS[p] > before.get(p, 0)
     )
     err_triton = _rel_error(out, ref)
     err_cublas = _rel_error(torch.matmul(a, b), ref)

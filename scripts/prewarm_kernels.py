@@ -47,7 +47,7 @@ def tasks(fused: bool, split_k: bool) -> list[tuple[str, dict, int]]:
 
     out = []
     for cfg in GPU_CONFIGS:
-        for split_tail in (False, True) if cfg.n_parts == 1 else (False,):  # three-part: whole
+        for split_tail in (False, True):
             out.append(("gemm", replace(cfg, split_tail=split_tail).to_dict(), cfg.block_m * 4))
     for rows in (16, 32, 64):
         for bn, bk, stages, warps in SWAP_TILES:
@@ -56,7 +56,7 @@ def tasks(fused: bool, split_k: bool) -> list[tuple[str, dict, int]]:
                 for m in (1, rows - 1, rows) if rows == 16 else (rows,):
                     out.append(("gemm", replace(cfg, split_tail=split_tail).to_dict(), m))
     for cfg in GPU_CONFIGS:
-        if cfg.block_m <= 64 and cfg.n_parts == 1:
+        if cfg.block_m <= 64:
             for split_tail in (True, False):
                 for m in (1, 2):
                     out.append(("gemm", replace(cfg, split_tail=split_tail).to_dict(), m))
@@ -67,8 +67,7 @@ def tasks(fused: bool, split_k: bool) -> list[tuple[str, dict, int]]:
                 out.append(("gemm", cfg.to_dict(), 2))
     if fused:
         for cfg in GPU_CONFIGS:
-            if cfg.n_parts == 1:  # three-part tiles are the persistent kernel's alone
-                out.append(("fused", cfg.to_dict(), cfg.block_m * 4))
+            out.append(("fused", cfg.to_dict(), cfg.block_m * 4))
     return out
 
 

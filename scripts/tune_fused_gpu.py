@@ -181,8 +181,7 @@ def run_shape(
         "tune_s": record.get("tune_s"),
     }
     persistent_cfg = config_for(m, n, k, dtype, sms, torch.device("cuda", 0))
-    # no fused tiles: the decode kernels' and the three-part widths
-    if persistent_cfg.decode or persistent_cfg.swap_ab or persistent_cfg.n_parts > 1:
+    if persistent_cfg.decode or persistent_cfg.swap_ab:  # no fused tiles: the decode kernels'
         persistent_cfg = tuned
     before = best_before_widening(record.get("timings_ms") or {})
     kernels = {

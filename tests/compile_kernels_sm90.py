@@ -5,10 +5,9 @@ kernel (whole tiles and the split tail, plain and swap-AB) and the fused kernel 
 host-built or in-kernel descriptors)
 through PTX to a cubin with Triton's bundled ptxas, for each configuration named (default:
 the first three of the bf16 space), and prints per kernel as JSON: the wgmma instructions in
-the PTX, registers, spills, shared memory. `--wide NAME` compiles one three-part tile of the
-space (`ficco.kernels.wide`) instead. Exit status 3: no offline compile entry point.
+the PTX, registers, spills, shared memory. Exit status 3: no offline compile entry point.
 
-    python tests/compile_kernels_sm90.py [--all | --wide 128x192x64_g8_s4_w8]
+    python tests/compile_kernels_sm90.py [--all]
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 
@@ -32,26 +30,6 @@ from compile_scaled_sm90 import _compile, _report  # noqa: E402
 from ficco.kernels.configs import GPU_CONFIGS, GemmConfig  # noqa: E402
 from ficco.kernels.fused import _TABLE_COLS, _fused_gemm_kernel  # noqa: E402
 from ficco.kernels.persistent import _matmul_tma_kernel  # noqa: E402
-from ficco.kernels.wide import _matmul_tma_wide_kernel  # noqa: E402
-
-
-def compile_wide(cfg: GemmConfig) -> dict:
-    t0 = time.perf_counter()
-    part = cfg.block_n // 3
-    descs = {
-        "a_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
-        "b_desc": f"tensordesc<bf16[{cfg.block_k}, {part}]>",
-        "c_desc": f"tensordesc<bf16[{cfg.block_m}, {part}]>",
-    }
-    constants = dict(
-        BLOCK_M=cfg.block_m, PART_N=part, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        A_COL_MAJOR=False, B_COL_MAJOR=False, ACCUMULATE=False, INPUT_PRECISION="tf32",
-        A_IN_REGISTERS=cfg.a_in_registers,
-    )  # fmt: skip
-    kernel = _compile(_matmul_tma_wide_kernel, {}, descs, constants, cfg)
-    # wgmma's register-A form lists A's registers after the accumulators: "}, {%r..."
-    a_regs = re.search(r"wgmma\.mma_async[^;]*\}, \{%r", kernel.asm["ptx"]) is not None
-    return {**_report(kernel, t0), "a_from_registers": a_regs}
 
 
 def compile_persistent(cfg: GemmConfig, split_tail: bool, swap_ab: bool = False) -> dict:
@@ -101,15 +79,8 @@ def compile_fused(cfg: GemmConfig, pointer_stores: bool, host_descs: bool = True
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--all", action="store_true", help="every configuration of the space")
-    parser.add_argument("--wide", metavar="NAME", help="one three-part tile of the space, alone")
     args = parser.parse_args()
-    if args.wide:
-        cfg = next((c for c in GPU_CONFIGS if c.name == args.wide and c.n_parts == 3), None)
-        if cfg is None:
-            sys.exit(f"--wide: no three-part tile named {args.wide} in the space")
-        print(json.dumps({"triton": triton.__version__, "kernels": {cfg.name: compile_wide(cfg)}}))
-        return
-    configs = [c for c in GPU_CONFIGS if c.n_parts == 1] if args.all else GPU_CONFIGS[:3]
+    configs = GPU_CONFIGS if args.all else GPU_CONFIGS[:3]
     found = {}
     for cfg in configs:
         found[cfg.name] = {

@@ -27,11 +27,6 @@ HOPPER_SHARED_MEMORY_BYTES = 232_448
 MAX_SPLIT_K = 32
 
 
-# Tile widths of three power-of-two parts (`ficco.kernels.wide`): tile counts that fill the
-# SMs where power-of-two tiles leave a short last wave.
-THREE_PART_WIDTHS = (48, 96, 192)
-
-
 def _is_power_of_two(x: int) -> bool:
     return x > 0 and (x & (x - 1)) == 0
 
@@ -43,8 +38,7 @@ class GemmConfig:
     block_m: int
     """Rows of C computed by one tile (power of two, 16-256)."""
     block_n: int
-    """Columns of C computed by one tile: a power of two, 16-256, or three times one (48, 96,
-    192: the three-part tiles of `ficco.kernels.wide`, persistent bf16 kernel only)."""
+    """Columns of C computed by one tile (power of two, 16-256)."""
     block_k: int
     """Depth of one K step (power of two, 16-256)."""
     group_m: int = 8
@@ -86,40 +80,13 @@ class GemmConfig:
     apart and added to the fp32 accumulator one step late (the pair's second while the next
     pair's first runs), so the fp32 adds overlap tensor-core work instead of waiting on it;
     the precision of promotion every K step. The tile loop is then not flattened."""
-    a_in_registers: bool = False
-    """Three-part tiles only (`ficco.kernels.wide`): A's block passes through registers, so
-    the three dots take wgmma's register-A form and read A from shared memory once per K step,
-    not once per dot (the shared-memory bandwidth that 64-column wgmmas run short of)."""
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
             value = getattr(self, name)
-            if name == "block_n" and value in THREE_PART_WIDTHS:
-                continue
             if not (_is_power_of_two(value) and 16 <= value <= 256):
-                extra = f" or one of {THREE_PART_WIDTHS}" if name == "block_n" else ""
                 raise ValueError(
-                    f"GemmConfig.{name} must be a power of two in [16, 256]{extra}, got {value}"
-                )
-        if self.n_parts > 1:
-            taken = [
-                name
-                for name, on in (
-                    ("epilogue_subtile", self.epilogue_subtile),
-                    ("split_tail", self.split_tail),
-                    ("split_k > 1", self.split_k > 1),
-                    ("swap_ab", self.swap_ab),
-                    ("warp_specialize", self.warp_specialize),
-                    ("programs_per_sm > 1", self.programs_per_sm > 1),
-                    ("promote_every > 1", self.promote_every > 1),
-                    ("lagged_promotion", self.lagged_promotion),
-                )
-                if on
-            ]
-            if taken:
-                raise ValueError(
-                    f"GemmConfig.block_n = {self.block_n} (a three-part tile) takes none of "
-                    f"{', '.join(taken)}"
+                    f"GemmConfig.{name} must be a power of two in [16, 256], got {value}"
                 )
         if not (_is_power_of_two(self.group_m) and self.group_m <= 64):
             raise ValueError(f"GemmConfig.group_m must be a power of two <= 64, got {self.group_m}")
@@ -150,11 +117,6 @@ class GemmConfig:
             raise ValueError(
                 "GemmConfig.lagged_promotion takes neither promote_every > 1 nor warp_specialize"
             )
-        if self.a_in_registers and self.n_parts == 1:
-            raise ValueError(
-                f"GemmConfig.a_in_registers is the three-part tiles' option (block_n one of "
-                f"{THREE_PART_WIDTHS}), got block_n = {self.block_n}"
-            )
         if self.programs_per_sm not in (1, 2):
             raise ValueError(
                 f"GemmConfig.programs_per_sm must be 1 or 2, got {self.programs_per_sm}"
@@ -173,18 +135,11 @@ class GemmConfig:
         per_sm += f"_pe{self.promote_every}" if self.promote_every > 1 else ""
         ws = "_ws" if self.warp_specialize else ""
         ws += "_lag" if self.lagged_promotion else ""
-        ws += "_rs" if self.a_in_registers else ""
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}"
             f"_s{self.num_stages}_w{self.num_warps}{swap}{sub}{split}{split_k}{ws}"
             f"{per_sm}"
         )
-
-    @property
-    def n_parts(self) -> int:
-        """Accumulators across the tile's width: 3 for the three-part widths (48, 96, 192,
-        `ficco.kernels.wide`), else 1."""
-        return 3 if self.block_n in THREE_PART_WIDTHS else 1
 
     @property
     def decode(self) -> bool:
@@ -215,7 +170,7 @@ class GemmConfig:
         its 32-40 bytes of barriers."""
         steps = self.num_stages * (2 if self.lagged_promotion else 1)  # lagged: K step pairs
         ab = steps * (self.block_m * self.block_k + self.block_k * self.block_n) * in_bytes
-        c_cols = self.block_n // 2 if self.epilogue_subtile else self.block_n // self.n_parts
+        c_cols = self.block_n // 2 if self.epilogue_subtile else self.block_n
         return ab + (2 if accumulate else 1) * self.block_m * c_cols * out_bytes
 
 
@@ -264,15 +219,6 @@ GPU_CONFIGS: tuple[GemmConfig, ...] = (
     _c(128, 128, 64, 6, 4, sub=True),
     _c(128, 128, 128, 3, 4, sub=True),
     _c(128, 128, 64, 5, 4, group=16, sub=True),
-    # Three-part widths (`ficco.kernels.wide`) for shapes whose power-of-two tiles leave a
-    # short last wave: 1024x3072 is 128 tiles of 128x192 on 132 SMs, 512x3072 128 of 64x192,
-    # 5120 columns 27 of 192 (the five shapes below 0.95x cuBLAS on one H200). On one H200
-    # with A read from shared memory per dot, their best ran 1.03x the best power-of-two tile
-    # at 1024x3072x4096 and slower elsewhere (128x96 and 64x96 tiles 1.5-2.2x: gone).
-    _c(128, 192, 64, 4, 8),
-    _c(64, 192, 64, 5, 4),
-    replace(_c(128, 192, 64, 4, 8), a_in_registers=True),
-    replace(_c(64, 192, 64, 5, 4), a_in_registers=True),
     # (64x256x64, 5 stages, 8 warps, split epilogue was here: Triton 3.6 asks 253,992 bytes of
     # shared memory for it on an H100, past the limit its estimate said it fits)
 )
@@ -421,7 +367,7 @@ def candidate_configs(
             continue
         if not cfg.split_tail:
             kept.append(cfg)
-        if cfg.n_parts == 1 and splits_here(cfg, m, n, k, sm_budget):
+        if splits_here(cfg, m, n, k, sm_budget):
             kept.append(replace(cfg, split_tail=True))
     kept += swap_candidate_configs(
         m,
@@ -542,10 +488,9 @@ def fused_candidate_configs(
 ) -> list[GemmConfig]:
     """The fused GEMM's candidates for chunks of `rows` rows: the persistent GPU space, pruned
     as `candidate_configs` prunes it, without `split_tail` (the fused kernel never splits K:
-    its tiles are claimed one at a time as their chunks arrive), without swap-AB tiles and
-    without three-part widths (the persistent kernel's alone)."""
+    its tiles are claimed one at a time as their chunks arrive) and without swap-AB tiles."""
     kept = candidate_configs(
         rows, n, k, in_bytes, out_bytes, sm_budget=1, shared_memory_bytes=shared_memory_bytes
     )
-    plain = (replace(cfg, split_tail=False) for cfg in kept if not cfg.swap_ab and cfg.n_parts == 1)
+    plain = (replace(cfg, split_tail=False) for cfg in kept if not cfg.swap_ab)
     return list(dict.fromkeys(plain))

@@ -116,8 +116,7 @@ def fused_config(
     if hit is not None:
         return hit
     chosen = config_for(m, n, k, dtype, sm_budget, device)
-    # the decode kernels' tiles and three-part widths are no fused tiles
-    if chosen.decode or chosen.swap_ab or chosen.n_parts > 1:
+    if chosen.decode or chosen.swap_ab:  # the decode kernels' tiles are no fused tiles
         return heuristic_config(m, n, k)
     return replace(chosen, split_tail=False)
 

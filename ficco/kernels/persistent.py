@@ -60,7 +60,6 @@ from ficco.kernels.configs import (
 from ficco.kernels.decode import launch_decode
 from ficco.kernels.pointer import launch_ptr
 from ficco.kernels.tiles import _program_grid, _tile_coords, _unit_coords
-from ficco.kernels.wide import _matmul_tma_wide_kernel
 
 try:  # Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -380,19 +379,10 @@ def launch(
         LAUNCH_COUNTS["decode"] += 1
         return out
     if path == "ptr":
-        if config.n_parts > 1:
-            _warn_once(
-                f"config {config.name}: three-part tiles run on the TMA path only; the pointer "
-                f"kernel uses {FALLBACK_CONFIG.name}"
-            )
-            config = FALLBACK_CONFIG
         _launch_ptr(a, b, out, accumulate, sm_budget, config, precision)
         return out
     limit = device_info(out.device).shared_memory_bytes
     config = fit_shared_memory(config, a.element_size(), out.element_size(), limit, accumulate)
-    if config.n_parts > 1:
-        _launch_wide(a, b, out, accumulate, sm_budget, config, precision)
-        return out
     if config.swap_ab:
         # out^T [N, M] = b^T [N, K] @ a^T [K, M]: the kernel's tile is the config's, transposed,
         # and it stores its tiles transposed into out's own (row-major) descriptor.
@@ -455,39 +445,6 @@ def launch(
     )
     LAUNCH_COUNTS["tma"] += 1
     return out
-
-
-def _launch_wide(a, b, out, accumulate, sm_budget, config: GemmConfig, precision: str) -> None:
-    # A three-part tile (`ficco.kernels.wide`): descriptors whose B and C blocks are one part.
-    m, k = a.shape
-    n = b.shape[1]
-    part_n = config.block_n // 3
-    a_shape, a_strides, a_col = _tma_operand(a)
-    b_shape, b_strides, b_col = _tma_operand(b)
-    c_shape, c_strides, _ = _tma_operand(out)
-    a_block = [config.block_k, config.block_m] if a_col else [config.block_m, config.block_k]
-    b_block = [part_n, config.block_k] if b_col else [config.block_k, part_n]
-    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
-    LAST_COMPILED["wide"] = _matmul_tma_wide_kernel[(max(1, min(sm_budget, tiles)),)](
-        TensorDescriptor(a, a_shape, a_strides, a_block),
-        TensorDescriptor(b, b_shape, b_strides, b_block),
-        TensorDescriptor(out, c_shape, c_strides, [config.block_m, part_n]),
-        m,
-        n,
-        k,
-        BLOCK_M=config.block_m,
-        PART_N=part_n,
-        BLOCK_K=config.block_k,
-        GROUP_M=config.group_m,
-        A_COL_MAJOR=a_col,
-        B_COL_MAJOR=b_col,
-        ACCUMULATE=accumulate,
-        INPUT_PRECISION=precision,
-        A_IN_REGISTERS=config.a_in_registers and not INTERPRETER,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-    )
-    LAUNCH_COUNTS["wide"] += 1
 
 
 def _launch_ptr(a, b, out, accumulate, sm_budget, config: GemmConfig, precision: str) -> None:
