@@ -54,6 +54,18 @@ def _config_named(name: str, m: int, n: int, k: int, sm: int, entry: dict) -> Ge
     raise ValueError(f"{name!r} is not a config the space offers for {m}x{n}x{k}")
 
 
+def _pick(options: dict[str, float], m: int, n: int, k: int, sm: int, entry: dict):
+    """The fastest of ``options`` (config name -> ms) that today's space still has: a config
+    the run timed that has since left the space (its fields refused, or no longer offered) is
+    passed over, and said so."""
+    for name in sorted(options, key=options.__getitem__):
+        try:
+            return name, _config_named(name, m, n, k, sm, entry)
+        except ValueError as exc:
+            print(f"{m}x{n}x{k}: {name} passed over ({exc})", file=sys.stderr)
+    raise ValueError(f"{m}x{n}x{k}: none of {sorted(options)} is in today's space")
+
+
 def choose(raw: dict, key: str, winner: GemmConfig, chosen_by: str, ms: float) -> dict:
     entry = dict(raw[key])
     entry.update(config=winner.to_dict(), name=winner.name, chosen_by=chosen_by)
@@ -71,9 +83,9 @@ def from_gemm(raw: dict, bench: dict) -> dict:
         other = row.get("before_widening") or row.get("do_bench_pick")
         if other and other.get("ms") is not None:
             options.setdefault(other["config"], other["ms"])
-        name = min(options, key=options.__getitem__)
+        name, cfg = _pick(options, m, n, k, sm, raw[key])
         why = "bench_gemm.py interleaved rounds: the tuner's pick vs the other pick timed"
-        out[key] = choose(raw, key, _config_named(name, m, n, k, sm, raw[key]), why, options[name])
+        out[key] = choose(raw, key, cfg, why, options[name])
     return out
 
 
@@ -87,9 +99,9 @@ def from_decode(raw: dict, bench: dict) -> dict:
             for name in ("space", "persistent", "swap", "decode")
             if name in row["ms"] and name in row["configs"]
         }
-        name = min(options, key=options.__getitem__)
+        name, cfg = _pick(options, m, n, k, sm, raw[key])
         why = "bench_decode_gemm.py interleaved rounds: the tuner's pick vs each kernel's fastest"
-        out[key] = choose(raw, key, _config_named(name, m, n, k, sm, raw[key]), why, options[name])
+        out[key] = choose(raw, key, cfg, why, options[name])
     return out
 
 
