@@ -59,10 +59,17 @@ def fused(d: dict) -> dict:
             continue
         band = "small" if cub < SMALL_MS else "large"
         b = bands.setdefault(
-            band, {"fused_tma": [], "triton": [], "fused_tma_chunk_descs": [], "overlap_wins": 0}
+            band,
+            {
+                "fused_tma": [],
+                "triton": [],
+                "fused_tma_chunk_descs": [],
+                "fused_tma_nowait": [],
+                "overlap_wins": 0,
+            },
         )
         b["n"] = b.get("n", 0) + 1
-        for name in ("fused_tma", "triton", "fused_tma_chunk_descs"):
+        for name in ("fused_tma", "triton", "fused_tma_chunk_descs", "fused_tma_nowait"):
             if name in t:
                 b[name].append(t[name]["median_ms"] / cub)
         over, per = t.get("fused_overlap"), t.get("per_chunk")
@@ -74,6 +81,7 @@ def fused(d: dict) -> dict:
             "fused_tma_time_vs_cublas": geomean(b["fused_tma"]),
             "triton_time_vs_cublas": geomean(b["triton"]),
             "fused_tma_chunk_descs_time_vs_cublas": geomean(b["fused_tma_chunk_descs"]),
+            "fused_tma_nowait_time_vs_cublas": geomean(b["fused_tma_nowait"]),
             "fused_overlap_beats_per_chunk": f"{b['overlap_wins']} of {b['n']}",
         }
         for band, b in sorted(bands.items())

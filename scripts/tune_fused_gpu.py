@@ -23,6 +23,7 @@ One run (``python scripts/tune_fused_gpu.py``; JSON to ``$OUT/fused_single_gpu.j
                    that differs from the tuned one)
    fused_tma_chunk_descs  fused_tma with descriptors made in the kernel per chunk (where
                    fused_tma's are host-built: every chunk on row-block boundaries)
+   fused_tma_nowait  fused_tma with no chunk waiting on a flag: what the acquires cost
    fused_overlap   the side-stream-arrival case: peer chunks copied by a side stream, 20 us
                    apart, each followed by a stream-ordered flag write; the fused kernel
                    (TMA, tuned, on all SMs but four) spins per tile on the flags and, its
@@ -204,6 +205,11 @@ def run_shape(
     if kernels["fused_tma"].host is not None:
         kernels["fused_tma_chunk_descs"] = per_chunk_descs
     result["host_descriptors"] = kernels["fused_tma"].host is not None
+    # the same launch with no chunk waiting on a flag: what the flags' acquires cost
+    nowait_views = [FusedChunkViews(gathered[lo:hi], out[lo:hi]) for lo, hi in rows + peers]
+    kernels["fused_tma_nowait"] = FusedGemm(
+        nowait_views, b, sm_budget=sms, timeout_s=10.0, config=tuned
+    )
     if before is not None and before != tuned:
         kernels["fused_tma_before"] = FusedGemm(
             views, b, sm_budget=sms, timeout_s=10.0, config=before

@@ -29,7 +29,7 @@ except ImportError as err:  # pragma: no cover - another Triton's layout
     print(f"no offline compile here: {err}", file=sys.stderr)
     sys.exit(3)
 
-from ficco.kernels.fused import _TABLE_COLS, _fused_gemm_kernel  # noqa: E402
+from ficco.kernels.fused_kernel import _TABLE_COLS, _fused_gemm_kernel  # noqa: E402
 
 
 def compile_path(use_tma: bool, dtype: str = "bf16", block=(128, 128, 64)) -> str:

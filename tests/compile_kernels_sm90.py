@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compile_scaled_sm90 import _compile, _report  # noqa: E402
 
 from ficco.kernels.configs import GPU_CONFIGS, GemmConfig  # noqa: E402
-from ficco.kernels.fused import _TABLE_COLS, _fused_gemm_kernel  # noqa: E402
+from ficco.kernels.fused_kernel import _TABLE_COLS, _fused_gemm_kernel  # noqa: E402
 from ficco.kernels.persistent import _matmul_tma_kernel  # noqa: E402
 
 

@@ -34,7 +34,7 @@ except ImportError as err:  # pragma: no cover - another Triton's layout
     sys.exit(3)
 
 from ficco.kernels.configs import GemmConfig  # noqa: E402
-from ficco.kernels.fused import _TABLE_COLS, _fused_gemm_kernel  # noqa: E402
+from ficco.kernels.fused_kernel import _TABLE_COLS, _fused_gemm_kernel  # noqa: E402
 from ficco.kernels.scaled import (  # noqa: E402
     _scaled_mm_tma_kernel,
     imprecise_acc,

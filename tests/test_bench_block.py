@@ -77,3 +77,18 @@ def test_decode_step_with_matmul_all_reduce_matches_nccl_on_gloo(tmp_path):
     for row in report["rows"]:
         assert row["ok"] == {"ficco": True, "nccl": True, "no_comm": True}
         assert row["errors"]["ficco"] <= 1e-4
+
+
+def test_a_case_whose_every_implementation_failed_times_nothing_and_goes_on():
+    # a GPU run's compiled case failed every check: the case is recorded with its failures,
+    # not a ZeroDivisionError that ends the suite
+    bench = _load()
+    assert bench.time_steps({}, [], [], 3, torch.device("cpu")) == {}
+    row = {
+        "model": "m",
+        "mode": "compiled",
+        "ok": {"ficco": False},
+        "ms": {},
+        "failures": {"ficco": "E"},
+    }
+    assert bench._short(row)["failures"] == {"ficco": "E"}

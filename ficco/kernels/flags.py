@@ -33,11 +33,26 @@ def _globaltimer():
 
 
 @triton.jit
+def _acquire_load(flag_ptr, ON_GPU: tl.constexpr):
+    # The flag read with acquire semantics at system scope: on GPUs a plain `ld.acquire`
+    # (no read-modify-write at the memory side: the first TMA load of a waiting tile queues
+    # behind this read), under the interpreter an atomic add of zero.
+    if ON_GPU:
+        val = tl.inline_asm_elementwise(
+            "ld.acquire.sys.global.b32 $0, [$1];", "=r,l", [flag_ptr], dtype=tl.int32,
+            is_pure=False, pack=1,
+        )  # fmt: skip
+    else:
+        val = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+    return val
+
+
+@triton.jit
 def _wait_flag(flag_ptr, budget_ns, ON_GPU: tl.constexpr):
     # The flag's value once it is nonzero: positive = arrived, negative = given up (by a
     # tile that timed out, or by the host watchdog under the interpreter). One acquire when
     # the flag is already set; a spin of volatile loads, then the acquire, when it is not.
-    val = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+    val = _acquire_load(flag_ptr, ON_GPU)
     if val == 0:
         if ON_GPU:
             start = _globaltimer()
@@ -51,7 +66,7 @@ def _wait_flag(flag_ptr, budget_ns, ON_GPU: tl.constexpr):
         else:
             while val == 0:
                 val = tl.load(flag_ptr, volatile=True)
-        val = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+        val = _acquire_load(flag_ptr, ON_GPU)
     return val
 
 

@@ -1,0 +1,273 @@
+"""The fused GEMM's device code: one persistent Triton kernel over row chunks that wait on,
+or set, flags (``ficco.kernels.fused`` says what it computes and prepares its launches).
+
+Per program: claim a tile (or take tile ``program_id`` where nothing signals and no flag is
+reset), find its chunk (arithmetic where every chunk has as many tiles, else the tile ->
+chunk map) and the chunk's table row, acquire the chunk's flag where it has one, run the K
+loop through TMA descriptors or pointer loads, store the tile (TMA, or pointer stores where
+the chunk signals or has copies), count it and publish the chunk's flags with its last
+tile. The last program to finish zeroes the counters for the next launch.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ficco.kernels.flags import _bulk_store_wait, _proxy_fence, _wait_flag
+from ficco.kernels.persistent import _store_c_tile, _tile_coords
+from ficco.kernels.scaled import _scale_tile
+
+#: int64 fields per chunk in the kernel's chunk table (``table_ptr``)
+_TABLE_COLS = 14
+
+
+@triton.jit
+def _chunk_row(row, A_ALIGN: tl.constexpr, C_ALIGN: tl.constexpr):
+    # A chunk's fields in the kernel's table (``_fused_gemm_kernel``'s ``table_ptr``)
+    return (
+        tl.multiple_of(tl.load(row), A_ALIGN),  # a_off
+        tl.multiple_of(tl.load(row + 1), C_ALIGN),  # c_off
+        tl.load(row + 2).to(tl.int32),  # rows
+        tl.load(row + 3).to(tl.int32),  # tile_start
+        tl.load(row + 4),  # wait_off
+        tl.load(row + 5),  # signal_off
+        tl.load(row + 6),  # has_wait
+        tl.load(row + 7),  # has_signal
+        tl.load(row + 8),  # copy_start
+        tl.load(row + 9).to(tl.int32),  # copy_count
+        tl.load(row + 10),  # counted
+        tl.load(row + 12).to(tl.int32),  # a_blk0
+        tl.load(row + 13).to(tl.int32),  # c_blk0
+    )
+
+
+@triton.jit
+def _chunk_of(tile, num_tiles, tiles_per_chunk, tile_chunk_ptr):
+    # The chunk of `tile` (the last chunk past the end): arithmetic where every chunk has
+    # `tiles_per_chunk` tiles, else the tile -> chunk map (one more dependent global load
+    # ahead of the chunk's table row, its flag and the tile's first TMA loads).
+    last = tl.minimum(tile, num_tiles - 1)
+    if tiles_per_chunk > 0:  # noqa: SIM108 - a runtime branch: Triton has no tensor ternary
+        chunk = last // tiles_per_chunk
+    else:
+        chunk = tl.load(tile_chunk_ptr + last)
+    return chunk
+
+
+@triton.jit
+def _fused_gemm_kernel(
+    a_ref,  # every A chunk is a_ref + offset: rows [rows_i, K], strides (stride_am, stride_ak)
+    b_ptr,  # B [K, N], strides (stride_bk, stride_bn)
+    b_desc,  # TMA: B's host-built descriptor ([K, N], or B^T [N, K] when B_COL_MAJOR)
+    a_host_desc,  # HOST_DESCS: every A chunk's rows in one host-built descriptor [rows, K]
+    c_host_desc,  # HOST_DESCS: every TMA-stored output chunk's rows, [rows, N]
+    c_ref,  # every output chunk is c_ref + offset: [rows_i, N], strides (stride_cm, stride_cn)
+    flag_ref,  # int32: every flag is flag_ref + offset
+    table_ptr,  # int64 [chunks, TABLE_COLS]: a_off, c_off, rows, tile_start, wait_off,
+    #            signal_off, has_wait, has_signal, copy_start, copy_count, counted, a_scale_off,
+    #            a_blk0, c_blk0 (offsets may be negative: they are from private refs; counted:
+    #            some destination signals; HOST_DESCS: the chunk's first BLOCK_M row block in
+    #            the host descriptors)
+    copy_ptr,  # int64 [copies, 3]: c_off, signal_off, has_signal of each further destination
+    tile_chunk_ptr,  # int32 [tiles]: the chunk of each tile
+    work_ptr,  # int32 [2 + chunks]: next tile to claim, programs done, tiles stored per
+    #           chunk; zero on entry, and zeroed again by the last program to finish
+    status_ptr,  # int32 [chunks]: set to 1 where the chunk's wait gave up (never cleared here)
+    a_scale_ref,  # SCALED: fp32, every A chunk's scales are a_scale_ref + offset ([rows] or [1])
+    b_scale_ptr,  # SCALED: fp32 [N] (B_COLWISE) or [1]
+    num_chunks,
+    num_tiles,
+    tiles_per_chunk,  # every chunk's tile count where they are all equal, else 0
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    budget_ns,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    A_ALIGN: tl.constexpr,  # every A offset is a multiple of this many elements
+    C_ALIGN: tl.constexpr,  # every output offset is a multiple of this many elements
+    USE_TMA: tl.constexpr,  # A, B and (unsignalled) C through tensor descriptors
+    B_COL_MAJOR: tl.constexpr,  # TMA: b_desc describes B^T [N, K]
+    EPILOGUE_SUBTILE: tl.constexpr,  # TMA: store C in two [BLOCK_M, BLOCK_N / 2] halves
+    ON_GPU: tl.constexpr,  # compiled for a GPU: %globaltimer and PTX fences (not interpreted)
+    INPUT_PRECISION: tl.constexpr,
+    TABLE_COLS: tl.constexpr,  # int64 fields per chunk in table_ptr
+    POINTER_STORES: tl.constexpr = True,  # TMA: some chunk signals or has copies (False:
+    #                                       no pointer-store epilogue to hold registers for)
+    SCALED: tl.constexpr = False,  # fp8 operands: the scale epilogue (ficco.kernels.scaled)
+    A_ROWWISE: tl.constexpr = False,  # SCALED: A's scales per row, else one per chunk
+    B_COLWISE: tl.constexpr = False,  # SCALED: B's scales per column, else one
+    IMPRECISE_ACC: tl.constexpr = None,  # SCALED: K elements a wgmma sums before promotion
+    RESET_WAITS: tl.constexpr = False,  # the last program zeroes every chunk's wait flag
+    HOST_DESCS: tl.constexpr = False,  # TMA: A and C through a_host_desc and c_host_desc
+):
+    next_tile_ptr = work_ptr
+    done_ptr = work_ptr + 1
+    counter_ptr = work_ptr + 2
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    offs_k0 = tl.arange(0, BLOCK_K)
+    C_COLS: tl.constexpr = BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N
+    # Tiles are claimed in order from one counter, not dealt out by program id: a program
+    # that is not resident yet (its SM held by a kernel beside this one, e.g. an owner's
+    # flag wait) owns no tile, so the chunks a peer waits on cannot be stuck behind it.
+    # A program's tiles therefore rise, and so do their chunks: a chunk's row and
+    # descriptors are read and made when the program first meets it, not per tile.
+    # No more tiles than programs (the grid is then the tile count): each program has one
+    # tile and needs no second claim to find the queue empty. Where, besides, no chunk
+    # signals and no flag is reset (no peer waits on this launch), program p's tile is p:
+    # no claim at all, no counter to zero.
+    one_each = (num_tiles <= tl.num_programs(0)) & (num_tiles > 0)
+    by_program = False
+    if not (POINTER_STORES or RESET_WAITS):
+        by_program = one_each
+    if by_program:  # noqa: SIM108 - a runtime branch: Triton has no tensor ternary
+        tile = tl.program_id(0)
+    else:
+        tile = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
+    # The chunk of the program's first tile (the last chunk where none is left), its table
+    # row, and the first tile past it: a later tile of the same chunk reads nothing more
+    chunk = _chunk_of(tile, num_tiles, tiles_per_chunk, tile_chunk_ptr)
+    a_off, c_off, rows, tile_start, wait_off, signal_off, has_wait, has_signal, copy_start, \
+        copy_count, counted, a_blk0, c_blk0 = _chunk_row(table_ptr + chunk * TABLE_COLS,
+                                                        A_ALIGN, C_ALIGN)  # fmt: skip
+    chunk_end = tile_start + tl.cdiv(rows, BLOCK_M) * num_pid_n
+    if USE_TMA and HOST_DESCS:  # made on the host: no descriptor to write and fence here
+        a_desc = a_host_desc
+        c_desc = c_host_desc
+    elif USE_TMA:  # 128 bytes each, written to global scratch and fenced by the compiler
+        a_desc = tl.make_tensor_descriptor(
+            a_ref + a_off, [rows, K], [stride_am, 1], [BLOCK_M, BLOCK_K]
+        )
+        c_desc = tl.make_tensor_descriptor(
+            c_ref + c_off, [rows, N], [stride_cm, 1], [BLOCK_M, C_COLS]
+        )
+    seen = -1  # the last chunk whose flag this program acquired: its later tiles skip the wait
+    while tile < num_tiles:
+        if tile >= chunk_end:  # a later chunk (others took the tiles between)
+            chunk = _chunk_of(tile, num_tiles, tiles_per_chunk, tile_chunk_ptr)
+            a_off, c_off, rows, tile_start, wait_off, signal_off, has_wait, has_signal, \
+                copy_start, copy_count, counted, a_blk0, c_blk0 = _chunk_row(
+                    table_ptr + chunk * TABLE_COLS, A_ALIGN, C_ALIGN)  # fmt: skip
+            chunk_end = tile_start + tl.cdiv(rows, BLOCK_M) * num_pid_n
+            if USE_TMA and not HOST_DESCS:
+                if ON_GPU:
+                    _bulk_store_wait()  # the last tile's store read the old C descriptor
+                a_desc = tl.make_tensor_descriptor(
+                    a_ref + a_off, [rows, K], [stride_am, 1], [BLOCK_M, BLOCK_K]
+                )
+                c_desc = tl.make_tensor_descriptor(
+                    c_ref + c_off, [rows, N], [stride_cm, 1], [BLOCK_M, C_COLS]
+                )
+        row = table_ptr + chunk * TABLE_COLS
+        ready = 1
+        if (has_wait != 0) & (chunk != seen):
+            ready = _wait_flag(flag_ref + wait_off, budget_ns, ON_GPU)
+            if ready > 0:
+                seen = chunk
+                if USE_TMA and ON_GPU:
+                    _proxy_fence()
+        if ready > 0:
+            num_pid_m = tl.cdiv(rows, BLOCK_M)
+            pid_m, pid_n = _tile_coords(tile - tile_start, num_pid_m, num_pid_n, GROUP_M)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            a_blk = pid_m  # the tile's row block in A's and C's descriptors
+            c_blk = pid_m
+            if HOST_DESCS:
+                a_blk += a_blk0
+                c_blk += c_blk0
+            if USE_TMA:
+                for ki in range(k_tiles):
+                    a = a_desc.load([a_blk * BLOCK_M, ki * BLOCK_K])
+                    if B_COL_MAJOR:
+                        b = b_desc.load([pid_n * BLOCK_N, ki * BLOCK_K]).T
+                    else:
+                        b = b_desc.load([ki * BLOCK_K, pid_n * BLOCK_N])
+                    acc = tl.dot(
+                        a, b, acc, input_precision=INPUT_PRECISION,
+                        max_num_imprecise_acc=IMPRECISE_ACC,
+                    )  # fmt: skip
+            else:
+                offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+                offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+                mask_m = offs_m < rows
+                mask_n = offs_n < N
+                # alignment hint (host-checked): lets the compiler vectorize the loads
+                a_base = a_ref + tl.multiple_of(a_off, A_ALIGN)
+                for ki in range(k_tiles):
+                    offs_k = ki * BLOCK_K + offs_k0
+                    a_ptrs = a_base + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+                    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+                    a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < K), other=0.0)
+                    b = tl.load(b_ptrs, mask=(offs_k[:, None] < K) & mask_n[None, :], other=0.0)
+                    acc = tl.dot(
+                        a, b, acc, input_precision=INPUT_PRECISION,
+                        max_num_imprecise_acc=IMPRECISE_ACC,
+                    )  # fmt: skip
+            if SCALED:
+                a_scales = a_scale_ref + tl.load(row + 11)
+                acc = _scale_tile(
+                    acc, a_scales, b_scale_ptr, pid_m * BLOCK_M, pid_n * BLOCK_N, rows, N,
+                    BLOCK_M, BLOCK_N, A_ROWWISE, B_COLWISE,
+                )  # fmt: skip
+            if USE_TMA and not POINTER_STORES:
+                _store_c_tile(c_desc, acc, c_blk, pid_n, BLOCK_M, BLOCK_N, False, EPILOGUE_SUBTILE)
+            elif USE_TMA and ((counted == 0) & (copy_count == 0)):
+                _store_c_tile(c_desc, acc, c_blk, pid_n, BLOCK_M, BLOCK_N, False, EPILOGUE_SUBTILE)
+            else:
+                # pointer stores for signalled chunks: generic-proxy writes (peer memory
+                # included) that the release below publishes; the tile is converted once and
+                # stored to every destination
+                offs_cm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+                offs_cn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+                c_tile = offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
+                c_mask = (offs_cm[:, None] < rows) & (offs_cn[None, :] < N)
+                c_val = acc.to(c_ref.dtype.element_ty)
+                tl.store(c_ref + tl.multiple_of(c_off, C_ALIGN) + c_tile, c_val, mask=c_mask)
+                for e in range(copy_count):
+                    copy_off = tl.multiple_of(tl.load(copy_ptr + (copy_start + e) * 3), C_ALIGN)
+                    tl.store(c_ref + copy_off + c_tile, c_val, mask=c_mask)
+            if counted != 0:
+                # every thread's stores are issued before the count; the chunk's last tile
+                # publishes them all with one system-scope release per destination flag
+                # (cumulative)
+                tl.debug_barrier()
+                done = tl.atomic_add(counter_ptr + chunk, 1, sem="acq_rel", scope="sys")
+                if done == tl.cdiv(rows, BLOCK_M) * num_pid_n - 1:
+                    if has_signal != 0:
+                        tl.atomic_xchg(flag_ref + signal_off, 1, sem="release", scope="sys")
+                    for e in range(copy_count):
+                        copy_row = copy_ptr + (copy_start + e) * 3
+                        if tl.load(copy_row + 2) != 0:
+                            copy_flag = flag_ref + tl.load(copy_row + 1)
+                            tl.atomic_xchg(copy_flag, 1, sem="release", scope="sys")
+        else:
+            tl.store(status_ptr + chunk, 1)
+        if one_each:
+            tile += num_tiles  # past the end: this program's one tile is done
+        else:
+            tile = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
+    # The last program to finish zeroes the claim counter and the chunk counters for the
+    # next launch (every other program's claims and counts came before its own count here),
+    # so a launch needs no memset before it; tiles by program touched no counter.
+    if not by_program:
+        finished = tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
+        if finished == tl.num_programs(0) - 1:
+            for i in range(num_chunks):
+                tl.store(counter_ptr + i, 0)
+                if RESET_WAITS:
+                    # every tile has read its flag (each program counted itself done after
+                    # its last tile): consumed, ready for the next launch's arrivals
+                    row = table_ptr + i * TABLE_COLS
+                    if tl.load(row + 6) != 0:
+                        tl.store(flag_ref + tl.load(row + 4), 0)
+            tl.store(next_tile_ptr, 0)
+            tl.store(done_ptr, 0)
