@@ -240,7 +240,9 @@ def block(x_shard, weights, dims: BlockDims, ag_mm, mm_rs):
     v = v.view(s, dims.kv_heads, d).transpose(0, 1)
     repeat = dims.heads // dims.kv_heads
     k, v = k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [hq, S, d]
+    # batched [1, hq, S, d]: 3-D inputs take SDPA's math kernel, an [hq, S, S] matrix (16 GiB
+    # at 16384 tokens: the first 2-GPU run ran out of memory), 4-D ones the flash kernel
+    o = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True)[0]
     x = x_shard + mm_rs(o.transpose(0, 1).reshape(s, dims.heads * d), w_o)
     gate, up = ag_mm(rmsnorm(x), w_gate_up).chunk(2, dim=-1)
     return x + mm_rs(F.silu(gate) * up, w_down)
@@ -320,6 +322,10 @@ def run_suite(rank: int, world: int, device, group, args: dict) -> list[dict]:
         cases = [[t] for t in args["tokens"]] + ([list(args["tokens"])] if args["varying"] else [])
         for tokens_cycle in cases:
             for mode in args["modes"]:
+                if mode == "compiled":
+                    # each case compiles its own block (new linears: dynamo's guards on them
+                    # failed every case, and past the recompile limit it ran uncompiled)
+                    torch._dynamo.reset()
                 rows.append(
                     run_case(
                         rank, world, device, group, dims, weights, tokens_cycle, mode, impls, args
@@ -333,7 +339,7 @@ def run_suite(rank: int, world: int, device, group, args: dict) -> list[dict]:
 def _short(row: dict) -> dict:
     keep = (
         "model", "tokens", "mode", "ok", "ms", "serial_over_ficco", "async_tp_over_ficco",
-        "failures",
+        "errors", "failures",
     )  # fmt: skip
     return {k: row[k] for k in keep if k in row}
 
