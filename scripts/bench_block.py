@@ -333,6 +333,9 @@ def run_suite(rank: int, world: int, device, group, args: dict) -> list[dict]:
                 )
                 if rank == 0:
                     print(json.dumps(_short(rows[-1])), flush=True)
+                    if args.get("out"):  # what a run cut short has measured stays
+                        partial = {"partial": True, "config": args, "rows": rows}
+                        Path(args["out"]).write_text(json.dumps(partial, indent=1))
     return rows
 
 
@@ -518,16 +521,23 @@ def main(argv=None) -> int:
         "seed": args.seed,
         "traceback": args.traceback,
     }
+    from ficco.measure.fingerprint import fingerprint
+
+    out = args.out or (
+        os.path.join(os.environ["OUT"], "bench_block.json") if os.environ.get("OUT") else None
+    )
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+    config["out"] = out  # rank 0 rewrites it after each case: {"partial": true, rows so far}
+    config["fingerprint"] = fingerprint(args.backend)
     started = time.time()
     result = spawn_ranks(rank_main, args.world, config)
     rows = result["rows"]
-    from ficco.measure.fingerprint import fingerprint
-
     report = {
         "benchmark": "tensor/sequence-parallel transformer block, forward + backward",
         "config": config,
         "world": args.world,
-        "fingerprint": fingerprint(args.backend),
+        "fingerprint": config["fingerprint"],
         "summary": summarize(rows),
         "rows": rows,
         "ficco_choices": result["ficco_choices"],
@@ -536,11 +546,7 @@ def main(argv=None) -> int:
         if args.backend == "cuda"
         else "none: CPU runs check correctness only",
     }
-    out = args.out or (
-        os.path.join(os.environ["OUT"], "bench_block.json") if os.environ.get("OUT") else None
-    )
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(report, indent=1))
         print(f"wrote {out}")
     print(json.dumps(report["summary"], indent=1))
