@@ -212,7 +212,11 @@ _calls: dict[tuple, CallPlan] = group_cache(lambda key, call: call.group)
 
 
 def signature_key(op: str, a, b, group, schedule: str, table: str, rows) -> tuple:
-    return (op, a.shape, b.shape, a.dtype, a.device.type, group, schedule, table, tuple(rows))
+    # a ProcessGroup stands in the key by its name (the cached CallPlan holds the group
+    # itself, which a hit must be: `call_plan`), so a call passing the group object hits the
+    # cache like one passing its name
+    name = group if group is None or isinstance(group, str) else group.group_name
+    return (op, a.shape, b.shape, a.dtype, a.device.type, name, schedule, table, tuple(rows))
 
 
 def cached_choice(op: str, a, b, group, schedule: str, table: str, rows=()) -> Choice | None:
@@ -274,8 +278,7 @@ def call_plan(
             op, pg, rank, firsts, counts, problem, choice, plan, tally, record_name(op, choice)
         )
         count(tally, choice)
-    if isinstance(group, str) or group is None:  # a ProcessGroup key would pin the group
-        _calls[key] = call
+    _calls[key] = call
     return call
 
 
