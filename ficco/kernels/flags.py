@@ -71,29 +71,23 @@ def _wait_flag(flag_ptr, budget_ns, ON_GPU: tl.constexpr):
 
 
 @triton.jit
+def _ptx_effect(STATEMENT: tl.constexpr):
+    # one PTX statement run for its effect (the dummy result keeps it in the program)
+    return tl.inline_asm_elementwise(
+        STATEMENT + "\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@triton.jit
 def _proxy_fence():
     # TMA loads are async-proxy accesses: order them after the generic-proxy acquire of a flag
-    return tl.inline_asm_elementwise(
-        "fence.proxy.async.global;\n\tmov.u32 $0, 0;",
-        "=r",
-        [],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
+    return _ptx_effect("fence.proxy.async.global;")
 
 
 @triton.jit
 def _bulk_store_wait():
     # this thread's TMA stores done: a descriptor they use may be rewritten after this
-    return tl.inline_asm_elementwise(
-        "cp.async.bulk.wait_group 0;\n\tmov.u32 $0, 0;",
-        "=r",
-        [],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
+    return _ptx_effect("cp.async.bulk.wait_group 0;")
 
 
 @triton.jit
