@@ -245,7 +245,7 @@ def test_gloo_emulations_sum_in_rank_order_and_agree_bit_for_bit(shape, tmp_path
 
 
 def test_symm_schedules_are_captured_where_plans_hold_no_nccl_call():
-    from ficco.execute.cuda import CudaBackend
+    from ficco.execute.cuda_backend import CudaBackend
 
     symm = Schedule.parse("finer-c2-m/symm2/cublas")
     for graphs, want in (("all", True), ("ce", True), ("none", False)):

@@ -143,7 +143,7 @@ def test_runs_as_graph_is_what_the_executor_did(transport, granularity, graphs):
     schedule = Schedule(granularity=granularity, transport=transport)
     want = _executor_rule_before(schedule, graphs)
     assert runs_as_graph(schedule, graphs) is want
-    from ficco.execute.cuda import CudaBackend
+    from ficco.execute.cuda_backend import CudaBackend
 
     assert CudaBackend.wants_graph(None, TimingOptions(graphs=graphs), schedule) is want
 

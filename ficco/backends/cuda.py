@@ -1,4 +1,4 @@
-"""``cuda``: one process per GPU (``ficco.execute.cuda``): copy engine over symmetric memory,
+"""``cuda``: one process per GPU (``ficco.execute.cuda_backend``): copy engine over symmetric memory,
 NCCL, cuBLAS and Triton GEMMs, CUDA events; verified, then timed beside the baselines."""
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ CUDA_PROBLEM_TIMEOUT_S = 300.0
 
 
 def setup_rank(rank: int, world: int, init_file: str | None, timeout_s: float):
-    from ficco.execute.cuda import CudaBackend
+    from ficco.execute.cuda_backend import CudaBackend
     from ficco.execute.cuda_setup import init_rank
 
     return CudaBackend(init_rank(rank, world, init_file, timeout_s))
 
 
 def setup_here(rank: int, local_rank: int, world: int, timeout_s: float):
-    from ficco.execute.cuda import CudaBackend
+    from ficco.execute.cuda_backend import CudaBackend
     from ficco.execute.cuda_setup import init_rank
 
     # the rendezvous comes from the environment torchrun sets

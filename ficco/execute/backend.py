@@ -3,7 +3,7 @@
 A backend is one rank's view of a device kind: it allocates a problem's buffers, computes the
 reference, builds the interpreter's primitives for a plan (transports, GEMM kernels), its
 baselines, its clock, and the collectives the ranks use to agree. ``cpu`` (gloo processes,
-``ficco.execute.cpu``) and ``cuda`` (one process per GPU, ``ficco.execute.cuda``) implement it.
+``ficco.execute.cpu``) and ``cuda`` (one process per GPU, ``ficco.execute.cuda_backend``) implement it.
 """
 
 from __future__ import annotations

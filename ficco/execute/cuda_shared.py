@@ -40,7 +40,8 @@ import functools
 from collections.abc import Callable
 
 from ficco.execute.backend import Buffers
-from ficco.execute.cuda import CudaBackend, CudaPrimitives
+from ficco.execute.cuda import CudaPrimitives
+from ficco.execute.cuda_backend import CudaBackend
 from ficco.execute.cuda_ipc import (
     SIGNAL_CHANNELS,
     SIGNAL_HOST_SLOTS,

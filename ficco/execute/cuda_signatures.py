@@ -16,7 +16,7 @@ from ficco.execute.timing import time_rounds
 from ficco.measure.record import Summary
 
 if TYPE_CHECKING:
-    from ficco.execute.cuda import CudaBackend
+    from ficco.execute.cuda_backend import CudaBackend
 
 
 def signatures(

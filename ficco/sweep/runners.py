@@ -258,7 +258,7 @@ class CudaRunner(PoolRunner):
                     f"backend {self.backend}: needs CUDA GPUs and none is visible here; use "
                     "--backend cpu to exercise the harness without GPUs"
                 )
-            import ficco.execute.cuda  # noqa: F401
+            import ficco.execute.cuda_backend  # noqa: F401
         except ImportError as err:
             raise BackendUnavailable(
                 f"backend {self.backend}: the GPU executor could not be imported ({err}); it "
