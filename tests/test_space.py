@@ -207,3 +207,45 @@ def test_rs_ag_string_form_round_trips():
     assert s.all_reduce.value == "rs_ag" and str(s) == "finer-c4-m/nccl/triton+merged+sm16+hi+rs_ag"
     with pytest.raises(ValueError, match="rs_ag_needs_all_reduce"):
         check_legal(AG, Schedule.parse("shard/ce/cublas+rs_ag"))
+
+
+def _every_point(problem, opts):
+    """The whole axis product, each point checked against every rule (the enumerator
+    before it pruned by PREFIX_RULES)."""
+    import itertools
+
+    from ficco.patterns import spec_of
+    from ficco.space import AllReduce, Order, Priority
+
+    shapes = [(Granularity.SERIAL, 1), (Granularity.SHARD, 1)]
+    shapes += [(Granularity.FINER, c) for c in opts.chunk_counts]
+    reduces = tuple(AllReduce) if spec_of(problem.pattern).all_reduce else (AllReduce.DIRECT,)
+    found = []
+    for (g, c), split, t, order, compute, gemm, res, prio, ar in itertools.product(
+        shapes, Split, opts.transports, Order, opts.computes, opts.gemms, opts.sm_reserves,
+        Priority, reduces,
+    ):  # fmt: skip
+        s = Schedule(
+            granularity=g, chunks=c, split=split, transport=t, order=order, compute=compute,
+            gemm=gemm, sm_reserve=res, comm_priority=prio, all_reduce=ar,
+        )  # fmt: skip
+        if s not in found and is_legal(problem, s):
+            found.append(s)
+    return found
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [*problems(), Problem(pattern="emb_a2a", m=64, n=32, k=8, world=2, tables=(400, 90, 1000)),
+     Problem(pattern="ag_gemm", m=128, n=64, k=64, world=2, dtype="fp8_e4m3")],
+    ids=lambda p: p.key,
+)  # fmt: skip
+def test_prefix_pruning_enumerates_exactly_the_legal_points_of_the_product(problem):
+    # PREFIX_RULES are checked once per (granularity, chunks, split, transport): a rule there
+    # that read another axis would drop legal schedules; this compares with every point
+    from ficco.space import SpaceOptions
+    from ficco.space.rules import PREFIX_RULES
+
+    assert set(PREFIX_RULES) <= set(RULES)
+    opts = SpaceOptions()
+    assert list(enumerate_schedules(problem, opts)) == _every_point(problem, opts)

@@ -9,7 +9,7 @@ from functools import lru_cache
 
 from ficco.patterns import spec_of
 from ficco.problem import Problem
-from ficco.space.rules import RULES, check_legal, is_legal, violations
+from ficco.space.rules import PREFIX_RULES, RULES, check_legal, is_legal, violations
 from ficco.space.schedule import (
     AllReduce,
     Compute,
@@ -91,32 +91,27 @@ def _legal(problem: Problem, opts: SpaceOptions) -> Iterator[Schedule]:
     # +rs_ag is legal for an all-reduce alone: the other patterns skip half the product untried
     all_reduces = tuple(AllReduce) if spec_of(problem.pattern).all_reduce else (AllReduce.DIRECT,)
     seen: set[Schedule] = set()
-    for (
-        granularity,
-        chunks,
-    ), split, transport, order, compute, gemm, reserve, prio, all_reduce in itertools.product(
-        shapes,
-        Split,
-        opts.transports,
-        Order,
-        opts.computes,
-        opts.gemms,
-        opts.sm_reserves,
-        Priority,
-        all_reduces,
+    for (granularity, chunks), split, transport in itertools.product(
+        shapes, Split, opts.transports
     ):
-        schedule = Schedule(
-            granularity=granularity,
-            chunks=chunks,
-            split=split,
-            transport=transport,
-            order=order,
-            compute=compute,
-            gemm=gemm,
-            sm_reserve=reserve,
-            comm_priority=prio,
-            all_reduce=all_reduce,
-        )
-        if schedule not in seen and is_legal(problem, schedule):
-            seen.add(schedule)
-            yield schedule
+        prefix = Schedule(granularity=granularity, chunks=chunks, split=split, transport=transport)
+        if any(rule(problem, prefix) is not None for rule in PREFIX_RULES):
+            continue  # every point of the product under this prefix breaks the same rule
+        for order, compute, gemm, reserve, prio, all_reduce in itertools.product(
+            Order, opts.computes, opts.gemms, opts.sm_reserves, Priority, all_reduces
+        ):
+            schedule = Schedule(
+                granularity=granularity,
+                chunks=chunks,
+                split=split,
+                transport=transport,
+                order=order,
+                compute=compute,
+                gemm=gemm,
+                sm_reserve=reserve,
+                comm_priority=prio,
+                all_reduce=all_reduce,
+            )
+            if schedule not in seen and is_legal(problem, schedule):
+                seen.add(schedule)
+                yield schedule

@@ -350,6 +350,16 @@ RULES: tuple[Rule, ...] = (
     scaled_gemm_chunks_aligned,
 )
 
+#: Rules that read only a schedule's granularity, chunks, split and transport (and the
+#: problem): the enumerator checks them once per such prefix of the axis product, not at
+#: each of the ~10,000 points (they reject about four in five). A rule that reads another
+#: axis does not belong here (tests/test_space.py compares against the full product).
+PREFIX_RULES: tuple[Rule, ...] = (
+    granularity_fixes_chunks,
+    split_applies_to_pattern,
+    transport_serves_pattern,
+)
+
 
 def violations(problem: Problem, schedule: Schedule) -> list[tuple[str, str]]:
     """``[(rule name, reason), ...]`` for every rule the schedule breaks (empty: legal)."""

@@ -293,6 +293,12 @@ class ReplayRunner(Runner):
         self._index: dict[tuple[str, str], Measurement] = {}
         for record in self.source.records():
             self._index.setdefault((record["problem_key"], record["name"]), measurement_of(record))
+        # each problem's stored baselines, in store order (a per-problem scan of the whole
+        # index cost seconds over a store of 154 problems)
+        self._baselines: dict[str, list[str]] = {}
+        for (key, name), m in self._index.items():
+            if m.kind == "baseline":
+                self._baselines.setdefault(key, []).append(name)
         self.calls = 0
 
     def fingerprint(self) -> dict[str, Any]:
@@ -337,8 +343,5 @@ class ReplayRunner(Runner):
         return out
 
     def baselines(self, problem: Problem) -> list[Measurement]:
-        return [
-            self._copy(problem, name, "baseline")
-            for (key, name), m in self._index.items()
-            if key == problem.key and m.kind == "baseline"
-        ] or [self._copy(problem, name, "baseline") for name in self.baseline_names]
+        names = self._baselines.get(problem.key) or self.baseline_names
+        return [self._copy(problem, name, "baseline") for name in names]
