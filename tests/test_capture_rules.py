@@ -4,10 +4,8 @@ note; everything else a transport captures is still captured. The flow is driven
 a backend whose "graphs" replay the eager call and which captures what
 ``ficco.space.runs_as_graph`` says (the CUDA backend's rule)."""
 
-import functools
-
 import pytest
-from measuring_rank import serve_measure_jobs
+from measuring_rank import CapturingCpuBackend, serve_measure_jobs
 
 from ficco.execute import RunOptions, TimingOptions
 from ficco.execute.baselines import BASELINE_SERIAL_EAGER
@@ -15,11 +13,8 @@ from ficco.execute.capture import (
     baseline_graph_refusal,
     graph_refusal,
 )
-from ficco.execute.cpu import CpuBackend
-from ficco.execute.interpreter import interpret
 from ficco.execute.pool import RankPool
 from ficco.execute.run import measure_in
-from ficco.plan import build_plan
 from ficco.problem import Problem
 from ficco.space import Schedule, runs_as_graph
 from ficco.space.transports import CAPTURE_NCCL_ALL_TO_ALL_ENV, NCCL_ALL_TO_ALL_EAGER
@@ -60,28 +55,11 @@ def test_nccl_collectives_without_point_to_point_stay_captured(pattern):
         assert baseline_graph_refusal(problem, name) is None
 
 
-class Replay:
-    def __init__(self, fn):
-        self.replay = fn
-
-
-class RuleCapturingCpuBackend(CpuBackend):
-    """Captures what the CUDA backend would (``runs_as_graph``); a "graph" replays the call."""
-
-    can_capture = True
+class RuleCapturingCpuBackend(CapturingCpuBackend):
+    """Captures what the CUDA backend would (``runs_as_graph``)."""
 
     def wants_graph(self, options, schedule):
         return runs_as_graph(schedule, options.graphs)
-
-    def capture(self, fn):
-        return Replay(fn)
-
-    def baselines(self, problem, bufs):
-        out = super().baselines(problem, bufs)
-        plan = build_plan(problem, Schedule(), self.rank)
-        serial = functools.partial(interpret, self.primitives(plan, bufs, 0))
-        serial.out = bufs.tensors[plan.output]
-        return {**out, BASELINE_SERIAL_EAGER: serial}
 
 
 def rule_capturing_rank(rank, world, init_file, conn, options):

@@ -2,28 +2,16 @@
 backend whose "graphs" replay the eager call, so verification of replays, the captured
 serial baseline and the @graph twins of the isolated parts run without a GPU."""
 
-import functools
-
-from measuring_rank import serve_measure_jobs
+from measuring_rank import CapturingCpuBackend, serve_measure_jobs
 
 from ficco.execute import RunOptions, TimingOptions
-from ficco.execute.baselines import BASELINE_SERIAL_EAGER
-from ficco.execute.cpu import CpuBackend
-from ficco.execute.interpreter import interpret
 from ficco.execute.pool import RankPool
 from ficco.execute.run import measure_in
-from ficco.plan import build_plan
 from ficco.problem import Problem
 from ficco.space import Schedule
 
 
-class Replay:
-    def __init__(self, fn):
-        self.replay = fn
-
-
-class CapturingCpuBackend(CpuBackend):
-    can_capture = True
+class CeCapturingCpuBackend(CapturingCpuBackend):
     #: a capture that records nothing: its replay leaves the NaN-poisoned output as it is
     broken = False
 
@@ -31,21 +19,14 @@ class CapturingCpuBackend(CpuBackend):
         return schedule.transport.value == "ce" and options.graphs in ("all", "ce")
 
     def capture(self, fn):
-        return Replay((lambda: None) if self.broken else fn)
-
-    def baselines(self, problem, bufs):
-        out = super().baselines(problem, bufs)
-        plan = build_plan(problem, Schedule(), self.rank)
-        serial = functools.partial(interpret, self.primitives(plan, bufs, 0))
-        serial.out = bufs.tensors[plan.output]
-        return {**out, BASELINE_SERIAL_EAGER: serial}
+        return super().capture((lambda: None) if self.broken else fn)
 
 
 def capturing_rank(rank, world, init_file, conn, options, broken=False):
     from ficco.execute.cpu_group import init_gloo_rank
 
     init_gloo_rank(rank, world, init_file, options.timeout_s)
-    backend = CapturingCpuBackend(rank, world)
+    backend = CeCapturingCpuBackend(rank, world)
     backend.broken = broken
     serve_measure_jobs(backend, conn)
 
