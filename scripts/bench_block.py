@@ -333,9 +333,8 @@ def run_suite(rank: int, world: int, device, group, args: dict) -> list[dict]:
                 )
                 if rank == 0:
                     print(json.dumps(_short(rows[-1])), flush=True)
-                    if args.get("out"):  # what a run cut short has measured stays
-                        partial = {"partial": True, "config": args, "rows": rows}
-                        Path(args["out"]).write_text(json.dumps(partial, indent=1))
+                    if args["run"]["out"]:  # what a run cut short has measured stays
+                        write_report(args, rows, partial=True)
     return rows
 
 
@@ -503,6 +502,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def write_report(config: dict, rows: list[dict], *, partial: bool = False, **extra) -> dict:
+    """The run's report (to ``config["run"]["out"]`` where set): its configuration, the
+    environment's fingerprint, the summary and every case's row, and ``extra``; ``partial``
+    marks one written while cases are still to run."""
+    run = config["run"]
+    report = {
+        "benchmark": "tensor/sequence-parallel transformer block, forward + backward",
+        **({"partial": True} if partial else {}),
+        "config": {k: v for k, v in config.items() if k != "run"},
+        "world": run["world"],
+        "fingerprint": run["fingerprint"],
+        "summary": summarize(rows),
+        "rows": rows,
+        **extra,
+        "timings": "CUDA events"
+        if config["backend"] == "cuda"
+        else "none: CPU runs check correctness only",
+    }
+    if run["out"]:
+        Path(run["out"]).write_text(json.dumps(report, indent=1))
+    return report
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     dtype = args.dtype or ("bf16" if args.backend == "cuda" else "fp32")
@@ -528,26 +550,16 @@ def main(argv=None) -> int:
     )
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-    config["out"] = out  # rank 0 rewrites it after each case: {"partial": true, rows so far}
-    config["fingerprint"] = fingerprint(args.backend)
+    # what every rank is given besides the configuration: where rank 0 writes the report
+    # (after each case too, marked partial) and the environment it names
+    config["run"] = {"out": out, "world": args.world, "fingerprint": fingerprint(args.backend)}
     started = time.time()
     result = spawn_ranks(rank_main, args.world, config)
-    rows = result["rows"]
-    report = {
-        "benchmark": "tensor/sequence-parallel transformer block, forward + backward",
-        "config": config,
-        "world": args.world,
-        "fingerprint": config["fingerprint"],
-        "summary": summarize(rows),
-        "rows": rows,
-        "ficco_choices": result["ficco_choices"],
-        "wall_s": time.time() - started,
-        "timings": "CUDA events"
-        if args.backend == "cuda"
-        else "none: CPU runs check correctness only",
-    }
+    report = write_report(
+        config, result["rows"], ficco_choices=result["ficco_choices"],
+        wall_s=time.time() - started,
+    )  # fmt: skip
     if out:
-        Path(out).write_text(json.dumps(report, indent=1))
         print(f"wrote {out}")
     print(json.dumps(report["summary"], indent=1))
     bad = sum(report["summary"]["incorrect"].values())

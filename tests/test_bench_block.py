@@ -42,6 +42,9 @@ def test_block_with_ficco_ops_matches_serial_on_gloo(tmp_path):
     assert any(":m96:" in key for key in choices)
     assert all(text.endswith(("(table)", "(fallback)")) for text in choices.values())
     assert report["timings"].startswith("none")  # CPU runs report no timings
+    # the finished report replaces the partial one written after each case
+    assert "partial" not in report and report["fingerprint"]["python"]
+    assert "run" not in report["config"]
 
 
 def test_block_check_catches_a_perturbed_gradient():
