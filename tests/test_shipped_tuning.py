@@ -139,3 +139,52 @@ def test_the_package_ships_each_cards_tuning_caches(card, device, filename):
     # a card's file holds that card's entries only (keys say which device they apply to)
     assert {key.split("|")[0] for key in configs} == {device}
     assert set(configs) <= set(tuning.shipped_entries(filename))
+
+
+def test_a_shipped_cache_passes_over_a_config_that_left_the_space(capsys):
+    # scripts/tuning_cache_from_benches.py: a run's fastest config that today's space refuses
+    # (a 192-column tile, removed since) gives way to the next fastest the space still has
+    import importlib.util
+    from pathlib import Path
+
+    from ficco.kernels.configs import candidate_configs
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "tuning_cache_from_benches.py"
+    spec = importlib.util.spec_from_file_location("tuning_cache_from_benches", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    m, n, k, sm = 1024, 3072, 4096, 132
+    kept = candidate_configs(m, n, k, 2, 2, sm_budget=sm)[0]
+    gone = {**kept.to_dict(), "block_n": 192}
+    entry = {"name": "128x192x64_gone", "config": gone}
+    options = {"128x192x64_gone": 0.040, kept.name: 0.045}
+    name, cfg = module._pick(options, m, n, k, sm, entry)
+    assert (name, cfg) == (kept.name, kept)
+    assert "128x192x64_gone passed over" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="none of"):
+        module._pick({"128x192x64_gone": 0.040}, m, n, k, sm, entry)
+
+
+def test_tuning_records_compare_sets_one_config_family_against_the_rest(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "tuning_records_compare.py"
+    spec = importlib.util.spec_from_file_location("tuning_records_compare", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    entries = {
+        "dev|bf16|m=1": {"timings_ms": {"128x192x64_a": 0.2, "128x256x64_b": 0.1, "64x64_c": 0.3}},
+        "dev|bf16|m=2": {"timings_ms": {"128x192x64_a": 0.1, "128x128x64_d": 0.2}},
+        "dev|bf16|m=3": {"timings_ms": {"128x256x64_b": 0.1}},  # no wide config: left out
+        "dev|fused|bf16|m=4": {"timings_ms": {"128x192x64_a": 0.1, "128x256x64_b": 0.5}},
+    }
+    assert module.compare(entries, r"^\d+x192x") == [(0.5, "dev|bf16|m=2"), (2.0, "dev|bf16|m=1")]
+    assert module.compare(entries, r"^\d+x192x", against=r"_c$") == [(0.2 / 0.3, "dev|bf16|m=1")]
+    raw = tmp_path / "gemm_tuning.json"
+    raw.write_text(json.dumps({"entries": entries}))
+    assert module.main([str(raw), "--match", r"^\d+x192x"]) == 0
+    assert "matched family fastest in 1 of 2" in capsys.readouterr().out
+    raw.write_text("{}")
+    with pytest.raises(SystemExit, match="not a tuning cache"):
+        module.main([str(raw), "--match", "x"])
