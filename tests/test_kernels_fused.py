@@ -102,3 +102,27 @@ def test_back_to_back_launches_with_one_tile_each(programs):
         kernel.raise_on_timeout("launch")
         assert (out - a @ b).abs().max().item() < 1e-4
         assert kernel.work.eq(0).all()
+
+
+@pytest.mark.parametrize("rows", [(16, 16, 16), (16, 24, 8), (16, 80, 8)])
+def test_chunks_of_equal_tile_counts_are_found_by_arithmetic(rows):
+    # equal chunks: the kernel computes a tile's chunk (tiles_per_chunk); unequal ones read
+    # the tile -> chunk map. Either way every chunk's rows come out right, waits included.
+    from ficco.kernels.fused import FusedChunkViews, FusedGemm
+
+    gen = torch.Generator().manual_seed(7)
+    a, b = torch.randn(sum(rows), 16, generator=gen), torch.randn(16, 40, generator=gen)
+    out = torch.full((sum(rows), 40), float("nan"))
+    flags = torch.ones(len(rows), dtype=torch.int32)
+    starts = [sum(rows[:i]) for i in range(len(rows))]
+    chunks = [
+        FusedChunkViews(a[s : s + r], out[s : s + r], wait=flags[i : i + 1])
+        for i, (s, r) in enumerate(zip(starts, rows, strict=True))
+    ]
+    kernel = FusedGemm(chunks, b, sm_budget=2, timeout_s=5.0)
+    cfg = kernel.config
+    tiles = {-(-r // cfg.block_m) * -(-40 // cfg.block_n) for r in rows}
+    assert kernel.tiles_per_chunk == (tiles.pop() if len(tiles) == 1 else 0)
+    kernel()
+    kernel.raise_on_timeout("launch")
+    assert (out - a @ b).abs().max().item() < 1e-4

@@ -218,7 +218,7 @@ class FusedGemm(_Timed):
         device, n = self.a0.device, self.n
         self.host = self._host_descs(config) if self.host_descriptors else None
         blocks = self.host[2] if self.host else [(0, 0)] * len(self.chunks)
-        table, copies, tile_chunk, start = [], [], [], 0
+        table, copies, tile_chunk, start, counts = [], [], [], 0, set()
         for i, c in enumerate(self.chunks):
             rows = c.a.shape[0]
             tiles = triton.cdiv(rows, config.block_m) * triton.cdiv(n, config.block_n)
@@ -248,6 +248,7 @@ class FusedGemm(_Timed):
                 for d in c.copies
             ]
             tile_chunk += [i] * tiles
+            counts.add(tiles)
             start += tiles
         self.config = config
         self.b_desc = self.b
@@ -265,7 +266,6 @@ class FusedGemm(_Timed):
         # never empty: the kernel reads its first entry even when there is no tile
         self.tile_chunk = torch.tensor(tile_chunk or [0], dtype=torch.int32, device=device)
         self.tiles = start
-        counts = {tile_chunk.count(i) for i in range(len(self.chunks))}
         self.tiles_per_chunk = counts.pop() if len(counts) == 1 else 0  # the kernel's shortcut
         self.grid = (max(1, min(programs(config, self.sm_budget, device), start)),)
 
