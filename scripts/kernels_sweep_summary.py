@@ -65,16 +65,29 @@ def fused(d: dict) -> dict:
                 "triton": [],
                 "fused_tma_chunk_descs": [],
                 "fused_tma_nowait": [],
+                "fused_tma_chunkwise": [],
                 "overlap_wins": 0,
+                "grouped": 0,
+                "overlap_grouped_vs_chunkwise": [],
             },
         )
         b["n"] = b.get("n", 0) + 1
         for name in ("fused_tma", "triton", "fused_tma_chunk_descs", "fused_tma_nowait"):
             if name in t:
                 b[name].append(t[name]["median_ms"] / cub)
+        # the fused kernel as it runs chunk by chunk: the grouped config's same tile where
+        # the tuner grouped chunks (fused_tma_chunkwise), else fused_tma itself
+        chunkwise = t.get("fused_tma_chunkwise") or t.get("fused_tma")
+        if chunkwise:
+            b["fused_tma_chunkwise"].append(chunkwise["median_ms"] / cub)
         over, per = t.get("fused_overlap"), t.get("per_chunk")
         if over and per and over["median_ms"] < per["median_ms"]:
             b["overlap_wins"] += 1
+        over_cw = t.get("fused_overlap_chunkwise")
+        if "fused_tma_chunkwise" in t:
+            b["grouped"] += 1
+        if over and over_cw:  # what grouping costs (or gains) where the chunks arrive
+            b["overlap_grouped_vs_chunkwise"].append(over["median_ms"] / over_cw["median_ms"])
     return {
         band: {
             "shapes": b["n"],
@@ -83,6 +96,9 @@ def fused(d: dict) -> dict:
             "fused_tma_chunk_descs_time_vs_cublas": geomean(b["fused_tma_chunk_descs"]),
             "fused_tma_nowait_time_vs_cublas": geomean(b["fused_tma_nowait"]),
             "fused_overlap_beats_per_chunk": f"{b['overlap_wins']} of {b['n']}",
+            "fused_tma_chunk_by_chunk_time_vs_cublas": geomean(b["fused_tma_chunkwise"]),
+            "chunks_grouped": f"{b['grouped']} of {b['n']}",
+            "fused_overlap_grouped_vs_chunk_by_chunk": geomean(b["overlap_grouped_vs_chunkwise"]),
         }
         for band, b in sorted(bands.items())
     }

@@ -24,11 +24,15 @@ One run (``python scripts/tune_fused_gpu.py``; JSON to ``$OUT/fused_single_gpu.j
    fused_tma_chunk_descs  fused_tma with descriptors made in the kernel per chunk (where
                    fused_tma's are host-built: every chunk on row-block boundaries)
    fused_tma_nowait  fused_tma with no chunk waiting on a flag: what the acquires cost
+   fused_tma_chunkwise  where the tuned config groups chunks (``chunk_group``): the same
+                   tile chunk by chunk, what grouping bought
    fused_overlap   the side-stream-arrival case: peer chunks copied by a side stream, 20 us
                    apart, each followed by a stream-ordered flag write; the fused kernel
                    (TMA, tuned, on all SMs but four) spins per tile on the flags and, its
                    last program, zeroes them (``reset_waits``: no memset before the next
                    step, as per_chunk's events need none; its flags are its own)
+   fused_overlap_chunkwise  fused_overlap with fused_tma_chunkwise's config: what grouping
+                   costs where chunks arrive
    per_chunk       the same arrivals with events, one ``matmul`` per chunk
    copies_alone    the side stream's copies and gaps alone (with events)
 
@@ -84,7 +88,7 @@ from ficco.kernels.tuning import config_for  # noqa: E402
 GAP_US = 20.0  # sleep before each peer copy: the spacing of arrivals
 SIDE_SMS = 4  # SMs the overlapped fused GEMM leaves to the side stream's kernels
 COVER_US = 1000.0  # GPU busy while the host enqueues a candidate
-ARRIVING = ("fused_overlap", "per_chunk")
+ARRIVING = ("fused_overlap", "fused_overlap_chunkwise", "per_chunk")
 TOLERANCE = 2e-2  # relative (Frobenius) error against fp32, bf16 operands and output
 CATALOG = REPO / "profiles" / "h200" / "fused_catalog.json"
 
@@ -210,6 +214,11 @@ def run_shape(
     kernels["fused_tma_nowait"] = FusedGemm(
         nowait_views, b, sm_budget=sms, timeout_s=10.0, config=tuned
     )
+    chunkwise = replace(tuned, chunk_group=1)
+    if tuned.chunk_group > 1:
+        kernels["fused_tma_chunkwise"] = FusedGemm(
+            views, b, sm_budget=sms, timeout_s=10.0, config=chunkwise
+        )
     if before is not None and before != tuned:
         kernels["fused_tma_before"] = FusedGemm(
             views, b, sm_budget=sms, timeout_s=10.0, config=before
@@ -221,14 +230,18 @@ def run_shape(
         )
         for i, (lo, hi) in enumerate(peers)
     ]
-    overlap = FusedGemm(
-        overlap_views,
-        b,
-        sm_budget=sms - SIDE_SMS,
-        timeout_s=10.0,
-        config=tuned,
-        reset_waits=True,
-    )
+    overlaps = {
+        name: FusedGemm(
+            overlap_views,
+            b,
+            sm_budget=sms - SIDE_SMS,
+            timeout_s=10.0,
+            config=cfg,
+            reset_waits=True,
+        )
+        for name, cfg in (("fused_overlap", tuned), ("fused_overlap_chunkwise", chunkwise))
+        if name == "fused_overlap" or tuned.chunk_group > 1
+    }
     result["configs"] = {name: kern.config.name for name, kern in kernels.items()}
     result["configs"]["triton"] = persistent_cfg.name
     result["paths"] = {name: kern.path for name, kern in kernels.items()}
@@ -251,10 +264,13 @@ def run_shape(
         # flags stay set between rounds: each arrival run ends with all of them set
         return kernel
 
-    def fused_overlap():  # its flags are zero on entry: the last launch reset them
-        copies()
-        overlap()
-        torch.cuda.current_stream().wait_stream(side)
+    def arriving(overlap):
+        def fused_overlap():  # its flags are zero on entry: the last launch reset them
+            copies()
+            overlap()
+            torch.cuda.current_stream().wait_stream(side)
+
+        return fused_overlap
 
     events = [torch.cuda.Event() for _ in peers]
 
@@ -275,7 +291,7 @@ def run_shape(
         "cublas": lambda: torch.matmul(gathered, b, out=out),
         "triton": lambda: matmul(gathered, b, out=out),
         **{name: ready(kern) for name, kern in kernels.items()},
-        "fused_overlap": fused_overlap,
+        **{name: arriving(overlap) for name, overlap in overlaps.items()},
         "per_chunk": per_chunk,
     }
     reference = source.float() @ b.float()
@@ -291,7 +307,7 @@ def run_shape(
             arrivals.zero_()
             fn()
             torch.cuda.synchronize()
-            for kern in (*kernels.values(), overlap):
+            for kern in (*kernels.values(), *overlaps.values()):
                 kern.raise_on_timeout(name)
             err = rel_err(out, reference)
             verify[name] = {"ok": bool(err <= TOLERANCE), "rel_err": err}
@@ -321,6 +337,8 @@ def summary_line(r: dict) -> str:
         f"before {ms('fused_tma_before') / cub:.3f} "
         f"chunk_descs {ms('fused_tma_chunk_descs') / cub:.3f} "
         f"overlap {ms('fused_overlap'):.4f} per_chunk {ms('per_chunk'):.4f} "
+        f"chunkwise {ms('fused_tma_chunkwise') / cub:.3f} "
+        f"overlap_chunkwise {ms('fused_overlap_chunkwise'):.4f} "
         f"[{r['configs']['fused_tma']}] bad={[k for k, v in r['verify'].items() if not v['ok']]}"
     )
 

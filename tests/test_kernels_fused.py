@@ -6,6 +6,10 @@ interpreter (the conftest sets TRITON_INTERPRET where there is no GPU)."""
 
 import pytest
 import torch
+import triton
+import triton.language as tl
+
+from ficco.kernels.fused_kernel import _tile_place
 
 
 @pytest.mark.parametrize("reset_waits", [False, True])
@@ -126,3 +130,132 @@ def test_chunks_of_equal_tile_counts_are_found_by_arithmetic(rows):
     kernel()
     kernel.raise_on_timeout("launch")
     assert (out - a @ b).abs().max().item() < 1e-4
+
+
+@triton.jit
+def _place_every_tile(out_ptr, num_tiles, num_chunks, tpc, cg, npn, map_ptr, GROUP_M: tl.constexpr):
+    # one program per tile: where the fused kernel places it
+    tile = tl.program_id(0)
+    chunk, pid_m, pid_n = _tile_place(tile, num_tiles, num_chunks, tpc, cg, npn, map_ptr, GROUP_M)
+    tl.store(out_ptr + tile * 3, chunk)
+    tl.store(out_ptr + tile * 3 + 1, pid_m)
+    tl.store(out_ptr + tile * 3 + 2, pid_n)
+
+
+def _placements(tiles_per_chunk, chunks, chunk_group, num_pid_n, group_m):
+    """(chunk, pid_m, pid_n) of every tile, as the fused kernel places them."""
+    tiles = tiles_per_chunk * chunks
+    out = torch.full((tiles, 3), -7, dtype=torch.int32)
+    unused_map = torch.zeros(1, dtype=torch.int32)
+    _place_every_tile[(tiles,)](
+        out, tiles, chunks, tiles_per_chunk, chunk_group, num_pid_n, unused_map, group_m
+    )
+    return [tuple(r) for r in out.tolist()]
+
+
+@pytest.mark.parametrize("chunks, chunk_group", [(3, 1), (3, 2), (3, 3), (4, 2)])
+def test_grouped_chunks_place_every_tile_once_in_grouped_order(chunks, chunk_group):
+    # 2 row blocks a chunk, 5 column blocks, GROUP_M 2
+    blocks, num_pid_n, group_m = 2, 5, 2
+    placed = _placements(blocks * num_pid_n, chunks, chunk_group, num_pid_n, group_m)
+    expected = {(c, m, n) for c in range(chunks) for m in range(blocks) for n in range(num_pid_n)}
+    assert sorted(placed) == sorted(expected)  # a bijection onto the chunks' tiles
+    # a group's tiles come before the next group's: chunks' groups never go backwards
+    groups = [c // chunk_group for c, _, _ in placed]
+    assert groups == sorted(groups)
+    # within a group: the grouped order of `ficco.kernels.persistent` over its row blocks
+
+    def grouped_order(num_pid_m):  # tiles._tile_coords, in Python
+        order = []
+        for t in range(num_pid_m * num_pid_n):
+            in_group = group_m * num_pid_n
+            first = (t // in_group) * group_m
+            size = min(num_pid_m - first, group_m)
+            order.append((first + t % size, (t % in_group) // size))
+        return order
+
+    start = 0
+    for g in range(-(-chunks // chunk_group)):
+        members = min(chunk_group, chunks - g * chunk_group)
+        want = [
+            (g * chunk_group + rb // blocks, rb % blocks, n)
+            for rb, n in grouped_order(members * blocks)
+        ]
+        assert placed[start : start + len(want)] == want
+        start += len(want)
+    if chunk_group == 1:  # chunk by chunk: the order before grouping existed
+        assert [c for c, _, _ in placed] == sorted(c for c, _, _ in placed)
+
+
+@pytest.mark.parametrize("chunk_group", [1, 2, 3])
+def test_grouped_chunks_compute_every_chunk_and_wait_on_each(chunk_group):
+    from ficco.kernels.configs import GemmConfig
+    from ficco.kernels.fused import FusedChunkViews, FusedGemm
+
+    gen = torch.Generator().manual_seed(11)
+    a, b = torch.randn(96, 16, generator=gen), torch.randn(16, 48, generator=gen)
+    out = torch.full((96, 48), float("nan"))
+    flags = torch.ones(3, dtype=torch.int32)
+    flags[2] = 0  # never arrives: its tiles give up, the others' are computed
+    chunks = [
+        FusedChunkViews(a[32 * i : 32 * (i + 1)], out[32 * i : 32 * (i + 1)], wait=flags[i : i + 1])
+        for i in range(3)
+    ]
+    cfg = GemmConfig(16, 16, 16, 2, 1, 4, chunk_group=chunk_group)
+    kernel = FusedGemm(chunks, b, sm_budget=2, timeout_s=0.5, config=cfg)
+    assert kernel.tiles_per_chunk == 6 and kernel.chunk_group == chunk_group
+    kernel()
+    with pytest.raises(Exception, match="chunk 2"):
+        kernel.raise_on_timeout("launch")
+    assert (out[:64] - a[:64] @ b).abs().max().item() < 1e-4
+    assert torch.isnan(out[64:]).all()  # the timed-out chunk's tiles skipped their work
+    assert kernel.work.eq(0).all()
+
+
+def test_chunk_groups_apply_only_to_equal_chunks_that_only_wait():
+    from ficco.kernels.configs import GemmConfig
+    from ficco.kernels.fused import FusedChunkViews, FusedGemm
+
+    gen = torch.Generator().manual_seed(12)
+    a, b = torch.randn(48, 16, generator=gen), torch.randn(16, 32, generator=gen)
+    cfg = GemmConfig(16, 16, 16, 2, 1, 4, chunk_group=4)
+    flags = torch.zeros(2, dtype=torch.int32)
+    cases = {
+        # (chunks, expected group): more than the chunks -> all of them
+        "equal, waiting": ([(0, 24), (24, 48)], {}, 2),
+        "ragged": ([(0, 32), (32, 48)], {}, 1),
+        "signalling": ([(0, 24), (24, 48)], {"signal": flags[0:1]}, 1),
+    }
+    for name, (spans, extra, group) in cases.items():
+        out = torch.full((48, 32), float("nan"))
+        chunks = [
+            FusedChunkViews(a[s:e], out[s:e], **extra)
+            if i == 0
+            else FusedChunkViews(a[s:e], out[s:e])
+            for i, (s, e) in enumerate(spans)
+        ]
+        kernel = FusedGemm(chunks, b, sm_budget=2, timeout_s=5.0, config=cfg)
+        assert kernel.chunk_group == group, name
+        kernel()
+        assert (out - a @ b).abs().max().item() < 1e-4, name
+        flags.zero_()
+
+
+def test_grouped_candidates_only_for_few_row_chunks():
+    from ficco.kernels.configs import CHUNK_GROUP_MAX_ROWS, GemmConfig, fused_candidate_configs
+
+    few = fused_candidate_configs(128, 8192, 4096, 2, 2, chunks=2)
+    plain = [c for c in few if c.chunk_group == 1]
+    assert plain and [c.chunk_group for c in few if c.chunk_group > 1] == [2] * len(plain)
+    assert {c.name + "_cg2" for c in plain} == {c.name for c in few if c.chunk_group == 2}
+    many = fused_candidate_configs(2 * CHUNK_GROUP_MAX_ROWS, 8192, 4096, 2, 2, chunks=2)
+    assert all(c.chunk_group == 1 for c in many)
+    assert all(c.chunk_group == 1 for c in fused_candidate_configs(128, 8192, 4096, 2, 2))
+    with pytest.raises(ValueError, match="chunk_group"):
+        GemmConfig(128, 128, 64, chunk_group=0)
+    with pytest.raises(ValueError, match="chunk_group > 1"):
+        GemmConfig(128, 128, 64, split_tail=True, chunk_group=2)
+    cfg = GemmConfig(128, 128, 64, chunk_group=4)
+    assert GemmConfig.from_dict(cfg.to_dict()) == cfg
+    legacy = {k: v for k, v in cfg.to_dict().items() if k != "chunk_group"}
+    assert GemmConfig.from_dict(legacy).chunk_group == 1  # caches written before the field

@@ -25,6 +25,13 @@ HOPPER_SHARED_MEMORY_BYTES = 232_448
 # Most K ranges per tile in the decode kernel (each writes an fp32 partial that the tile's
 # last arriver reads back).
 MAX_SPLIT_K = 32
+# Most chunks one fused tile range groups (`GemmConfig.chunk_group`): W x chunks per rank.
+MAX_CHUNK_GROUP = 64
+# Chunks of at most this many rows are offered grouped (`fused_candidate_configs`): a chunk's
+# GEMM does `rows` FLOPs per byte of bf16 B it reads, and H100/H200 do 206-295 FLOPs per byte
+# of HBM, so up to about four times that B's reads again per chunk are a sizable share of
+# its time.
+CHUNK_GROUP_MAX_ROWS = 1024
 
 
 def _is_power_of_two(x: int) -> bool:
@@ -80,6 +87,13 @@ class GemmConfig:
     apart and added to the fp32 accumulator one step late (the pair's second while the next
     pair's first runs), so the fp32 adds overlap tensor-core work instead of waiting on it;
     the precision of promotion every K step. The tile loop is then not flattened."""
+    chunk_group: int = 1
+    """Fused kernel (`ficco.kernels.fused`): consecutive chunks whose tiles are numbered as one
+    row range, grouped by `group_m` across their row blocks, so the tiles that read one column
+    block of B run side by side and B is read once per group rather than once per chunk (few
+    rows a chunk: B's reads are most of the time). 1 numbers tiles chunk by chunk, the order
+    chunks arrive in; a group's first tiles wait on each of its chunks. Applies to launches
+    whose chunks only wait and have equal tile counts (`FusedGemm.chunk_group`)."""
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -121,6 +135,15 @@ class GemmConfig:
             raise ValueError(
                 f"GemmConfig.programs_per_sm must be 1 or 2, got {self.programs_per_sm}"
             )
+        if not 1 <= self.chunk_group <= MAX_CHUNK_GROUP:
+            raise ValueError(
+                f"GemmConfig.chunk_group must be in [1, {MAX_CHUNK_GROUP}], got {self.chunk_group}"
+            )
+        if self.chunk_group > 1 and (self.split_tail or self.split_k > 1 or self.swap_ab):
+            raise ValueError(
+                "GemmConfig.chunk_group > 1 (the fused kernel) takes neither split_tail, "
+                "split_k > 1 nor swap_ab"
+            )
         if self.swap_ab and self.epilogue_subtile and self.block_m < 32:
             raise ValueError("GemmConfig.epilogue_subtile with swap_ab needs block_m >= 32")
 
@@ -135,10 +158,11 @@ class GemmConfig:
         per_sm += f"_pe{self.promote_every}" if self.promote_every > 1 else ""
         ws = "_ws" if self.warp_specialize else ""
         ws += "_lag" if self.lagged_promotion else ""
+        group = f"_cg{self.chunk_group}" if self.chunk_group > 1 else ""
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}"
             f"_s{self.num_stages}_w{self.num_warps}{swap}{sub}{split}{split_k}{ws}"
-            f"{per_sm}"
+            f"{per_sm}{group}"
         )
 
     @property
@@ -484,13 +508,18 @@ def fused_candidate_configs(
     in_bytes: int,
     out_bytes: int,
     *,
+    chunks: int = 1,
     shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
 ) -> list[GemmConfig]:
-    """The fused GEMM's candidates for chunks of `rows` rows: the persistent GPU space, pruned
-    as `candidate_configs` prunes it, without `split_tail` (the fused kernel never splits K:
-    its tiles are claimed one at a time as their chunks arrive) and without swap-AB tiles."""
+    """The fused GEMM's candidates for ``chunks`` chunks of `rows` rows: the persistent GPU
+    space, pruned as `candidate_configs` prunes it, without `split_tail` (the fused kernel
+    never splits K: its tiles are claimed one at a time as their chunks arrive) and without
+    swap-AB tiles; where chunks are few-row (`CHUNK_GROUP_MAX_ROWS`), each also with every
+    chunk in one group (`GemmConfig.chunk_group`)."""
     kept = candidate_configs(
         rows, n, k, in_bytes, out_bytes, sm_budget=1, shared_memory_bytes=shared_memory_bytes
     )
-    plain = (replace(cfg, split_tail=False) for cfg in kept if not cfg.swap_ab)
-    return list(dict.fromkeys(plain))
+    plain = list(dict.fromkeys(replace(cfg, split_tail=False) for cfg in kept if not cfg.swap_ab))
+    if 1 < chunks <= MAX_CHUNK_GROUP and rows <= CHUNK_GROUP_MAX_ROWS:
+        plain += [replace(cfg, chunk_group=chunks) for cfg in plain]
+    return plain

@@ -3,7 +3,9 @@
 :class:`FusedGemm` computes ``out_i = a_i @ b`` for row chunks ``i`` in one launch of
 ``min(sm_budget, tiles)`` persistent programs. Tiles are numbered chunk by chunk in the order
 given (the order the chunks are expected to arrive: the local shard first), grouped within a
-chunk as ``ficco.kernels.persistent`` groups them; program ``p`` takes tiles ``p, p + P, ...``.
+chunk as ``ficco.kernels.persistent`` groups them; programs claim them in that order. A
+config's ``chunk_group`` numbers that many consecutive chunks as one row range instead (B
+read once per group: few-row chunks), where chunks have equal tile counts and only wait.
 
 - A chunk with a ``wait`` flag: before a tile reads ``a_i`` it spins until the flag (an int32,
   set by a stream-ordered write after the copy landed, or by the peer's own store) is
@@ -267,6 +269,11 @@ class FusedGemm(_Timed):
         self.tile_chunk = torch.tensor(tile_chunk or [0], dtype=torch.int32, device=device)
         self.tiles = start
         self.tiles_per_chunk = counts.pop() if len(counts) == 1 else 0  # the kernel's shortcut
+        # Grouped chunks (GemmConfig.chunk_group) where the kernel places tiles by arithmetic
+        # and no chunk signals: a signalling chunk's last tile comes as early as it can
+        signals = any(c.signals or c.copies for c in self.chunks)
+        grouped = self.tiles_per_chunk > 0 and not signals
+        self.chunk_group = min(config.chunk_group, len(self.chunks)) if grouped else 1
         self.grid = (max(1, min(programs(config, self.sm_budget, device), start)),)
 
     def _host_descs(self, config: GemmConfig) -> tuple | None:
@@ -314,7 +321,7 @@ class FusedGemm(_Timed):
             out0, self.flag_ref, self.table, self.copy_table,
             self.tile_chunk, self.work, self.status,
             *((self.flag_ref, self.flag_ref) if sc is None else (sc.a_ref, sc.b_scale)),
-            len(self.chunks), self.tiles, self.tiles_per_chunk, self.n, self.k,
+            len(self.chunks), self.tiles, self.tiles_per_chunk, self.chunk_group, self.n, self.k,
             a0.stride(0), a0.stride(1), b.stride(0), b.stride(1), out0.stride(0), out0.stride(1),
             self.budget_ns,
         )  # fmt: skip

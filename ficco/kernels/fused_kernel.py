@@ -2,8 +2,9 @@
 or set, flags (``ficco.kernels.fused`` says what it computes and prepares its launches).
 
 Per program: claim a tile (or take tile ``program_id`` where nothing signals and no flag is
-reset), find its chunk (arithmetic where every chunk has as many tiles, else the tile ->
-chunk map) and the chunk's table row, acquire the chunk's flag where it has one, run the K
+reset), find its chunk and place (arithmetic where every chunk has as many tiles, groups of
+``chunk_group`` chunks numbered as one row range; else the tile -> chunk map) and the
+chunk's table row, acquire the chunk's flag where it has one, run the K
 loop through TMA descriptors or pointer loads, store the tile (TMA, or pointer stores where
 the chunk signals or has copies), count it and publish the chunk's flags with its last
 tile. The last program to finish zeroes the counters for the next launch.
@@ -43,19 +44,39 @@ def _chunk_row(row, A_ALIGN: tl.constexpr, C_ALIGN: tl.constexpr):
 
 
 @triton.jit
-def _chunk_of(tile, num_tiles, tiles_per_chunk, tile_chunk_ptr):
-    # The chunk of `tile` (the last chunk past the end): arithmetic where every chunk has
-    # `tiles_per_chunk` tiles, else the tile -> chunk map (one more dependent global load
-    # ahead of the chunk's table row, its flag and the tile's first TMA loads).
+def _tile_place(
+    tile, num_tiles, num_chunks, tiles_per_chunk, chunk_group, num_pid_n, tile_chunk_ptr,
+    GROUP_M: tl.constexpr,
+):  # fmt: skip
+    # (chunk, pid_m, pid_n) of `tile` (the last tile's past the end). Where every chunk has
+    # `tiles_per_chunk` tiles, by arithmetic: `chunk_group` consecutive chunks are numbered
+    # as one range of row blocks in grouped order (1: chunk by chunk). Else the tile ->
+    # chunk map (one more dependent global load ahead of the chunk's table row, its flag and
+    # the tile's first TMA loads), pid_m = pid_n = -1: the caller places the tile in its
+    # chunk once it has the chunk's rows.
     last = tl.minimum(tile, num_tiles - 1)
-    if tiles_per_chunk > 0:  # noqa: SIM108 - a runtime branch: Triton has no tensor ternary
-        chunk = last // tiles_per_chunk
+    if tiles_per_chunk > 0:
+        group_tiles = chunk_group * tiles_per_chunk
+        group = last // group_tiles
+        first = group * chunk_group
+        blocks = tiles_per_chunk // num_pid_n  # row blocks a chunk
+        members = tl.minimum(chunk_group, num_chunks - first)
+        row_block, pid_n = _tile_coords(
+            last - group * group_tiles, members * blocks, num_pid_n, GROUP_M
+        )
+        member = row_block // blocks
+        chunk = first + member
+        pid_m = row_block - member * blocks
     else:
         chunk = tl.load(tile_chunk_ptr + last)
-    return chunk
+        pid_m = -1
+        pid_n = -1
+    return chunk, pid_m, pid_n
 
 
-@triton.jit
+# chunk_group unspecialised: 1 (chunk by chunk) and a group compile to one kernel, so tuning
+# groups compiles nothing more
+@triton.jit(do_not_specialize=["chunk_group"])
 def _fused_gemm_kernel(
     a_ref,  # every A chunk is a_ref + offset: rows [rows_i, K], strides (stride_am, stride_ak)
     b_ptr,  # B [K, N], strides (stride_bk, stride_bn)
@@ -79,6 +100,7 @@ def _fused_gemm_kernel(
     num_chunks,
     num_tiles,
     tiles_per_chunk,  # every chunk's tile count where they are all equal, else 0
+    chunk_group,  # tiles_per_chunk > 0: chunks numbered together (GemmConfig.chunk_group)
     N,
     K,
     stride_am,
@@ -119,8 +141,9 @@ def _fused_gemm_kernel(
     # Tiles are claimed in order from one counter, not dealt out by program id: a program
     # that is not resident yet (its SM held by a kernel beside this one, e.g. an owner's
     # flag wait) owns no tile, so the chunks a peer waits on cannot be stuck behind it.
-    # A program's tiles therefore rise, and so do their chunks: a chunk's row and
-    # descriptors are read and made when the program first meets it, not per tile.
+    # A program's tiles therefore rise, and so do their chunks (their groups, where chunks
+    # are grouped): a chunk's row and descriptors are read and made when the program moves
+    # to another chunk, not per tile.
     # No more tiles than programs (the grid is then the tile count): each program has one
     # tile and needs no second claim to find the queue empty. Where, besides, no chunk
     # signals and no flag is reset (no peer waits on this launch), program p's tile is p:
@@ -133,13 +156,15 @@ def _fused_gemm_kernel(
         tile = tl.program_id(0)
     else:
         tile = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
-    # The chunk of the program's first tile (the last chunk where none is left), its table
-    # row, and the first tile past it: a later tile of the same chunk reads nothing more
-    chunk = _chunk_of(tile, num_tiles, tiles_per_chunk, tile_chunk_ptr)
+    # The program's first tile's chunk (the last chunk where none is left) and table row: a
+    # later tile of the same chunk reads nothing more
+    chunk, pid_m, pid_n = _tile_place(
+        tile, num_tiles, num_chunks, tiles_per_chunk, chunk_group, num_pid_n, tile_chunk_ptr,
+        GROUP_M,
+    )  # fmt: skip
     a_off, c_off, rows, tile_start, wait_off, signal_off, has_wait, has_signal, copy_start, \
         copy_count, counted, a_blk0, c_blk0 = _chunk_row(table_ptr + chunk * TABLE_COLS,
                                                         A_ALIGN, C_ALIGN)  # fmt: skip
-    chunk_end = tile_start + tl.cdiv(rows, BLOCK_M) * num_pid_n
     if USE_TMA and HOST_DESCS:  # made on the host: no descriptor to write and fence here
         a_desc = a_host_desc
         c_desc = c_host_desc
@@ -150,34 +175,27 @@ def _fused_gemm_kernel(
         c_desc = tl.make_tensor_descriptor(
             c_ref + c_off, [rows, N], [stride_cm, 1], [BLOCK_M, C_COLS]
         )
-    seen = -1  # the last chunk whose flag this program acquired: its later tiles skip the wait
+    # The chunks whose flag this program acquired (bit c, chunks below 64; later chunks
+    # acquire theirs at every tile): their later tiles skip the wait. Grouped chunks
+    # (chunk_group > 1) interleave, so one last-acquired chunk would not do.
+    acquired = tl.zeros((), dtype=tl.int64)
     while tile < num_tiles:
-        if tile >= chunk_end:  # a later chunk (others took the tiles between)
-            chunk = _chunk_of(tile, num_tiles, tiles_per_chunk, tile_chunk_ptr)
-            a_off, c_off, rows, tile_start, wait_off, signal_off, has_wait, has_signal, \
-                copy_start, copy_count, counted, a_blk0, c_blk0 = _chunk_row(
-                    table_ptr + chunk * TABLE_COLS, A_ALIGN, C_ALIGN)  # fmt: skip
-            chunk_end = tile_start + tl.cdiv(rows, BLOCK_M) * num_pid_n
-            if USE_TMA and not HOST_DESCS:
-                if ON_GPU:
-                    _bulk_store_wait()  # the last tile's store read the old C descriptor
-                a_desc = tl.make_tensor_descriptor(
-                    a_ref + a_off, [rows, K], [stride_am, 1], [BLOCK_M, BLOCK_K]
-                )
-                c_desc = tl.make_tensor_descriptor(
-                    c_ref + c_off, [rows, N], [stride_cm, 1], [BLOCK_M, C_COLS]
-                )
+        if tiles_per_chunk == 0:
+            pid_m, pid_n = _tile_coords(
+                tile - tile_start, tl.cdiv(rows, BLOCK_M), num_pid_n, GROUP_M
+            )
         row = table_ptr + chunk * TABLE_COLS
         ready = 1
-        if (has_wait != 0) & (chunk != seen):
+        chunk_bit = tl.where(
+            chunk < 64, tl.full((), 1, tl.int64) << tl.minimum(chunk, 63).to(tl.int64), 0
+        )
+        if (has_wait != 0) & ((acquired & chunk_bit) == 0):
             ready = _wait_flag(flag_ref + wait_off, budget_ns, ON_GPU)
             if ready > 0:
-                seen = chunk
+                acquired = acquired | chunk_bit
                 if USE_TMA and ON_GPU:
                     _proxy_fence()
         if ready > 0:
-            num_pid_m = tl.cdiv(rows, BLOCK_M)
-            pid_m, pid_n = _tile_coords(tile - tile_start, num_pid_m, num_pid_n, GROUP_M)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             a_blk = pid_m  # the tile's row block in A's and C's descriptors
             c_blk = pid_m
@@ -255,6 +273,24 @@ def _fused_gemm_kernel(
             tile += num_tiles  # past the end: this program's one tile is done
         else:
             tile = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
+        next_chunk, pid_m, pid_n = _tile_place(
+            tile, num_tiles, num_chunks, tiles_per_chunk, chunk_group, num_pid_n,
+            tile_chunk_ptr, GROUP_M,
+        )  # fmt: skip
+        if (next_chunk != chunk) & (tile < num_tiles):  # another chunk: its row, descriptors
+            chunk = next_chunk
+            a_off, c_off, rows, tile_start, wait_off, signal_off, has_wait, has_signal, \
+                copy_start, copy_count, counted, a_blk0, c_blk0 = _chunk_row(
+                    table_ptr + chunk * TABLE_COLS, A_ALIGN, C_ALIGN)  # fmt: skip
+            if USE_TMA and not HOST_DESCS:
+                if ON_GPU:
+                    _bulk_store_wait()  # the last tile's store read the old C descriptor
+                a_desc = tl.make_tensor_descriptor(
+                    a_ref + a_off, [rows, K], [stride_am, 1], [BLOCK_M, BLOCK_K]
+                )
+                c_desc = tl.make_tensor_descriptor(
+                    c_ref + c_off, [rows, N], [stride_cm, 1], [BLOCK_M, C_COLS]
+                )
     # The last program to finish zeroes the claim counter and the chunk counters for the
     # next launch (every other program's claims and counts came before its own count here),
     # so a launch needs no memset before it; tiles by program touched no counter.

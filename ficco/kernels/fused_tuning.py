@@ -64,6 +64,7 @@ def tune_fused(
             k,
             elem,
             elem,
+            chunks=chunks,
             shared_memory_bytes=device_info(device).shared_memory_bytes,
         )
     start = time.perf_counter()

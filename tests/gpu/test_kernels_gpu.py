@@ -284,6 +284,32 @@ def test_fused_host_descriptors_wait_and_signal(cfg, gen):
     assert flags[2].item() == 1
 
 
+@pytest.mark.skipif(not HOPPER, reason="the TMA path's host descriptors")
+@pytest.mark.parametrize("chunk_group", [2, 4])
+def test_fused_grouped_chunks_read_each_chunk_only_after_its_flag(chunk_group, gen):
+    """Four equal 128-row chunks, three arriving late: grouped (``chunk_group``), a group's
+    tiles interleave its chunks, and each still waits on its own chunk's flag."""
+    from ficco.kernels.fused import FusedChunkViews, FusedGemm
+
+    k, n = 1024, 2048
+    a = _rand(512, k, gen=gen)
+    b = _rand(k, n, gen=gen)
+    out = torch.full((512, n), float("nan"), device=DEV, dtype=torch.bfloat16)
+    flags = torch.zeros(3, dtype=torch.int32, device=DEV)
+    chunks = [FusedChunkViews(a[0:128], out[0:128])] + [
+        FusedChunkViews(a[lo : lo + 128], out[lo : lo + 128], wait=flags[i : i + 1])
+        for i, lo in enumerate((128, 256, 384))
+    ]
+    arriving = [c.a.clone() for c in chunks[1:]]
+    for chunk in chunks[1:]:
+        chunk.a.fill_(float("nan"))  # not there yet
+    cfg = GemmConfig(128, 128, 64, 8, 4, 8, chunk_group=chunk_group)
+    kernel = FusedGemm(chunks, b, sm_budget=120, timeout_s=10.0, config=cfg)
+    assert kernel.host is not None and kernel.chunk_group == chunk_group
+    _run_with_late_chunks(kernel, chunks[1:], arriving, flags)
+    _check(out, a, b)
+
+
 def test_fused_tma_never_set_flag_times_out(gen):
     import time
 
