@@ -15,7 +15,9 @@ Protocol, per shape:
      correct ones are ranked in interleaved rounds (`kernels.trials.check_then_time` with
      `ficco.execute.timing.LaunchTimer`: L2 flushed, host launch cost kept out of the events);
   3. the best TOP configs, `_scaled_mm` and the fused kernel (two row chunks, flags preset, the
-     fastest config whose rows fit a chunk) are each verified again, then timed interleaved round by round, order
+     fastest config whose rows fit a chunk; as ficco launches it, `fused_host` with host-built
+     A/C descriptors, `fused_grouped` with those and both chunks in one group) are each
+     verified again, then timed interleaved round by round, order
      rotated, an L2 flush before every launch, CUDA events (`LaunchTimer` again); median over
      rounds;
   4. on every other shape also per-tensor scales (both sides), on the rest fast accumulation
@@ -47,6 +49,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -66,6 +69,10 @@ TOP = 3
 #: the most K steps per fp32 promotion a candidate may take (timed apart from the headline)
 PROMOTE_EVERY_MAX = 4
 DTYPE = "float8_e4m3fn"
+
+
+#: the fused launches timed per shape (bench_shape): ficco's, host descriptors, grouped
+FUSED_VARIANTS = ("fused", "fused_host", "fused_grouped")
 
 
 def shape_order(shapes: dict) -> list[tuple[int, int, int]]:
@@ -278,7 +285,7 @@ class Ops:
             use_fast_accum=fast,
         )  # fmt: skip
 
-    def fused(self, cfg: GemmConfig):
+    def fused(self, cfg: GemmConfig, host_descriptors: bool | None = None):
         from ficco.kernels.fused import FusedChunkViews, FusedGemm
 
         half = self.m // 2
@@ -293,7 +300,7 @@ class Ops:
         ]
         gemm = FusedGemm(
             views, self.b, sm_budget=self.sm_budget, timeout_s=10.0, config=cfg, path="tma",
-            b_scale=self.sb,
+            b_scale=self.sb, host_descriptors=host_descriptors,
         )  # fmt: skip
         return gemm
 
@@ -352,13 +359,24 @@ def bench_shape(m, n, k, timer, sm_budget: int, extra: str, device: str = "cuda"
     # the fused kernel's tiles never straddle its two row chunks: the fastest tile that fits one
     fits = [name for name in order if trials.configs[name].block_m <= m // 2] or order
     fused_config = unlagged(trials.configs[fits[0]])
-    try:
-        fused = ops.fused(fused_config)
-        fused_error = ops.check(fused, ops.out, ops.ref)
-        if fused_error <= CHECK_LIMIT:
-            fns["fused"] = fused
-    except Exception as exc:  # recorded, never fatal
-        fused_error = f"{type(exc).__name__}: {exc}"[:300]
+    # FUSED_VARIANTS: the launch as ficco makes it, with host-built A/C descriptors, and
+    # those with both chunks in one group (B read once, not per chunk)
+    for name, cfg, host in (
+        ("fused", fused_config, None),
+        ("fused_host", fused_config, True),
+        ("fused_grouped", replace(fused_config, chunk_group=2), True),
+    ):
+        try:
+            fused = ops.fused(cfg, host_descriptors=host)
+            error = ops.check(fused, ops.out, ops.ref)
+            if error <= CHECK_LIMIT:
+                fns[name] = fused
+        except Exception as exc:  # recorded, never fatal
+            error = f"{type(exc).__name__}: {exc}"[:300]
+        if name == "fused":
+            fused_error = error
+        else:
+            errors[name] = error
     if extra == "tensor":
         best = cfgs[ranked[0]]
         errors["triton_tensor"] = ops.check(
@@ -417,6 +435,8 @@ def bench_shape(m, n, k, timer, sm_budget: int, extra: str, device: str = "cuda"
         "ratio_persistent_any": c_ms / ms.get(any_name, math.nan),
         "any_rel_error": errors.get(any_name),
         "ratio_fused": c_ms / ms.get("fused", math.nan),
+        "ratio_fused_host": c_ms / ms.get("fused_host", math.nan),
+        "ratio_fused_grouped": c_ms / ms.get("fused_grouped", math.nan),
         "tflops_persistent": 2.0 * m * n * k / (ms.get(pick, math.nan) * 1e-3) / 1e12,
         "tflops_scaled_mm": 2.0 * m * n * k / (c_ms * 1e-3) / 1e12,
         "ms": ms,
@@ -452,7 +472,7 @@ def summarize(rows: list[dict], shapes: dict) -> dict:
     summary: dict = {}
     for set_name in ("full", "chunk"):
         sub = [r for r in ok if set_name in shapes[(r["M"], r["N"], r["K"])]["sets"]]
-        for key in ("persistent", "persistent_best", "persistent_any", "fused"):
+        for key in ("persistent", "persistent_best", "persistent_any", *FUSED_VARIANTS):
             got = [r[f"ratio_{key}"] for r in sub if r.get(f"ratio_{key}") is not None]
             got = [x for x in got if math.isfinite(x)]
             summary[f"{key}_{set_name}_geomean"] = _geomean(got)
@@ -676,6 +696,15 @@ def print_table(result: dict) -> None:
         "promoting every 2-4 K steps too: full {:.4f}, chunk {:.4f}".format(
             s["persistent_any_full_geomean"], s["persistent_any_chunk_geomean"]
         )
+    )
+    print(
+        "fused with host descriptors: full {:.4f}, chunk {:.4f}; both chunks grouped: full "
+        "{:.4f}, chunk {:.4f}".format(
+            s["fused_host_full_geomean"],
+            s["fused_host_chunk_geomean"],
+            s["fused_grouped_full_geomean"],
+            s["fused_grouped_chunk_geomean"],
+        )  # fmt: skip
     )
     print(
         "fused vs _scaled_mm: full {:.4f} (min {:.3f}), chunk {:.4f} (min {:.3f}); tensor scales {:.4f} "
