@@ -259,3 +259,24 @@ def test_grouped_candidates_only_for_few_row_chunks():
     assert GemmConfig.from_dict(cfg.to_dict()) == cfg
     legacy = {k: v for k, v in cfg.to_dict().items() if k != "chunk_group"}
     assert GemmConfig.from_dict(legacy).chunk_group == 1  # caches written before the field
+
+
+def test_a_grouped_tile_is_kept_only_where_it_wins_by_the_margin():
+    from ficco.kernels.configs import GemmConfig
+    from ficco.kernels.fused_tuning import GROUPED_MARGIN, fused_pick
+    from ficco.kernels.trials import Trials
+
+    plain, other = GemmConfig(128, 128, 64), GemmConfig(64, 128, 64)
+    grouped = GemmConfig(128, 128, 64, chunk_group=2)
+    configs = {c.name: c for c in (plain, other, grouped)}
+
+    def pick(ms_plain, ms_other, ms_grouped):
+        times = {plain.name: ms_plain, other.name: ms_other, grouped.name: ms_grouped}
+        return fused_pick(Trials(times, {}, configs))
+
+    assert pick(1.0, 1.2, 0.9) == grouped.name  # 10% faster than every chunk-by-chunk tile
+    assert pick(1.0, 0.99, 0.98) == other.name  # within the margin: the fastest chunkwise
+    assert pick(1.0, 1.2, 1.0 / GROUPED_MARGIN * 1.001) == plain.name
+    assert pick(0.8, 1.2, 0.9) == plain.name  # the fastest is chunk by chunk anyway
+    only = Trials({grouped.name: 1.0}, {}, {grouped.name: grouped})
+    assert fused_pick(only) == grouped.name  # nothing else ran correctly

@@ -1,10 +1,11 @@
 """Tuning the fused GEMM's tile for one shape: `tune_fused`.
 
-The candidates are the persistent GEMM's space (`configs.fused_candidate_configs`), each
-checked against `torch.matmul` before it is timed (`trials.check_then_time`, the loop the
-persistent GEMM's tuner runs too; `tuning.launch_timer`'s interleaved rounds, every flag ready), and the
-winner is cached in the persistent GEMM's tuning file under a `FusedTuningKey`, where
-`fused_configs.fused_config` finds it.
+The candidates are the persistent GEMM's space (`configs.fused_candidate_configs`, chunks
+also grouped where they are few-row), each checked against `torch.matmul` before it is timed
+(`trials.check_then_time`, the loop the persistent GEMM's tuner runs too;
+`tuning.launch_timer`'s interleaved rounds, every flag ready), and the winner (`fused_pick`:
+a grouped configuration must win by a margin) is cached in the persistent GEMM's tuning file
+under a `FusedTuningKey`, where `fused_configs.fused_config` finds it.
 """
 
 from __future__ import annotations
@@ -18,8 +19,35 @@ from ficco.kernels.configs import GemmConfig, fused_candidate_configs
 from ficco.kernels.fused import FusedChunkViews, FusedGemm
 from ficco.kernels.fused_configs import FusedTuningKey
 from ficco.kernels.persistent import device_info
-from ficco.kernels.trials import Rejected, RoundsTimer, Timer, check_then_time, tuning_record
+from ficco.kernels.trials import (
+    Rejected,
+    RoundsTimer,
+    Timer,
+    Trials,
+    check_then_time,
+    tuning_record,
+)
 from ficco.kernels.tuning import cached_config, launch_timer, store
+
+#: A configuration that groups chunks (`GemmConfig.chunk_group`) is picked only where it beats
+#: the fastest chunk-by-chunk one by this factor: tuning sets every flag, and where chunks
+#: arrive a group's first tiles wait on all of its chunks.
+GROUPED_MARGIN = 1.03
+
+
+def fused_pick(trials: Trials) -> str:
+    """The name of the configuration to keep of fused ``trials``: the fastest, unless it groups
+    chunks and the fastest chunk-by-chunk one is within ``GROUPED_MARGIN`` of it."""
+    best = trials.best()
+    if trials.configs[best].chunk_group == 1:
+        return best
+    chunkwise = [name for name in trials.timings_ms if trials.configs[name].chunk_group == 1]
+    if not chunkwise:
+        return best
+    alternative = min(chunkwise, key=trials.timings_ms.__getitem__)
+    if trials.timings_ms[alternative] > GROUPED_MARGIN * trials.timings_ms[best]:
+        return best
+    return alternative
 
 
 def tune_fused(
@@ -91,8 +119,9 @@ def tune_fused(
         raise RuntimeError(
             f"no fused GEMM configuration ran correctly for {key}: {trials.failures}"
         )
-    best = trials.configs[trials.best()]
-    entry = tuning_record(trials, m, n, k, "tma", start)
+    pick = fused_pick(trials)
+    best = trials.configs[pick]
+    entry = tuning_record(trials, m, n, k, "tma", start, best=pick)
     if write_cache:
         store(key, entry)
     return best, entry

@@ -122,9 +122,12 @@ def check_then_time(
     return Trials(timings, failures, by_name)
 
 
-def tuning_record(trials: Trials, m: int, n: int, k: int, path: str, started: float) -> dict:
-    """The tuning cache's entry for the best of ``trials`` (``started``: a perf_counter)."""
-    best = trials.best()
+def tuning_record(
+    trials: Trials, m: int, n: int, k: int, path: str, started: float, best: str | None = None
+) -> dict:
+    """The tuning cache's entry for ``best`` of ``trials`` (default: the fastest;
+    ``started``: a perf_counter)."""
+    best = trials.best() if best is None else best
     best_ms = trials.timings_ms[best]
     return {
         "config": trials.configs[best].to_dict(),

@@ -28,9 +28,7 @@ def record_rounds(record: dict[str, Any]) -> list[float]:
     return list((record.get("extra") or {}).get("times_ms") or [])
 
 
-def split_rounds(
-    times: Sequence[float], split: str = "halves"
-) -> tuple[list[float], list[float]]:
+def split_rounds(times: Sequence[float], split: str = "halves") -> tuple[list[float], list[float]]:
     """The rounds ``times`` cut in two (``split``: one of ``SPLITS``). ``halves`` gives the
     second part the odd round out."""
     if split == "halves":

@@ -114,11 +114,7 @@ def synthetic_time_ms(problem: Problem, schedule: str) -> float:
     hi = schedule.endswith("+hi")
     triton = gemm == "triton"
     if head == "serial":
-        comm = (
-            0.06 + comm_bytes / 100e6
-            if nccl
-            else (w - 1) * (0.013 + shard_bytes / 150e6)
-        )
+        comm = 0.06 + comm_bytes / 100e6 if nccl else (w - 1) * (0.013 + shard_bytes / 150e6)
         return _gemm_ms(rows, problem.n, problem.k, triton) + comm
     chunks = 1 if head == "shard" else int(head.split("-")[1][1:])
     slow = 1.35 if nccl else 1.05 + (0.02 if hi else 0.0)
