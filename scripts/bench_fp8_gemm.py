@@ -15,8 +15,8 @@ Protocol, per shape:
      correct ones are ranked in interleaved rounds (`kernels.trials.check_then_time` with
      `ficco.execute.timing.LaunchTimer`: L2 flushed, host launch cost kept out of the events);
   3. the best TOP configs, `_scaled_mm` and the fused kernel (two row chunks, flags preset, the
-     fastest config whose rows fit a chunk; as ficco launches it, `fused_host` with host-built
-     A/C descriptors, `fused_grouped` with those and both chunks in one group) are each
+     fastest config whose rows fit a chunk; as ficco launches it, `fused_device_descs` with
+     A/C descriptors made in the kernel, `fused_chunkwise` with no chunk group) are each
      verified again, then timed interleaved round by round, order
      rotated, an L2 flush before every launch, CUDA events (`LaunchTimer` again); median over
      rounds;
@@ -61,7 +61,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from bench_gemm import _finite, _geomean, _rel_error, shape_sets  # noqa: E402
 
 from ficco.execute.timing import warm_then_rounds  # noqa: E402
-from ficco.kernels.configs import GemmConfig  # noqa: E402
+from ficco.kernels.configs import CHUNK_GROUP_MAX_ROWS, GemmConfig  # noqa: E402
 from ficco.kernels.scaled_configs import FP8_GPU_CONFIGS, scaled_candidate_configs  # noqa: E402
 
 CHECK_LIMIT = 1e-2
@@ -71,8 +71,8 @@ PROMOTE_EVERY_MAX = 4
 DTYPE = "float8_e4m3fn"
 
 
-#: the fused launches timed per shape (bench_shape): ficco's, host descriptors, grouped
-FUSED_VARIANTS = ("fused", "fused_host", "fused_grouped")
+#: the fused launches timed per shape (bench_shape): ficco's, in-kernel descriptors, chunkwise
+FUSED_VARIANTS = ("fused", "fused_device_descs", "fused_chunkwise")
 
 
 def shape_order(shapes: dict) -> list[tuple[int, int, int]]:
@@ -359,12 +359,15 @@ def bench_shape(m, n, k, timer, sm_budget: int, extra: str, device: str = "cuda"
     # the fused kernel's tiles never straddle its two row chunks: the fastest tile that fits one
     fits = [name for name in order if trials.configs[name].block_m <= m // 2] or order
     fused_config = unlagged(trials.configs[fits[0]])
-    # FUSED_VARIANTS: the launch as ficco makes it, with host-built A/C descriptors, and
-    # those with both chunks in one group (B read once, not per chunk)
+    # FUSED_VARIANTS: the launch as ficco makes it (host-built A/C descriptors; both chunks
+    # in one group where they are few-row: scaled_fused.fused_scaled_config), the same with
+    # descriptors made in the kernel, and chunk by chunk
+    if m // 2 <= CHUNK_GROUP_MAX_ROWS:
+        fused_config = replace(fused_config, chunk_group=2)
     for name, cfg, host in (
         ("fused", fused_config, None),
-        ("fused_host", fused_config, True),
-        ("fused_grouped", replace(fused_config, chunk_group=2), True),
+        ("fused_device_descs", fused_config, False),
+        ("fused_chunkwise", replace(fused_config, chunk_group=1), None),
     ):
         try:
             fused = ops.fused(cfg, host_descriptors=host)
@@ -435,8 +438,8 @@ def bench_shape(m, n, k, timer, sm_budget: int, extra: str, device: str = "cuda"
         "ratio_persistent_any": c_ms / ms.get(any_name, math.nan),
         "any_rel_error": errors.get(any_name),
         "ratio_fused": c_ms / ms.get("fused", math.nan),
-        "ratio_fused_host": c_ms / ms.get("fused_host", math.nan),
-        "ratio_fused_grouped": c_ms / ms.get("fused_grouped", math.nan),
+        "ratio_fused_device_descs": c_ms / ms.get("fused_device_descs", math.nan),
+        "ratio_fused_chunkwise": c_ms / ms.get("fused_chunkwise", math.nan),
         "tflops_persistent": 2.0 * m * n * k / (ms.get(pick, math.nan) * 1e-3) / 1e12,
         "tflops_scaled_mm": 2.0 * m * n * k / (c_ms * 1e-3) / 1e12,
         "ms": ms,
@@ -698,12 +701,12 @@ def print_table(result: dict) -> None:
         )
     )
     print(
-        "fused with host descriptors: full {:.4f}, chunk {:.4f}; both chunks grouped: full "
-        "{:.4f}, chunk {:.4f}".format(
-            s["fused_host_full_geomean"],
-            s["fused_host_chunk_geomean"],
-            s["fused_grouped_full_geomean"],
-            s["fused_grouped_chunk_geomean"],
+        "fused with descriptors made in the kernel: full {:.4f}, chunk {:.4f}; chunk by chunk: "
+        "full {:.4f}, chunk {:.4f}".format(
+            s["fused_device_descs_full_geomean"],
+            s["fused_device_descs_chunk_geomean"],
+            s["fused_chunkwise_full_geomean"],
+            s["fused_chunkwise_chunk_geomean"],
         )  # fmt: skip
     )
     print(

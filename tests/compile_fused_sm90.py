@@ -37,7 +37,10 @@ def compile_path(use_tma: bool, dtype: str = "bf16", block=(128, 128, 64)) -> st
     bm, bn, bk = block
     pointers = {
         **dict.fromkeys(("a_ref", "b_ptr", "c_ref"), dtype),
-        **dict.fromkeys(("flag_ref", "tile_chunk_ptr", "work_ptr", "status_ptr"), "i32"),
+        **dict.fromkeys(
+            ("flag_ref", "tile_chunk_ptr", "work_ptr", "lock_ptr", "status_ptr"), "i32"
+        ),
+        "ws_ptr": "fp32",
         **dict.fromkeys(("table_ptr", "copy_ptr"), "i64"),
         **dict.fromkeys(("a_scale_ref", "b_scale_ptr"), "fp32"),
     }

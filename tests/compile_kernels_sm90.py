@@ -51,12 +51,17 @@ def compile_persistent(cfg: GemmConfig, split_tail: bool, swap_ab: bool = False)
     return _report(_compile(_matmul_tma_kernel, pointers, descs, constants, cfg), t0)
 
 
-def compile_fused(cfg: GemmConfig, pointer_stores: bool, host_descs: bool = True) -> dict:
+def compile_fused(
+    cfg: GemmConfig, pointer_stores: bool, host_descs: bool = True, split_tail: bool = False
+) -> dict:
     # pointer stores come with reset_waits here; without them the claim-only exit compiles
     t0 = time.perf_counter()
     pointers = {
         **dict.fromkeys(("a_ref", "b_ptr", "c_ref"), "bf16"),
-        **dict.fromkeys(("flag_ref", "tile_chunk_ptr", "work_ptr", "status_ptr"), "i32"),
+        **dict.fromkeys(
+            ("flag_ref", "tile_chunk_ptr", "work_ptr", "lock_ptr", "status_ptr"), "i32"
+        ),
+        "ws_ptr": "fp32",
         **dict.fromkeys(("table_ptr", "copy_ptr"), "i64"),
         **dict.fromkeys(("a_scale_ref", "b_scale_ptr"), "i32"),
     }
@@ -72,6 +77,7 @@ def compile_fused(cfg: GemmConfig, pointer_stores: bool, host_descs: bool = True
         EPILOGUE_SUBTILE=cfg.epilogue_subtile, ON_GPU=True, INPUT_PRECISION="tf32",
         TABLE_COLS=_TABLE_COLS, POINTER_STORES=pointer_stores, SCALED=False, A_ROWWISE=False,
         B_COLWISE=False, IMPRECISE_ACC=None, RESET_WAITS=pointer_stores, HOST_DESCS=host_descs,
+        SPLIT_TAIL=split_tail,
     )  # fmt: skip
     return _report(_compile(_fused_gemm_kernel, pointers, descs, constants, cfg), t0)
 
@@ -89,6 +95,7 @@ def main() -> None:
             "fused": compile_fused(cfg, False),
             "fused_pointer_stores": compile_fused(cfg, True),
             "fused_device_descriptors": compile_fused(cfg, True, host_descs=False),
+            "fused_split_tail": compile_fused(cfg, False, split_tail=True),
         }
     swap = GemmConfig(16, 128, 128, 8, 5, 4, swap_ab=True)
     found[swap.name] = {

@@ -142,7 +142,10 @@ def compile_fused(cfg: GemmConfig, fast_accum: bool, dtype: str = "fp8e4nv") -> 
     pointers = {
         **dict.fromkeys(("a_ref", "b_ptr"), dtype),
         "c_ref": "bf16",
-        **dict.fromkeys(("flag_ref", "tile_chunk_ptr", "work_ptr", "status_ptr"), "i32"),
+        **dict.fromkeys(
+            ("flag_ref", "tile_chunk_ptr", "work_ptr", "lock_ptr", "status_ptr"), "i32"
+        ),
+        "ws_ptr": "fp32",
         **dict.fromkeys(("table_ptr", "copy_ptr"), "i64"),
         **dict.fromkeys(("a_scale_ref", "b_scale_ptr"), "fp32"),
     }

@@ -254,7 +254,7 @@ def test_grouped_candidates_only_for_few_row_chunks():
     with pytest.raises(ValueError, match="chunk_group"):
         GemmConfig(128, 128, 64, chunk_group=0)
     with pytest.raises(ValueError, match="chunk_group > 1"):
-        GemmConfig(128, 128, 64, split_tail=True, chunk_group=2)
+        GemmConfig(128, 128, 64, swap_ab=True, chunk_group=2)
     cfg = GemmConfig(128, 128, 64, chunk_group=4)
     assert GemmConfig.from_dict(cfg.to_dict()) == cfg
     legacy = {k: v for k, v in cfg.to_dict().items() if k != "chunk_group"}
@@ -280,3 +280,81 @@ def test_a_grouped_tile_is_kept_only_where_it_wins_by_the_margin():
     assert pick(0.8, 1.2, 0.9) == plain.name  # the fastest is chunk by chunk anyway
     only = Trials({grouped.name: 1.0}, {}, {grouped.name: grouped})
     assert fused_pick(only) == grouped.name  # nothing else ran correctly
+
+
+@pytest.mark.parametrize("chunk_group", [1, 2])
+def test_split_tail_launch_sums_k_ranges_and_leaves_counters_zero(chunk_group):
+    """Fewer tiles than half the programs: every tile's K split over the idle programs, the
+    last range to arrive summing the partials; a signalled chunk still signals once, and
+    back-to-back launches find every counter zero."""
+    from ficco.kernels.configs import GemmConfig
+    from ficco.kernels.fused import FusedChunkViews, FusedGemm
+
+    gen = torch.Generator().manual_seed(13)
+    a, b = torch.randn(64, 128, generator=gen), torch.randn(128, 32, generator=gen)
+    out = torch.full((64, 32), float("nan"))
+    flags = torch.zeros(3, dtype=torch.int32)
+    flags[1:] = 1  # arrived
+    chunks = [
+        FusedChunkViews(a[:32], out[:32], wait=flags[1:2]),
+        FusedChunkViews(a[32:], out[32:], wait=flags[2:3]),
+    ]
+    cfg = GemmConfig(16, 16, 16, 2, 1, 4, split_tail=True, chunk_group=chunk_group)
+    kernel = FusedGemm(chunks, b, sm_budget=16, timeout_s=5.0, config=cfg)
+    # 8 tiles on 16 programs, 8 K steps: two K ranges of 4 steps a tile
+    assert kernel.plan is not None and (kernel.plan.split, kernel.plan.tail_tiles) == (2, 8)
+    assert kernel.units == 16 and kernel.grid == (16,)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        kernel()
+        kernel.raise_on_timeout("launch")
+        assert (out - a @ b).abs().max().item() < 1e-4
+        assert kernel.work.eq(0).all() and kernel.arrivals.eq(0).all()
+    # signalled: the summing range's tile is counted, once
+    signalled = [
+        FusedChunkViews(a[:32], out[:32], signal=flags[0:1]),
+        FusedChunkViews(a[32:], out[32:], wait=flags[2:3]),
+    ]
+    out.fill_(float("nan"))
+    kernel = FusedGemm(signalled, b, sm_budget=16, timeout_s=5.0, config=cfg)
+    assert kernel.plan is not None
+    kernel()
+    assert (out - a @ b).abs().max().item() < 1e-4
+    assert flags[0].item() == 1 and kernel.work.eq(0).all() and kernel.arrivals.eq(0).all()
+
+
+def test_split_tail_ranges_of_a_timed_out_chunk_still_arrive():
+    from ficco.kernels.configs import GemmConfig
+    from ficco.kernels.flags import FlagTimeout
+    from ficco.kernels.fused import FusedChunkViews, FusedGemm
+
+    gen = torch.Generator().manual_seed(14)
+    a, b = torch.randn(64, 128, generator=gen), torch.randn(128, 32, generator=gen)
+    out = torch.full((64, 32), float("nan"))
+    flags = torch.zeros(1, dtype=torch.int32)  # the second chunk never arrives
+    chunks = [FusedChunkViews(a[:32], out[:32]), FusedChunkViews(a[32:], out[32:], wait=flags)]
+    cfg = GemmConfig(16, 16, 16, 2, 1, 4, split_tail=True)
+    kernel = FusedGemm(chunks, b, sm_budget=16, timeout_s=0.3, config=cfg)
+    kernel()
+    with pytest.raises(FlagTimeout, match="chunk 1"):
+        kernel.raise_on_timeout("launch")
+    assert (out[:32] - a[:32] @ b).abs().max().item() < 1e-4 and out[32:].isnan().all()
+    assert kernel.arrivals.eq(0).all()  # every range arrived: the next launch starts clean
+
+
+def test_split_candidates_where_the_launch_leaves_a_short_wave():
+    from dataclasses import replace
+
+    from ficco.kernels.configs import fused_candidate_configs, split_plan
+
+    for rows, n, k in ((64, 3072, 4096), (4224, 512, 4096), (4096, 8192, 4096)):
+        offered = fused_candidate_configs(rows, n, k, 2, 2, chunks=2, sm_budget=132)
+        whole = [c for c in offered if not c.split_tail]
+        for cfg in whole:  # a split twin exactly where the plan splits the launch's tiles
+            tiles = 2 * -(-rows // cfg.block_m) * -(-n // cfg.block_n)
+            splits = split_plan(tiles, 132, -(-k // cfg.block_k)) is not None
+            assert (replace(cfg, split_tail=True) in offered) == splits, (rows, cfg.name)
+        assert len(offered) == len(whole) + sum(c.split_tail for c in offered)
+    few = fused_candidate_configs(64, 3072, 4096, 2, 2, chunks=2, sm_budget=132)
+    assert any(c.split_tail and c.chunk_group == 2 for c in few)  # grouped and split
+    assert not any(c.split_tail for c in fused_candidate_configs(64, 3072, 4096, 2, 2))

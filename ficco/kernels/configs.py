@@ -60,7 +60,8 @@ class GemmConfig:
     """Store C in two [block_m, block_n / 2] halves: halves the epilogue's staging tile."""
     split_tail: bool = False
     """Split the tiles of the last, partly filled wave along K across the idle programs
-    (stream-K's data-parallel + split tail); see `split_plan`. TMA kernel only."""
+    (stream-K's data-parallel + split tail); see `split_plan`. The TMA kernel, and the fused
+    kernel (where its whole launch is one short wave, or its last chunk's tiles are)."""
     split_k: int = 1
     """K ranges per output tile in the split-K decode kernel (`ficco.kernels.decode`): 1 is
     the persistent kernels; 2 or more runs every tile as that many K ranges, for few rows
@@ -141,10 +142,10 @@ class GemmConfig:
             raise ValueError(
                 f"GemmConfig.chunk_group must be in [1, {MAX_CHUNK_GROUP}], got {self.chunk_group}"
             )
-        if self.chunk_group > 1 and (self.split_tail or self.split_k > 1 or self.swap_ab):
+        if self.chunk_group > 1 and (self.split_k > 1 or self.swap_ab):
             raise ValueError(
-                "GemmConfig.chunk_group > 1 (the fused kernel) takes neither split_tail, "
-                "split_k > 1 nor swap_ab"
+                "GemmConfig.chunk_group > 1 (the fused kernel) takes neither split_k > 1 nor "
+                "swap_ab"
             )
         if self.swap_ab and self.epilogue_subtile and self.block_m < 32:
             raise ValueError("GemmConfig.epilogue_subtile with swap_ab needs block_m >= 32")
@@ -511,17 +512,25 @@ def fused_candidate_configs(
     out_bytes: int,
     *,
     chunks: int = 1,
+    sm_budget: int | None = None,
     shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
 ) -> list[GemmConfig]:
     """The fused GEMM's candidates for ``chunks`` chunks of `rows` rows: the persistent GPU
-    space, pruned as `candidate_configs` prunes it, without `split_tail` (the fused kernel
-    never splits K: its tiles are claimed one at a time as their chunks arrive) and without
-    swap-AB tiles; where chunks are few-row (`CHUNK_GROUP_MAX_ROWS`), each also with every
-    chunk in one group (`GemmConfig.chunk_group`)."""
+    space, pruned as `candidate_configs` prunes it, without swap-AB tiles; where chunks are
+    few-row (`CHUNK_GROUP_MAX_ROWS`), each also with every chunk in one group
+    (`GemmConfig.chunk_group`); and each also with `split_tail` where the launch's tiles
+    (every chunk's) leave a short last wave on ``sm_budget`` programs (`split_plan`)."""
     kept = candidate_configs(
         rows, n, k, in_bytes, out_bytes, sm_budget=1, shared_memory_bytes=shared_memory_bytes
     )
     plain = list(dict.fromkeys(replace(cfg, split_tail=False) for cfg in kept if not cfg.swap_ab))
     if 1 < chunks <= MAX_CHUNK_GROUP and rows <= CHUNK_GROUP_MAX_ROWS:
         plain += [replace(cfg, chunk_group=chunks) for cfg in plain]
-    return plain
+    if sm_budget is None:
+        return plain
+    split = []
+    for cfg in plain:
+        tiles = chunks * -(-rows // cfg.block_m) * -(-n // cfg.block_n)
+        if split_plan(tiles, sm_budget, -(-k // cfg.block_k)) is not None:
+            split.append(replace(cfg, split_tail=True))
+    return plain + split

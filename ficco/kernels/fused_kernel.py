@@ -18,6 +18,7 @@ import triton.language as tl
 from ficco.kernels.flags import _bulk_store_wait, _proxy_fence, _wait_flag
 from ficco.kernels.persistent import _store_c_tile, _tile_coords
 from ficco.kernels.scaled import _scale_tile
+from ficco.kernels.tiles import _unit_coords
 
 #: int64 fields per chunk in the kernel's chunk table (``table_ptr``)
 _TABLE_COLS = 14
@@ -41,6 +42,16 @@ def _chunk_row(row, A_ALIGN: tl.constexpr, C_ALIGN: tl.constexpr):
         tl.load(row + 12).to(tl.int32),  # a_blk0
         tl.load(row + 13).to(tl.int32),  # c_blk0
     )
+
+
+@triton.jit
+def _unit_tile(unit, dp_tiles, split, SPLIT_TAIL: tl.constexpr):
+    # The tile of work unit `unit`: units are tiles, but for SPLIT_TAIL's split tiles (past
+    # dp_tiles), `split` units each (`tiles._unit_coords`)
+    tile = unit
+    if SPLIT_TAIL:
+        tile = tl.where(unit >= dp_tiles, dp_tiles + tl.maximum(unit - dp_tiles, 0) // split, unit)
+    return tile
 
 
 @triton.jit
@@ -74,9 +85,9 @@ def _tile_place(
     return chunk, pid_m, pid_n
 
 
-# chunk_group unspecialised: 1 (chunk by chunk) and a group compile to one kernel, so tuning
-# groups compiles nothing more
-@triton.jit(do_not_specialize=["chunk_group"])
+# chunk_group and the split plan unspecialised: 1 (chunk by chunk) and a group compile to one
+# kernel, and one split kernel serves every plan
+@triton.jit(do_not_specialize=["chunk_group", "num_units", "dp_tiles", "split", "k_per_split"])
 def _fused_gemm_kernel(
     a_ref,  # every A chunk is a_ref + offset: rows [rows_i, K], strides (stride_am, stride_ak)
     b_ptr,  # B [K, N], strides (stride_bk, stride_bn)
@@ -92,8 +103,10 @@ def _fused_gemm_kernel(
     #            the host descriptors)
     copy_ptr,  # int64 [copies, 3]: c_off, signal_off, has_signal of each further destination
     tile_chunk_ptr,  # int32 [tiles]: the chunk of each tile
-    work_ptr,  # int32 [2 + chunks]: next tile to claim, programs done, tiles stored per
+    work_ptr,  # int32 [2 + chunks]: next unit to claim, programs done, tiles stored per
     #           chunk; zero on entry, and zeroed again by the last program to finish
+    ws_ptr,  # SPLIT_TAIL: fp32 partial tiles [split tiles, split, BLOCK_M, BLOCK_N]
+    lock_ptr,  # SPLIT_TAIL: int32 arrivals per split tile, zero on entry and left zero
     status_ptr,  # int32 [chunks]: set to 1 where the chunk's wait gave up (never cleared here)
     a_scale_ref,  # SCALED: fp32, every A chunk's scales are a_scale_ref + offset ([rows] or [1])
     b_scale_ptr,  # SCALED: fp32 [N] (B_COLWISE) or [1]
@@ -101,6 +114,10 @@ def _fused_gemm_kernel(
     num_tiles,
     tiles_per_chunk,  # every chunk's tile count where they are all equal, else 0
     chunk_group,  # tiles_per_chunk > 0: chunks numbered together (GemmConfig.chunk_group)
+    num_units,  # work units: num_tiles, or with SPLIT_TAIL dp_tiles + split tiles x split
+    dp_tiles,  # SPLIT_TAIL: whole tiles before the split ones (configs.split_plan)
+    split,  # SPLIT_TAIL: K ranges per split tile
+    k_per_split,  # SPLIT_TAIL: K steps per range
     N,
     K,
     stride_am,
@@ -130,6 +147,7 @@ def _fused_gemm_kernel(
     IMPRECISE_ACC: tl.constexpr = None,  # SCALED: K elements a wgmma sums before promotion
     RESET_WAITS: tl.constexpr = False,  # the last program zeroes every chunk's wait flag
     HOST_DESCS: tl.constexpr = False,  # TMA: A and C through a_host_desc and c_host_desc
+    SPLIT_TAIL: tl.constexpr = False,  # a short last wave's tiles split along K (split_plan)
 ):
     next_tile_ptr = work_ptr
     done_ptr = work_ptr + 1
@@ -148,14 +166,15 @@ def _fused_gemm_kernel(
     # tile and needs no second claim to find the queue empty. Where, besides, no chunk
     # signals and no flag is reset (no peer waits on this launch), program p's tile is p:
     # no claim at all, no counter to zero.
-    one_each = (num_tiles <= tl.num_programs(0)) & (num_tiles > 0)
+    one_each = (num_units <= tl.num_programs(0)) & (num_units > 0)
     by_program = False
     if not (POINTER_STORES or RESET_WAITS):
         by_program = one_each
     if by_program:  # noqa: SIM108 - a runtime branch: Triton has no tensor ternary
-        tile = tl.program_id(0)
+        unit = tl.program_id(0)
     else:
-        tile = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
+        unit = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
+    tile = _unit_tile(unit, dp_tiles, split, SPLIT_TAIL)
     # The program's first tile's chunk (the last chunk where none is left) and table row: a
     # later tile of the same chunk reads nothing more
     chunk, pid_m, pid_n = _tile_place(
@@ -179,7 +198,16 @@ def _fused_gemm_kernel(
     # acquire theirs at every tile): their later tiles skip the wait. Grouped chunks
     # (chunk_group > 1) interleave, so one last-acquired chunk would not do.
     acquired = tl.zeros((), dtype=tl.int64)
-    while tile < num_tiles:
+    while unit < num_units:
+        if SPLIT_TAIL:
+            tile, is_split, part, k_lo, k_hi = _unit_coords(
+                unit, dp_tiles, split, k_per_split, k_tiles
+            )
+        else:
+            is_split = False
+            part = 0
+            k_lo = 0
+            k_hi = k_tiles
         if tiles_per_chunk == 0:
             pid_m, pid_n = _tile_coords(
                 tile - tile_start, tl.cdiv(rows, BLOCK_M), num_pid_n, GROUP_M
@@ -195,15 +223,15 @@ def _fused_gemm_kernel(
                 acquired = acquired | chunk_bit
                 if USE_TMA and ON_GPU:
                     _proxy_fence()
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        a_blk = pid_m  # the tile's row block in A's and C's descriptors
+        c_blk = pid_m
+        if HOST_DESCS:
+            a_blk += a_blk0
+            c_blk += c_blk0
         if ready > 0:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            a_blk = pid_m  # the tile's row block in A's and C's descriptors
-            c_blk = pid_m
-            if HOST_DESCS:
-                a_blk += a_blk0
-                c_blk += c_blk0
             if USE_TMA:
-                for ki in range(k_tiles):
+                for ki in range(k_lo, k_hi):
                     a = a_desc.load([a_blk * BLOCK_M, ki * BLOCK_K])
                     if B_COL_MAJOR:
                         b = b_desc.load([pid_n * BLOCK_N, ki * BLOCK_K]).T
@@ -220,7 +248,7 @@ def _fused_gemm_kernel(
                 mask_n = offs_n < N
                 # alignment hint (host-checked): lets the compiler vectorize the loads
                 a_base = a_ref + tl.multiple_of(a_off, A_ALIGN)
-                for ki in range(k_tiles):
+                for ki in range(k_lo, k_hi):
                     offs_k = ki * BLOCK_K + offs_k0
                     a_ptrs = a_base + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
                     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
@@ -230,6 +258,33 @@ def _fused_gemm_kernel(
                         a, b, acc, input_precision=INPUT_PRECISION,
                         max_num_imprecise_acc=IMPRECISE_ACC,
                     )  # fmt: skip
+        else:
+            tl.store(status_ptr + chunk, 1)
+        store = ready > 0
+        if SPLIT_TAIL:  # noqa: SIM102 - a compile-time branch around a runtime one
+            if is_split:
+                # Every K range stores its partial; the last to arrive sums them in a fixed
+                # order and goes on to the epilogue (persistent._matmul_tma_kernel's tail). A
+                # range whose chunk timed out stores nothing but still arrives, so the counter
+                # is left zero for the next launch.
+                local = tile - dp_tiles
+                offs_tile = (
+                    tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+                )
+                slots = ws_ptr + (local * split).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs_tile
+                if ready > 0:
+                    tl.store(slots + part * (BLOCK_M * BLOCK_N), acc)
+                tl.debug_barrier()
+                ticket = tl.atomic_add(lock_ptr + local, 1, sem="acq_rel", scope="gpu")
+                last = ticket == split - 1
+                store = last & (ready > 0)
+                if last:
+                    tl.store(lock_ptr + local, 0)  # ready for the next launch
+                if store:
+                    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                    for p in range(split):
+                        acc += tl.load(slots + p * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
+        if store:
             if SCALED:
                 a_scales = a_scale_ref + tl.load(row + 11)
                 acc = _scale_tile(
@@ -267,17 +322,16 @@ def _fused_gemm_kernel(
                         if tl.load(copy_row + 2) != 0:
                             copy_flag = flag_ref + tl.load(copy_row + 1)
                             tl.atomic_xchg(copy_flag, 1, sem="release", scope="sys")
-        else:
-            tl.store(status_ptr + chunk, 1)
         if one_each:
-            tile += num_tiles  # past the end: this program's one tile is done
+            unit += num_units  # past the end: this program's one unit is done
         else:
-            tile = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
+            unit = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
+        tile = _unit_tile(unit, dp_tiles, split, SPLIT_TAIL)
         next_chunk, pid_m, pid_n = _tile_place(
             tile, num_tiles, num_chunks, tiles_per_chunk, chunk_group, num_pid_n,
             tile_chunk_ptr, GROUP_M,
         )  # fmt: skip
-        if (next_chunk != chunk) & (tile < num_tiles):  # another chunk: its row, descriptors
+        if (next_chunk != chunk) & (unit < num_units):  # another chunk: its row, descriptors
             chunk = next_chunk
             a_off, c_off, rows, tile_start, wait_off, signal_off, has_wait, has_signal, \
                 copy_start, copy_count, counted, a_blk0, c_blk0 = _chunk_row(

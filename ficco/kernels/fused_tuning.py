@@ -93,6 +93,7 @@ def tune_fused(
             elem,
             elem,
             chunks=chunks,
+            sm_budget=budget,
             shared_memory_bytes=device_info(device).shared_memory_bytes,
         )
     start = time.perf_counter()

@@ -310,6 +310,32 @@ def test_fused_grouped_chunks_read_each_chunk_only_after_its_flag(chunk_group, g
     _check(out, a, b)
 
 
+@pytest.mark.skipif(not HOPPER, reason="the TMA path's host descriptors")
+@pytest.mark.parametrize("chunk_group", [1, 2])
+def test_fused_split_tail_with_a_late_chunk(chunk_group, gen):
+    """16 tiles on 120 programs: every tile's K split seven ways, the late chunk's ranges each
+    waiting on its flag; the last range of a tile sums the partials."""
+    from ficco.kernels.fused import FusedChunkViews, FusedGemm
+
+    k, n = 4096, 1024
+    a = _rand(128, k, gen=gen)
+    b = _rand(k, n, gen=gen)
+    out = torch.full((128, n), float("nan"), device=DEV, dtype=torch.bfloat16)
+    flags = torch.zeros(1, dtype=torch.int32, device=DEV)
+    chunks = [
+        FusedChunkViews(a[0:64], out[0:64]),
+        FusedChunkViews(a[64:128], out[64:128], wait=flags[0:1]),
+    ]
+    arriving = [chunks[1].a.clone()]
+    chunks[1].a.fill_(float("nan"))  # not there yet
+    cfg = GemmConfig(64, 128, 64, 8, 4, 4, split_tail=True, chunk_group=chunk_group)
+    kernel = FusedGemm(chunks, b, sm_budget=120, timeout_s=10.0, config=cfg)
+    assert kernel.plan is not None and kernel.plan.split == 7 and kernel.host is not None
+    _run_with_late_chunks(kernel, chunks[1:], arriving, flags)
+    _check(out, a, b)
+    assert kernel.arrivals.eq(0).all() and kernel.work.eq(0).all()
+
+
 def test_fused_tma_never_set_flag_times_out(gen):
     import time
 
