@@ -223,6 +223,13 @@ def _fused_gemm_kernel(
                 acquired = acquired | chunk_bit
                 if USE_TMA and ON_GPU:
                     _proxy_fence()
+        # The next unit is claimed now, once this one's chunk is ready: the atomic's round trip
+        # runs under this tile's K loop, not between its epilogue and the next tile's loads
+        # (a program never holds a second claim while it spins on a flag)
+        if one_each:  # noqa: SIM108 - a runtime branch: Triton has no tensor ternary
+            next_unit = unit + num_units  # past the end: this program's one unit
+        else:
+            next_unit = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         a_blk = pid_m  # the tile's row block in A's and C's descriptors
         c_blk = pid_m
@@ -322,10 +329,7 @@ def _fused_gemm_kernel(
                         if tl.load(copy_row + 2) != 0:
                             copy_flag = flag_ref + tl.load(copy_row + 1)
                             tl.atomic_xchg(copy_flag, 1, sem="release", scope="sys")
-        if one_each:
-            unit += num_units  # past the end: this program's one unit is done
-        else:
-            unit = tl.atomic_add(next_tile_ptr, 1, sem="relaxed")
+        unit = next_unit
         tile = _unit_tile(unit, dp_tiles, split, SPLIT_TAIL)
         next_chunk, pid_m, pid_n = _tile_place(
             tile, num_tiles, num_chunks, tiles_per_chunk, chunk_group, num_pid_n,
