@@ -5,7 +5,10 @@
 given (the order the chunks are expected to arrive: the local shard first), grouped within a
 chunk as ``ficco.kernels.persistent`` groups them; programs claim them in that order. A
 config's ``chunk_group`` numbers that many consecutive chunks as one row range instead (B
-read once per group: few-row chunks), where chunks have equal tile counts and only wait.
+read once per group: few-row chunks), where chunks have equal tile counts and only wait. A
+config's ``split_tail``: where the launch's tiles leave a short last wave
+(``configs.split_plan``), those tiles' K is split over the idle programs; every K range waits
+on its chunk, and the last to arrive sums the fp32 partials and stores, counts and signals.
 
 - A chunk with a ``wait`` flag: before a tile reads ``a_i`` it spins until the flag (an int32,
   set by a stream-ordered write after the copy landed, or by the peer's own store) is
