@@ -1,0 +1,71 @@
+"""scripts/kernels_sweep_summary.py on a hand-made fused JSON: the bands, the ratios to cuBLAS,
+and the chunk-group and all-SM overlap counts come out as the rows say."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+import kernels_sweep_summary as summary  # noqa: E402
+
+
+def _timing(**ms):
+    return {name: {"median_ms": value} for name, value in ms.items()}
+
+
+SHAPES = [
+    {  # small, grouped: chunk by chunk 1.5x slower with flags set, arrivals 0.8x
+        "timing": _timing(
+            cublas=0.1,
+            fused_tma=0.11,
+            triton=0.1,
+            fused_tma_chunkwise=0.165,
+            fused_overlap=0.2,
+            fused_overlap_chunkwise=0.25,
+            per_chunk=0.21,
+            fused_overlap_all_sms=0.19,
+        )  # fmt: skip
+    },
+    {  # small, chunk by chunk: its own figure counts for the chunkwise geomean
+        "timing": _timing(
+            cublas=0.2,
+            fused_tma=0.24,
+            triton=0.2,
+            fused_overlap=0.3,
+            per_chunk=0.28,
+            fused_overlap_all_sms=0.29,
+        )  # fmt: skip
+    },
+    {"timing": _timing(cublas=1.0, fused_tma=1.02, triton=1.01, fused_overlap=1.2, per_chunk=1.3)},
+]
+
+
+def test_fused_bands_ratios_groups_and_all_sm_overlap():
+    got = summary.fused({"shapes": SHAPES})
+    small, large = got["small"], got["large"]
+    assert small["shapes"] == 2 and large["shapes"] == 1
+    assert small["fused_tma_time_vs_cublas"] == pytest.approx(math.sqrt(1.1 * 1.2))
+    assert small["fused_tma_chunk_by_chunk_time_vs_cublas"] == pytest.approx(math.sqrt(1.65 * 1.2))
+    assert small["chunks_grouped"] == "1 of 2"
+    assert small["fused_overlap_grouped_vs_chunk_by_chunk"] == pytest.approx(0.8)
+    assert small["fused_overlap_beats_per_chunk"] == "1 of 2"
+    assert small["fused_overlap_all_sms_beats_per_chunk"] == "1 of 2"
+    assert large["fused_overlap_beats_per_chunk"] == "1 of 1"
+    assert large["fused_overlap_all_sms_beats_per_chunk"] == "0 of 0"  # not timed there
+    assert math.isnan(large["fused_overlap_grouped_vs_chunk_by_chunk"])
+
+
+def test_summarize_reads_the_folder_and_says_what_it_cannot_read(tmp_path):
+    (tmp_path / "fused_single_gpu.json").write_text(
+        json.dumps({"fingerprint": {"gpu": "NVIDIA H200"}, "shapes": SHAPES})
+    )
+    (tmp_path / "bench_gemm.json").write_text("{not json")
+    found = summary.summarize(tmp_path)
+    assert found["fused_single_gpu.json"]["gpu"] == "NVIDIA H200"
+    assert found["fused_single_gpu.json"]["small"]["shapes"] == 2
+    assert "unreadable" in found["bench_gemm.json"]["error"]
+    assert "bench_decode_gemm.json" not in found
