@@ -68,8 +68,6 @@ def fused(d: dict) -> dict:
                 "fused_tma_chunkwise": [],
                 "overlap_wins": 0,
                 "grouped": 0,
-                "all_sms": 0,
-                "all_sms_wins": 0,
                 "overlap_grouped_vs_chunkwise": [],
             },
         )
@@ -85,10 +83,6 @@ def fused(d: dict) -> dict:
         over, per = t.get("fused_overlap"), t.get("per_chunk")
         if over and per and over["median_ms"] < per["median_ms"]:
             b["overlap_wins"] += 1
-        over_all = t.get("fused_overlap_all_sms")
-        if over_all and per:  # every SM to the fused kernel (tune_fused_gpu.py says why)
-            b["all_sms"] += 1
-            b["all_sms_wins"] += int(over_all["median_ms"] < per["median_ms"])
         over_cw = t.get("fused_overlap_chunkwise")
         if "fused_tma_chunkwise" in t:
             b["grouped"] += 1
@@ -104,7 +98,6 @@ def fused(d: dict) -> dict:
             "fused_overlap_beats_per_chunk": f"{b['overlap_wins']} of {b['n']}",
             "fused_tma_chunk_by_chunk_time_vs_cublas": geomean(b["fused_tma_chunkwise"]),
             "chunks_grouped": f"{b['grouped']} of {b['n']}",
-            "fused_overlap_all_sms_beats_per_chunk": f"{b['all_sms_wins']} of {b['all_sms']}",
             "fused_overlap_grouped_vs_chunk_by_chunk": geomean(b["overlap_grouped_vs_chunkwise"]),
         }
         for band, b in sorted(bands.items())

@@ -33,9 +33,6 @@ One run (``python scripts/tune_fused_gpu.py``; JSON to ``$OUT/fused_single_gpu.j
                    step, as per_chunk's events need none; its flags are its own)
    fused_overlap_chunkwise  fused_overlap with fused_tma_chunkwise's config: what grouping
                    costs where chunks arrive
-   fused_overlap_all_sms  fused_overlap on every SM (none left to the side stream), as
-                   across GPUs where copy engines land the chunks; dropped for the rest of
-                   the run once it fails (the copies found no SM beside it)
    per_chunk       the same arrivals with events, one ``matmul`` per chunk
    copies_alone    the side stream's copies and gaps alone (with events)
 
@@ -91,9 +88,7 @@ from ficco.kernels.tuning import config_for  # noqa: E402
 GAP_US = 20.0  # sleep before each peer copy: the spacing of arrivals
 SIDE_SMS = 4  # SMs the overlapped fused GEMM leaves to the side stream's kernels
 COVER_US = 1000.0  # GPU busy while the host enqueues a candidate
-ARRIVING = ("fused_overlap", "fused_overlap_chunkwise", "fused_overlap_all_sms", "per_chunk")
-#: fused_overlap_all_sms is tried until it first fails (its copies found no SM: a timeout)
-ALL_SMS_OVERLAP = {"on": True}
+ARRIVING = ("fused_overlap", "fused_overlap_chunkwise", "per_chunk")
 TOLERANCE = 2e-2  # relative (Frobenius) error against fp32, bf16 operands and output
 CATALOG = REPO / "profiles" / "h200" / "fused_catalog.json"
 
@@ -247,12 +242,6 @@ def run_shape(
         for name, cfg in (("fused_overlap", tuned), ("fused_overlap_chunkwise", chunkwise))
         if name == "fused_overlap" or tuned.chunk_group > 1
     }
-    if ALL_SMS_OVERLAP["on"]:
-        # every SM to the fused kernel, as across GPUs (arrivals by copy engines): the side
-        # copies then run beside its programs or not at all (a short timeout says which)
-        overlaps["fused_overlap_all_sms"] = FusedGemm(
-            overlap_views, b, sm_budget=sms, timeout_s=2.0, config=tuned, reset_waits=True
-        )
     result["configs"] = {name: kern.config.name for name, kern in kernels.items()}
     result["configs"]["triton"] = persistent_cfg.name
     result["paths"] = {name: kern.path for name, kern in kernels.items()}
@@ -325,8 +314,6 @@ def run_shape(
         except Exception as exc:
             verify[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
     result["verify"] = verify
-    if "fused_overlap_all_sms" in verify and not verify["fused_overlap_all_sms"]["ok"]:
-        ALL_SMS_OVERLAP["on"] = False  # not again: each try waits out its timeout
     bad = [name for name, v in verify.items() if not v["ok"]]
     timed = {name: fn for name, fn in candidates.items() if name not in bad}
     timed["copies_alone"] = copies_alone
@@ -352,7 +339,6 @@ def summary_line(r: dict) -> str:
         f"overlap {ms('fused_overlap'):.4f} per_chunk {ms('per_chunk'):.4f} "
         f"chunkwise {ms('fused_tma_chunkwise') / cub:.3f} "
         f"overlap_chunkwise {ms('fused_overlap_chunkwise'):.4f} "
-        f"overlap_all_sms {ms('fused_overlap_all_sms'):.4f} "
         f"[{r['configs']['fused_tma']}] bad={[k for k, v in r['verify'].items() if not v['ok']]}"
     )
 

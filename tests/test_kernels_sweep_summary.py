@@ -1,5 +1,5 @@
 """scripts/kernels_sweep_summary.py on a hand-made fused JSON: the bands, the ratios to cuBLAS,
-and the chunk-group and all-SM overlap counts come out as the rows say."""
+and the chunk-group counts come out as the rows say."""
 
 import json
 import math
@@ -27,7 +27,6 @@ SHAPES = [
             fused_overlap=0.2,
             fused_overlap_chunkwise=0.25,
             per_chunk=0.21,
-            fused_overlap_all_sms=0.19,
         )  # fmt: skip
     },
     {  # small, chunk by chunk: its own figure counts for the chunkwise geomean
@@ -37,14 +36,13 @@ SHAPES = [
             triton=0.2,
             fused_overlap=0.3,
             per_chunk=0.28,
-            fused_overlap_all_sms=0.29,
         )  # fmt: skip
     },
     {"timing": _timing(cublas=1.0, fused_tma=1.02, triton=1.01, fused_overlap=1.2, per_chunk=1.3)},
 ]
 
 
-def test_fused_bands_ratios_groups_and_all_sm_overlap():
+def test_fused_bands_ratios_and_groups():
     got = summary.fused({"shapes": SHAPES})
     small, large = got["small"], got["large"]
     assert small["shapes"] == 2 and large["shapes"] == 1
@@ -53,9 +51,7 @@ def test_fused_bands_ratios_groups_and_all_sm_overlap():
     assert small["chunks_grouped"] == "1 of 2"
     assert small["fused_overlap_grouped_vs_chunk_by_chunk"] == pytest.approx(0.8)
     assert small["fused_overlap_beats_per_chunk"] == "1 of 2"
-    assert small["fused_overlap_all_sms_beats_per_chunk"] == "1 of 2"
     assert large["fused_overlap_beats_per_chunk"] == "1 of 1"
-    assert large["fused_overlap_all_sms_beats_per_chunk"] == "0 of 0"  # not timed there
     assert math.isnan(large["fused_overlap_grouped_vs_chunk_by_chunk"])
 
 
