@@ -167,7 +167,21 @@ def test_refusals_name_value_and_rule(tmp_path):
     assert "--routing: must be an integer (tokens rank 0 sends to expert 0), got 12.9" in out.stderr
     out = ficco([*RUN_CPU, "--rounds", "0"], tmp_path)
     assert "--rounds: needs at least 1 round, or 'auto', got '0'" in out.stderr
-    wide = ["run", "ag_gemm", "--m", "1000", "--n", "8", "--k", "8", "-w", "1000", "--all", "--backend", "cpu"]
+    wide = [
+        "run",
+        "ag_gemm",
+        "--m",
+        "1000",
+        "--n",
+        "8",
+        "--k",
+        "8",
+        "-w",
+        "1000",
+        "--all",
+        "--backend",
+        "cpu",
+    ]
     out = ficco(wide, tmp_path)
     assert "at most 16" in out.stderr and "CPU_MAX_WORLD" in out.stderr
 

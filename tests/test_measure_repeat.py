@@ -31,9 +31,7 @@ def test_record_rounds_reads_the_stored_times():
     assert record_rounds({}) == []
 
 
-@pytest.mark.parametrize(
-    "times", [ODD, [0.3, 0.1, 0.2, 0.5], [2.0, 2.1, 1.9, 2.4, 2.2, 2.0, 3.0]]
-)
+@pytest.mark.parametrize("times", [ODD, [0.3, 0.1, 0.2, 0.5], [2.0, 2.1, 1.9, 2.4, 2.2, 2.0, 3.0]])
 def test_the_selector_and_the_model_cut_the_rounds_alike(times):
     record = {"name": "x", "median_ms": statistics.median(times), "extra": {"times_ms": times}}
     first, second = split_medians(times, "halves")

@@ -136,7 +136,9 @@ PARITY = (
     *(Problem(pattern=p, m=70, n=24, k=40, world=2, experts=6) for p in ("a2a_gemm", "gemm_a2a")),
     # emb_a2a: skewed tables, a batch W does not divide, uneven bags; the MLPerf DLRM-DCNv2 size
     Problem(pattern="emb_a2a", m=10, n=8, k=3, world=3, tables=(50, 7, 300, 20, 9), bags="uniform"),
-    Problem(pattern="emb_a2a", m=65536, n=128, k=8, world=8, tables=tuple(range(1000, 27000, 1000))),
+    Problem(
+        pattern="emb_a2a", m=65536, n=128, k=8, world=8, tables=tuple(range(1000, 27000, 1000))
+    ),
 )
 
 

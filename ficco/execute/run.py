@@ -9,7 +9,7 @@
 ``run_cuda_jobs`` several problems in one GPU pool; a problem that hangs or crashes is
                   recorded by its :class:`PoolFailure` and the others go on
 ``measure_in``    one problem in a pool the caller keeps (sweeps, benchmarks)
-``kept_pools``    while open, ``run_problem`` and ``run_schedules`` reuse their pools
+``kept_pools``    while open, ``run_problem``, ``run_schedules`` and sweeps reuse their pools
 ``measure_here``  this process as one rank of a torchrun launch
 """
 
@@ -131,8 +131,9 @@ KEPT_POOLS = 3
 
 @contextlib.contextmanager
 def kept_pools():
-    """While open, ``run_problem`` and ``run_schedules`` keep their rank pools and reuse one
-    for the next run on the same backend, world, options, environment and import path (the
+    """While open, ``run_problem``, ``run_schedules`` and the sweeps' pool runners
+    (``ficco.sweep.runners.PoolRunner``) keep their rank pools and reuse one for the next run
+    on the same backend, world, options (but their timing), environment and import path (the
     test suite: process start and imports paid once per world, as a sweep does); a pool a
     hang or a death killed starts fresh ranks at its next run. Closed when this ends."""
     global _kept
@@ -145,23 +146,33 @@ def kept_pools():
             pool.close()
 
 
-def _run_pool(backend: str, world: int, options: RunOptions):
-    """The pool one run uses, as a context: a fresh one closed after the run, or, inside
-    ``kept_pools``, the kept one (made on first use)."""
+def pool_for(backend: str, world: int, options: RunOptions) -> tuple[RankPool, bool]:
+    """``(pool, kept)``: inside ``kept_pools``, the kept pool for ``backend``, ``world`` and
+    ``options`` (made on first use; the caller must not close it) and True; else a fresh
+    pool, the caller's to close, and False."""
     if _kept is None:
-        return backend_pool(backend, world, options)
+        return backend_pool(backend, world, options), False
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k not in _UNREAD_ENV))
-    # backend_pool itself is in the key: a stand-in for it (tests) never meets a kept pool
-    key = (backend_pool, backend, world, options, env, tuple(sys.path))
+    # The ranks read the options' seed and timeouts, never their timing (each job carries
+    # its own): verify-only runs, timed runs and sweeps share a pool. backend_pool itself is
+    # in the key: a stand-in for it (tests) never meets a kept pool
+    key = (backend_pool, backend, world, replace(options, timing=None), env, tuple(sys.path))
     pool = _kept.pop(key, None)
     if pool is None:
         pool = backend_pool(backend, world, options)
         if not isinstance(pool, RankPool):
-            return pool
+            return pool, False
     _kept[key] = pool  # the most recently used last
     while len(_kept) > KEPT_POOLS:
         _kept.pop(next(iter(_kept))).close()
-    return contextlib.nullcontext(pool)
+    return pool, True
+
+
+def _run_pool(backend: str, world: int, options: RunOptions):
+    """The pool one run uses, as a context: a fresh one closed after the run, or, inside
+    ``kept_pools``, the kept one (made on first use)."""
+    pool, kept = pool_for(backend, world, options)
+    return contextlib.nullcontext(pool) if kept else pool
 
 
 def measure_in(

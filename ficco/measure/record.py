@@ -136,14 +136,41 @@ def chunk_geometry(m: Measurement) -> dict[str, float]:
 
     if m.kind != "schedule":
         return dict.fromkeys(GEOMETRY_FIELDS, math.nan)
-    # a stored record names its schedule by the string form (the store's edge)
-    geo = geometry(Problem.from_dict(m.problem), Schedule.parse(m.name))
-    return {
-        "chunk_bytes": float(geo.transfer_bytes),
-        "chunk_gemm_flops": float(geo.gemm_flops),
-        "gemm_launches": float(geo.gemm_launches),
-        "transfers": float(geo.transfers),
-    }
+    # A store's records come back for every frame built from them (training builds three:
+    # every round, and each half), dozens of schedules to a problem: each problem is built,
+    # and each (problem, schedule) geometry computed, once (caches below)
+    problem_text = repr(m.problem)  # equal texts, equal problems (the key order aside)
+    key = (problem_text, m.name)
+    values = _GEOMETRY.get(key)
+    if values is None:
+        problem = _PROBLEMS.get(problem_text)
+        if problem is None:
+            problem = _PROBLEMS.setdefault(problem_text, Problem.from_dict(m.problem))
+        # a stored record names its schedule by the string form (the store's edge)
+        schedule = _SCHEDULES.get(m.name)
+        if schedule is None:
+            schedule = _SCHEDULES.setdefault(m.name, Schedule.parse(m.name))
+        geo = geometry(problem, schedule)
+        values = (
+            float(geo.transfer_bytes),
+            float(geo.gemm_flops),
+            float(geo.gemm_launches),
+            float(geo.transfers),
+        )
+        if len(_GEOMETRY) >= _CACHED:
+            _GEOMETRY.clear()
+            _PROBLEMS.clear()
+            _SCHEDULES.clear()
+        _GEOMETRY[key] = values
+    return dict(zip(GEOMETRY_FIELDS, values, strict=True))
+
+
+#: ``chunk_geometry``'s caches: (the problem's ``repr``, schedule) -> the geometry's values,
+#: problem text -> Problem, schedule text -> Schedule; all emptied at ``_CACHED`` geometries
+_GEOMETRY: dict[tuple[str, str], tuple[float, float, float, float]] = {}
+_PROBLEMS: dict[str, Any] = {}
+_SCHEDULES: dict[str, Any] = {}
+_CACHED = 1 << 16
 
 
 def signature(m: Measurement, isolated_ms: Mapping[str, float]) -> dict[str, float]:

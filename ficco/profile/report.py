@@ -51,13 +51,17 @@ def best_table(frame: pd.DataFrame) -> pd.DataFrame:
 
     sched = frame[frame["kind"] == "schedule"]
     ok = sched[(sched["verdict"] == "ok") & sched["median_ms"].notna()]
-    ok = ok.assign(_complexity=ok["name"].map(_complexity))
+    complexity = {name: _complexity(name) for name in ok["name"].unique()}
+    ok = ok.assign(_complexity=ok["name"].map(complexity))
     ok = ok.sort_values(["problem_key", "median_ms", "_complexity"])
+    # each problem's rows, split once (in their order: the candidates fastest first)
+    cands_of = dict(list(ok.groupby("problem_key", sort=False)))
+    sched_of = dict(list(sched.groupby("problem_key", sort=False)))
     rows = []
     for key, group in frame.groupby("problem_key", sort=False):
         first = group.iloc[0]
-        cands = ok[ok["problem_key"] == key]
-        s_all = sched[sched["problem_key"] == key]
+        cands = cands_of.get(key, ok.iloc[:0])
+        s_all = sched_of.get(key, sched.iloc[:0])
         row = {
             "problem_key": key,
             "problem": problem_label(first),
@@ -287,6 +291,7 @@ def plot_signature_breakdown(
         fig, ax = plt.subplots(figsize=(12, 1.8 + 0.95 * len(chunk)), layout="constrained")
         ticks, ticklabels = [], []
         longest = 1.0
+        bars: list[tuple] = []  # (y, width, left, face, edge, hatch): one barh call per page
         for i, prob in enumerate(chunk):
             base_y = i * per_problem
             serial = prob["serial_ms"]
@@ -315,26 +320,9 @@ def plot_signature_breakdown(
                     for (_, value), color in zip(segments, colors[: len(segments)], strict=True):
                         width = value / serial
                         if width >= 0:
-                            ax.barh(
-                                y,
-                                width,
-                                left=left,
-                                color=color,
-                                height=0.8,
-                                edgecolor="white",
-                                linewidth=0.5,
-                            )
-                        else:  # a gain: the part of the lane it took away
-                            ax.barh(
-                                y,
-                                -width,
-                                left=left + width,
-                                color="white",
-                                height=0.8,
-                                edgecolor=color,
-                                hatch="////",
-                                linewidth=0.5,
-                            )
+                            bars.append((y, width, left, color, "white", None))
+                        else:  # a gain: the part of the lane it took away, hatched
+                            bars.append((y, -width, left + width, "white", color, "////"))
                         left += width
                     lane_ends.append(left)
                 y0, y1 = base_y + 2 * j - 0.45, base_y + 2 * j + 1.45
@@ -349,6 +337,18 @@ def plot_signature_breakdown(
                     va="center",
                     fontsize=7.5,
                 )
+        if bars:  # in the order drawn: a later segment covers what an earlier one overlaps
+            y, width, left, face, edge, hatch = zip(*bars, strict=True)
+            ax.barh(
+                y,
+                width,
+                left=left,
+                color=face,
+                height=0.8,
+                edgecolor=edge,
+                hatch=list(hatch),
+                linewidth=0.5,
+            )
         ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
         ax.set_yticks(ticks, ticklabels, fontsize=8)
         ax.invert_yaxis()

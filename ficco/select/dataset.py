@@ -101,19 +101,30 @@ class Dataset:
         return problem_from_row(self.problems.loc[key])
 
     def problem_list(self) -> list[Problem]:
-        return [problem_from_row(row) for _, row in self.problems.iterrows()]
+        return [problem_from_row(row) for row in self.problems.to_dict("records")]
 
     def subset(self, keys) -> Dataset:
         """The rows of ``keys`` (in that order)."""
         keys = list(keys)
+        per_problem = (self.labels, self.times, self.noise, self.oracle_ms, self.serial_ms)
+        index = self.problems.index
+        if index.is_unique and all(part.index.equals(index) for part in per_problem):
+            # rows aligned with the problems' (as build_dataset makes them): found once
+            rows = index.get_indexer(keys)
+            if (rows < 0).any():
+                raise KeyError([k for k, r in zip(keys, rows, strict=True) if r < 0])
+            take = lambda part: part.iloc[rows]  # noqa: E731
+        else:
+            take = lambda part: part.loc[keys]  # noqa: E731
+        labels, times, noise, oracle_ms, serial_ms = map(take, per_problem)
         return Dataset(
-            problems=self.problems.loc[keys],
-            labels=self.labels.loc[keys],
-            times=self.times.loc[keys],
-            noise=self.noise.loc[keys],
-            oracle_ms=self.oracle_ms.loc[keys],
+            problems=take(self.problems),
+            labels=labels,
+            times=times,
+            noise=noise,
+            oracle_ms=oracle_ms,
             baseline_ms=self.baseline_ms.reindex(keys),
-            serial_ms=self.serial_ms.loc[keys],
+            serial_ms=serial_ms,
             excluded=dict(self.excluded),
             fingerprints=list(self.fingerprints),
         )
@@ -124,14 +135,27 @@ class Dataset:
             return math.nan
         return float(self.times.at[key, schedule])
 
+    def times_of(self, keys: list[str], schedules: list) -> list[float]:
+        """:meth:`time_of` of each ``(keys[i], schedules[i])``, looked up at once (KeyError
+        for a key that is not a problem of this dataset)."""
+        rows = self.times.index.get_indexer(keys)
+        if (rows < 0).any():
+            raise KeyError([k for k, r in zip(keys, rows, strict=True) if r < 0])
+        cols = self.times.columns.get_indexer(schedules)
+        values = self.times.to_numpy(dtype=float)
+        return [
+            float(values[r, c]) if c >= 0 else math.nan for r, c in zip(rows, cols, strict=True)
+        ]
+
 
 def _missing(value) -> bool:
     return value is None or (not isinstance(value, list | tuple | str) and pd.isna(value))
 
 
 def problem_from_row(row) -> Problem:
-    """A :class:`Problem` from a frame row with the ``PROBLEM_COLUMNS`` (and, optionally, the
-    ``ROUTING_COLUMNS``: missing or empty means uniform routing, top-k unstated)."""
+    """A :class:`Problem` from a frame row (a Series, or a dict of one) with the
+    ``PROBLEM_COLUMNS`` (and, optionally, the ``ROUTING_COLUMNS``: missing or empty means
+    uniform routing, top-k unstated)."""
     experts = row.get("experts")
     experts = None if _missing(experts) else int(experts)
     top_k = row.get("top_k")
@@ -165,12 +189,15 @@ def pick_label(times: pd.Series, noise: pd.Series) -> str:
         raise ValueError("times: no schedule was measured ok, so there is no label")
     best = measured.idxmin()
     t_best = measured[best]
-    n_best = _window(noise, best)
-    tied = [name for name, t in measured.items() if t - t_best <= max(_window(noise, name), n_best)]
-    return min(tied, key=lambda name: (Schedule.parse(name).complexity, measured[name], name))
+    windows = noise.to_dict() if isinstance(noise, pd.Series) else dict(noise)
+    n_best = _window(windows, best)
+    tied = {
+        name: t for name, t in measured.items() if t - t_best <= max(_window(windows, name), n_best)
+    }
+    return min(tied, key=lambda name: (Schedule.parse(name).complexity, tied[name], name))
 
 
-def _window(values: pd.Series, name: str) -> float:
+def _window(values: dict, name: str) -> float:
     value = values.get(name, 0.0)
     return 0.0 if value is None or math.isnan(value) else float(value)
 

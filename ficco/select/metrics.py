@@ -58,17 +58,24 @@ def score_picks(
     ``times`` (problem_key -> ms) scores picks that are not schedules of the space (a measured
     baseline): then ``top1`` is NaN."""
     keys = list(picks.keys())
+    # every lookup at once (a problem's oracle, label, pick's and serial's time), in key order
+    oracles = dataset.oracle_ms.loc[keys].tolist()
+    if times is None:
+        picked = picks.tolist() if isinstance(picks, pd.Series) else [picks[k] for k in keys]
+        labels = dataset.labels.loc[keys].tolist()
+        picked_ms = dataset.times_of(keys, picked)
+    serial_ms = dataset.times_of(keys, [SERIAL] * len(keys))
     hits, within, regrets, unmeasured = 0, 0, [], 0
-    for key in keys:
-        oracle = float(dataset.oracle_ms[key])
+    for i, key in enumerate(keys):
+        oracle = float(oracles[i])
         if times is not None:
             t = float(times[key])
         else:
-            t = dataset.time_of(key, picks[key])
-            hits += picks[key] == dataset.labels[key]
+            t = picked_ms[i]
+            hits += picked[i] == labels[i]
         if math.isnan(t):
             unmeasured += 1
-            t = dataset.time_of(key, SERIAL)
+            t = serial_ms[i]
             if math.isnan(t):
                 continue
         else:

@@ -96,7 +96,7 @@ def pair_features(problem: Problem, name: str) -> list[float]:
 def as_problems(X) -> list[Problem]:
     """Problems from a DataFrame of problem columns, or a sequence of Problems."""
     if isinstance(X, pd.DataFrame):
-        return [problem_from_row(row) for _, row in X.iterrows()]
+        return [problem_from_row(row) for row in X.to_dict("records")]
     if isinstance(X, Sequence) and all(isinstance(p, Problem) for p in X):
         return list(X)
     raise TypeError(

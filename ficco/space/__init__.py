@@ -9,7 +9,14 @@ from functools import lru_cache
 
 from ficco.patterns import spec_of
 from ficco.problem import Problem
-from ficco.space.rules import PREFIX_RULES, RULES, check_legal, is_legal, violations
+from ficco.space.rules import (
+    PREFIX_RULES,
+    RULES,
+    check_legal,
+    is_legal,
+    point_legal,
+    violations,
+)
 from ficco.space.schedule import (
     AllReduce,
     Compute,
@@ -112,6 +119,6 @@ def _legal(problem: Problem, opts: SpaceOptions) -> Iterator[Schedule]:
                 comm_priority=prio,
                 all_reduce=all_reduce,
             )
-            if schedule not in seen and is_legal(problem, schedule):
+            if schedule not in seen and point_legal(problem, schedule):
                 seen.add(schedule)
                 yield schedule

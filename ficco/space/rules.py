@@ -361,6 +361,28 @@ PREFIX_RULES: tuple[Rule, ...] = (
 )
 
 
+#: Rules that read only the schedule's own axes (and the problem's W): cheap, and together they
+#: reject most points of the axis product. ``point_legal`` checks them first.
+QUICK_RULES: tuple[Rule, ...] = (
+    order_needs_two_peers,
+    sm_reserve_needs_triton,
+    sm_reserve_needs_sm_comm,
+    priority_needs_overlap,
+    merged_needs_finer,
+    fused_needs_overlap,
+    fused_needs_triton,
+    fused_needs_row_chunks,
+    fused_needs_symmetric_memory,
+    rs_ag_needs_overlap,
+    sm_reserve_leaves_sms,
+)
+#: What ``point_legal`` checks, in its order: the quick rules, then every other rule but the
+#: prefix rules (in the order of ``RULES``, a new rule included).
+_POINT_RULES: tuple[Rule, ...] = QUICK_RULES + tuple(
+    rule for rule in RULES if rule not in QUICK_RULES and rule not in PREFIX_RULES
+)
+
+
 def violations(problem: Problem, schedule: Schedule) -> list[tuple[str, str]]:
     """``[(rule name, reason), ...]`` for every rule the schedule breaks (empty: legal)."""
     out = []
@@ -374,6 +396,13 @@ def violations(problem: Problem, schedule: Schedule) -> list[tuple[str, str]]:
 def is_legal(problem: Problem, schedule: Schedule) -> bool:
     # stops at the first broken rule: most of the axis product breaks several
     return all(rule(problem, schedule) is None for rule in RULES)
+
+
+def point_legal(problem: Problem, schedule: Schedule) -> bool:
+    """``is_legal`` for a schedule whose (granularity, chunks, split, transport) obeys
+    ``PREFIX_RULES`` (the enumerator checked them once for every point under it): the other
+    rules, the quick ones first."""
+    return all(rule(problem, schedule) is None for rule in _POINT_RULES)
 
 
 def check_legal(problem: Problem, schedule: Schedule) -> Schedule:

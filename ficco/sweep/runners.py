@@ -113,12 +113,15 @@ class PoolRunner(Runner):
         )
         self._baselines: dict[str, list[Measurement]] = {}
         self._pool = None
+        self._kept = False
 
     def _new_pool(self, world: int):
-        """A rank pool of ``world`` ranks on this runner's backend."""
-        from ficco.execute.run import backend_pool
+        """A rank pool of ``world`` ranks on this runner's backend (inside
+        ``ficco.execute.run.kept_pools``, the kept one, which :meth:`close` leaves open)."""
+        from ficco.execute.run import pool_for
 
-        return backend_pool(self.backend, world, self.options)
+        pool, self._kept = pool_for(self.backend, world, self.options)
+        return pool
 
     def _measure_in(self, pool, problem, schedules, timing, *, baselines):
         """``ficco.execute.run.measure_in`` (measures one problem in a pool)."""
@@ -133,9 +136,9 @@ class PoolRunner(Runner):
         return self._pool
 
     def close(self) -> None:
-        if self._pool is not None:
+        if self._pool is not None and not self._kept:
             self._pool.close()
-            self._pool = None
+        self._pool = None
 
     def fingerprint(self) -> dict[str, Any]:
         from ficco.measure.fingerprint import fingerprint
