@@ -67,6 +67,9 @@ def fused(d: dict) -> dict:
                 "fused_tma_nowait": [],
                 "fused_tma_chunkwise": [],
                 "overlap_wins": 0,
+                "arrival_wins": 0,
+                "arrival_differs": 0,
+                "arrival_vs_overlap": [],
                 "grouped": 0,
                 "overlap_grouped_vs_chunkwise": [],
             },
@@ -83,6 +86,13 @@ def fused(d: dict) -> dict:
         over, per = t.get("fused_overlap"), t.get("per_chunk")
         if over and per and over["median_ms"] < per["median_ms"]:
             b["overlap_wins"] += 1
+        # the launch a schedule makes where chunks wait: the arriving tile where it differs
+        arrival = t.get("fused_overlap_arrival") or over
+        if arrival and per and arrival["median_ms"] < per["median_ms"]:
+            b["arrival_wins"] += 1
+        if over and "fused_overlap_arrival" in t:
+            b["arrival_differs"] += 1
+            b["arrival_vs_overlap"].append(arrival["median_ms"] / over["median_ms"])
         over_cw = t.get("fused_overlap_chunkwise")
         if "fused_tma_chunkwise" in t:
             b["grouped"] += 1
@@ -96,6 +106,9 @@ def fused(d: dict) -> dict:
             "fused_tma_chunk_descs_time_vs_cublas": geomean(b["fused_tma_chunk_descs"]),
             "fused_tma_nowait_time_vs_cublas": geomean(b["fused_tma_nowait"]),
             "fused_overlap_beats_per_chunk": f"{b['overlap_wins']} of {b['n']}",
+            "arriving_tile_beats_per_chunk": f"{b['arrival_wins']} of {b['n']}",
+            "arriving_tile_differs": f"{b['arrival_differs']} of {b['n']}",
+            "arriving_tile_vs_fused_overlap": geomean(b["arrival_vs_overlap"]),
             "fused_tma_chunk_by_chunk_time_vs_cublas": geomean(b["fused_tma_chunkwise"]),
             "chunks_grouped": f"{b['grouped']} of {b['n']}",
             "fused_overlap_grouped_vs_chunk_by_chunk": geomean(b["overlap_grouped_vs_chunkwise"]),

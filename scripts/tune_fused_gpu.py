@@ -33,6 +33,9 @@ One run (``python scripts/tune_fused_gpu.py``; JSON to ``$OUT/fused_single_gpu.j
                    step, as per_chunk's events need none; its flags are its own)
    fused_overlap_chunkwise  fused_overlap with fused_tma_chunkwise's config: what grouping
                    costs where chunks arrive
+   fused_overlap_arrival  fused_overlap with the tile tuned for arriving chunks (the
+                   tuner's ``|arriving`` entry, ``ficco.kernels.fused_arrival``: what a
+                   schedule's launch whose chunks wait takes), where it differs from fused_tma's
    per_chunk       the same arrivals with events, one ``matmul`` per chunk
    copies_alone    the side stream's copies and gaps alone (with events)
 
@@ -81,14 +84,14 @@ from ficco.kernels.configs import (  # noqa: E402
     GemmConfig,
 )
 from ficco.kernels.fused import FusedChunkViews, FusedGemm  # noqa: E402
-from ficco.kernels.fused_configs import pointer_config  # noqa: E402
+from ficco.kernels.fused_configs import fused_config, pointer_config  # noqa: E402
 from ficco.kernels.fused_tuning import tune_fused  # noqa: E402
 from ficco.kernels.tuning import config_for  # noqa: E402
 
 GAP_US = 20.0  # sleep before each peer copy: the spacing of arrivals
 SIDE_SMS = 4  # SMs the overlapped fused GEMM leaves to the side stream's kernels
 COVER_US = 1000.0  # GPU busy while the host enqueues a candidate
-ARRIVING = ("fused_overlap", "fused_overlap_chunkwise", "per_chunk")
+ARRIVING = ("fused_overlap", "fused_overlap_chunkwise", "fused_overlap_arrival", "per_chunk")
 TOLERANCE = 2e-2  # relative (Frobenius) error against fp32, bf16 operands and output
 CATALOG = REPO / "profiles" / "h200" / "fused_catalog.json"
 
@@ -185,6 +188,11 @@ def run_shape(
         "failures": record.get("failures"),
         "tune_s": record.get("tune_s"),
     }
+    # what a schedule's launch whose chunks wait on flags takes (the tuner just stored it)
+    arrival_cfg = fused_config(
+        m, n, k, n_chunks, dtype, sms, torch.device("cuda", 0), "tma", arriving=True
+    )
+    result["arrival"] = {"config": arrival_cfg.name, "tuner_pick": record.get("arrival")}
     persistent_cfg = config_for(m, n, k, dtype, sms, torch.device("cuda", 0))
     if persistent_cfg.decode or persistent_cfg.swap_ab:  # no fused tiles: the decode kernels'
         persistent_cfg = tuned
@@ -239,8 +247,12 @@ def run_shape(
             config=cfg,
             reset_waits=True,
         )
-        for name, cfg in (("fused_overlap", tuned), ("fused_overlap_chunkwise", chunkwise))
-        if name == "fused_overlap" or tuned.chunk_group > 1
+        for name, cfg, offered in (
+            ("fused_overlap", tuned, True),
+            ("fused_overlap_chunkwise", chunkwise, tuned.chunk_group > 1),
+            ("fused_overlap_arrival", arrival_cfg, arrival_cfg != tuned),
+        )
+        if offered
     }
     result["configs"] = {name: kern.config.name for name, kern in kernels.items()}
     result["configs"]["triton"] = persistent_cfg.name
@@ -339,6 +351,7 @@ def summary_line(r: dict) -> str:
         f"overlap {ms('fused_overlap'):.4f} per_chunk {ms('per_chunk'):.4f} "
         f"chunkwise {ms('fused_tma_chunkwise') / cub:.3f} "
         f"overlap_chunkwise {ms('fused_overlap_chunkwise'):.4f} "
+        f"overlap_arrival {ms('fused_overlap_arrival'):.4f} "
         f"[{r['configs']['fused_tma']}] bad={[k for k, v in r['verify'].items() if not v['ok']]}"
     )
 

@@ -4,7 +4,7 @@ that was fastest in the benchmark's interleaved, L2-flushed rounds, not the tune
 pick (which mis-ranks kernels of a few microseconds).
 
     python scripts/tuning_cache_from_benches.py RAW_CACHE OUT [--gemm bench_gemm.json]
-        [--decode bench_decode_gemm.json] [--fused] [--merge SHIPPED_CACHE]
+        [--decode bench_decode_gemm.json] [--fused] [--arrival] [--merge SHIPPED_CACHE]
 
 The shipped caches are ``schedules/<card>/gemm_tuning.json`` (inside the package, where
 ``ficco.kernels.tuning.shipped_entries`` reads them): OUT and SHIPPED_CACHE are that file to
@@ -16,7 +16,9 @@ tuner's pick and the other pick it timed beside it (``--compare-before``: the sp
 widening; ``--compare-do-bench``: do_bench's); for a ``bench_decode_gemm.py`` row between the
 tuner's pick and the fastest config of each kernel (persistent, swap-AB, split-K); with
 ``--fused``, the fused kernel's own tuning entries (``tune_fused``'s pick, ranked in the
-same interleaved rounds) as they are. The entry
+same interleaved rounds) as they are; with ``--arrival``, beside every fused entry its
+``|arriving`` twin (``ficco.kernels.fused_arrival``'s pick over the entry's own timings) where
+it has none. The entry
 keeps the tuner's record and says what chose it (``chosen_by``). Shapes that no benchmark
 timed are left out, or, with ``--merge``, keep the shipped cache's entry (a run cut by its
 time cap re-measures only some shapes).
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -105,6 +108,31 @@ def from_decode(raw: dict, bench: dict) -> dict:
     return out
 
 
+_FUSED_KEY = re.compile(r"\|(\w+)\|m=(\d+),n=(\d+),k=(\d+)\|sm=(\d+)\|fused\|chunks=(\d+)$")
+
+
+def arrival_entries(entries: dict) -> dict:
+    """The ``|arriving`` twin of every fused entry that has none: `fused_arrival`'s pick over
+    the entry's own flags-set timings (the candidates named by today's fused space)."""
+    from ficco.kernels.configs import fused_candidate_configs
+    from ficco.kernels.fused_tuning import arrival_entry
+
+    out = {}
+    for key, entry in entries.items():
+        found = _FUSED_KEY.search(key)
+        if not found or f"{key}|arriving" in entries or not entry.get("timings_ms"):
+            continue
+        dtype, m, n, k, sm, chunks = found.group(1), *map(int, found.groups()[1:])
+        elem = 4 if dtype == "float32" else 2
+        offered = fused_candidate_configs(
+            -(-m // chunks), n, k, elem, elem, chunks=chunks, sm_budget=sm
+        )
+        configs = {cfg.name: cfg for cfg in offered}
+        configs[entry["name"]] = GemmConfig.from_dict(entry["config"])
+        out[f"{key}|arriving"] = arrival_entry(entry, configs, m, n, k, chunks, sm)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("raw", type=Path)
@@ -112,6 +140,11 @@ def main() -> int:
     parser.add_argument("--gemm", type=Path)
     parser.add_argument("--decode", type=Path)
     parser.add_argument("--fused", action="store_true", help="the raw cache's fused entries too")
+    parser.add_argument(
+        "--arrival",
+        action="store_true",
+        help="add the arriving twin (ficco.kernels.fused_arrival) of every fused entry without one",
+    )
     parser.add_argument(
         "--merge",
         type=Path,
@@ -127,6 +160,8 @@ def main() -> int:
         entries.update(from_decode(raw, json.loads(args.decode.read_text())))
     if args.fused:
         entries.update({key: e for key, e in raw.items() if "|fused|" in key})
+    if args.arrival:
+        entries.update(arrival_entries(entries))
     args.out.write_text(json.dumps({"format": 1, "entries": entries}, indent=1, sort_keys=True))
     picks = [e["name"] for e in entries.values()]
     print(

@@ -187,6 +187,21 @@ def test_grouped_chunks_place_every_tile_once_in_grouped_order(chunks, chunk_gro
         assert [c for c, _, _ in placed] == sorted(c for c, _, _ in placed)
 
 
+@pytest.mark.parametrize(
+    "chunks, chunk_group, group_m", [(3, 1, 2), (3, 2, 2), (4, 4, 8), (5, 2, 1)]
+)
+def test_the_arrival_model_claims_tiles_in_the_kernels_order(chunks, chunk_group, group_m):
+    from ficco.kernels.configs import GemmConfig
+    from ficco.kernels.fused_arrival import tile_chunks
+
+    # 3 row blocks a chunk of 40 rows in 16-row tiles, 5 column blocks of 16 of 80 columns
+    cfg = GemmConfig(
+        16, 16, 16, group_m=group_m, num_stages=2, num_warps=4, chunk_group=chunk_group
+    )
+    placed = _placements(3 * 5, chunks, chunk_group, 5, group_m)
+    assert tile_chunks(cfg, 40, 80, chunks) == [c for c, _, _ in placed]
+
+
 @pytest.mark.parametrize("chunk_group", [1, 2, 3])
 def test_grouped_chunks_compute_every_chunk_and_wait_on_each(chunk_group):
     from ficco.kernels.configs import GemmConfig

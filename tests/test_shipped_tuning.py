@@ -116,6 +116,47 @@ def test_a_shipped_fused_entry_answers_the_fused_lookup(shipped_root, monkeypatc
         fused_configs.fused_config(*SHAPE, 3, torch.float32, BUDGET, CPU, "tma")
 
 
+def test_a_launch_whose_chunks_arrive_takes_the_arriving_entry_first(shipped_root, monkeypatch):
+    ready_key = FusedTuningKey.for_problem(*SHAPE, 2, torch.float32, BUDGET, CPU)
+    late_key = FusedTuningKey.for_problem(*SHAPE, 2, torch.float32, BUDGET, CPU, arriving=True)
+    assert str(late_key) == f"{ready_key}|arriving"
+    _ship(shipped_root, "card", {ready_key: SHIPPED, late_key: OWN})
+    monkeypatch.setattr(fused_configs, "untuned_fused_config", lambda *args: None)
+    lookup = (*SHAPE, 2, torch.float32, BUDGET, CPU, "tma")
+    assert fused_configs.fused_config(*lookup) == SHIPPED  # every flag ready: the fastest
+    assert fused_configs.fused_config(*lookup, arriving=True) == OWN
+    # no arriving entry: the flags-set one
+    tuning.clear_memory()
+    _ship(shipped_root, "card", {ready_key: SHIPPED})
+    assert fused_configs.fused_config(*lookup, arriving=True) == SHIPPED
+
+
+def test_every_shipped_fused_entry_has_its_arriving_twin_from_its_own_timings():
+    from ficco.kernels.configs import fused_candidate_configs
+    from ficco.kernels.fused_tuning import arrival_entry
+
+    for card in ("h100", "h200"):
+        entries = json.loads((shipped_dir("schedules") / card / "gemm_tuning.json").read_text())[
+            "entries"
+        ]
+        fused = [key for key in entries if key.endswith("|fused|chunks=2")]
+        assert len(fused) == 67, card
+        for key in fused[:5]:  # recomputed from the entry: the shipped twin is that pick
+            entry, twin = entries[key], entries[f"{key}|arriving"]
+            m, n, k = (int(part.split("=")[1]) for part in key.split("|")[3].split(","))
+            configs = {
+                c.name: c
+                for c in fused_candidate_configs(-(-m // 2), n, k, 2, 2, chunks=2, sm_budget=132)
+            }
+            configs[entry["name"]] = GemmConfig.from_dict(entry["config"])
+            again = arrival_entry(entry, configs, m, n, k, 2, 132)
+            assert (twin["name"], twin["config"]) == (again["name"], again["config"]), key
+        picked = {entries[f"{key}|arriving"]["name"] for key in fused}
+        assert picked - {entries[key]["name"] for key in fused}, (
+            card
+        )  # the model chose anew somewhere
+
+
 def test_a_shipped_file_is_read_once_per_process(shipped_root):
     _ship(shipped_root, "card", {_key(): SHIPPED})
     first = tuning.shipped_entries("gemm_tuning.json")

@@ -100,8 +100,10 @@ class FusedGemm(_Timed):
     tiles in chunk order, waiting on and setting the chunks' flags (module docstring).
 
     ``config``: the tile (default: ``fused_configs.fused_config``, chosen per shape as the
-    persistent GEMM chooses its own). ``path``: 'tma' (tensor descriptors), 'ptr' (pointer
-    loads), or None: 'tma' wherever ``tma_refusal`` finds nothing against it.
+    persistent GEMM chooses its own; ``arriving``: the tile tuned for chunks that land while
+    the launch runs, ``fused_arrival``; None: where any chunk waits on a flag).
+    ``path``: 'tma' (tensor descriptors), 'ptr' (pointer loads), or None: 'tma' wherever
+    ``tma_refusal`` finds nothing against it.
 
     FP8 operands (``ficco.kernels.scaled``): ``b`` (row- or column-major) with ``b_scale``
     (one or ``[1, N]``), every chunk with its ``a_scale``; the scales multiply the fp32 accumulator
@@ -134,6 +136,7 @@ class FusedGemm(_Timed):
         fast_accum: bool = False,
         reset_waits: bool = False,
         host_descriptors: bool | None = None,
+        arriving: bool | None = None,
     ) -> None:
         if not chunks:
             raise ValueError("fused GEMM: chunks is empty")
@@ -198,8 +201,15 @@ class FusedGemm(_Timed):
         self.b_col_major = path == "tma" and _tma_operand(b)[2]
         if config is None:
             total = sum(c.a.shape[0] for c in chunks)
-            pick = fused_config if self.scales is None else fused_scaled_config
-            config = pick(total, n, k, len(chunks), a0.dtype, sm_budget, device, path)
+            if self.scales is None:
+                late = any(c.wait is not None for c in chunks) if arriving is None else arriving
+                config = fused_config(
+                    total, n, k, len(chunks), a0.dtype, sm_budget, device, path, arriving=late
+                )
+            else:
+                config = fused_scaled_config(
+                    total, n, k, len(chunks), a0.dtype, sm_budget, device, path
+                )
         self._tabulate(config)
 
     def tma_refusal(self) -> str:

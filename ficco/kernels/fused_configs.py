@@ -2,7 +2,8 @@
 
 `fused_config` answers, in order: a configuration tuned for the fused kernel itself at this
 shape (`fused_tuning.tune_fused`, cached in the persistent GEMM's tuning file under its own key,
-or shipped in the package's copy of that file: `tuning.known_config`), else the
+or shipped in the package's copy of that file: `tuning.known_config`; for a launch whose
+chunks land while it runs, the entry tuned for that case first: `fused_arrival`), else the
 persistent GEMM's configuration for the whole problem (`tuning.config_for`: cached, tuned now,
 or the heuristic under FICCO_GEMM_AUTOTUNE=0) without its split tail (the heuristic where that
 is the split-K decode kernel's). Both draw on the one
@@ -53,13 +54,17 @@ def tma_supported(device: torch.device) -> bool:
 @dataclass(frozen=True)
 class FusedTuningKey:
     """What a fused configuration is valid for: the persistent key plus the chunk count
-    (tiles never straddle chunks, so the count changes the tiling)."""
+    (tiles never straddle chunks, so the count changes the tiling), and whether chunks land
+    during the launch (``arriving``: `fused_arrival.arrival_pick`'s entry) or are all ready
+    (`tune_fused`'s fastest)."""
 
     base: TuningKey
     chunks: int
+    arriving: bool = False
 
     def __str__(self) -> str:
-        return f"{self.base}|fused|chunks={self.chunks}"
+        tail = "|arriving" if self.arriving else ""
+        return f"{self.base}|fused|chunks={self.chunks}{tail}"
 
     @classmethod
     def for_problem(
@@ -71,10 +76,12 @@ class FusedTuningKey:
         dtype: torch.dtype,
         sm_budget: int,
         device: torch.device,
+        arriving: bool = False,
     ) -> FusedTuningKey:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        return cls(TuningKey.for_problem(m, n, k, dtype, sm_budget, device), int(chunks))
+        base = TuningKey.for_problem(m, n, k, dtype, sm_budget, device)
+        return cls(base, int(chunks), bool(arriving))
 
 
 def pointer_config(rows: int) -> GemmConfig:
@@ -106,15 +113,19 @@ def fused_config(
     sm_budget: int,
     device: torch.device,
     path: Path,
+    arriving: bool = False,
 ) -> GemmConfig:
     """The tile for a fused launch of ``chunks`` row chunks, ``m`` rows in all (module
-    docstring)."""
+    docstring); where chunks land during the launch (``arriving``), the tuned entry for that
+    case first."""
     untuned = untuned_fused_config(m, n, k, chunks, device, path)
     if untuned is not None:
         return untuned
-    hit = known_config(FusedTuningKey.for_problem(m, n, k, chunks, dtype, sm_budget, device))
-    if hit is not None:
-        return hit
+    for late in (True, False) if arriving else (False,):
+        key = FusedTuningKey.for_problem(m, n, k, chunks, dtype, sm_budget, device, late)
+        hit = known_config(key)
+        if hit is not None:
+            return hit
     chosen = config_for(m, n, k, dtype, sm_budget, device)
     if chosen.decode or chosen.swap_ab:  # the decode kernels' tiles are no fused tiles
         return heuristic_config(m, n, k)

@@ -5,18 +5,23 @@ also grouped where they are few-row), each checked against `torch.matmul` before
 (`trials.check_then_time`, the loop the persistent GEMM's tuner runs too;
 `tuning.launch_timer`'s interleaved rounds, every flag ready), and the winner (`fused_pick`:
 a grouped configuration must win by a margin) is cached in the persistent GEMM's tuning file
-under a `FusedTuningKey`, where `fused_configs.fused_config` finds it.
+under a `FusedTuningKey`, where `fused_configs.fused_config` finds it; beside it, under the
+key's ``arriving`` twin, the configuration for launches whose chunks land while they run
+(`arrival_entry`: `fused_arrival.arrival_pick` over the same timings).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
 from ficco.kernels.configs import GemmConfig, fused_candidate_configs
 from ficco.kernels.fused import FusedChunkViews, FusedGemm
+from ficco.kernels.fused_arrival import arrival_pick
 from ficco.kernels.fused_configs import FusedTuningKey
 from ficco.kernels.persistent import device_info
 from ficco.kernels.trials import (
@@ -123,6 +128,38 @@ def tune_fused(
     pick = fused_pick(trials)
     best = trials.configs[pick]
     entry = tuning_record(trials, m, n, k, "tma", start, best=pick)
+    late_entry = arrival_entry(entry, trials.configs, m, n, k, chunks, budget)
+    entry["arrival"] = late_entry["name"]
     if write_cache:
         store(key, entry)
+        store(replace(key, arriving=True), late_entry)
     return best, entry
+
+
+def arrival_entry(
+    entry: dict,
+    configs: dict[str, GemmConfig],
+    m: int,
+    n: int,
+    k: int,
+    chunks: int,
+    sm_budget: int,
+) -> dict:
+    """The tuning cache's entry for launches whose chunks land while they run, from a fused
+    tuning ``entry`` (its flags-set ``timings_ms``; ``configs``: the timed configurations by
+    name): `fused_arrival.arrival_pick`'s configuration, with every candidate's modelled
+    time."""
+    name, modelled = arrival_pick(
+        entry["timings_ms"], configs, -(-m // chunks), n, k, chunks, sm_budget
+    )
+    late = dict(entry)
+    late.update(
+        config=configs[name].to_dict(),
+        name=name,
+        ms=entry["timings_ms"][name],
+        chosen_by="arrival model (ficco.kernels.fused_arrival)",
+        modelled_ms={key: round(value, 6) for key, value in modelled.items()},
+    )
+    late["tflops"] = 2.0 * m * n * k / (late["ms"] * 1e-3) / 1e12 if late["ms"] > 0 else math.nan
+    late.pop("arrival", None)
+    return late

@@ -1,0 +1,127 @@
+"""The fused GEMM's tile where chunks arrive during the launch: `arrival_pick`.
+
+`fused_tuning.tune_fused` times every candidate with every flag set, the best case. In a
+schedule the peers' chunks land while the launch runs, and a tile whose chunk has not
+landed holds its program: a tile that filled one wave with flags set leaves the late
+chunk's tiles, started when it lands, a whole wave to themselves. What the launch then
+takes is modelled here, per candidate, from its flags-set time:
+
+- the tiles run in the kernel's claim order (`tile_chunks`, `_tile_place`'s arithmetic:
+  chunk by chunk, or ``chunk_group`` chunks interleaved in grouped order), each program
+  taking the next unit when it is free and starting it once the unit's chunk has landed
+  (a list schedule over ``sm_budget * programs_per_sm`` programs);
+- a whole tile costs the flags-set time over the launch's waves (a split tail's K range
+  its share of one);
+- chunk ``i`` of ``C`` lands at ``i / C`` of the fastest candidate's flags-set time
+  (`just_in_time`): the arrivals of a schedule whose communication keeps pace with its
+  GEMM, the case overlap is for.
+
+`arrival_pick` keeps the candidate with the least modelled time. Against the measured
+side-stream arrival case of `scripts/tune_fused_gpu.py` (`scripts/fused_arrival_model.py`)
+the model came within 10% at 59 of 67 shapes on one H200 (call K) and 52 of 64 on one H100
+(run 9), never more than 3% above the measurement, up to 30% below it; the benchmark
+times the tile it picks beside the others.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping, Sequence
+
+from ficco.kernels.configs import GemmConfig, split_plan
+
+
+def _grouped_row_block(t: int, num_pid_m: int, num_pid_n: int, group_m: int) -> int:
+    # tiles._tile_coords's row block of tile t (grouped order), in Python
+    in_group = group_m * num_pid_n
+    first = (t // in_group) * group_m
+    size = min(num_pid_m - first, group_m)
+    return first + t % size
+
+
+def tile_chunks(config: GemmConfig, rows: int, n: int, chunks: int) -> list[int]:
+    """The chunk of each tile of ``chunks`` chunks of ``rows`` rows, in the order the fused
+    kernel claims them (`fused_kernel._tile_place` where every chunk has as many tiles)."""
+    blocks = -(-rows // config.block_m)
+    num_pid_n = -(-n // config.block_n)
+    per_chunk = blocks * num_pid_n
+    group = max(1, min(config.chunk_group, chunks))
+    order = []
+    for tile in range(chunks * per_chunk):
+        g = tile // (group * per_chunk)
+        first = g * group
+        members = min(group, chunks - first)
+        row_block = _grouped_row_block(
+            tile - g * group * per_chunk, members * blocks, num_pid_n, config.group_m
+        )
+        order.append(first + row_block // blocks)
+    return order
+
+
+def arrival_ms(
+    config: GemmConfig,
+    flags_set_ms: float,
+    rows: int,
+    n: int,
+    k: int,
+    ready_ms: Sequence[float],
+    sm_budget: int,
+) -> float:
+    """The modelled time of a launch of ``len(ready_ms)`` chunks of ``rows`` rows whose chunk
+    ``i`` lands at ``ready_ms[i]``, for a configuration whose time with every flag set is
+    ``flags_set_ms`` (module docstring)."""
+    chunks = len(ready_ms)
+    order = tile_chunks(config, rows, n, chunks)
+    programs = sm_budget * config.programs_per_sm
+    plan = split_plan(len(order), programs, -(-k // config.block_k)) if config.split_tail else None
+    if plan is None:
+        units = [(chunk, 1.0) for chunk in order]
+        waves = float(math.ceil(len(order) / programs))
+    else:
+        units = [(chunk, 1.0) for chunk in order[: plan.dp_tiles]]
+        units += [
+            (chunk, 1.0 / plan.split) for chunk in order[plan.dp_tiles :] for _ in range(plan.split)
+        ]
+        waves = math.ceil(plan.dp_tiles / programs) + 1.0 / plan.split
+    tile_ms = flags_set_ms / waves
+    free = [0.0] * min(programs, len(units))  # when each program next takes a unit
+    end = 0.0
+    for chunk, share in units:
+        start = max(heapq.heappop(free), ready_ms[chunk])
+        done = start + share * tile_ms
+        end = max(end, done)
+        heapq.heappush(free, done)
+    return end
+
+
+def just_in_time(reference_ms: float, chunks: int) -> list[float]:
+    """Chunk ``i`` lands at ``i / chunks`` of ``reference_ms``: communication that keeps pace
+    with a GEMM of that time."""
+    return [reference_ms * i / chunks for i in range(chunks)]
+
+
+def arrival_pick(
+    timings_ms: Mapping[str, float],
+    configs: Mapping[str, GemmConfig],
+    rows: int,
+    n: int,
+    k: int,
+    chunks: int,
+    sm_budget: int,
+) -> tuple[str, dict[str, float]]:
+    """The name of the configuration with the least modelled time where chunks land just in
+    time, and every timed configuration's modelled time (ms). ``timings_ms`` are the
+    flags-set times (`tune_fused`'s), ``configs`` their configurations by name; a name
+    without one is passed over."""
+    timed = {name: ms for name, ms in timings_ms.items() if name in configs}
+    if not timed:
+        raise ValueError("arrival_pick: no timed configuration is among the configs")
+    ready = just_in_time(min(timed.values()), chunks)
+    modelled = {
+        name: arrival_ms(configs[name], ms, rows, n, k, ready, sm_budget)
+        for name, ms in timed.items()
+    }
+    # ties go to the faster flags-set time, then the name (a stable pick)
+    pick = min(modelled, key=lambda name: (modelled[name], timed[name], name))
+    return pick, modelled
