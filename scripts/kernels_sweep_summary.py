@@ -93,11 +93,6 @@ def fused(d: dict) -> dict:
         if over and "fused_overlap_arrival" in t:
             b["arrival_differs"] += 1
             b["arrival_vs_overlap"].append(arrival["median_ms"] / over["median_ms"])
-        for name in t:  # waiting tiles pausing between flag loads (spin_ns)
-            if name.startswith("fused_overlap_pause") and arrival and per:
-                pause = b.setdefault(name, {"vs_launch": [], "wins": 0})
-                pause["vs_launch"].append(t[name]["median_ms"] / arrival["median_ms"])
-                pause["wins"] += t[name]["median_ms"] < per["median_ms"]
         over_cw = t.get("fused_overlap_chunkwise")
         if "fused_tma_chunkwise" in t:
             b["grouped"] += 1
@@ -117,16 +112,6 @@ def fused(d: dict) -> dict:
             "fused_tma_chunk_by_chunk_time_vs_cublas": geomean(b["fused_tma_chunkwise"]),
             "chunks_grouped": f"{b['grouped']} of {b['n']}",
             "fused_overlap_grouped_vs_chunk_by_chunk": geomean(b["overlap_grouped_vs_chunkwise"]),
-            **{
-                f"{name}_vs_launch": geomean(v["vs_launch"])
-                for name, v in sorted(b.items())
-                if name.startswith("fused_overlap_pause")
-            },
-            **{
-                f"{name}_beats_per_chunk": f"{v['wins']} of {len(v['vs_launch'])}"
-                for name, v in sorted(b.items())
-                if name.startswith("fused_overlap_pause")
-            },
         }
         for band, b in sorted(bands.items())
     }

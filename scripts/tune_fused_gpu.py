@@ -36,8 +36,6 @@ One run (``python scripts/tune_fused_gpu.py``; JSON to ``$OUT/fused_single_gpu.j
    fused_overlap_arrival  fused_overlap with the tile tuned for arriving chunks (the
                    tuner's ``|arriving`` entry, ``ficco.kernels.fused_arrival``: what a
                    schedule's launch whose chunks wait takes), where it differs from fused_tma's
-   fused_overlap_pause{N}  the launch a schedule makes (fused_overlap_arrival's tile where
-                   it has one) with waiting tiles pausing N ns between flag loads (``spin_ns``)
    per_chunk       the same arrivals with events, one ``matmul`` per chunk
    copies_alone    the side stream's copies and gaps alone (with events)
 
@@ -93,14 +91,7 @@ from ficco.kernels.tuning import config_for  # noqa: E402
 GAP_US = 20.0  # sleep before each peer copy: the spacing of arrivals
 SIDE_SMS = 4  # SMs the overlapped fused GEMM leaves to the side stream's kernels
 COVER_US = 1000.0  # GPU busy while the host enqueues a candidate
-PAUSES_NS = (100, 500, 2000)  # spin_ns of the fused_overlap_pause{N} variants
-ARRIVING = (
-    "fused_overlap",
-    "fused_overlap_chunkwise",
-    "fused_overlap_arrival",
-    *(f"fused_overlap_pause{ns}" for ns in PAUSES_NS),
-    "per_chunk",
-)
+ARRIVING = ("fused_overlap", "fused_overlap_chunkwise", "fused_overlap_arrival", "per_chunk")
 TOLERANCE = 2e-2  # relative (Frobenius) error against fp32, bf16 operands and output
 CATALOG = REPO / "profiles" / "h200" / "fused_catalog.json"
 
@@ -255,7 +246,6 @@ def run_shape(
             timeout_s=10.0,
             config=cfg,
             reset_waits=True,
-            spin_ns=0,
         )
         for name, cfg, offered in (
             ("fused_overlap", tuned, True),
@@ -264,16 +254,6 @@ def run_shape(
         )
         if offered
     }
-    for ns in PAUSES_NS:
-        overlaps[f"fused_overlap_pause{ns}"] = FusedGemm(
-            overlap_views,
-            b,
-            sm_budget=sms - SIDE_SMS,
-            timeout_s=10.0,
-            config=arrival_cfg,
-            reset_waits=True,
-            spin_ns=ns,
-        )
     result["configs"] = {name: kern.config.name for name, kern in kernels.items()}
     result["configs"]["triton"] = persistent_cfg.name
     result["paths"] = {name: kern.path for name, kern in kernels.items()}

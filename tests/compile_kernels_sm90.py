@@ -52,11 +52,7 @@ def compile_persistent(cfg: GemmConfig, split_tail: bool, swap_ab: bool = False)
 
 
 def compile_fused(
-    cfg: GemmConfig,
-    pointer_stores: bool,
-    host_descs: bool = True,
-    split_tail: bool = False,
-    spin_ns: int = 0,
+    cfg: GemmConfig, pointer_stores: bool, host_descs: bool = True, split_tail: bool = False
 ) -> dict:
     # pointer stores come with reset_waits here; without them the claim-only exit compiles
     t0 = time.perf_counter()
@@ -81,12 +77,9 @@ def compile_fused(
         EPILOGUE_SUBTILE=cfg.epilogue_subtile, ON_GPU=True, INPUT_PRECISION="tf32",
         TABLE_COLS=_TABLE_COLS, POINTER_STORES=pointer_stores, SCALED=False, A_ROWWISE=False,
         B_COLWISE=False, IMPRECISE_ACC=None, RESET_WAITS=pointer_stores, HOST_DESCS=host_descs,
-        SPLIT_TAIL=split_tail, SPIN_NS=spin_ns,
+        SPLIT_TAIL=split_tail,
     )  # fmt: skip
-    kernel = _compile(_fused_gemm_kernel, pointers, descs, constants, cfg)
-    found = _report(kernel, t0)
-    found["nanosleep"] = kernel.asm["ptx"].count("nanosleep.u32")  # SPIN_NS's pauses
-    return found
+    return _report(_compile(_fused_gemm_kernel, pointers, descs, constants, cfg), t0)
 
 
 def main() -> None:
@@ -103,7 +96,6 @@ def main() -> None:
             "fused_pointer_stores": compile_fused(cfg, True),
             "fused_device_descriptors": compile_fused(cfg, True, host_descs=False),
             "fused_split_tail": compile_fused(cfg, False, split_tail=True),
-            "fused_spin_pause": compile_fused(cfg, False, spin_ns=256),
         }
     swap = GemmConfig(16, 128, 128, 8, 5, 4, swap_ab=True)
     found[swap.name] = {

@@ -373,19 +373,3 @@ def test_split_candidates_where_the_launch_leaves_a_short_wave():
     few = fused_candidate_configs(64, 3072, 4096, 2, 2, chunks=2, sm_budget=132)
     assert any(c.split_tail and c.chunk_group == 2 for c in few)  # grouped and split
     assert not any(c.split_tail for c in fused_candidate_configs(64, 3072, 4096, 2, 2))
-
-
-def test_spin_pause_must_be_a_small_non_negative_int():
-    from ficco.kernels.fused import SPIN_NS, FusedChunkViews, FusedGemm
-
-    a, b, out = torch.randn(32, 16), torch.randn(16, 8), torch.zeros(32, 8)
-    flags = torch.ones(1, dtype=torch.int32)
-    waiting = [FusedChunkViews(a[:16], out[:16]), FusedChunkViews(a[16:], out[16:], wait=flags)]
-    assert FusedGemm(waiting, b, sm_budget=2, timeout_s=5.0).spin_ns == SPIN_NS
-    for bad in (-1, 1 << 20, 2.5, True):
-        with pytest.raises(ValueError, match="spin_ns must be an int"):
-            FusedGemm(waiting, b, sm_budget=2, timeout_s=5.0, spin_ns=bad)
-    kernel = FusedGemm(waiting, b, sm_budget=2, timeout_s=5.0, spin_ns=300)
-    kernel()  # the interpreter spins without pausing; the flag is set: no spin at all
-    kernel.raise_on_timeout("launch")
-    assert (out - a @ b).abs().max().item() < 1e-4

@@ -48,28 +48,15 @@ def _acquire_load(flag_ptr, ON_GPU: tl.constexpr):
 
 
 @triton.jit
-def _nanosleep(ns):
-    # this thread pauses about `ns` nanoseconds (PTX nanosleep, sm_70+)
-    return tl.inline_asm_elementwise(
-        "nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r", [ns], dtype=tl.int32, is_pure=False,
-        pack=1,
-    )  # fmt: skip
-
-
-@triton.jit
-def _wait_flag(flag_ptr, budget_ns, ON_GPU: tl.constexpr, SPIN_NS: tl.constexpr = 0):
+def _wait_flag(flag_ptr, budget_ns, ON_GPU: tl.constexpr):
     # The flag's value once it is nonzero: positive = arrived, negative = given up (by a
     # tile that timed out, or by the host watchdog under the interpreter). One acquire when
     # the flag is already set; a spin of volatile loads, then the acquire, when it is not.
-    # SPIN_NS > 0: each thread pauses that long between loads, so the waiting programs'
-    # loads do not crowd the memory system that the awaited chunk's data travels through.
     val = _acquire_load(flag_ptr, ON_GPU)
     if val == 0:
         if ON_GPU:
             start = _globaltimer()
             while val == 0:
-                if SPIN_NS > 0:
-                    _nanosleep(tl.full((), SPIN_NS, tl.int32))
                 val = tl.load(flag_ptr, volatile=True)
                 elapsed = _globaltimer() - start
                 if (val == 0) & (elapsed > budget_ns):

@@ -90,9 +90,6 @@ from ficco.kernels.scaled_fused import fused_scaled_config, fused_scales
 
 __all__ = ["FlagTimeout", "FlagWait", "FusedChunkViews", "FusedCopyViews", "FusedGemm"]
 
-#: A waiting tile's pause between loads of a flag not yet set, in nanoseconds (0: none)
-SPIN_NS = 0
-
 _PRECISION = {torch.float32: "ieee", torch.float16: "tf32", torch.bfloat16: "tf32"}
 _PRECISION.update(dict.fromkeys(FP8_DTYPES, "tf32"))  # unused by fp8 dots
 
@@ -111,9 +108,6 @@ class FusedGemm(_Timed):
     FP8 operands (``ficco.kernels.scaled``): ``b`` (row- or column-major) with ``b_scale``
     (one or ``[1, N]``), every chunk with its ``a_scale``; the scales multiply the fp32 accumulator
     before the store (``fast_accum``: as ``scaled``'s, promotion per K step when False).
-
-    ``spin_ns``: a waiting tile's pause between its loads of a flag not yet set (default
-    ``SPIN_NS``; 0: none), so spinning programs leave the memory system to the arriving data.
 
     ``reset_waits``: the launch's last program zeroes every chunk's ``wait`` flag once every
     tile has read it, so the next launch waits for new arrivals with no memset before it
@@ -143,7 +137,6 @@ class FusedGemm(_Timed):
         reset_waits: bool = False,
         host_descriptors: bool | None = None,
         arriving: bool | None = None,
-        spin_ns: int | None = None,
     ) -> None:
         if not chunks:
             raise ValueError("fused GEMM: chunks is empty")
@@ -183,10 +176,6 @@ class FusedGemm(_Timed):
         self.flag_ref = torch.zeros(1, dtype=torch.int32, device=device)
         self.chunks, self.n, self.k, self.sm_budget = list(chunks), n, k, sm_budget
         self.reset_waits = bool(reset_waits)
-        spin_ns = SPIN_NS if spin_ns is None else spin_ns
-        if isinstance(spin_ns, bool) or not isinstance(spin_ns, int) or not 0 <= spin_ns < 1 << 20:
-            raise ValueError(f"fused GEMM: spin_ns must be an int in [0, 2**20), got {spin_ns!r}")
-        self.spin_ns = spin_ns
         if host_descriptors is None:
             host_descriptors = not INTERPRETER
         self.host_descriptors = bool(host_descriptors)
@@ -382,8 +371,6 @@ class FusedGemm(_Timed):
             meta["HOST_DESCS"] = True
         if self.plan:
             meta["SPLIT_TAIL"] = True
-        if self.spin_ns and any(c.wait is not None for c in self.chunks):
-            meta["SPIN_NS"] = self.spin_ns
         if sc is not None:
             meta.update(
                 SCALED=True, A_ROWWISE=sc.rowwise, B_COLWISE=sc.colwise,

@@ -148,7 +148,6 @@ def _fused_gemm_kernel(
     RESET_WAITS: tl.constexpr = False,  # the last program zeroes every chunk's wait flag
     HOST_DESCS: tl.constexpr = False,  # TMA: A and C through a_host_desc and c_host_desc
     SPLIT_TAIL: tl.constexpr = False,  # a short last wave's tiles split along K (split_plan)
-    SPIN_NS: tl.constexpr = 0,  # a waiting tile's pause between flag loads (flags._wait_flag)
 ):
     next_tile_ptr = work_ptr
     done_ptr = work_ptr + 1
@@ -219,7 +218,7 @@ def _fused_gemm_kernel(
             chunk < 64, tl.full((), 1, tl.int64) << tl.minimum(chunk, 63).to(tl.int64), 0
         )
         if (has_wait != 0) & ((acquired & chunk_bit) == 0):
-            ready = _wait_flag(flag_ref + wait_off, budget_ns, ON_GPU, SPIN_NS)
+            ready = _wait_flag(flag_ref + wait_off, budget_ns, ON_GPU)
             if ready > 0:
                 acquired = acquired | chunk_bit
                 if USE_TMA and ON_GPU:
