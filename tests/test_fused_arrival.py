@@ -31,11 +31,18 @@ def test_the_pick_trades_flags_set_speed_for_a_late_chunk_filling_the_programs()
     timings = {WIDE.name: WIDE_MS, NARROW.name: NARROW_MS}
     configs = {WIDE.name: WIDE, NARROW.name: NARROW}
     pick, modelled = arrival_pick(timings, configs, ROWS, N, K, 2, SMS)
-    assert pick == NARROW.name  # slower with every flag set, faster where the chunk arrives
-    assert modelled[WIDE.name] == pytest.approx(WIDE_MS / 2 + WIDE_MS)
-    assert modelled[NARROW.name] == pytest.approx(NARROW_MS)
-    # the chunks' arrival: the second lands halfway through the fastest flags-set time
+    # just in time, the second chunk lands halfway through the fastest flags-set time
     assert just_in_time(WIDE_MS, 2) == [0.0, WIDE_MS / 2]
+    assert modelled[WIDE.name]["just_in_time_ms"] == pytest.approx(WIDE_MS / 2 + WIDE_MS)
+    assert modelled[NARROW.name]["just_in_time_ms"] == pytest.approx(NARROW_MS)
+    assert modelled[WIDE.name]["ready_ms"] == pytest.approx(WIDE_MS)
+    # regrets: WIDE 1.29 where the chunk lands just in time, NARROW 1.16 where it is ready
+    assert modelled[WIDE.name]["regret"] == pytest.approx((WIDE_MS * 1.5) / NARROW_MS)
+    assert modelled[NARROW.name]["regret"] == pytest.approx(NARROW_MS / WIDE_MS)
+    assert pick == NARROW.name
+    # a narrow tile that costs more with every flag set than it buys: the wide one stays
+    slow = {WIDE.name: WIDE_MS, NARROW.name: 0.070}
+    assert arrival_pick(slow, configs, ROWS, N, K, 2, SMS)[0] == WIDE.name
     # a name the configs do not know is passed over; none known is an error
     assert arrival_pick({**timings, "gone": 0.001}, configs, ROWS, N, K, 2, SMS)[0] == pick
     with pytest.raises(ValueError, match="no timed configuration"):

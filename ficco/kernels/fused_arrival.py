@@ -16,11 +16,20 @@ takes is modelled here, per candidate, from its flags-set time:
   (`just_in_time`): the arrivals of a schedule whose communication keeps pace with its
   GEMM, the case overlap is for.
 
-`arrival_pick` keeps the candidate with the least modelled time. Against the measured
-side-stream arrival case of `scripts/tune_fused_gpu.py` (`scripts/fused_arrival_model.py`)
-the model came within 10% at 59 of 67 shapes on one H200 (call K) and 52 of 64 on one H100
-(run 9), never more than 3% above the measurement, up to 30% below it; the benchmark
-times the tile it picks beside the others.
+Chunks landing just in time is the latest a schedule that overlaps well sees them; its
+transfers may as well end long before their GEMM (a wide N: the GEMM grows with N, the
+transfer does not), and then the flags-set tile was right. On two H200s (the overlap suite,
+`shard/ce/triton+fused`, `profiles/h200x2/NOTES_overlap.md`) the tile picked for
+just-in-time arrivals alone ran 1.12x and 1.16x the flags-set tile's time at
+1024x28672x8192 and 4096x5120x8192 (the unchanged `shard/ce/triton` 0.99x between the two
+runs). So `arrival_pick` keeps the candidate whose worse regret over the two arrivals (all
+ready; just in time) is least: a tile slower with every flag set must buy more where
+chunks land late than it costs where they do not.
+
+Against the measured side-stream arrival case of `scripts/tune_fused_gpu.py`
+(`scripts/fused_arrival_model.py`) the model came within 10% at 59 of 67 shapes on one
+H200 (call K) and 52 of 64 on one H100 (run 9), never more than 3% above the measurement,
+up to 30% below it; the benchmark times the tile picked beside the others.
 """
 
 from __future__ import annotations
@@ -109,19 +118,29 @@ def arrival_pick(
     k: int,
     chunks: int,
     sm_budget: int,
-) -> tuple[str, dict[str, float]]:
-    """The name of the configuration with the least modelled time where chunks land just in
-    time, and every timed configuration's modelled time (ms). ``timings_ms`` are the
-    flags-set times (`tune_fused`'s), ``configs`` their configurations by name; a name
-    without one is passed over."""
+) -> tuple[str, dict[str, dict[str, float]]]:
+    """The name of the configuration with the least worst regret over two arrivals (every
+    chunk ready at once; chunks landing just in time), and per timed configuration its
+    modelled times (ms) and that regret. ``timings_ms`` are the flags-set times
+    (`tune_fused`'s), ``configs`` their configurations by name; a name without one is passed
+    over. A regret is the modelled time over the best modelled time of the same arrival."""
     timed = {name: ms for name, ms in timings_ms.items() if name in configs}
     if not timed:
         raise ValueError("arrival_pick: no timed configuration is among the configs")
-    ready = just_in_time(min(timed.values()), chunks)
+    arrivals = {
+        "ready_ms": [0.0] * chunks,
+        "just_in_time_ms": just_in_time(min(timed.values()), chunks),
+    }
     modelled = {
-        name: arrival_ms(configs[name], ms, rows, n, k, ready, sm_budget)
+        name: {
+            case: arrival_ms(configs[name], ms, rows, n, k, ready, sm_budget)
+            for case, ready in arrivals.items()
+        }
         for name, ms in timed.items()
     }
+    best = {case: min(m[case] for m in modelled.values()) for case in arrivals}
+    for m in modelled.values():
+        m["regret"] = max(m[case] / best[case] for case in arrivals)
     # ties go to the faster flags-set time, then the name (a stable pick)
-    pick = min(modelled, key=lambda name: (modelled[name], timed[name], name))
+    pick = min(modelled, key=lambda name: (modelled[name]["regret"], timed[name], name))
     return pick, modelled

@@ -148,7 +148,7 @@ def arrival_entry(
     """The tuning cache's entry for launches whose chunks land while they run, from a fused
     tuning ``entry`` (its flags-set ``timings_ms``; ``configs``: the timed configurations by
     name): `fused_arrival.arrival_pick`'s configuration, with every candidate's modelled
-    time."""
+    times and regret."""
     name, modelled = arrival_pick(
         entry["timings_ms"], configs, -(-m // chunks), n, k, chunks, sm_budget
     )
@@ -157,8 +157,11 @@ def arrival_entry(
         config=configs[name].to_dict(),
         name=name,
         ms=entry["timings_ms"][name],
-        chosen_by="arrival model (ficco.kernels.fused_arrival)",
-        modelled_ms={key: round(value, 6) for key, value in modelled.items()},
+        chosen_by="arrival model (ficco.kernels.fused_arrival): least worst regret",
+        modelled={
+            key: {case: round(value, 6) for case, value in cases.items()}
+            for key, cases in modelled.items()
+        },
     )
     late["tflops"] = 2.0 * m * n * k / (late["ms"] * 1e-3) / 1e12 if late["ms"] > 0 else math.nan
     late.pop("arrival", None)
