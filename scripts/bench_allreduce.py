@@ -56,6 +56,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from rank_spawn import spawn_ranks  # noqa: E402
 
+from ficco.execute.options import TimingOptions  # noqa: E402
+from ficco.execute.timing import RanksClock, time_rounds  # noqa: E402
+
 TRANSPORTS = ("nccl", "one_shot", "two_shot", "ce_pull", "ce_pull_batched")
 #: (b): the models and token counts of the layer suite
 MODELS = ("llama3-8b", "llama3-70b", "mistral-large-2")
@@ -135,23 +138,6 @@ def verify(op: AllReduce, seed: int) -> float:
     return float((got - want).norm() / want.norm().clamp_min(1e-30))
 
 
-def _max_over_ranks(ms: float, device) -> float:
-    t = torch.tensor([ms], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
-def time_eager(op: AllReduce) -> float:
-    dist.barrier(group=op.group)
-    torch.cuda.synchronize(op.device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    op()
-    end.record()
-    end.synchronize()
-    return _max_over_ranks(start.elapsed_time(end), op.device)
-
-
 def capture(op: AllReduce, iters: int) -> torch.cuda.CUDAGraph:
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream(device=op.device)
@@ -165,17 +151,6 @@ def capture(op: AllReduce, iters: int) -> torch.cuda.CUDAGraph:
             op()
     torch.cuda.synchronize(op.device)
     return graph
-
-
-def time_graph(op: AllReduce, graph: torch.cuda.CUDAGraph, iters: int) -> float:
-    dist.barrier(group=op.group)
-    torch.cuda.synchronize(op.device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    return _max_over_ranks(start.elapsed_time(end) / iters, op.device)
 
 
 def _stats(values: list[float]) -> dict:
@@ -216,16 +191,21 @@ def one_size(nbytes: int, group, device, args: dict) -> list[dict]:
             _all_ranks(True, device)
         elif "failure" not in row:
             row["failure"] = "failed on another rank"
-    names = list(timed)
-    for r in range(args["rounds"] + 1):  # round 0 warms up
-        for name in names[r % max(1, len(names)) :] + names[: r % max(1, len(names))]:
-            eager = time_eager(ops[name])
-            graph = timed[name].get("_graph")
-            graphed = time_graph(ops[name], graph, args["graph_iters"]) if graph else None
-            if r:
-                timed[name]["eager"].append(eager)
-                if graphed is not None:
-                    timed[name]["graph"].append(graphed)
+    # every transport eager and graphed, interleaved (rotated), one untimed call each first;
+    # a graphed sample is one replay of graph_iters calls
+    fns = {}
+    for name, got in timed.items():
+        fns[f"{name}\teager"] = ops[name]
+        if got.get("_graph") is not None:
+            fns[f"{name}\tgraph"] = got["_graph"].replay
+    samples = time_rounds(
+        fns, TimingOptions(warmup=1, rounds=args["rounds"]), RanksClock(device, group), "synced",
+        rotate=True,
+    )  # fmt: skip
+    for key, values in samples.items():
+        name, mode = key.split("\t")
+        per_call = args["graph_iters"] if mode == "graph" else 1
+        timed[name][mode] = [v / per_call for v in values]
     for name, samples in timed.items():
         for mode in ("eager", "graph"):
             if samples.get(mode):

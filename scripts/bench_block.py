@@ -56,6 +56,9 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from rank_spawn import end_rank, spawn_ranks  # noqa: E402
 
+from ficco.execute.options import TimingOptions  # noqa: E402
+from ficco.execute.timing import RanksClock, time_rounds  # noqa: E402
+
 MODELS = ("llama3-8b", "llama3-70b")
 TOKENS = (2048, 4096, 8192, 16384, 32768)
 IMPLS = ("ficco", "serial", "async_tp")
@@ -419,25 +422,25 @@ def _all_ranks_true(flag: bool, device) -> bool:
 
 def time_steps(fns: dict, inputs, weights, rounds: int, device) -> dict[str, float]:
     """Median over ``rounds`` of one step's time per implementation (a step runs the whole
-    token cycle), interleaved round by round, per round the max over ranks."""
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    names = list(fns)
-    if not names:  # every implementation failed its check: nothing to time
+    token cycle), interleaved round by round (rotated), per round the max over ranks
+    (``ficco.execute.timing``: `time_rounds` on a `RanksClock`), after two untimed steps."""
+    if not fns:  # every implementation failed its check: nothing to time
         return {}
-    for r in range(rounds + 2):  # two warm-up rounds
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            dist.barrier()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+
+    def cycle(fn):
+        def run() -> None:
             for x, probe in inputs:
-                one_step(fns[name], x, weights, probe)
-            end.record()
-            end.synchronize()
-            t = torch.tensor([start.elapsed_time(end)], device=device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            if r >= 2:
-                samples[name].append(float(t.item()))
+                one_step(fn, x, weights, probe)
+
+        return run
+
+    samples = time_rounds(
+        {name: cycle(fn) for name, fn in fns.items()},
+        TimingOptions(warmup=2, rounds=rounds),
+        RanksClock(device),
+        "synced",
+        rotate=True,
+    )
     return {name: statistics.median(v) for name, v in samples.items()}
 
 

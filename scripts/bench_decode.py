@@ -58,6 +58,9 @@ from bench_block import (  # noqa: E402
 )
 from rank_spawn import end_rank, spawn_ranks  # noqa: E402
 
+from ficco.execute.options import TimingOptions  # noqa: E402
+from ficco.execute.timing import RanksClock, time_rounds  # noqa: E402
+
 BATCHES = (1, 4, 16, 64, 256)
 IMPLS = ("ficco", "nccl", "two_shot", "no_comm")
 
@@ -191,9 +194,10 @@ def one_batch(batch: int, rank: int, world: int, device, args: dict) -> dict:
 
 
 def time_graphed(steps: dict, args: dict, device) -> dict:
-    """Each step captured in a CUDA graph and replayed, interleaved; median of the max over
-    ranks. A step whose capture fails is timed eagerly and says so."""
-    graphs, mode, samples = {}, {}, {name: [] for name in steps}
+    """Each step captured in a CUDA graph and replayed, interleaved (rotated: `time_rounds` on
+    a `RanksClock`, two untimed replays first); median of the max over ranks. A step whose
+    capture fails is timed eagerly and says so."""
+    graphs, mode = {}, {}
     for name, step in steps.items():
         try:
             graph = torch.cuda.CUDAGraph()
@@ -207,20 +211,10 @@ def time_graphed(steps: dict, args: dict, device) -> dict:
             graphs[name], mode[name] = step, f"eager (capture failed: {type(err).__name__})"
             torch.cuda.synchronize()
         dist.barrier()
-    names = list(steps)
-    for r in range(args["rounds"] + 2):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            dist.barrier()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graphs[name]()
-            end.record()
-            end.synchronize()
-            t = torch.tensor([start.elapsed_time(end)], device=device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            if r >= 2:
-                samples[name].append(float(t.item()))
+    samples = time_rounds(
+        graphs, TimingOptions(warmup=2, rounds=args["rounds"]), RanksClock(device), "synced",
+        rotate=True,
+    )  # fmt: skip
     ms = {name: statistics.median(v) for name, v in samples.items()}
     out = {"ms": ms, "mode": mode}
     if "ficco" in ms:

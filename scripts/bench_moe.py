@@ -212,6 +212,9 @@ def _transfer_size(nbytes: int, rank: int, world: int, device, config: dict) -> 
     import torch.distributed as dist
     import torch.distributed._symmetric_memory as symm_mem
 
+    from ficco.execute.options import TimingOptions
+    from ficco.execute.timing import RanksClock, time_rounds
+
     group_name = dist.group.WORLD.group_name
     numel = nbytes // 2 // world * world
     block = numel // world  # elements this rank sends each rank
@@ -293,21 +296,10 @@ def _transfer_size(nbytes: int, rank: int, world: int, device, config: dict) -> 
         if not torch.equal(recv, want):
             row["failures"][name] = "output differs from the reference"
             fns.pop(name)
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for r in range(config["rounds"] + 1):  # round 0 warms up
-        for name, fn in fns.items():
-            dist.barrier()
-            torch.cuda.synchronize()
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            t = torch.tensor([start.elapsed_time(end)], device=device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            if r:
-                samples[name].append(float(t.item()))
+    # one untimed call each, then interleaved rounds, each sample the max over ranks
+    samples = time_rounds(
+        fns, TimingOptions(warmup=1, rounds=config["rounds"]), RanksClock(device), "synced"
+    )
     for name, values in samples.items():
         med = statistics.median(values)
         row[name] = {"median_ms": med, "gbps": (world - 1) / world * numel * 2 / med / 1e6}

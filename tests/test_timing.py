@@ -171,3 +171,54 @@ def test_run_schedules_times_on_cpu_and_refuses_what_cpu_cannot_do():
         run_schedules(problem, [Schedule()], backend="tpu")
     with pytest.raises(ValueError, match="signatures: the cpu backend times no per-task spans"):
         CpuRunner(timing=TimingOptions(signatures=True))
+
+
+def _ranks_clock_rank(rank: int, world: int, store_path: str, out_dir: str) -> None:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from ficco.execute.timing import RanksClock
+
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    order: list[str] = []
+
+    def step(name: str, ms: float):
+        def run() -> None:
+            order.append(name)
+            time.sleep(ms / 1e3)
+
+        return run
+
+    try:
+        # rank 1's "slow" takes 40 ms, rank 0's 1 ms: every rank's sample is the max
+        fns = {"slow": step("slow", 40.0 if rank == 1 else 1.0), "fast": step("fast", 1.0)}
+        got = time_rounds(
+            fns, TimingOptions(warmup=1, rounds=3), RanksClock(torch.device("cpu")), "synced",
+            rotate=True,
+        )  # fmt: skip
+        with open(f"{out_dir}/{rank}.json", "w") as f:
+            json.dump({"samples": got, "order": order}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_clock_gives_every_rank_the_slowest_ranks_sample_in_rotated_rounds(tmp_path):
+    import torch.multiprocessing as mp
+
+    world = 2
+    mp.start_processes(
+        _ranks_clock_rank,
+        args=(world, str(tmp_path / "store"), str(tmp_path)),
+        nprocs=world,
+        start_method="forkserver",
+    )
+    ranks = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(world)]
+    assert ranks[0]["samples"] == ranks[1]["samples"]  # the max across ranks, on each
+    samples = ranks[0]["samples"]
+    assert len(samples["slow"]) == len(samples["fast"]) == 3
+    assert min(samples["slow"]) >= 40.0 > max(samples["fast"])
+    # one untimed call each, then rounds starting at the next candidate each time
+    assert ranks[0]["order"] == ["slow", "fast", "slow", "fast", "fast", "slow", "slow", "fast"]

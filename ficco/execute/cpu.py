@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import os
 import threading
-import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -47,6 +46,7 @@ from ficco.execute.scaled import (
     row_scales,
     scaled_gemm,
 )
+from ficco.execute.timing import RanksClock
 from ficco.plan import (
     COLLECTIVE_TAG,
     CollectiveOp,
@@ -369,27 +369,12 @@ class CpuPrimitives(FusedPrimitives, Primitives):
         (landing or dst).copy_(torch.cat(recvs))
 
 
-class HostClock:
-    """CPU timing: a barrier, then host ``perf_counter`` around the (synchronous) run."""
+class HostClock(RanksClock):
+    """CPU timing: a barrier, then host ``perf_counter`` around the (synchronous) run; each
+    sample the max across every rank."""
 
-    def prepare(self, issue: str) -> None:
-        dist.barrier()
-
-    def time(self, fn: Callable[[], None]) -> float:
-        start = time.perf_counter()
-        fn()
-        return (time.perf_counter() - start) * 1e3
-
-    def collect(self, pending: dict[str, list]) -> dict[str, list[float]]:
-        names = list(pending)
-        if not names:
-            return {}
-        local = torch.tensor([pending[n] for n in names], dtype=torch.float64)
-        dist.all_reduce(local, op=dist.ReduceOp.MAX)
-        return {name: local[i].tolist() for i, name in enumerate(names)}
-
-    def synchronize(self) -> None:
-        return None
+    def __init__(self) -> None:
+        super().__init__(torch.device("cpu"))
 
 
 class CpuBackend(Backend):

@@ -136,6 +136,63 @@ def device_events(fn: Callable[[], None]):
     return start, end
 
 
+class RanksClock:
+    """The ranks of ``group`` (None: every rank) timing whole steps, no executor: before each
+    iteration every rank waits for its device and the ranks meet at a barrier (the step's
+    own issue cost lies inside the sample, as under synced issue); CUDA events around it on
+    a GPU, the host's ``perf_counter`` on a CPU; each sample the max across ranks (one
+    all-reduce per `collect`). The CPU backend times with it, and benchmarks of whole steps
+    (``scripts/bench_block.py``, ``bench_decode.py``, ``bench_moe.py``) through
+    `time_rounds`."""
+
+    def __init__(self, device=None, group=None) -> None:
+        import torch
+
+        self.device = torch.device("cpu") if device is None else torch.device(device)
+        self.group = group
+        self.cuda = self.device.type == "cuda"
+
+    def prepare(self, issue: str) -> None:
+        import torch.distributed as dist
+
+        self.synchronize()
+        dist.barrier(group=self.group)
+
+    def time(self, fn: Callable[[], None]):
+        if self.cuda:
+            return device_events(fn)
+        import time
+
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+
+    def collect(self, pending: dict[str, list]) -> dict[str, list[float]]:
+        import torch
+        import torch.distributed as dist
+
+        names = list(pending)
+        if not names:
+            return {}
+        self.synchronize()
+        local = torch.tensor(
+            [
+                [s.elapsed_time(e) for s, e in pending[n]] if self.cuda else pending[n]
+                for n in names
+            ],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        dist.all_reduce(local, op=dist.ReduceOp.MAX, group=self.group)
+        return {name: local[i].tolist() for i, name in enumerate(names)}
+
+    def synchronize(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+
+
 class DeviceClock:
     """One CUDA device, no ranks: events around each launch, after an optional L2 flush (a
     write over ``flush``, a scratch tensor larger than the L2) and a GPU sleep of
