@@ -50,6 +50,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from ficco.execute.options import TimingOptions  # noqa: E402
+from ficco.execute.timing import DeviceClock, time_rounds  # noqa: E402
+
 SIZES = tuple(4096 << (2 * i) for i in range(8))  # 4 KiB ... 64 MiB
 COUNTS = (1, 4, 16, 64)
 METHODS = ("eager", "graph", "kernel", "kernel_graph", "batch")
@@ -181,20 +184,11 @@ def verify(fn, pairs, stream) -> str | None:
 
 
 def time_methods(methods: dict, stream, reps: int) -> dict[str, dict]:
-    names = list(methods)
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(WARMUP + reps):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            torch.cuda.synchronize()
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            with torch.cuda.stream(stream):
-                start.record()
-                methods[name]()
-                end.record()
-            end.synchronize()
-            if r >= WARMUP:
-                samples[name].append(start.elapsed_time(end))
+    """``WARMUP`` untimed calls each, then ``reps`` rotated rounds on ``stream``, each call
+    on an idle GPU (``ficco.execute.timing``: `time_rounds` on a `DeviceClock`)."""
+    samples = time_rounds(
+        methods, TimingOptions(warmup=WARMUP, rounds=reps), DeviceClock(stream=stream), rotate=True
+    )
     return {n: _stats(v) for n, v in samples.items()}
 
 

@@ -35,6 +35,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from ficco.execute.options import TimingOptions  # noqa: E402
+from ficco.execute.timing import DeviceClock, time_rounds  # noqa: E402
+
 #: (N, K) of the catalog's AG+GEMM / GEMM+RS layers at W = 2 (Llama-3 8B/70B/405B, GPT-3,
 #: DeepSeek-V3, Mistral-Large-2, Qwen3): columns per rank x full depth, or full columns x
 #: depth per rank.
@@ -68,25 +71,14 @@ class Timer:
         self.flush = torch.empty(max(2 * l2, 128 << 20), dtype=torch.int8, device="cuda")
 
     def rounds(self, fns: dict, rounds: int, stream=None) -> dict[str, dict]:
-        names = list(fns)
-        samples: dict[str, list[float]] = {n: [] for n in names}
-        for fn in fns.values():  # warm-up
-            fn()
-        torch.cuda.synchronize()
-        for r in range(rounds):
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                self.flush.zero_()
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                target = stream or torch.cuda.current_stream()
-                if stream is not None:
-                    stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(target):
-                    start.record()
-                    fns[name]()
-                    end.record()
-                end.synchronize()
-                samples[name].append(start.elapsed_time(end))
+        """One untimed call each, then ``rounds`` rotated rounds (``ficco.execute.timing``:
+        `time_rounds` on a `DeviceClock` flushing L2, each launch on an idle GPU)."""
+        samples = time_rounds(
+            fns,
+            TimingOptions(warmup=1, rounds=rounds),
+            DeviceClock(flush=self.flush, stream=stream),
+            rotate=True,
+        )
         return {n: _stats(v) for n, v in samples.items()}
 
 

@@ -198,10 +198,11 @@ class DeviceClock:
     write over ``flush``, a scratch tensor larger than the L2) and a GPU sleep of
     ``cover_cycles`` that the host's enqueue hides behind (so host launch cost stays out of
     the events). The host waits for the GPU every ``sync_every`` iterations (1: each launch
-    alone on an idle queue; more: the host queues a batch ahead). Benchmarks of single
-    kernels use it with `time_rounds`."""
+    alone on an idle queue; more: the host queues a batch ahead). ``stream``: where the
+    launch and its events go (after the current stream's work; default: the current
+    stream). Benchmarks of single kernels and copies use it with `time_rounds`."""
 
-    def __init__(self, flush=None, cover_cycles: int = 0, sync_every: int = 1) -> None:
+    def __init__(self, flush=None, cover_cycles: int = 0, sync_every: int = 1, stream=None) -> None:
         if sync_every < 1:
             raise ValueError(f"sync_every: must be >= 1, got {sync_every}")
         self.flush, self.cover_cycles, self.sync_every, self.count = (
@@ -210,6 +211,7 @@ class DeviceClock:
             sync_every,
             0,
         )
+        self.stream = stream
 
     def prepare(self, issue: str) -> None:
         import torch
@@ -223,7 +225,13 @@ class DeviceClock:
             self.flush.zero_()
 
     def time(self, fn: Callable[[], None]):
-        return device_events(fn)
+        if self.stream is None:
+            return device_events(fn)
+        import torch
+
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            return device_events(fn)
 
     def collect(self, pending: dict[str, list]) -> dict[str, list[float]]:
         self.synchronize()

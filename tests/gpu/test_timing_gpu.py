@@ -45,3 +45,25 @@ def test_ranks_clock_times_gpu_work_with_events(tmp_path):
     assert len(got["matmul"]) == len(got["empty"]) == 4
     # the GEMM runs between its events; nothing runs between the empty step's
     assert min(got["matmul"]) > 0.5 > max(got["empty"])
+
+
+def test_device_clock_times_on_the_stream_it_is_given():
+    from ficco.execute.options import TimingOptions
+    from ficco.execute.timing import DeviceClock, time_rounds
+
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(a)
+    side = torch.cuda.Stream()
+    seen = []
+
+    def gemm() -> None:
+        seen.append(torch.cuda.current_stream() == side)
+        torch.matmul(a, a, out=out)
+
+    got = time_rounds(
+        {"gemm": gemm}, TimingOptions(warmup=1, rounds=3), DeviceClock(stream=side), rotate=True
+    )
+    assert seen == [False, True, True, True]  # the warm-up call on the caller's stream
+    assert len(got["gemm"]) == 3 and min(got["gemm"]) > 0
+    torch.cuda.synchronize()
+    assert torch.allclose(out.float(), (a.float() @ a.float()), rtol=2e-2, atol=2.0)
