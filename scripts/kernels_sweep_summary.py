@@ -70,6 +70,9 @@ def fused(d: dict) -> dict:
                 "arrival_wins": 0,
                 "arrival_differs": 0,
                 "arrival_vs_overlap": [],
+                "early_wins": 0,
+                "early_n": 0,
+                "early_arrival_vs_overlap": [],
                 "grouped": 0,
                 "overlap_grouped_vs_chunkwise": [],
             },
@@ -93,6 +96,16 @@ def fused(d: dict) -> dict:
         if over and "fused_overlap_arrival" in t:
             b["arrival_differs"] += 1
             b["arrival_vs_overlap"].append(arrival["median_ms"] / over["median_ms"])
+        # early arrivals (no gap before the copies): the same launches and per_chunk
+        early = t.get("fused_overlap_arrival_early") or t.get("fused_overlap_early")
+        early_per = t.get("per_chunk_early")
+        if early and early_per:
+            b["early_n"] += 1
+            b["early_wins"] += early["median_ms"] < early_per["median_ms"]
+        if "fused_overlap_arrival_early" in t and "fused_overlap_early" in t:
+            b["early_arrival_vs_overlap"].append(
+                early["median_ms"] / t["fused_overlap_early"]["median_ms"]
+            )
         over_cw = t.get("fused_overlap_chunkwise")
         if "fused_tma_chunkwise" in t:
             b["grouped"] += 1
@@ -109,6 +122,8 @@ def fused(d: dict) -> dict:
             "arriving_tile_beats_per_chunk": f"{b['arrival_wins']} of {b['n']}",
             "arriving_tile_differs": f"{b['arrival_differs']} of {b['n']}",
             "arriving_tile_vs_fused_overlap": geomean(b["arrival_vs_overlap"]),
+            "early_arrivals_arriving_tile_beats_per_chunk": f"{b['early_wins']} of {b['early_n']}",
+            "early_arrivals_arriving_tile_vs_fused_overlap": geomean(b["early_arrival_vs_overlap"]),
             "fused_tma_chunk_by_chunk_time_vs_cublas": geomean(b["fused_tma_chunkwise"]),
             "chunks_grouped": f"{b['grouped']} of {b['n']}",
             "fused_overlap_grouped_vs_chunk_by_chunk": geomean(b["overlap_grouped_vs_chunkwise"]),

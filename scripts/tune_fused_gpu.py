@@ -37,6 +37,9 @@ One run (``python scripts/tune_fused_gpu.py``; JSON to ``$OUT/fused_single_gpu.j
                    tuner's ``|arriving`` entry, ``ficco.kernels.fused_arrival``: what a
                    schedule's launch whose chunks wait takes), where it differs from fused_tma's
    per_chunk       the same arrivals with events, one ``matmul`` per chunk
+   *_early         fused_overlap, fused_overlap_arrival and per_chunk with no gap before the
+                   copies: the peers' rows land as soon as copied (a short transfer beside
+                   its GEMM), where the flags-set tile should be right
    copies_alone    the side stream's copies and gaps alone (with events)
 
 Timing: each call is preceded by a ~1 ms ``torch.cuda._sleep`` on the main stream, so the
@@ -91,7 +94,15 @@ from ficco.kernels.tuning import config_for  # noqa: E402
 GAP_US = 20.0  # sleep before each peer copy: the spacing of arrivals
 SIDE_SMS = 4  # SMs the overlapped fused GEMM leaves to the side stream's kernels
 COVER_US = 1000.0  # GPU busy while the host enqueues a candidate
-ARRIVING = ("fused_overlap", "fused_overlap_chunkwise", "fused_overlap_arrival", "per_chunk")
+ARRIVING = (
+    "fused_overlap",
+    "fused_overlap_chunkwise",
+    "fused_overlap_arrival",
+    "per_chunk",
+    "fused_overlap_early",
+    "fused_overlap_arrival_early",
+    "per_chunk_early",
+)
 TOLERANCE = 2e-2  # relative (Frobenius) error against fp32, bf16 operands and output
 CATALOG = REPO / "profiles" / "h200" / "fused_catalog.json"
 
@@ -261,11 +272,12 @@ def run_shape(
     result["default"] = {"path": default.path, "config": default.config.name}
     gap_cycles = int(GAP_US * cycles_per_us)
 
-    def copies(events=None):
+    def copies(events=None, gap=gap_cycles):
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for i, (lo, hi) in enumerate(peers):
-                torch.cuda._sleep(gap_cycles)
+                if gap:
+                    torch.cuda._sleep(gap)
                 gathered[lo:hi].copy_(source[lo:hi])
                 if events is None:
                     writer.set(n_flags + i)
@@ -276,9 +288,9 @@ def run_shape(
         # flags stay set between rounds: each arrival run ends with all of them set
         return kernel
 
-    def arriving(overlap):
+    def arriving(overlap, gap=gap_cycles):
         def fused_overlap():  # its flags are zero on entry: the last launch reset them
-            copies()
+            copies(gap=gap)
             overlap()
             torch.cuda.current_stream().wait_stream(side)
 
@@ -286,8 +298,8 @@ def run_shape(
 
     events = [torch.cuda.Event() for _ in peers]
 
-    def per_chunk():
-        copies(events)
+    def per_chunk(gap=gap_cycles):
+        copies(events, gap)
         for lo, hi in rows:
             matmul(gathered[lo:hi], b, out=out[lo:hi])
         for (lo, hi), event in zip(peers, events, strict=True):
@@ -305,6 +317,13 @@ def run_shape(
         **{name: ready(kern) for name, kern in kernels.items()},
         **{name: arriving(overlap) for name, overlap in overlaps.items()},
         "per_chunk": per_chunk,
+        # early arrivals: the copies start with the GEMM, no gap (a short transfer)
+        **{
+            f"{name}_early": arriving(overlaps[name], gap=0)
+            for name in ("fused_overlap", "fused_overlap_arrival")
+            if name in overlaps
+        },
+        "per_chunk_early": lambda: per_chunk(gap=0),
     }
     reference = source.float() @ b.float()
     verify: dict = {}
