@@ -28,6 +28,7 @@ BUDGET = 3
 # tiles no heuristic picks for SHAPE (they are only looked up here, never launched)
 SHIPPED = GemmConfig(128, 128, 64, group_m=8, num_stages=3, num_warps=8)
 OWN = GemmConfig(64, 128, 64, group_m=8, num_stages=4, num_warps=4)
+SMALL = GemmConfig(64, 64, 64, group_m=8, num_stages=3, num_warps=4)
 
 
 @pytest.fixture
@@ -125,7 +126,14 @@ def test_a_launch_whose_chunks_arrive_takes_the_arriving_entry_first(shipped_roo
     lookup = (*SHAPE, 2, torch.float32, BUDGET, CPU, "tma")
     assert fused_configs.fused_config(*lookup) == SHIPPED  # every flag ready: the fastest
     assert fused_configs.fused_config(*lookup, arriving=True) == OWN
-    # no arriving entry: the flags-set one
+    # the user's own flags-set entry (a shape the user tuned) before the shipped twin
+    tuning.store(ready_key, {"config": SMALL.to_dict(), "name": SMALL.name})
+    assert fused_configs.fused_config(*lookup, arriving=True) == SMALL
+    tuning.store(late_key, {"config": OWN.to_dict(), "name": OWN.name})
+    assert fused_configs.fused_config(*lookup, arriving=True) == OWN  # the user's own twin
+    assert fused_configs.fused_config(*lookup) == SMALL
+    # no arriving entry anywhere: the flags-set one
+    (shipped_root.parent / "cache" / "gemm_tuning.json").unlink()
     tuning.clear_memory()
     _ship(shipped_root, "card", {ready_key: SHIPPED})
     assert fused_configs.fused_config(*lookup, arriving=True) == SHIPPED

@@ -26,9 +26,12 @@ from ficco.kernels.configs import (
 )
 from ficco.kernels.persistent import INTERPRETER, TensorDescriptor, device_info
 from ficco.kernels.tuning import (
+    CACHE_FILENAME,
     TuningKey,
+    cached_config,
     config_for,
     known_config,
+    shipped_entries,
 )
 
 Path = Literal["tma", "ptr"]
@@ -121,11 +124,18 @@ def fused_config(
     untuned = untuned_fused_config(m, n, k, chunks, device, path)
     if untuned is not None:
         return untuned
-    for late in (True, False) if arriving else (False,):
-        key = FusedTuningKey.for_problem(m, n, k, chunks, dtype, sm_budget, device, late)
-        hit = known_config(key)
-        if hit is not None:
-            return hit
+    key = FusedTuningKey.for_problem(m, n, k, chunks, dtype, sm_budget, device)
+    if arriving:
+        # the user's own entries before the shipped ones, each the arriving twin first: a
+        # shape the user tuned keeps the user's tile, whichever ficco wrote the entry
+        late = replace(key, arriving=True)
+        shipped = shipped_entries(CACHE_FILENAME)
+        for hit in (cached_config(late), cached_config(key), shipped.get(str(late))):
+            if hit is not None:
+                return hit
+    hit = known_config(key)
+    if hit is not None:
+        return hit
     chosen = config_for(m, n, k, dtype, sm_budget, device)
     if chosen.decode or chosen.swap_ab:  # the decode kernels' tiles are no fused tiles
         return heuristic_config(m, n, k)
