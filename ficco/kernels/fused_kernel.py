@@ -85,6 +85,35 @@ def _tile_place(
     return chunk, pid_m, pid_n
 
 
+@triton.jit
+def _column_quarters(x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # x [BLOCK_M, BLOCK_N] as its four [BLOCK_M, BLOCK_N / 4] column blocks, left to right
+    h0, h1 = tl.split(tl.permute(tl.reshape(x, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+    q0, q1 = tl.split(tl.permute(tl.reshape(h0, (BLOCK_M, 2, BLOCK_N // 4)), (0, 2, 1)))
+    q2, q3 = tl.split(tl.permute(tl.reshape(h1, (BLOCK_M, 2, BLOCK_N // 4)), (0, 2, 1)))
+    return q0, q1, q2, q3
+
+
+@triton.jit
+def _store_quarter(base, part, offs_cm, col, rows, N, stride_cm, stride_cn, COLS: tl.constexpr):
+    # part [BLOCK_M, COLS] to base's rows offs_cm, columns col + [0, COLS), inside [rows, N]
+    offs_cn = (col + tl.arange(0, COLS)).to(tl.int64)
+    ptrs = base + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
+    tl.store(ptrs, part, mask=(offs_cm[:, None] < rows) & (offs_cn[None, :] < N))
+
+
+@triton.jit
+def _store_quarters(
+    base, q0, q1, q2, q3, offs_cm, col0, rows, N, stride_cm, stride_cn, BLOCK_N: tl.constexpr
+):
+    # a tile's four column quarters (`_column_quarters`) to its place at base
+    Q: tl.constexpr = BLOCK_N // 4
+    _store_quarter(base, q0, offs_cm, col0, rows, N, stride_cm, stride_cn, Q)
+    _store_quarter(base, q1, offs_cm, col0 + Q, rows, N, stride_cm, stride_cn, Q)
+    _store_quarter(base, q2, offs_cm, col0 + 2 * Q, rows, N, stride_cm, stride_cn, Q)
+    _store_quarter(base, q3, offs_cm, col0 + 3 * Q, rows, N, stride_cm, stride_cn, Q)
+
+
 # chunk_group and the split plan unspecialised: 1 (chunk by chunk) and a group compile to one
 # kernel, and one split kernel serves every plan
 @triton.jit(do_not_specialize=["chunk_group", "num_units", "dp_tiles", "split", "k_per_split"])
@@ -305,16 +334,25 @@ def _fused_gemm_kernel(
             else:
                 # pointer stores for signalled chunks: generic-proxy writes (peer memory
                 # included) that the release below publishes; the tile is converted once and
-                # stored to every destination
+                # stored to every destination, a column quarter at a time (a whole tile's
+                # 64-bit addresses took every register: the 128x256 tile spilled)
                 offs_cm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-                offs_cn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-                c_tile = offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
-                c_mask = (offs_cm[:, None] < rows) & (offs_cn[None, :] < N)
-                c_val = acc.to(c_ref.dtype.element_ty)
-                tl.store(c_ref + tl.multiple_of(c_off, C_ALIGN) + c_tile, c_val, mask=c_mask)
+                col0 = pid_n * BLOCK_N
+                q0, q1, q2, q3 = _column_quarters(acc, BLOCK_M, BLOCK_N)
+                q0 = q0.to(c_ref.dtype.element_ty)
+                q1 = q1.to(c_ref.dtype.element_ty)
+                q2 = q2.to(c_ref.dtype.element_ty)
+                q3 = q3.to(c_ref.dtype.element_ty)
+                base = c_ref + tl.multiple_of(c_off, C_ALIGN)
+                _store_quarters(
+                    base, q0, q1, q2, q3, offs_cm, col0, rows, N, stride_cm, stride_cn, BLOCK_N
+                )
                 for e in range(copy_count):
                     copy_off = tl.multiple_of(tl.load(copy_ptr + (copy_start + e) * 3), C_ALIGN)
-                    tl.store(c_ref + copy_off + c_tile, c_val, mask=c_mask)
+                    _store_quarters(
+                        c_ref + copy_off, q0, q1, q2, q3, offs_cm, col0, rows, N, stride_cm,
+                        stride_cn, BLOCK_N,
+                    )  # fmt: skip
             if counted != 0:
                 # every thread's stores are issued before the count; the chunk's last tile
                 # publishes them all with one system-scope release per destination flag
