@@ -86,32 +86,72 @@ def _tile_place(
 
 
 @triton.jit
-def _column_quarters(x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # x [BLOCK_M, BLOCK_N] as its four [BLOCK_M, BLOCK_N / 4] column blocks, left to right
-    h0, h1 = tl.split(tl.permute(tl.reshape(x, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-    q0, q1 = tl.split(tl.permute(tl.reshape(h0, (BLOCK_M, 2, BLOCK_N // 4)), (0, 2, 1)))
-    q2, q3 = tl.split(tl.permute(tl.reshape(h1, (BLOCK_M, 2, BLOCK_N // 4)), (0, 2, 1)))
-    return q0, q1, q2, q3
+def _column_halves(x, BLOCK_M: tl.constexpr, COLS: tl.constexpr):
+    # x [BLOCK_M, COLS] as its two [BLOCK_M, COLS / 2] column blocks, left then right
+    return tl.split(tl.permute(tl.reshape(x, (BLOCK_M, 2, COLS // 2)), (0, 2, 1)))
 
 
 @triton.jit
-def _store_quarter(base, part, offs_cm, col, rows, N, stride_cm, stride_cn, COLS: tl.constexpr):
-    # part [BLOCK_M, COLS] to base's rows offs_cm, columns col + [0, COLS), inside [rows, N]
+def _store_column_eighths(
+    c_ref, c_off, x, offs_cm, col, rows, N, stride_cm, stride_cn, copy_ptr, copy_start,
+    copy_count, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, C_ALIGN: tl.constexpr,
+):  # fmt: skip
+    # x [BLOCK_M, BLOCK_N] (the output's dtype) to every destination, an eighth of its
+    # columns at a time
+    E: tl.constexpr = BLOCK_N // 8
+    h0, h1 = _column_halves(x, BLOCK_M, BLOCK_N)
+    _store_quarter_halves(
+        c_ref, c_off, h0, offs_cm, col, rows, N, stride_cm, stride_cn, copy_ptr, copy_start,
+        copy_count, BLOCK_M, E, C_ALIGN,
+    )  # fmt: skip
+    _store_quarter_halves(
+        c_ref, c_off, h1, offs_cm, col + 4 * E, rows, N, stride_cm, stride_cn, copy_ptr,
+        copy_start, copy_count, BLOCK_M, E, C_ALIGN,
+    )  # fmt: skip
+
+
+@triton.jit
+def _store_quarter_halves(
+    c_ref, c_off, half, offs_cm, col, rows, N, stride_cm, stride_cn, copy_ptr, copy_start,
+    copy_count, BLOCK_M: tl.constexpr, E: tl.constexpr, C_ALIGN: tl.constexpr,
+):  # fmt: skip
+    # half [BLOCK_M, 4 E] to every destination, E columns at a time
+    q0, q1 = _column_halves(half, BLOCK_M, 4 * E)
+    e0, e1 = _column_halves(q0, BLOCK_M, 2 * E)
+    e2, e3 = _column_halves(q1, BLOCK_M, 2 * E)
+    _store_everywhere(
+        c_ref, c_off, e0, offs_cm, col, rows, N, stride_cm, stride_cn, copy_ptr, copy_start,
+        copy_count, C_ALIGN, E,
+    )  # fmt: skip
+    _store_everywhere(
+        c_ref, c_off, e1, offs_cm, col + E, rows, N, stride_cm, stride_cn, copy_ptr,
+        copy_start, copy_count, C_ALIGN, E,
+    )  # fmt: skip
+    _store_everywhere(
+        c_ref, c_off, e2, offs_cm, col + 2 * E, rows, N, stride_cm, stride_cn, copy_ptr,
+        copy_start, copy_count, C_ALIGN, E,
+    )  # fmt: skip
+    _store_everywhere(
+        c_ref, c_off, e3, offs_cm, col + 3 * E, rows, N, stride_cm, stride_cn, copy_ptr,
+        copy_start, copy_count, C_ALIGN, E,
+    )  # fmt: skip
+
+
+@triton.jit
+def _store_everywhere(
+    c_ref, c_off, part, offs_cm, col, rows, N, stride_cm, stride_cn, copy_ptr, copy_start,
+    copy_count, C_ALIGN: tl.constexpr, COLS: tl.constexpr,
+):  # fmt: skip
+    # part [BLOCK_M, COLS] to its place (rows offs_cm, columns col + [0, COLS), inside
+    # [rows, N]) in the chunk's output and in every further destination of the chunk: the
+    # offsets and the mask are made once for all of them
     offs_cn = (col + tl.arange(0, COLS)).to(tl.int64)
-    ptrs = base + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
-    tl.store(ptrs, part, mask=(offs_cm[:, None] < rows) & (offs_cn[None, :] < N))
-
-
-@triton.jit
-def _store_quarters(
-    base, q0, q1, q2, q3, offs_cm, col0, rows, N, stride_cm, stride_cn, BLOCK_N: tl.constexpr
-):
-    # a tile's four column quarters (`_column_quarters`) to its place at base
-    Q: tl.constexpr = BLOCK_N // 4
-    _store_quarter(base, q0, offs_cm, col0, rows, N, stride_cm, stride_cn, Q)
-    _store_quarter(base, q1, offs_cm, col0 + Q, rows, N, stride_cm, stride_cn, Q)
-    _store_quarter(base, q2, offs_cm, col0 + 2 * Q, rows, N, stride_cm, stride_cn, Q)
-    _store_quarter(base, q3, offs_cm, col0 + 3 * Q, rows, N, stride_cm, stride_cn, Q)
+    offs = offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
+    mask = (offs_cm[:, None] < rows) & (offs_cn[None, :] < N)
+    tl.store(c_ref + tl.multiple_of(c_off, C_ALIGN) + offs, part, mask=mask)
+    for e in range(copy_count):
+        copy_off = tl.multiple_of(tl.load(copy_ptr + (copy_start + e) * 3), C_ALIGN)
+        tl.store(c_ref + copy_off + offs, part, mask=mask)
 
 
 # chunk_group and the split plan unspecialised: 1 (chunk by chunk) and a group compile to one
@@ -334,25 +374,15 @@ def _fused_gemm_kernel(
             else:
                 # pointer stores for signalled chunks: generic-proxy writes (peer memory
                 # included) that the release below publishes; the tile is converted once and
-                # stored to every destination, a column quarter at a time (a whole tile's
-                # 64-bit addresses took every register: the 128x256 tile spilled)
+                # stored a column quarter at a time, each quarter to every destination with
+                # offsets made once (the whole tile's 64-bit offsets, kept across the
+                # destinations' loop, took every register: the 128x256 tile spilled)
                 offs_cm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-                col0 = pid_n * BLOCK_N
-                q0, q1, q2, q3 = _column_quarters(acc, BLOCK_M, BLOCK_N)
-                q0 = q0.to(c_ref.dtype.element_ty)
-                q1 = q1.to(c_ref.dtype.element_ty)
-                q2 = q2.to(c_ref.dtype.element_ty)
-                q3 = q3.to(c_ref.dtype.element_ty)
-                base = c_ref + tl.multiple_of(c_off, C_ALIGN)
-                _store_quarters(
-                    base, q0, q1, q2, q3, offs_cm, col0, rows, N, stride_cm, stride_cn, BLOCK_N
-                )
-                for e in range(copy_count):
-                    copy_off = tl.multiple_of(tl.load(copy_ptr + (copy_start + e) * 3), C_ALIGN)
-                    _store_quarters(
-                        c_ref + copy_off, q0, q1, q2, q3, offs_cm, col0, rows, N, stride_cm,
-                        stride_cn, BLOCK_N,
-                    )  # fmt: skip
+                _store_column_eighths(
+                    c_ref, c_off, acc.to(c_ref.dtype.element_ty), offs_cm, pid_n * BLOCK_N,
+                    rows, N, stride_cm, stride_cn, copy_ptr, copy_start, copy_count, BLOCK_M,
+                    BLOCK_N, C_ALIGN,
+                )  # fmt: skip
             if counted != 0:
                 # every thread's stores are issued before the count; the chunk's last tile
                 # publishes them all with one system-scope release per destination flag
