@@ -374,9 +374,9 @@ def _fused_gemm_kernel(
             else:
                 # pointer stores for signalled chunks: generic-proxy writes (peer memory
                 # included) that the release below publishes; the tile is converted once and
-                # stored a column quarter at a time, each quarter to every destination with
-                # offsets made once (the whole tile's 64-bit offsets, kept across the
-                # destinations' loop, took every register: the 128x256 tile spilled)
+                # stored an eighth of its columns at a time, each eighth to every destination
+                # with offsets made once (the whole tile's 64-bit offsets, kept across the
+                # destinations' loop, took every register: 128x256 tiles spilled 528 bytes)
                 offs_cm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
                 _store_column_eighths(
                     c_ref, c_off, acc.to(c_ref.dtype.element_ty), offs_cm, pid_n * BLOCK_N,
