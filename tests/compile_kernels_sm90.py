@@ -52,7 +52,11 @@ def compile_persistent(cfg: GemmConfig, split_tail: bool, swap_ab: bool = False)
 
 
 def compile_fused(
-    cfg: GemmConfig, pointer_stores: bool, host_descs: bool = True, split_tail: bool = False
+    cfg: GemmConfig,
+    pointer_stores: bool,
+    host_descs: bool = True,
+    split_tail: bool = False,
+    offsets_32: bool = False,
 ) -> dict:
     # pointer stores come with reset_waits here; without them the claim-only exit compiles
     t0 = time.perf_counter()
@@ -77,7 +81,7 @@ def compile_fused(
         EPILOGUE_SUBTILE=cfg.epilogue_subtile, ON_GPU=True, INPUT_PRECISION="tf32",
         TABLE_COLS=_TABLE_COLS, POINTER_STORES=pointer_stores, SCALED=False, A_ROWWISE=False,
         B_COLWISE=False, IMPRECISE_ACC=None, RESET_WAITS=pointer_stores, HOST_DESCS=host_descs,
-        SPLIT_TAIL=split_tail,
+        SPLIT_TAIL=split_tail, OFFSETS_32=offsets_32,
     )  # fmt: skip
     return _report(_compile(_fused_gemm_kernel, pointers, descs, constants, cfg), t0)
 
@@ -94,6 +98,7 @@ def main() -> None:
             "split_tail": compile_persistent(cfg, True),
             "fused": compile_fused(cfg, False),
             "fused_pointer_stores": compile_fused(cfg, True),
+            "fused_pointer_stores_offsets_32": compile_fused(cfg, True, offsets_32=True),
             "fused_device_descriptors": compile_fused(cfg, True, host_descs=False),
             "fused_split_tail": compile_fused(cfg, False, split_tail=True),
         }

@@ -373,3 +373,32 @@ def test_split_candidates_where_the_launch_leaves_a_short_wave():
     few = fused_candidate_configs(64, 3072, 4096, 2, 2, chunks=2, sm_budget=132)
     assert any(c.split_tail and c.chunk_group == 2 for c in few)  # grouped and split
     assert not any(c.split_tail for c in fused_candidate_configs(64, 3072, 4096, 2, 2))
+
+
+@pytest.mark.parametrize("offsets_32", [True, False])
+def test_pointer_stores_reach_every_destination_with_either_offset_width(offsets_32):
+    from ficco.kernels.fused import FusedChunkViews, FusedGemm, offsets_fit_int32
+    from ficco.kernels.fused_views import FusedCopyViews
+
+    assert offsets_fit_int32(40, 24, (24, 1), 32)
+    assert not offsets_fit_int32(1 << 16, 1 << 15, (1 << 15, 1), 128)  # 2**31 elements
+    gen = torch.Generator().manual_seed(9)
+    a, b = torch.randn(40, 16, generator=gen), torch.randn(16, 44, generator=gen)
+    out = torch.full((40, 44), float("nan"))
+    copy = torch.full((40, 44), float("nan"))  # a further destination (a peer's, on GPUs)
+    flags = torch.zeros(2, dtype=torch.int32)
+    chunks = [
+        FusedChunkViews(
+            a[:24], out[:24], signal=flags[0:1], copies=(FusedCopyViews(copy[:24], flags[1:2]),)
+        ),
+        FusedChunkViews(a[24:], out[24:]),
+    ]
+    kernel = FusedGemm(chunks, b, sm_budget=3, timeout_s=5.0)
+    assert kernel.offsets_32  # small outputs: int32 offsets
+    kernel.offsets_32 = offsets_32  # the other width as a launch whose outputs span 2**31
+    kernel()
+    kernel.raise_on_timeout("launch")
+    want = a @ b
+    assert (out - want).abs().max().item() < 1e-4
+    assert (copy[:24] - want[:24]).abs().max().item() < 1e-4 and copy[24:].isnan().all()
+    assert flags.tolist() == [1, 1]

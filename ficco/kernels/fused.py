@@ -94,6 +94,14 @@ _PRECISION = {torch.float32: "ieee", torch.float16: "tf32", torch.bfloat16: "tf3
 _PRECISION.update(dict.fromkeys(FP8_DTYPES, "tf32"))  # unused by fp8 dots
 
 
+def offsets_fit_int32(rows: int, n: int, strides: tuple[int, ...], block_m: int) -> bool:
+    """Whether a pointer-stored tile's element offsets from its chunk's output start fit
+    int32, for chunks of at most ``rows`` rows of ``n`` columns with these strides in tiles
+    of ``block_m`` rows (a tile's overhang past the last row included, its lanes masked):
+    they then take half the registers (`_fused_gemm_kernel`'s OFFSETS_32)."""
+    return (rows + block_m) * strides[0] + n * strides[1] < 2**31
+
+
 class FusedGemm(_Timed):
     """One fused launch, prepared once (tables on the device, so a launch can be captured in
     a CUDA graph) and issued by calling it: ``chunk.out = chunk.a @ b`` for every chunk,
@@ -267,6 +275,8 @@ class FusedGemm(_Timed):
             counts.add(tiles)
             start += tiles
         self.config = config
+        rows = max(c.a.shape[0] for c in self.chunks)
+        self.offsets_32 = offsets_fit_int32(rows, n, self.out0.stride(), config.block_m)
         self.b_desc = self.b
         if self.path == "tma":
             shape, strides, _ = _tma_operand(self.b)
@@ -371,6 +381,8 @@ class FusedGemm(_Timed):
             meta["HOST_DESCS"] = True
         if self.plan:
             meta["SPLIT_TAIL"] = True
+        if meta["POINTER_STORES"] and self.offsets_32:
+            meta["OFFSETS_32"] = True
         if sc is not None:
             meta.update(
                 SCALED=True, A_ROWWISE=sc.rowwise, B_COLWISE=sc.colwise,

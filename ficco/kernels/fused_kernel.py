@@ -95,6 +95,7 @@ def _column_halves(x, BLOCK_M: tl.constexpr, COLS: tl.constexpr):
 def _store_column_eighths(
     c_ref, c_off, x, offs_cm, col, rows, N, stride_cm, stride_cn, copy_ptr, copy_start,
     copy_count, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, C_ALIGN: tl.constexpr,
+    OFFSETS_32: tl.constexpr,
 ):  # fmt: skip
     # x [BLOCK_M, BLOCK_N] (the output's dtype) to every destination, an eighth of its
     # columns at a time
@@ -102,11 +103,11 @@ def _store_column_eighths(
     h0, h1 = _column_halves(x, BLOCK_M, BLOCK_N)
     _store_quarter_halves(
         c_ref, c_off, h0, offs_cm, col, rows, N, stride_cm, stride_cn, copy_ptr, copy_start,
-        copy_count, BLOCK_M, E, C_ALIGN,
+        copy_count, BLOCK_M, E, C_ALIGN, OFFSETS_32,
     )  # fmt: skip
     _store_quarter_halves(
         c_ref, c_off, h1, offs_cm, col + 4 * E, rows, N, stride_cm, stride_cn, copy_ptr,
-        copy_start, copy_count, BLOCK_M, E, C_ALIGN,
+        copy_start, copy_count, BLOCK_M, E, C_ALIGN, OFFSETS_32,
     )  # fmt: skip
 
 
@@ -114,6 +115,7 @@ def _store_column_eighths(
 def _store_quarter_halves(
     c_ref, c_off, half, offs_cm, col, rows, N, stride_cm, stride_cn, copy_ptr, copy_start,
     copy_count, BLOCK_M: tl.constexpr, E: tl.constexpr, C_ALIGN: tl.constexpr,
+    OFFSETS_32: tl.constexpr,
 ):  # fmt: skip
     # half [BLOCK_M, 4 E] to every destination, E columns at a time
     q0, q1 = _column_halves(half, BLOCK_M, 4 * E)
@@ -121,32 +123,34 @@ def _store_quarter_halves(
     e2, e3 = _column_halves(q1, BLOCK_M, 2 * E)
     _store_everywhere(
         c_ref, c_off, e0, offs_cm, col, rows, N, stride_cm, stride_cn, copy_ptr, copy_start,
-        copy_count, C_ALIGN, E,
+        copy_count, C_ALIGN, E, OFFSETS_32,
     )  # fmt: skip
     _store_everywhere(
         c_ref, c_off, e1, offs_cm, col + E, rows, N, stride_cm, stride_cn, copy_ptr,
-        copy_start, copy_count, C_ALIGN, E,
+        copy_start, copy_count, C_ALIGN, E, OFFSETS_32,
     )  # fmt: skip
     _store_everywhere(
         c_ref, c_off, e2, offs_cm, col + 2 * E, rows, N, stride_cm, stride_cn, copy_ptr,
-        copy_start, copy_count, C_ALIGN, E,
+        copy_start, copy_count, C_ALIGN, E, OFFSETS_32,
     )  # fmt: skip
     _store_everywhere(
         c_ref, c_off, e3, offs_cm, col + 3 * E, rows, N, stride_cm, stride_cn, copy_ptr,
-        copy_start, copy_count, C_ALIGN, E,
+        copy_start, copy_count, C_ALIGN, E, OFFSETS_32,
     )  # fmt: skip
 
 
 @triton.jit
 def _store_everywhere(
     c_ref, c_off, part, offs_cm, col, rows, N, stride_cm, stride_cn, copy_ptr, copy_start,
-    copy_count, C_ALIGN: tl.constexpr, COLS: tl.constexpr,
+    copy_count, C_ALIGN: tl.constexpr, COLS: tl.constexpr, OFFSETS_32: tl.constexpr,
 ):  # fmt: skip
     # part [BLOCK_M, COLS] to its place (rows offs_cm, columns col + [0, COLS), inside
     # [rows, N]) in the chunk's output and in every further destination of the chunk: the
     # offsets and the mask are made once for all of them
     offs_cn = (col + tl.arange(0, COLS)).to(tl.int64)
     offs = offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
+    if OFFSETS_32:  # every chunk's [rows, N] spans fewer than 2**31 elements (host-checked)
+        offs = offs.to(tl.int32)
     mask = (offs_cm[:, None] < rows) & (offs_cn[None, :] < N)
     tl.store(c_ref + tl.multiple_of(c_off, C_ALIGN) + offs, part, mask=mask)
     for e in range(copy_count):
@@ -217,6 +221,7 @@ def _fused_gemm_kernel(
     RESET_WAITS: tl.constexpr = False,  # the last program zeroes every chunk's wait flag
     HOST_DESCS: tl.constexpr = False,  # TMA: A and C through a_host_desc and c_host_desc
     SPLIT_TAIL: tl.constexpr = False,  # a short last wave's tiles split along K (split_plan)
+    OFFSETS_32: tl.constexpr = False,  # POINTER_STORES: every chunk's output in int32 offsets
 ):
     next_tile_ptr = work_ptr
     done_ptr = work_ptr + 1
@@ -381,7 +386,7 @@ def _fused_gemm_kernel(
                 _store_column_eighths(
                     c_ref, c_off, acc.to(c_ref.dtype.element_ty), offs_cm, pid_n * BLOCK_N,
                     rows, N, stride_cm, stride_cn, copy_ptr, copy_start, copy_count, BLOCK_M,
-                    BLOCK_N, C_ALIGN,
+                    BLOCK_N, C_ALIGN, OFFSETS_32,
                 )  # fmt: skip
             if counted != 0:
                 # every thread's stores are issued before the count; the chunk's last tile
