@@ -98,55 +98,36 @@ def _store_column_eighths(
     OFFSETS_32: tl.constexpr,
 ):  # fmt: skip
     # x [BLOCK_M, BLOCK_N] (the output's dtype) to every destination, an eighth of its
-    # columns at a time
+    # columns at a time, left to right
     E: tl.constexpr = BLOCK_N // 8
     h0, h1 = _column_halves(x, BLOCK_M, BLOCK_N)
-    _store_quarter_halves(
-        c_ref, c_off, h0, offs_cm, col, rows, N, stride_cm, stride_cn, copy_ptr, copy_start,
-        copy_count, BLOCK_M, E, C_ALIGN, OFFSETS_32,
-    )  # fmt: skip
-    _store_quarter_halves(
-        c_ref, c_off, h1, offs_cm, col + 4 * E, rows, N, stride_cm, stride_cn, copy_ptr,
-        copy_start, copy_count, BLOCK_M, E, C_ALIGN, OFFSETS_32,
-    )  # fmt: skip
-
-
-@triton.jit
-def _store_quarter_halves(
-    c_ref, c_off, half, offs_cm, col, rows, N, stride_cm, stride_cn, copy_ptr, copy_start,
-    copy_count, BLOCK_M: tl.constexpr, E: tl.constexpr, C_ALIGN: tl.constexpr,
-    OFFSETS_32: tl.constexpr,
-):  # fmt: skip
-    # half [BLOCK_M, 4 E] to every destination, E columns at a time
-    q0, q1 = _column_halves(half, BLOCK_M, 4 * E)
+    q0, q1 = _column_halves(h0, BLOCK_M, 4 * E)
+    q2, q3 = _column_halves(h1, BLOCK_M, 4 * E)
     e0, e1 = _column_halves(q0, BLOCK_M, 2 * E)
     e2, e3 = _column_halves(q1, BLOCK_M, 2 * E)
-    _store_everywhere(
-        c_ref, c_off, e0, offs_cm, col, rows, N, stride_cm, stride_cn, copy_ptr, copy_start,
-        copy_count, C_ALIGN, E, OFFSETS_32,
-    )  # fmt: skip
-    _store_everywhere(
-        c_ref, c_off, e1, offs_cm, col + E, rows, N, stride_cm, stride_cn, copy_ptr,
-        copy_start, copy_count, C_ALIGN, E, OFFSETS_32,
-    )  # fmt: skip
-    _store_everywhere(
-        c_ref, c_off, e2, offs_cm, col + 2 * E, rows, N, stride_cm, stride_cn, copy_ptr,
-        copy_start, copy_count, C_ALIGN, E, OFFSETS_32,
-    )  # fmt: skip
-    _store_everywhere(
-        c_ref, c_off, e3, offs_cm, col + 3 * E, rows, N, stride_cm, stride_cn, copy_ptr,
-        copy_start, copy_count, C_ALIGN, E, OFFSETS_32,
-    )  # fmt: skip
+    e4, e5 = _column_halves(q2, BLOCK_M, 2 * E)
+    e6, e7 = _column_halves(q3, BLOCK_M, 2 * E)
+    dest = (c_ref, c_off, rows, N, stride_cm, stride_cn, copy_ptr, copy_start, copy_count)
+    _store_everywhere(e0, col, dest, offs_cm, C_ALIGN, E, OFFSETS_32)
+    _store_everywhere(e1, col + E, dest, offs_cm, C_ALIGN, E, OFFSETS_32)
+    _store_everywhere(e2, col + 2 * E, dest, offs_cm, C_ALIGN, E, OFFSETS_32)
+    _store_everywhere(e3, col + 3 * E, dest, offs_cm, C_ALIGN, E, OFFSETS_32)
+    _store_everywhere(e4, col + 4 * E, dest, offs_cm, C_ALIGN, E, OFFSETS_32)
+    _store_everywhere(e5, col + 5 * E, dest, offs_cm, C_ALIGN, E, OFFSETS_32)
+    _store_everywhere(e6, col + 6 * E, dest, offs_cm, C_ALIGN, E, OFFSETS_32)
+    _store_everywhere(e7, col + 7 * E, dest, offs_cm, C_ALIGN, E, OFFSETS_32)
 
 
 @triton.jit
 def _store_everywhere(
-    c_ref, c_off, part, offs_cm, col, rows, N, stride_cm, stride_cn, copy_ptr, copy_start,
-    copy_count, C_ALIGN: tl.constexpr, COLS: tl.constexpr, OFFSETS_32: tl.constexpr,
+    part, col, dest, offs_cm, C_ALIGN: tl.constexpr, COLS: tl.constexpr,
+    OFFSETS_32: tl.constexpr,
 ):  # fmt: skip
     # part [BLOCK_M, COLS] to its place (rows offs_cm, columns col + [0, COLS), inside
-    # [rows, N]) in the chunk's output and in every further destination of the chunk: the
-    # offsets and the mask are made once for all of them
+    # [rows, N]) in the chunk's output and in every further destination of the chunk
+    # (dest: the output's ref, offset, rows, N, strides; the copy table's rows): the offsets
+    # and the mask are made once for all of them
+    c_ref, c_off, rows, N, stride_cm, stride_cn, copy_ptr, copy_start, copy_count = dest
     offs_cn = (col + tl.arange(0, COLS)).to(tl.int64)
     offs = offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
     if OFFSETS_32:  # every chunk's [rows, N] spans fewer than 2**31 elements (host-checked)
