@@ -27,6 +27,8 @@ a GEMM: transfers and collectives, and the local copies and reductions of the co
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import statistics
 from collections.abc import Mapping
@@ -130,47 +132,30 @@ def chunk_geometry(m: Measurement) -> dict[str, float]:
     """What the measured schedule makes of its problem, from the one chunk geometry: bytes
     of one transfer chunk, FLOPs of one GEMM launch, launches and transfers per rank (the
     decomposition a signature's losses come from). NaN for baselines."""
+    if m.kind != "schedule":
+        return dict.fromkeys(GEOMETRY_FIELDS, math.nan)
+    # A store's records come back for every frame built from them (training builds three:
+    # every round, and each half), dozens of schedules to a problem: each (problem,
+    # schedule) geometry is computed once (`_geometry_values`'s cache)
+    values = _geometry_values(json.dumps(m.problem, sort_keys=True), m.name)
+    return dict(zip(GEOMETRY_FIELDS, values, strict=True))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _geometry_values(problem_json: str, schedule: str) -> tuple[float, float, float, float]:
+    """`chunk_geometry`'s values for a problem (its dict as sorted JSON) and a schedule (its
+    string form: a stored record names its schedule so, the store's edge)."""
     from ficco.plan import geometry
     from ficco.problem import Problem
     from ficco.space import Schedule
 
-    if m.kind != "schedule":
-        return dict.fromkeys(GEOMETRY_FIELDS, math.nan)
-    # A store's records come back for every frame built from them (training builds three:
-    # every round, and each half), dozens of schedules to a problem: each problem is built,
-    # and each (problem, schedule) geometry computed, once (caches below)
-    problem_text = repr(m.problem)  # equal texts, equal problems (the key order aside)
-    key = (problem_text, m.name)
-    values = _GEOMETRY.get(key)
-    if values is None:
-        problem = _PROBLEMS.get(problem_text)
-        if problem is None:
-            problem = _PROBLEMS.setdefault(problem_text, Problem.from_dict(m.problem))
-        # a stored record names its schedule by the string form (the store's edge)
-        schedule = _SCHEDULES.get(m.name)
-        if schedule is None:
-            schedule = _SCHEDULES.setdefault(m.name, Schedule.parse(m.name))
-        geo = geometry(problem, schedule)
-        values = (
-            float(geo.transfer_bytes),
-            float(geo.gemm_flops),
-            float(geo.gemm_launches),
-            float(geo.transfers),
-        )
-        if len(_GEOMETRY) >= _CACHED:
-            _GEOMETRY.clear()
-            _PROBLEMS.clear()
-            _SCHEDULES.clear()
-        _GEOMETRY[key] = values
-    return dict(zip(GEOMETRY_FIELDS, values, strict=True))
-
-
-#: ``chunk_geometry``'s caches: (the problem's ``repr``, schedule) -> the geometry's values,
-#: problem text -> Problem, schedule text -> Schedule; all emptied at ``_CACHED`` geometries
-_GEOMETRY: dict[tuple[str, str], tuple[float, float, float, float]] = {}
-_PROBLEMS: dict[str, Any] = {}
-_SCHEDULES: dict[str, Any] = {}
-_CACHED = 1 << 16
+    geo = geometry(Problem.from_dict(json.loads(problem_json)), Schedule.parse(schedule))
+    return (
+        float(geo.transfer_bytes),
+        float(geo.gemm_flops),
+        float(geo.gemm_launches),
+        float(geo.transfers),
+    )
 
 
 def signature(m: Measurement, isolated_ms: Mapping[str, float]) -> dict[str, float]:
