@@ -12,7 +12,6 @@ key's ``arriving`` twin, the configuration for launches whose chunks land while 
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -30,6 +29,7 @@ from ficco.kernels.trials import (
     Timer,
     Trials,
     check_then_time,
+    tflops,
     tuning_record,
 )
 from ficco.kernels.tuning import cached_config, launch_timer, store
@@ -163,6 +163,6 @@ def arrival_entry(
             for key, cases in modelled.items()
         },
     )
-    late["tflops"] = 2.0 * m * n * k / (late["ms"] * 1e-3) / 1e12 if late["ms"] > 0 else math.nan
+    late["tflops"] = tflops(m, n, k, late["ms"])
     late.pop("arrival", None)
     return late

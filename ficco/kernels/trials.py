@@ -122,6 +122,11 @@ def check_then_time(
     return Trials(timings, failures, by_name)
 
 
+def tflops(m: int, n: int, k: int, ms: float) -> float:
+    """An [m, k] @ [k, n] GEMM's rate in TFLOP/s at ``ms`` milliseconds (NaN where ms <= 0)."""
+    return 2.0 * m * n * k / (ms * 1e-3) / 1e12 if ms > 0 else math.nan
+
+
 def tuning_record(
     trials: Trials, m: int, n: int, k: int, path: str, started: float, best: str | None = None
 ) -> dict:
@@ -133,7 +138,7 @@ def tuning_record(
         "config": trials.configs[best].to_dict(),
         "name": best,
         "ms": best_ms,
-        "tflops": 2.0 * m * n * k / (best_ms * 1e-3) / 1e12 if best_ms > 0 else math.nan,
+        "tflops": tflops(m, n, k, best_ms),
         "path": path,
         "timings_ms": trials.timings_ms,
         "failures": trials.failures,
