@@ -402,3 +402,12 @@ def test_pointer_stores_reach_every_destination_with_either_offset_width(offsets
     assert (out - want).abs().max().item() < 1e-4
     assert (copy[:24] - want[:24]).abs().max().item() < 1e-4 and copy[24:].isnan().all()
     assert flags.tolist() == [1, 1]
+
+
+def test_arriving_must_be_a_bool_or_none():
+    from ficco.kernels.fused import FusedChunkViews, FusedGemm
+
+    a, b, out = torch.randn(16, 16), torch.randn(16, 8), torch.zeros(16, 8)
+    with pytest.raises(ValueError, match="arriving must be True, False or None, got 'yes'"):
+        FusedGemm([FusedChunkViews(a, out)], b, sm_budget=2, timeout_s=5.0, arriving="yes")
+    FusedGemm([FusedChunkViews(a, out)], b, sm_budget=2, timeout_s=5.0, arriving=True)

@@ -65,3 +65,38 @@ def test_summarize_reads_the_folder_and_says_what_it_cannot_read(tmp_path):
     assert found["fused_single_gpu.json"]["small"]["shapes"] == 2
     assert "unreadable" in found["bench_gemm.json"]["error"]
     assert "bench_decode_gemm.json" not in found
+
+
+def test_the_arriving_tile_and_early_arrivals_are_counted_against_per_chunk():
+    shapes = [
+        {  # the arriving tile differs: 0.75x the flags-set tile, and beats per_chunk
+            "timing": _timing(
+                cublas=0.1,
+                fused_tma=0.11,
+                fused_overlap=0.2,
+                fused_overlap_arrival=0.15,
+                per_chunk=0.18,
+                fused_overlap_early=0.12,
+                fused_overlap_arrival_early=0.13,
+                per_chunk_early=0.125,
+            )  # fmt: skip
+        },
+        {  # the same tile: fused_overlap is the launch, and loses
+            "timing": _timing(
+                cublas=0.1,
+                fused_tma=0.11,
+                fused_overlap=0.2,
+                per_chunk=0.19,
+                fused_overlap_early=0.11,
+                per_chunk_early=0.12,
+            )  # fmt: skip
+        },
+    ]
+    small = summary.fused({"shapes": shapes})["small"]
+    assert small["arriving_tile_differs"] == "1 of 2"
+    assert small["arriving_tile_vs_fused_overlap"] == pytest.approx(0.75)
+    assert small["arriving_tile_beats_per_chunk"] == "1 of 2"
+    assert small["fused_overlap_beats_per_chunk"] == "0 of 2"
+    # early: the arriving tile 0.13 loses to 0.125; the second launch 0.11 wins
+    assert small["early_arrivals_arriving_tile_beats_per_chunk"] == "1 of 2"
+    assert small["early_arrivals_arriving_tile_vs_fused_overlap"] == pytest.approx(0.13 / 0.12)

@@ -207,6 +207,8 @@ class FusedGemm(_Timed):
                 _warn_once(f"fused GEMM: pointer loads (slower): {refusal}")
         self.path: Path = path
         self.b_col_major = path == "tma" and _tma_operand(b)[2]
+        if arriving is not None and not isinstance(arriving, bool):
+            raise ValueError(f"fused GEMM: arriving must be True, False or None, got {arriving!r}")
         if config is None:
             total = sum(c.a.shape[0] for c in chunks)
             if self.scales is None:
