@@ -171,9 +171,12 @@ def one_batch(batch: int, rank: int, world: int, device, args: dict) -> dict:
         warnings.simplefilter("ignore")  # the ficco op's one fallback warning: recorded below
         want = decode_step(x, cache, weights, dims, matmul_all_reduces("nccl", group, device))
         for impl in impls:
+            # one f per implementation, kept across calls: two_shot's symmetric buffers are
+            # made in the first (eager) call and reused under capture, where freeing one aborts
+            mm_ar = matmul_all_reduces(impl, group, device)
 
-            def step(impl=impl):
-                return decode_step(x, cache, weights, dims, matmul_all_reduces(impl, group, device))
+            def step(mm_ar=mm_ar):
+                return decode_step(x, cache, weights, dims, mm_ar)
 
             try:
                 got = step()
