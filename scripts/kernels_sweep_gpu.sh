@@ -8,8 +8,8 @@
 #            overlap case (fused_overlap) against per_chunk;
 #   decode   decode GEMMs (bench_decode_gemm.py): the tuner's pick, the fastest persistent
 #            tile and the fastest swap-AB tile vs cuBLAS, a spread of M first;
-#   tests    the split tail, the fused kernel's host descriptors, grouped chunks and split
-#            tails (test_kernels_gpu.py)
+#   tests    the split tail, the fused kernel's host descriptors, grouped chunks, split
+#            tails and ready runs (test_kernels_gpu.py)
 #            and test_kernels_decode_gpu.py (split-K and swap-AB tiles) in bf16, and the
 #            clocks the benchmarks time with (test_timing_gpu.py);
 #   summary  scripts/kernels_sweep_summary.py: the geomeans of what the JSON holds.
@@ -88,7 +88,7 @@ command_of() {  # phase, cap: the command line
     decode) echo "$PY scripts/bench_decode_gemm.py --commit $COMMIT --m $DECODE_M --budget-s $budget" ;;
     gemm) echo "$PY scripts/bench_gemm.py --commit $COMMIT --skip-budgets --budget-s $budget" ;;
     fused) echo "$PY scripts/tune_fused_gpu.py --no-check-shapes --no-robustness --bands --budget-s $budget" ;;
-    tests) echo "$PY -m pytest -q -x -p no:cacheprovider -o addopts= tests/gpu/test_kernels_gpu.py::test_split_tail tests/gpu/test_kernels_gpu.py::test_fused_host_descriptors_wait_and_signal tests/gpu/test_kernels_gpu.py::test_fused_grouped_chunks_read_each_chunk_only_after_its_flag tests/gpu/test_kernels_gpu.py::test_fused_split_tail_with_a_late_chunk tests/gpu/test_kernels_decode_gpu.py tests/gpu/test_timing_gpu.py" ;;
+    tests) echo "$PY -m pytest -q -x -p no:cacheprovider -o addopts= tests/gpu/test_kernels_gpu.py::test_split_tail tests/gpu/test_kernels_gpu.py::test_fused_host_descriptors_wait_and_signal tests/gpu/test_kernels_gpu.py::test_fused_grouped_chunks_read_each_chunk_only_after_its_flag tests/gpu/test_kernels_gpu.py::test_fused_split_tail_with_a_late_chunk tests/gpu/test_kernels_gpu.py::test_fused_ready_runs_read_each_chunk_only_after_its_flag tests/gpu/test_kernels_decode_gpu.py tests/gpu/test_timing_gpu.py" ;;
   esac
 }
 run_phase() {  # name, cap, command...

@@ -75,6 +75,9 @@ def fused(d: dict) -> dict:
                 "early_arrival_vs_overlap": [],
                 "grouped": 0,
                 "overlap_grouped_vs_chunkwise": [],
+                "runs_vs_claims": [],
+                "arrival_runs_vs_claims": [],
+                "early_runs_vs_claims": [],
             },
         )
         b["n"] = b.get("n", 0) + 1
@@ -106,6 +109,14 @@ def fused(d: dict) -> dict:
             b["early_arrival_vs_overlap"].append(
                 early["median_ms"] / t["fused_overlap_early"]["median_ms"]
             )
+        # ready runs against the same launch with its tiles claimed one by one
+        for key, runs, claimed in (
+            ("runs_vs_claims", t.get("fused_tma"), t.get("fused_tma_claims")),
+            ("arrival_runs_vs_claims", arrival, t.get("fused_overlap_claims")),
+            ("early_runs_vs_claims", early, t.get("fused_overlap_claims_early")),
+        ):
+            if runs and claimed:
+                b[key].append(runs["median_ms"] / claimed["median_ms"])
         over_cw = t.get("fused_overlap_chunkwise")
         if "fused_tma_chunkwise" in t:
             b["grouped"] += 1
@@ -127,6 +138,10 @@ def fused(d: dict) -> dict:
             "fused_tma_chunk_by_chunk_time_vs_cublas": geomean(b["fused_tma_chunkwise"]),
             "chunks_grouped": f"{b['grouped']} of {b['n']}",
             "fused_overlap_grouped_vs_chunk_by_chunk": geomean(b["overlap_grouped_vs_chunkwise"]),
+            "ready_runs_vs_claims": geomean(b["runs_vs_claims"]),
+            "ready_runs_vs_claims_shapes": len(b["runs_vs_claims"]),
+            "arrival_ready_runs_vs_claims": geomean(b["arrival_runs_vs_claims"]),
+            "early_arrival_ready_runs_vs_claims": geomean(b["early_runs_vs_claims"]),
         }
         for band, b in sorted(bands.items())
     }

@@ -24,6 +24,8 @@ One run (``python scripts/tune_fused_gpu.py``; JSON to ``$OUT/fused_single_gpu.j
    fused_tma_chunk_descs  fused_tma with descriptors made in the kernel per chunk (where
                    fused_tma's are host-built: every chunk on row-block boundaries)
    fused_tma_nowait  fused_tma with no chunk waiting on a flag: what the acquires cost
+   fused_tma_claims  fused_tma with every tile claimed from the counter and run on its own
+                   (``ready_runs=False``), where fused_tma runs its tiles in ready runs
    fused_tma_chunkwise  where the tuned config groups chunks (``chunk_group``): the same
                    tile chunk by chunk, what grouping bought
    fused_overlap   the side-stream-arrival case: peer chunks copied by a side stream, 20 us
@@ -36,6 +38,9 @@ One run (``python scripts/tune_fused_gpu.py``; JSON to ``$OUT/fused_single_gpu.j
    fused_overlap_arrival  fused_overlap with the tile tuned for arriving chunks (the
                    tuner's ``|arriving`` entry, ``ficco.kernels.fused_arrival``: what a
                    schedule's launch whose chunks wait takes), where it differs from fused_tma's
+   fused_overlap_claims  the launch a schedule makes (fused_overlap_arrival's tile, else
+                   fused_overlap's) with tiles claimed one by one (``ready_runs=False``),
+                   where it runs ready runs
    per_chunk       the same arrivals with events, one ``matmul`` per chunk
    *_early         fused_overlap, fused_overlap_arrival and per_chunk with no gap before the
                    copies: the peers' rows land as soon as copied (a short transfer beside
@@ -98,9 +103,11 @@ ARRIVING = (
     "fused_overlap",
     "fused_overlap_chunkwise",
     "fused_overlap_arrival",
+    "fused_overlap_claims",
     "per_chunk",
     "fused_overlap_early",
     "fused_overlap_arrival_early",
+    "fused_overlap_claims_early",
     "per_chunk_early",
 )
 TOLERANCE = 2e-2  # relative (Frobenius) error against fp32, bf16 operands and output
@@ -233,6 +240,10 @@ def run_shape(
     kernels["fused_tma_nowait"] = FusedGemm(
         nowait_views, b, sm_budget=sms, timeout_s=10.0, config=tuned
     )
+    if kernels["fused_tma"].ready_runs_refusal() == "":  # what ready runs buy, flags set
+        kernels["fused_tma_claims"] = FusedGemm(
+            views, b, sm_budget=sms, timeout_s=10.0, config=tuned, ready_runs=False
+        )
     chunkwise = replace(tuned, chunk_group=1)
     if tuned.chunk_group > 1:
         kernels["fused_tma_chunkwise"] = FusedGemm(
@@ -265,8 +276,16 @@ def run_shape(
         )
         if offered
     }
+    # the schedule's launch with its tiles claimed one by one: what ready runs buy there
+    claims = FusedGemm(
+        overlap_views, b, sm_budget=sms - SIDE_SMS, timeout_s=10.0, config=arrival_cfg,
+        reset_waits=True, ready_runs=False,
+    )  # fmt: skip
+    if overlaps["fused_overlap"].ready_runs_refusal() == "":
+        overlaps["fused_overlap_claims"] = claims
     result["configs"] = {name: kern.config.name for name, kern in kernels.items()}
     result["configs"]["triton"] = persistent_cfg.name
+    result["ready_runs"] = kernels["fused_tma"].ready_runs_refusal() or "applied"
     result["paths"] = {name: kern.path for name, kern in kernels.items()}
     default = FusedGemm(views, b, sm_budget=sms, timeout_s=10.0)  # what ficco's runs take
     result["default"] = {"path": default.path, "config": default.config.name}
@@ -320,7 +339,7 @@ def run_shape(
         # early arrivals: the copies start with the GEMM, no gap (a short transfer)
         **{
             f"{name}_early": arriving(overlaps[name], gap=0)
-            for name in ("fused_overlap", "fused_overlap_arrival")
+            for name in ("fused_overlap", "fused_overlap_arrival", "fused_overlap_claims")
             if name in overlaps
         },
         "per_chunk_early": lambda: per_chunk(gap=0),
@@ -371,6 +390,7 @@ def summary_line(r: dict) -> str:
         f"chunkwise {ms('fused_tma_chunkwise') / cub:.3f} "
         f"overlap_chunkwise {ms('fused_overlap_chunkwise'):.4f} "
         f"overlap_arrival {ms('fused_overlap_arrival'):.4f} "
+        f"claims {ms('fused_tma_claims') / cub:.3f} overlap_claims {ms('fused_overlap_claims'):.4f} "
         f"[{r['configs']['fused_tma']}] bad={[k for k, v in r['verify'].items() if not v['ok']]}"
     )
 

@@ -2,7 +2,7 @@
 
 Run without TRITON_INTERPRET (the interpreter compiles nothing), it lowers the persistent TMA
 kernel (whole tiles and the split tail, plain and swap-AB) and the fused kernel (TMA loads;
-host-built or in-kernel descriptors)
+host-built or in-kernel descriptors; tiles in ready runs)
 through PTX to a cubin with Triton's bundled ptxas, for each configuration named (default:
 the first three of the bf16 space), and prints per kernel as JSON: the wgmma instructions in
 the PTX, registers, spills, shared memory. Exit status 3: no offline compile entry point.
@@ -57,6 +57,8 @@ def compile_fused(
     host_descs: bool = True,
     split_tail: bool = False,
     offsets_32: bool = False,
+    ready_runs: bool = False,
+    kernel_out: list | None = None,
 ) -> dict:
     # pointer stores come with reset_waits here; without them the claim-only exit compiles
     t0 = time.perf_counter()
@@ -81,9 +83,12 @@ def compile_fused(
         EPILOGUE_SUBTILE=cfg.epilogue_subtile, ON_GPU=True, INPUT_PRECISION="tf32",
         TABLE_COLS=_TABLE_COLS, POINTER_STORES=pointer_stores, SCALED=False, A_ROWWISE=False,
         B_COLWISE=False, IMPRECISE_ACC=None, RESET_WAITS=pointer_stores, HOST_DESCS=host_descs,
-        SPLIT_TAIL=split_tail, OFFSETS_32=offsets_32,
+        SPLIT_TAIL=split_tail, OFFSETS_32=offsets_32, READY_RUNS=ready_runs,
     )  # fmt: skip
-    return _report(_compile(_fused_gemm_kernel, pointers, descs, constants, cfg), t0)
+    kernel = _compile(_fused_gemm_kernel, pointers, descs, constants, cfg)
+    if kernel_out is not None:
+        kernel_out.append(kernel)
+    return _report(kernel, t0)
 
 
 def main() -> None:
@@ -101,6 +106,7 @@ def main() -> None:
             "fused_pointer_stores_offsets_32": compile_fused(cfg, True, offsets_32=True),
             "fused_device_descriptors": compile_fused(cfg, True, host_descs=False),
             "fused_split_tail": compile_fused(cfg, False, split_tail=True),
+            "fused_ready_runs": compile_fused(cfg, False, ready_runs=True),
         }
     swap = GemmConfig(16, 128, 128, 8, 5, 4, swap_ab=True)
     found[swap.name] = {

@@ -100,3 +100,30 @@ def test_the_arriving_tile_and_early_arrivals_are_counted_against_per_chunk():
     # early: the arriving tile 0.13 loses to 0.125; the second launch 0.11 wins
     assert small["early_arrivals_arriving_tile_beats_per_chunk"] == "1 of 2"
     assert small["early_arrivals_arriving_tile_vs_fused_overlap"] == pytest.approx(0.13 / 0.12)
+
+
+def test_ready_runs_are_compared_with_the_same_launch_claiming_its_tiles():
+    shapes = [
+        {  # runs applied: flags set 0.9x the claimed launch; the schedule's launch is the
+            # arriving tile's, early arrivals fused_overlap_arrival_early's
+            "timing": _timing(
+                cublas=0.1,
+                fused_tma=0.108,
+                fused_tma_claims=0.12,
+                fused_overlap=0.2,
+                fused_overlap_arrival=0.15,
+                fused_overlap_claims=0.16,
+                per_chunk=0.18,
+                fused_overlap_early=0.12,
+                fused_overlap_arrival_early=0.1,
+                fused_overlap_claims_early=0.125,
+                per_chunk_early=0.125,
+            )  # fmt: skip
+        },
+        {"timing": _timing(cublas=0.1, fused_tma=0.11, fused_overlap=0.2, per_chunk=0.19)},
+    ]  # the second: runs refused, no claimed twin, not counted
+    small = summary.fused({"shapes": shapes})["small"]
+    assert small["ready_runs_vs_claims_shapes"] == 1
+    assert small["ready_runs_vs_claims"] == pytest.approx(0.9)
+    assert small["arrival_ready_runs_vs_claims"] == pytest.approx(0.15 / 0.16)
+    assert small["early_arrival_ready_runs_vs_claims"] == pytest.approx(0.8)

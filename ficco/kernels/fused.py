@@ -129,6 +129,13 @@ class FusedGemm(_Timed):
     each program. None: on GPUs (FP8 too: on one H100 its fused launches ran 1.03x faster so,
     geomean of 56 shapes, 0.98-1.13x; profiles/h100/fp8_gemm_notes.md). Under the interpreter only where no
     peer writes into these buffers during the launch (descriptor arguments are copied back).
+
+    ``ready_runs`` (None: wherever it applies): tiles dealt out by program and run in
+    flattened loops over the chunks that have arrived (the kernel's ``READY_RUNS``), as the
+    persistent GEMM runs its tiles, in place of one claim and one pipeline start per tile.
+    It applies where the launch has host descriptors, chunks of equal tile counts, no
+    signalled chunk or copy (no peer waits on a program that is not resident yet), no split
+    tail and bf16/fp16/fp32 operands; True where it does not is refused with the reason.
     """
 
     def __init__(
@@ -145,6 +152,7 @@ class FusedGemm(_Timed):
         reset_waits: bool = False,
         host_descriptors: bool | None = None,
         arriving: bool | None = None,
+        ready_runs: bool | None = None,
     ) -> None:
         if not chunks:
             raise ValueError("fused GEMM: chunks is empty")
@@ -207,8 +215,10 @@ class FusedGemm(_Timed):
                 _warn_once(f"fused GEMM: pointer loads (slower): {refusal}")
         self.path: Path = path
         self.b_col_major = path == "tma" and _tma_operand(b)[2]
-        if arriving is not None and not isinstance(arriving, bool):
-            raise ValueError(f"fused GEMM: arriving must be True, False or None, got {arriving!r}")
+        for name, value in (("arriving", arriving), ("ready_runs", ready_runs)):
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"fused GEMM: {name} must be True, False or None, got {value!r}")
+        self.ready_runs = ready_runs
         if config is None:
             total = sum(c.a.shape[0] for c in chunks)
             if self.scales is None:
@@ -221,6 +231,24 @@ class FusedGemm(_Timed):
                     total, n, k, len(chunks), a0.dtype, sm_budget, device, path
                 )
         self._tabulate(config)
+        refusal = self.ready_runs_refusal()
+        if ready_runs and refusal:
+            raise ValueError(f"fused GEMM: ready_runs=True refused: {refusal}")
+
+    def ready_runs_refusal(self) -> str:
+        """Why this launch cannot run its tiles in runs of arrived chunks ('' when it can;
+        ``ready_runs``)."""
+        if self.host is None:
+            return "no host descriptors (the TMA path with every chunk on row-block boundaries)"
+        if any(c.signals or c.copies for c in self.chunks):
+            return "a chunk signals or has copies (its tiles are claimed, not dealt out)"
+        if self.tiles_per_chunk == 0:
+            return "the chunks' tile counts differ"
+        if self.plan is not None:
+            return "the config splits the last wave (split_tail)"
+        if self.scales is not None:
+            return "FP8 operands (the scale epilogue)"
+        return ""
 
     def tma_refusal(self) -> str:
         """Why tensor descriptors cannot address these operands ('' when they can): TMA
@@ -383,6 +411,8 @@ class FusedGemm(_Timed):
             meta["HOST_DESCS"] = True
         if self.plan:
             meta["SPLIT_TAIL"] = True
+        if self.ready_runs is not False and not self.ready_runs_refusal():
+            meta["READY_RUNS"] = True
         if meta["POINTER_STORES"] and self.offsets_32:
             meta["OFFSETS_32"] = True
         if sc is not None:
@@ -395,6 +425,7 @@ class FusedGemm(_Timed):
         else:
             _fused_gemm_kernel[self.grid](*args, **meta)
         LAUNCH_COUNTS[f"fused_{self.path}"] += int(not warm)
+        LAUNCH_COUNTS["fused_ready_runs"] += int(not warm and "READY_RUNS" in meta)
 
     def compile(self) -> None:
         """Compile and load the kernel now, launching nothing (GPUs): a first launch that

@@ -311,6 +311,59 @@ def test_fused_grouped_chunks_read_each_chunk_only_after_its_flag(chunk_group, g
 
 
 @pytest.mark.skipif(not HOPPER, reason="the TMA path's host descriptors")
+@pytest.mark.parametrize("programs", [7, 120])
+@pytest.mark.parametrize("chunk_group", [1, 2])
+def test_fused_ready_runs_read_each_chunk_only_after_its_flag(programs, chunk_group, gen):
+    """Ready runs (tiles by program, flattened runs over the arrived chunks, whose first
+    loads are issued ahead under the last tile): six equal 256-row chunks, five landing late
+    one by one; a run stops at the first chunk not yet arrived. The same launch with its
+    tiles claimed gives the same bits; a chunk that never comes is named, its rows untouched."""
+    from ficco.kernels.flags import FlagTimeout
+    from ficco.kernels.fused import FusedChunkViews, FusedGemm
+    from ficco.kernels.persistent import LAUNCH_COUNTS
+
+    k, n = 1024, 1536
+    a = _rand(1536, k, gen=gen)
+    b = _rand(k, n, gen=gen)
+    out = torch.full((1536, n), float("nan"), device=DEV, dtype=torch.bfloat16)
+    flags = torch.zeros(5, dtype=torch.int32, device=DEV)
+
+    def views(dest):
+        return [FusedChunkViews(a[0:256], dest[0:256])] + [
+            FusedChunkViews(a[lo : lo + 256], dest[lo : lo + 256], wait=flags[i : i + 1])
+            for i, lo in enumerate(range(256, 1536, 256))
+        ]
+
+    chunks = views(out)
+    arriving = [c.a.clone() for c in chunks[1:]]
+    for chunk in chunks[1:]:
+        chunk.a.fill_(float("nan"))  # not there yet
+    cfg = GemmConfig(128, 128, 64, 8, 4, 8, chunk_group=chunk_group)
+    kernel = FusedGemm(chunks, b, sm_budget=programs, timeout_s=10.0, config=cfg)
+    assert kernel.ready_runs_refusal() == ""
+    before = LAUNCH_COUNTS["fused_ready_runs"]
+    _run_with_late_chunks(kernel, chunks[1:], arriving, flags)
+    assert LAUNCH_COUNTS["fused_ready_runs"] == before + 1
+    _check(out, a, b)
+    claimed = torch.full_like(out, float("nan"))
+    FusedGemm(views(claimed), b, sm_budget=programs, timeout_s=10.0, config=cfg,
+              ready_runs=False)()  # fmt: skip
+    torch.cuda.synchronize()
+    assert torch.equal(out, claimed)
+    flags.zero_()
+    flags[[0, 1, 3, 4]] = 1  # the third late chunk never comes
+    out.fill_(float("nan"))
+    short = FusedGemm(chunks, b, sm_budget=programs, timeout_s=0.2, config=cfg)
+    short()
+    torch.cuda.synchronize()
+    with pytest.raises(FlagTimeout, match="chunk 3"):
+        short.raise_on_timeout("launch")
+    assert torch.isnan(out[768:1024]).all()
+    rest = torch.cat([out[:768], out[1024:]])
+    assert torch.equal(rest, torch.cat([claimed[:768], claimed[1024:]]))
+
+
+@pytest.mark.skipif(not HOPPER, reason="the TMA path's host descriptors")
 @pytest.mark.parametrize("chunk_group", [1, 2])
 def test_fused_split_tail_with_a_late_chunk(chunk_group, gen):
     """16 tiles on 120 programs: every tile's K split seven ways, the late chunk's ranges each
