@@ -88,7 +88,7 @@ command_of() {  # phase, cap: the command line
     decode) echo "$PY scripts/bench_decode_gemm.py --commit $COMMIT --m $DECODE_M --budget-s $budget" ;;
     gemm) echo "$PY scripts/bench_gemm.py --commit $COMMIT --skip-budgets --budget-s $budget" ;;
     fused) echo "$PY scripts/tune_fused_gpu.py --no-check-shapes --no-robustness --bands --budget-s $budget" ;;
-    tests) echo "$PY -m pytest -q -x -p no:cacheprovider -o addopts= tests/gpu/test_kernels_gpu.py::test_split_tail tests/gpu/test_kernels_gpu.py::test_fused_host_descriptors_wait_and_signal tests/gpu/test_kernels_gpu.py::test_fused_grouped_chunks_read_each_chunk_only_after_its_flag tests/gpu/test_kernels_gpu.py::test_fused_split_tail_with_a_late_chunk tests/gpu/test_kernels_gpu.py::test_fused_ready_runs_read_each_chunk_only_after_its_flag tests/gpu/test_kernels_decode_gpu.py tests/gpu/test_timing_gpu.py" ;;
+    tests) echo "$PY -m pytest -q -x -p no:cacheprovider -o addopts= tests/gpu/test_kernels_gpu.py::test_split_tail tests/gpu/test_kernels_gpu.py::test_fused_host_descriptors_wait_and_signal tests/gpu/test_kernels_gpu.py::test_fused_grouped_chunks_read_each_chunk_only_after_its_flag tests/gpu/test_kernels_gpu.py::test_fused_split_tail_with_a_late_chunk tests/gpu/test_kernels_gpu.py::test_fused_ready_runs_read_each_chunk_only_after_its_flag tests/gpu/test_kernels_gpu.py::test_fused_ready_runs_give_up_on_a_chunk_that_never_arrives tests/gpu/test_kernels_decode_gpu.py tests/gpu/test_timing_gpu.py" ;;
   esac
 }
 run_phase() {  # name, cap, command...

@@ -109,12 +109,22 @@ def fused(d: dict) -> dict:
             b["early_arrival_vs_overlap"].append(
                 early["median_ms"] / t["fused_overlap_early"]["median_ms"]
             )
-        # ready runs against the same launch with its tiles claimed one by one
-        for key, runs, claimed in (
-            ("runs_vs_claims", t.get("fused_tma"), t.get("fused_tma_claims")),
-            ("arrival_runs_vs_claims", arrival, t.get("fused_overlap_claims")),
-            ("early_runs_vs_claims", early, t.get("fused_overlap_claims_early")),
-        ):
+        # ready runs against the same launch with its tiles claimed one by one: *_runs
+        # variants beside the default (claims); at eaaae54 runs were the default and the
+        # claimed twins were the *_claims variants
+        if "fused_tma_claims" in t or "fused_overlap_claims" in t:  # eaaae54's JSON
+            pairs = (
+                ("runs_vs_claims", t.get("fused_tma"), t.get("fused_tma_claims")),
+                ("arrival_runs_vs_claims", arrival, t.get("fused_overlap_claims")),
+                ("early_runs_vs_claims", early, t.get("fused_overlap_claims_early")),
+            )
+        else:
+            pairs = (
+                ("runs_vs_claims", t.get("fused_tma_runs"), t.get("fused_tma")),
+                ("arrival_runs_vs_claims", t.get("fused_overlap_runs"), arrival),
+                ("early_runs_vs_claims", t.get("fused_overlap_runs_early"), early),
+            )
+        for key, runs, claimed in pairs:
             if runs and claimed:
                 b[key].append(runs["median_ms"] / claimed["median_ms"])
         over_cw = t.get("fused_overlap_chunkwise")

@@ -24,8 +24,8 @@ One run (``python scripts/tune_fused_gpu.py``; JSON to ``$OUT/fused_single_gpu.j
    fused_tma_chunk_descs  fused_tma with descriptors made in the kernel per chunk (where
                    fused_tma's are host-built: every chunk on row-block boundaries)
    fused_tma_nowait  fused_tma with no chunk waiting on a flag: what the acquires cost
-   fused_tma_claims  fused_tma with every tile claimed from the counter and run on its own
-                   (``ready_runs=False``), where fused_tma runs its tiles in ready runs
+   fused_tma_runs  fused_tma with its tiles in ready runs (``ready_runs=True``: dealt out
+                   by program, flattened runs over the arrived chunks), where they apply
    fused_tma_chunkwise  where the tuned config groups chunks (``chunk_group``): the same
                    tile chunk by chunk, what grouping bought
    fused_overlap   the side-stream-arrival case: peer chunks copied by a side stream, 20 us
@@ -38,9 +38,8 @@ One run (``python scripts/tune_fused_gpu.py``; JSON to ``$OUT/fused_single_gpu.j
    fused_overlap_arrival  fused_overlap with the tile tuned for arriving chunks (the
                    tuner's ``|arriving`` entry, ``ficco.kernels.fused_arrival``: what a
                    schedule's launch whose chunks wait takes), where it differs from fused_tma's
-   fused_overlap_claims  the launch a schedule makes (fused_overlap_arrival's tile, else
-                   fused_overlap's) with tiles claimed one by one (``ready_runs=False``),
-                   where it runs ready runs
+   fused_overlap_runs  the launch a schedule makes (fused_overlap_arrival's tile, else
+                   fused_overlap's) in ready runs (``ready_runs=True``), where they apply
    per_chunk       the same arrivals with events, one ``matmul`` per chunk
    *_early         fused_overlap, fused_overlap_arrival and per_chunk with no gap before the
                    copies: the peers' rows land as soon as copied (a short transfer beside
@@ -103,11 +102,11 @@ ARRIVING = (
     "fused_overlap",
     "fused_overlap_chunkwise",
     "fused_overlap_arrival",
-    "fused_overlap_claims",
+    "fused_overlap_runs",
     "per_chunk",
     "fused_overlap_early",
     "fused_overlap_arrival_early",
-    "fused_overlap_claims_early",
+    "fused_overlap_runs_early",
     "per_chunk_early",
 )
 TOLERANCE = 2e-2  # relative (Frobenius) error against fp32, bf16 operands and output
@@ -241,8 +240,8 @@ def run_shape(
         nowait_views, b, sm_budget=sms, timeout_s=10.0, config=tuned
     )
     if kernels["fused_tma"].ready_runs_refusal() == "":  # what ready runs buy, flags set
-        kernels["fused_tma_claims"] = FusedGemm(
-            views, b, sm_budget=sms, timeout_s=10.0, config=tuned, ready_runs=False
+        kernels["fused_tma_runs"] = FusedGemm(
+            views, b, sm_budget=sms, timeout_s=10.0, config=tuned, ready_runs=True
         )
     chunkwise = replace(tuned, chunk_group=1)
     if tuned.chunk_group > 1:
@@ -276,13 +275,12 @@ def run_shape(
         )
         if offered
     }
-    # the schedule's launch with its tiles claimed one by one: what ready runs buy there
-    claims = FusedGemm(
-        overlap_views, b, sm_budget=sms - SIDE_SMS, timeout_s=10.0, config=arrival_cfg,
-        reset_waits=True, ready_runs=False,
-    )  # fmt: skip
+    # the schedule's launch in ready runs: what they buy there
     if overlaps["fused_overlap"].ready_runs_refusal() == "":
-        overlaps["fused_overlap_claims"] = claims
+        overlaps["fused_overlap_runs"] = FusedGemm(
+            overlap_views, b, sm_budget=sms - SIDE_SMS, timeout_s=10.0, config=arrival_cfg,
+            reset_waits=True, ready_runs=True,
+        )  # fmt: skip
     result["configs"] = {name: kern.config.name for name, kern in kernels.items()}
     result["configs"]["triton"] = persistent_cfg.name
     result["ready_runs"] = kernels["fused_tma"].ready_runs_refusal() or "applied"
@@ -339,7 +337,7 @@ def run_shape(
         # early arrivals: the copies start with the GEMM, no gap (a short transfer)
         **{
             f"{name}_early": arriving(overlaps[name], gap=0)
-            for name in ("fused_overlap", "fused_overlap_arrival", "fused_overlap_claims")
+            for name in ("fused_overlap", "fused_overlap_arrival", "fused_overlap_runs")
             if name in overlaps
         },
         "per_chunk_early": lambda: per_chunk(gap=0),
@@ -390,7 +388,7 @@ def summary_line(r: dict) -> str:
         f"chunkwise {ms('fused_tma_chunkwise') / cub:.3f} "
         f"overlap_chunkwise {ms('fused_overlap_chunkwise'):.4f} "
         f"overlap_arrival {ms('fused_overlap_arrival'):.4f} "
-        f"claims {ms('fused_tma_claims') / cub:.3f} overlap_claims {ms('fused_overlap_claims'):.4f} "
+        f"runs {ms('fused_tma_runs') / cub:.3f} overlap_runs {ms('fused_overlap_runs'):.4f} "
         f"[{r['configs']['fused_tma']}] bad={[k for k, v in r['verify'].items() if not v['ok']]}"
     )
 

@@ -1,4 +1,4 @@
-"""The fused GEMM's ready runs (``FusedGemm(ready_runs=)``, the kernel's ``READY_RUNS``):
+"""The fused GEMM's ready runs (``FusedGemm(ready_runs=True)``, the kernel's ``READY_RUNS``):
 tiles dealt out by program and run in flattened loops over the chunk groups that have
 arrived. Under the CPU interpreter (the conftest sets TRITON_INTERPRET where there is no
 GPU), which runs the programs one after another: a program's waits and runs, the groups a
@@ -40,7 +40,7 @@ def _views(a, out, flags, waits):
 
 
 def _runs(views, b, cfg, **kw):
-    kernel = FusedGemm(views, b, host_descriptors=True, config=cfg, **kw)
+    kernel = FusedGemm(views, b, host_descriptors=True, config=cfg, ready_runs=True, **kw)
     assert kernel.ready_runs_refusal() == ""
     return kernel
 
@@ -151,7 +151,7 @@ def test_ready_runs_refused_with_the_reason_where_it_does_not_apply():
         ),
     }  # fmt: skip
     for name, (views, extra, reason) in cases.items():
-        kernel = FusedGemm(views, b, **kw, **extra)  # None: claims, where runs do not apply
+        kernel = FusedGemm(views, b, **kw, **extra)  # the default claims its tiles
         assert reason in kernel.ready_runs_refusal(), name
         before = LAUNCH_COUNTS["fused_ready_runs"]
         kernel()
@@ -166,3 +166,9 @@ def test_ready_runs_refused_with_the_reason_where_it_does_not_apply():
         assert "split_tail" in kernel.ready_runs_refusal()
     with pytest.raises(ValueError, match="ready_runs must be True, False or None, got 'yes'"):
         FusedGemm(views, b, **kw, ready_runs="yes")
+    # runs apply here, but are asked for: the default claims
+    before = LAUNCH_COUNTS["fused_ready_runs"]
+    default = FusedGemm(views, b, **kw, host_descriptors=True)
+    assert default.ready_runs_refusal() == ""
+    default()
+    assert LAUNCH_COUNTS["fused_ready_runs"] == before

@@ -102,7 +102,32 @@ def test_the_arriving_tile_and_early_arrivals_are_counted_against_per_chunk():
     assert small["early_arrivals_arriving_tile_vs_fused_overlap"] == pytest.approx(0.13 / 0.12)
 
 
-def test_ready_runs_are_compared_with_the_same_launch_claiming_its_tiles():
+def test_ready_runs_are_compared_with_the_default_launch_that_claims_its_tiles():
+    shapes = [
+        {
+            "timing": _timing(
+                cublas=0.1,
+                fused_tma=0.12,
+                fused_tma_runs=0.108,
+                fused_overlap=0.2,
+                fused_overlap_arrival=0.16,
+                fused_overlap_runs=0.15,
+                per_chunk=0.18,
+                fused_overlap_early=0.12,
+                fused_overlap_arrival_early=0.125,
+                fused_overlap_runs_early=0.1,
+                per_chunk_early=0.125,
+            )  # fmt: skip
+        },
+    ]
+    small = summary.fused({"shapes": shapes})["small"]
+    assert small["ready_runs_vs_claims_shapes"] == 1
+    assert small["ready_runs_vs_claims"] == pytest.approx(0.9)
+    assert small["arrival_ready_runs_vs_claims"] == pytest.approx(0.15 / 0.16)
+    assert small["early_arrival_ready_runs_vs_claims"] == pytest.approx(0.8)
+
+
+def test_ready_runs_of_eaaae54_json_where_runs_were_the_default():
     shapes = [
         {  # runs applied: flags set 0.9x the claimed launch; the schedule's launch is the
             # arriving tile's, early arrivals fused_overlap_arrival_early's

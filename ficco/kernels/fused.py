@@ -130,12 +130,16 @@ class FusedGemm(_Timed):
     geomean of 56 shapes, 0.98-1.13x; profiles/h100/fp8_gemm_notes.md). Under the interpreter only where no
     peer writes into these buffers during the launch (descriptor arguments are copied back).
 
-    ``ready_runs`` (None: wherever it applies): tiles dealt out by program and run in
-    flattened loops over the chunks that have arrived (the kernel's ``READY_RUNS``), as the
-    persistent GEMM runs its tiles, in place of one claim and one pipeline start per tile.
-    It applies where the launch has host descriptors, chunks of equal tile counts, no
-    signalled chunk or copy (no peer waits on a program that is not resident yet), no split
-    tail and bf16/fp16/fp32 operands; True where it does not is refused with the reason.
+    ``ready_runs`` (opt-in): tiles dealt out by program and run in flattened loops over the
+    chunks that have arrived (the kernel's ``READY_RUNS``), as the persistent GEMM runs its
+    tiles, in place of one claim and one pipeline start per tile. It applies where the
+    launch has host descriptors, chunks of equal tile counts, no signalled chunk or copy (no
+    peer waits on a program that is not resident yet), no split tail and bf16/fp16/fp32
+    operands; True where it does not is refused with the reason. Not the default yet: on one
+    H200 (profiles/h200/NOTES_gemm.md, call R) it ran 0.980x / 0.992x the claimed launch's
+    time with every flag set (above / below 0.3 ms), but a launch with grouped chunks
+    (``chunk_group=2``) whose chunk never arrived hung instead of giving up, twice in three
+    runs of the GPU test, for a reason not yet found. None and False: claims.
     """
 
     def __init__(
@@ -411,7 +415,7 @@ class FusedGemm(_Timed):
             meta["HOST_DESCS"] = True
         if self.plan:
             meta["SPLIT_TAIL"] = True
-        if self.ready_runs is not False and not self.ready_runs_refusal():
+        if self.ready_runs and not self.ready_runs_refusal():
             meta["READY_RUNS"] = True
         if meta["POINTER_STORES"] and self.offsets_32:
             meta["OFFSETS_32"] = True
