@@ -4,6 +4,7 @@ computed from the rows each benchmark's JSON holds (so a phase cut by its cap st
 what it measured), beside the issue's targets. Plain Python: runs anywhere.
 
     python scripts/kernels_sweep_summary.py DIR [--json]
+    python scripts/kernels_sweep_summary.py profiles/h200/fused_single_gpu_callO.json
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ def fused(d: dict) -> dict:
                 "early_arrival_vs_overlap": [],
                 "grouped": 0,
                 "overlap_grouped_vs_chunkwise": [],
+                "launch_vs_per_chunk": [],
+                "flags_set_tile_vs_per_chunk": [],
+                "early_launch_vs_per_chunk": [],
                 "runs_vs_claims": [],
                 "arrival_runs_vs_claims": [],
                 "early_runs_vs_claims": [],
@@ -96,6 +100,9 @@ def fused(d: dict) -> dict:
         arrival = t.get("fused_overlap_arrival") or over
         if arrival and per and arrival["median_ms"] < per["median_ms"]:
             b["arrival_wins"] += 1
+        if arrival and per:
+            b["launch_vs_per_chunk"].append(arrival["median_ms"] / per["median_ms"])
+            b["flags_set_tile_vs_per_chunk"].append(over["median_ms"] / per["median_ms"])
         if over and "fused_overlap_arrival" in t:
             b["arrival_differs"] += 1
             b["arrival_vs_overlap"].append(arrival["median_ms"] / over["median_ms"])
@@ -103,6 +110,7 @@ def fused(d: dict) -> dict:
         early = t.get("fused_overlap_arrival_early") or t.get("fused_overlap_early")
         early_per = t.get("per_chunk_early")
         if early and early_per:
+            b["early_launch_vs_per_chunk"].append(early["median_ms"] / early_per["median_ms"])
             b["early_n"] += 1
             b["early_wins"] += early["median_ms"] < early_per["median_ms"]
         if "fused_overlap_arrival_early" in t and "fused_overlap_early" in t:
@@ -143,6 +151,9 @@ def fused(d: dict) -> dict:
             "arriving_tile_beats_per_chunk": f"{b['arrival_wins']} of {b['n']}",
             "arriving_tile_differs": f"{b['arrival_differs']} of {b['n']}",
             "arriving_tile_vs_fused_overlap": geomean(b["arrival_vs_overlap"]),
+            "launch_vs_per_chunk": geomean(b["launch_vs_per_chunk"]),
+            "flags_set_tile_launch_vs_per_chunk": geomean(b["flags_set_tile_vs_per_chunk"]),
+            "early_arrivals_launch_vs_per_chunk": geomean(b["early_launch_vs_per_chunk"]),
             "early_arrivals_arriving_tile_beats_per_chunk": f"{b['early_wins']} of {b['early_n']}",
             "early_arrivals_arriving_tile_vs_fused_overlap": geomean(b["early_arrival_vs_overlap"]),
             "fused_tma_chunk_by_chunk_time_vs_cublas": geomean(b["fused_tma_chunkwise"]),
@@ -157,14 +168,36 @@ def fused(d: dict) -> dict:
     }
 
 
+#: What each benchmark JSON of a sweep is summarized with, by its name in the sweep's folder;
+#: a committed copy keeps the name's stem before a suffix (fused_single_gpu_callO.json)
+KINDS = (
+    ("bench_gemm.json", gemm),
+    ("bench_decode_gemm.json", decode),
+    ("fused_single_gpu.json", fused),
+)
+
+
+def kind_of(path: Path) -> tuple[str, object] | None:
+    """(the sweep's name, its summary function) of a benchmark JSON ``path``, by its name:
+    ``bench_gemm*``, ``bench_decode_gemm*`` or ``fused_single_gpu*``; None for another."""
+    for name, fn in sorted(KINDS, key=lambda kind: -len(kind[0])):  # decode before gemm
+        if path.name.startswith(name.removesuffix(".json")):
+            return name, fn
+    return None
+
+
 def summarize(folder: Path) -> dict:
+    """Every benchmark JSON of a sweep's ``folder``, or the one JSON file ``folder`` names."""
     found: dict = {}
-    for name, fn in (
-        ("bench_gemm.json", gemm),
-        ("bench_decode_gemm.json", decode),
-        ("fused_single_gpu.json", fused),
-    ):
-        path = folder / name
+    if folder.is_file():
+        kind = kind_of(folder)
+        if kind is None:
+            return {folder.name: {"error": "not a bench_gemm, bench_decode_gemm or "
+                                  "fused_single_gpu JSON (by its name)"}}  # fmt: skip
+        pairs = [(folder.name, folder, kind[1])]
+    else:
+        pairs = [(name, folder / name, fn) for name, fn in KINDS]
+    for name, path, fn in pairs:
         if path.exists():
             try:
                 data = json.loads(path.read_text())
@@ -177,7 +210,9 @@ def summarize(folder: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path)
+    parser.add_argument(
+        "folder", type=Path, help="a sweep's output folder, or one of its JSON files (by name)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON, not lines")
     args = parser.parse_args()
     found = summarize(args.folder)

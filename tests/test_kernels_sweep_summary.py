@@ -100,55 +100,58 @@ def test_the_arriving_tile_and_early_arrivals_are_counted_against_per_chunk():
     # early: the arriving tile 0.13 loses to 0.125; the second launch 0.11 wins
     assert small["early_arrivals_arriving_tile_beats_per_chunk"] == "1 of 2"
     assert small["early_arrivals_arriving_tile_vs_fused_overlap"] == pytest.approx(0.13 / 0.12)
+    # the launch a schedule makes / per_chunk: 0.15 / 0.18 and 0.2 / 0.19; early 0.13 / 0.125
+    # and 0.11 / 0.12; the flags-set tile's launch 0.2 / 0.18 and 0.2 / 0.19
+    assert small["launch_vs_per_chunk"] == pytest.approx(((0.15 / 0.18) * (0.2 / 0.19)) ** 0.5)
+    assert small["flags_set_tile_launch_vs_per_chunk"] == pytest.approx(
+        ((0.2 / 0.18) * (0.2 / 0.19)) ** 0.5
+    )
+    assert small["early_arrivals_launch_vs_per_chunk"] == pytest.approx(
+        ((0.13 / 0.125) * (0.11 / 0.12)) ** 0.5
+    )
 
 
-def test_ready_runs_are_compared_with_the_default_launch_that_claims_its_tiles():
-    shapes = [
-        {
-            "timing": _timing(
-                cublas=0.1,
-                fused_tma=0.12,
-                fused_tma_runs=0.108,
-                fused_overlap=0.2,
-                fused_overlap_arrival=0.16,
-                fused_overlap_runs=0.15,
-                per_chunk=0.18,
-                fused_overlap_early=0.12,
-                fused_overlap_arrival_early=0.125,
-                fused_overlap_runs_early=0.1,
-                per_chunk_early=0.125,
-            )  # fmt: skip
+# One shape both ways: ready runs 0.108 ms flags set against 0.12 claimed; the schedule's
+# launch (the arriving tile) 0.15 against 0.16 late, 0.1 against 0.125 with early copies
+RUNS = dict(fused_tma=0.108, arrival=0.15, arrival_early=0.1)
+CLAIMS = dict(fused_tma=0.12, arrival=0.16, arrival_early=0.125)
+COMMON = dict(
+    cublas=0.1, fused_overlap=0.2, per_chunk=0.18, fused_overlap_early=0.12, per_chunk_early=0.125
+)
+
+
+@pytest.mark.parametrize("runs_default", [False, True])  # True: eaaae54's JSON
+def test_ready_runs_are_compared_with_the_same_launch_claiming_its_tiles(runs_default):
+    default, other = (RUNS, CLAIMS) if runs_default else (CLAIMS, RUNS)
+    twin = "claims" if runs_default else "runs"
+    timing = _timing(
+        **COMMON,
+        fused_tma=default["fused_tma"],
+        fused_overlap_arrival=default["arrival"],
+        fused_overlap_arrival_early=default["arrival_early"],
+        **{
+            f"fused_tma_{twin}": other["fused_tma"],
+            f"fused_overlap_{twin}": other["arrival"],
+            f"fused_overlap_{twin}_early": other["arrival_early"],
         },
-    ]
-    small = summary.fused({"shapes": shapes})["small"]
+    )
+    # the second shape: runs refused, no twin, not counted
+    plain = _timing(cublas=0.1, fused_tma=0.11, fused_overlap=0.2, per_chunk=0.19)
+    small = summary.fused({"shapes": [{"timing": timing}, {"timing": plain}]})["small"]
     assert small["ready_runs_vs_claims_shapes"] == 1
     assert small["ready_runs_vs_claims"] == pytest.approx(0.9)
     assert small["arrival_ready_runs_vs_claims"] == pytest.approx(0.15 / 0.16)
     assert small["early_arrival_ready_runs_vs_claims"] == pytest.approx(0.8)
 
 
-def test_ready_runs_of_eaaae54_json_where_runs_were_the_default():
-    shapes = [
-        {  # runs applied: flags set 0.9x the claimed launch; the schedule's launch is the
-            # arriving tile's, early arrivals fused_overlap_arrival_early's
-            "timing": _timing(
-                cublas=0.1,
-                fused_tma=0.108,
-                fused_tma_claims=0.12,
-                fused_overlap=0.2,
-                fused_overlap_arrival=0.15,
-                fused_overlap_claims=0.16,
-                per_chunk=0.18,
-                fused_overlap_early=0.12,
-                fused_overlap_arrival_early=0.1,
-                fused_overlap_claims_early=0.125,
-                per_chunk_early=0.125,
-            )  # fmt: skip
-        },
-        {"timing": _timing(cublas=0.1, fused_tma=0.11, fused_overlap=0.2, per_chunk=0.19)},
-    ]  # the second: runs refused, no claimed twin, not counted
-    small = summary.fused({"shapes": shapes})["small"]
-    assert small["ready_runs_vs_claims_shapes"] == 1
-    assert small["ready_runs_vs_claims"] == pytest.approx(0.9)
-    assert small["arrival_ready_runs_vs_claims"] == pytest.approx(0.15 / 0.16)
-    assert small["early_arrival_ready_runs_vs_claims"] == pytest.approx(0.8)
+def test_one_committed_json_is_summarized_by_its_name(tmp_path):
+    path = tmp_path / "fused_single_gpu_callX.json"
+    path.write_text(json.dumps({"shapes": SHAPES, "fingerprint": {"gpu": "H"}}))
+    found = summary.summarize(path)
+    assert list(found) == ["fused_single_gpu_callX.json"]
+    assert found["fused_single_gpu_callX.json"]["gpu"] == "H"
+    assert found["fused_single_gpu_callX.json"]["large"]["shapes"] == 1
+    assert summary.kind_of(tmp_path / "bench_decode_gemm_run4.json")[0] == "bench_decode_gemm.json"
+    other = tmp_path / "notes.json"
+    other.write_text("{}")
+    assert "not a bench_gemm" in summary.summarize(other)["notes.json"]["error"]
