@@ -45,8 +45,10 @@ def _runs(views, b, cfg, **kw):
     return kernel
 
 
-@pytest.mark.parametrize("programs", [1, 3, 7, 64])  # tiles over programs: 24, 8, 3-4, 1 or 0
-@pytest.mark.parametrize("chunk_group", [1, 2, 4])
+@pytest.mark.parametrize(
+    "programs, chunk_group",  # tiles a program: 24, 8, 3-4, 3-4 and 1 or 0
+    [(1, 1), (3, 2), (7, 1), (7, 4), (64, 2)],
+)
 def test_runs_compute_every_chunk_as_the_claimed_tiles_do(programs, chunk_group):
     a, b, out = _operands(4, seed=21)
     flags = torch.ones(4, dtype=torch.int32)

@@ -415,7 +415,10 @@ class FusedGemm(_Timed):
             meta["HOST_DESCS"] = True
         if self.plan:
             meta["SPLIT_TAIL"] = True
-        if self.ready_runs and not self.ready_runs_refusal():
+        if self.ready_runs:
+            refusal = self.ready_runs_refusal()  # a smaller tile taken at launch may refuse
+            if refusal:
+                raise ValueError(f"fused GEMM: ready_runs=True refused for {cfg.name}: {refusal}")
             meta["READY_RUNS"] = True
         if meta["POINTER_STORES"] and self.offsets_32:
             meta["OFFSETS_32"] = True
