@@ -2,7 +2,8 @@
 
 Run without TRITON_INTERPRET (the interpreter compiles nothing), it lowers the persistent TMA
 kernel (whole tiles and the split tail, plain and swap-AB) and the fused kernel (TMA loads;
-host-built or in-kernel descriptors; tiles in ready runs)
+host-built or in-kernel descriptors; tiles in ready runs); ``--flag-waits``: the CTA barriers
+inside the flag waits' spins (there must be none)
 through PTX to a cubin with Triton's bundled ptxas, for each configuration named (default:
 the first three of the bf16 space), and prints per kernel as JSON: the wgmma instructions in
 the PTX, registers, spills, shared memory. Exit status 3: no offline compile entry point.
@@ -91,10 +92,53 @@ def compile_fused(
     return _report(kernel, t0)
 
 
+def spin_barriers(ptx: str) -> int | None:
+    """CTA barriers (``bar.sync``) inside a flag wait's spin: from the first ``%globaltimer``
+    read to the first ``ld.acquire.sys`` after the last one (the read that ends a give-up).
+    Threads leave the spin on their own reads, so a barrier there waits for warps that have
+    gone (a hang). None: no spin in the PTX."""
+    lines = ptx.splitlines()
+    reads = [i for i, line in enumerate(lines) if "%globaltimer" in line]
+    if not reads:
+        return None
+    end = next(
+        (i for i in range(reads[-1], len(lines)) if "ld.acquire.sys" in lines[i]), len(lines)
+    )
+    return sum("bar.sync" in line for line in lines[reads[0] : end])
+
+
+def compile_flag_waits() -> dict:
+    """The one-program flag wait (``flags._wait_flags_kernel``, four warps) and the fused
+    kernel in ready runs: their spins' barriers (`spin_barriers`), and the wait kernel's in all."""
+    from ficco.kernels.flags import _wait_flags_kernel
+
+    wait = _compile(
+        _wait_flags_kernel,
+        {"flag_ref": "i32", "offsets_ptr": "i64", "status_ptr": "i32"},
+        {},
+        {"USE_CLOCK": True},
+        GemmConfig(64, 64, 64, 8, 1, 4),
+    ).asm["ptx"]
+    fused = []
+    compile_fused(GemmConfig(128, 128, 64, 8, 4, 8), False, ready_runs=True, kernel_out=fused)
+    return {
+        "wait_flags": {"spin_barriers": spin_barriers(wait), "barriers": wait.count("bar.sync")},
+        "fused_ready_runs": {"spin_barriers": spin_barriers(fused[0].asm["ptx"])},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--all", action="store_true", help="every configuration of the space")
+    parser.add_argument(
+        "--flag-waits",
+        action="store_true",
+        help="only the flag waits' spins (`compile_flag_waits`)",
+    )
     args = parser.parse_args()
+    if args.flag_waits:
+        print(json.dumps({"triton": triton.__version__, "flag_waits": compile_flag_waits()}))
+        return
     configs = GPU_CONFIGS if args.all else GPU_CONFIGS[:3]
     found = {}
     for cfg in configs:

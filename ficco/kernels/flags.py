@@ -48,10 +48,27 @@ def _acquire_load(flag_ptr, ON_GPU: tl.constexpr):
 
 
 @triton.jit
+def _give_up(flag_ptr):
+    # 0 -> -1 at system scope by each thread on its own (the first wins, the rest find -1).
+    # Not tl.atomic_cas: on a scalar it hands one thread's result to the others through
+    # shared memory between CTA barriers, and inside the spin below the threads diverge (each
+    # warp reads the flag and the clock itself), so warps that saw a peer's -1 and left never
+    # reach those barriers: a launch whose programs gave up together hung on one H200.
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 zero, gone; mov.b32 zero, 0; mov.b32 gone, -1;\n\t"
+        "atom.acq_rel.sys.global.cas.b32 $0, [$1], zero, gone; }",
+        "=r,l", [flag_ptr], dtype=tl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
 def _wait_flag(flag_ptr, budget_ns, ON_GPU: tl.constexpr):
     # The flag's value once it is nonzero: positive = arrived, negative = given up (by a
     # tile that timed out, or by the host watchdog under the interpreter). One acquire when
     # the flag is already set; a spin of volatile loads, then the acquire, when it is not.
+    # On GPUs every thread reads and decides for itself (no CTA barrier inside, so warps may
+    # leave the spin at different reads); they agree on the value they return, since a flag
+    # changes once during a launch (0 -> arrived, or 0 -> -1).
     val = _acquire_load(flag_ptr, ON_GPU)
     if val == 0:
         if ON_GPU:
@@ -61,8 +78,8 @@ def _wait_flag(flag_ptr, budget_ns, ON_GPU: tl.constexpr):
                 elapsed = _globaltimer() - start
                 if (val == 0) & (elapsed > budget_ns):
                     # give up for every tile of the chunk: the next readers see -1 at once
-                    tl.atomic_cas(flag_ptr, 0, -1, sem="acq_rel", scope="sys")
-                    val = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+                    _give_up(flag_ptr)
+                    val = _acquire_load(flag_ptr, ON_GPU)
         else:
             while val == 0:
                 val = tl.load(flag_ptr, volatile=True)

@@ -139,7 +139,9 @@ class FusedGemm(_Timed):
     H200 (profiles/h200/NOTES_gemm.md, call R) it ran 0.980x / 0.992x the claimed launch's
     time with every flag set (above / below 0.3 ms), but a launch with grouped chunks
     (``chunk_group=2``) whose chunk never arrived hung instead of giving up, twice in three
-    runs of the GPU test, for a reason not yet found. None and False: claims.
+    runs of the GPU test. The likely cause, CTA barriers inside the flag wait's give-up
+    branch (`flags._give_up`), is gone (an offline sm_90 compile checks it), but no GPU has
+    run it since. None and False: claims.
     """
 
     def __init__(

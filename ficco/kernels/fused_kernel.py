@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ficco.kernels.flags import _acquire_load, _bulk_store_wait, _proxy_fence, _wait_flag
+from ficco.kernels.flags import _bulk_store_wait, _proxy_fence, _wait_flag
 from ficco.kernels.persistent import _store_c_tile, _tile_coords
 from ficco.kernels.scaled import _scale_tile
 from ficco.kernels.tiles import _unit_coords
@@ -120,13 +120,17 @@ def _group_arrived(
     group, num_chunks, chunk_group, flag_ref, table_ptr, ON_GPU: tl.constexpr,
     TABLE_COLS: tl.constexpr,
 ):  # fmt: skip
-    # Whether every chunk of `group` has arrived already (acquire loads, no wait)
+    # Whether every chunk of `group` has arrived already (no wait). One answer for the whole
+    # program: the run's end follows from it, and warps that ran different loops would
+    # deadlock, so each flag is read by a scalar atomic (one thread's acquire, handed to the
+    # others through shared memory), not by every thread's own load as in `_wait_flag`.
     arrived = 1
     first = group * chunk_group
     for c in range(first, tl.minimum(first + chunk_group, num_chunks)):
         row = table_ptr + c * TABLE_COLS
         if tl.load(row + 6) != 0:  # noqa: SIM102 - read only where the chunk has a flag
-            if _acquire_load(flag_ref + tl.load(row + 4), ON_GPU) <= 0:
+            flag = tl.atomic_add(flag_ref + tl.load(row + 4), 0, sem="acquire", scope="sys")
+            if flag <= 0:
                 arrived = 0
     return arrived
 
