@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 KINDS = ("preset", "late", "timeout")
 RUNS = {"true": True, "false": False, "none": None}
 
@@ -46,9 +48,8 @@ def parse(spec: str) -> tuple[str, int, int, bool | None]:
 
 
 def run_piece(kind: str, programs: int, group: int, ready_runs: bool | None) -> str:
-    import torch
+    import torch  # here: argument errors need no torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from ficco.kernels.configs import GemmConfig
     from ficco.kernels.fused import FusedChunkViews, FusedGemm
 

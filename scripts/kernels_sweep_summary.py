@@ -102,6 +102,7 @@ def fused(d: dict) -> dict:
             b["arrival_wins"] += 1
         if arrival and per:
             b["launch_vs_per_chunk"].append(arrival["median_ms"] / per["median_ms"])
+        if over and per:
             b["flags_set_tile_vs_per_chunk"].append(over["median_ms"] / per["median_ms"])
         if over and "fused_overlap_arrival" in t:
             b["arrival_differs"] += 1

@@ -275,8 +275,10 @@ def run_shape(
         )
         if offered
     }
-    # the schedule's launch in ready runs: what they buy there
-    if overlaps["fused_overlap"].ready_runs_refusal() == "":
+    # the schedule's launch (its arriving tile, which may split where fused_tma's does not)
+    # in ready runs: what they buy there
+    launch = overlaps.get("fused_overlap_arrival", overlaps["fused_overlap"])
+    if launch.ready_runs_refusal() == "":
         overlaps["fused_overlap_runs"] = FusedGemm(
             overlap_views, b, sm_budget=sms - SIDE_SMS, timeout_s=10.0, config=arrival_cfg,
             reset_waits=True, ready_runs=True,

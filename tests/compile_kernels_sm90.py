@@ -59,10 +59,22 @@ def compile_fused(
     split_tail: bool = False,
     offsets_32: bool = False,
     ready_runs: bool = False,
-    kernel_out: list | None = None,
 ) -> dict:
-    # pointer stores come with reset_waits here; without them the claim-only exit compiles
     t0 = time.perf_counter()
+    kernel = fused_kernel(cfg, pointer_stores, host_descs, split_tail, offsets_32, ready_runs)
+    return _report(kernel, t0)
+
+
+def fused_kernel(
+    cfg: GemmConfig,
+    pointer_stores: bool,
+    host_descs: bool = True,
+    split_tail: bool = False,
+    offsets_32: bool = False,
+    ready_runs: bool = False,
+):
+    """The fused kernel compiled for sm_90 (`compile_fused` reports on it)."""
+    # pointer stores come with reset_waits here; without them the claim-only exit compiles
     pointers = {
         **dict.fromkeys(("a_ref", "b_ptr", "c_ref"), "bf16"),
         **dict.fromkeys(
@@ -86,10 +98,7 @@ def compile_fused(
         B_COLWISE=False, IMPRECISE_ACC=None, RESET_WAITS=pointer_stores, HOST_DESCS=host_descs,
         SPLIT_TAIL=split_tail, OFFSETS_32=offsets_32, READY_RUNS=ready_runs,
     )  # fmt: skip
-    kernel = _compile(_fused_gemm_kernel, pointers, descs, constants, cfg)
-    if kernel_out is not None:
-        kernel_out.append(kernel)
-    return _report(kernel, t0)
+    return _compile(_fused_gemm_kernel, pointers, descs, constants, cfg)
 
 
 def spin_barriers(ptx: str) -> int | None:
@@ -119,11 +128,10 @@ def compile_flag_waits() -> dict:
         {"USE_CLOCK": True},
         GemmConfig(64, 64, 64, 8, 1, 4),
     ).asm["ptx"]
-    fused = []
-    compile_fused(GemmConfig(128, 128, 64, 8, 4, 8), False, ready_runs=True, kernel_out=fused)
+    fused = fused_kernel(GemmConfig(128, 128, 64, 8, 4, 8), False, ready_runs=True).asm["ptx"]
     return {
         "wait_flags": {"spin_barriers": spin_barriers(wait), "barriers": wait.count("bar.sync")},
-        "fused_ready_runs": {"spin_barriers": spin_barriers(fused[0].asm["ptx"])},
+        "fused_ready_runs": {"spin_barriers": spin_barriers(fused)},
     }
 
 

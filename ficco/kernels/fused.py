@@ -237,9 +237,19 @@ class FusedGemm(_Timed):
                     total, n, k, len(chunks), a0.dtype, sm_budget, device, path
                 )
         self._tabulate(config)
+        self._runs_asked()  # refused now rather than at the first launch
+
+    def _runs_asked(self) -> bool:
+        """Whether the launch runs ready runs: asked for (``ready_runs=True``) and possible
+        with the current tile, else a ValueError naming the refusal; False where not asked."""
+        if not self.ready_runs:
+            return False
         refusal = self.ready_runs_refusal()
-        if ready_runs and refusal:
-            raise ValueError(f"fused GEMM: ready_runs=True refused: {refusal}")
+        if refusal:
+            raise ValueError(
+                f"fused GEMM: ready_runs=True refused for {self.config.name}: {refusal}"
+            )
+        return True
 
     def ready_runs_refusal(self) -> str:
         """Why this launch cannot run its tiles in runs of arrived chunks ('' when it can;
@@ -417,10 +427,7 @@ class FusedGemm(_Timed):
             meta["HOST_DESCS"] = True
         if self.plan:
             meta["SPLIT_TAIL"] = True
-        if self.ready_runs:
-            refusal = self.ready_runs_refusal()  # a smaller tile taken at launch may refuse
-            if refusal:
-                raise ValueError(f"fused GEMM: ready_runs=True refused for {cfg.name}: {refusal}")
+        if self._runs_asked():  # again: a smaller tile taken at launch may refuse
             meta["READY_RUNS"] = True
         if meta["POINTER_STORES"] and self.offsets_32:
             meta["OFFSETS_32"] = True
