@@ -5,8 +5,9 @@ five waiting on flags, 128x128x64 tiles. A piece is ``KIND:PROGRAMS:CHUNK_GROUP:
 
   KIND   preset (every flag set), late (a side stream sets the flags 1 ms apart) or timeout
          (the third late chunk never arrives; 0.2 s budget)
-  RUNS   true / false / none (``ready_runs``; none is the default: claims since cf4dd4e,
-         ready runs at eaaae54, when ``ready_pieces_callR.log`` was written)
+  RUNS   true / false / none (``ready_runs``; none is the default: claims at cf4dd4e and
+         f0b8306, ready runs at eaaae54, when ``ready_pieces_callR.log`` was written, and
+         runs where the tiles outnumber the programs since)
 
 By default the pieces run one after another in this process, as a test file runs them (a
 launch that hangs there dumps every thread's stack after ``--hang-s``); ``--separate`` runs

@@ -82,6 +82,8 @@ def fused(d: dict) -> dict:
                 "runs_vs_claims": [],
                 "arrival_runs_vs_claims": [],
                 "early_runs_vs_claims": [],
+                "runs_vs_claims_several": [],
+                "runs_vs_claims_one": [],
             },
         )
         b["n"] = b.get("n", 0) + 1
@@ -118,10 +120,27 @@ def fused(d: dict) -> dict:
             b["early_arrival_vs_overlap"].append(
                 early["median_ms"] / t["fused_overlap_early"]["median_ms"]
             )
-        # ready runs against the same launch with its tiles claimed one by one: *_runs
-        # variants beside the default (claims); at eaaae54 runs were the default and the
-        # claimed twins were the *_claims variants
-        if "fused_tma_claims" in t or "fused_overlap_claims" in t:  # eaaae54's JSON
+        # ready runs against the same launch with its tiles claimed one by one. Three
+        # namings: *_runs and *_claims both beside the default (its rule: runs where the
+        # tiles outnumber the programs); at cf4dd4e *_runs beside the default (claims); at
+        # eaaae54 runs were the default and the claimed twins were the *_claims variants
+        has_runs = "fused_tma_runs" in t or "fused_overlap_runs" in t
+        has_claims = "fused_tma_claims" in t or "fused_overlap_claims" in t
+        if has_runs and has_claims:
+            pairs = (
+                ("runs_vs_claims", t.get("fused_tma_runs"), t.get("fused_tma_claims")),
+                ("arrival_runs_vs_claims", t.get("fused_overlap_runs"),
+                 t.get("fused_overlap_claims")),
+                ("early_runs_vs_claims", t.get("fused_overlap_runs_early"),
+                 t.get("fused_overlap_claims_early")),
+            )  # fmt: skip
+            if "fused_tma_runs" in t and "fused_tma_claims" in t:
+                rule = s.get("ready_runs")  # {"fused_tma": "default" | "asked" | refusal}
+                several = isinstance(rule, dict) and rule.get("fused_tma") == "default"
+                b["runs_vs_claims_several" if several else "runs_vs_claims_one"].append(
+                    t["fused_tma_runs"]["median_ms"] / t["fused_tma_claims"]["median_ms"]
+                )
+        elif has_claims:  # eaaae54's JSON
             pairs = (
                 ("runs_vs_claims", t.get("fused_tma"), t.get("fused_tma_claims")),
                 ("arrival_runs_vs_claims", arrival, t.get("fused_overlap_claims")),
@@ -164,6 +183,11 @@ def fused(d: dict) -> dict:
             "ready_runs_vs_claims_shapes": len(b["runs_vs_claims"]),
             "arrival_ready_runs_vs_claims": geomean(b["arrival_runs_vs_claims"]),
             "early_arrival_ready_runs_vs_claims": geomean(b["early_runs_vs_claims"]),
+            # flags set, split by the default's rule: several tiles a program (runs) or one
+            "ready_runs_vs_claims_several_tiles": geomean(b["runs_vs_claims_several"]),
+            "ready_runs_vs_claims_several_tiles_shapes": len(b["runs_vs_claims_several"]),
+            "ready_runs_vs_claims_one_tile": geomean(b["runs_vs_claims_one"]),
+            "ready_runs_vs_claims_one_tile_shapes": len(b["runs_vs_claims_one"]),
         }
         for band, b in sorted(bands.items())
     }

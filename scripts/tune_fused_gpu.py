@@ -18,7 +18,8 @@ One run (``python scripts/tune_fused_gpu.py``; JSON to ``$OUT/fused_single_gpu.j
    fused_ptr       the fused kernel, flags preset, pointer loads, the pointer tile (before)
    fused_tma_pers  the fused kernel, flags preset, TMA, the persistent GEMM's config
    fused_tma       the fused kernel, flags preset, TMA, its own tuned config (the default
-                   once tuned)
+                   once tuned), in ready runs where the default takes them (where they
+                   apply and the tiles outnumber the programs: ``runs_by_default``)
    fused_tma_before  the same, the fastest tile of the space before it was widened (where
                    that differs from the tuned one)
    fused_tma_chunk_descs  fused_tma with descriptors made in the kernel per chunk (where
@@ -26,6 +27,8 @@ One run (``python scripts/tune_fused_gpu.py``; JSON to ``$OUT/fused_single_gpu.j
    fused_tma_nowait  fused_tma with no chunk waiting on a flag: what the acquires cost
    fused_tma_runs  fused_tma with its tiles in ready runs (``ready_runs=True``: dealt out
                    by program, flattened runs over the arrived chunks), where they apply
+   fused_tma_claims  fused_tma with every tile claimed (``ready_runs=False``), where runs
+                   apply: with fused_tma_runs, what ready runs buy, one wave or several
    fused_tma_chunkwise  where the tuned config groups chunks (``chunk_group``): the same
                    tile chunk by chunk, what grouping bought
    fused_overlap   the side-stream-arrival case: peer chunks copied by a side stream, 20 us
@@ -38,12 +41,14 @@ One run (``python scripts/tune_fused_gpu.py``; JSON to ``$OUT/fused_single_gpu.j
    fused_overlap_arrival  fused_overlap with the tile tuned for arriving chunks (the
                    tuner's ``|arriving`` entry, ``ficco.kernels.fused_arrival``: what a
                    schedule's launch whose chunks wait takes), where it differs from fused_tma's
-   fused_overlap_runs  the launch a schedule makes (fused_overlap_arrival's tile, else
-                   fused_overlap's) in ready runs (``ready_runs=True``), where they apply
+   fused_overlap_runs, fused_overlap_claims  the launch a schedule makes
+                   (fused_overlap_arrival's tile, else fused_overlap's) in ready runs
+                   (``ready_runs=True``) and claiming (False), where runs apply
    per_chunk       the same arrivals with events, one ``matmul`` per chunk
-   *_early         fused_overlap, fused_overlap_arrival and per_chunk with no gap before the
-                   copies: the peers' rows land as soon as copied (a short transfer beside
-                   its GEMM), where the flags-set tile should be right
+   *_early         fused_overlap, fused_overlap_arrival, fused_overlap_runs / _claims and
+                   per_chunk with no gap before the copies: the peers' rows land as soon as
+                   copied (a short transfer beside its GEMM), where the flags-set tile
+                   should be right
    copies_alone    the side stream's copies and gaps alone (with events)
 
 Timing: each call is preceded by a ~1 ms ``torch.cuda._sleep`` on the main stream, so the
@@ -103,10 +108,12 @@ ARRIVING = (
     "fused_overlap_chunkwise",
     "fused_overlap_arrival",
     "fused_overlap_runs",
+    "fused_overlap_claims",
     "per_chunk",
     "fused_overlap_early",
     "fused_overlap_arrival_early",
     "fused_overlap_runs_early",
+    "fused_overlap_claims_early",
     "per_chunk_early",
 )
 TOLERANCE = 2e-2  # relative (Frobenius) error against fp32, bf16 operands and output
@@ -240,9 +247,10 @@ def run_shape(
         nowait_views, b, sm_budget=sms, timeout_s=10.0, config=tuned
     )
     if kernels["fused_tma"].ready_runs_refusal() == "":  # what ready runs buy, flags set
-        kernels["fused_tma_runs"] = FusedGemm(
-            views, b, sm_budget=sms, timeout_s=10.0, config=tuned, ready_runs=True
-        )
+        for name, runs in (("fused_tma_runs", True), ("fused_tma_claims", False)):
+            kernels[name] = FusedGemm(
+                views, b, sm_budget=sms, timeout_s=10.0, config=tuned, ready_runs=runs
+            )
     chunkwise = replace(tuned, chunk_group=1)
     if tuned.chunk_group > 1:
         kernels["fused_tma_chunkwise"] = FusedGemm(
@@ -279,13 +287,18 @@ def run_shape(
     # in ready runs: what they buy there
     launch = overlaps.get("fused_overlap_arrival", overlaps["fused_overlap"])
     if launch.ready_runs_refusal() == "":
-        overlaps["fused_overlap_runs"] = FusedGemm(
-            overlap_views, b, sm_budget=sms - SIDE_SMS, timeout_s=10.0, config=arrival_cfg,
-            reset_waits=True, ready_runs=True,
-        )  # fmt: skip
+        for name, runs in (("fused_overlap_runs", True), ("fused_overlap_claims", False)):
+            overlaps[name] = FusedGemm(
+                overlap_views, b, sm_budget=sms - SIDE_SMS, timeout_s=10.0,
+                config=arrival_cfg, reset_waits=True, ready_runs=runs,
+            )  # fmt: skip
     result["configs"] = {name: kern.config.name for name, kern in kernels.items()}
     result["configs"]["triton"] = persistent_cfg.name
-    result["ready_runs"] = kernels["fused_tma"].ready_runs_refusal() or "applied"
+    # where runs apply: whether the default (None) takes them, flags set and arriving
+    result["ready_runs"] = {
+        name: kern.ready_runs_refusal() or ("default" if kern.runs_by_default() else "asked")
+        for name, kern in (("fused_tma", kernels["fused_tma"]), ("launch", launch))
+    }
     result["paths"] = {name: kern.path for name, kern in kernels.items()}
     default = FusedGemm(views, b, sm_budget=sms, timeout_s=10.0)  # what ficco's runs take
     result["default"] = {"path": default.path, "config": default.config.name}
@@ -339,7 +352,12 @@ def run_shape(
         # early arrivals: the copies start with the GEMM, no gap (a short transfer)
         **{
             f"{name}_early": arriving(overlaps[name], gap=0)
-            for name in ("fused_overlap", "fused_overlap_arrival", "fused_overlap_runs")
+            for name in (
+                "fused_overlap",
+                "fused_overlap_arrival",
+                "fused_overlap_runs",
+                "fused_overlap_claims",
+            )
             if name in overlaps
         },
         "per_chunk_early": lambda: per_chunk(gap=0),
@@ -390,7 +408,9 @@ def summary_line(r: dict) -> str:
         f"chunkwise {ms('fused_tma_chunkwise') / cub:.3f} "
         f"overlap_chunkwise {ms('fused_overlap_chunkwise'):.4f} "
         f"overlap_arrival {ms('fused_overlap_arrival'):.4f} "
-        f"runs {ms('fused_tma_runs') / cub:.3f} overlap_runs {ms('fused_overlap_runs'):.4f} "
+        f"runs {ms('fused_tma_runs') / cub:.3f} claims {ms('fused_tma_claims') / cub:.3f} "
+        f"overlap_runs {ms('fused_overlap_runs'):.4f} "
+        f"overlap_claims {ms('fused_overlap_claims'):.4f} "
         f"[{r['configs']['fused_tma']}] bad={[k for k, v in r['verify'].items() if not v['ok']]}"
     )
 

@@ -1,4 +1,4 @@
-"""The fused GEMM's ready runs (``FusedGemm(ready_runs=True)``, the kernel's ``READY_RUNS``):
+"""The fused GEMM's ready runs (``FusedGemm(ready_runs=)``, the kernel's ``READY_RUNS``):
 tiles dealt out by program and run in flattened loops over the chunk groups that have
 arrived. Under the CPU interpreter (the conftest sets TRITON_INTERPRET where there is no
 GPU), which runs the programs one after another: a program's waits and runs, the groups a
@@ -153,7 +153,7 @@ def test_ready_runs_refused_with_the_reason_where_it_does_not_apply():
         ),
     }  # fmt: skip
     for name, (views, extra, reason) in cases.items():
-        kernel = FusedGemm(views, b, **kw, **extra)  # the default claims its tiles
+        kernel = FusedGemm(views, b, **kw, **extra)  # the default claims: runs refused
         assert reason in kernel.ready_runs_refusal(), name
         before = LAUNCH_COUNTS["fused_ready_runs"]
         kernel()
@@ -168,9 +168,15 @@ def test_ready_runs_refused_with_the_reason_where_it_does_not_apply():
         assert "split_tail" in kernel.ready_runs_refusal()
     with pytest.raises(ValueError, match="ready_runs must be True, False or None, got 'yes'"):
         FusedGemm(views, b, **kw, ready_runs="yes")
-    # runs apply here, but are asked for: the default claims
-    before = LAUNCH_COUNTS["fused_ready_runs"]
-    default = FusedGemm(views, b, **kw, host_descriptors=True)
-    assert default.ready_runs_refusal() == ""
-    default()
-    assert LAUNCH_COUNTS["fused_ready_runs"] == before
+
+    # runs apply here; the default (None) takes them where the tiles outnumber the programs
+    # (12 tiles on 2 programs), and claims where each program has one tile (12 on 12)
+    for budget, runs in ((2, True), (64, False)):
+        out.fill_(float("nan"))
+        before = LAUNCH_COUNTS["fused_ready_runs"]
+        default = FusedGemm(views, b, **{**kw, "sm_budget": budget}, host_descriptors=True)
+        assert default.ready_runs_refusal() == "" and default.tiles == 12
+        assert default.runs_by_default() is runs and default.grid[0] == min(budget, 12)
+        default()
+        assert LAUNCH_COUNTS["fused_ready_runs"] == before + runs, budget
+        assert (out - a @ b).abs().max().item() < 1e-4, budget

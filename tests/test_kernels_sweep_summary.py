@@ -120,28 +120,44 @@ COMMON = dict(
 )
 
 
-@pytest.mark.parametrize("runs_default", [False, True])  # True: eaaae54's JSON
-def test_ready_runs_are_compared_with_the_same_launch_claiming_its_tiles(runs_default):
-    default, other = (RUNS, CLAIMS) if runs_default else (CLAIMS, RUNS)
-    twin = "claims" if runs_default else "runs"
+@pytest.mark.parametrize("naming", ["cf4dd4e", "eaaae54", "both"])
+def test_ready_runs_are_compared_with_the_same_launch_claiming_its_tiles(naming):
+    """cf4dd4e: *_runs beside the default (claims); eaaae54: *_claims beside the default
+    (runs); both: *_runs and *_claims beside a default that takes runs by its rule."""
+    default, twins = {
+        "cf4dd4e": (CLAIMS, {"runs": RUNS}),
+        "eaaae54": (RUNS, {"claims": CLAIMS}),
+        "both": (dict(fused_tma=0.3, arrival=0.3, arrival_early=0.3), {"runs": RUNS, "claims": CLAIMS}),
+    }[naming]  # fmt: skip
     timing = _timing(
         **COMMON,
         fused_tma=default["fused_tma"],
         fused_overlap_arrival=default["arrival"],
         fused_overlap_arrival_early=default["arrival_early"],
         **{
-            f"fused_tma_{twin}": other["fused_tma"],
-            f"fused_overlap_{twin}": other["arrival"],
-            f"fused_overlap_{twin}_early": other["arrival_early"],
+            name: twin[key]
+            for kind, twin in twins.items()
+            for name, key in (
+                (f"fused_tma_{kind}", "fused_tma"),
+                (f"fused_overlap_{kind}", "arrival"),
+                (f"fused_overlap_{kind}_early", "arrival_early"),
+            )
         },
     )
     # the second shape: runs refused, no twin, not counted
     plain = _timing(cublas=0.1, fused_tma=0.11, fused_overlap=0.2, per_chunk=0.19)
-    small = summary.fused({"shapes": [{"timing": timing}, {"timing": plain}]})["small"]
+    shape = {"timing": timing, "ready_runs": {"fused_tma": "default", "launch": "default"}}
+    small = summary.fused({"shapes": [shape, {"timing": plain}]})["small"]
     assert small["ready_runs_vs_claims_shapes"] == 1
     assert small["ready_runs_vs_claims"] == pytest.approx(0.9)
     assert small["arrival_ready_runs_vs_claims"] == pytest.approx(0.15 / 0.16)
     assert small["early_arrival_ready_runs_vs_claims"] == pytest.approx(0.8)
+    # split by the default's rule only where both twins were timed (the third naming)
+    several = small["ready_runs_vs_claims_several_tiles_shapes"]
+    assert several == (1 if naming == "both" else 0)
+    assert small["ready_runs_vs_claims_one_tile_shapes"] == 0
+    if naming == "both":
+        assert small["ready_runs_vs_claims_several_tiles"] == pytest.approx(0.9)
 
 
 def test_one_committed_json_is_summarized_by_its_name(tmp_path):

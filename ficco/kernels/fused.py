@@ -130,18 +130,17 @@ class FusedGemm(_Timed):
     geomean of 56 shapes, 0.98-1.13x; profiles/h100/fp8_gemm_notes.md). Under the interpreter only where no
     peer writes into these buffers during the launch (descriptor arguments are copied back).
 
-    ``ready_runs`` (opt-in): tiles dealt out by program and run in flattened loops over the
-    chunks that have arrived (the kernel's ``READY_RUNS``), as the persistent GEMM runs its
-    tiles, in place of one claim and one pipeline start per tile. It applies where the
-    launch has host descriptors, chunks of equal tile counts, no signalled chunk or copy (no
-    peer waits on a program that is not resident yet), no split tail and bf16/fp16/fp32
-    operands; True where it does not is refused with the reason. Not the default yet: on one
-    H200 (profiles/h200/NOTES_gemm.md, call R) it ran 0.980x / 0.992x the claimed launch's
-    time with every flag set (above / below 0.3 ms), but a launch with grouped chunks
-    (``chunk_group=2``) whose chunk never arrived hung instead of giving up, twice in three
-    runs of the GPU test. The likely cause, CTA barriers inside the flag wait's give-up
-    branch (`flags._give_up`), is gone (an offline sm_90 compile checks it), but no GPU has
-    run it since. None and False: claims.
+    ``ready_runs``: tiles dealt out by program and run in flattened loops over the chunks
+    that have arrived (the kernel's ``READY_RUNS``), as the persistent GEMM runs its tiles, in
+    place of one claim and one pipeline start per tile. It applies where the launch has host
+    descriptors, chunks of equal tile counts, no signalled chunk or copy (no peer waits on a
+    program that is not resident yet), no split tail and bf16/fp16/fp32 operands; True where
+    it does not is refused with the reason, False claims. None (the default): runs where
+    they apply and the tiles outnumber the programs (``runs_by_default``). On one H200
+    (profiles/h200/NOTES_gemm.md, calls R and S) runs against claims with every flag set:
+    0.971x / 0.978x geomean where programs take several tiles (41 / 34 shapes), 1.023x /
+    1.044x where each takes one (19 / 20); with chunks landing during the launch 0.906x to
+    0.997x in each of those groups.
     """
 
     def __init__(
@@ -240,16 +239,24 @@ class FusedGemm(_Timed):
         self._runs_asked()  # refused now rather than at the first launch
 
     def _runs_asked(self) -> bool:
-        """Whether the launch runs ready runs: asked for (``ready_runs=True``) and possible
-        with the current tile, else a ValueError naming the refusal; False where not asked."""
-        if not self.ready_runs:
+        """Whether the launch runs ready runs with the current tile: asked for
+        (``ready_runs=True``; a ValueError names the refusal where they cannot), or by
+        default where they apply and ``runs_by_default``; False where turned off."""
+        if self.ready_runs is False:
             return False
         refusal = self.ready_runs_refusal()
+        if self.ready_runs is None:
+            return not refusal and self.runs_by_default()
         if refusal:
             raise ValueError(
                 f"fused GEMM: ready_runs=True refused for {self.config.name}: {refusal}"
             )
         return True
+
+    def runs_by_default(self) -> bool:
+        """The default's rule: ready runs where the tiles outnumber the launch's programs, so
+        some program runs several tiles in a row (one tile each: a claim is cheaper)."""
+        return self.tiles > self.grid[0]
 
     def ready_runs_refusal(self) -> str:
         """Why this launch cannot run its tiles in runs of arrived chunks ('' when it can;
