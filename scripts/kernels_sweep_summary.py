@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from pathlib import Path
 
 SMALL_MS = 0.3  # the fused targets' band edge: cuBLAS time
@@ -51,8 +52,25 @@ def decode(d: dict) -> dict:
     }
 
 
+def several_tiles(shape_row: dict, sms: int | None) -> bool | None:
+    """Whether the default's rule (``FusedGemm.runs_by_default``) takes ready runs for the
+    flags-set launch: recorded since 762e560; for earlier JSON, its tiles (the config name's
+    block, W x chunks equal row chunks) against one program per SM. None: unknown."""
+    rule = shape_row.get("ready_runs")
+    if isinstance(rule, dict):
+        return rule.get("fused_tma") == "default"
+    block = re.match(r"(\d+)x(\d+)x", shape_row.get("configs", {}).get("fused_tma", ""))
+    shape = shape_row.get("shape")
+    if not (block and shape and sms):
+        return None
+    chunks = shape["world"] * shape["chunks"]
+    rows = math.ceil(shape["m"] / chunks / int(block[1]))
+    return chunks * rows * math.ceil(shape["n"] / int(block[2])) > sms
+
+
 def fused(d: dict) -> dict:
     bands: dict[str, dict] = {}
+    sms = d.get("fingerprint", {}).get("sm_count")
     for s in d.get("shapes", []):
         t = s.get("timing", {})
         cub = t.get("cublas", {}).get("median_ms")
@@ -84,6 +102,7 @@ def fused(d: dict) -> dict:
                 "early_runs_vs_claims": [],
                 "runs_vs_claims_several": [],
                 "runs_vs_claims_one": [],
+                "fused_tma_by_rule": [],
             },
         )
         b["n"] = b.get("n", 0) + 1
@@ -134,12 +153,6 @@ def fused(d: dict) -> dict:
                 ("early_runs_vs_claims", t.get("fused_overlap_runs_early"),
                  t.get("fused_overlap_claims_early")),
             )  # fmt: skip
-            if "fused_tma_runs" in t and "fused_tma_claims" in t:
-                rule = s.get("ready_runs")  # {"fused_tma": "default" | "asked" | refusal}
-                several = isinstance(rule, dict) and rule.get("fused_tma") == "default"
-                b["runs_vs_claims_several" if several else "runs_vs_claims_one"].append(
-                    t["fused_tma_runs"]["median_ms"] / t["fused_tma_claims"]["median_ms"]
-                )
         elif has_claims:  # eaaae54's JSON
             pairs = (
                 ("runs_vs_claims", t.get("fused_tma"), t.get("fused_tma_claims")),
@@ -155,6 +168,18 @@ def fused(d: dict) -> dict:
         for key, runs, claimed in pairs:
             if runs and claimed:
                 b[key].append(runs["median_ms"] / claimed["median_ms"])
+        # flags set, split by the default's rule, and the launch the rule takes / cuBLAS
+        runs, claimed = pairs[0][1:]
+        several = several_tiles(s, sms)
+        if runs and claimed and several is not None:
+            b["runs_vs_claims_several" if several else "runs_vs_claims_one"].append(
+                runs["median_ms"] / claimed["median_ms"]
+            )
+        by_rule = t.get("fused_tma")  # the rule's launch itself where the JSON records it
+        if runs and claimed and not isinstance(s.get("ready_runs"), dict):
+            by_rule = runs if several else claimed
+        if by_rule and several is not None:
+            b["fused_tma_by_rule"].append(by_rule["median_ms"] / cub)
         over_cw = t.get("fused_overlap_chunkwise")
         if "fused_tma_chunkwise" in t:
             b["grouped"] += 1
@@ -183,7 +208,9 @@ def fused(d: dict) -> dict:
             "ready_runs_vs_claims_shapes": len(b["runs_vs_claims"]),
             "arrival_ready_runs_vs_claims": geomean(b["arrival_runs_vs_claims"]),
             "early_arrival_ready_runs_vs_claims": geomean(b["early_runs_vs_claims"]),
-            # flags set, split by the default's rule: several tiles a program (runs) or one
+            # flags set, split by the default's rule: several tiles a program (runs) or one;
+            # and the launch the rule takes (fused_tma itself since 762e560) / cuBLAS
+            "fused_tma_by_rule_time_vs_cublas": geomean(b["fused_tma_by_rule"]),
             "ready_runs_vs_claims_several_tiles": geomean(b["runs_vs_claims_several"]),
             "ready_runs_vs_claims_several_tiles_shapes": len(b["runs_vs_claims_several"]),
             "ready_runs_vs_claims_one_tile": geomean(b["runs_vs_claims_one"]),

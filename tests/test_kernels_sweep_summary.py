@@ -146,18 +146,27 @@ def test_ready_runs_are_compared_with_the_same_launch_claiming_its_tiles(naming)
     )
     # the second shape: runs refused, no twin, not counted
     plain = _timing(cublas=0.1, fused_tma=0.11, fused_overlap=0.2, per_chunk=0.19)
-    shape = {"timing": timing, "ready_runs": {"fused_tma": "default", "launch": "default"}}
-    small = summary.fused({"shapes": [shape, {"timing": plain}]})["small"]
-    assert small["ready_runs_vs_claims_shapes"] == 1
-    assert small["ready_runs_vs_claims"] == pytest.approx(0.9)
-    assert small["arrival_ready_runs_vs_claims"] == pytest.approx(0.15 / 0.16)
-    assert small["early_arrival_ready_runs_vs_claims"] == pytest.approx(0.8)
-    # split by the default's rule only where both twins were timed (the third naming)
-    several = small["ready_runs_vs_claims_several_tiles_shapes"]
-    assert several == (1 if naming == "both" else 0)
-    assert small["ready_runs_vs_claims_one_tile_shapes"] == 0
-    if naming == "both":
-        assert small["ready_runs_vs_claims_several_tiles"] == pytest.approx(0.9)
+    if naming == "both":  # the JSON records the rule's answer
+        shapes = {8: {"timing": timing, "ready_runs": {"fused_tma": "default"}}}
+    else:  # inferred: 2 chunks x 2 x 4 tiles of 64x64 = 16 tiles, against 8 or 132 SMs
+        shape = {"m": 256, "n": 256, "k": 64, "world": 2, "chunks": 1}
+        row = {"timing": timing, "shape": shape, "configs": {"fused_tma": "64x64x64_g8_s3_w4"}}
+        shapes = {8: row, 132: row}
+    for sms, row in shapes.items():
+        d = {"shapes": [row, {"timing": plain}], "fingerprint": {"sm_count": sms}}
+        small = summary.fused(d)["small"]
+        assert small["ready_runs_vs_claims_shapes"] == 1
+        assert small["ready_runs_vs_claims"] == pytest.approx(0.9)
+        assert small["arrival_ready_runs_vs_claims"] == pytest.approx(0.15 / 0.16)
+        assert small["early_arrival_ready_runs_vs_claims"] == pytest.approx(0.8)
+        several = sms == 8
+        assert small["ready_runs_vs_claims_several_tiles_shapes"] == int(several)
+        assert small["ready_runs_vs_claims_one_tile_shapes"] == int(not several)
+        split = "several_tiles" if several else "one_tile"
+        assert small[f"ready_runs_vs_claims_{split}"] == pytest.approx(0.9)
+        # the launch the rule takes: fused_tma where recorded, else runs (several) or claims
+        by_rule = 3.0 if naming == "both" else (1.08 if several else 1.2)
+        assert small["fused_tma_by_rule_time_vs_cublas"] == pytest.approx(by_rule)
 
 
 def test_one_committed_json_is_summarized_by_its_name(tmp_path):
