@@ -52,20 +52,30 @@ def decode(d: dict) -> dict:
     }
 
 
-def several_tiles(shape_row: dict, sms: int | None) -> bool | None:
+SIDE_SMS = 4  # tune_fused_gpu.SIDE_SMS: the SMs its overlapped launches leave to the copies
+
+
+def several_tiles(shape_row: dict, sms: int | None, launch: str = "fused_tma") -> bool | None:
     """Whether the default's rule (``FusedGemm.runs_by_default``) takes ready runs for the
-    flags-set launch: recorded since 762e560; for earlier JSON, its tiles (the config name's
-    block, W x chunks equal row chunks) against one program per SM. None: unknown."""
+    flags-set launch (``fused_tma``) or the schedule's launch where chunks arrive
+    (``launch``): recorded since 762e560; for earlier JSON, its tiles (the config name's
+    block, W x chunks equal row chunks) against one program per SM (less SIDE_SMS for the
+    arriving launch, which takes the arriving tile). None: unknown."""
     rule = shape_row.get("ready_runs")
     if isinstance(rule, dict):
-        return rule.get("fused_tma") == "default"
-    block = re.match(r"(\d+)x(\d+)x", shape_row.get("configs", {}).get("fused_tma", ""))
+        return rule.get(launch) == "default"
+    if launch == "fused_tma":
+        name, programs = shape_row.get("configs", {}).get("fused_tma", ""), sms
+    else:
+        name = shape_row.get("arrival", {}).get("config", "")
+        programs = sms - SIDE_SMS if sms else None
+    block = re.match(r"(\d+)x(\d+)x", name or "")
     shape = shape_row.get("shape")
-    if not (block and shape and sms):
+    if not (block and shape and programs):
         return None
     chunks = shape["world"] * shape["chunks"]
     rows = math.ceil(shape["m"] / chunks / int(block[1]))
-    return chunks * rows * math.ceil(shape["n"] / int(block[2])) > sms
+    return chunks * rows * math.ceil(shape["n"] / int(block[2])) > programs
 
 
 def fused(d: dict) -> dict:
@@ -103,6 +113,8 @@ def fused(d: dict) -> dict:
                 "runs_vs_claims_several": [],
                 "runs_vs_claims_one": [],
                 "fused_tma_by_rule": [],
+                "launch_by_rule": [],
+                "early_launch_by_rule": [],
             },
         )
         b["n"] = b.get("n", 0) + 1
@@ -180,6 +192,17 @@ def fused(d: dict) -> dict:
             by_rule = runs if several else claimed
         if by_rule and several is not None:
             b["fused_tma_by_rule"].append(by_rule["median_ms"] / cub)
+        # the schedule's launch as the rule takes it, against per_chunk (late, early): the
+        # launch itself where the JSON records the rule, else its runs or claimed twin
+        several = several_tiles(s, sms, "launch")
+        for key, launch, (_, runs, claimed), ref in (
+            ("launch_by_rule", arrival, pairs[1], per),
+            ("early_launch_by_rule", early, pairs[2], early_per),
+        ):
+            if runs and claimed and not isinstance(s.get("ready_runs"), dict):
+                launch = runs if several else claimed
+            if launch and ref and several is not None:
+                b[key].append(launch["median_ms"] / ref["median_ms"])
         over_cw = t.get("fused_overlap_chunkwise")
         if "fused_tma_chunkwise" in t:
             b["grouped"] += 1
@@ -211,6 +234,8 @@ def fused(d: dict) -> dict:
             # flags set, split by the default's rule: several tiles a program (runs) or one;
             # and the launch the rule takes (fused_tma itself since 762e560) / cuBLAS
             "fused_tma_by_rule_time_vs_cublas": geomean(b["fused_tma_by_rule"]),
+            "launch_by_rule_vs_per_chunk": geomean(b["launch_by_rule"]),
+            "early_arrivals_launch_by_rule_vs_per_chunk": geomean(b["early_launch_by_rule"]),
             "ready_runs_vs_claims_several_tiles": geomean(b["runs_vs_claims_several"]),
             "ready_runs_vs_claims_several_tiles_shapes": len(b["runs_vs_claims_several"]),
             "ready_runs_vs_claims_one_tile": geomean(b["runs_vs_claims_one"]),

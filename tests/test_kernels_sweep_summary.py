@@ -147,10 +147,12 @@ def test_ready_runs_are_compared_with_the_same_launch_claiming_its_tiles(naming)
     # the second shape: runs refused, no twin, not counted
     plain = _timing(cublas=0.1, fused_tma=0.11, fused_overlap=0.2, per_chunk=0.19)
     if naming == "both":  # the JSON records the rule's answer
-        shapes = {8: {"timing": timing, "ready_runs": {"fused_tma": "default"}}}
+        rule = {"fused_tma": "default", "launch": "default"}
+        shapes = {8: {"timing": timing, "ready_runs": rule}}
     else:  # inferred: 2 chunks x 2 x 4 tiles of 64x64 = 16 tiles, against 8 or 132 SMs
         shape = {"m": 256, "n": 256, "k": 64, "world": 2, "chunks": 1}
         row = {"timing": timing, "shape": shape, "configs": {"fused_tma": "64x64x64_g8_s3_w4"}}
+        row["arrival"] = {"config": "64x64x64_g8_s3_w4"}  # the launch's: 16 tiles, 4 or 128
         shapes = {8: row, 132: row}
     for sms, row in shapes.items():
         d = {"shapes": [row, {"timing": plain}], "fingerprint": {"sm_count": sms}}
@@ -167,6 +169,12 @@ def test_ready_runs_are_compared_with_the_same_launch_claiming_its_tiles(naming)
         # the launch the rule takes: fused_tma where recorded, else runs (several) or claims
         by_rule = 3.0 if naming == "both" else (1.08 if several else 1.2)
         assert small["fused_tma_by_rule_time_vs_cublas"] == pytest.approx(by_rule)
+        # the schedule's launch the rule takes, against per_chunk (0.18; early 0.125)
+        late, early = (
+            (0.3, 0.3) if naming == "both" else ((0.15, 0.1) if several else (0.16, 0.125))
+        )
+        assert small["launch_by_rule_vs_per_chunk"] == pytest.approx(late / 0.18)
+        assert small["early_arrivals_launch_by_rule_vs_per_chunk"] == pytest.approx(early / 0.125)
 
 
 def test_one_committed_json_is_summarized_by_its_name(tmp_path):
