@@ -118,7 +118,11 @@ def test_swap_config_rules():
 def test_swap_candidates():
     # decode rows: offered, split over the programs whole tiles leave idle (32 tiles < 132)
     small = swap_candidate_configs(1, 4096, 2048, 2, 2)
-    assert small and all(c.swap_ab and c.block_m == 16 and c.split_tail for c in small)
+    assert small and all(c.swap_ab and c.block_m == 16 for c in small)
+    # split where the tiles leave programs idle (32 or 16 tiles of 128 or 256 columns), whole
+    # where they fill most of a wave (128 tiles of 32 columns)
+    assert all(c.split_tail == (4096 // c.block_n <= 66) for c in small)
+    assert {c.block_n for c in small if not c.split_tail} == {32}
     assert set(small) <= set(candidate_configs(1, 4096, 2048, 2, 2))
     # whole waves (264, 528 or 132 tiles on 132 programs): whole tiles, no split
     assert not any(c.split_tail for c in swap_candidate_configs(1, 33792, 2048, 2, 2))

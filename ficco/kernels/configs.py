@@ -263,6 +263,11 @@ SWAP_TILES: tuple[tuple[int, int, int, int], ...] = (
     (64, 128, 6, 4),
     (128, 256, 3, 4),
     (256, 64, 5, 8),
+    # 32 columns of the weight a tile: a small weight's columns fill one wave of whole tiles
+    # (4096 columns: 128 tiles on 132 SMs) where 64 leave half the programs to a split tail,
+    # whose partials and last-arriver sum cost about a microsecond on a ~10 us GEMM
+    (32, 256, 4, 4),
+    (32, 128, 6, 4),
 )
 INTERPRETER_SWAP_TILES: tuple[tuple[int, int, int, int], ...] = ((32, 16, 1, 4),)
 
