@@ -2,6 +2,7 @@
 """How well `ficco.kernels.fused_arrival` models the fused GEMM where a chunk arrives late.
 
     python scripts/fused_arrival_model.py profiles/h200/fused_single_gpu_callK.json [...]
+    python scripts/fused_arrival_model.py --claims profiles/h200/fused_single_gpu_callT.json
 
 For each shape of a ``tune_fused_gpu.py`` JSON: the model of the side-stream arrival case
 (`fused_overlap`: the flags-set tile, its own chunks ready at once, the peer's when the
@@ -27,7 +28,7 @@ SIDE_SMS = 4  # tune_fused_gpu.py's: the overlap launch leaves these to the side
 SMS = 132  # an H100 SXM's and an H200's (the JSON names the card, not its SM count)
 
 
-def report(path: Path) -> None:
+def report(path: Path, placement: bool | None = None) -> None:
     d = json.loads(path.read_text())
     sms = SMS
     close, ratios, differ, total = 0, [], 0, 0
@@ -48,7 +49,13 @@ def report(path: Path) -> None:
         ):
             continue
         ready = [0.0] * s["chunks"] + [ms("copies_alone")] * (chunks - s["chunks"])
-        model = arrival_ms(configs[name], ms("fused_tma"), m // chunks, n, k, ready, sms - SIDE_SMS)
+        # the launch timed: ready runs by the default's rule where the JSON records the rule
+        # (762e560 on), else every tile claimed (or as --runs / --claims say)
+        runs = isinstance(r.get("ready_runs"), dict) if placement is None else placement
+        model = arrival_ms(
+            configs[name], ms("fused_tma"), m // chunks, n, k, ready, sms - SIDE_SMS,
+            ready_runs=runs,
+        )  # fmt: skip
         ratio = model / ms("fused_overlap")
         total += 1
         close += abs(ratio - 1) <= 0.10
@@ -56,7 +63,9 @@ def report(path: Path) -> None:
         line = f"{m}x{n}x{k}: overlap {ms('fused_overlap'):.4f} ms, model {model:.4f} ({ratio:.3f})"
         timings = tuning.get("timings_ms")
         if timings and tuning.get("best") in timings:
-            pick, _ = arrival_pick(timings, configs, -(-m // chunks), n, k, chunks, sms)
+            pick, _ = arrival_pick(
+                timings, configs, -(-m // chunks), n, k, chunks, sms, ready_runs=runs
+            )
             if pick != tuning["best"]:
                 differ += 1
                 line += f"; arriving tile {pick} (flags set: {tuning['best']})"
@@ -69,5 +78,9 @@ def report(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    for arg in sys.argv[1:] or ["profiles/h200/fused_single_gpu_callK.json"]:
-        report(Path(arg))
+    args = sys.argv[1:]
+    # --runs / --claims: model every launch so, whatever its JSON records (to compare the two)
+    placement = True if "--runs" in args else False if "--claims" in args else None
+    paths = [a for a in args if a not in ("--runs", "--claims")]
+    for arg in paths or ["profiles/h200/fused_single_gpu_callK.json"]:
+        report(Path(arg), placement)

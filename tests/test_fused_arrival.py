@@ -68,3 +68,24 @@ def test_a_split_tail_is_modelled_as_its_k_ranges():
     # K ranges go to the first 64 programs, free at 0.5: two rounds of 1/6 ms, 0.833
     late = arrival_ms(split, split_ms, 200, 4096, 4096, [0.0, 0.5], 100)
     assert late == pytest.approx(1.0)
+
+
+def test_ready_runs_wait_for_the_whole_chunk_group_and_deal_tiles_by_program():
+    # NARROW: 256 tiles on 200 programs (two waves), so the default launch runs ready runs.
+    # Grouped, a run's tiles wait for both chunks (`_wait_group`): every tile starts at 0.03,
+    # two waves after it; claimed, the first chunk's tiles start at once and free their
+    # programs after one wave (0.0293), before the late chunk lands: every tile of it
+    # starts at 0.03, one wave before the end
+    grouped = GemmConfig(128, 128, 64, group_m=16, num_stages=5, num_warps=4, chunk_group=2)
+    runs = arrival_ms(grouped, NARROW_MS, ROWS, N, K, [0.0, 0.03], 200)
+    claims = arrival_ms(grouped, NARROW_MS, ROWS, N, K, [0.0, 0.03], 200, ready_runs=False)
+    assert runs == pytest.approx(0.03 + NARROW_MS)
+    assert claims == pytest.approx(0.03 + NARROW_MS / 2)
+    # chunk by chunk, tile i on program i mod 132: the first chunk's 128 tiles and the late
+    # chunk's first 4 start on programs 0-131; programs 0-3 run 2 of the late chunk's tiles
+    # after their first, 124 programs one each: as the claims' list schedule here
+    assert arrival_ms(NARROW, NARROW_MS, ROWS, N, K, [0.0, 0.03], SMS) == pytest.approx(
+        arrival_ms(NARROW, NARROW_MS, ROWS, N, K, [0.0, 0.03], SMS, ready_runs=False)
+    )
+    # one wave (128 tiles on 132 programs): claims, whatever is asked
+    assert arrival_ms(WIDE, WIDE_MS, ROWS, N, K, [0.0, 0.03], SMS) == pytest.approx(0.03 + WIDE_MS)

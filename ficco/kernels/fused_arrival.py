@@ -9,7 +9,9 @@ takes is modelled here, per candidate, from its flags-set time:
 - the tiles run in the kernel's claim order (`tile_chunks`, `_tile_place`'s arithmetic:
   chunk by chunk, or ``chunk_group`` chunks interleaved in grouped order), each program
   taking the next unit when it is free and starting it once the unit's chunk has landed
-  (a list schedule over ``sm_budget * programs_per_sm`` programs);
+  (a list schedule over ``sm_budget * programs_per_sm`` programs); where the launch runs
+  ready runs (`FusedGemm.runs_by_default`: more tiles than programs, no split tail) tile i
+  is program i mod P's instead, taken in order once its chunk group has landed;
 - a whole tile costs the flags-set time over the launch's waves (a split tail's K range
   its share of one);
 - chunk ``i`` of ``C`` lands at ``i / C`` of the fastest candidate's flags-set time
@@ -76,10 +78,15 @@ def arrival_ms(
     k: int,
     ready_ms: Sequence[float],
     sm_budget: int,
+    *,
+    ready_runs: bool = True,
 ) -> float:
     """The modelled time of a launch of ``len(ready_ms)`` chunks of ``rows`` rows whose chunk
     ``i`` lands at ``ready_ms[i]``, for a configuration whose time with every flag set is
-    ``flags_set_ms`` (module docstring)."""
+    ``flags_set_ms`` (module docstring). ``ready_runs``: the launch as `FusedGemm`'s default
+    makes it, in ready runs where the tiles outnumber the programs and no split tail
+    (`FusedGemm.runs_by_default`: a launch whose chunks only wait); False: every tile claimed
+    (the default before 762e560)."""
     chunks = len(ready_ms)
     order = tile_chunks(config, rows, n, chunks)
     programs = sm_budget * config.programs_per_sm
@@ -94,8 +101,19 @@ def arrival_ms(
         ]
         waves = math.ceil(plan.dp_tiles / programs) + 1.0 / plan.split
     tile_ms = flags_set_ms / waves
-    free = [0.0] * min(programs, len(units))  # when each program next takes a unit
     end = 0.0
+    if ready_runs and plan is None and len(units) > programs:
+        # ready runs: tile i is program i mod P's, run in order, each once its chunk group
+        # has landed (the kernel's `_wait_group` waits for every chunk of the group)
+        group = max(1, min(config.chunk_group, chunks))
+        landed = [max(ready_ms[g : g + group]) for g in range(0, chunks, group)]
+        free = [0.0] * programs
+        for i, (chunk, share) in enumerate(units):
+            start = max(free[i % programs], landed[chunk // group])
+            free[i % programs] = start + share * tile_ms
+            end = max(end, free[i % programs])
+        return end
+    free = [0.0] * min(programs, len(units))  # when each program next takes a unit
     for chunk, share in units:
         start = max(heapq.heappop(free), ready_ms[chunk])
         done = start + share * tile_ms
@@ -118,12 +136,15 @@ def arrival_pick(
     k: int,
     chunks: int,
     sm_budget: int,
+    *,
+    ready_runs: bool = True,
 ) -> tuple[str, dict[str, dict[str, float]]]:
     """The name of the configuration with the least worst regret over two arrivals (every
     chunk ready at once; chunks landing just in time), and per timed configuration its
     modelled times (ms) and that regret. ``timings_ms`` are the flags-set times
     (`tune_fused`'s), ``configs`` their configurations by name; a name without one is passed
-    over. A regret is the modelled time over the best modelled time of the same arrival."""
+    over. A regret is the modelled time over the best modelled time of the same arrival.
+    ``ready_runs``: as `arrival_ms`'s."""
     timed = {name: ms for name, ms in timings_ms.items() if name in configs}
     if not timed:
         raise ValueError("arrival_pick: no timed configuration is among the configs")
@@ -133,7 +154,7 @@ def arrival_pick(
     }
     modelled = {
         name: {
-            case: arrival_ms(configs[name], ms, rows, n, k, ready, sm_budget)
+            case: arrival_ms(configs[name], ms, rows, n, k, ready, sm_budget, ready_runs=ready_runs)
             for case, ready in arrivals.items()
         }
         for name, ms in timed.items()
