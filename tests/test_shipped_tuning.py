@@ -149,7 +149,10 @@ def test_every_shipped_fused_entry_has_its_arriving_twin_from_its_own_timings():
         ]
         fused = [key for key in entries if key.endswith("|fused|chunks=2")]
         assert len(fused) == 67, card
-        for key in fused[:5]:  # recomputed from the entry: the shipped twin is that pick
+        # recomputed from the entry: the shipped twin is that pick (the few-row shapes,
+        # where the twin differs most, and five others; all 67 take a minute)
+        few_rows = [key for key in fused if int(key.split("|")[3].split(",")[0][2:]) <= 512]
+        for key in dict.fromkeys(few_rows + fused[:5]):
             entry, twin = entries[key], entries[f"{key}|arriving"]
             m, n, k = (int(part.split("=")[1]) for part in key.split("|")[3].split(","))
             configs = {
