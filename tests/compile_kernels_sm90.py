@@ -52,17 +52,10 @@ def compile_persistent(cfg: GemmConfig, split_tail: bool, swap_ab: bool = False)
     return _report(_compile(_matmul_tma_kernel, pointers, descs, constants, cfg), t0)
 
 
-def compile_fused(
-    cfg: GemmConfig,
-    pointer_stores: bool,
-    host_descs: bool = True,
-    split_tail: bool = False,
-    offsets_32: bool = False,
-    ready_runs: bool = False,
-) -> dict:
+def compile_fused(cfg: GemmConfig, pointer_stores: bool, **options: bool) -> dict:
+    """`fused_kernel`'s compile (``options``: its keyword flags), reported."""
     t0 = time.perf_counter()
-    kernel = fused_kernel(cfg, pointer_stores, host_descs, split_tail, offsets_32, ready_runs)
-    return _report(kernel, t0)
+    return _report(fused_kernel(cfg, pointer_stores, **options), t0)
 
 
 def fused_kernel(

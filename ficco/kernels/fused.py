@@ -136,11 +136,12 @@ class FusedGemm(_Timed):
     descriptors, chunks of equal tile counts, no signalled chunk or copy (no peer waits on a
     program that is not resident yet), no split tail and bf16/fp16/fp32 operands; True where
     it does not is refused with the reason, False claims. None (the default): runs where
-    they apply and the tiles outnumber the programs (``runs_by_default``). On one H200
-    (profiles/h200/NOTES_gemm.md, calls R and S) runs against claims with every flag set:
-    0.971x / 0.978x geomean where programs take several tiles (41 / 34 shapes), 1.023x /
-    1.044x where each takes one (19 / 20); with chunks landing during the launch 0.906x to
-    0.997x in each of those groups.
+    they apply and the tiles outnumber the programs (``runs_by_default``). Runs against
+    claims, geomeans per band (below / above 0.3 ms of cuBLAS time) on H200 calls R, S, T and
+    H100 runs 12, 13 (``scripts/kernels_sweep_summary.py`` over their JSON): with every flag
+    set 0.917x-0.990x where programs take several tiles, 1.023x-1.051x where each takes one
+    (its tile's wait and run cost more than one claim); with chunks landing during the
+    launch 0.875x-0.995x.
     """
 
     def __init__(
