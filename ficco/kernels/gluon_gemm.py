@@ -1,0 +1,417 @@
+"""A warp-specialized persistent GEMM for Hopper (sm_90), written in Gluon.
+
+Triton's ``tl.dot`` kernels (`persistent`, `scaled`) run one instruction stream per program:
+the same warps issue the TMA loads, the wgmmas, the FP8 promotion adds and the epilogue, so a
+tile's epilogue and the next tile's first loads wait on each other, and Triton 3.6 cannot
+express CUTLASS's ping-pong schedule (profiles/h200/fp8_gemm_notes.md). Gluon, Triton's
+lower-level language, places each role in its own warps:
+
+- a producer warp issues every TMA load of the program's tiles into a ring of ``STAGES``
+  shared-memory slots (``ready[s]`` completes when slot s has landed, ``empty[s]`` when its
+  consumer's wgmmas have read it);
+- ``CONSUMERS`` = 1 (cooperative): one partition of ``CONSUMER_WARPS`` warps runs every tile;
+  ``CONSUMERS`` = 2 (ping-pong): two four-warp partitions take alternate tiles, and a turn
+  barrier makes each start its K loop only after the other has issued its last wgmma, so one
+  runs its epilogue (scales, bf16 store) while the other keeps the tensor cores busy. The
+  turns also keep a consumer from waiting on a slot more than one ring pass ahead (an
+  mbarrier's phase parity could not tell the passes apart).
+
+Tiles go to programs round-robin (tile t on program t mod P, grouped by ``GROUP_M`` rows of
+tiles as the persistent kernel groups them). Operands: ``a [M, K]`` row-major; 16-bit ``b``
+``[K, N]`` row-major; FP8 ``b`` column-major (its transpose ``[N, K]`` row-major: FP8 wgmma
+reads B K-major), with ``a_scale [M]`` (per row) and ``b_scale [N]`` (per column) applied to
+the fp32 accumulator before the bf16 store, and partial sums promoted to fp32 every 128
+products (``max_num_imprecise_acc``, cuBLASLt's default accumulation).
+
+GPU only (Triton >= 3.6 with Gluon's Hopper module); `scripts/bench_gluon_gemm.py` verifies
+every variant against an fp32 product and times it beside cuBLAS / ``torch._scaled_mm``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+# the producer partition's warps and registers; the consumers take the rest of the
+# register file (setmaxnreg moves registers between warpgroups)
+PRODUCER_WARPS = 1
+# rows of tiles a group visits before moving along N (L2 reuse of the B columns)
+GROUP_M = gl.constexpr(8)
+PRODUCER_REGS = 40
+CONSUMER_REGS = 232
+# 12 warps a program either way (8 consumer warps, or 4 + 4, and the producer's warpgroup):
+# 168 x 384 threads fills the 64K-register file, and setmaxnreg gives the consumers 232
+MAX_REGS = 168
+
+
+@dataclass(frozen=True)
+class GluonGemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    stages: int
+    consumers: int  # 1: cooperative, 2: ping-pong
+    consumer_warps: int  # warps of each consumer partition
+
+    @property
+    def name(self) -> str:
+        kind = "pp" if self.consumers == 2 else f"coop{self.consumer_warps}"
+        return f"ws_{self.block_m}x{self.block_n}x{self.block_k}_s{self.stages}_{kind}"
+
+    def shared_bytes(self, in_bytes: int, out_bytes: int = 2) -> int:
+        ring = self.stages * (self.block_m + self.block_n) * self.block_k * in_bytes
+        epilogue = self.consumers * self.block_m * self.block_n * out_bytes
+        return ring + epilogue + 1024  # barriers and alignment
+
+    def check(self, in_bytes: int, shared_limit: int = 232448) -> None:
+        """Refuse a configuration the kernel cannot run, naming the rule."""
+        if self.consumers not in (1, 2):
+            raise ValueError(f"consumers={self.consumers}: 1 (cooperative) or 2 (ping-pong)")
+        if self.consumers == 2 and self.consumer_warps != 4:
+            raise ValueError("ping-pong consumers are one warpgroup each (consumer_warps=4)")
+        if self.consumer_warps not in (4, 8):
+            raise ValueError(f"consumer_warps={self.consumer_warps}: 4 or 8")
+        # fp32 accumulator registers per thread of a consumer: at most ~128 leave room
+        acc_regs = self.block_m * self.block_n // (32 * self.consumer_warps)
+        if acc_regs > 128:
+            raise ValueError(
+                f"{self.name}: a {self.block_m}x{self.block_n} fp32 accumulator on "
+                f"{self.consumer_warps} warps is {acc_regs} registers a thread (at most 128)"
+            )
+        need = self.shared_bytes(in_bytes)
+        if need > shared_limit:
+            raise ValueError(f"{self.name}: {need} bytes of shared memory (at most {shared_limit})")
+
+
+# the space the benchmark tunes over (shared memory and accumulator registers checked)
+BF16_CONFIGS = (
+    GluonGemmConfig(128, 128, 64, 4, 2, 4),
+    GluonGemmConfig(128, 128, 64, 3, 2, 4),
+    GluonGemmConfig(64, 256, 64, 4, 2, 4),
+    GluonGemmConfig(64, 256, 64, 3, 2, 4),
+    GluonGemmConfig(128, 256, 64, 3, 1, 8),
+    GluonGemmConfig(256, 128, 64, 3, 1, 8),
+    GluonGemmConfig(128, 128, 64, 5, 1, 8),
+)
+FP8_CONFIGS = (
+    GluonGemmConfig(128, 128, 128, 4, 1, 8),
+    GluonGemmConfig(128, 256, 128, 3, 1, 8),
+    GluonGemmConfig(256, 128, 128, 3, 1, 8),
+    GluonGemmConfig(128, 128, 128, 4, 2, 4),
+    GluonGemmConfig(64, 256, 128, 4, 2, 4),
+    GluonGemmConfig(64, 128, 128, 6, 2, 4),
+)
+
+
+@gluon.constexpr_function
+def _acc_layout(block_m, block_n, num_warps, k_instr):
+    """The wgmma accumulator's register layout for a [block_m, block_n] tile on num_warps."""
+    warps = [4, 1]
+    while warps[0] * warps[1] != num_warps:
+        if block_m > 16 * warps[0]:
+            warps[0] *= 2
+        else:
+            warps[1] *= 2
+    n_reps = triton.cdiv(num_warps, triton.cdiv(block_m, 16))
+    most_n = max(block_n // n_reps, 8)
+    instr_n = 256
+    while instr_n > most_n or block_n % instr_n != 0:
+        instr_n -= 8
+    return gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=warps, instr_shape=[16, instr_n, k_instr]
+    )
+
+
+@gluon.jit
+def _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    in_group = GROUP_M * num_pid_n
+    first_m = (tile // in_group) * GROUP_M
+    size_m = gl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % in_group) % size_m
+    pid_n = (tile % in_group) // size_m
+    return pid_m * BLOCK_M, pid_n * BLOCK_N
+
+
+@gluon.jit
+def _producer(descs, ring, bars, scales):
+    """Every TMA load of the program's tiles, in order, each into the next free ring slot."""
+    a_desc, b_desc, c_desc = descs
+    a_bufs, b_bufs = ring
+    ready, empty, turns = bars
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    B_K_MAJOR: gl.constexpr = a_desc.dtype.primitive_bitwidth == 8
+    M = c_desc.shape[0]
+    N = c_desc.shape[1]
+    K = a_desc.shape[1]
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    k_steps = gl.cdiv(K, BLOCK_K)
+    pid = gl.program_id(0)
+    programs = gl.num_programs(0)
+    load_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    step = 0
+    for tile in range(pid, num_pid_m * num_pid_n, programs):
+        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
+        for ki in range(k_steps):
+            slot = step % STAGES
+            # a fresh mbarrier reads as if phase 1 completed: the first pass does not wait
+            mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
+            bar = ready.index(slot)
+            mbarrier.expect(bar, load_bytes)
+            tma.async_copy_global_to_shared(a_desc, [off_m, ki * BLOCK_K], bar, a_bufs.index(slot))
+            if B_K_MAJOR:
+                tma.async_copy_global_to_shared(
+                    b_desc, [off_n, ki * BLOCK_K], bar, b_bufs.index(slot)
+                )
+            else:
+                tma.async_copy_global_to_shared(
+                    b_desc, [ki * BLOCK_K, off_n], bar, b_bufs.index(slot)
+                )
+            step += 1
+
+
+@gluon.jit
+def _consume(descs, ring, bars, scales, CONSUMERS: gl.constexpr, WHICH: gl.constexpr):
+    """Consumer WHICH's tiles: the program's tiles j with j mod CONSUMERS == WHICH."""
+    a_desc, b_desc, c_desc = descs
+    a_bufs, b_bufs = ring
+    ready, empty, turns = bars
+    a_scale_ptr, b_scale_ptr = scales
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    WARPS: gl.constexpr = gl.num_warps()
+    # FP8: B K-major (wgmma's rule), scaled, fp32 promotion every 128 products (cuBLASLt's)
+    FP8: gl.constexpr = a_desc.dtype.primitive_bitwidth == 8
+    IMPRECISE_ACC: gl.constexpr = min(BLOCK_K, 128) if FP8 else 0
+    K_INSTR: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth
+    acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, WARPS, K_INSTR)
+    out_dtype: gl.constexpr = c_desc.dtype
+    M = c_desc.shape[0]
+    N = c_desc.shape[1]
+    K = a_desc.shape[1]
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    k_steps = gl.cdiv(K, BLOCK_K)
+    pid = gl.program_id(0)
+    programs = gl.num_programs(0)
+    c_smem = gl.allocate_shared_memory(out_dtype, [BLOCK_M, BLOCK_N], c_desc.layout)
+    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+    mine = 0  # this consumer's tiles so far
+    for j in range(WHICH, gl.cdiv(num_pid_m * num_pid_n - pid, programs), CONSUMERS):
+        tile = pid + j * programs
+        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
+        if CONSUMERS > 1:  # noqa: SIM102 - a constexpr branch around a runtime one
+            # the other consumer has issued every wgmma of tile j - 1 (its arrival below)
+            if j > 0:
+                mbarrier.wait(turns.index(WHICH), (mine - (1 - WHICH)) & 1)
+        step = j * k_steps
+        previous = 0
+        for ki in range(k_steps):
+            slot = step % STAGES
+            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+            b_tile = b_bufs.index(slot).permute((1, 0)) if FP8 else b_bufs.index(slot)
+            acc = warpgroup_mma(
+                a_bufs.index(slot),
+                b_tile,
+                acc,
+                use_acc=ki > 0,
+                is_async=True,
+                max_num_imprecise_acc=IMPRECISE_ACC,
+            )
+            # one wgmma in flight: the previous step's slot has been read
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            if ki > 0:
+                mbarrier.arrive(empty.index(previous), count=1)
+            previous = slot
+            step += 1
+        if CONSUMERS > 1:
+            mbarrier.arrive(turns.index(1 - WHICH), count=1)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index(previous), count=1)
+        out = acc
+        if FP8:
+            rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+            cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+            a_scale = gl.load(a_scale_ptr + rows, mask=rows < M, other=0.0)
+            b_scale = gl.load(b_scale_ptr + cols, mask=cols < N, other=0.0)
+            out = out * a_scale[:, None] * b_scale[None, :]
+        # the previous tile's store has left c_smem
+        tma.store_wait(pendings=0)
+        c_smem.store(out.to(out_dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+        mine += 1  # noqa: SIM113 - the loop strides by CONSUMERS
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _coop_consumer(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 1, 0)
+
+
+@gluon.jit
+def _pingpong_consumer_0(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 2, 0)
+
+
+@gluon.jit
+def _pingpong_consumer_1(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 2, 1)
+
+
+@gluon.jit
+def ws_gemm_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    a_scale_ptr,
+    b_scale_ptr,
+    STAGES: gl.constexpr,
+    CONSUMERS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
+):
+    a_bufs = gl.allocate_shared_memory(
+        a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout
+    )
+    b_bufs = gl.allocate_shared_memory(
+        b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout
+    )
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(turns.index(i), count=1)
+    descs = (a_desc, b_desc, c_desc)
+    ring = (a_bufs, b_bufs)
+    bars = (ready, empty, turns)
+    scales = (a_scale_ptr, b_scale_ptr)
+    # (constexprs passed to partitions arrive as tensors in Triton 3.6: each partition takes
+    # only values and derives its constants from their types)
+    args = (descs, ring, bars, scales)
+    if CONSUMERS == 1:
+        gl.warp_specialize([(_coop_consumer, args), (_producer, args)], [1], [PRODUCER_REGS])
+    else:
+        gl.warp_specialize(
+            [(_pingpong_consumer_0, args), (_pingpong_consumer_1, args), (_producer, args)],
+            [4, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )
+
+
+_GL_DTYPES = {
+    torch.bfloat16: gl.bfloat16,
+    torch.float16: gl.float16,
+    torch.float8_e4m3fn: gl.float8e4nv,
+    torch.float8_e5m2: gl.float8e5,
+}
+
+
+def _desc(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[t.dtype])
+    return TensorDescriptor.from_tensor(t, block, layout)
+
+
+def ws_gemm_launcher(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    cfg: GluonGemmConfig,
+    *,
+    a_scale: torch.Tensor | None = None,
+    b_scale: torch.Tensor | None = None,
+    programs: int | None = None,
+) -> Callable[[], None]:
+    """Checks the operands and builds the descriptors once; the returned call launches
+    ``out [M, N] = a [M, K] @ b [K, N]`` on the warp-specialized kernel. FP8 operands take
+    ``out = (a @ b) * a_scale[:, None] * b_scale[None, :]`` with ``b`` column-major."""
+    if a.dim() != 2 or b.dim() != 2 or out.dim() != 2:
+        raise ValueError("a, b, out: 2-D tensors")
+    m, k = a.shape
+    k2, n = b.shape
+    if k2 != k or tuple(out.shape) != (m, n):
+        raise ValueError(f"shapes: a {tuple(a.shape)}, b {tuple(b.shape)}, out {tuple(out.shape)}")
+    if a.dtype not in _GL_DTYPES or b.dtype != a.dtype:
+        raise ValueError(
+            f"dtypes: a {a.dtype}, b {b.dtype} (one of {sorted(map(str, _GL_DTYPES))})"
+        )
+    fp8 = a.element_size() == 1
+    if fp8 and out.dtype != torch.bfloat16:
+        raise ValueError(f"out: FP8 products are stored bf16, not {out.dtype}")
+    if not fp8 and out.dtype != a.dtype:
+        raise ValueError(f"out: {out.dtype} for {a.dtype} inputs (the inputs' dtype)")
+    cfg.check(a.element_size())
+    b_k_major = b.stride(0) == 1 and b.stride(1) == k
+    if fp8 != b_k_major or (not fp8 and b.stride(1) != 1):
+        raise ValueError(
+            "b: FP8 wgmma reads B K-major (pass the transpose of a row-major [N, K]); "
+            "16-bit b is a row-major [K, N]"
+        )
+    if fp8 != (a_scale is not None and b_scale is not None):
+        raise ValueError("scales: FP8 operands take a_scale [M] and b_scale [N], 16-bit none")
+    if fp8 and (
+        a_scale.numel() != m
+        or b_scale.numel() != n
+        or a_scale.dtype != torch.float32
+        or b_scale.dtype != torch.float32
+    ):
+        raise ValueError(f"scales: fp32 a_scale [{m}] and b_scale [{n}]")
+    a_desc = _desc(a, [cfg.block_m, cfg.block_k])
+    if b_k_major:
+        b_desc = _desc(b.t(), [cfg.block_n, cfg.block_k])
+    else:
+        b_desc = _desc(b, [cfg.block_k, cfg.block_n])
+    c_desc = _desc(out, [cfg.block_m, cfg.block_n])
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    if programs is None:
+        programs = torch.cuda.get_device_properties(a.device).multi_processor_count
+    grid = (min(programs, tiles),)
+    # 16-bit inputs: the scale pointers are never read
+    sa = a_scale.reshape(-1) if fp8 else out
+    sb = b_scale.reshape(-1) if fp8 else out
+    kernel = ws_gemm_kernel[grid]
+
+    def launch() -> None:
+        kernel(
+            a_desc, b_desc, c_desc, sa, sb,
+            STAGES=cfg.stages, CONSUMERS=cfg.consumers, PRODUCER_REGS=PRODUCER_REGS,
+            CONSUMER_REGS=CONSUMER_REGS, num_warps=cfg.consumer_warps, maxnreg=MAX_REGS,
+        )  # fmt: skip
+
+    return launch
+
+
+def ws_gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    cfg: GluonGemmConfig,
+    *,
+    a_scale: torch.Tensor | None = None,
+    b_scale: torch.Tensor | None = None,
+    programs: int | None = None,
+) -> torch.Tensor:
+    """``ws_gemm_launcher``'s launch, once; returns ``out``."""
+    ws_gemm_launcher(a, b, out, cfg, a_scale=a_scale, b_scale=b_scale, programs=programs)()
+    return out

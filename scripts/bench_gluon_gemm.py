@@ -1,0 +1,280 @@
+#!/usr/bin/env python3
+"""The warp-specialized Gluon GEMM (`ficco.kernels.gluon_gemm`) beside cuBLAS and ficco's Triton
+kernels on one GPU: bf16 against `torch.matmul` and `ficco.kernels.matmul`, FP8 (e4m3, per-row
+A and per-column B scales, bf16 out) against `torch._scaled_mm` and
+`ficco.kernels.scaled.scaled_matmul`.
+
+Shapes: `scripts/bench_gemm.py`'s full and chunk shapes (imported), largest first within
+each set, the two sets alternating, so a run cut by its budget covers both.
+
+Protocol, per shape and dtype:
+  1. seeded random operands (FP8: `scaled.random_operands`, as a runtime quantizes them); the
+     reference is the fp32 product (FP8: of the dequantized bits, float64);
+  2. every Gluon configuration of the dtype's space (`gluon_gemm.BF16_CONFIGS` /
+     `FP8_CONFIGS`) runs once on a NaN-poisoned output and is checked (relative Frobenius
+     error <= 1e-2); one that fails to compile, raises or misses is recorded with its reason
+     and left out;
+  3. the correct ones are ranked by their medians over RANK_ROUNDS interleaved rounds
+     (`ficco.execute.timing.LaunchTimer`: an L2 flush before every launch, host launch cost
+     kept out of the CUDA events);
+  4. the pick, cuBLAS (`_scaled_mm`), ficco's Triton kernel with its shipped (else tuned)
+     configuration, each checked first, and the pick again (`gluon2`, the noise floor) are
+     timed in interleaved rounds, order rotated, 20-120 rounds (~0.25 s of GEMM time each);
+     medians.
+  ratio = reference library ms / variant ms (> 1: faster than cuBLAS / `_scaled_mm`).
+
+JSON (`gluon_gemm.json` under --out) is rewritten after every shape, with the fingerprint,
+the protocol and a summary; a table is printed at the end.
+
+    python scripts/bench_gluon_gemm.py --out DIR [--budget-s 240] [--dtypes bf16,fp8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench_gemm import fingerprint, shape_sets  # noqa: E402
+
+from ficco.execute.timing import launch_timer, warm_then_rounds  # noqa: E402
+from ficco.measure.fingerprint import fingerprint as ficco_fingerprint  # noqa: E402
+
+CHECK_LIMIT = 1e-2
+RANK_ROUNDS = 8
+FP8 = torch.float8_e4m3fn
+
+
+def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out = out.double()
+    ref = ref.double()
+    return float(torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref))
+
+
+def _rounds_for(est_ms: float) -> int:
+    return int(min(120, max(20, 250.0 / max(est_ms, 1e-3))))
+
+
+def _geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x and math.isfinite(x)]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else math.nan
+
+
+def ordered_shapes() -> list[tuple[tuple[int, int, int], list[str]]]:
+    shapes, _, _ = shape_sets(quick=False)
+    by_set: dict[str, list] = {"full": [], "chunk": []}
+    for shape, rec in shapes.items():
+        first = "full" if "full" in rec["sets"] else "chunk"
+        by_set[first].append((shape, sorted(rec["sets"])))
+    for rows in by_set.values():
+        rows.sort(key=lambda r: -(r[0][0] * r[0][1] * r[0][2]))
+    out = []
+    for i in range(max(map(len, by_set.values()))):
+        for rows in by_set.values():
+            if i < len(rows):
+                out.append(rows[i])
+    return out
+
+
+def operands(m: int, n: int, k: int, dtype: str, seed: int):
+    """(a, b, a_scale, b_scale, reference): bf16 b row-major [K, N]; FP8 b column-major."""
+    if dtype == "bf16":
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        a = torch.randn((m, k), device="cuda", generator=gen).to(torch.bfloat16)
+        b = torch.randn((k, n), device="cuda", generator=gen).to(torch.bfloat16)
+        return a, b, None, None, a.float() @ b.float()
+    from ficco.kernels import scaled
+
+    a, b, sa, sb, _ = scaled.random_operands(m, n, k, FP8, "cuda", seed=seed)
+    ref = (a.double() * sa.double()) @ (b.double() * sb.double())
+    return a, b, sa, sb, ref
+
+
+def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
+    from ficco.kernels import gluon_gemm as gg
+    from ficco.kernels import matmul
+    from ficco.kernels.scaled import scaled_matmul
+
+    fp8 = dtype == "fp8"
+    a, b, sa, sb, ref = operands(m, n, k, dtype, seed=m * 7 + n * 3 + k)
+    row: dict = {"M": m, "N": n, "K": k, "dtype": dtype, "errors": {}, "failures": {}}
+    configs = gg.FP8_CONFIGS if fp8 else gg.BF16_CONFIGS
+    outs: dict[str, torch.Tensor] = {}
+    launches = {}
+    for cfg in configs:
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        try:
+            launch = gg.ws_gemm_launcher(a, b, out, cfg, a_scale=sa, b_scale=sb)
+            launch()
+            torch.cuda.synchronize()
+        except Exception as exc:  # recorded; the sweep goes on
+            row["failures"][cfg.name] = f"{type(exc).__name__}: {exc}"[:400]
+            continue
+        err = _rel_error(out, ref)
+        row["errors"][cfg.name] = err
+        if err <= CHECK_LIMIT:
+            launches[cfg.name] = launch
+            outs[cfg.name] = out
+        else:
+            row["failures"][cfg.name] = f"relative error {err:.3g} > {CHECK_LIMIT}"
+    if not launches:
+        return row
+    ranked = timer.medians(launches, RANK_ROUNDS) if len(launches) > 1 else {}
+    row["rank_ms"] = ranked
+    pick = min(ranked, key=ranked.__getitem__) if ranked else next(iter(launches))
+    row["pick"] = pick
+
+    lib_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    ficco_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    if fp8:
+
+        def lib() -> None:
+            torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, out=lib_out)
+
+        def ficco_triton() -> None:
+            scaled_matmul(a, b, sa, sb, torch.bfloat16, out=ficco_out)
+    else:
+
+        def lib() -> None:
+            torch.matmul(a, b, out=lib_out)
+
+        def ficco_triton() -> None:
+            matmul(a, b, ficco_out)
+
+    fns = {"gluon": launches[pick], "library": lib, "triton": ficco_triton}
+    for name, fn in (("library", lib), ("triton", ficco_triton)):
+        try:
+            fn()
+            torch.cuda.synchronize()
+            row["errors"][name] = _rel_error(lib_out if name == "library" else ficco_out, ref)
+        except Exception as exc:
+            row["failures"][name] = f"{type(exc).__name__}: {exc}"[:400]
+            fns.pop(name)
+    fns["gluon2"] = launches[pick]
+    times, rounds = warm_then_rounds(fns, timer.interleaved, _rounds_for, "library")
+    ms = {name: statistics.median(ts) for name, ts in times.items()}
+    row["ms"] = ms
+    row["rounds"] = rounds
+    lib_ms = ms.get("library", math.nan)
+    row["ratio"] = {name: lib_ms / t for name, t in ms.items() if name != "library"}
+    row["gluon_vs_triton"] = ms["triton"] / ms["gluon"] if "triton" in ms else math.nan
+    row["spread"] = {
+        name: (statistics.quantiles(ts, n=4)[2] - statistics.quantiles(ts, n=4)[0])
+        / statistics.median(ts)
+        for name, ts in times.items()
+    }
+    return row
+
+
+def summarize(rows: list[dict]) -> dict:
+    out: dict = {}
+    for dtype in ("bf16", "fp8"):
+        for which in ("full", "chunk"):
+            sel = [r for r in rows if r["dtype"] == dtype and which in r["sets"] and "ms" in r]
+            if not sel:
+                continue
+            key = f"{dtype}_{which}"
+            out[key] = {
+                "shapes": len(sel),
+                "gluon_vs_library_geomean": _geomean([r["ratio"].get("gluon") for r in sel]),
+                "gluon_vs_library_min": min(r["ratio"].get("gluon", math.inf) for r in sel),
+                "triton_vs_library_geomean": _geomean([r["ratio"].get("triton") for r in sel]),
+                "better_of_gluon_and_triton_vs_library_geomean": _geomean(
+                    [max(r["ratio"].get("gluon", 0), r["ratio"].get("triton", 0)) for r in sel]
+                ),
+                "gluon_noise_floor_geomean": _geomean(
+                    [r["ms"]["gluon2"] / r["ms"]["gluon"] for r in sel]
+                ),
+                "picks": dict(
+                    sorted(
+                        {
+                            p: sum(r.get("pick") == p for r in sel)
+                            for p in {r.get("pick") for r in sel}
+                        }.items()
+                    )
+                ),
+            }
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True, help="folder for gluon_gemm.json")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="no new shape after this")
+    ap.add_argument("--dtypes", default="bf16,fp8", help="comma list of bf16, fp8")
+    ap.add_argument("--commit", default=None, help="the tree's commit, for the fingerprint")
+    ap.add_argument("--limit", type=int, default=None, help="at most this many shapes a dtype")
+    args = ap.parse_args()
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    for d in dtypes:
+        if d not in ("bf16", "fp8"):
+            ap.error(f"--dtypes: {d!r} is not bf16 or fp8")
+    if not torch.cuda.is_available():
+        print("bench_gluon_gemm: no CUDA device", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    timer = launch_timer()
+    doc = {
+        "benchmark": "gluon_gemm",
+        "protocol": __doc__.split("Protocol, per shape and dtype:")[1].split("JSON")[0].strip(),
+        "environment": fingerprint(args.commit),
+        "fingerprint": ficco_fingerprint("cuda"),
+        "rows": [],
+        "skipped": [],
+    }
+    path = args.out / "gluon_gemm.json"
+
+    def save() -> None:
+        doc["summary"] = summarize(doc["rows"])
+        doc["elapsed_s"] = round(time.perf_counter() - t0, 1)
+        path.write_text(json.dumps(doc, indent=1, default=str))
+
+    shapes = ordered_shapes()
+    if args.limit:
+        shapes = shapes[: args.limit]
+    todo = [(shape, sets, d) for shape, sets in shapes for d in dtypes]
+    for i, ((m, n, k), sets, dtype) in enumerate(todo):
+        if time.perf_counter() - t0 > args.budget_s:
+            doc["skipped"] = [[*s, d] for s, _, d in todo[i:]]
+            print(f"budget reached: {len(todo) - i} shape/dtype pairs skipped", flush=True)
+            break
+        try:
+            row = bench_shape(m, n, k, dtype, timer)
+        except Exception as exc:  # recorded; the sweep goes on
+            row = {
+                "M": m,
+                "N": n,
+                "K": k,
+                "dtype": dtype,
+                "error": "".join(traceback.format_exception_only(exc))[:600],
+            }
+        row["sets"] = sets
+        doc["rows"].append(row)
+        save()
+        r = row.get("ratio", {})
+        print(
+            f"[{i + 1}/{len(todo)}] {dtype} {m}x{n}x{k} {','.join(sets)}: pick {row.get('pick')} "
+            f"gluon {r.get('gluon', math.nan):.3f} triton {r.get('triton', math.nan):.3f} "
+            f"(of {'_scaled_mm' if dtype == 'fp8' else 'cuBLAS'}) failures {len(row.get('failures', {}))}"
+            f"{' ERROR ' + row['error'] if 'error' in row else ''}",
+            flush=True,
+        )
+    save()
+    print(json.dumps(doc["summary"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

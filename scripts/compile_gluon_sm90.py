@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Compile the warp-specialized Gluon GEMM (`ficco.kernels.gluon_gemm`) for sm_90 on a
+machine without a GPU, through PTX to a cubin with Triton's bundled ptxas, and print per
+configuration as JSON: the wgmma instructions, setmaxnreg counts, registers, spills and
+shared memory (or the compile error). Needs Triton's Gluon (3.6 on the GPU image).
+
+    python scripts/compile_gluon_sm90.py [--fp8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("compile_gluon_sm90: unset TRITON_INTERPRET (the interpreter compiles nothing)")
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+import triton  # noqa: E402
+from compile_scaled_sm90 import _ptxas  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
+
+from ficco.kernels import gluon_gemm as gg  # noqa: E402
+
+DTYPES = {"bf16": gl.bfloat16, "fp8e4nv": gl.float8e4nv}
+
+
+def desc(dtype: str, block: list[int]) -> str:
+    layout = gl.NVMMASharedLayout.get_default_for(block, DTYPES[dtype])
+    return f"tensordesc<{dtype}[{block[0]}, {block[1]}],{layout!r}>"
+
+
+def compile_config(cfg: gg.GluonGemmConfig, dtype: str) -> dict:
+    t0 = time.perf_counter()
+    fp8 = dtype != "bf16"
+    b_block = [cfg.block_n, cfg.block_k] if fp8 else [cfg.block_k, cfg.block_n]
+    signature = {
+        "a_desc": desc(dtype, [cfg.block_m, cfg.block_k]),
+        "b_desc": desc(dtype, b_block),
+        "c_desc": desc("bf16", [cfg.block_m, cfg.block_n]),
+        "a_scale_ptr": "*fp32",
+        "b_scale_ptr": "*fp32",
+    }
+    constants = dict(
+        STAGES=cfg.stages, CONSUMERS=cfg.consumers,
+        PRODUCER_REGS=gg.PRODUCER_REGS, CONSUMER_REGS=gg.CONSUMER_REGS,
+    )  # fmt: skip
+    fn = gg.ws_gemm_kernel
+    names = fn.arg_names
+    for name in constants:
+        signature[name] = "constexpr"
+    signature = {name: signature[name] for name in names}
+    source = GluonASTSource(
+        fn, signature, constexprs={(names.index(k),): v for k, v in constants.items()}
+    )
+    options = dict(num_warps=cfg.consumer_warps, maxnreg=gg.MAX_REGS)
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    ptx = kernel.asm["ptx"]
+    return {
+        "config": cfg.name,
+        "dtype": dtype,
+        "wgmma": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.[\w.]+", ptx))),
+        "setmaxnreg": sorted(
+            set(re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)", ptx))
+        ),
+        "ptxas": _ptxas(ptx),
+        "shared": getattr(kernel.metadata, "shared", None),
+        "compile_s": round(time.perf_counter() - t0, 2),
+    }
+
+
+CONFIGS = list(gg.BF16_CONFIGS)
+FP8_CONFIGS = list(gg.FP8_CONFIGS)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fp8", action="store_true", help="the FP8 configurations too")
+    args = ap.parse_args()
+    todo = [(c, "bf16") for c in CONFIGS] + (
+        [(c, "fp8e4nv") for c in FP8_CONFIGS] if args.fp8 else []
+    )
+    failed = 0
+    for cfg, dtype in todo:
+        try:
+            print(json.dumps(compile_config(cfg, dtype)))
+        except Exception as exc:  # reported per configuration
+            failed += 1
+            print(
+                json.dumps(
+                    {
+                        "config": cfg.name,
+                        "dtype": dtype,
+                        "error": f"{type(exc).__name__}: {exc}"[:3000],
+                    }
+                )
+            )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

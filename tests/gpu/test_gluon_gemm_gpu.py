@@ -1,0 +1,60 @@
+"""ficco.kernels.gluon_gemm on a Hopper GPU: every configuration of the bf16 and FP8 spaces
+against an fp32 (FP8: float64, from the dequantized bits) product, on shapes whose last tiles
+are ragged in M, N and K and whose programs take several tiles (the ring's phases wrap and
+both ping-pong consumers take turns)."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+    reason="needs a Hopper GPU (sm_90: wgmma, TMA, setmaxnreg)",
+)
+
+LIMIT = 1e-2  # one bf16 rounding of the output plus accumulation order
+
+
+def _rel(out, ref):
+    return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+def _configs(fp8):
+    from ficco.kernels import gluon_gemm as gg
+
+    return gg.FP8_CONFIGS if fp8 else gg.BF16_CONFIGS
+
+
+# (M, N, K, programs): ragged tiles; few programs so each runs several tiles and the K loop
+# wraps the ring many times
+SHAPES = [(1000, 1048, 1040, None), (520, 776, 4096, 3), (129, 136, 64, 1)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:3])) + f"_p{s[3]}")
+@pytest.mark.parametrize("cfg", _configs(False), ids=lambda c: c.name)
+def test_bf16_config_matches_fp32(cfg, shape):
+    from ficco.kernels.gluon_gemm import ws_gemm
+
+    m, n, k, programs = shape
+    gen = torch.Generator(device="cuda").manual_seed(m + n + k)
+    a = torch.randn((m, k), device="cuda", generator=gen).to(torch.bfloat16)
+    b = torch.randn((k, n), device="cuda", generator=gen).to(torch.bfloat16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    ws_gemm(a, b, out, cfg, programs=programs)
+    assert _rel(out, a.float() @ b.float()) <= LIMIT
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:3])) + f"_p{s[3]}")
+@pytest.mark.parametrize("cfg", _configs(True), ids=lambda c: c.name)
+def test_fp8_config_matches_the_dequantized_product(cfg, shape):
+    from ficco.kernels.gluon_gemm import ws_gemm
+    from ficco.kernels.scaled import random_operands
+
+    m, n, k, programs = shape
+    a, b, sa, sb, _ = random_operands(m, n, k, torch.float8_e4m3fn, "cuda", seed=m + n + k)
+    ref = (a.double() * sa.double()) @ (b.double() * sb.double())
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    ws_gemm(a, b, out, cfg, a_scale=sa, b_scale=sb, programs=programs)
+    assert _rel(out, ref) <= LIMIT
+    # the same bits through cuBLASLt land as close
+    lib = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+    assert _rel(out, lib.float()) <= LIMIT
