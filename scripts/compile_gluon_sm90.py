@@ -47,7 +47,7 @@ def compile_config(cfg: gg.GluonGemmConfig, dtype: str) -> dict:
     signature = {
         "a_desc": desc(dtype, [cfg.block_m, cfg.block_k]),
         "b_desc": desc(dtype, b_block),
-        "c_desc": desc("bf16", [cfg.block_m, cfg.block_n]),
+        "c_desc": desc("bf16", [cfg.block_m, cfg.block_n // (2 if cfg.split_epilogue else 1)]),
         "a_scale_ptr": "*fp32",
         "b_scale_ptr": "*fp32",
     }

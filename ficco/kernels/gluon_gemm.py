@@ -65,15 +65,18 @@ class GluonGemmConfig:
     stages: int
     consumers: int  # 1: cooperative, 2: ping-pong
     consumer_warps: int  # warps of each consumer partition
+    split_epilogue: bool = False  # store the tile in two column halves (half the smem)
 
     @property
     def name(self) -> str:
         kind = "pp" if self.consumers == 2 else f"coop{self.consumer_warps}"
+        kind += "_half" if self.split_epilogue else ""
         return f"ws_{self.block_m}x{self.block_n}x{self.block_k}_s{self.stages}_{kind}"
 
     def shared_bytes(self, in_bytes: int, out_bytes: int = 2) -> int:
         ring = self.stages * (self.block_m + self.block_n) * self.block_k * in_bytes
         epilogue = self.consumers * self.block_m * self.block_n * out_bytes
+        epilogue //= 2 if self.split_epilogue else 1
         return ring + epilogue + 1024  # barriers and alignment
 
     def check(self, in_bytes: int, shared_limit: int = 232448) -> None:
@@ -99,20 +102,21 @@ class GluonGemmConfig:
 # the space the benchmark tunes over (shared memory and accumulator registers checked)
 BF16_CONFIGS = (
     GluonGemmConfig(128, 128, 64, 4, 2, 4),
-    GluonGemmConfig(128, 128, 64, 3, 2, 4),
+    GluonGemmConfig(128, 128, 64, 5, 2, 4, split_epilogue=True),
     GluonGemmConfig(64, 256, 64, 4, 2, 4),
-    GluonGemmConfig(64, 256, 64, 3, 2, 4),
     GluonGemmConfig(128, 256, 64, 3, 1, 8),
-    GluonGemmConfig(256, 128, 64, 3, 1, 8),
+    GluonGemmConfig(128, 256, 64, 4, 1, 8, split_epilogue=True),
     GluonGemmConfig(128, 128, 64, 5, 1, 8),
+    GluonGemmConfig(128, 128, 64, 6, 1, 8, split_epilogue=True),
+    GluonGemmConfig(128, 64, 64, 8, 1, 4),
 )
 FP8_CONFIGS = (
     GluonGemmConfig(128, 128, 128, 4, 1, 8),
-    GluonGemmConfig(128, 256, 128, 3, 1, 8),
+    GluonGemmConfig(128, 128, 128, 5, 1, 8, split_epilogue=True),
     GluonGemmConfig(256, 128, 128, 3, 1, 8),
     GluonGemmConfig(128, 128, 128, 4, 2, 4),
-    GluonGemmConfig(64, 256, 128, 4, 2, 4),
     GluonGemmConfig(64, 128, 128, 6, 2, 4),
+    GluonGemmConfig(64, 256, 128, 4, 2, 4, split_epilogue=True),
 )
 
 
@@ -153,7 +157,10 @@ def _producer(descs, ring, bars, scales):
     ready, empty, turns = bars
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    # B's tile is [BLOCK_N, BLOCK_K] K-major (FP8), else [BLOCK_K, BLOCK_N]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[
+        0 if a_desc.dtype.primitive_bitwidth == 8 else 1
+    ]
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     B_K_MAJOR: gl.constexpr = a_desc.dtype.primitive_bitwidth == 8
     M = c_desc.shape[0]
@@ -195,7 +202,10 @@ def _consume(descs, ring, bars, scales, CONSUMERS: gl.constexpr, WHICH: gl.const
     a_scale_ptr, b_scale_ptr = scales
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    # B's tile is [BLOCK_N, BLOCK_K] K-major (FP8), else [BLOCK_K, BLOCK_N]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[
+        0 if a_desc.dtype.primitive_bitwidth == 8 else 1
+    ]
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     WARPS: gl.constexpr = gl.num_warps()
     # FP8: B K-major (wgmma's rule), scaled, fp32 promotion every 128 products (cuBLASLt's)
@@ -212,12 +222,20 @@ def _consume(descs, ring, bars, scales, CONSUMERS: gl.constexpr, WHICH: gl.const
     k_steps = gl.cdiv(K, BLOCK_K)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
-    c_smem = gl.allocate_shared_memory(out_dtype, [BLOCK_M, BLOCK_N], c_desc.layout)
+    # the epilogue stores the tile whole or in two column halves (c's TMA block says which),
+    # the halves freeing shared memory for another ring slot
+    EPI_N: gl.constexpr = c_desc.block_type.shape[1]
+    gl.static_assert(EPI_N == BLOCK_N or 2 * EPI_N == BLOCK_N)
+    c_smem = gl.allocate_shared_memory(out_dtype, [BLOCK_M, EPI_N], c_desc.layout)
     acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
     mine = 0  # this consumer's tiles so far
     for j in range(WHICH, gl.cdiv(num_pid_m * num_pid_n - pid, programs), CONSUMERS):
         tile = pid + j * programs
         off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
+        if FP8:
+            # wgmma with max_num_imprecise_acc adds its promoted partial sums to the
+            # accumulator even where use_acc is false: the previous tile's sums would stay
+            acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
         if CONSUMERS > 1:  # noqa: SIM102 - a constexpr branch around a runtime one
             # the other consumer has issued every wgmma of tile j - 1 (its arrival below)
             if j > 0:
@@ -253,11 +271,25 @@ def _consume(descs, ring, bars, scales, CONSUMERS: gl.constexpr, WHICH: gl.const
             a_scale = gl.load(a_scale_ptr + rows, mask=rows < M, other=0.0)
             b_scale = gl.load(b_scale_ptr + cols, mask=cols < N, other=0.0)
             out = out * a_scale[:, None] * b_scale[None, :]
-        # the previous tile's store has left c_smem
-        tma.store_wait(pendings=0)
-        c_smem.store(out.to(out_dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+        out = out.to(out_dtype)
+        if EPI_N == BLOCK_N:
+            # the previous tile's store has left c_smem
+            tma.store_wait(pendings=0)
+            c_smem.store(out)
+            fence_async_shared()
+            tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+        else:
+            # columns h * EPI_N + n' as [BLOCK_M, EPI_N, 2]: h is a register bit of the
+            # accumulator's layout, so the split moves no data
+            low, high = out.reshape([BLOCK_M, 2, EPI_N]).permute((0, 2, 1)).split()
+            tma.store_wait(pendings=0)
+            c_smem.store(low)
+            fence_async_shared()
+            tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+            tma.store_wait(pendings=0)
+            c_smem.store(high)
+            fence_async_shared()
+            tma.async_copy_shared_to_global(c_desc, [off_m, off_n + EPI_N], c_smem)
         mine += 1  # noqa: SIM113 - the loop strides by CONSUMERS
     tma.store_wait(pendings=0)
 
@@ -382,7 +414,7 @@ def ws_gemm_launcher(
         b_desc = _desc(b.t(), [cfg.block_n, cfg.block_k])
     else:
         b_desc = _desc(b, [cfg.block_k, cfg.block_n])
-    c_desc = _desc(out, [cfg.block_m, cfg.block_n])
+    c_desc = _desc(out, [cfg.block_m, cfg.block_n // (2 if cfg.split_epilogue else 1)])
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     if programs is None:
         programs = torch.cuda.get_device_properties(a.device).multi_processor_count
