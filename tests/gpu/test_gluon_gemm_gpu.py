@@ -24,8 +24,8 @@ def _configs(fp8):
     return gg.FP8_CONFIGS if fp8 else gg.BF16_CONFIGS
 
 
-# (M, N, K, programs): ragged tiles (N and K multiples of 16, as _scaled_mm takes them); few programs so each runs several tiles and the K loop
-# wraps the ring many times
+# (M, N, K, programs): ragged tiles (N and K multiples of 16, as _scaled_mm takes them); few
+# programs, so each runs several tiles and the K loop wraps the ring many times
 SHAPES = [(1000, 1056, 1040, None), (520, 784, 4096, 3), (129, 144, 64, 1)]
 
 
