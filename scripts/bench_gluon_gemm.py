@@ -20,7 +20,10 @@ Protocol, per shape and dtype:
   4. the pick, cuBLAS (`_scaled_mm`), ficco's Triton kernel with its shipped (else tuned)
      configuration, each checked first, and the pick again (`gluon2`, the noise floor) are
      timed in interleaved rounds, order rotated, 20-120 rounds (~0.25 s of GEMM time each);
-     medians.
+     medians. FP8 adds the pick without promotion (`gluon_fast`) and
+     `_scaled_mm(use_fast_accum=True)` (`library_fast`) to the same rounds; before the shapes
+     an accumulation probe (512x512x16384) records every FP8 configuration's error in both
+     modes beside `_scaled_mm`'s.
   ratio = reference library ms / variant ms (> 1: faster than cuBLAS / `_scaled_mm`).
 
 JSON (`gluon_gemm.json` under --out) is rewritten after every shape, with the fingerprint,
@@ -154,6 +157,32 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
             matmul(a, b, ficco_out)
 
     fns = {"gluon": launches[pick], "library": lib, "triton": ficco_triton}
+    if fp8:
+        # no promotion on either side (use_fast_accum): the pick's configuration, checked
+        fast_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        lib_fast_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        cfg = next(c for c in configs if c.name == pick)
+
+        def lib_fast() -> None:
+            torch._scaled_mm(
+                a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, out=lib_fast_out,
+                use_fast_accum=True,
+            )  # fmt: skip
+
+        try:
+            gluon_fast = gg.ws_gemm_launcher(
+                a, b, fast_out, cfg, a_scale=sa, b_scale=sb, fast_accum=True
+            )
+            gluon_fast()
+            lib_fast()
+            torch.cuda.synchronize()
+            row["errors"]["gluon_fast"] = _rel_error(fast_out, ref)
+            row["errors"]["library_fast"] = _rel_error(lib_fast_out, ref)
+            if row["errors"]["gluon_fast"] <= CHECK_LIMIT:
+                fns["gluon_fast"] = gluon_fast
+            fns["library_fast"] = lib_fast
+        except Exception as exc:
+            row["failures"]["gluon_fast"] = f"{type(exc).__name__}: {exc}"[:400]
     for name, fn in (("library", lib), ("triton", ficco_triton)):
         try:
             fn()
@@ -168,7 +197,11 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
     row["ms"] = ms
     row["rounds"] = rounds
     lib_ms = ms.get("library", math.nan)
-    row["ratio"] = {name: lib_ms / t for name, t in ms.items() if name != "library"}
+    row["ratio"] = {
+        name: lib_ms / t for name, t in ms.items() if name not in ("library", "library_fast")
+    }
+    if "gluon_fast" in ms and "library_fast" in ms:
+        row["ratio"]["gluon_fast_vs_library_fast"] = ms["library_fast"] / ms["gluon_fast"]
     row["gluon_vs_triton"] = ms["triton"] / ms["gluon"] if "triton" in ms else math.nan
     row["spread"] = {
         name: (statistics.quantiles(ts, n=4)[2] - statistics.quantiles(ts, n=4)[0])
@@ -176,6 +209,30 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
         for name, ts in times.items()
     }
     return row
+
+
+def accumulation_probe(m: int = 512, n: int = 512, k: int = 16384) -> dict:
+    """Relative Frobenius errors against the float64 product of the same FP8 bits and scales,
+    long K, bf16 out: which side promotes its partial sums to fp32 (bf16 rounding alone
+    contributes ~1e-3; never promoting adds ~3e-3 at this K)."""
+    from ficco.kernels import gluon_gemm as gg
+
+    a, b, sa, sb, ref = operands(m, n, k, "fp8", seed=5)
+    errors: dict = {}
+    out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+    for fast in (False, True):
+        tag = "_fast" if fast else ""
+        lib = torch._scaled_mm(
+            a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=fast
+        )
+        errors["scaled_mm" + tag] = _rel_error(lib, ref)
+        for cfg in gg.FP8_CONFIGS:
+            try:
+                gg.ws_gemm(a, b, out, cfg, a_scale=sa, b_scale=sb, fast_accum=fast)
+                errors[cfg.name + tag] = _rel_error(out, ref)
+            except Exception as exc:  # recorded
+                errors[cfg.name + tag] = f"{type(exc).__name__}: {exc}"[:200]
+    return {"shape": [m, n, k], "out_dtype": "bfloat16", "errors": errors}
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -193,6 +250,9 @@ def summarize(rows: list[dict]) -> dict:
                 "triton_vs_library_geomean": _geomean([r["ratio"].get("triton") for r in sel]),
                 "better_of_gluon_and_triton_vs_library_geomean": _geomean(
                     [max(r["ratio"].get("gluon", 0), r["ratio"].get("triton", 0)) for r in sel]
+                ),
+                "gluon_fast_vs_library_fast_geomean": _geomean(
+                    [r["ratio"].get("gluon_fast_vs_library_fast") for r in sel]
                 ),
                 "gluon_noise_floor_geomean": _geomean(
                     [r["ms"]["gluon2"] / r["ms"]["gluon"] for r in sel]
@@ -242,6 +302,9 @@ def main() -> int:
         doc["elapsed_s"] = round(time.perf_counter() - t0, 1)
         path.write_text(json.dumps(doc, indent=1, default=str))
 
+    if "fp8" in dtypes:
+        doc["accumulation"] = accumulation_probe()
+        print("accumulation:", json.dumps(doc["accumulation"]["errors"]), flush=True)
     shapes = ordered_shapes()
     if args.limit:
         shapes = shapes[: args.limit]

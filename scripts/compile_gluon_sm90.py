@@ -40,7 +40,7 @@ def desc(dtype: str, block: list[int]) -> str:
     return f"tensordesc<{dtype}[{block[0]}, {block[1]}],{layout!r}>"
 
 
-def compile_config(cfg: gg.GluonGemmConfig, dtype: str) -> dict:
+def compile_config(cfg: gg.GluonGemmConfig, dtype: str, fast: bool = False) -> dict:
     t0 = time.perf_counter()
     fp8 = dtype != "bf16"
     b_block = [cfg.block_n, cfg.block_k] if fp8 else [cfg.block_k, cfg.block_n]
@@ -53,7 +53,7 @@ def compile_config(cfg: gg.GluonGemmConfig, dtype: str) -> dict:
     }
     constants = dict(
         STAGES=cfg.stages, CONSUMERS=cfg.consumers,
-        PRODUCER_REGS=gg.PRODUCER_REGS, CONSUMER_REGS=gg.CONSUMER_REGS,
+        PRODUCER_REGS=gg.PRODUCER_REGS, CONSUMER_REGS=gg.CONSUMER_REGS, FAST_ACCUM=fast,
     )  # fmt: skip
     fn = gg.ws_gemm_kernel
     names = fn.arg_names
@@ -69,6 +69,7 @@ def compile_config(cfg: gg.GluonGemmConfig, dtype: str) -> dict:
     return {
         "config": cfg.name,
         "dtype": dtype,
+        "fast_accum": fast,
         "wgmma": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.[\w.]+", ptx))),
         "setmaxnreg": sorted(
             set(re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)", ptx))
@@ -87,13 +88,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fp8", action="store_true", help="the FP8 configurations too")
     args = ap.parse_args()
-    todo = [(c, "bf16") for c in CONFIGS] + (
-        [(c, "fp8e4nv") for c in FP8_CONFIGS] if args.fp8 else []
+    todo = [(c, "bf16", False) for c in CONFIGS] + (
+        [(c, "fp8e4nv", fast) for fast in (False, True) for c in FP8_CONFIGS] if args.fp8 else []
     )
     failed = 0
-    for cfg, dtype in todo:
+    for cfg, dtype, fast in todo:
         try:
-            print(json.dumps(compile_config(cfg, dtype)))
+            print(json.dumps(compile_config(cfg, dtype, fast)))
         except Exception as exc:  # reported per configuration
             failed += 1
             print(

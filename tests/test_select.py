@@ -691,14 +691,21 @@ def test_the_shipped_family_choice_reproduces_from_the_store():
     families = default_families("h200x2")
     assert set(families) == set(rule["fold_regret"])
     recompute = [n for n in families if rule["simplicity"][n] <= rule["simplicity"][shipped]]
+    recomputed = dict(rule["fold_regret"])
     for name in recompute:
         regrets = []
         for evaluation in EVALUATIONS:
             folds = folds_of(ds, evaluation)
             regrets += fold_regrets(ds, fold_picks(families[name], ds, folds), folds)
-        assert regrets == pytest.approx(rule["fold_regret"][name], abs=1e-12), name
+        # another build of the numeric stack (same pinned ranges) may break a forest's
+        # near-tie between two schedules the other way: one fold's regret moved by 4e-5
+        # (numpy 2.4.6, pandas 3.1.1, scikit-learn 1.9.1); a changed model moves them by more
+        assert regrets == pytest.approx(rule["fold_regret"][name], abs=1e-3), name
+        recomputed[name] = regrets
     family, steps = choose_family(rule["fold_regret"], rule["simplicity"])
     assert family == shipped and steps == rule["steps"]
+    # and the rule, applied to the regrets recomputed here, makes the same choice
+    assert choose_family(recomputed, rule["simplicity"])[0] == shipped
     table = json.loads(SHIPPED_TABLE.read_text())
     assert table["selector"]["family"] == shipped
     for pattern, entry in committed["safe_default"]["per_pattern"].items():

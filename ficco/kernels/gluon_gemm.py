@@ -41,6 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     tma,
     warpgroup_mma,
+    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -113,6 +114,8 @@ BF16_CONFIGS = (
 FP8_CONFIGS = (
     GluonGemmConfig(128, 128, 128, 4, 1, 8),
     GluonGemmConfig(128, 128, 128, 5, 1, 8, split_epilogue=True),
+    GluonGemmConfig(128, 128, 128, 6, 1, 8, split_epilogue=True),
+    GluonGemmConfig(64, 128, 128, 8, 2, 4, split_epilogue=True),
     GluonGemmConfig(256, 128, 128, 3, 1, 8),
     GluonGemmConfig(128, 128, 128, 4, 2, 4),
     GluonGemmConfig(64, 128, 128, 6, 2, 4),
@@ -194,7 +197,9 @@ def _producer(descs, ring, bars, scales):
 
 
 @gluon.jit
-def _consume(descs, ring, bars, scales, CONSUMERS: gl.constexpr, WHICH: gl.constexpr):
+def _consume(
+    descs, ring, bars, scales, CONSUMERS: gl.constexpr, WHICH: gl.constexpr, FAST: gl.constexpr
+):
     """Consumer WHICH's tiles: the program's tiles j with j mod CONSUMERS == WHICH."""
     a_desc, b_desc, c_desc = descs
     a_bufs, b_bufs = ring
@@ -210,7 +215,14 @@ def _consume(descs, ring, bars, scales, CONSUMERS: gl.constexpr, WHICH: gl.const
     WARPS: gl.constexpr = gl.num_warps()
     # FP8: B K-major (wgmma's rule), scaled, fp32 promotion every 128 products (cuBLASLt's)
     FP8: gl.constexpr = a_desc.dtype.primitive_bitwidth == 8
+    # FAST (FP8 only): no promotion at all (cuBLASLt's use_fast_accum)
     IMPRECISE_ACC: gl.constexpr = min(BLOCK_K, 128) if FP8 else 0
+    # FP8 accumulators of at most 64 registers a thread leave room for two partial sums:
+    # those tiles promote by hand, one step late (three accumulators live), the others
+    # through wgmma's max_num_imprecise_acc (Triton adds each step's partial sums in place)
+    LAGGED: gl.constexpr = (
+        FP8 and not FAST and BLOCK_M * BLOCK_N // (32 * WARPS) <= 64 and BLOCK_K <= 128
+    )
     K_INSTR: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth
     acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, WARPS, K_INSTR)
     out_dtype: gl.constexpr = c_desc.dtype
@@ -242,28 +254,62 @@ def _consume(descs, ring, bars, scales, CONSUMERS: gl.constexpr, WHICH: gl.const
                 mbarrier.wait(turns.index(WHICH), (mine - (1 - WHICH)) & 1)
         step = j * k_steps
         previous = 0
-        for ki in range(k_steps):
-            slot = step % STAGES
-            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-            b_tile = b_bufs.index(slot).permute((1, 0)) if FP8 else b_bufs.index(slot)
-            acc = warpgroup_mma(
-                a_bufs.index(slot),
-                b_tile,
-                acc,
-                use_acc=ki > 0,
-                is_async=True,
-                max_num_imprecise_acc=IMPRECISE_ACC,
-            )
-            # one wgmma in flight: the previous step's slot has been read
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            if ki > 0:
-                mbarrier.arrive(empty.index(previous), count=1)
-            previous = slot
-            step += 1
-        if CONSUMERS > 1:
-            mbarrier.arrive(turns.index(1 - WHICH), count=1)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(empty.index(previous), count=1)
+        if LAGGED:
+            # each K step's products summed by the tensor cores alone (128 of them, no
+            # promotion inside), added to the fp32 accumulator one step late, while the next
+            # step's wgmmas run: cuBLASLt's promotion interval without its stall
+            partial = warpgroup_mma_init(gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout))
+            for ki in range(k_steps):
+                slot = step % STAGES
+                mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+                zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+                issued = warpgroup_mma(
+                    a_bufs.index(slot),
+                    b_bufs.index(slot).permute((1, 0)),
+                    zero,
+                    use_acc=False,
+                    is_async=True,
+                )
+                done = warpgroup_mma_wait(num_outstanding=1, deps=(partial,))
+                acc = acc + done
+                if ki > 0:
+                    mbarrier.arrive(empty.index(previous), count=1)
+                partial = issued
+                previous = slot
+                step += 1
+            if CONSUMERS > 1:
+                mbarrier.arrive(turns.index(1 - WHICH), count=1)
+            done = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
+            acc = acc + done
+            mbarrier.arrive(empty.index(previous), count=1)
+        else:
+            for ki in range(k_steps):
+                slot = step % STAGES
+                mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+                b_tile = b_bufs.index(slot).permute((1, 0)) if FP8 else b_bufs.index(slot)
+                if FAST:  # wgmma's default for FP8: never promote
+                    acc = warpgroup_mma(
+                        a_bufs.index(slot), b_tile, acc, use_acc=ki > 0, is_async=True
+                    )
+                else:
+                    acc = warpgroup_mma(
+                        a_bufs.index(slot),
+                        b_tile,
+                        acc,
+                        use_acc=ki > 0,
+                        is_async=True,
+                        max_num_imprecise_acc=IMPRECISE_ACC,
+                    )
+                # one wgmma in flight: the previous step's slot has been read
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                if ki > 0:
+                    mbarrier.arrive(empty.index(previous), count=1)
+                previous = slot
+                step += 1
+            if CONSUMERS > 1:
+                mbarrier.arrive(turns.index(1 - WHICH), count=1)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(empty.index(previous), count=1)
         out = acc
         if FP8:
             rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
@@ -294,19 +340,35 @@ def _consume(descs, ring, bars, scales, CONSUMERS: gl.constexpr, WHICH: gl.const
     tma.store_wait(pendings=0)
 
 
+# one function per role and accumulation: Triton 3.6 hands constexprs to partitions as tensors
 @gluon.jit
 def _coop_consumer(descs, ring, bars, scales):
-    _consume(descs, ring, bars, scales, 1, 0)
+    _consume(descs, ring, bars, scales, 1, 0, False)
 
 
 @gluon.jit
 def _pingpong_consumer_0(descs, ring, bars, scales):
-    _consume(descs, ring, bars, scales, 2, 0)
+    _consume(descs, ring, bars, scales, 2, 0, False)
 
 
 @gluon.jit
 def _pingpong_consumer_1(descs, ring, bars, scales):
-    _consume(descs, ring, bars, scales, 2, 1)
+    _consume(descs, ring, bars, scales, 2, 1, False)
+
+
+@gluon.jit
+def _coop_consumer_fast(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 1, 0, True)
+
+
+@gluon.jit
+def _pingpong_consumer_0_fast(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 2, 0, True)
+
+
+@gluon.jit
+def _pingpong_consumer_1_fast(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 2, 1, True)
 
 
 @gluon.jit
@@ -320,6 +382,7 @@ def ws_gemm_kernel(
     CONSUMERS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
+    FAST_ACCUM: gl.constexpr,
 ):
     a_bufs = gl.allocate_shared_memory(
         a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout
@@ -342,7 +405,22 @@ def ws_gemm_kernel(
     # (constexprs passed to partitions arrive as tensors in Triton 3.6: each partition takes
     # only values and derives its constants from their types)
     args = (descs, ring, bars, scales)
-    if CONSUMERS == 1:
+    if FAST_ACCUM:
+        if CONSUMERS == 1:
+            gl.warp_specialize(
+                [(_coop_consumer_fast, args), (_producer, args)], [1], [PRODUCER_REGS]
+            )
+        else:
+            gl.warp_specialize(
+                [
+                    (_pingpong_consumer_0_fast, args),
+                    (_pingpong_consumer_1_fast, args),
+                    (_producer, args),
+                ],
+                [4, 1],
+                [CONSUMER_REGS, PRODUCER_REGS],
+            )
+    elif CONSUMERS == 1:
         gl.warp_specialize([(_coop_consumer, args), (_producer, args)], [1], [PRODUCER_REGS])
     else:
         gl.warp_specialize(
@@ -374,10 +452,12 @@ def ws_gemm_launcher(
     a_scale: torch.Tensor | None = None,
     b_scale: torch.Tensor | None = None,
     programs: int | None = None,
+    fast_accum: bool = False,
 ) -> Callable[[], None]:
     """Checks the operands and builds the descriptors once; the returned call launches
     ``out [M, N] = a [M, K] @ b [K, N]`` on the warp-specialized kernel. FP8 operands take
-    ``out = (a @ b) * a_scale[:, None] * b_scale[None, :]`` with ``b`` column-major."""
+    ``out = (a @ b) * a_scale[:, None] * b_scale[None, :]`` with ``b`` column-major, and
+    ``fast_accum`` sums their products without fp32 promotion (as ``use_fast_accum``)."""
     if a.dim() != 2 or b.dim() != 2 or out.dim() != 2:
         raise ValueError("a, b, out: 2-D tensors")
     m, k = a.shape
@@ -389,6 +469,8 @@ def ws_gemm_launcher(
             f"dtypes: a {a.dtype}, b {b.dtype} (one of {sorted(map(str, _GL_DTYPES))})"
         )
     fp8 = a.element_size() == 1
+    if fast_accum and not fp8:
+        raise ValueError("fast_accum: FP8 inputs only (16-bit products are summed in fp32)")
     if fp8 and out.dtype != torch.bfloat16:
         raise ValueError(f"out: FP8 products are stored bf16, not {out.dtype}")
     if not fp8 and out.dtype != a.dtype:
@@ -428,7 +510,8 @@ def ws_gemm_launcher(
         kernel(
             a_desc, b_desc, c_desc, sa, sb,
             STAGES=cfg.stages, CONSUMERS=cfg.consumers, PRODUCER_REGS=PRODUCER_REGS,
-            CONSUMER_REGS=CONSUMER_REGS, num_warps=cfg.consumer_warps, maxnreg=MAX_REGS,
+            CONSUMER_REGS=CONSUMER_REGS, FAST_ACCUM=fast_accum, num_warps=cfg.consumer_warps,
+            maxnreg=MAX_REGS,
         )  # fmt: skip
 
     return launch
@@ -443,7 +526,10 @@ def ws_gemm(
     a_scale: torch.Tensor | None = None,
     b_scale: torch.Tensor | None = None,
     programs: int | None = None,
+    fast_accum: bool = False,
 ) -> torch.Tensor:
     """``ws_gemm_launcher``'s launch, once; returns ``out``."""
-    ws_gemm_launcher(a, b, out, cfg, a_scale=a_scale, b_scale=b_scale, programs=programs)()
+    ws_gemm_launcher(
+        a, b, out, cfg, a_scale=a_scale, b_scale=b_scale, programs=programs, fast_accum=fast_accum
+    )()
     return out
