@@ -41,7 +41,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     tma,
     warpgroup_mma,
-    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -115,6 +114,7 @@ FP8_CONFIGS = (
     GluonGemmConfig(128, 128, 128, 4, 1, 8),
     GluonGemmConfig(128, 128, 128, 5, 1, 8, split_epilogue=True),
     GluonGemmConfig(128, 128, 128, 6, 1, 8, split_epilogue=True),
+    GluonGemmConfig(128, 128, 128, 6, 1, 8),
     GluonGemmConfig(64, 128, 128, 8, 2, 4, split_epilogue=True),
     GluonGemmConfig(256, 128, 128, 3, 1, 8),
     GluonGemmConfig(128, 128, 128, 4, 2, 4),
@@ -217,9 +217,9 @@ def _consume(
     FP8: gl.constexpr = a_desc.dtype.primitive_bitwidth == 8
     # FAST (FP8 only): no promotion at all (cuBLASLt's use_fast_accum)
     IMPRECISE_ACC: gl.constexpr = min(BLOCK_K, 128) if FP8 else 0
-    # FP8 accumulators of at most 64 registers a thread leave room for two partial sums:
-    # those tiles promote by hand, one step late (three accumulators live), the others
-    # through wgmma's max_num_imprecise_acc (Triton adds each step's partial sums in place)
+    # FP8 accumulators of at most 64 registers a thread leave room for a partial sum: those
+    # tiles promote by hand after each K step, the others through wgmma's
+    # max_num_imprecise_acc (Triton adds each step's partial sums in place)
     LAGGED: gl.constexpr = (
         FP8 and not FAST and BLOCK_M * BLOCK_N // (32 * WARPS) <= 64 and BLOCK_K <= 128
     )
@@ -255,33 +255,27 @@ def _consume(
         step = j * k_steps
         previous = 0
         if LAGGED:
-            # each K step's products summed by the tensor cores alone (128 of them, no
-            # promotion inside), added to the fp32 accumulator one step late, while the next
-            # step's wgmmas run: cuBLASLt's promotion interval without its stall
-            partial = warpgroup_mma_init(gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout))
-            for ki in range(k_steps):
+            # each K step's 128 products summed by the tensor cores alone, then added to the
+            # fp32 accumulator once they are done: no wgmma of this warpgroup is in flight
+            # while its registers are read (ptxas serializes every wgmma otherwise, C7514);
+            # the other warpgroup's wgmmas keep the tensor cores busy meanwhile
+            for _ki in range(k_steps):
                 slot = step % STAGES
                 mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
                 zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
-                issued = warpgroup_mma(
+                partial = warpgroup_mma(
                     a_bufs.index(slot),
                     b_bufs.index(slot).permute((1, 0)),
                     zero,
                     use_acc=False,
                     is_async=True,
                 )
-                done = warpgroup_mma_wait(num_outstanding=1, deps=(partial,))
-                acc = acc + done
-                if ki > 0:
-                    mbarrier.arrive(empty.index(previous), count=1)
-                partial = issued
-                previous = slot
+                partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
+                mbarrier.arrive(empty.index(slot), count=1)
+                acc = acc + partial
                 step += 1
             if CONSUMERS > 1:
                 mbarrier.arrive(turns.index(1 - WHICH), count=1)
-            done = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
-            acc = acc + done
-            mbarrier.arrive(empty.index(previous), count=1)
         else:
             for ki in range(k_steps):
                 slot = step % STAGES
