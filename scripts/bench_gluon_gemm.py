@@ -18,7 +18,8 @@ Protocol, per shape and dtype:
      (`ficco.execute.timing.LaunchTimer`: an L2 flush before every launch, host launch cost
      kept out of the CUDA events);
   4. the pick, cuBLAS (`_scaled_mm`), ficco's Triton kernel with its shipped (else tuned)
-     configuration, each checked first, and the pick again (`gluon2`, the noise floor) are
+     configuration, bf16 `matmul` as shipped (`matmul`: the Gluon kernel where the card's
+     picks name the shape), each checked first, and the pick again (`gluon2`, the noise floor) are
      timed in interleaved rounds, order rotated, 20-120 rounds (~0.25 s of GEMM time each);
      medians. FP8 adds the pick without promotion (`gluon_fast`) and
      `_scaled_mm(use_fast_accum=True)` (`library_fast`) to the same rounds; before the shapes
@@ -149,14 +150,32 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
             # scales checked once above, not per launch (a value check syncs the host)
             scaled_matmul(a, b, sa, sb, torch.bfloat16, out=ficco_out, check_values=False)
     else:
+        from ficco.kernels.persistent import default_sm_budget
+        from ficco.kernels.tuning import config_for
+
+        budget = default_sm_budget(a.device)
+        triton_cfg = config_for(m, n, k, a.dtype, budget, a.device)
 
         def lib() -> None:
             torch.matmul(a, b, out=lib_out)
 
         def ficco_triton() -> None:
-            matmul(a, b, ficco_out)
+            # the Triton kernel with its shipped (else tuned) configuration: an explicit
+            # config keeps matmul off the Gluon picks
+            matmul(a, b, ficco_out, config=triton_cfg)
 
     fns = {"gluon": launches[pick], "library": lib, "triton": ficco_triton}
+    if not fp8:
+        # what a schedule's GEMM runs: matmul as shipped (the Gluon kernel where the card's
+        # picks name the shape, else the Triton kernel)
+        matmul_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        matmul(a, b, matmul_out)
+        torch.cuda.synchronize()
+        row["errors"]["matmul"] = _rel_error(matmul_out, ref)
+        if row["errors"]["matmul"] <= CHECK_LIMIT:
+            fns["matmul"] = lambda: matmul(a, b, matmul_out)
+        else:
+            row["failures"]["matmul"] = f"relative error {row['errors']['matmul']:.3g}"
     if fp8:
         # no promotion on either side (use_fast_accum): the pick's configuration, checked
         fast_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -248,6 +267,7 @@ def summarize(rows: list[dict]) -> dict:
                 "gluon_vs_library_geomean": _geomean([r["ratio"].get("gluon") for r in sel]),
                 "gluon_vs_library_min": min(r["ratio"].get("gluon", math.inf) for r in sel),
                 "triton_vs_library_geomean": _geomean([r["ratio"].get("triton") for r in sel]),
+                "matmul_vs_library_geomean": _geomean([r["ratio"].get("matmul") for r in sel]),
                 "better_of_gluon_and_triton_vs_library_geomean": _geomean(
                     [max(r["ratio"].get("gluon", 0), r["ratio"].get("triton", 0)) for r in sel]
                 ),

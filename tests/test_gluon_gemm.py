@@ -69,3 +69,121 @@ def test_fp8_refusals():
         )
     with pytest.raises(ValueError, match=r"fp32 a_scale \[64\]"):
         gg.ws_gemm_launcher(a, b_col, out, cfg, a_scale=torch.ones(32), b_scale=torch.ones(64))
+
+
+# --- the shipped picks matmul reads (ficco.kernels.gluon_configs: no Gluon, no GPU) ---
+
+
+def _picks_file(tmp_path, card, doc):
+    path = tmp_path / card / "gluon_gemm_picks.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(doc if isinstance(doc, str) else __import__("json").dumps(doc))
+    return path
+
+
+@pytest.fixture
+def picks_dir(tmp_path, monkeypatch):
+    from ficco.kernels import gluon_configs
+
+    monkeypatch.setattr(gluon_configs, "shipped_dir", lambda name: tmp_path)
+    gluon_configs.shipped_picks.cache_clear()
+    yield tmp_path
+    gluon_configs.shipped_picks.cache_clear()
+
+
+KEY = "NVIDIA H200|triton=3.6.0|bfloat16|m=4096,n=4096,k=2048|sm=132"
+
+
+def test_picks_are_read_by_tuning_key(picks_dir):
+    from ficco.kernels.gluon_configs import config_to_dict, shipped_picks
+
+    cfg = gg.BF16_CONFIGS[4]
+    _picks_file(picks_dir, "h200", {"format": 1, "picks": {KEY: {"config": config_to_dict(cfg)}}})
+    assert shipped_picks() == {KEY: cfg}
+
+
+@pytest.mark.parametrize(
+    "doc, says",
+    [
+        ("{not json", "ignoring Gluon GEMM picks"),
+        ({"format": 2, "picks": {}}, "format: expected 1"),
+        ({"format": 1, "picks": []}, "picks: an object"),
+    ],
+)
+def test_a_corrupt_picks_file_is_refused_with_what_is_wrong(picks_dir, doc, says):
+    from ficco.kernels.gluon_configs import shipped_picks
+
+    path = _picks_file(picks_dir, "h200", doc)
+    with pytest.warns(UserWarning, match=says) as caught:
+        assert shipped_picks() == {}
+    assert str(path) in str(caught[0].message)
+
+
+@pytest.mark.parametrize(
+    "config, says",
+    [
+        ({"block_m": 128}, r"config\.block_n: missing"),
+        (
+            {
+                **dict(block_m=128, block_n=128, block_k=64, stages=4, consumers=2),
+                "consumer_warps": "4",
+            },
+            r"config\.consumer_warps: int",
+        ),
+        (
+            {**dict(block_m=128, block_n=256, block_k=64, stages=3, consumers=2, consumer_warps=4)},
+            "registers a thread",
+        ),
+        (
+            {
+                **dict(
+                    block_m=128, block_n=128, block_k=64, stages=4, consumers=2, consumer_warps=4
+                ),
+                "swizzle": 1,
+            },
+            "unknown fields",
+        ),
+    ],
+)
+def test_a_bad_pick_is_skipped_naming_its_key_and_field(picks_dir, config, says):
+    from ficco.kernels.gluon_configs import config_to_dict, shipped_picks
+
+    good = "NVIDIA H200|triton=3.6.0|bfloat16|m=8192,n=4096,k=2048|sm=132"
+    picks = {KEY: {"config": config}, good: {"config": config_to_dict(gg.BF16_CONFIGS[0])}}
+    _picks_file(picks_dir, "h200", {"format": 1, "picks": picks})
+    with pytest.warns(UserWarning, match=says) as caught:
+        assert list(shipped_picks()) == [good]
+    assert KEY in str(caught[0].message)
+
+
+def test_the_shipped_picks_parse_and_name_their_card():
+    import json
+
+    from ficco.kernels.gluon_configs import PICKS_FILE, config_from_dict
+    from ficco.shipped import shipped_dir
+
+    files = sorted(shipped_dir("schedules").glob(f"*/{PICKS_FILE}"))
+    assert {p.parent.name for p in files} == {"h100", "h200"}
+    for path in files:
+        doc = json.loads(path.read_text())
+        card = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"}[path.parent.name]
+        assert doc["picks"], path
+        for key, entry in doc["picks"].items():
+            assert key.startswith(f"{card}|triton=3.6.0|bfloat16|") and key.endswith("|sm=132")
+            config_from_dict(entry["config"]).check(2)
+            # picked for running faster than ficco's Triton kernel by the margin, every run
+            assert min(entry["triton_over_gluon_per_run"]) >= 1 + doc["margin"]
+
+
+def test_matmul_leaves_cpu_calls_to_triton_and_refuses_a_bad_switch(monkeypatch):
+    from ficco.kernels.matmul import gluon_config, matmul
+
+    a, b, out = _bf16(64, 64, 64)
+    assert gluon_config(a, b, out, 132) is None
+    monkeypatch.setenv("FICCO_GEMM_GLUON", "yes")
+    with pytest.raises(ValueError, match="FICCO_GEMM_GLUON='yes': 0 .* or 1"):
+        gluon_config(a, b, out, 132)
+    with pytest.raises(ValueError, match="FICCO_GEMM_GLUON"):
+        matmul(a, b, out)
+    monkeypatch.setenv("FICCO_GEMM_GLUON", "0")
+    assert gluon_config(a, b, out, 132) is None

@@ -30,7 +30,6 @@ every variant against an fp32 product and times it beside cuBLAS / ``torch._scal
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -45,6 +44,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from ficco.kernels.gluon_configs import (  # noqa: F401 - the space, re-exported
+    BF16_CONFIGS,
+    FP8_CONFIGS,
+    GluonGemmConfig,
+)
+
 # the producer partition's warps and registers; the consumers take the rest of the
 # register file (setmaxnreg moves registers between warpgroups)
 PRODUCER_WARPS = 1
@@ -55,72 +60,6 @@ CONSUMER_REGS = 232
 # 12 warps a program either way (8 consumer warps, or 4 + 4, and the producer's warpgroup):
 # 168 x 384 threads fills the 64K-register file, and setmaxnreg gives the consumers 232
 MAX_REGS = 168
-
-
-@dataclass(frozen=True)
-class GluonGemmConfig:
-    block_m: int
-    block_n: int
-    block_k: int
-    stages: int
-    consumers: int  # 1: cooperative, 2: ping-pong
-    consumer_warps: int  # warps of each consumer partition
-    split_epilogue: bool = False  # store the tile in two column halves (half the smem)
-
-    @property
-    def name(self) -> str:
-        kind = "pp" if self.consumers == 2 else f"coop{self.consumer_warps}"
-        kind += "_half" if self.split_epilogue else ""
-        return f"ws_{self.block_m}x{self.block_n}x{self.block_k}_s{self.stages}_{kind}"
-
-    def shared_bytes(self, in_bytes: int, out_bytes: int = 2) -> int:
-        ring = self.stages * (self.block_m + self.block_n) * self.block_k * in_bytes
-        epilogue = self.consumers * self.block_m * self.block_n * out_bytes
-        epilogue //= 2 if self.split_epilogue else 1
-        return ring + epilogue + 1024  # barriers and alignment
-
-    def check(self, in_bytes: int, shared_limit: int = 232448) -> None:
-        """Refuse a configuration the kernel cannot run, naming the rule."""
-        if self.consumers not in (1, 2):
-            raise ValueError(f"consumers={self.consumers}: 1 (cooperative) or 2 (ping-pong)")
-        if self.consumers == 2 and self.consumer_warps != 4:
-            raise ValueError("ping-pong consumers are one warpgroup each (consumer_warps=4)")
-        if self.consumer_warps not in (4, 8):
-            raise ValueError(f"consumer_warps={self.consumer_warps}: 4 or 8")
-        # fp32 accumulator registers per thread of a consumer: at most ~128 leave room
-        acc_regs = self.block_m * self.block_n // (32 * self.consumer_warps)
-        if acc_regs > 128:
-            raise ValueError(
-                f"{self.name}: a {self.block_m}x{self.block_n} fp32 accumulator on "
-                f"{self.consumer_warps} warps is {acc_regs} registers a thread (at most 128)"
-            )
-        need = self.shared_bytes(in_bytes)
-        if need > shared_limit:
-            raise ValueError(f"{self.name}: {need} bytes of shared memory (at most {shared_limit})")
-
-
-# the space the benchmark tunes over (shared memory and accumulator registers checked)
-BF16_CONFIGS = (
-    GluonGemmConfig(128, 128, 64, 4, 2, 4),
-    GluonGemmConfig(128, 128, 64, 5, 2, 4, split_epilogue=True),
-    GluonGemmConfig(64, 256, 64, 4, 2, 4),
-    GluonGemmConfig(128, 256, 64, 3, 1, 8),
-    GluonGemmConfig(128, 256, 64, 4, 1, 8, split_epilogue=True),
-    GluonGemmConfig(128, 128, 64, 5, 1, 8),
-    GluonGemmConfig(128, 128, 64, 6, 1, 8, split_epilogue=True),
-    GluonGemmConfig(128, 64, 64, 8, 1, 4),
-)
-FP8_CONFIGS = (
-    GluonGemmConfig(128, 128, 128, 4, 1, 8),
-    GluonGemmConfig(128, 128, 128, 5, 1, 8, split_epilogue=True),
-    GluonGemmConfig(128, 128, 128, 6, 1, 8, split_epilogue=True),
-    GluonGemmConfig(128, 128, 128, 6, 1, 8),
-    GluonGemmConfig(64, 128, 128, 8, 2, 4, split_epilogue=True),
-    GluonGemmConfig(256, 128, 128, 3, 1, 8),
-    GluonGemmConfig(128, 128, 128, 4, 2, 4),
-    GluonGemmConfig(64, 128, 128, 6, 2, 4),
-    GluonGemmConfig(64, 256, 128, 4, 2, 4, split_epilogue=True),
-)
 
 
 @gluon.constexpr_function

@@ -7,18 +7,71 @@ transposed view of a [N, K] weight. `accumulate=True` adds into `out` (schedules
 
 The grid is `min(sm_budget, tiles)` persistent programs (default: every SM), so a schedule can
 leave SMs to communication kernels. Without an explicit `config`, the configuration comes from
-the per-shape tuning cache (`ficco.kernels.tuning`), tuning on first use of a shape on CUDA.
+the per-shape tuning cache (`ficco.kernels.tuning`), tuning on first use of a shape on CUDA;
+on a Hopper GPU, a shape the card's shipped Gluon picks name (`ficco.kernels.gluon_configs`:
+measured faster there, row-major operands, no accumulation) runs the warp-specialized Gluon
+kernel (`ficco.kernels.gluon_gemm`) instead. ``FICCO_GEMM_GLUON=0`` keeps every call on Triton.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+
 import torch
 
 from ficco.kernels.configs import GemmConfig, heuristic_config
+from ficco.kernels.gluon_configs import GluonGemmConfig, picks_enabled, shipped_picks
 from ficco.kernels.persistent import INTERPRETER, default_sm_budget, launch, select_path
-from ficco.kernels.tuning import config_for
+from ficco.kernels.tuning import TuningKey, config_for
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# (m, n, k, dtype, sm budget, device) -> the shipped Gluon pick or None: a seen shape reads
+# no file and builds no key
+_gluon_fast: dict[tuple, GluonGemmConfig | None] = {}
+
+
+@functools.cache
+def _gluon_available(device_index: int) -> bool:
+    """A Hopper GPU (sm_90: wgmma, setmaxnreg) and a Triton with Gluon's Hopper module."""
+    if torch.cuda.get_device_capability(device_index) != (9, 0):
+        return False
+    try:
+        return (
+            importlib.util.find_spec("triton.experimental.gluon.language.nvidia.hopper") is not None
+        )
+    except ModuleNotFoundError:
+        return False
+
+
+def gluon_config(
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, sm_budget: int
+) -> GluonGemmConfig | None:
+    """The shipped Gluon pick `matmul` runs for these operands, or None (not CUDA, not 16-bit,
+    another card or Triton, no pick for the shape and budget, operands TMA cannot read)."""
+    if not picks_enabled():  # first: a bad switch value is refused on any device
+        return None
+    if a.device.type != "cuda" or a.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    if out.dtype != a.dtype:
+        return None
+    m, k = a.shape
+    n = b.shape[1]
+    fast_key = (m, n, k, a.dtype, sm_budget, a.device)
+    if fast_key not in _gluon_fast:
+        hit = None
+        if _gluon_available(a.device.index if a.device.index is not None else 0):
+            key = TuningKey.for_problem(m, n, k, a.dtype, sm_budget, a.device)
+            hit = shipped_picks().get(str(key))
+        _gluon_fast[fast_key] = hit
+    hit = _gluon_fast[fast_key]
+    if hit is None:
+        return None
+    # TMA descriptors: row-major operands, 16-byte aligned rows and bases
+    for t in (a, b, out):
+        if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+            return None
+    return hit
 
 
 def _check_2d(name: str, t: object, dims: str) -> None:
@@ -108,6 +161,13 @@ def matmul(
             out.zero_()
         return out
     budget = sm_budget if sm_budget is not None else default_sm_budget(a.device)
+    if config is None and not accumulate:
+        picked = gluon_config(a, b, out, budget)
+        if picked is not None:
+            from ficco.kernels.gluon_gemm import ws_gemm
+
+            ws_gemm(a, b, out, picked, programs=budget)
+            return out
     if config is None:
         if INTERPRETER and a.device.type == "cpu":
             config = heuristic_config(m, n, k, interpreter=True)

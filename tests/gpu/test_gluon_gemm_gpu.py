@@ -58,3 +58,43 @@ def test_fp8_config_matches_the_dequantized_product(cfg, shape):
     # the same bits through cuBLASLt land as close
     lib = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
     assert _rel(out, lib.float()) <= LIMIT
+
+
+def test_matmul_takes_the_shipped_gluon_pick_and_matches_triton(monkeypatch):
+    """On the card and Triton the picks were measured with, matmul runs the Gluon kernel for a
+    picked shape (and the Triton kernel with FICCO_GEMM_GLUON=0): both match fp32."""
+    import re
+
+    import triton
+
+    from ficco.kernels.gluon_configs import shipped_picks
+    from ficco.kernels.matmul import gluon_config, matmul
+    from ficco.kernels.persistent import default_sm_budget
+    from ficco.kernels.tuning import device_name
+
+    prefix = f"{device_name('cuda')}|triton={triton.__version__}|bfloat16|"
+    budget = default_sm_budget("cuda")
+    shapes = [
+        tuple(int(x) for x in re.search(r"m=(\d+),n=(\d+),k=(\d+)", key).groups())
+        for key in shipped_picks()
+        if key.startswith(prefix) and key.endswith(f"|sm={budget}")
+    ]
+    if not shapes:
+        pytest.skip(f"no shipped Gluon pick for {prefix}sm={budget}")
+    m, n, k = min(shapes, key=lambda s: s[0] * s[1] * s[2])
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    a = torch.randn((m, k), device="cuda", generator=gen).to(torch.bfloat16)
+    b = torch.randn((k, n), device="cuda", generator=gen).to(torch.bfloat16)
+    ref = a.float() @ b.float()
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    assert (
+        gluon_config(a, b, out, budget) == shipped_picks()[f"{prefix}m={m},n={n},k={k}|sm={budget}"]
+    )
+    assert _rel(matmul(a, b, out), ref) <= LIMIT
+    monkeypatch.setenv("FICCO_GEMM_GLUON", "0")
+    assert gluon_config(a, b, out, budget) is None
+    out.fill_(float("nan"))
+    assert _rel(matmul(a, b, out), ref) <= LIMIT
+    # a strided view TMA cannot describe stays on the Triton kernel
+    monkeypatch.setenv("FICCO_GEMM_GLUON", "1")
+    assert gluon_config(a, b.t().contiguous().t(), out, budget) is None

@@ -1,0 +1,151 @@
+"""The warp-specialized Gluon GEMM's configurations (`ficco.kernels.gluon_gemm`) and the
+shipped per-card picks that `matmul` takes it for, importable without Gluon or a GPU.
+
+A pick (``schedules/<card>/gluon_gemm_picks.json``, keyed as the tuning cache is: card, Triton
+version, dtype, shape, SM budget) is a shape where the Gluon kernel ran faster than ficco's
+Triton kernel with its shipped configuration by at least `PICK_MARGIN`, in every benchmark run
+it was made from (`scripts/gluon_picks_from_bench.py`). ``FICCO_GEMM_GLUON=0`` turns the picks
+off.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import warnings
+from dataclasses import asdict, dataclass, fields
+
+from ficco.shipped import shipped_dir
+
+PICKS_FILE = "gluon_gemm_picks.json"
+PICKS_FORMAT = 1
+GLUON_ENV = "FICCO_GEMM_GLUON"
+#: how much faster than ficco's Triton kernel, in every run, a shape's Gluon time must be
+PICK_MARGIN = 0.01
+
+
+@dataclass(frozen=True)
+class GluonGemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    stages: int
+    consumers: int  # 1: cooperative, 2: ping-pong
+    consumer_warps: int  # warps of each consumer partition
+    split_epilogue: bool = False  # store the tile in two column halves (half the smem)
+
+    @property
+    def name(self) -> str:
+        kind = "pp" if self.consumers == 2 else f"coop{self.consumer_warps}"
+        kind += "_half" if self.split_epilogue else ""
+        return f"ws_{self.block_m}x{self.block_n}x{self.block_k}_s{self.stages}_{kind}"
+
+    def shared_bytes(self, in_bytes: int, out_bytes: int = 2) -> int:
+        ring = self.stages * (self.block_m + self.block_n) * self.block_k * in_bytes
+        epilogue = self.consumers * self.block_m * self.block_n * out_bytes
+        epilogue //= 2 if self.split_epilogue else 1
+        return ring + epilogue + 1024  # barriers and alignment
+
+    def check(self, in_bytes: int, shared_limit: int = 232448) -> None:
+        """Refuse a configuration the kernel cannot run, naming the rule."""
+        if self.consumers not in (1, 2):
+            raise ValueError(f"consumers={self.consumers}: 1 (cooperative) or 2 (ping-pong)")
+        if self.consumers == 2 and self.consumer_warps != 4:
+            raise ValueError("ping-pong consumers are one warpgroup each (consumer_warps=4)")
+        if self.consumer_warps not in (4, 8):
+            raise ValueError(f"consumer_warps={self.consumer_warps}: 4 or 8")
+        # fp32 accumulator registers per thread of a consumer: at most ~128 leave room
+        acc_regs = self.block_m * self.block_n // (32 * self.consumer_warps)
+        if acc_regs > 128:
+            raise ValueError(
+                f"{self.name}: a {self.block_m}x{self.block_n} fp32 accumulator on "
+                f"{self.consumer_warps} warps is {acc_regs} registers a thread (at most 128)"
+            )
+        need = self.shared_bytes(in_bytes)
+        if need > shared_limit:
+            raise ValueError(f"{self.name}: {need} bytes of shared memory (at most {shared_limit})")
+
+
+# the space the benchmark tunes over (shared memory and accumulator registers checked)
+BF16_CONFIGS = (
+    GluonGemmConfig(128, 128, 64, 4, 2, 4),
+    GluonGemmConfig(128, 128, 64, 5, 2, 4, split_epilogue=True),
+    GluonGemmConfig(64, 256, 64, 4, 2, 4),
+    GluonGemmConfig(128, 256, 64, 3, 1, 8),
+    GluonGemmConfig(128, 256, 64, 4, 1, 8, split_epilogue=True),
+    GluonGemmConfig(128, 128, 64, 5, 1, 8),
+    GluonGemmConfig(128, 128, 64, 6, 1, 8, split_epilogue=True),
+    GluonGemmConfig(128, 64, 64, 8, 1, 4),
+)
+FP8_CONFIGS = (
+    GluonGemmConfig(128, 128, 128, 4, 1, 8),
+    GluonGemmConfig(128, 128, 128, 5, 1, 8, split_epilogue=True),
+    GluonGemmConfig(128, 128, 128, 6, 1, 8, split_epilogue=True),
+    GluonGemmConfig(128, 128, 128, 6, 1, 8),
+    GluonGemmConfig(64, 128, 128, 8, 2, 4, split_epilogue=True),
+    GluonGemmConfig(256, 128, 128, 3, 1, 8),
+    GluonGemmConfig(128, 128, 128, 4, 2, 4),
+    GluonGemmConfig(64, 128, 128, 6, 2, 4),
+    GluonGemmConfig(64, 256, 128, 4, 2, 4, split_epilogue=True),
+)
+
+
+def config_from_dict(data: object) -> GluonGemmConfig:
+    """A configuration from its JSON form, refused with the field and the rule."""
+    if not isinstance(data, dict):
+        raise ValueError(f"config: an object, got {type(data).__name__}")
+    names = {f.name for f in fields(GluonGemmConfig)}
+    unknown = set(data) - names
+    if unknown:
+        raise ValueError(f"config: unknown fields {sorted(unknown)}")
+    for f in fields(GluonGemmConfig):
+        if f.name not in data:
+            if f.name == "split_epilogue":
+                continue
+            raise ValueError(f"config.{f.name}: missing")
+        value = data[f.name]
+        want = bool if f.name == "split_epilogue" else int
+        if type(value) is not want:
+            raise ValueError(f"config.{f.name}: {want.__name__}, got {value!r}")
+    cfg = GluonGemmConfig(**data)
+    cfg.check(2)
+    return cfg
+
+
+def config_to_dict(cfg: GluonGemmConfig) -> dict:
+    return asdict(cfg)
+
+
+@functools.cache
+def shipped_picks() -> dict[str, GluonGemmConfig]:
+    """Tuning key -> configuration, from every shipped ``<card>/gluon_gemm_picks.json``
+    (read once per process). A file that cannot be read is ignored with a warning that
+    names it and what is wrong; so is a bad entry."""
+    found: dict[str, GluonGemmConfig] = {}
+    for path in sorted(shipped_dir("schedules").glob(f"*/{PICKS_FILE}")):
+        try:
+            data = json.loads(path.read_text())
+            if not isinstance(data, dict) or data.get("format") != PICKS_FORMAT:
+                raise ValueError(f"format: expected {PICKS_FORMAT}")
+            picks = data["picks"]
+            if not isinstance(picks, dict):
+                raise ValueError("picks: an object of tuning key -> entry")
+        except (OSError, ValueError, KeyError) as exc:
+            warnings.warn(f"ignoring Gluon GEMM picks {path}: {exc}", stacklevel=2)
+            continue
+        for key, entry in picks.items():
+            try:
+                if not isinstance(entry, dict):
+                    raise ValueError("entry: an object")
+                found[key] = config_from_dict(entry.get("config"))
+            except ValueError as exc:
+                warnings.warn(f"ignoring Gluon GEMM pick {key!r} in {path}: {exc}", stacklevel=2)
+    return found
+
+
+def picks_enabled() -> bool:
+    value = os.environ.get(GLUON_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{GLUON_ENV}={value!r}: 0 (Triton kernels only) or 1 (default)")
+    return value == "1"

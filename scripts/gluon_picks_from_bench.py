@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Make a card's shipped Gluon GEMM picks (`schedules/<card>/gluon_gemm_picks.json`, read by
+`ficco.kernels.gluon_configs.shipped_picks`) from `scripts/bench_gluon_gemm.py` runs of one card.
+
+A bf16 shape is picked when, in every run given, the Gluon kernel's pick ran at least
+`PICK_MARGIN` faster than ficco's Triton kernel in the same interleaved rounds (both checked
+against an fp32 product first); the configuration is the last run's pick. Keys are the tuning
+cache's (card, Triton version, dtype, shape, SM budget), so only the card and Triton that
+measured them match. An existing file is not replaced without --replace.
+
+    python scripts/gluon_picks_from_bench.py RUN.json [RUN2.json ...] --out FILE [--replace]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from ficco.kernels.gluon_configs import (  # noqa: E402
+    BF16_CONFIGS,
+    PICK_MARGIN,
+    PICKS_FORMAT,
+    config_to_dict,
+)
+
+
+def key_of(env: dict, m: int, n: int, k: int) -> str:
+    # the text of ficco.kernels.tuning.TuningKey (not imported: it needs torch and triton)
+    return f"{env['gpu']}|triton={env['triton']}|bfloat16|m={m},n={n},k={k}|sm={env['sm_count']}"
+
+
+def picks(runs: list[dict]) -> tuple[dict, dict]:
+    envs = {(r["environment"]["gpu"], r["environment"]["triton"]) for r in runs}
+    if len(envs) != 1:
+        raise SystemExit(f"runs of different cards or Tritons: {sorted(envs)}")
+    by_name = {c.name: c for c in BF16_CONFIGS}
+    per_run = []
+    for run in runs:
+        rows = {}
+        for row in run["rows"]:
+            if row.get("dtype") != "bf16" or "ms" not in row or "triton" not in row["ms"]:
+                continue
+            rows[(row["M"], row["N"], row["K"])] = row
+        per_run.append(rows)
+    chosen, stats = {}, {"shapes": len(per_run[-1]), "picked": 0}
+    env = runs[-1]["environment"]
+    for shape, last in sorted(per_run[-1].items()):
+        rows = [r.get(shape) for r in per_run]
+        if any(r is None for r in rows):
+            continue
+        gains = [r["ms"]["triton"] / r["ms"]["gluon"] for r in rows]
+        if min(gains) < 1 + PICK_MARGIN or last["pick"] not in by_name:
+            continue
+        chosen[key_of(env, *shape)] = {
+            "config": config_to_dict(by_name[last["pick"]]),
+            "gluon_ms": last["ms"]["gluon"],
+            "triton_ms": last["ms"]["triton"],
+            "cublas_ms": last["ms"].get("library"),
+            "triton_over_gluon_per_run": [round(g, 4) for g in gains],
+        }
+    stats["picked"] = len(chosen)
+    return chosen, stats
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="bench_gluon_gemm.py JSON, one card")
+    ap.add_argument("--out", type=Path, required=True, help="the picks file to write")
+    ap.add_argument("--replace", action="store_true", help="replace an existing picks file")
+    args = ap.parse_args()
+    if args.out.exists() and not args.replace:
+        print(f"{args.out} exists: pass --replace to write over it", file=sys.stderr)
+        return 2
+    runs = [json.loads(p.read_text()) for p in args.runs]
+    chosen, stats = picks(runs)
+    doc = {
+        "format": PICKS_FORMAT,
+        "rule": f"bf16 shapes where the Gluon kernel ran >= {PICK_MARGIN:.0%} faster than "
+        "ficco's Triton kernel in every run below",
+        "runs": [str(p) for p in args.runs],
+        "margin": PICK_MARGIN,
+        "picks": chosen,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    print(f"{args.out}: {stats['picked']} of {stats['shapes']} shapes picked")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
