@@ -9,8 +9,9 @@ The grid is `min(sm_budget, tiles)` persistent programs (default: every SM), so 
 leave SMs to communication kernels. Without an explicit `config`, the configuration comes from
 the per-shape tuning cache (`ficco.kernels.tuning`), tuning on first use of a shape on CUDA;
 on a Hopper GPU, a shape the card's shipped Gluon picks name (`ficco.kernels.gluon_configs`:
-measured faster there, row-major operands, no accumulation) runs the warp-specialized Gluon
-kernel (`ficco.kernels.gluon_gemm`) instead. ``FICCO_GEMM_GLUON=0`` keeps every call on Triton.
+measured faster there, row-major operands, no accumulation, not in the user's own tuning cache)
+runs the warp-specialized Gluon kernel (`ficco.kernels.gluon_gemm`) instead.
+``FICCO_GEMM_GLUON=0`` keeps every call on Triton.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ import torch
 from ficco.kernels.configs import GemmConfig, heuristic_config
 from ficco.kernels.gluon_configs import GluonGemmConfig, picks_enabled, shipped_picks
 from ficco.kernels.persistent import INTERPRETER, default_sm_budget, launch, select_path
-from ficco.kernels.tuning import TuningKey, config_for
+from ficco.kernels.tuning import TuningKey, cached_config, config_for
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # (m, n, k, dtype, sm budget, device) -> the shipped Gluon pick or None: a seen shape reads
 # no file and builds no key
-_gluon_fast: dict[tuple, GluonGemmConfig | None] = {}
+_gluon_fast: dict[tuple, tuple[GluonGemmConfig, TuningKey] | None] = {}
 
 
 @functools.cache
@@ -62,16 +63,22 @@ def gluon_config(
         hit = None
         if _gluon_available(a.device.index if a.device.index is not None else 0):
             key = TuningKey.for_problem(m, n, k, a.dtype, sm_budget, a.device)
-            hit = shipped_picks().get(str(key))
+            pick = shipped_picks().get(str(key))
+            hit = None if pick is None else (pick, key)
         _gluon_fast[fast_key] = hit
     hit = _gluon_fast[fast_key]
     if hit is None:
+        return None
+    pick, key = hit
+    # a shape the user tuned (their tuning cache) keeps their Triton configuration: the pick
+    # was measured against the shipped one
+    if cached_config(key) is not None:
         return None
     # TMA descriptors: row-major operands, 16-byte aligned rows and bases
     for t in (a, b, out):
         if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
             return None
-    return hit
+    return pick
 
 
 def _check_2d(name: str, t: object, dims: str) -> None:

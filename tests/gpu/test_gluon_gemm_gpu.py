@@ -60,9 +60,10 @@ def test_fp8_config_matches_the_dequantized_product(cfg, shape):
     assert _rel(out, lib.float()) <= LIMIT
 
 
-def test_matmul_takes_the_shipped_gluon_pick_and_matches_triton(monkeypatch):
+def test_matmul_takes_the_shipped_gluon_pick_and_matches_triton(monkeypatch, tmp_path):
     """On the card and Triton the picks were measured with, matmul runs the Gluon kernel for a
-    picked shape (and the Triton kernel with FICCO_GEMM_GLUON=0): both match fp32."""
+    picked shape (and the Triton kernel with FICCO_GEMM_GLUON=0, or where the user's tuning
+    cache holds the shape): both match fp32."""
     import re
 
     import triton
@@ -82,6 +83,7 @@ def test_matmul_takes_the_shipped_gluon_pick_and_matches_triton(monkeypatch):
     if not shapes:
         pytest.skip(f"no shipped Gluon pick for {prefix}sm={budget}")
     m, n, k = min(shapes, key=lambda s: s[0] * s[1] * s[2])
+    monkeypatch.setenv("FICCO_CACHE_DIR", str(tmp_path))  # no user tuning of this shape
     gen = torch.Generator(device="cuda").manual_seed(7)
     a = torch.randn((m, k), device="cuda", generator=gen).to(torch.bfloat16)
     b = torch.randn((k, n), device="cuda", generator=gen).to(torch.bfloat16)
@@ -98,3 +100,10 @@ def test_matmul_takes_the_shipped_gluon_pick_and_matches_triton(monkeypatch):
     # a strided view TMA cannot describe stays on the Triton kernel
     monkeypatch.setenv("FICCO_GEMM_GLUON", "1")
     assert gluon_config(a, b.t().contiguous().t(), out, budget) is None
+    # and so does a shape the user tuned: their configuration first
+    from ficco.kernels import tuning
+
+    key = tuning.TuningKey.for_problem(m, n, k, torch.bfloat16, budget, a.device)
+    cfg = tuning.config_for(m, n, k, torch.bfloat16, budget, a.device)
+    tuning.store(key, {"config": cfg.to_dict()})
+    assert gluon_config(a, b, out, budget) is None
