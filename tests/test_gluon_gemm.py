@@ -187,3 +187,61 @@ def test_matmul_leaves_cpu_calls_to_triton_and_refuses_a_bad_switch(monkeypatch)
         matmul(a, b, out)
     monkeypatch.setenv("FICCO_GEMM_GLUON", "0")
     assert gluon_config(a, b, out, 132) is None
+
+
+# --- scripts/gluon_picks_from_bench.py: which shapes a card's picks name ---
+
+
+def _bench_run(gains: dict, gpu="NVIDIA H200"):
+    rows = [
+        {
+            "M": m, "N": n, "K": k, "dtype": "bf16", "pick": gg.BF16_CONFIGS[0].name,
+            "ms": {"gluon": 1.0, "triton": gain, "library": 1.0},
+        }
+        for (m, n, k), gain in gains.items()
+    ]  # fmt: skip
+    env = {"gpu": gpu, "triton": "3.6.0", "sm_count": 132}
+    return {"environment": env, "rows": rows}
+
+
+def _picks_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gluon_picks_from_bench.py"
+    spec = importlib.util.spec_from_file_location("gluon_picks_from_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_shape_is_picked_only_where_gluon_won_by_the_margin_in_every_run():
+    script = _picks_script()
+    first = _bench_run({(256, 4096, 2048): 1.05, (512, 4096, 2048): 1.05, (1024, 4096, 2048): 1.0})
+    second = _bench_run(
+        {(256, 4096, 2048): 1.02, (512, 4096, 2048): 1.005, (1024, 4096, 2048): 1.2}
+    )
+    chosen, stats = script.picks([first, second])
+    assert list(chosen) == ["NVIDIA H200|triton=3.6.0|bfloat16|m=256,n=4096,k=2048|sm=132"]
+    assert stats == {"shapes": 3, "picked": 1}
+    entry = chosen["NVIDIA H200|triton=3.6.0|bfloat16|m=256,n=4096,k=2048|sm=132"]
+    assert entry["triton_over_gluon_per_run"] == [1.05, 1.02]
+    with pytest.raises(SystemExit, match="different cards"):
+        script.picks([first, _bench_run({(256, 4096, 2048): 1.05}, gpu="NVIDIA H100 80GB HBM3")])
+
+
+def test_the_picks_script_does_not_write_over_a_file(tmp_path, capsys, monkeypatch):
+    import json
+    import sys
+
+    script = _picks_script()
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(_bench_run({(256, 4096, 2048): 1.05})))
+    out = tmp_path / "picks.json"
+    out.write_text("{}")
+    monkeypatch.setattr(sys, "argv", ["x", str(run), "--out", str(out)])
+    assert script.main() == 2
+    assert "--replace" in capsys.readouterr().err and out.read_text() == "{}"
+    monkeypatch.setattr(sys, "argv", ["x", str(run), "--out", str(out), "--replace"])
+    assert script.main() == 0
+    assert len(json.loads(out.read_text())["picks"]) == 1

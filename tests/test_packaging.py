@@ -96,6 +96,7 @@ def test_the_sdist_and_the_wheel_carry_the_shipped_tables(built):
     for card in ("h100", "h200"):  # the measured GEMM tuning caches
         assert f"schedules/{card}/gemm_tuning.json" in _shipped_files()
         assert f"schedules/{card}/fp8_gemm_tuning.json" in _shipped_files()
+        assert f"schedules/{card}/gluon_gemm_picks.json" in _shipped_files()
     with tarfile.open(built["sdist"]) as tar:
         in_sdist = {name.partition("/")[2] for name in tar.getnames()}
     with zipfile.ZipFile(built["wheel"]) as whl:
