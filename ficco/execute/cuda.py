@@ -104,9 +104,6 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
             from ficco.kernels import matmul as triton_matmul
 
             self.triton_matmul = triton_matmul
-        from ficco.kernels.reduce import sum_into
-
-        self._sum_into = sum_into
         # keyed by task id (a rewritten plan, as fault injection makes, may skip ids)
         self.events = {task.id: torch.cuda.Event() for task in plan.tasks}
         self.stream_of: dict[int, str | None] = {}
@@ -285,11 +282,13 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
     def reduce(self, op: ReduceOp) -> None:
         import torch
 
+        from ficco.kernels.reduce import sum_into as _sum_into
+
         views = [self.view(r) for r in op.inputs]
         out = self.view(op.out)
         if len(views) == 2:
             torch.add(views[0], views[1], out=out)
-        elif self._sum_into(views, out):
+        elif out.is_cuda and _sum_into(views, out):
             pass  # W > 2: one pass over the inputs (ficco.kernels.reduce)
         else:
             # a copy even in fp32: the first input may still be on its way to peers (gemm_ar)
