@@ -20,11 +20,15 @@ Tiles go to programs round-robin (tile t on program t mod P, grouped by ``GROUP_
 tiles as the persistent kernel groups them). Operands: ``a [M, K]`` row-major; 16-bit ``b``
 ``[K, N]`` row-major; FP8 ``b`` column-major (its transpose ``[N, K]`` row-major: FP8 wgmma
 reads B K-major), with ``a_scale [M]`` (per row) and ``b_scale [N]`` (per column) applied to
-the fp32 accumulator before the bf16 store, and partial sums promoted to fp32 every 128
-products (``max_num_imprecise_acc``, cuBLASLt's default accumulation).
+the fp32 accumulator before the bf16 store, and partial sums promoted to fp32 every K step of
+128 products (cuBLASLt's default accumulation): by hand after each step's wgmmas retire where
+the accumulator takes at most 64 registers a thread, else through wgmma's
+``max_num_imprecise_acc``; ``fast_accum`` promotes never (``use_fast_accum``).
 
-GPU only (Triton >= 3.6 with Gluon's Hopper module); `scripts/bench_gluon_gemm.py` verifies
-every variant against an fp32 product and times it beside cuBLAS / ``torch._scaled_mm``.
+GPU only, written against Triton 3.6's Gluon (the GPU image's; `matmul`'s shipped picks are
+keyed on that version). `scripts/bench_gluon_gemm.py` verifies every variant against an fp32
+product and times it beside cuBLAS / ``torch._scaled_mm``; what it measured:
+profiles/h200/NOTES_gemm.md (calls V-Z), profiles/h100/NOTES_gemm.md (runs 15-17).
 """
 
 from __future__ import annotations
@@ -50,11 +54,11 @@ from ficco.kernels.gluon_configs import (  # noqa: F401 - the space, re-exported
     GluonGemmConfig,
 )
 
+# rows of tiles a group visits before moving along N (L2 reuse of the B columns)
+GROUP_M = gl.constexpr(8)
 # the producer partition's warps and registers; the consumers take the rest of the
 # register file (setmaxnreg moves registers between warpgroups)
 PRODUCER_WARPS = 1
-# rows of tiles a group visits before moving along N (L2 reuse of the B columns)
-GROUP_M = gl.constexpr(8)
 PRODUCER_REGS = 40
 CONSUMER_REGS = 232
 # 12 warps a program either way (8 consumer warps, or 4 + 4, and the producer's warpgroup):
