@@ -10,13 +10,13 @@ each set, the two sets alternating, so a run cut by its budget covers both.
 Protocol, per shape and dtype:
   1. seeded random operands (FP8: `scaled.random_operands`, as a runtime quantizes them); the
      reference is the fp32 product (FP8: of the dequantized bits, float64);
-  2. every Gluon configuration of the dtype's space (`gluon_gemm.BF16_CONFIGS` /
-     `FP8_CONFIGS`) runs once on a NaN-poisoned output and is checked (relative Frobenius
-     error <= 1e-2); one that fails to compile, raises or misses is recorded with its reason
-     and left out;
-  3. the correct ones are ranked by their medians over RANK_ROUNDS interleaved rounds
-     (`ficco.execute.timing.LaunchTimer`: an L2 flush before every launch, host launch cost
-     kept out of the CUDA events);
+  2-3. every Gluon configuration of the dtype's space (`gluon_gemm.BF16_CONFIGS` /
+     `FP8_CONFIGS`) goes through the tuners' loop (`ficco.kernels.trials.check_then_time`):
+     run once on a NaN-poisoned output and checked (relative Frobenius error within
+     `trials.CHECK_TOLERANCE` of the bf16 output, 2e-2; one that fails to compile, raises or
+     misses is recorded with its reason and left out), then the correct ones ranked by their
+     medians over 5-25 interleaved rounds (`ficco.execute.timing.LaunchTimer`: an L2 flush
+     before every launch, host launch cost kept out of the CUDA events);
   4. the pick, cuBLAS (`_scaled_mm`), ficco's Triton kernel with its shipped (else tuned)
      configuration, bf16 `matmul` as shipped (`matmul`: the Gluon kernel where the card's
      picks name the shape), each checked first, and the pick again (`gluon2`, the noise floor) are
@@ -53,17 +53,11 @@ sys.path.insert(0, str(REPO / "scripts"))
 from bench_gemm import fingerprint, shape_sets  # noqa: E402
 
 from ficco.execute.timing import launch_timer, warm_then_rounds  # noqa: E402
+from ficco.kernels.trials import CHECK_TOLERANCE, check_then_time, relative_error  # noqa: E402
 from ficco.measure.fingerprint import fingerprint as ficco_fingerprint  # noqa: E402
 
-CHECK_LIMIT = 1e-2
-RANK_ROUNDS = 8
+CHECK_LIMIT = CHECK_TOLERANCE[torch.bfloat16]  # every output here is bf16
 FP8 = torch.float8_e4m3fn
-
-
-def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out = out.double()
-    ref = ref.double()
-    return float(torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref))
 
 
 def _rounds_for(est_ms: float) -> int:
@@ -114,30 +108,22 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
     a, b, sa, sb, ref = operands(m, n, k, dtype, seed=m * 7 + n * 3 + k)
     row: dict = {"M": m, "N": n, "K": k, "dtype": dtype, "errors": {}, "failures": {}}
     configs = gg.FP8_CONFIGS if fp8 else gg.BF16_CONFIGS
-    outs: dict[str, torch.Tensor] = {}
-    launches = {}
-    for cfg in configs:
-        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        try:
-            launch = gg.ws_gemm_launcher(a, b, out, cfg, a_scale=sa, b_scale=sb)
-            launch()
-            torch.cuda.synchronize()
-        except Exception as exc:  # recorded; the sweep goes on
-            row["failures"][cfg.name] = f"{type(exc).__name__}: {exc}"[:400]
-            continue
-        err = _rel_error(out, ref)
-        row["errors"][cfg.name] = err
-        if err <= CHECK_LIMIT:
-            launches[cfg.name] = launch
-            outs[cfg.name] = out
-        else:
-            row["failures"][cfg.name] = f"relative error {err:.3g} > {CHECK_LIMIT}"
-    if not launches:
+    out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+    trials = check_then_time(
+        configs,
+        lambda cfg: gg.ws_gemm_launcher(a, b, out, cfg, a_scale=sa, b_scale=sb),
+        out,
+        ref,
+        timer,
+        torch.cuda.synchronize,
+    )
+    row["failures"].update(trials.failures)
+    if not trials.timings_ms:
         return row
-    ranked = timer.medians(launches, RANK_ROUNDS) if len(launches) > 1 else {}
-    row["rank_ms"] = ranked
-    pick = min(ranked, key=ranked.__getitem__) if ranked else next(iter(launches))
+    row["rank_ms"] = trials.timings_ms
+    pick = trials.best()
     row["pick"] = pick
+    pick_launch = gg.ws_gemm_launcher(a, b, out, trials.configs[pick], a_scale=sa, b_scale=sb)
 
     lib_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     ficco_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -164,14 +150,14 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
             # config keeps matmul off the Gluon picks
             matmul(a, b, ficco_out, config=triton_cfg)
 
-    fns = {"gluon": launches[pick], "library": lib, "triton": ficco_triton}
+    fns = {"gluon": pick_launch, "library": lib, "triton": ficco_triton}
     if not fp8:
         # what a schedule's GEMM runs: matmul as shipped (the Gluon kernel where the card's
         # picks name the shape, else the Triton kernel)
         matmul_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
         matmul(a, b, matmul_out)
         torch.cuda.synchronize()
-        row["errors"]["matmul"] = _rel_error(matmul_out, ref)
+        row["errors"]["matmul"] = relative_error(matmul_out, ref)
         if row["errors"]["matmul"] <= CHECK_LIMIT:
             fns["matmul"] = lambda: matmul(a, b, matmul_out)
         else:
@@ -195,8 +181,8 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
             gluon_fast()
             lib_fast()
             torch.cuda.synchronize()
-            row["errors"]["gluon_fast"] = _rel_error(fast_out, ref)
-            row["errors"]["library_fast"] = _rel_error(lib_fast_out, ref)
+            row["errors"]["gluon_fast"] = relative_error(fast_out, ref)
+            row["errors"]["library_fast"] = relative_error(lib_fast_out, ref)
             if row["errors"]["gluon_fast"] <= CHECK_LIMIT:
                 fns["gluon_fast"] = gluon_fast
             fns["library_fast"] = lib_fast
@@ -206,11 +192,11 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
         try:
             fn()
             torch.cuda.synchronize()
-            row["errors"][name] = _rel_error(lib_out if name == "library" else ficco_out, ref)
+            row["errors"][name] = relative_error(lib_out if name == "library" else ficco_out, ref)
         except Exception as exc:
             row["failures"][name] = f"{type(exc).__name__}: {exc}"[:400]
             fns.pop(name)
-    fns["gluon2"] = launches[pick]
+    fns["gluon2"] = pick_launch
     times, rounds = warm_then_rounds(fns, timer.interleaved, _rounds_for, "library")
     ms = {name: statistics.median(ts) for name, ts in times.items()}
     row["ms"] = ms
@@ -244,11 +230,11 @@ def accumulation_probe(m: int = 512, n: int = 512, k: int = 16384) -> dict:
         lib = torch._scaled_mm(
             a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=fast
         )
-        errors["scaled_mm" + tag] = _rel_error(lib, ref)
+        errors["scaled_mm" + tag] = relative_error(lib, ref)
         for cfg in gg.FP8_CONFIGS:
             try:
                 gg.ws_gemm(a, b, out, cfg, a_scale=sa, b_scale=sb, fast_accum=fast)
-                errors[cfg.name + tag] = _rel_error(out, ref)
+                errors[cfg.name + tag] = relative_error(out, ref)
             except Exception as exc:  # recorded
                 errors[cfg.name + tag] = f"{type(exc).__name__}: {exc}"[:200]
     return {"shape": [m, n, k], "out_dtype": "bfloat16", "errors": errors}

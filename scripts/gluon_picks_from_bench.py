@@ -27,11 +27,12 @@ from ficco.kernels.gluon_configs import (  # noqa: E402
     PICKS_FORMAT,
     config_to_dict,
 )
+from ficco.kernels.tuning import TuningKey  # noqa: E402
 
 
 def key_of(env: dict, m: int, n: int, k: int) -> str:
-    # the text of ficco.kernels.tuning.TuningKey (not imported: it needs torch and triton)
-    return f"{env['gpu']}|triton={env['triton']}|bfloat16|m={m},n={n},k={k}|sm={env['sm_count']}"
+    """The tuning cache's key of a bf16 shape measured in ``env`` (a bench fingerprint)."""
+    return str(TuningKey(env["gpu"], env["triton"], "bfloat16", m, n, k, env["sm_count"]))
 
 
 def picks(runs: list[dict]) -> tuple[dict, dict]:

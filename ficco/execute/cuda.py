@@ -288,7 +288,7 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
         out = self.view(op.out)
         if len(views) == 2:
             torch.add(views[0], views[1], out=out)
-        elif out.is_cuda and _sum_into(views, out):
+        elif _sum_into(views, out):
             pass  # W > 2: one pass over the inputs (ficco.kernels.reduce)
         else:
             # a copy even in fp32: the first input may still be on its way to peers (gemm_ar)

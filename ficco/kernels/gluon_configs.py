@@ -16,6 +16,7 @@ import os
 import warnings
 from dataclasses import asdict, dataclass, fields
 
+from ficco import validate
 from ficco.shipped import shipped_dir
 
 PICKS_FILE = "gluon_gemm_picks.json"
@@ -99,16 +100,18 @@ def config_from_dict(data: object) -> GluonGemmConfig:
     unknown = set(data) - names
     if unknown:
         raise ValueError(f"config: unknown fields {sorted(unknown)}")
+    values = {}
     for f in fields(GluonGemmConfig):
+        field = f"config.{f.name}"
         if f.name not in data:
             if f.name == "split_epilogue":
                 continue
-            raise ValueError(f"config.{f.name}: missing")
-        value = data[f.name]
-        want = bool if f.name == "split_epilogue" else int
-        if type(value) is not want:
-            raise ValueError(f"config.{f.name}: {want.__name__}, got {value!r}")
-    cfg = GluonGemmConfig(**data)
+            raise validate.InputError(field, None, "missing")
+        if f.name == "split_epilogue":
+            values[f.name] = validate.flag(field, data[f.name])
+        else:
+            values[f.name] = validate.integer(field, data[f.name], minimum=1, text=False)
+    cfg = GluonGemmConfig(**values)
     cfg.check(2)
     return cfg
 
@@ -145,7 +148,5 @@ def shipped_picks() -> dict[str, GluonGemmConfig]:
 
 
 def picks_enabled() -> bool:
-    value = os.environ.get(GLUON_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{GLUON_ENV}={value!r}: 0 (Triton kernels only) or 1 (default)")
-    return value == "1"
+    """``FICCO_GEMM_GLUON``: 1 (the default) takes the picks, 0 keeps Triton's kernels."""
+    return validate.choice(GLUON_ENV, os.environ.get(GLUON_ENV, "1"), ("0", "1")) == "1"

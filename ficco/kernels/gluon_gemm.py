@@ -53,6 +53,7 @@ from ficco.kernels.gluon_configs import (  # noqa: F401 - the space, re-exported
     FP8_CONFIGS,
     GluonGemmConfig,
 )
+from ficco.kernels.persistent import _tma_operand, default_sm_budget, tma_row_major
 
 # rows of tiles a group visits before moving along N (L2 reuse of the B columns)
 GROUP_M = gl.constexpr(8)
@@ -376,8 +377,11 @@ _GL_DTYPES = {
 
 
 def _desc(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    """A row-major view's descriptor, with the shape and strides TMA sees (`_tma_operand`:
+    a size-1 dimension's unused stride made aligned)."""
+    shape, strides, _ = _tma_operand(t)
     layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[t.dtype])
-    return TensorDescriptor.from_tensor(t, block, layout)
+    return TensorDescriptor(t, shape, strides, block, layout)
 
 
 def ws_gemm_launcher(
@@ -413,11 +417,14 @@ def ws_gemm_launcher(
     if not fp8 and out.dtype != a.dtype:
         raise ValueError(f"out: {out.dtype} for {a.dtype} inputs (the inputs' dtype)")
     cfg.check(a.element_size())
-    b_k_major = b.stride(0) == 1 and b.stride(1) == k
-    if fp8 != b_k_major or (not fp8 and b.stride(1) != 1):
+    for name, t in (("a", a), ("out", out)):
+        if not tma_row_major(t):
+            raise ValueError(f"{name}: a row-major view, 16-byte aligned rows and base (TMA)")
+    b_k_major = tma_row_major(b.t())
+    if fp8 != b_k_major or (not fp8 and not tma_row_major(b)):
         raise ValueError(
             "b: FP8 wgmma reads B K-major (pass the transpose of a row-major [N, K]); "
-            "16-bit b is a row-major [K, N]"
+            "16-bit b is a row-major [K, N]; 16-byte aligned rows and base (TMA)"
         )
     if fp8 != (a_scale is not None and b_scale is not None):
         raise ValueError("scales: FP8 operands take a_scale [M] and b_scale [N], 16-bit none")
@@ -436,7 +443,7 @@ def ws_gemm_launcher(
     c_desc = _desc(out, [cfg.block_m, cfg.block_n // (2 if cfg.split_epilogue else 1)])
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     if programs is None:
-        programs = torch.cuda.get_device_properties(a.device).multi_processor_count
+        programs = default_sm_budget(a.device)
     grid = (min(programs, tiles),)
     # 16-bit inputs: the scale pointers are never read
     sa = a_scale.reshape(-1) if fp8 else out

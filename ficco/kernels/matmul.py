@@ -23,7 +23,14 @@ import torch
 
 from ficco.kernels.configs import GemmConfig, heuristic_config
 from ficco.kernels.gluon_configs import GluonGemmConfig, picks_enabled, shipped_picks
-from ficco.kernels.persistent import INTERPRETER, default_sm_budget, launch, select_path
+from ficco.kernels.persistent import (
+    INTERPRETER,
+    default_sm_budget,
+    device_info,
+    launch,
+    select_path,
+    tma_row_major,
+)
 from ficco.kernels.tuning import TuningKey, cached_config, config_for
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -33,10 +40,8 @@ _gluon_fast: dict[tuple, tuple[GluonGemmConfig, TuningKey] | None] = {}
 
 
 @functools.cache
-def _gluon_available(device_index: int) -> bool:
-    """A Hopper GPU (sm_90: wgmma, setmaxnreg) and a Triton with Gluon's Hopper module."""
-    if torch.cuda.get_device_capability(device_index) != (9, 0):
-        return False
+def _gluon_importable() -> bool:
+    """This Triton has Gluon's Hopper module."""
     try:
         return (
             importlib.util.find_spec("triton.experimental.gluon.language.nvidia.hopper") is not None
@@ -61,7 +66,8 @@ def gluon_config(
     fast_key = (m, n, k, a.dtype, sm_budget, a.device)
     if fast_key not in _gluon_fast:
         hit = None
-        if _gluon_available(a.device.index if a.device.index is not None else 0):
+        # sm_90 exactly: wgmma and setmaxnreg
+        if device_info(a.device).capability == (9, 0) and _gluon_importable():
             key = TuningKey.for_problem(m, n, k, a.dtype, sm_budget, a.device)
             pick = shipped_picks().get(str(key))
             hit = None if pick is None else (pick, key)
@@ -74,10 +80,9 @@ def gluon_config(
     # was measured against the shipped one
     if cached_config(key) is not None:
         return None
-    # TMA descriptors: row-major operands, 16-byte aligned rows and bases
-    for t in (a, b, out):
-        if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
-            return None
+    # the kernel's TMA descriptors: every operand row-major (16-byte aligned rows and base)
+    if not all(tma_row_major(t) for t in (a, b, out)):
+        return None
     return pick
 
 

@@ -279,6 +279,12 @@ def _tma_operand(t: torch.Tensor) -> tuple[list[int], list[int], bool] | None:
     return None
 
 
+def tma_row_major(t: torch.Tensor) -> bool:
+    """TMA reads ``t`` as the row-major [R, C] it is (`_tma_operand`, not transposed)."""
+    found = _tma_operand(t)
+    return found is not None and not found[2]
+
+
 def tma_available(device: torch.device) -> bool:
     """This Triton builds host tensor descriptors, and the device (or interpreter) runs them."""
     if TensorDescriptor is None:
@@ -292,8 +298,7 @@ def select_path(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Path:
     """The kernel `matmul` uses for these operands: 'tma' where every view allows it, else 'ptr'."""
     if not tma_available(a.device):
         return "ptr"
-    c = _tma_operand(out)
-    if c is not None and not c[2] and _tma_operand(a) is not None and _tma_operand(b) is not None:
+    if tma_row_major(out) and _tma_operand(a) is not None and _tma_operand(b) is not None:
         return "tma"
     if not INTERPRETER:
         _warn_once(

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ficco.kernels.persistent import INTERPRETER
+
 MAX_INPUTS = 8
 BLOCK_ROWS = 16
 BLOCK_COLS = 256
@@ -73,10 +75,13 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
 
 def sum_into(inputs: list[torch.Tensor], out: torch.Tensor) -> bool:
     """``out = sum(inputs)`` accumulated in fp32, in one pass; False (nothing written) where
-    the kernel cannot take it: more than `MAX_INPUTS` inputs, shapes or devices that differ,
-    a column stride other than 1, or an output that overlaps an input other than exactly."""
+    the kernel cannot take it: CPU tensors outside Triton's interpreter, more than
+    `MAX_INPUTS` inputs, shapes or devices that differ, a column stride other than 1, or an
+    output that overlaps an input other than exactly."""
     n = len(inputs)
     if not 1 <= n <= MAX_INPUTS or out.dim() != 2:
+        return False
+    if out.device.type != "cuda" and not INTERPRETER:  # compiled kernels take GPU memory
         return False
     for t in (*inputs, out):
         if t.shape != out.shape or t.device != out.device or t.stride(1) != 1 and t.shape[1] > 1:
