@@ -43,17 +43,21 @@ def desc(dtype: str, block: list[int]) -> str:
 def compile_config(cfg: gg.GluonGemmConfig, dtype: str, fast: bool = False) -> dict:
     t0 = time.perf_counter()
     fp8 = dtype != "bf16"
-    b_block = [cfg.block_n, cfg.block_k] if fp8 else [cfg.block_k, cfg.block_n]
+    b_block = [cfg.block_n, cfg.block_k] if fp8 else [cfg.block_k, cfg.main_n]
     signature = {
         "a_desc": desc(dtype, [cfg.block_m, cfg.block_k]),
         "b_desc": desc(dtype, b_block),
-        "c_desc": desc("bf16", [cfg.block_m, cfg.block_n // (2 if cfg.split_epilogue else 1)]),
+        "c_desc": desc("bf16", [cfg.block_m, cfg.main_n // (2 if cfg.split_epilogue else 1)]),
+        # without a tail the kernel never reads these two (the launcher passes b's and c's)
+        "b_tail_desc": desc(dtype, [cfg.block_k, cfg.tail_n or cfg.main_n]),
+        "c_tail_desc": desc("bf16", [cfg.block_m, cfg.tail_n or cfg.main_n]),
         "a_scale_ptr": "*fp32",
         "b_scale_ptr": "*fp32",
     }
     constants = dict(
         STAGES=cfg.stages, CONSUMERS=cfg.consumers,
         PRODUCER_REGS=gg.PRODUCER_REGS, CONSUMER_REGS=gg.CONSUMER_REGS, FAST_ACCUM=fast,
+        TAIL=cfg.tail_n > 0,
     )  # fmt: skip
     fn = gg.ws_gemm_kernel
     names = fn.arg_names

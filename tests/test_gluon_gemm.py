@@ -25,11 +25,26 @@ def test_every_shipped_config_passes_its_own_check():
         (gg.GluonGemmConfig(128, 128, 64, 3, 3, 4), "consumers=3"),
         (gg.GluonGemmConfig(128, 128, 64, 3, 2, 8), "one warpgroup each"),
         (gg.GluonGemmConfig(128, 256, 64, 5, 1, 8), "bytes of shared memory"),
+        (gg.GluonGemmConfig(128, 224, 64, 3, 1, 8), r"power-of-two tail .*\(128 \+ 96\)"),
+        (gg.GluonGemmConfig(128, 144, 64, 3, 1, 8), r"at least 32 columns \(128 \+ 16\)"),
+        (gg.GluonGemmConfig(128, 320, 64, 3, 1, 4), "registers a thread"),
     ],
 )
 def test_config_refusals_name_the_rule(cfg, rule):
     with pytest.raises(ValueError, match=rule):
         cfg.check(2)
+
+
+def test_tail_widths_split_into_a_power_of_two_main_part_and_tail():
+    parts = {c.block_n: (c.main_n, c.tail_n) for c in gg.BF16_CONFIGS}
+    assert parts[192] == (128, 64) and parts[320] == (256, 64) and parts[96] == (64, 32)
+    assert parts[256] == (256, 0)
+    # the split epilogue halves the main part's store buffer, not the tail's
+    half = gg.GluonGemmConfig(128, 320, 64, 3, 1, 8, split_epilogue=True)
+    ring = 3 * (128 + 320) * 64 * 2
+    assert half.shared_bytes(2) == ring + 128 * (128 + 64) * 2 + 1024
+    with pytest.raises(ValueError, match="16-bit inputs only"):
+        gg.GluonGemmConfig(128, 192, 128, 3, 1, 8).check(1)
 
 
 def _bf16(m, n, k):

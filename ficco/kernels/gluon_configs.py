@@ -34,7 +34,19 @@ class GluonGemmConfig:
     stages: int
     consumers: int  # 1: cooperative, 2: ping-pong
     consumer_warps: int  # warps of each consumer partition
-    split_epilogue: bool = False  # store the tile in two column halves (half the smem)
+    split_epilogue: bool = False  # store the main part in two column halves (half the smem)
+
+    # A block_n that is no power of two (Gluon's tensors are) runs as two column parts: a
+    # main part (the largest power of two below it) and a tail (the rest, itself a power of
+    # two), each with its own B tile, accumulator and store. Such widths fill the SMs where
+    # power-of-two tiles leave a partial wave: 1024x3072 in 128x192 tiles is 128 tiles.
+    @property
+    def main_n(self) -> int:
+        return 1 << (self.block_n.bit_length() - 1)
+
+    @property
+    def tail_n(self) -> int:
+        return self.block_n - self.main_n
 
     @property
     def name(self) -> str:
@@ -44,8 +56,8 @@ class GluonGemmConfig:
 
     def shared_bytes(self, in_bytes: int, out_bytes: int = 2) -> int:
         ring = self.stages * (self.block_m + self.block_n) * self.block_k * in_bytes
-        epilogue = self.consumers * self.block_m * self.block_n * out_bytes
-        epilogue //= 2 if self.split_epilogue else 1
+        main = self.main_n // (2 if self.split_epilogue else 1)
+        epilogue = self.consumers * self.block_m * (main + self.tail_n) * out_bytes
         return ring + epilogue + 1024  # barriers and alignment
 
     def check(self, in_bytes: int, shared_limit: int = 232448) -> None:
@@ -56,12 +68,21 @@ class GluonGemmConfig:
             raise ValueError("ping-pong consumers are one warpgroup each (consumer_warps=4)")
         if self.consumer_warps not in (4, 8):
             raise ValueError(f"consumer_warps={self.consumer_warps}: 4 or 8")
-        # fp32 accumulator registers per thread of a consumer: at most ~128 leave room
+        tail = self.tail_n
+        if tail and (tail & (tail - 1) or tail < 32):
+            raise ValueError(
+                f"block_n={self.block_n}: a power of two, or one plus a power-of-two tail of "
+                f"at least 32 columns ({self.main_n} + {tail})"
+            )
+        if tail and in_bytes == 1:
+            raise ValueError(f"{self.name}: tiles with a tail take 16-bit inputs only")
+        # fp32 accumulator registers per thread of a consumer (setmaxnreg gives a consumer
+        # CONSUMER_REGS = 232): 160, cuBLAS's 128x320 cooperative tile, leaves room
         acc_regs = self.block_m * self.block_n // (32 * self.consumer_warps)
-        if acc_regs > 128:
+        if acc_regs > 160:
             raise ValueError(
                 f"{self.name}: a {self.block_m}x{self.block_n} fp32 accumulator on "
-                f"{self.consumer_warps} warps is {acc_regs} registers a thread (at most 128)"
+                f"{self.consumer_warps} warps is {acc_regs} registers a thread (at most 160)"
             )
         need = self.shared_bytes(in_bytes)
         if need > shared_limit:
@@ -78,6 +99,15 @@ BF16_CONFIGS = (
     GluonGemmConfig(128, 128, 64, 5, 1, 8),
     GluonGemmConfig(128, 128, 64, 6, 1, 8, split_epilogue=True),
     GluonGemmConfig(128, 64, 64, 8, 1, 4),
+    # tiles with a tail (main + tail columns): cuBLAS's widths for the shapes whose
+    # power-of-two tiles leave SMs idle (profiles/h200/library_kernels.json), e.g. 1024x3072
+    # in 128 tiles of 128x192, 512x5120 in 128 of 64x320, 512x3072 in 128 of 128x96
+    GluonGemmConfig(128, 192, 64, 4, 1, 8),
+    GluonGemmConfig(128, 320, 64, 3, 1, 8, split_epilogue=True),
+    GluonGemmConfig(64, 320, 64, 4, 1, 4, split_epilogue=True),
+    GluonGemmConfig(128, 96, 64, 6, 1, 8),
+    GluonGemmConfig(128, 96, 64, 5, 2, 4),
+    GluonGemmConfig(64, 160, 64, 6, 1, 4),
 )
 FP8_CONFIGS = (
     GluonGemmConfig(128, 128, 128, 4, 1, 8),

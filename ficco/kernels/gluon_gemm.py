@@ -14,7 +14,13 @@ lower-level language, places each role in its own warps:
   barrier makes each start its K loop only after the other has issued its last wgmma, so one
   runs its epilogue (scales, bf16 store) while the other keeps the tensor cores busy. The
   turns also keep a consumer from waiting on a slot more than one ring pass ahead (an
-  mbarrier's phase parity could not tell the passes apart).
+  mbarrier's phase parity could not tell the passes apart);
+- a tile ``block_n`` wide that is no power of two (Gluon's tensors are) runs as a main part
+  and a tail (128 + 64 = 192, 256 + 64 = 320, 64 + 32 = 96; 16-bit only): each ring slot
+  holds the tail's B columns too, each K step issues a second wgmma on the same A slot, and
+  the tail is stored through its own buffer. These are cuBLAS's widths for shapes that
+  power-of-two tiles fill badly (1024x3072: 128 tiles of 128x192 on 132 SMs, against 192 of
+  128x128 or 96 of 128x256).
 
 Tiles go to programs round-robin (tile t on program t mod P, grouped by ``GROUP_M`` rows of
 tiles as the persistent kernel groups them). Operands: ``a [M, K]`` row-major; 16-bit ``b``
@@ -99,15 +105,20 @@ def _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M: gl.constexpr, BLOCK_N: gl
 @gluon.jit
 def _producer(descs, ring, bars, scales):
     """Every TMA load of the program's tiles, in order, each into the next free ring slot."""
-    a_desc, b_desc, c_desc = descs
-    a_bufs, b_bufs = ring
+    a_desc = descs[0]
+    b_desc = descs[1]
+    c_desc = descs[2]
+    a_bufs = ring[0]
+    b_bufs = ring[1]
     ready, empty, turns = bars
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     # B's tile is [BLOCK_N, BLOCK_K] K-major (FP8), else [BLOCK_K, BLOCK_N]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[
-        0 if a_desc.dtype.primitive_bitwidth == 8 else 1
-    ]
+    MAIN_N: gl.constexpr = b_desc.block_type.shape[0 if a_desc.dtype.primitive_bitwidth == 8 else 1]
+    # a tail (16-bit only): B's columns [MAIN_N, MAIN_N + TAIL_N) of the tile, its own slots
+    HAS_TAIL: gl.constexpr = len(ring) == 3
+    TAIL_N: gl.constexpr = descs[3].block_type.shape[1] if HAS_TAIL else 0
+    BLOCK_N: gl.constexpr = MAIN_N + TAIL_N
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     B_K_MAJOR: gl.constexpr = a_desc.dtype.primitive_bitwidth == 8
     M = c_desc.shape[0]
@@ -118,7 +129,11 @@ def _producer(descs, ring, bars, scales):
     k_steps = gl.cdiv(K, BLOCK_K)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
-    load_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    load_bytes: gl.constexpr = (
+        a_desc.block_type.nbytes
+        + b_desc.block_type.nbytes
+        + (descs[3].block_type.nbytes if HAS_TAIL else 0)
+    )
     step = 0
     for tile in range(pid, num_pid_m * num_pid_n, programs):
         off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
@@ -137,6 +152,10 @@ def _producer(descs, ring, bars, scales):
                 tma.async_copy_global_to_shared(
                     b_desc, [ki * BLOCK_K, off_n], bar, b_bufs.index(slot)
                 )
+            if HAS_TAIL:
+                tma.async_copy_global_to_shared(
+                    descs[3], [ki * BLOCK_K, off_n + MAIN_N], bar, ring[2].index(slot)
+                )
             step += 1
 
 
@@ -145,16 +164,22 @@ def _consume(
     descs, ring, bars, scales, CONSUMERS: gl.constexpr, WHICH: gl.constexpr, FAST: gl.constexpr
 ):
     """Consumer WHICH's tiles: the program's tiles j with j mod CONSUMERS == WHICH."""
-    a_desc, b_desc, c_desc = descs
-    a_bufs, b_bufs = ring
+    a_desc = descs[0]
+    b_desc = descs[1]
+    c_desc = descs[2]
+    a_bufs = ring[0]
+    b_bufs = ring[1]
     ready, empty, turns = bars
     a_scale_ptr, b_scale_ptr = scales
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     # B's tile is [BLOCK_N, BLOCK_K] K-major (FP8), else [BLOCK_K, BLOCK_N]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[
-        0 if a_desc.dtype.primitive_bitwidth == 8 else 1
-    ]
+    MAIN_N: gl.constexpr = b_desc.block_type.shape[0 if a_desc.dtype.primitive_bitwidth == 8 else 1]
+    # a tail (16-bit only): columns [MAIN_N, MAIN_N + TAIL_N) of the tile, with their own B
+    # slots (ring[2]), accumulator and store (descs[4])
+    HAS_TAIL: gl.constexpr = len(ring) == 3
+    TAIL_N: gl.constexpr = descs[3].block_type.shape[1] if HAS_TAIL else 0
+    BLOCK_N: gl.constexpr = MAIN_N + TAIL_N
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     WARPS: gl.constexpr = gl.num_warps()
     # FP8: B K-major (wgmma's rule), scaled, fp32 promotion every 128 products (cuBLASLt's)
@@ -167,8 +192,9 @@ def _consume(
     LAGGED: gl.constexpr = (
         FP8 and not FAST and BLOCK_M * BLOCK_N // (32 * WARPS) <= 64 and BLOCK_K <= 128
     )
+    gl.static_assert(not (FP8 and HAS_TAIL))
     K_INSTR: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth
-    acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, WARPS, K_INSTR)
+    acc_layout: gl.constexpr = _acc_layout(BLOCK_M, MAIN_N, WARPS, K_INSTR)
     out_dtype: gl.constexpr = c_desc.dtype
     M = c_desc.shape[0]
     N = c_desc.shape[1]
@@ -181,9 +207,13 @@ def _consume(
     # the epilogue stores the tile whole or in two column halves (c's TMA block says which),
     # the halves freeing shared memory for another ring slot
     EPI_N: gl.constexpr = c_desc.block_type.shape[1]
-    gl.static_assert(EPI_N == BLOCK_N or 2 * EPI_N == BLOCK_N)
+    gl.static_assert(EPI_N == MAIN_N or 2 * EPI_N == MAIN_N)
     c_smem = gl.allocate_shared_memory(out_dtype, [BLOCK_M, EPI_N], c_desc.layout)
-    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+    acc = gl.zeros([BLOCK_M, MAIN_N], gl.float32, acc_layout)
+    if HAS_TAIL:
+        tail_layout: gl.constexpr = _acc_layout(BLOCK_M, TAIL_N, WARPS, K_INSTR)
+        ct_smem = gl.allocate_shared_memory(out_dtype, [BLOCK_M, TAIL_N], descs[4].layout)
+        acc_t = gl.zeros([BLOCK_M, TAIL_N], gl.float32, tail_layout)
     mine = 0  # this consumer's tiles so far
     for j in range(WHICH, gl.cdiv(num_pid_m * num_pid_n - pid, programs), CONSUMERS):
         tile = pid + j * programs
@@ -191,7 +221,7 @@ def _consume(
         if FP8:
             # wgmma with max_num_imprecise_acc adds its promoted partial sums to the
             # accumulator even where use_acc is false: the previous tile's sums would stay
-            acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+            acc = gl.zeros([BLOCK_M, MAIN_N], gl.float32, acc_layout)
         if CONSUMERS > 1:  # noqa: SIM102 - a constexpr branch around a runtime one
             # the other consumer has issued every wgmma of tile j - 1 (its arrival below)
             if j > 0:
@@ -206,7 +236,7 @@ def _consume(
             for _ki in range(k_steps):
                 slot = step % STAGES
                 mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-                zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+                zero = gl.zeros([BLOCK_M, MAIN_N], gl.float32, acc_layout)
                 partial = warpgroup_mma(
                     a_bufs.index(slot),
                     b_bufs.index(slot).permute((1, 0)),
@@ -238,15 +268,27 @@ def _consume(
                         is_async=True,
                         max_num_imprecise_acc=IMPRECISE_ACC,
                     )
-                # one wgmma in flight: the previous step's slot has been read
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                if HAS_TAIL:
+                    # the same A slot against the tail's B columns: this step's two wgmmas
+                    # in flight, so the previous step's slot has been read
+                    acc_t = warpgroup_mma(
+                        a_bufs.index(slot), ring[2].index(slot), acc_t, use_acc=ki > 0,
+                        is_async=True,
+                    )  # fmt: skip
+                    acc, acc_t = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_t))
+                else:
+                    # one wgmma in flight: the previous step's slot has been read
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
                 if ki > 0:
                     mbarrier.arrive(empty.index(previous), count=1)
                 previous = slot
                 step += 1
             if CONSUMERS > 1:
                 mbarrier.arrive(turns.index(1 - WHICH), count=1)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            if HAS_TAIL:
+                acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(empty.index(previous), count=1)
         out = acc
         if FP8:
@@ -256,21 +298,32 @@ def _consume(
             b_scale = gl.load(b_scale_ptr + cols, mask=cols < N, other=0.0)
             out = out * a_scale[:, None] * b_scale[None, :]
         out = out.to(out_dtype)
-        if EPI_N == BLOCK_N:
-            # the previous tile's store has left c_smem
+        # the store groups in flight that may stay so when c_smem is written again: the
+        # tail's, issued after the first main part's (groups complete in order)
+        TAIL_STORES: gl.constexpr = 1 if HAS_TAIL else 0
+        if EPI_N == MAIN_N:
+            # the previous tile's stores have left c_smem (and ct_smem)
             tma.store_wait(pendings=0)
             c_smem.store(out)
+            if HAS_TAIL:
+                ct_smem.store(acc_t.to(out_dtype))
             fence_async_shared()
             tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+            if HAS_TAIL:
+                tma.async_copy_shared_to_global(descs[4], [off_m, off_n + MAIN_N], ct_smem)
         else:
             # columns h * EPI_N + n' as [BLOCK_M, EPI_N, 2]: h is a register bit of the
             # accumulator's layout, so the split moves no data
             low, high = out.reshape([BLOCK_M, 2, EPI_N]).permute((0, 2, 1)).split()
             tma.store_wait(pendings=0)
             c_smem.store(low)
+            if HAS_TAIL:
+                ct_smem.store(acc_t.to(out_dtype))
             fence_async_shared()
             tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
-            tma.store_wait(pendings=0)
+            if HAS_TAIL:
+                tma.async_copy_shared_to_global(descs[4], [off_m, off_n + MAIN_N], ct_smem)
+            tma.store_wait(pendings=TAIL_STORES)
             c_smem.store(high)
             fence_async_shared()
             tma.async_copy_shared_to_global(c_desc, [off_m, off_n + EPI_N], c_smem)
@@ -314,6 +367,8 @@ def ws_gemm_kernel(
     a_desc,
     b_desc,
     c_desc,
+    b_tail_desc,
+    c_tail_desc,
     a_scale_ptr,
     b_scale_ptr,
     STAGES: gl.constexpr,
@@ -321,6 +376,7 @@ def ws_gemm_kernel(
     PRODUCER_REGS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     FAST_ACCUM: gl.constexpr,
+    TAIL: gl.constexpr,
 ):
     a_bufs = gl.allocate_shared_memory(
         a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout
@@ -336,8 +392,17 @@ def ws_gemm_kernel(
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(turns.index(i), count=1)
-    descs = (a_desc, b_desc, c_desc)
-    ring = (a_bufs, b_bufs)
+    # TAIL: the tile's columns past the power-of-two main part (b_tail_desc, c_tail_desc);
+    # the partitions tell from the tuples' lengths (without, the tail descriptors are unused)
+    if TAIL:
+        bt_bufs = gl.allocate_shared_memory(
+            b_tail_desc.dtype, [STAGES] + b_tail_desc.block_type.shape, b_tail_desc.layout
+        )
+        descs = (a_desc, b_desc, c_desc, b_tail_desc, c_tail_desc)
+        ring = (a_bufs, b_bufs, bt_bufs)
+    else:
+        descs = (a_desc, b_desc, c_desc)
+        ring = (a_bufs, b_bufs)
     bars = (ready, empty, turns)
     scales = (a_scale_ptr, b_scale_ptr)
     # (constexprs passed to partitions arrive as tensors in Triton 3.6: each partition takes
@@ -439,8 +504,11 @@ def ws_gemm_launcher(
     if b_k_major:
         b_desc = _desc(b.t(), [cfg.block_n, cfg.block_k])
     else:
-        b_desc = _desc(b, [cfg.block_k, cfg.block_n])
-    c_desc = _desc(out, [cfg.block_m, cfg.block_n // (2 if cfg.split_epilogue else 1)])
+        b_desc = _desc(b, [cfg.block_k, cfg.main_n])
+    c_desc = _desc(out, [cfg.block_m, cfg.main_n // (2 if cfg.split_epilogue else 1)])
+    # a tail's B columns and store (16-bit only, `GluonGemmConfig.check`); else unused
+    bt_desc = _desc(b, [cfg.block_k, cfg.tail_n]) if cfg.tail_n else b_desc
+    ct_desc = _desc(out, [cfg.block_m, cfg.tail_n]) if cfg.tail_n else c_desc
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     if programs is None:
         programs = default_sm_budget(a.device)
@@ -452,10 +520,10 @@ def ws_gemm_launcher(
 
     def launch() -> None:
         kernel(
-            a_desc, b_desc, c_desc, sa, sb,
+            a_desc, b_desc, c_desc, bt_desc, ct_desc, sa, sb,
             STAGES=cfg.stages, CONSUMERS=cfg.consumers, PRODUCER_REGS=PRODUCER_REGS,
-            CONSUMER_REGS=CONSUMER_REGS, FAST_ACCUM=fast_accum, num_warps=cfg.consumer_warps,
-            maxnreg=MAX_REGS,
+            CONSUMER_REGS=CONSUMER_REGS, FAST_ACCUM=fast_accum, TAIL=cfg.tail_n > 0,
+            num_warps=cfg.consumer_warps, maxnreg=MAX_REGS,
         )  # fmt: skip
 
     return launch
