@@ -108,6 +108,8 @@ BF16_CONFIGS = (
     GluonGemmConfig(128, 96, 64, 6, 1, 8),
     GluonGemmConfig(128, 96, 64, 5, 2, 4),
     GluonGemmConfig(64, 160, 64, 6, 1, 4),
+    GluonGemmConfig(256, 160, 64, 3, 1, 8, split_epilogue=True),
+    GluonGemmConfig(128, 96, 128, 3, 1, 8),
 )
 FP8_CONFIGS = (
     GluonGemmConfig(128, 128, 128, 4, 1, 8),
