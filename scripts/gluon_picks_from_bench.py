@@ -2,8 +2,8 @@
 """Make a card's shipped Gluon GEMM picks (`schedules/<card>/gluon_gemm_picks.json`, read by
 `ficco.kernels.gluon_configs.shipped_picks`) from `scripts/bench_gluon_gemm.py` runs of one card.
 
-A bf16 shape is picked when, in every run given, the Gluon kernel's pick ran at least
-`PICK_MARGIN` faster than ficco's Triton kernel in the same interleaved rounds (both checked
+A bf16 shape is picked when, in every run given, the Gluon kernel's pick ran faster than
+ficco's Triton kernel (by at least `PICK_MARGIN`) in the same interleaved rounds (both checked
 against an fp32 product first); the configuration is the last run's pick. Keys are the tuning
 cache's (card, Triton version, dtype, shape, SM budget), so only the card and Triton that
 measured them match. An existing file is not replaced without --replace.
@@ -81,8 +81,8 @@ def main() -> int:
     chosen, stats = picks(runs)
     doc = {
         "format": PICKS_FORMAT,
-        "rule": f"bf16 shapes where the Gluon kernel ran >= {PICK_MARGIN:.0%} faster than "
-        "ficco's Triton kernel in every run below",
+        "rule": "bf16 shapes where the Gluon kernel's time was at most the Triton kernel's "
+        "/ (1 + margin) in every run below",
         "runs": [str(p) for p in args.runs],
         "margin": PICK_MARGIN,
         "picks": chosen,
