@@ -282,6 +282,9 @@ def main() -> int:
     ap.add_argument("--dtypes", default="bf16,fp8", help="comma list of bf16, fp8")
     ap.add_argument("--commit", default=None, help="the tree's commit, for the fingerprint")
     ap.add_argument("--limit", type=int, default=None, help="at most this many shapes a dtype")
+    ap.add_argument(
+        "--shapes", default=None, help="only these of bench_gemm's shapes: MxNxK,MxNxK,..."
+    )
     args = ap.parse_args()
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     for d in dtypes:
@@ -312,6 +315,17 @@ def main() -> int:
         doc["accumulation"] = accumulation_probe()
         print("accumulation:", json.dumps(doc["accumulation"]["errors"]), flush=True)
     shapes = ordered_shapes()
+    if args.shapes:
+        wanted = set()
+        for text in args.shapes.split(","):
+            try:
+                wanted.add(tuple(int(x) for x in text.strip().split("x")))
+            except ValueError:
+                ap.error(f"--shapes: {text!r} is not MxNxK")
+        unknown = wanted - {shape for shape, _ in shapes}
+        if unknown:
+            ap.error(f"--shapes: not among bench_gemm's shapes: {sorted(unknown)}")
+        shapes = [(shape, sets) for shape, sets in shapes if shape in wanted]
     if args.limit:
         shapes = shapes[: args.limit]
     todo = [(shape, sets, d) for shape, sets in shapes for d in dtypes]

@@ -101,17 +101,22 @@ BF16_CONFIGS = (
     GluonGemmConfig(128, 128, 64, 5, 1, 8),
     GluonGemmConfig(128, 128, 64, 6, 1, 8, split_epilogue=True),
     GluonGemmConfig(128, 64, 64, 8, 1, 4),
-    # tiles with a tail (main + tail columns): cuBLAS's widths for the shapes whose
-    # power-of-two tiles leave SMs idle (profiles/h200/library_kernels.json), e.g. 1024x3072
-    # in 128 tiles of 128x192, 512x5120 in 128 of 64x320, 512x3072 in 128 of 128x96
-    GluonGemmConfig(128, 192, 64, 4, 1, 8),
-    GluonGemmConfig(128, 320, 64, 3, 1, 8, split_epilogue=True),
-    GluonGemmConfig(64, 320, 64, 4, 1, 4, split_epilogue=True),
-    GluonGemmConfig(128, 96, 64, 6, 1, 8),
-    GluonGemmConfig(128, 96, 64, 5, 2, 4),
+    # tiles with a tail (main + tail columns) where power-of-two tiles leave SMs idle, with
+    # cuBLAS's widths for them (profiles/h200/library_kernels.json): 1024x3072 in 128 tiles of
+    # 128x192, 512x5120 in 128 of 64x320, 1024x5120 in 128 of 128x320. 32-deep K steps: a
+    # consumer holds two slots (the one its wgmmas read and the one before, released when
+    # those retire), so the loads in flight are (stages - 2) steps; halving the step doubles
+    # the stages that fit and frees slots sooner (H200 call AD: 1024x3072 38.6 us in
+    # 128x192x32 s8, 40.1 in 128x192x64 s4, 51.2 in s3). Tried and never the pick in four
+    # runs (profiles/h200/NOTES_gemm.md, calls AA-AF): 128x192, 128x320 and 64x320 tiles in
+    # 64-deep steps, 128x96 tiles (cuBLAS's for 512x3072), 256x160.
     GluonGemmConfig(64, 160, 64, 6, 1, 4),
-    GluonGemmConfig(256, 160, 64, 3, 1, 8, split_epilogue=True),
-    GluonGemmConfig(128, 96, 128, 3, 1, 8),
+    GluonGemmConfig(128, 192, 32, 8, 1, 8),
+    GluonGemmConfig(128, 320, 32, 6, 1, 8, split_epilogue=True),
+    GluonGemmConfig(64, 320, 32, 8, 1, 4, split_epilogue=True),
+    GluonGemmConfig(128, 256, 32, 8, 1, 8, split_epilogue=True),
+    GluonGemmConfig(128, 128, 32, 10, 2, 4, split_epilogue=True),
+    GluonGemmConfig(128, 128, 32, 12, 1, 8, split_epilogue=True),
 )
 FP8_CONFIGS = (
     GluonGemmConfig(128, 128, 128, 4, 1, 8),
