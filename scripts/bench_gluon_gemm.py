@@ -5,7 +5,10 @@ A and per-column B scales, bf16 out) against `torch._scaled_mm` and
 `ficco.kernels.scaled.scaled_matmul`.
 
 Shapes: `scripts/bench_gemm.py`'s full and chunk shapes (imported), largest first within
-each set, the two sets alternating, so a run cut by its budget covers both.
+each set, the two sets alternating, so a run cut by its budget covers both; with `--set
+decode`, the decode GEMMs of `scripts/bench_decode_gemm.py` instead (M = 1 ... 512 against the
+catalog's decode (N, K) at W = 2, 190 shapes, bf16; the Triton kernel there runs the shipped
+cache's decode configuration, swap-AB tiles included).
 
 Protocol, per shape and dtype:
   1. seeded random operands (FP8: `scaled.random_operands`, as a runtime quantizes them); the
@@ -31,6 +34,7 @@ JSON (`gluon_gemm.json` under --out) is rewritten after every shape, with the fi
 the protocol and a summary; a table is printed at the end.
 
     python scripts/bench_gluon_gemm.py --out DIR [--budget-s 240] [--dtypes bf16,fp8]
+        [--set bench_gemm|decode] [--shapes MxNxK,...]
 """
 
 from __future__ import annotations
@@ -83,6 +87,17 @@ def ordered_shapes() -> list[tuple[tuple[int, int, int], list[str]]]:
             if i < len(rows):
                 out.append(rows[i])
     return out
+
+
+def decode_set() -> list[tuple[tuple[int, int, int], list[str]]]:
+    """bench_decode_gemm's shapes (W = 2), most rows first."""
+    from bench_decode_gemm import decode_shapes
+
+    from ficco.workloads import PHASE_TOKENS
+
+    pairs = decode_shapes(2)
+    ms = sorted(PHASE_TOKENS["decode"], reverse=True)
+    return [((m, n, k), ["decode"]) for m in ms for n, k in sorted(pairs)]
 
 
 def operands(m: int, n: int, k: int, dtype: str, seed: int):
@@ -208,6 +223,10 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
     if "gluon_fast" in ms and "library_fast" in ms:
         row["ratio"]["gluon_fast_vs_library_fast"] = ms["library_fast"] / ms["gluon_fast"]
     row["gluon_vs_triton"] = ms["triton"] / ms["gluon"] if "triton" in ms else math.nan
+    # what a schedule's GEMM could run at best: the faster of ficco's two kernels
+    row["ratio"]["best_of_ficco"] = max(
+        row["ratio"].get("gluon", 0.0), row["ratio"].get("triton", 0.0)
+    )
     row["spread"] = {
         name: (statistics.quantiles(ts, n=4)[2] - statistics.quantiles(ts, n=4)[0])
         / statistics.median(ts)
@@ -243,17 +262,21 @@ def accumulation_probe(m: int = 512, n: int = 512, k: int = 16384) -> dict:
 def summarize(rows: list[dict]) -> dict:
     out: dict = {}
     for dtype in ("bf16", "fp8"):
-        for which in ("full", "chunk"):
+        for which in ("full", "chunk", "decode"):
             sel = [r for r in rows if r["dtype"] == dtype and which in r["sets"] and "ms" in r]
             if not sel:
                 continue
             key = f"{dtype}_{which}"
+            matmul_ratios = [r["ratio"].get("matmul", math.inf) for r in sel]
             out[key] = {
                 "shapes": len(sel),
                 "gluon_vs_library_geomean": _geomean([r["ratio"].get("gluon") for r in sel]),
                 "gluon_vs_library_min": min(r["ratio"].get("gluon", math.inf) for r in sel),
                 "triton_vs_library_geomean": _geomean([r["ratio"].get("triton") for r in sel]),
                 "matmul_vs_library_geomean": _geomean([r["ratio"].get("matmul") for r in sel]),
+                "matmul_vs_library_min": min(matmul_ratios),
+                "matmul_below_0.95": sum(x < 0.95 for x in matmul_ratios),
+                "matmul_below_0.90": sum(x < 0.90 for x in matmul_ratios),
                 "better_of_gluon_and_triton_vs_library_geomean": _geomean(
                     [max(r["ratio"].get("gluon", 0), r["ratio"].get("triton", 0)) for r in sel]
                 ),
@@ -262,6 +285,16 @@ def summarize(rows: list[dict]) -> dict:
                 ),
                 "gluon_noise_floor_geomean": _geomean(
                     [r["ms"]["gluon2"] / r["ms"]["gluon"] for r in sel]
+                ),
+                **(
+                    {
+                        "matmul_vs_library_by_m": {
+                            str(m): _geomean([r["ratio"].get("matmul") for r in sel if r["M"] == m])
+                            for m in sorted({r["M"] for r in sel})
+                        }
+                    }
+                    if which == "decode"
+                    else {}
                 ),
                 "picks": dict(
                     sorted(
@@ -283,13 +316,22 @@ def main() -> int:
     ap.add_argument("--commit", default=None, help="the tree's commit, for the fingerprint")
     ap.add_argument("--limit", type=int, default=None, help="at most this many shapes a dtype")
     ap.add_argument(
-        "--shapes", default=None, help="only these of bench_gemm's shapes: MxNxK,MxNxK,..."
+        "--set",
+        dest="shape_set",
+        choices=("bench_gemm", "decode"),
+        default="bench_gemm",
+        help="bench_gemm's full and chunk shapes, or bench_decode_gemm's (bf16)",
+    )
+    ap.add_argument(
+        "--shapes", default=None, help="only these of the set's shapes: MxNxK,MxNxK,..."
     )
     args = ap.parse_args()
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     for d in dtypes:
         if d not in ("bf16", "fp8"):
             ap.error(f"--dtypes: {d!r} is not bf16 or fp8")
+    if args.shape_set == "decode" and dtypes != ["bf16"]:
+        ap.error("--set decode: bf16 only (--dtypes bf16)")
     if not torch.cuda.is_available():
         print("bench_gluon_gemm: no CUDA device", file=sys.stderr)
         return 2
@@ -314,7 +356,7 @@ def main() -> int:
     if "fp8" in dtypes:
         doc["accumulation"] = accumulation_probe()
         print("accumulation:", json.dumps(doc["accumulation"]["errors"]), flush=True)
-    shapes = ordered_shapes()
+    shapes = ordered_shapes() if args.shape_set == "bench_gemm" else decode_set()
     if args.shapes:
         wanted = set()
         for text in args.shapes.split(","):
@@ -324,7 +366,7 @@ def main() -> int:
                 ap.error(f"--shapes: {text!r} is not MxNxK")
         unknown = wanted - {shape for shape, _ in shapes}
         if unknown:
-            ap.error(f"--shapes: not among bench_gemm's shapes: {sorted(unknown)}")
+            ap.error(f"--shapes: not among the set's shapes: {sorted(unknown)}")
         shapes = [(shape, sets) for shape, sets in shapes if shape in wanted]
     if args.limit:
         shapes = shapes[: args.limit]

@@ -2,11 +2,13 @@
 """Make a card's shipped Gluon GEMM picks (`schedules/<card>/gluon_gemm_picks.json`, read by
 `ficco.kernels.gluon_configs.shipped_picks`) from `scripts/bench_gluon_gemm.py` runs of one card.
 
-A bf16 shape is picked when, in every run given, the Gluon kernel's pick ran faster than
-ficco's Triton kernel (by at least `PICK_MARGIN`) in the same interleaved rounds (both checked
-against an fp32 product first); the configuration is the last run's pick. Keys are the tuning
-cache's (card, Triton version, dtype, shape, SM budget), so only the card and Triton that
-measured them match. An existing file is not replaced without --replace.
+A bf16 shape is picked when, in every run given that measured it (at least `MIN_RUNS`: runs
+of bench_gemm's shapes and of the decode set can be given together), the Gluon kernel's pick
+ran faster than ficco's Triton kernel (by at least `PICK_MARGIN`) in the same interleaved
+rounds (both checked against an fp32 product first); the configuration is the last such
+run's pick. Keys are the tuning cache's (card, Triton version, dtype, shape, SM budget), so
+only the card and Triton that measured them match. An existing file is not replaced without
+--replace.
 
     python scripts/gluon_picks_from_bench.py RUN.json [RUN2.json ...] --out FILE [--replace]
 """
@@ -29,6 +31,9 @@ from ficco.kernels.gluon_configs import (  # noqa: E402
 )
 from ficco.kernels.tuning import TuningKey  # noqa: E402
 
+#: the runs a shape must have been measured in to be picked
+MIN_RUNS = 2
+
 
 def key_of(env: dict, m: int, n: int, k: int) -> str:
     """The tuning cache's key of a bf16 shape measured in ``env`` (a bench fingerprint)."""
@@ -48,12 +53,15 @@ def picks(runs: list[dict]) -> tuple[dict, dict]:
                 continue
             rows[(row["M"], row["N"], row["K"])] = row
         per_run.append(rows)
-    chosen, stats = {}, {"shapes": len(per_run[-1]), "picked": 0}
+    shapes = sorted({shape for rows in per_run for shape in rows})
+    chosen, stats = {}, {"shapes": len(shapes), "picked": 0}
     env = runs[-1]["environment"]
-    for shape, last in sorted(per_run[-1].items()):
-        rows = [r.get(shape) for r in per_run]
-        if any(r is None for r in rows):
+    for shape in shapes:
+        # every run that measured the shape (runs of other sets did not), at least two
+        rows = [r[shape] for r in per_run if shape in r and "gluon" in r[shape]["ms"]]
+        if len(rows) < MIN_RUNS:
             continue
+        last = rows[-1]
         gains = [r["ms"]["triton"] / r["ms"]["gluon"] for r in rows]
         if min(gains) < 1 + PICK_MARGIN or last["pick"] not in by_name:
             continue
@@ -82,7 +90,7 @@ def main() -> int:
     doc = {
         "format": PICKS_FORMAT,
         "rule": "bf16 shapes where the Gluon kernel's time was at most the Triton kernel's "
-        "/ (1 + margin) in every run below",
+        f"/ (1 + margin) in every run below that measured them, at least {MIN_RUNS}",
         "runs": [str(p) for p in args.runs],
         "margin": PICK_MARGIN,
         "picks": chosen,

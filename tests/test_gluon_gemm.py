@@ -244,6 +244,13 @@ def test_a_shape_is_picked_only_where_gluon_won_by_the_margin_in_every_run():
     assert stats == {"shapes": 3, "picked": 1}
     entry = chosen["NVIDIA H200|triton=3.6.0|bfloat16|m=256,n=4096,k=2048|sm=132"]
     assert entry["triton_over_gluon_per_run"] == [1.05, 1.02]
+    # runs of another shape set: a shape counts the runs that measured it, at least two
+    decode = _bench_run({(64, 2880, 2048): 1.1, (256, 4096, 2048): 0.9})
+    decode2 = _bench_run({(64, 2880, 2048): 1.2, (128, 2880, 2048): 1.3})
+    chosen, stats = script.picks([first, second, decode, decode2])
+    assert sorted(chosen) == [
+        "NVIDIA H200|triton=3.6.0|bfloat16|m=64,n=2880,k=2048|sm=132"
+    ] and stats == {"shapes": 5, "picked": 1}
     with pytest.raises(SystemExit, match="different cards"):
         script.picks([first, _bench_run({(256, 4096, 2048): 1.05}, gpu="NVIDIA H100 80GB HBM3")])
 
@@ -261,5 +268,8 @@ def test_the_picks_script_does_not_write_over_a_file(tmp_path, capsys, monkeypat
     assert script.main() == 2
     assert "--replace" in capsys.readouterr().err and out.read_text() == "{}"
     monkeypatch.setattr(sys, "argv", ["x", str(run), "--out", str(out), "--replace"])
+    assert script.main() == 0
+    assert json.loads(out.read_text())["picks"] == {}  # one run is not enough
+    monkeypatch.setattr(sys, "argv", ["x", str(run), str(run), "--out", str(out), "--replace"])
     assert script.main() == 0
     assert len(json.loads(out.read_text())["picks"]) == 1
