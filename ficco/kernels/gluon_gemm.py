@@ -34,7 +34,7 @@ the accumulator takes at most 64 registers a thread, else through wgmma's
 GPU only, written against Triton 3.6's Gluon (the GPU image's; `matmul`'s shipped picks are
 keyed on that version). `scripts/bench_gluon_gemm.py` verifies every variant against an fp32
 product and times it beside cuBLAS / ``torch._scaled_mm``; what it measured:
-profiles/h200/NOTES_gemm.md (calls V-Z), profiles/h100/NOTES_gemm.md (runs 15-17).
+profiles/h200/NOTES_gemm.md (calls V-AK), profiles/h100/NOTES_gemm.md (runs 15-27).
 """
 
 from __future__ import annotations
