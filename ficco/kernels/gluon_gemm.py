@@ -16,7 +16,7 @@ lower-level language, places each role in its own warps:
   turns also keep a consumer from waiting on a slot more than one ring pass ahead (an
   mbarrier's phase parity could not tell the passes apart);
 - a tile ``block_n`` wide that is no power of two (Gluon's tensors are) runs as a main part
-  and a tail (128 + 64 = 192, 256 + 64 = 320, 64 + 32 = 96; 16-bit only): each ring slot
+  and a tail (128 + 64 = 192, 256 + 64 = 320, 128 + 32 = 160; 16-bit only): each ring slot
   holds the tail's B columns too, each K step issues a second wgmma on the same A slot, and
   the tail is stored through its own buffer. These are cuBLAS's widths for shapes that
   power-of-two tiles fill badly (1024x3072: 128 tiles of 128x192 on 132 SMs, against 192 of
