@@ -267,14 +267,15 @@ def summarize(rows: list[dict]) -> dict:
             if not sel:
                 continue
             key = f"{dtype}_{which}"
-            matmul_ratios = [r["ratio"].get("matmul", math.inf) for r in sel]
+            # matmul is timed for bf16 only
+            matmul_ratios = [r["ratio"]["matmul"] for r in sel if "matmul" in r["ratio"]]
             out[key] = {
                 "shapes": len(sel),
                 "gluon_vs_library_geomean": _geomean([r["ratio"].get("gluon") for r in sel]),
                 "gluon_vs_library_min": min(r["ratio"].get("gluon", math.inf) for r in sel),
                 "triton_vs_library_geomean": _geomean([r["ratio"].get("triton") for r in sel]),
                 "matmul_vs_library_geomean": _geomean([r["ratio"].get("matmul") for r in sel]),
-                "matmul_vs_library_min": min(matmul_ratios),
+                "matmul_vs_library_min": min(matmul_ratios, default=math.nan),
                 "matmul_below_0.95": sum(x < 0.95 for x in matmul_ratios),
                 "matmul_below_0.90": sum(x < 0.90 for x in matmul_ratios),
                 "better_of_gluon_and_triton_vs_library_geomean": _geomean(

@@ -1,6 +1,8 @@
 """ficco.kernels.gluon_gemm's refusals, checked before anything reaches a GPU (the kernel
 itself runs in tests/gpu/test_gluon_gemm_gpu.py)."""
 
+import math
+
 import pytest
 import torch
 
@@ -273,3 +275,58 @@ def test_the_picks_script_does_not_write_over_a_file(tmp_path, capsys, monkeypat
     monkeypatch.setattr(sys, "argv", ["x", str(run), str(run), "--out", str(out), "--replace"])
     assert script.main() == 0
     assert len(json.loads(out.read_text())["picks"]) == 1
+
+
+# --- scripts/bench_gluon_gemm.py: its shape sets and summary (no GPU) ---
+
+
+def _bench_script():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    sys.path.insert(0, str(scripts))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "bench_gluon_gemm", scripts / "bench_gluon_gemm.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(scripts))
+    return module
+
+
+def test_the_decode_set_is_bench_decode_gemms_shapes():
+    from ficco.workloads import PHASE_TOKENS
+
+    shapes = _bench_script().decode_set()
+    assert len(shapes) == len({s for s, _ in shapes}) == 190
+    assert {s[0] for s, _ in shapes} == set(PHASE_TOKENS["decode"])
+    assert all(sets == ["decode"] for _, sets in shapes)
+    assert shapes[0][0][0] == max(PHASE_TOKENS["decode"])  # most rows first
+
+
+def test_the_summary_counts_matmuls_shapes_per_set_and_m():
+    script = _bench_script()
+
+    def row(m, matmul, dtype="bf16", sets=("decode",)):
+        ratio = {"gluon": 1.0, "triton": 0.9}
+        if matmul is not None:
+            ratio["matmul"] = matmul
+        ms = {"gluon": 1.0, "gluon2": 1.0}
+        return {"M": m, "dtype": dtype, "sets": list(sets), "ms": ms, "ratio": ratio}
+
+    rows = [row(1, 1.0), row(1, 0.89), row(64, 0.94), row(64, 1.1)]
+    rows += [row(512, None, dtype="fp8", sets=("full",))]
+    summary = script.summarize(rows)
+    decode = summary["bf16_decode"]
+    assert decode["shapes"] == 4
+    assert decode["matmul_vs_library_min"] == 0.89
+    assert (decode["matmul_below_0.95"], decode["matmul_below_0.90"]) == (2, 1)
+    assert decode["matmul_vs_library_by_m"]["1"] == pytest.approx((1.0 * 0.89) ** 0.5)
+    # FP8 rows time no matmul: no figure, not an infinite one
+    fp8 = summary["fp8_full"]
+    assert fp8["matmul_below_0.95"] == 0 and math.isnan(fp8["matmul_vs_library_min"])
+    assert "matmul_vs_library_by_m" not in fp8
