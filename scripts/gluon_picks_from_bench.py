@@ -49,17 +49,18 @@ def picks(runs: list[dict]) -> tuple[dict, dict]:
     for run in runs:
         rows = {}
         for row in run["rows"]:
-            if row.get("dtype") != "bf16" or "ms" not in row or "triton" not in row["ms"]:
-                continue
-            rows[(row["M"], row["N"], row["K"])] = row
+            if row.get("dtype") == "bf16":
+                rows[(row["M"], row["N"], row["K"])] = row
         per_run.append(rows)
     shapes = sorted({shape for rows in per_run for shape in rows})
     chosen, stats = {}, {"shapes": len(shapes), "picked": 0}
     env = runs[-1]["environment"]
     for shape in shapes:
-        # every run that measured the shape (runs of other sets did not), at least two
-        rows = [r[shape] for r in per_run if shape in r and "gluon" in r[shape]["ms"]]
-        if len(rows) < MIN_RUNS:
+        # every run that measured the shape (runs of other sets did not), at least two; a
+        # run where either kernel was not timed there (failed, wrong) rules the shape out
+        rows = [r[shape] for r in per_run if shape in r]
+        timed = all("gluon" in r.get("ms", {}) and "triton" in r.get("ms", {}) for r in rows)
+        if len(rows) < MIN_RUNS or not timed:
             continue
         last = rows[-1]
         gains = [r["ms"]["triton"] / r["ms"]["gluon"] for r in rows]

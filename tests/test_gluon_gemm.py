@@ -1,5 +1,6 @@
-"""ficco.kernels.gluon_gemm's refusals, checked before anything reaches a GPU (the kernel
-itself runs in tests/gpu/test_gluon_gemm_gpu.py)."""
+"""ficco.kernels.gluon_gemm's configurations and refusals, checked before anything reaches a
+GPU, and the CPU side of its scripts (the picks rule, the benchmark's shape sets and summary);
+the kernel itself runs in tests/gpu/test_gluon_gemm_gpu.py."""
 
 import math
 
@@ -253,6 +254,12 @@ def test_a_shape_is_picked_only_where_gluon_won_by_the_margin_in_every_run():
     assert sorted(chosen) == [
         "NVIDIA H200|triton=3.6.0|bfloat16|m=64,n=2880,k=2048|sm=132"
     ] and stats == {"shapes": 5, "picked": 1}
+    # a run where the Gluon kernel was not timed at a shape (every configuration failed its
+    # check) rules the shape out, however the other runs went
+    failed = _bench_run({(64, 2880, 2048): 1.5})
+    failed["rows"][0]["ms"].pop("gluon")
+    chosen, _ = script.picks([decode, decode2, failed])
+    assert chosen == {}
     with pytest.raises(SystemExit, match="different cards"):
         script.picks([first, _bench_run({(256, 4096, 2048): 1.05}, gpu="NVIDIA H100 80GB HBM3")])
 

@@ -107,8 +107,8 @@ BF16_CONFIGS = (
     # consumer holds two slots (the one its wgmmas read and the one before, released when
     # those retire), so the loads in flight are (stages - 2) steps; halving the step doubles
     # the stages that fit and frees slots sooner (H200 call AD: 1024x3072 38.6 us in
-    # 128x192x32 s8, 40.1 in 128x192x64 s4, 51.2 in s3). Tried and never the pick in four
-    # runs (profiles/h200/NOTES_gemm.md, calls AA-AF): 128x192, 128x320 and 64x320 tiles in
+    # 128x192x32 s8, 40.1 in 128x192x64 s4, 51.2 in s3). Tried and never the pick in H200
+    # calls AE, AF and H100 runs 23, 24 (profiles/*/NOTES_gemm.md): 128x192, 128x320, 64x320 in
     # 64-deep steps, 128x96 tiles (cuBLAS's for 512x3072), 256x160. 64x192 (one warpgroup):
     # 512x3072 in 128 tiles (H200 call AJ0: 25.1 us, cuBLAS 24.7, 128x96 27.6).
     GluonGemmConfig(64, 160, 64, 6, 1, 4),
