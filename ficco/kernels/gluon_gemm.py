@@ -26,8 +26,8 @@ Tiles go to programs round-robin (tile t on program t mod P, grouped by ``GROUP_
 tiles as the persistent kernel groups them). Operands: ``a [M, K]`` row-major; 16-bit ``b``
 ``[K, N]`` row-major; FP8 ``b`` column-major (its transpose ``[N, K]`` row-major: FP8 wgmma
 reads B K-major), with ``a_scale [M]`` (per row) and ``b_scale [N]`` (per column) applied to
-the fp32 accumulator before the bf16 store, and partial sums promoted to fp32 every K step of
-128 products (cuBLASLt's default accumulation): by hand after each step's wgmmas retire where
+the fp32 accumulator before the bf16 store, and partial sums promoted to fp32 every K step
+(128 products in 128-deep tiles, cuBLASLt's default accumulation; 64 in 64-deep ones): by hand after each step's wgmmas retire where
 the accumulator takes at most 64 registers a thread, else through wgmma's
 ``max_num_imprecise_acc``; ``fast_accum`` promotes never (``use_fast_accum``).
 
@@ -182,7 +182,8 @@ def _consume(
     BLOCK_N: gl.constexpr = MAIN_N + TAIL_N
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     WARPS: gl.constexpr = gl.num_warps()
-    # FP8: B K-major (wgmma's rule), scaled, fp32 promotion every 128 products (cuBLASLt's)
+    # FP8: B K-major (wgmma's rule), scaled, fp32 promotion every K step of at most 128
+    # products (cuBLASLt's 128)
     FP8: gl.constexpr = a_desc.dtype.primitive_bitwidth == 8
     # FAST (FP8 only): no promotion at all (cuBLASLt's use_fast_accum)
     IMPRECISE_ACC: gl.constexpr = min(BLOCK_K, 128) if FP8 else 0
@@ -229,7 +230,7 @@ def _consume(
         step = j * k_steps
         previous = 0
         if LAGGED:
-            # each K step's 128 products summed by the tensor cores alone, then added to the
+            # each K step's products summed by the tensor cores alone, then added to the
             # fp32 accumulator once they are done: no wgmma of this warpgroup is in flight
             # while its registers are read (ptxas serializes every wgmma otherwise, C7514);
             # the other warpgroup's wgmmas keep the tensor cores busy meanwhile
