@@ -27,9 +27,10 @@ tiles as the persistent kernel groups them). Operands: ``a [M, K]`` row-major; 1
 ``[K, N]`` row-major; FP8 ``b`` column-major (its transpose ``[N, K]`` row-major: FP8 wgmma
 reads B K-major), with ``a_scale [M]`` (per row) and ``b_scale [N]`` (per column) applied to
 the fp32 accumulator before the bf16 store, and partial sums promoted to fp32 every K step
-(128 products in 128-deep tiles, cuBLASLt's default accumulation; 64 in 64-deep ones): by hand after each step's wgmmas retire where
-the accumulator takes at most 64 registers a thread, else through wgmma's
-``max_num_imprecise_acc``; ``fast_accum`` promotes never (``use_fast_accum``).
+(128 products in 128-deep tiles, cuBLASLt's default accumulation; 64 in 64-deep ones): by
+hand after each step's wgmmas retire where the accumulator takes at most 64 registers a
+thread, else through wgmma's ``max_num_imprecise_acc``; ``fast_accum`` promotes never
+(``use_fast_accum``).
 
 GPU only, written against Triton 3.6's Gluon (the GPU image's; `matmul`'s shipped picks are
 keyed on that version). `scripts/bench_gluon_gemm.py` verifies every variant against an fp32
