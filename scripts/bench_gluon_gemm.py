@@ -46,6 +46,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -54,7 +55,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_gemm import fingerprint, shape_sets  # noqa: E402
+from bench_gemm import _geomean, fingerprint, shape_sets  # noqa: E402
+from bench_gemm import _rounds_for as bench_gemm_rounds  # noqa: E402
 
 from ficco.execute.timing import launch_timer, warm_then_rounds  # noqa: E402
 from ficco.kernels.trials import CHECK_TOLERANCE, check_then_time, relative_error  # noqa: E402
@@ -65,12 +67,7 @@ FP8 = torch.float8_e4m3fn
 
 
 def _rounds_for(est_ms: float) -> int:
-    return int(min(120, max(20, 250.0 / max(est_ms, 1e-3))))
-
-
-def _geomean(xs: list[float]) -> float:
-    xs = [x for x in xs if x and math.isfinite(x)]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else math.nan
+    return bench_gemm_rounds(est_ms, quick=False)
 
 
 def ordered_shapes() -> list[tuple[tuple[int, int, int], list[str]]]:
@@ -223,10 +220,6 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
     if "gluon_fast" in ms and "library_fast" in ms:
         row["ratio"]["gluon_fast_vs_library_fast"] = ms["library_fast"] / ms["gluon_fast"]
     row["gluon_vs_triton"] = ms["triton"] / ms["gluon"] if "triton" in ms else math.nan
-    # what a schedule's GEMM could run at best: the faster of ficco's two kernels
-    row["ratio"]["best_of_ficco"] = max(
-        row["ratio"].get("gluon", 0.0), row["ratio"].get("triton", 0.0)
-    )
     row["spread"] = {
         name: (statistics.quantiles(ts, n=4)[2] - statistics.quantiles(ts, n=4)[0])
         / statistics.median(ts)
@@ -260,52 +253,43 @@ def accumulation_probe(m: int = 512, n: int = 512, k: int = 16384) -> dict:
 
 
 def summarize(rows: list[dict]) -> dict:
+    def ratios(sel: list[dict], name: str) -> list[float]:
+        """The variant's ratios where it was timed (matmul: bf16 only; gluon_fast: FP8 only)."""
+        return [r["ratio"][name] for r in sel if name in r["ratio"]]
+
     out: dict = {}
     for dtype in ("bf16", "fp8"):
         for which in ("full", "chunk", "decode"):
             sel = [r for r in rows if r["dtype"] == dtype and which in r["sets"] and "ms" in r]
             if not sel:
                 continue
-            key = f"{dtype}_{which}"
-            # matmul is timed for bf16 only
-            matmul_ratios = [r["ratio"]["matmul"] for r in sel if "matmul" in r["ratio"]]
-            out[key] = {
+            matmul = ratios(sel, "matmul")
+            summary = {
                 "shapes": len(sel),
-                "gluon_vs_library_geomean": _geomean([r["ratio"].get("gluon") for r in sel]),
-                "gluon_vs_library_min": min(r["ratio"].get("gluon", math.inf) for r in sel),
-                "triton_vs_library_geomean": _geomean([r["ratio"].get("triton") for r in sel]),
-                "matmul_vs_library_geomean": _geomean([r["ratio"].get("matmul") for r in sel]),
-                "matmul_vs_library_min": min(matmul_ratios, default=math.nan),
-                "matmul_below_0.95": sum(x < 0.95 for x in matmul_ratios),
-                "matmul_below_0.90": sum(x < 0.90 for x in matmul_ratios),
+                "gluon_vs_library_geomean": _geomean(ratios(sel, "gluon")),
+                "gluon_vs_library_min": min(ratios(sel, "gluon"), default=math.nan),
+                "triton_vs_library_geomean": _geomean(ratios(sel, "triton")),
+                "matmul_vs_library_geomean": _geomean(matmul),
+                "matmul_vs_library_min": min(matmul, default=math.nan),
+                "matmul_below_0.95": sum(x < 0.95 for x in matmul),
+                "matmul_below_0.90": sum(x < 0.90 for x in matmul),
                 "better_of_gluon_and_triton_vs_library_geomean": _geomean(
                     [max(r["ratio"].get("gluon", 0), r["ratio"].get("triton", 0)) for r in sel]
                 ),
                 "gluon_fast_vs_library_fast_geomean": _geomean(
-                    [r["ratio"].get("gluon_fast_vs_library_fast") for r in sel]
+                    ratios(sel, "gluon_fast_vs_library_fast")
                 ),
                 "gluon_noise_floor_geomean": _geomean(
                     [r["ms"]["gluon2"] / r["ms"]["gluon"] for r in sel]
                 ),
-                **(
-                    {
-                        "matmul_vs_library_by_m": {
-                            str(m): _geomean([r["ratio"].get("matmul") for r in sel if r["M"] == m])
-                            for m in sorted({r["M"] for r in sel})
-                        }
-                    }
-                    if which == "decode"
-                    else {}
-                ),
-                "picks": dict(
-                    sorted(
-                        {
-                            p: sum(r.get("pick") == p for r in sel)
-                            for p in {r.get("pick") for r in sel}
-                        }.items()
-                    )
-                ),
+                "picks": dict(sorted(Counter(r["pick"] for r in sel).items())),
             }
+            if which == "decode":
+                summary["matmul_vs_library_by_m"] = {
+                    str(m): _geomean(ratios([r for r in sel if r["M"] == m], "matmul"))
+                    for m in sorted({r["M"] for r in sel})
+                }
+            out[f"{dtype}_{which}"] = summary
     return out
 
 

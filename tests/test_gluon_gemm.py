@@ -323,7 +323,10 @@ def test_the_summary_counts_matmuls_shapes_per_set_and_m():
         if matmul is not None:
             ratio["matmul"] = matmul
         ms = {"gluon": 1.0, "gluon2": 1.0}
-        return {"M": m, "dtype": dtype, "sets": list(sets), "ms": ms, "ratio": ratio}
+        return {
+            "M": m, "dtype": dtype, "sets": list(sets), "ms": ms, "ratio": ratio,
+            "pick": gg.BF16_CONFIGS[0].name,
+        }  # fmt: skip
 
     rows = [row(1, 1.0), row(1, 0.89), row(64, 0.94), row(64, 1.1)]
     rows += [row(512, None, dtype="fp8", sets=("full",))]
@@ -337,3 +340,4 @@ def test_the_summary_counts_matmuls_shapes_per_set_and_m():
     fp8 = summary["fp8_full"]
     assert fp8["matmul_below_0.95"] == 0 and math.isnan(fp8["matmul_vs_library_min"])
     assert "matmul_vs_library_by_m" not in fp8
+    assert decode["picks"] == {gg.BF16_CONFIGS[0].name: 4}

@@ -282,15 +282,13 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
     def reduce(self, op: ReduceOp) -> None:
         import torch
 
-        from ficco.kernels.reduce import sum_into as _sum_into
+        from ficco.kernels.reduce import sum_into
 
         views = [self.view(r) for r in op.inputs]
         out = self.view(op.out)
         if len(views) == 2:
             torch.add(views[0], views[1], out=out)
-        elif _sum_into(views, out):
-            pass  # W > 2: one pass over the inputs (ficco.kernels.reduce)
-        else:
+        elif not sum_into(views, out):  # W > 2: one pass over the inputs where it can
             # a copy even in fp32: the first input may still be on its way to peers (gemm_ar)
             total = views[0].to(torch.float32, copy=True)
             for v in views[1:]:

@@ -33,31 +33,16 @@ def _load_f32(ptr, stride, rows, cols, mask):
 
 @triton.jit
 def _sum_kernel(
-    out_ptr, out_stride,
-    p0, p1, p2, p3, p4, p5, p6, p7,
-    s0, s1, s2, s3, s4, s5, s6, s7,
-    n_rows, n_cols,
-    N_INPUTS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    out_ptr, out_stride, in_ptrs, in_strides, n_rows, n_cols,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-    acc = _load_f32(p0, s0, rows, cols, mask)
+    acc = _load_f32(in_ptrs[0], in_strides[0], rows, cols, mask)
     # in the inputs' order, one rounding at the end: the torch path's arithmetic
-    if N_INPUTS > 1:
-        acc += _load_f32(p1, s1, rows, cols, mask)
-    if N_INPUTS > 2:
-        acc += _load_f32(p2, s2, rows, cols, mask)
-    if N_INPUTS > 3:
-        acc += _load_f32(p3, s3, rows, cols, mask)
-    if N_INPUTS > 4:
-        acc += _load_f32(p4, s4, rows, cols, mask)
-    if N_INPUTS > 5:
-        acc += _load_f32(p5, s5, rows, cols, mask)
-    if N_INPUTS > 6:
-        acc += _load_f32(p6, s6, rows, cols, mask)
-    if N_INPUTS > 7:
-        acc += _load_f32(p7, s7, rows, cols, mask)
+    for i in tl.static_range(1, len(in_ptrs)):
+        acc += _load_f32(in_ptrs[i], in_strides[i], rows, cols, mask)
     out = out_ptr + rows[:, None] * out_stride + cols[None, :]
     if out_ptr.dtype.element_ty.primitive_bitwidth < 32:
         # round to nearest even, as torch's cast (Triton's interpreter truncates bf16 anyway)
@@ -95,10 +80,10 @@ def sum_into(inputs: list[torch.Tensor], out: torch.Tensor) -> bool:
     n_rows, n_cols = out.shape
     if n_rows == 0 or n_cols == 0:
         return True
-    padded = [*inputs, *[inputs[0]] * (MAX_INPUTS - n)]  # unused slots: never read
     grid = (triton.cdiv(n_rows, BLOCK_ROWS), triton.cdiv(n_cols, BLOCK_COLS))
+    # a tuple of inputs: one compiled kernel per input count
     _sum_kernel[grid](
-        out, out.stride(0), *padded, *(t.stride(0) for t in padded), n_rows, n_cols,
-        N_INPUTS=n, BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS,
+        out, out.stride(0), tuple(inputs), tuple(t.stride(0) for t in inputs), n_rows, n_cols,
+        BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS,
     )  # fmt: skip
     return True
