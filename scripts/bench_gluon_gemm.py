@@ -293,7 +293,25 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
-def main() -> int:
+def select_shapes(shape_set: str, text: str | None) -> list[tuple[tuple[int, int, int], list]]:
+    """The set's shapes (``bench_gemm`` or ``decode``), only those ``text`` names
+    ("MxNxK,MxNxK,..."), in the set's order; ValueError names a bad or unknown one."""
+    shapes = ordered_shapes() if shape_set == "bench_gemm" else decode_set()
+    if not text:
+        return shapes
+    wanted = set()
+    for item in text.split(","):
+        dims = item.strip().split("x")
+        if len(dims) != 3 or not all(d.isdigit() for d in dims):
+            raise ValueError(f"--shapes: {item!r} is not MxNxK")
+        wanted.add(tuple(int(d) for d in dims))
+    unknown = wanted - {shape for shape, _ in shapes}
+    if unknown:
+        raise ValueError(f"--shapes: not among the {shape_set} shapes: {sorted(unknown)}")
+    return [(shape, sets) for shape, sets in shapes if shape in wanted]
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for gluon_gemm.json")
     ap.add_argument("--budget-s", type=float, default=240.0, help="no new shape after this")
@@ -310,13 +328,17 @@ def main() -> int:
     ap.add_argument(
         "--shapes", default=None, help="only these of the set's shapes: MxNxK,MxNxK,..."
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     for d in dtypes:
         if d not in ("bf16", "fp8"):
             ap.error(f"--dtypes: {d!r} is not bf16 or fp8")
     if args.shape_set == "decode" and dtypes != ["bf16"]:
         ap.error("--set decode: bf16 only (--dtypes bf16)")
+    try:  # bad input refused before any GPU work
+        shapes = select_shapes(args.shape_set, args.shapes)
+    except ValueError as exc:
+        ap.error(str(exc))
     if not torch.cuda.is_available():
         print("bench_gluon_gemm: no CUDA device", file=sys.stderr)
         return 2
@@ -341,18 +363,6 @@ def main() -> int:
     if "fp8" in dtypes:
         doc["accumulation"] = accumulation_probe()
         print("accumulation:", json.dumps(doc["accumulation"]["errors"]), flush=True)
-    shapes = ordered_shapes() if args.shape_set == "bench_gemm" else decode_set()
-    if args.shapes:
-        wanted = set()
-        for text in args.shapes.split(","):
-            try:
-                wanted.add(tuple(int(x) for x in text.strip().split("x")))
-            except ValueError:
-                ap.error(f"--shapes: {text!r} is not MxNxK")
-        unknown = wanted - {shape for shape, _ in shapes}
-        if unknown:
-            ap.error(f"--shapes: not among the set's shapes: {sorted(unknown)}")
-        shapes = [(shape, sets) for shape, sets in shapes if shape in wanted]
     if args.limit:
         shapes = shapes[: args.limit]
     todo = [(shape, sets, d) for shape, sets in shapes for d in dtypes]

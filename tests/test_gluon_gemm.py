@@ -3,6 +3,7 @@ GPU, and the CPU side of its scripts (the picks rule, the benchmark's shape sets
 the kernel itself runs in tests/gpu/test_gluon_gemm_gpu.py."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -341,3 +342,31 @@ def test_the_summary_counts_matmuls_shapes_per_set_and_m():
     assert fp8["matmul_below_0.95"] == 0 and math.isnan(fp8["matmul_vs_library_min"])
     assert "matmul_vs_library_by_m" not in fp8
     assert decode["picks"] == {gg.BF16_CONFIGS[0].name: 4}
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--shapes", "1024x3072"], "'1024x3072' is not MxNxK"),
+        (["--shapes", "1024x3072x4096,7x7x7"], r"not among the bench_gemm shapes: \[\(7, 7, 7\)\]"),
+        (["--set", "decode", "--dtypes", "bf16", "--shapes", "1024x3072x4096"], "decode shapes"),
+        (["--set", "decode"], "--set decode: bf16 only"),
+        (["--dtypes", "fp16"], "'fp16' is not bf16 or fp8"),
+    ],
+)
+def test_the_benchmark_refuses_bad_arguments_before_any_gpu_work(argv, message, capsys, tmp_path):
+    script = _bench_script()
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(["--out", str(tmp_path / "out"), *argv])
+    assert exit_info.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_benchmark_selects_the_named_shapes_in_the_sets_order():
+    script = _bench_script()
+    picked = script.select_shapes("bench_gemm", "1024x3072x4096, 512x5120x8192")
+    assert [s for s, _ in picked] == [
+        s for s, _ in script.ordered_shapes() if s in {(1024, 3072, 4096), (512, 5120, 8192)}
+    ]
+    assert len(script.select_shapes("decode", None)) == 190
