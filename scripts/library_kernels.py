@@ -3,11 +3,16 @@
 per-row / per-column scales, promoted and fast accumulation) launch for `scripts/bench_gemm.py`'s
 shapes on this GPU: per shape and call, each kernel's name, grid, block, registers, shared
 memory and duration, from one profiled call (`torch.profiler`, CUPTI) after a warm call.
+`--set decode` takes bench_decode_gemm's shapes (bf16 only) and profiles ficco's `matmul` as
+shipped beside cuBLAS: kernel durations without launch and timing overhead, to tell a slower
+kernel from a costlier launch.
 
 The names carry the library's tile shape, cluster, schedule (warp-specialized cooperative or
 ping-pong, split-K, stream-K) and stages: what a ficco kernel would have to match.
 
     python scripts/library_kernels.py --out DIR    (writes DIR/library_kernels.json)
+    python scripts/library_kernels.py --out DIR --set decode --shapes 1x2880x2048,...
+        (writes DIR/library_kernels_decode.json)
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_gemm import fingerprint, shape_sets  # noqa: E402
+from bench_gemm import fingerprint  # noqa: E402
 
 TRACE_FIELDS = ("grid", "block", "registers per thread", "shared memory", "blocks per SM")
 
@@ -69,20 +74,50 @@ def shape_calls(m: int, n: int, k: int) -> dict[str, list[dict]]:
     return calls
 
 
-def main() -> int:
+def decode_calls(m: int, n: int, k: int) -> dict[str, list[dict]]:
+    """cuBLAS bf16 and ficco's `matmul` as shipped (the Gluon kernel where picked): their kernels
+    in one profiled call each, every kernel of the call listed (a split-K reduce among them)."""
+    from ficco.kernels import matmul
+
+    a = torch.randn((m, k), device="cuda").to(torch.bfloat16)
+    b = torch.randn((k, n), device="cuda").to(torch.bfloat16)
+    out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+    return {
+        "matmul_bf16": profiled_kernels(lambda: torch.matmul(a, b)),
+        "ficco_matmul": profiled_kernels(lambda: matmul(a, b, out)),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for library_kernels.json")
     ap.add_argument("--commit", default=None, help="the tree's commit, for the fingerprint")
-    args = ap.parse_args()
+    ap.add_argument(
+        "--set",
+        dest="shape_set",
+        choices=("bench_gemm", "decode"),
+        default="bench_gemm",
+        help="bench_gemm's full and chunk shapes, or bench_decode_gemm's (bf16, with ficco's matmul)",
+    )
+    ap.add_argument(
+        "--shapes", default=None, help="only these of the set's shapes: MxNxK,MxNxK,..."
+    )
+    args = ap.parse_args(argv)
+    from bench_gluon_gemm import select_shapes
+
+    try:
+        shapes = select_shapes(args.shape_set, args.shapes)
+    except ValueError as e:
+        ap.error(str(e))
     if not torch.cuda.is_available():
         print("library_kernels: no CUDA device", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    shapes, _, _ = shape_sets(quick=False)
+    calls_of = decode_calls if args.shape_set == "decode" else shape_calls
     rows = []
-    for (m, n, k), rec in sorted(shapes.items()):
-        row = {"M": m, "N": n, "K": k, "sets": sorted(rec["sets"])}
-        row["calls"] = shape_calls(m, n, k)
+    for (m, n, k), sets in shapes:
+        row = {"M": m, "N": n, "K": k, "sets": sorted(sets)}
+        row["calls"] = calls_of(m, n, k)
         rows.append(row)
         first = {c: (v[0]["name"] if v else None) for c, v in row["calls"].items()}
         print(f"{m}x{n}x{k}: {json.dumps(first)}", flush=True)
@@ -93,7 +128,10 @@ def main() -> int:
         "rows": rows,
         "elapsed_s": round(time.perf_counter() - t0, 1),
     }
-    (args.out / "library_kernels.json").write_text(json.dumps(doc, indent=1))
+    name = (
+        "library_kernels.json" if args.shape_set == "bench_gemm" else "library_kernels_decode.json"
+    )
+    (args.out / name).write_text(json.dumps(doc, indent=1))
     return 0
 
 
