@@ -202,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         "--m", type=int, nargs="*", help="rows, in the order to run (default: the decode phase's)"
     )
     parser.add_argument(
+        "--weights",
+        default=None,
+        help="only these decode weights, NxK,NxK,... (default: every catalog decode (N, K))",
+    )
+    parser.add_argument(
         "--rep-ms",
         type=int,
         help="tune with do_bench, this many ms per candidate (default: the tuner's timer)",
@@ -212,6 +217,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, help="skip the shapes left after this long")
     parser.add_argument("--commit", help="git commit to record when the tree has no .git")
     args = parser.parse_args(argv)
+    shapes = decode_shapes(args.world)
+    if args.weights:
+        try:
+            wanted = {
+                tuple(int(d) for d in item.strip().split("x")) for item in args.weights.split(",")
+            }
+        except ValueError:
+            parser.error(f"--weights: {args.weights!r} is not NxK,NxK,...")
+        if any(len(w) != 2 for w in wanted) or not wanted <= set(shapes):
+            parser.error(
+                f"--weights: {sorted(w for w in wanted if w not in shapes)} not among the "
+                f"decode weights at W = {args.world}: {sorted(shapes)}"
+            )
+        shapes = {nk: names for nk, names in shapes.items() if nk in wanted}
     if not torch.cuda.is_available():
         print("bench_decode_gemm.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -225,7 +244,6 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator(device="cuda").manual_seed(20261125)
     timer = LaunchTimer()
     budget = torch.cuda.get_device_properties(0).multi_processor_count
-    shapes = decode_shapes(args.world)
     m_values = list(dict.fromkeys(args.m)) if args.m else sorted(PHASE_TOKENS["decode"])
     result = {
         "benchmark": "decode gemm: ficco.kernels.matmul (persistent / swap-AB / split-K) vs cuBLAS",

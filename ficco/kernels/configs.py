@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, replace
 
 # Opt-in shared memory per block on sm_90 (H100, H200): 227 KiB.
 HOPPER_SHARED_MEMORY_BYTES = 232_448
+# Pipeline depth: a decode weight streams with 16 stages of 64-deep K steps (cuBLAS's choice).
+MAX_STAGES = 16
 # Most K ranges per tile in the decode kernel (each writes an fp32 partial that the tile's
 # last arriver reads back).
 MAX_SPLIT_K = 32
@@ -107,8 +109,10 @@ class GemmConfig:
                 )
         if not (_is_power_of_two(self.group_m) and self.group_m <= 64):
             raise ValueError(f"GemmConfig.group_m must be a power of two <= 64, got {self.group_m}")
-        if not 1 <= self.num_stages <= 8:
-            raise ValueError(f"GemmConfig.num_stages must be in [1, 8], got {self.num_stages}")
+        if not 1 <= self.num_stages <= MAX_STAGES:
+            raise ValueError(
+                f"GemmConfig.num_stages must be in [1, {MAX_STAGES}], got {self.num_stages}"
+            )
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(
                 f"GemmConfig.num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps}"
@@ -268,6 +272,13 @@ SWAP_TILES: tuple[tuple[int, int, int, int], ...] = (
     # whose partials and last-arriver sum cost about a microsecond on a ~10 us GEMM
     (32, 256, 4, 4),
     (32, 128, 6, 4),
+    # cuBLAS's decode kernels on one H200 (profiles/h200/library_kernels_decode_callAL.json):
+    # 64x8 and 64x16 tiles of 64-deep K steps, 16 stages (nvjet_sm90_tst_64x8_64x16): a small
+    # weight streams fastest with ~128 KB in flight per SM, not with more programs
+    (64, 64, 16, 4),
+    (32, 64, 16, 4),
+    (64, 128, 8, 4),
+    (32, 128, 12, 4),
 )
 INTERPRETER_SWAP_TILES: tuple[tuple[int, int, int, int], ...] = ((32, 16, 1, 4),)
 
@@ -285,6 +296,14 @@ INTERPRETER_CONFIGS: tuple[GemmConfig, ...] = (
 # as few as the dot allows (16) up to 64/128, wide N tiles with deep pipelines (the weight
 # stream), K steps of 64-256. Its split (`split_k`) is chosen per shape (`decode_splits`).
 DECODE_MAX_ROWS = 512
+# Weight-stream tiles for the persistent kernel at M <= DECODE_MAX_ROWS: cuBLAS's picks from
+# 64 to 512 rows of the small decode weights on one H200 (64x32_64x16, 64x64_64x13,
+# 128x64_64x8: few columns, 64-deep K steps, pipelines 8-16 deep; library_kernels_decode).
+WEIGHT_STREAM_CONFIGS: tuple[GemmConfig, ...] = (
+    GemmConfig(64, 32, 64, 8, 16, 4),
+    GemmConfig(64, 64, 64, 8, 13, 4),
+    GemmConfig(128, 64, 64, 8, 8, 4),
+)
 DECODE_TILES: tuple[tuple[int, int, int, int], ...] = (  # (block_n, block_k, stages, warps)
     (128, 128, 4, 4),
     (64, 256, 4, 4),
@@ -389,6 +408,8 @@ def candidate_configs(
     NOTES_gemm.md). A tuning-cache entry names it for the shapes where it measured faster.
     """
     space = INTERPRETER_CONFIGS if interpreter else GPU_CONFIGS
+    if not interpreter and m <= DECODE_MAX_ROWS:
+        space = space + WEIGHT_STREAM_CONFIGS
     kept = []
     for cfg in space:
         if not suits_shape(cfg, m, n, k):
