@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 
 # Opt-in shared memory per block on sm_90 (H100, H200): 227 KiB.
 HOPPER_SHARED_MEMORY_BYTES = 232_448
-# Pipeline depth: a decode weight streams with 16 stages of 64-deep K steps (cuBLAS's choice).
+# Pipeline depth: cuBLAS streams a decode weight through up to 16 stages of 64-deep K steps.
 MAX_STAGES = 16
 # Most K ranges per tile in the decode kernel (each writes an fp32 partial that the tile's
 # last arriver reads back).
@@ -272,13 +272,12 @@ SWAP_TILES: tuple[tuple[int, int, int, int], ...] = (
     # whose partials and last-arriver sum cost about a microsecond on a ~10 us GEMM
     (32, 256, 4, 4),
     (32, 128, 6, 4),
-    # cuBLAS's decode kernels on one H200 (profiles/h200/library_kernels_decode_callAL.json):
-    # 64x8 and 64x16 tiles of 64-deep K steps, 16 stages (nvjet_sm90_tst_64x8_64x16): a small
-    # weight streams fastest with ~128 KB in flight per SM, not with more programs
-    (64, 64, 16, 4),
-    (32, 64, 16, 4),
+    # a deeper pipeline of 128-deep steps: the pick at 3 of 190 decode shapes, the fastest
+    # within 1% at 17 (H200 call AM). cuBLAS's own decode tiles (64x8 and 64x16 in 16 stages
+    # of 64-deep steps, profiles/h200/library_kernels_decode_callAL.json) as swap-AB tiles,
+    # 64x64 and 32x64 in 16 stages, 32x128 in 12, were never within 1% of the fastest: this
+    # kernel's one partition waits on each step's loads and wgmma, so fewer, deeper steps win
     (64, 128, 8, 4),
-    (32, 128, 12, 4),
 )
 INTERPRETER_SWAP_TILES: tuple[tuple[int, int, int, int], ...] = ((32, 16, 1, 4),)
 
@@ -296,11 +295,12 @@ INTERPRETER_CONFIGS: tuple[GemmConfig, ...] = (
 # as few as the dot allows (16) up to 64/128, wide N tiles with deep pipelines (the weight
 # stream), K steps of 64-256. Its split (`split_k`) is chosen per shape (`decode_splits`).
 DECODE_MAX_ROWS = 512
-# Weight-stream tiles for the persistent kernel at M <= DECODE_MAX_ROWS: cuBLAS's picks from
-# 64 to 512 rows of the small decode weights on one H200 (64x32_64x16, 64x64_64x13,
-# 128x64_64x8: few columns, 64-deep K steps, pipelines 8-16 deep; library_kernels_decode).
+# Weight-stream tiles for the persistent kernel at M <= DECODE_MAX_ROWS: cuBLAS's picks at 128
+# rows of the small decode weights on one H200 (64x64_64x13, 128x64_64x8: few columns, deep
+# pipelines; profiles/h200/library_kernels_decode_callAL.json). The pick at 5 of 190 decode
+# shapes, all at 128-256 rows (H200 call AM: 128x5120x4096 1.013 of cuBLAS, 0.955 before;
+# 128x4096x4096 0.929, 0.877 before); cuBLAS's 64x32_64x16 never within 1% of the fastest.
 WEIGHT_STREAM_CONFIGS: tuple[GemmConfig, ...] = (
-    GemmConfig(64, 32, 64, 8, 16, 4),
     GemmConfig(64, 64, 64, 8, 13, 4),
     GemmConfig(128, 64, 64, 8, 8, 4),
 )

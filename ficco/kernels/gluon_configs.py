@@ -120,6 +120,15 @@ BF16_CONFIGS = (
     GluonGemmConfig(128, 128, 32, 12, 1, 8, split_epilogue=True),
     GluonGemmConfig(64, 192, 32, 12, 1, 4),
     GluonGemmConfig(64, 192, 64, 6, 1, 4),
+    # Decode weights (M <= 512): narrow tiles in deep rings, as cuBLAS streams them (64 weight
+    # columns a CTA, 16 stages of 64-deep K steps, profiles/h200/library_kernels_decode_callAL
+    # .json): 2880 columns in 45 tiles of 64 or 90 of 32, ~10 K steps of the weight in flight
+    # per SM. A 64-row tile at M = 1 reads one row of A (TMA skips the rest) and its wasted
+    # wgmma rows cost little beside the weight's stream.
+    GluonGemmConfig(64, 64, 64, 13, 1, 4),
+    GluonGemmConfig(64, 64, 128, 6, 1, 4),
+    GluonGemmConfig(64, 32, 128, 8, 1, 4),
+    GluonGemmConfig(64, 128, 64, 8, 1, 4),
 )
 FP8_CONFIGS = (
     GluonGemmConfig(128, 128, 128, 4, 1, 8),
