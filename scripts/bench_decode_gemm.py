@@ -219,16 +219,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     shapes = decode_shapes(args.world)
     if args.weights:
-        try:
-            wanted = {
-                tuple(int(d) for d in item.strip().split("x")) for item in args.weights.split(",")
-            }
-        except ValueError:
-            parser.error(f"--weights: {args.weights!r} is not NxK,NxK,...")
-        if any(len(w) != 2 for w in wanted) or not wanted <= set(shapes):
+        wanted = set()
+        for item in args.weights.split(","):
+            dims = item.strip().split("x")
+            if len(dims) != 2 or not all(d.isdigit() for d in dims):
+                parser.error(f"--weights: {item.strip()!r} is not NxK")
+            wanted.add((int(dims[0]), int(dims[1])))
+        unknown = sorted(wanted - set(shapes))
+        if unknown:
             parser.error(
-                f"--weights: {sorted(w for w in wanted if w not in shapes)} not among the "
-                f"decode weights at W = {args.world}: {sorted(shapes)}"
+                f"--weights: {unknown} not among the decode weights at W = {args.world}: "
+                f"{sorted(shapes)}"
             )
         shapes = {nk: names for nk, names in shapes.items() if nk in wanted}
     if not torch.cuda.is_available():

@@ -311,6 +311,20 @@ def select_shapes(shape_set: str, text: str | None) -> list[tuple[tuple[int, int
     return [(shape, sets) for shape, sets in shapes if shape in wanted]
 
 
+def add_shape_arguments(ap: argparse.ArgumentParser, set_help: str) -> None:
+    """``--set`` and ``--shapes``, as `select_shapes` reads them (args.shape_set, args.shapes)."""
+    ap.add_argument(
+        "--set",
+        dest="shape_set",
+        choices=("bench_gemm", "decode"),
+        default="bench_gemm",
+        help=set_help,
+    )
+    ap.add_argument(
+        "--shapes", default=None, help="only these of the set's shapes: MxNxK,MxNxK,..."
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for gluon_gemm.json")
@@ -318,16 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", default="bf16,fp8", help="comma list of bf16, fp8")
     ap.add_argument("--commit", default=None, help="the tree's commit, for the fingerprint")
     ap.add_argument("--limit", type=int, default=None, help="at most this many shapes a dtype")
-    ap.add_argument(
-        "--set",
-        dest="shape_set",
-        choices=("bench_gemm", "decode"),
-        default="bench_gemm",
-        help="bench_gemm's full and chunk shapes, or bench_decode_gemm's (bf16)",
-    )
-    ap.add_argument(
-        "--shapes", default=None, help="only these of the set's shapes: MxNxK,MxNxK,..."
-    )
+    add_shape_arguments(ap, "bench_gemm's full and chunk shapes, or bench_decode_gemm's (bf16)")
     args = ap.parse_args(argv)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     for d in dtypes:

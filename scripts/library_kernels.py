@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from bench_gemm import fingerprint  # noqa: E402
+from bench_gluon_gemm import add_shape_arguments, select_shapes  # noqa: E402
 
 TRACE_FIELDS = ("grid", "block", "registers per thread", "shared memory", "blocks per SM")
 
@@ -92,18 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for library_kernels.json")
     ap.add_argument("--commit", default=None, help="the tree's commit, for the fingerprint")
-    ap.add_argument(
-        "--set",
-        dest="shape_set",
-        choices=("bench_gemm", "decode"),
-        default="bench_gemm",
-        help="bench_gemm's full and chunk shapes, or bench_decode_gemm's (bf16, with ficco's matmul)",
-    )
-    ap.add_argument(
-        "--shapes", default=None, help="only these of the set's shapes: MxNxK,MxNxK,..."
+    add_shape_arguments(
+        ap, "bench_gemm's full and chunk shapes, or bench_decode_gemm's (bf16, with ficco's matmul)"
     )
     args = ap.parse_args(argv)
-    from bench_gluon_gemm import select_shapes
 
     try:
         shapes = select_shapes(args.shape_set, args.shapes)

@@ -288,7 +288,7 @@ def test_the_picks_script_does_not_write_over_a_file(tmp_path, capsys, monkeypat
 # --- scripts/bench_gluon_gemm.py: its shape sets and summary (no GPU) ---
 
 
-def _bench_script():
+def _bench_script(name: str = "bench_gluon_gemm"):
     import importlib.util
     import sys
     from pathlib import Path
@@ -296,9 +296,7 @@ def _bench_script():
     scripts = Path(__file__).resolve().parents[1] / "scripts"
     sys.path.insert(0, str(scripts))
     try:
-        spec = importlib.util.spec_from_file_location(
-            "bench_gluon_gemm", scripts / "bench_gluon_gemm.py"
-        )
+        spec = importlib.util.spec_from_file_location(name, scripts / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     finally:
@@ -370,3 +368,24 @@ def test_the_benchmark_selects_the_named_shapes_in_the_sets_order():
         s for s, _ in script.ordered_shapes() if s in {(1024, 3072, 4096), (512, 5120, 8192)}
     ]
     assert len(script.select_shapes("decode", None)) == 190
+
+
+@pytest.mark.parametrize(
+    ("script", "argv", "named"),
+    [
+        ("library_kernels", ["--set", "decode", "--shapes", "1x2880x2049"], "1, 2880, 2049"),
+        ("library_kernels", ["--shapes", "1x2880"], "'1x2880' is not MxNxK"),
+        ("bench_decode_gemm", ["--weights", "2880x2049"], "(2880, 2049)"),
+        ("bench_decode_gemm", ["--weights", "2880xK"], "'2880xK' is not NxK"),
+        ("bench_decode_gemm", ["--weights", "2880"], "'2880' is not NxK"),
+    ],
+)
+def test_the_kernel_scripts_refuse_a_bad_shape_before_any_gpu_work(
+    script, argv, named, tmp_path, capsys
+):
+    module = _bench_script(script)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--out", str(tmp_path / "out"), *argv])
+    assert exit_info.value.code == 2
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

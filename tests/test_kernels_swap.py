@@ -141,3 +141,13 @@ def test_fused_config_refuses_swap_tile(monkeypatch):
     monkeypatch.setattr(fused_configs, "config_for", lambda *args: swap)
     cfg = fused_config(8, 4096, 2048, 1, torch.bfloat16, 132, torch.device("cuda", 0), "tma")
     assert not cfg.swap_ab and not cfg.split_tail
+
+
+def test_weight_stream_tiles_are_offered_for_decode_rows_only():
+    from ficco.kernels.configs import DECODE_MAX_ROWS, WEIGHT_STREAM_CONFIGS
+
+    for cfg in WEIGHT_STREAM_CONFIGS:
+        assert cfg in candidate_configs(128, 4096, 4096, 2, 2)
+        assert cfg not in candidate_configs(DECODE_MAX_ROWS * 2, 4096, 4096, 2, 2)
+        assert cfg not in candidate_configs(4, 4, 4, 4, 4, interpreter=True)
+        assert cfg not in fused_candidate_configs(128, 4096, 4096, 2, 2)

@@ -542,14 +542,21 @@ def fused_candidate_configs(
     shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
 ) -> list[GemmConfig]:
     """The fused GEMM's candidates for ``chunks`` chunks of `rows` rows: the persistent GPU
-    space, pruned as `candidate_configs` prunes it, without swap-AB tiles; where chunks are
+    space, pruned as `candidate_configs` prunes it, without swap-AB or weight-stream tiles
+    (`WEIGHT_STREAM_CONFIGS`: timed for the persistent kernel's decode GEMMs only); where chunks are
     few-row (`CHUNK_GROUP_MAX_ROWS`), each also with every chunk in one group
     (`GemmConfig.chunk_group`); and each also with `split_tail` where the launch's tiles
     (every chunk's) leave a short last wave on ``sm_budget`` programs (`split_plan`)."""
     kept = candidate_configs(
         rows, n, k, in_bytes, out_bytes, sm_budget=1, shared_memory_bytes=shared_memory_bytes
     )
-    plain = list(dict.fromkeys(replace(cfg, split_tail=False) for cfg in kept if not cfg.swap_ab))
+    plain = list(
+        dict.fromkeys(
+            replace(cfg, split_tail=False)
+            for cfg in kept
+            if not cfg.swap_ab and replace(cfg, split_tail=False) not in WEIGHT_STREAM_CONFIGS
+        )
+    )
     if 1 < chunks <= MAX_CHUNK_GROUP and rows <= CHUNK_GROUP_MAX_ROWS:
         plain += [replace(cfg, chunk_group=chunks) for cfg in plain]
     if sm_budget is None:
