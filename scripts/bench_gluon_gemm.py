@@ -119,7 +119,7 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
     fp8 = dtype == "fp8"
     a, b, sa, sb, ref = operands(m, n, k, dtype, seed=m * 7 + n * 3 + k)
     row: dict = {"M": m, "N": n, "K": k, "dtype": dtype, "errors": {}, "failures": {}}
-    configs = gg.FP8_CONFIGS if fp8 else gg.BF16_CONFIGS
+    configs = [cfg for cfg in (gg.FP8_CONFIGS if fp8 else gg.BF16_CONFIGS) if cfg.suits(m)]
     out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
     trials = check_then_time(
         configs,

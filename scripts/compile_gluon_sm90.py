@@ -43,11 +43,15 @@ def desc(dtype: str, block: list[int]) -> str:
 def compile_config(cfg: gg.GluonGemmConfig, dtype: str, fast: bool = False) -> dict:
     t0 = time.perf_counter()
     fp8 = dtype != "bf16"
-    b_block = [cfg.block_n, cfg.block_k] if fp8 else [cfg.block_k, cfg.main_n]
+    b_block = [cfg.block_n, cfg.block_k] if fp8 or cfg.swap_ab else [cfg.block_k, cfg.main_n]
+    # swap-AB: A is the weight's [block_k, block_m] blocks, C out's [block_n, block_m]
+    a_block = [cfg.block_k, cfg.block_m] if cfg.swap_ab else [cfg.block_m, cfg.block_k]
+    c_cols = cfg.main_n // (2 if cfg.split_epilogue else 1)
+    c_block = [cfg.block_n, cfg.block_m] if cfg.swap_ab else [cfg.block_m, c_cols]
     signature = {
-        "a_desc": desc(dtype, [cfg.block_m, cfg.block_k]),
+        "a_desc": desc(dtype, a_block),
         "b_desc": desc(dtype, b_block),
-        "c_desc": desc("bf16", [cfg.block_m, cfg.main_n // (2 if cfg.split_epilogue else 1)]),
+        "c_desc": desc("bf16", c_block),
         # without a tail the kernel never reads these two (the launcher passes b's and c's)
         "b_tail_desc": desc(dtype, [cfg.block_k, cfg.tail_n or cfg.main_n]),
         "c_tail_desc": desc("bf16", [cfg.block_m, cfg.tail_n or cfg.main_n]),
@@ -57,7 +61,7 @@ def compile_config(cfg: gg.GluonGemmConfig, dtype: str, fast: bool = False) -> d
     constants = dict(
         STAGES=cfg.stages, CONSUMERS=cfg.consumers,
         PRODUCER_REGS=gg.PRODUCER_REGS, CONSUMER_REGS=gg.CONSUMER_REGS, FAST_ACCUM=fast,
-        TAIL=cfg.tail_n > 0,
+        TAIL=cfg.tail_n > 0, SWAP_AB=cfg.swap_ab,
     )  # fmt: skip
     fn = gg.ws_gemm_kernel
     names = fn.arg_names

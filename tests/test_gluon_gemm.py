@@ -32,6 +32,10 @@ def test_every_shipped_config_passes_its_own_check():
         (gg.GluonGemmConfig(128, 224, 64, 3, 1, 8), r"power-of-two tail .*\(128 \+ 96\)"),
         (gg.GluonGemmConfig(128, 144, 64, 3, 1, 8), r"at least 32 columns \(128 \+ 16\)"),
         (gg.GluonGemmConfig(128, 320, 64, 3, 1, 4), "registers a thread"),
+        (gg.GluonGemmConfig(64, 16, 64, 8, 2, 4, swap_ab=True), "a swap-AB tile is one 4-warp"),
+        (gg.GluonGemmConfig(128, 16, 64, 8, 1, 4, swap_ab=True), "64 weight columns"),
+        (gg.GluonGemmConfig(64, 8, 64, 8, 1, 4, swap_ab=True), "by 16, 32 or 64 rows"),
+        (gg.GluonGemmConfig(64, 16, 64, 8, 1, 4, True, swap_ab=True), "its epilogue whole"),
     ],
 )
 def test_config_refusals_name_the_rule(cfg, rule):
@@ -49,6 +53,24 @@ def test_tail_widths_split_into_a_power_of_two_main_part_and_tail():
     assert half.shared_bytes(2) == ring + 128 * (128 + 64) * 2 + 1024
     with pytest.raises(ValueError, match="16-bit inputs only"):
         gg.GluonGemmConfig(128, 192, 128, 3, 1, 8).check(1)
+
+
+def test_swap_ab_tiles_are_timed_for_decode_rows_only_and_round_trip():
+    from ficco.kernels.gluon_configs import SWAP_MAX_ROWS, config_from_dict, config_to_dict
+
+    swap = [c for c in gg.BF16_CONFIGS if c.swap_ab]
+    assert swap and not any(c.swap_ab for c in gg.FP8_CONFIGS)
+    for cfg in swap:
+        assert cfg.name.endswith("_swap")
+        assert cfg.suits(1) and cfg.suits(SWAP_MAX_ROWS) and not cfg.suits(SWAP_MAX_ROWS + 1)
+        assert config_from_dict(config_to_dict(cfg)) == cfg
+        with pytest.raises(ValueError, match="16-bit inputs"):
+            cfg.check(1)
+    assert all(c.suits(10**6) for c in gg.BF16_CONFIGS if not c.swap_ab)
+    # a picks file written before the field reads as no swap
+    plain = config_to_dict(PP)
+    del plain["swap_ab"]
+    assert config_from_dict(plain) == PP
 
 
 def _bf16(m, n, k):
@@ -69,6 +91,9 @@ def test_operand_refusals():
         gg.ws_gemm_launcher(a, b, out, PP, a_scale=torch.ones(64), b_scale=torch.ones(64))
     with pytest.raises(ValueError, match="dtypes"):
         gg.ws_gemm_launcher(a.float(), b.float(), out, PP)
+    swap = next(c for c in gg.BF16_CONFIGS if c.swap_ab)
+    with pytest.raises(ValueError, match="swap-AB tile reads a row-major"):
+        gg.ws_gemm_launcher(a, b.t().contiguous().t(), out, swap)
 
 
 def test_fp8_refusals():

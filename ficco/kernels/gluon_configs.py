@@ -26,6 +26,8 @@ GLUON_ENV = "FICCO_GEMM_GLUON"
 #: None: picks from two runs, judged on a third (H100 runs 18, 19 -> 20), gave `matmul`
 #: 0.9987 / 0.9963 of cuBLAS (full / chunk geomeans) at 0, 0.9953 / 0.9941 at 1%.
 PICK_MARGIN = 0.0
+#: rows up to which the swap-AB tiles are timed (`GluonGemmConfig.suits`)
+SWAP_MAX_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,10 @@ class GluonGemmConfig:
     consumers: int  # 1: cooperative, 2: ping-pong
     consumer_warps: int  # warps of each consumer partition
     split_epilogue: bool = False  # store the main part in two column halves (half the smem)
+    # swap-AB (decode rows, 16-bit): out^T [N, M] = b^T [N, K] @ a^T [K, M], so block_m is the
+    # weight's columns a tile (wgmma's M, 64) and block_n the rows of `a` (wgmma's N, 16-64):
+    # the ring holds the weight's stream, not 64-row A tiles mostly past M
+    swap_ab: bool = False
 
     # A block_n that is no power of two (Gluon's tensors are) runs as two column parts: a
     # main part (the largest power of two below it) and a tail (the rest, itself a power of
@@ -54,7 +60,12 @@ class GluonGemmConfig:
     def name(self) -> str:
         kind = "pp" if self.consumers == 2 else f"coop{self.consumer_warps}"
         kind += "_half" if self.split_epilogue else ""
+        kind += "_swap" if self.swap_ab else ""
         return f"ws_{self.block_m}x{self.block_n}x{self.block_k}_s{self.stages}_{kind}"
+
+    def suits(self, m: int) -> bool:
+        """Worth timing for M rows: a swap-AB tile only where M fits a few of its row blocks."""
+        return not self.swap_ab or m <= SWAP_MAX_ROWS
 
     def shared_bytes(self, in_bytes: int, out_bytes: int = 2) -> int:
         ring = self.stages * (self.block_m + self.block_n) * self.block_k * in_bytes
@@ -70,6 +81,18 @@ class GluonGemmConfig:
             raise ValueError("ping-pong consumers are one warpgroup each (consumer_warps=4)")
         if self.consumer_warps not in (4, 8):
             raise ValueError(f"consumer_warps={self.consumer_warps}: 4 or 8")
+        if self.swap_ab and (
+            self.consumers != 1
+            or self.consumer_warps != 4
+            or self.split_epilogue
+            or in_bytes != 2
+            or self.block_m != 64
+            or self.block_n not in (16, 32, 64)
+        ):
+            raise ValueError(
+                f"{self.name}: a swap-AB tile is one 4-warp consumer, 16-bit inputs, 64 weight "
+                "columns by 16, 32 or 64 rows, its epilogue whole"
+            )
         tail = self.tail_n
         if tail and (tail & (tail - 1) or tail < 32):
             raise ValueError(
@@ -130,6 +153,12 @@ BF16_CONFIGS = (
     GluonGemmConfig(64, 64, 128, 6, 1, 4),
     GluonGemmConfig(64, 32, 128, 8, 1, 4),
     GluonGemmConfig(64, 128, 64, 8, 1, 4),
+    # Swap-AB decode tiles, cuBLAS's own for M <= 16 on small weights (64x8 / 64x16 tiles in
+    # 16 stages of 64-deep steps): 64 weight columns by 16 or 32 rows
+    GluonGemmConfig(64, 16, 64, 16, 1, 4, swap_ab=True),
+    GluonGemmConfig(64, 16, 64, 20, 1, 4, swap_ab=True),
+    GluonGemmConfig(64, 16, 128, 8, 1, 4, swap_ab=True),
+    GluonGemmConfig(64, 32, 64, 12, 1, 4, swap_ab=True),
 )
 FP8_CONFIGS = (
     GluonGemmConfig(128, 128, 128, 4, 1, 8),
@@ -162,10 +191,10 @@ def config_from_dict(data: object) -> GluonGemmConfig:
     for f in fields(GluonGemmConfig):
         field = f"config.{f.name}"
         if f.name not in data:
-            if f.name == "split_epilogue":
+            if f.name in ("split_epilogue", "swap_ab"):
                 continue
             raise validate.InputError(field, None, "missing")
-        if f.name == "split_epilogue":
+        if f.name in ("split_epilogue", "swap_ab"):
             values[f.name] = validate.flag(field, data[f.name])
         else:
             values[f.name] = validate.integer(field, data[f.name], minimum=1, text=False)

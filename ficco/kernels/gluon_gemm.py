@@ -333,6 +333,87 @@ def _consume(
     tma.store_wait(pendings=0)
 
 
+@gluon.jit
+def _swap_producer(descs, ring, bars, scales):
+    """Swap-AB: every TMA load of the program's tiles, the weight's [BLOCK_K, BLOCK_M] block
+    (a_desc over b [K, N]) and a's rows [BLOCK_N, BLOCK_K] (b_desc over a [M, K])."""
+    a_desc = descs[0]
+    b_desc = descs[1]
+    c_desc = descs[2]
+    ready, empty, turns = bars
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    STAGES: gl.constexpr = ring[0].type.shape[0]
+    load_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    # the kernel's M is the weight's columns, its N the rows of a (out^T = b^T a^T)
+    num_pid_m = gl.cdiv(c_desc.shape[1], BLOCK_M)
+    num_pid_n = gl.cdiv(c_desc.shape[0], BLOCK_N)
+    k_steps = gl.cdiv(a_desc.shape[0], BLOCK_K)
+    step = 0
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
+        for ki in range(k_steps):
+            slot = step % STAGES
+            mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
+            bar = ready.index(slot)
+            mbarrier.expect(bar, load_bytes)
+            tma.async_copy_global_to_shared(a_desc, [ki * BLOCK_K, off_m], bar, ring[0].index(slot))
+            tma.async_copy_global_to_shared(b_desc, [off_n, ki * BLOCK_K], bar, ring[1].index(slot))
+            step += 1
+
+
+@gluon.jit
+def _swap_consumer(descs, ring, bars, scales):
+    """Swap-AB: acc [BLOCK_M, BLOCK_N] = out^T's tile, from the weight's block read MN-major
+    and a's rows read K-major, stored transposed into out [M, N] (c_desc's [BLOCK_N, BLOCK_M]
+    blocks)."""
+    a_desc = descs[0]
+    b_desc = descs[1]
+    c_desc = descs[2]
+    a_bufs = ring[0]
+    b_bufs = ring[1]
+    ready, empty, turns = bars
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    K_INSTR: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth
+    acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, gl.num_warps(), K_INSTR)
+    num_pid_m = gl.cdiv(c_desc.shape[1], BLOCK_M)
+    num_pid_n = gl.cdiv(c_desc.shape[0], BLOCK_N)
+    k_steps = gl.cdiv(a_desc.shape[0], BLOCK_K)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_N, BLOCK_M], c_desc.layout)
+    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+    step = 0
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
+        previous = 0
+        for ki in range(k_steps):
+            slot = step % STAGES
+            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+            acc = warpgroup_mma(
+                a_bufs.index(slot).permute((1, 0)),
+                b_bufs.index(slot).permute((1, 0)),
+                acc,
+                use_acc=ki > 0,
+                is_async=True,
+            )
+            # one wgmma in flight: the previous step's slot has been read
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            if ki > 0:
+                mbarrier.arrive(empty.index(previous), count=1)
+            previous = slot
+            step += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index(previous), count=1)
+        tma.store_wait(pendings=0)  # the previous tile's store has left c_smem
+        c_smem.store(acc.to(c_desc.dtype).permute((1, 0)))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [off_n, off_m], c_smem)
+    tma.store_wait(pendings=0)
+
+
 # one function per role and accumulation: Triton 3.6 hands constexprs to partitions as tensors
 @gluon.jit
 def _coop_consumer(descs, ring, bars, scales):
@@ -379,6 +460,7 @@ def ws_gemm_kernel(
     CONSUMER_REGS: gl.constexpr,
     FAST_ACCUM: gl.constexpr,
     TAIL: gl.constexpr,
+    SWAP_AB: gl.constexpr,
 ):
     a_bufs = gl.allocate_shared_memory(
         a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout
@@ -410,7 +492,9 @@ def ws_gemm_kernel(
     # (constexprs passed to partitions arrive as tensors in Triton 3.6: each partition takes
     # only values and derives its constants from their types)
     args = (descs, ring, bars, scales)
-    if FAST_ACCUM:
+    if SWAP_AB:
+        gl.warp_specialize([(_swap_consumer, args), (_swap_producer, args)], [1], [PRODUCER_REGS])
+    elif FAST_ACCUM:
         if CONSUMERS == 1:
             gl.warp_specialize(
                 [(_coop_consumer_fast, args), (_producer, args)], [1], [PRODUCER_REGS]
@@ -488,7 +572,9 @@ def ws_gemm_launcher(
         if not tma_row_major(t):
             raise ValueError(f"{name}: a row-major view, 16-byte aligned rows and base (TMA)")
     b_k_major = tma_row_major(b.t())
-    if fp8 != b_k_major or (not fp8 and not tma_row_major(b)):
+    if cfg.swap_ab and not tma_row_major(b):
+        raise ValueError("b: a swap-AB tile reads a row-major [K, N] b (TMA)")
+    if not cfg.swap_ab and (fp8 != b_k_major or (not fp8 and not tma_row_major(b))):
         raise ValueError(
             "b: FP8 wgmma reads B K-major (pass the transpose of a row-major [N, K]); "
             "16-bit b is a row-major [K, N]; 16-byte aligned rows and base (TMA)"
@@ -502,16 +588,17 @@ def ws_gemm_launcher(
         or b_scale.dtype != torch.float32
     ):
         raise ValueError(f"scales: fp32 a_scale [{m}] and b_scale [{n}]")
-    a_desc = _desc(a, [cfg.block_m, cfg.block_k])
-    if b_k_major:
-        b_desc = _desc(b.t(), [cfg.block_n, cfg.block_k])
+    if cfg.swap_ab:
+        # out^T [N, M] = b^T [N, K] @ a^T [K, M]: the kernel's A is b's [K, block_m] blocks
+        # (read MN-major), its B a's [block_n, K] rows (read K-major), its C out's
+        # [block_n, block_m] blocks (stored transposed)
+        a_desc = _desc(b, [cfg.block_k, cfg.block_m])
+        b_desc = _desc(a, [cfg.block_n, cfg.block_k])
+        c_desc = bt_desc = ct_desc = _desc(out, [cfg.block_n, cfg.block_m])
+        tiles = triton.cdiv(n, cfg.block_m) * triton.cdiv(m, cfg.block_n)
     else:
-        b_desc = _desc(b, [cfg.block_k, cfg.main_n])
-    c_desc = _desc(out, [cfg.block_m, cfg.main_n // (2 if cfg.split_epilogue else 1)])
-    # a tail's B columns and store (16-bit only, `GluonGemmConfig.check`); else unused
-    bt_desc = _desc(b, [cfg.block_k, cfg.tail_n]) if cfg.tail_n else b_desc
-    ct_desc = _desc(out, [cfg.block_m, cfg.tail_n]) if cfg.tail_n else c_desc
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+        a_desc, b_desc, c_desc, bt_desc, ct_desc = _descs(a, b, out, cfg, b_k_major)
+        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     if programs is None:
         programs = default_sm_budget(a.device)
     grid = (min(programs, tiles),)
@@ -525,10 +612,24 @@ def ws_gemm_launcher(
             a_desc, b_desc, c_desc, bt_desc, ct_desc, sa, sb,
             STAGES=cfg.stages, CONSUMERS=cfg.consumers, PRODUCER_REGS=PRODUCER_REGS,
             CONSUMER_REGS=CONSUMER_REGS, FAST_ACCUM=fast_accum, TAIL=cfg.tail_n > 0,
-            num_warps=cfg.consumer_warps, maxnreg=MAX_REGS,
+            SWAP_AB=cfg.swap_ab, num_warps=cfg.consumer_warps, maxnreg=MAX_REGS,
         )  # fmt: skip
 
     return launch
+
+
+def _descs(a, b, out, cfg: GluonGemmConfig, b_k_major: bool) -> tuple:
+    """The descriptors of ``out = a @ b`` in cfg's tiles: a, b (K-major for FP8), out, and a
+    tail's B columns and store (16-bit only, `GluonGemmConfig.check`; else b's and out's)."""
+    a_desc = _desc(a, [cfg.block_m, cfg.block_k])
+    if b_k_major:
+        b_desc = _desc(b.t(), [cfg.block_n, cfg.block_k])
+    else:
+        b_desc = _desc(b, [cfg.block_k, cfg.main_n])
+    c_desc = _desc(out, [cfg.block_m, cfg.main_n // (2 if cfg.split_epilogue else 1)])
+    bt_desc = _desc(b, [cfg.block_k, cfg.tail_n]) if cfg.tail_n else b_desc
+    ct_desc = _desc(out, [cfg.block_m, cfg.tail_n]) if cfg.tail_n else c_desc
+    return a_desc, b_desc, c_desc, bt_desc, ct_desc
 
 
 def ws_gemm(

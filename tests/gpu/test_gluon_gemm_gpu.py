@@ -26,7 +26,14 @@ def _configs(fp8):
 
 # (M, N, K, programs): ragged tiles (N and K multiples of 16, as _scaled_mm takes them); few
 # programs, so each runs several tiles and the K loop wraps the ring many times
-SHAPES = [(1000, 1056, 1040, None), (520, 784, 4096, 3), (129, 144, 64, 1)]
+# ... and decode rows (the swap-AB tiles' case: a's rows past M, one or two row blocks)
+SHAPES = [
+    (1000, 1056, 1040, None),
+    (520, 784, 4096, 3),
+    (129, 144, 64, 1),
+    (5, 1056, 1040, None),
+    (24, 784, 4096, 3),
+]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:3])) + f"_p{s[3]}")
