@@ -20,7 +20,9 @@ lower-level language, places each role in its own warps:
   holds the tail's B columns too, each K step issues a second wgmma on the same A slot, and
   the tail is stored through its own buffer. These are cuBLAS's widths for shapes that
   power-of-two tiles fill badly (1024x3072: 128 tiles of 128x192 on 132 SMs, against 192 of
-  128x128 or 96 of 128x256).
+  128x128 or 96 of 128x256);
+- swap-AB tiles (decode rows, 16-bit; `ficco.kernels.gluon_swap`): out^T = b^T a^T, the
+  weight's 64 columns in wgmma's M and a's 16-32 rows in its N, stored transposed.
 
 Tiles go to programs round-robin (tile t on program t mod P, grouped by ``GROUP_M`` rows of
 tiles as the persistent kernel groups them). Operands: ``a [M, K]`` row-major; 16-bit ``b``
@@ -35,7 +37,7 @@ thread, else through wgmma's ``max_num_imprecise_acc``; ``fast_accum`` promotes 
 GPU only, written against Triton 3.6's Gluon (the GPU image's; `matmul`'s shipped picks are
 keyed on that version). `scripts/bench_gluon_gemm.py` verifies every variant against an fp32
 product and times it beside cuBLAS / ``torch._scaled_mm``; what it measured:
-profiles/h200/NOTES_gemm.md (calls V-AK), profiles/h100/NOTES_gemm.md (runs 15-27).
+profiles/h200/NOTES_gemm.md (calls V-AP), profiles/h100/NOTES_gemm.md (runs 15-29).
 """
 
 from __future__ import annotations
@@ -60,10 +62,10 @@ from ficco.kernels.gluon_configs import (  # noqa: F401 - the space, re-exported
     FP8_CONFIGS,
     GluonGemmConfig,
 )
+from ficco.kernels.gluon_ring import _acc_layout, _free_slot, _landed_slot, _tile_offsets
+from ficco.kernels.gluon_swap import _swap_consumer, _swap_producer
 from ficco.kernels.persistent import _tma_operand, default_sm_budget, tma_row_major
 
-# rows of tiles a group visits before moving along N (L2 reuse of the B columns)
-GROUP_M = gl.constexpr(8)
 # the producer partition's warps and registers; the consumers take the rest of the
 # register file (setmaxnreg moves registers between warpgroups)
 PRODUCER_WARPS = 1
@@ -74,35 +76,6 @@ CONSUMER_REGS = 232
 MAX_REGS = 168
 
 
-@gluon.constexpr_function
-def _acc_layout(block_m, block_n, num_warps, k_instr):
-    """The wgmma accumulator's register layout for a [block_m, block_n] tile on num_warps."""
-    warps = [4, 1]
-    while warps[0] * warps[1] != num_warps:
-        if block_m > 16 * warps[0]:
-            warps[0] *= 2
-        else:
-            warps[1] *= 2
-    n_reps = triton.cdiv(num_warps, triton.cdiv(block_m, 16))
-    most_n = max(block_n // n_reps, 8)
-    instr_n = 256
-    while instr_n > most_n or block_n % instr_n != 0:
-        instr_n -= 8
-    return gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=warps, instr_shape=[16, instr_n, k_instr]
-    )
-
-
-@gluon.jit
-def _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    in_group = GROUP_M * num_pid_n
-    first_m = (tile // in_group) * GROUP_M
-    size_m = gl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (tile % in_group) % size_m
-    pid_n = (tile % in_group) // size_m
-    return pid_m * BLOCK_M, pid_n * BLOCK_N
-
-
 @gluon.jit
 def _producer(descs, ring, bars, scales):
     """Every TMA load of the program's tiles, in order, each into the next free ring slot."""
@@ -111,7 +84,6 @@ def _producer(descs, ring, bars, scales):
     c_desc = descs[2]
     a_bufs = ring[0]
     b_bufs = ring[1]
-    ready, empty, turns = bars
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     # B's tile is [BLOCK_N, BLOCK_K] K-major (FP8), else [BLOCK_K, BLOCK_N]
@@ -139,11 +111,7 @@ def _producer(descs, ring, bars, scales):
     for tile in range(pid, num_pid_m * num_pid_n, programs):
         off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
         for ki in range(k_steps):
-            slot = step % STAGES
-            # a fresh mbarrier reads as if phase 1 completed: the first pass does not wait
-            mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
-            bar = ready.index(slot)
-            mbarrier.expect(bar, load_bytes)
+            slot, bar = _free_slot(bars, step, STAGES, load_bytes)
             tma.async_copy_global_to_shared(a_desc, [off_m, ki * BLOCK_K], bar, a_bufs.index(slot))
             if B_K_MAJOR:
                 tma.async_copy_global_to_shared(
@@ -236,8 +204,7 @@ def _consume(
             # while its registers are read (ptxas serializes every wgmma otherwise, C7514);
             # the other warpgroup's wgmmas keep the tensor cores busy meanwhile
             for _ki in range(k_steps):
-                slot = step % STAGES
-                mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+                slot = _landed_slot(bars, step, STAGES)
                 zero = gl.zeros([BLOCK_M, MAIN_N], gl.float32, acc_layout)
                 partial = warpgroup_mma(
                     a_bufs.index(slot),
@@ -254,8 +221,7 @@ def _consume(
                 mbarrier.arrive(turns.index(1 - WHICH), count=1)
         else:
             for ki in range(k_steps):
-                slot = step % STAGES
-                mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+                slot = _landed_slot(bars, step, STAGES)
                 b_tile = b_bufs.index(slot).permute((1, 0)) if FP8 else b_bufs.index(slot)
                 if FAST:  # wgmma's default for FP8: never promote
                     acc = warpgroup_mma(
@@ -330,87 +296,6 @@ def _consume(
             fence_async_shared()
             tma.async_copy_shared_to_global(c_desc, [off_m, off_n + EPI_N], c_smem)
         mine += 1  # noqa: SIM113 - the loop strides by CONSUMERS
-    tma.store_wait(pendings=0)
-
-
-@gluon.jit
-def _swap_producer(descs, ring, bars, scales):
-    """Swap-AB: every TMA load of the program's tiles, the weight's [BLOCK_K, BLOCK_M] block
-    (a_desc over b [K, N]) and a's rows [BLOCK_N, BLOCK_K] (b_desc over a [M, K])."""
-    a_desc = descs[0]
-    b_desc = descs[1]
-    c_desc = descs[2]
-    ready, empty, turns = bars
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    STAGES: gl.constexpr = ring[0].type.shape[0]
-    load_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
-    # the kernel's M is the weight's columns, its N the rows of a (out^T = b^T a^T)
-    num_pid_m = gl.cdiv(c_desc.shape[1], BLOCK_M)
-    num_pid_n = gl.cdiv(c_desc.shape[0], BLOCK_N)
-    k_steps = gl.cdiv(a_desc.shape[0], BLOCK_K)
-    step = 0
-    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
-        for ki in range(k_steps):
-            slot = step % STAGES
-            mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
-            bar = ready.index(slot)
-            mbarrier.expect(bar, load_bytes)
-            tma.async_copy_global_to_shared(a_desc, [ki * BLOCK_K, off_m], bar, ring[0].index(slot))
-            tma.async_copy_global_to_shared(b_desc, [off_n, ki * BLOCK_K], bar, ring[1].index(slot))
-            step += 1
-
-
-@gluon.jit
-def _swap_consumer(descs, ring, bars, scales):
-    """Swap-AB: acc [BLOCK_M, BLOCK_N] = out^T's tile, from the weight's block read MN-major
-    and a's rows read K-major, stored transposed into out [M, N] (c_desc's [BLOCK_N, BLOCK_M]
-    blocks)."""
-    a_desc = descs[0]
-    b_desc = descs[1]
-    c_desc = descs[2]
-    a_bufs = ring[0]
-    b_bufs = ring[1]
-    ready, empty, turns = bars
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
-    K_INSTR: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth
-    acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, gl.num_warps(), K_INSTR)
-    num_pid_m = gl.cdiv(c_desc.shape[1], BLOCK_M)
-    num_pid_n = gl.cdiv(c_desc.shape[0], BLOCK_N)
-    k_steps = gl.cdiv(a_desc.shape[0], BLOCK_K)
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_N, BLOCK_M], c_desc.layout)
-    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
-    step = 0
-    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
-        previous = 0
-        for ki in range(k_steps):
-            slot = step % STAGES
-            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-            acc = warpgroup_mma(
-                a_bufs.index(slot).permute((1, 0)),
-                b_bufs.index(slot).permute((1, 0)),
-                acc,
-                use_acc=ki > 0,
-                is_async=True,
-            )
-            # one wgmma in flight: the previous step's slot has been read
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            if ki > 0:
-                mbarrier.arrive(empty.index(previous), count=1)
-            previous = slot
-            step += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(empty.index(previous), count=1)
-        tma.store_wait(pendings=0)  # the previous tile's store has left c_smem
-        c_smem.store(acc.to(c_desc.dtype).permute((1, 0)))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [off_n, off_m], c_smem)
     tma.store_wait(pendings=0)
 
 
