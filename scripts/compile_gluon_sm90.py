@@ -2,14 +2,17 @@
 """Compile the warp-specialized Gluon GEMM (`ficco.kernels.gluon_gemm`) for sm_90 on a
 machine without a GPU, through PTX to a cubin with Triton's bundled ptxas, and print per
 configuration as JSON: the wgmma instructions, setmaxnreg counts, registers, spills and
-shared memory (or the compile error). Needs Triton's Gluon (3.6 on the GPU image).
+shared memory (or the compile error), and a digest of its PTX without debug lines and
+labels: two trees whose digests agree compile to the same instructions (a refactor's check
+on a machine without a GPU). Needs Triton's Gluon (3.6 on the GPU image).
 
-    python scripts/compile_gluon_sm90.py [--fp8]
+    python scripts/compile_gluon_sm90.py [--fp8] [--digests FILE [--against FILE]]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -83,9 +86,22 @@ def compile_config(cfg: gg.GluonGemmConfig, dtype: str, fast: bool = False) -> d
             set(re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)", ptx))
         ),
         "ptxas": _ptxas(ptx),
+        "ptx_digest": ptx_digest(ptx),
         "shared": getattr(kernel.metadata, "shared", None),
         "compile_s": round(time.perf_counter() - t0, 2),
     }
+
+
+def ptx_digest(ptx: str) -> str:
+    """sha256 of the PTX's instructions: debug sections, comments, .loc/.file lines and the
+    debug labels ($L__tmpN, numbered by inlined calls) left out."""
+    code = re.split(r"\.section\s+\.debug", ptx)[0]
+    kept = (
+        line
+        for line in code.splitlines()
+        if not re.match(r"\s*(//|\.loc|\.file)|\$L__tmp\d+:$", line)
+    )
+    return hashlib.sha256("\n".join(kept).encode()).hexdigest()
 
 
 CONFIGS = list(gg.BF16_CONFIGS)
@@ -95,14 +111,21 @@ FP8_CONFIGS = list(gg.FP8_CONFIGS)
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fp8", action="store_true", help="the FP8 configurations too")
+    ap.add_argument("--digests", type=Path, help="write {config|dtype|fast: ptx digest} here")
+    ap.add_argument("--against", type=Path, help="another tree's --digests file: list what differs")
     args = ap.parse_args()
+    if args.against and not args.digests:
+        ap.error("--against needs --digests")
+    digests = {}
     todo = [(c, "bf16", False) for c in CONFIGS] + (
         [(c, "fp8e4nv", fast) for fast in (False, True) for c in FP8_CONFIGS] if args.fp8 else []
     )
     failed = 0
     for cfg, dtype, fast in todo:
         try:
-            print(json.dumps(compile_config(cfg, dtype, fast)))
+            row = compile_config(cfg, dtype, fast)
+            digests[f"{cfg.name}|{dtype}|{fast}"] = row["ptx_digest"]
+            print(json.dumps(row))
         except Exception as exc:  # reported per configuration
             failed += 1
             print(
@@ -114,6 +137,15 @@ def main() -> int:
                     }
                 )
             )
+    if args.digests:
+        args.digests.write_text(json.dumps(digests, indent=1))
+    if args.against:
+        before = json.loads(args.against.read_text())
+        differ = sorted(
+            k for k in digests.keys() | before.keys() if digests.get(k) != before.get(k)
+        )
+        print(json.dumps({"compared": len(digests), "differ": differ}))
+        failed += len(differ)
     return 1 if failed else 0
 
 
