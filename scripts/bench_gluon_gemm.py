@@ -311,6 +311,22 @@ def select_shapes(shape_set: str, text: str | None) -> list[tuple[tuple[int, int
     return [(shape, sets) for shape, sets in shapes if shape in wanted]
 
 
+def select_rows(shapes: list, text: str) -> list:
+    """``shapes`` of the M values ``text`` names ("M,M,..."), rows in that order (each row's
+    shapes in the set's order); ValueError names a bad value or one that selects nothing."""
+    rows = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item.isdigit() or int(item) < 1:
+            raise ValueError(f"--rows: {item!r} is not a positive integer")
+        rows.append(int(item))
+    present = {shape[0] for shape, _ in shapes}
+    missing = [m for m in rows if m not in present]
+    if missing:
+        raise ValueError(f"--rows: no shape of the set has M in {missing}")
+    return [(shape, sets) for m in dict.fromkeys(rows) for shape, sets in shapes if shape[0] == m]
+
+
 def add_shape_arguments(ap: argparse.ArgumentParser, set_help: str) -> None:
     """``--set`` and ``--shapes``, as `select_shapes` reads them (args.shape_set, args.shapes)."""
     ap.add_argument(
@@ -333,6 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--commit", default=None, help="the tree's commit, for the fingerprint")
     ap.add_argument("--limit", type=int, default=None, help="at most this many shapes a dtype")
     add_shape_arguments(ap, "bench_gemm's full and chunk shapes, or bench_decode_gemm's (bf16)")
+    ap.add_argument(
+        "--rows",
+        default=None,
+        help="only shapes of these M, in this order: M,M,... (a time budget then cuts the last)",
+    )
     args = ap.parse_args(argv)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     for d in dtypes:
@@ -342,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--set decode: bf16 only (--dtypes bf16)")
     try:  # bad input refused before any GPU work
         shapes = select_shapes(args.shape_set, args.shapes)
+        if args.rows:
+            shapes = select_rows(shapes, args.rows)
     except ValueError as exc:
         ap.error(str(exc))
     if not torch.cuda.is_available():

@@ -414,3 +414,15 @@ def test_the_kernel_scripts_refuse_a_bad_shape_before_any_gpu_work(
     assert exit_info.value.code == 2
     assert named in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_benchmark_takes_rows_in_the_order_named():
+    script = _bench_script()
+    decode = script.select_shapes("decode", None)
+    picked = script.select_rows(decode, "1, 32,1")
+    assert [s[0] for s, _ in picked] == [1] * 19 + [32] * 19
+    assert [s for s, _ in picked[:19]] == [s for s, _ in decode if s[0] == 1]
+    with pytest.raises(ValueError, match="'0' is not a positive integer"):
+        script.select_rows(decode, "0")
+    with pytest.raises(ValueError, match=r"no shape of the set has M in \[3\]"):
+        script.select_rows(decode, "1,3")
