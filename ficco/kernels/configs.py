@@ -396,9 +396,11 @@ def candidate_configs(
     sm_budget: int = 132,
     interpreter: bool = False,
     shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
+    decode_tiles: bool = True,
 ) -> list[GemmConfig]:
-    """The configurations worth timing for one GEMM shape, in the space's order, then the
-    swap-AB tiles for few rows (`swap_candidate_configs`).
+    """The configurations worth timing for one GEMM shape, in the space's order, then (with
+    ``decode_tiles``, the persistent kernel's) the weight-stream tiles up to DECODE_MAX_ROWS
+    rows (`WEIGHT_STREAM_CONFIGS`) and the swap-AB tiles for few rows (`swap_candidate_configs`).
 
     Each kept configuration also comes with `split_tail=True` where that changes the launch
     (`split_plan`: a last wave of at most half the programs split along K).
@@ -408,7 +410,7 @@ def candidate_configs(
     NOTES_gemm.md). A tuning-cache entry names it for the shapes where it measured faster.
     """
     space = INTERPRETER_CONFIGS if interpreter else GPU_CONFIGS
-    if not interpreter and m <= DECODE_MAX_ROWS:
+    if decode_tiles and not interpreter and m <= DECODE_MAX_ROWS:
         space = space + WEIGHT_STREAM_CONFIGS
     kept = []
     for cfg in space:
@@ -422,16 +424,17 @@ def candidate_configs(
             kept.append(cfg)
         if splits_here(cfg, m, n, k, sm_budget):
             kept.append(replace(cfg, split_tail=True))
-    kept += swap_candidate_configs(
-        m,
-        n,
-        k,
-        in_bytes,
-        out_bytes,
-        sm_budget=sm_budget,
-        interpreter=interpreter,
-        shared_memory_bytes=shared_memory_bytes,
-    )
+    if decode_tiles:
+        kept += swap_candidate_configs(
+            m,
+            n,
+            k,
+            in_bytes,
+            out_bytes,
+            sm_budget=sm_budget,
+            interpreter=interpreter,
+            shared_memory_bytes=shared_memory_bytes,
+        )
     kept = list(dict.fromkeys(kept))  # the interpreter space lists a split config itself
     return kept or [space[0] if interpreter else FALLBACK_CONFIG]
 
@@ -542,21 +545,22 @@ def fused_candidate_configs(
     shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
 ) -> list[GemmConfig]:
     """The fused GEMM's candidates for ``chunks`` chunks of `rows` rows: the persistent GPU
-    space, pruned as `candidate_configs` prunes it, without swap-AB or weight-stream tiles
-    (`WEIGHT_STREAM_CONFIGS`: timed for the persistent kernel's decode GEMMs only); where chunks are
+    space, pruned as `candidate_configs` prunes it, without its decode tiles (swap-AB and
+    weight-stream: the persistent kernel's, timed for decode GEMMs only); where chunks are
     few-row (`CHUNK_GROUP_MAX_ROWS`), each also with every chunk in one group
     (`GemmConfig.chunk_group`); and each also with `split_tail` where the launch's tiles
     (every chunk's) leave a short last wave on ``sm_budget`` programs (`split_plan`)."""
     kept = candidate_configs(
-        rows, n, k, in_bytes, out_bytes, sm_budget=1, shared_memory_bytes=shared_memory_bytes
+        rows,
+        n,
+        k,
+        in_bytes,
+        out_bytes,
+        sm_budget=1,
+        shared_memory_bytes=shared_memory_bytes,
+        decode_tiles=False,
     )
-    plain = list(
-        dict.fromkeys(
-            replace(cfg, split_tail=False)
-            for cfg in kept
-            if not cfg.swap_ab and replace(cfg, split_tail=False) not in WEIGHT_STREAM_CONFIGS
-        )
-    )
+    plain = list(dict.fromkeys(replace(cfg, split_tail=False) for cfg in kept))
     if 1 < chunks <= MAX_CHUNK_GROUP and rows <= CHUNK_GROUP_MAX_ROWS:
         plain += [replace(cfg, chunk_group=chunks) for cfg in plain]
     if sm_budget is None:
