@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_gemm import fingerprint  # noqa: E402
+from bench_gemm import fingerprint, parse_dims  # noqa: E402
 
 from ficco.execute.timing import LaunchTimer  # noqa: E402
 from ficco.kernels import matmul, tune  # noqa: E402
@@ -219,12 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     shapes = decode_shapes(args.world)
     if args.weights:
-        wanted = set()
-        for item in args.weights.split(","):
-            dims = item.strip().split("x")
-            if len(dims) != 2 or not all(d.isdigit() for d in dims):
-                parser.error(f"--weights: {item.strip()!r} is not NxK")
-            wanted.add((int(dims[0]), int(dims[1])))
+        try:
+            wanted = parse_dims("--weights", args.weights, 2)
+        except ValueError as exc:
+            parser.error(str(exc))
         unknown = sorted(wanted - set(shapes))
         if unknown:
             parser.error(

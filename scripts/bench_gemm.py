@@ -121,6 +121,19 @@ def shape_sets(quick: bool) -> tuple[dict, list, list]:
 # Environment
 
 
+def parse_dims(option: str, text: str, count: int) -> set[tuple[int, ...]]:
+    """The shapes a comma list names ("AxB[xC],..."), each of ``count`` non-negative integers;
+    ValueError names ``option`` and the bad item."""
+    names = "x".join("MNK"[3 - count :])
+    found = set()
+    for item in text.split(","):
+        dims = item.strip().split("x")
+        if len(dims) != count or not all(d.isdigit() for d in dims):
+            raise ValueError(f"{option}: {item.strip()!r} is not {names}")
+        found.add(tuple(int(d) for d in dims))
+    return found
+
+
 def _run(cmd: list[str]) -> str:
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()

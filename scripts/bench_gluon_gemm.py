@@ -55,7 +55,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_gemm import _geomean, fingerprint, shape_sets  # noqa: E402
+from bench_gemm import _geomean, fingerprint, parse_dims, shape_sets  # noqa: E402
 from bench_gemm import _rounds_for as bench_gemm_rounds  # noqa: E402
 
 from ficco.execute.timing import launch_timer, warm_then_rounds  # noqa: E402
@@ -299,12 +299,7 @@ def select_shapes(shape_set: str, text: str | None) -> list[tuple[tuple[int, int
     shapes = ordered_shapes() if shape_set == "bench_gemm" else decode_set()
     if not text:
         return shapes
-    wanted = set()
-    for item in text.split(","):
-        dims = item.strip().split("x")
-        if len(dims) != 3 or not all(d.isdigit() for d in dims):
-            raise ValueError(f"--shapes: {item!r} is not MxNxK")
-        wanted.add(tuple(int(d) for d in dims))
+    wanted = parse_dims("--shapes", text, 3)
     unknown = wanted - {shape for shape, _ in shapes}
     if unknown:
         raise ValueError(f"--shapes: not among the {shape_set} shapes: {sorted(unknown)}")
