@@ -3,7 +3,11 @@ GPU, and the CPU side of its scripts (the picks rule, the benchmark's shape sets
 the kernel itself runs in tests/gpu/test_gluon_gemm_gpu.py."""
 
 import math
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -426,3 +430,40 @@ def test_the_benchmark_takes_rows_in_the_order_named():
         script.select_rows(decode, "0")
     with pytest.raises(ValueError, match=r"no shape of the set has M in \[3\]"):
         script.select_rows(decode, "1,3")
+
+
+def _compile_script(code: str) -> subprocess.CompletedProcess:
+    """``code`` run with scripts/compile_gluon_sm90.py imported as ``c`` (it refuses to load
+    under TRITON_INTERPRET, so in a process without it)."""
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root)
+    prelude = "import sys; sys.argv = ['x']; sys.path.insert(0, 'scripts'); "
+    prelude += "import compile_gluon_sm90 as c\n"
+    return subprocess.run(
+        [sys.executable, "-c", prelude + code], capture_output=True, text=True, cwd=root, env=env
+    )
+
+
+def test_the_ptx_digest_ignores_debug_lines_and_labels_only():
+    code = """
+base = "mov.u32 %r1, 0;\\n$L__tmp3:\\nadd.s32 %r2, %r1, 1;\\n"
+relabelled = "// inlined\\nmov.u32 %r1, 0;\\n\\t.loc 1 2 3\\n$L__tmp9:\\nadd.s32 %r2, %r1, 1;\\n"
+debug = base + ".section\\t.debug_info\\n{ .b8 1 }\\n"
+changed = base.replace("1;", "2;")
+print(c.ptx_digest(base) == c.ptx_digest(relabelled) == c.ptx_digest(debug))
+print(c.ptx_digest(base) != c.ptx_digest(changed))
+"""
+    got = _compile_script(code)
+    if got.returncode and "gluon" in got.stderr.lower():
+        pytest.skip(f"this Triton has no Gluon: {got.stderr.strip()[-200:]}")
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert got.stdout.split() == ["True", "True"]
+
+
+def test_the_compile_script_refuses_against_without_digests():
+    got = _compile_script("sys.argv = ['x', '--against', 'x.json']; c.main()")
+    if "gluon" in got.stderr.lower() and "--against" not in got.stderr:
+        pytest.skip(f"this Triton has no Gluon: {got.stderr.strip()[-200:]}")
+    assert got.returncode == 2
+    assert "--against needs --digests" in got.stderr
