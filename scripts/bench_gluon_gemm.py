@@ -257,6 +257,10 @@ def summarize(rows: list[dict]) -> dict:
         """The variant's ratios where it was timed (matmul: bf16 only; gluon_fast: FP8 only)."""
         return [r["ratio"][name] for r in sel if name in r["ratio"]]
 
+    def better_of(r: dict) -> float:
+        """The faster of the Gluon pick and the Triton kernel, over cuBLAS."""
+        return max(r["ratio"].get("gluon", 0), r["ratio"].get("triton", 0))
+
     out: dict = {}
     for dtype in ("bf16", "fp8"):
         for which in ("full", "chunk", "decode"):
@@ -264,6 +268,7 @@ def summarize(rows: list[dict]) -> dict:
             if not sel:
                 continue
             matmul = ratios(sel, "matmul")
+            better = [better_of(r) for r in sel]
             summary = {
                 "shapes": len(sel),
                 "gluon_vs_library_geomean": _geomean(ratios(sel, "gluon")),
@@ -273,9 +278,9 @@ def summarize(rows: list[dict]) -> dict:
                 "matmul_vs_library_min": min(matmul, default=math.nan),
                 "matmul_below_0.95": sum(x < 0.95 for x in matmul),
                 "matmul_below_0.90": sum(x < 0.90 for x in matmul),
-                "better_of_gluon_and_triton_vs_library_geomean": _geomean(
-                    [max(r["ratio"].get("gluon", 0), r["ratio"].get("triton", 0)) for r in sel]
-                ),
+                "better_of_gluon_and_triton_vs_library_geomean": _geomean(better),
+                "better_of_gluon_and_triton_vs_library_min": min(better),
+                "better_of_gluon_and_triton_below_0.90": sum(x < 0.90 for x in better),
                 "gluon_fast_vs_library_fast_geomean": _geomean(
                     ratios(sel, "gluon_fast_vs_library_fast")
                 ),
@@ -285,9 +290,14 @@ def summarize(rows: list[dict]) -> dict:
                 "picks": dict(sorted(Counter(r["pick"] for r in sel).items())),
             }
             if which == "decode":
+                rows_of = {
+                    m: [r for r in sel if r["M"] == m] for m in sorted({r["M"] for r in sel})
+                }
                 summary["matmul_vs_library_by_m"] = {
-                    str(m): _geomean(ratios([r for r in sel if r["M"] == m], "matmul"))
-                    for m in sorted({r["M"] for r in sel})
+                    str(m): _geomean(ratios(of_m, "matmul")) for m, of_m in rows_of.items()
+                }
+                summary["better_of_gluon_and_triton_vs_library_by_m"] = {
+                    str(m): _geomean([better_of(r) for r in of_m]) for m, of_m in rows_of.items()
                 }
             out[f"{dtype}_{which}"] = summary
     return out
@@ -338,7 +348,10 @@ def add_shape_arguments(ap: argparse.ArgumentParser, set_help: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True, help="folder for gluon_gemm.json")
+    ap.add_argument("--out", type=Path, help="folder for gluon_gemm.json")
+    ap.add_argument(
+        "--summarize", type=Path, help="print a written run's summary, recomputed (no GPU)"
+    )
     ap.add_argument("--budget-s", type=float, default=240.0, help="no new shape after this")
     ap.add_argument("--dtypes", default="bf16,fp8", help="comma list of bf16, fp8")
     ap.add_argument("--commit", default=None, help="the tree's commit, for the fingerprint")
@@ -350,6 +363,12 @@ def main(argv: list[str] | None = None) -> int:
         help="only shapes of these M, in this order: M,M,... (a time budget then cuts the last)",
     )
     args = ap.parse_args(argv)
+    if args.summarize is not None:
+        rows = json.loads(args.summarize.read_text())["rows"]
+        print(json.dumps(summarize(rows), indent=1, default=str))
+        return 0
+    if args.out is None:
+        ap.error("give --out (a folder for gluon_gemm.json) or --summarize RUN.json")
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     for d in dtypes:
         if d not in ("bf16", "fp8"):

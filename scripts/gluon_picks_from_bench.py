@@ -11,12 +11,20 @@ only the card and Triton that measured them match. An existing file is not repla
 --replace.
 
     python scripts/gluon_picks_from_bench.py RUN.json [RUN2.json ...] --out FILE [--replace]
+        [--judge OTHER_RUN.json]
+
+``--judge`` prints the picks judged on a run they were not made from: per bf16 shape of that
+run, cuBLAS's time over the time the picks would give (the picked configuration's median in
+the run's ranking rounds, else the Triton kernel's), as a geomean, overall and by M. A derived
+figure (ranking and final rounds differ), not a measurement of `matmul`; without --out it
+only judges.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -27,6 +35,7 @@ from ficco.kernels.gluon_configs import (  # noqa: E402
     BF16_CONFIGS,
     PICK_MARGIN,
     PICKS_FORMAT,
+    GluonGemmConfig,
     config_to_dict,
 )
 from ficco.kernels.tuning import TuningKey  # noqa: E402
@@ -40,7 +49,7 @@ def key_of(env: dict, m: int, n: int, k: int) -> str:
     return str(TuningKey(env["gpu"], env["triton"], "bfloat16", m, n, k, env["sm_count"]))
 
 
-def picks(runs: list[dict]) -> tuple[dict, dict]:
+def picks(runs: list[dict], min_runs: int = MIN_RUNS) -> tuple[dict, dict]:
     envs = {(r["environment"]["gpu"], r["environment"]["triton"]) for r in runs}
     if len(envs) != 1:
         raise SystemExit(f"runs of different cards or Tritons: {sorted(envs)}")
@@ -60,7 +69,7 @@ def picks(runs: list[dict]) -> tuple[dict, dict]:
         # run where either kernel was not timed there (failed, wrong) rules the shape out
         rows = [r[shape] for r in per_run if shape in r]
         timed = all("gluon" in r.get("ms", {}) and "triton" in r.get("ms", {}) for r in rows)
-        if len(rows) < MIN_RUNS or not timed:
+        if len(rows) < min_runs or not timed:
             continue
         last = rows[-1]
         gains = [r["ms"]["triton"] / r["ms"]["gluon"] for r in rows]
@@ -77,28 +86,81 @@ def picks(runs: list[dict]) -> tuple[dict, dict]:
     return chosen, stats
 
 
-def main() -> int:
+def judge(chosen: dict, run: dict) -> dict:
+    """``chosen`` (picks) on ``run``: cuBLAS ms / the picks' ms per bf16 shape (see the
+    module's --judge), geomean, lowest and shapes below 0.90, overall and by M."""
+    env = run["environment"]
+    ratios: dict[int, list[float]] = {}
+    for row in run["rows"]:
+        if row.get("dtype") != "bf16" or "library" not in row.get("ms", {}):
+            continue
+        pick = chosen.get(key_of(env, row["M"], row["N"], row["K"]))
+        ms = None
+        if pick is not None:
+            ms = row.get("rank_ms", {}).get(GluonGemmConfig(**pick["config"]).name)
+        ms = ms if ms is not None else row["ms"].get("triton")
+        if ms:
+            ratios.setdefault(row["M"], []).append(row["ms"]["library"] / ms)
+
+    def summary(xs: list[float]) -> dict:
+        return {
+            "shapes": len(xs),
+            "geomean": round(math.exp(sum(map(math.log, xs)) / len(xs)), 4),
+            "lowest": round(min(xs), 3),
+            "below_0.90": sum(x < 0.90 for x in xs),
+        }
+
+    every = [x for xs in ratios.values() for x in xs]
+    if not every:
+        return {"shapes": 0}
+    return {**summary(every), "by_m": {str(m): summary(ratios[m]) for m in sorted(ratios)}}
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path, help="bench_gluon_gemm.py JSON, one card")
-    ap.add_argument("--out", type=Path, required=True, help="the picks file to write")
+    ap.add_argument("--out", type=Path, help="the picks file to write")
     ap.add_argument("--replace", action="store_true", help="replace an existing picks file")
-    args = ap.parse_args()
-    if args.out.exists() and not args.replace:
+    ap.add_argument("--judge", type=Path, help="a run the picks were not made from: judge them")
+    ap.add_argument(
+        "--min-runs",
+        type=int,
+        default=MIN_RUNS,
+        help=f"runs a shape must have been measured in (default {MIN_RUNS}; 1 to judge one run's "
+        "picks on another, never for a shipped file)",
+    )
+    args = ap.parse_args(argv)
+    if args.min_runs < 1:
+        ap.error(f"--min-runs: at least 1, got {args.min_runs}")
+    if args.out is not None and args.min_runs < MIN_RUNS:
+        ap.error(f"--min-runs below {MIN_RUNS} only judges (no --out): picks stand on two runs")
+    if args.out is None and args.judge is None:
+        ap.error("give --out (write the picks), --judge (judge them), or both")
+    if args.judge is not None and args.judge in args.runs:
+        ap.error(f"--judge: {args.judge} is one of the runs the picks are made from")
+    if args.out is not None and args.out.exists() and not args.replace:
         print(f"{args.out} exists: pass --replace to write over it", file=sys.stderr)
         return 2
     runs = [json.loads(p.read_text()) for p in args.runs]
-    chosen, stats = picks(runs)
+    chosen, stats = picks(runs, args.min_runs)
     doc = {
         "format": PICKS_FORMAT,
         "rule": "bf16 shapes where the Gluon kernel's time was at most the Triton kernel's "
-        f"/ (1 + margin) in every run below that measured them, at least {MIN_RUNS}",
+        f"/ (1 + margin) in every run below that measured them, at least {args.min_runs}",
         "runs": [str(p) for p in args.runs],
         "margin": PICK_MARGIN,
         "picks": chosen,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    print(f"{args.out}: {stats['picked']} of {stats['shapes']} shapes picked")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        print(f"{args.out}: {stats['picked']} of {stats['shapes']} shapes picked")
+    if args.judge is not None:
+        print(
+            json.dumps(
+                {"judged_on": str(args.judge), **judge(chosen, json.loads(args.judge.read_text()))}
+            )
+        )
     return 0
 
 

@@ -314,6 +314,39 @@ def test_the_picks_script_does_not_write_over_a_file(tmp_path, capsys, monkeypat
     assert len(json.loads(out.read_text())["picks"]) == 1
 
 
+def test_picks_judged_on_another_run_take_the_picked_time_else_tritons(tmp_path, capsys):
+    import json
+
+    script = _picks_script()
+    made = _bench_run({(16, 4096, 2048): 1.25, (16, 2880, 2048): 0.8})
+    judged = _bench_run({(16, 4096, 2048): 1.0, (16, 2880, 2048): 1.0, (64, 2880, 2048): 1.0})
+    name = gg.BF16_CONFIGS[0].name
+    for row in judged["rows"]:  # cuBLAS 1 ms; the Triton kernel 1.0 ms; the pick's rank 0.8 ms
+        row["rank_ms"] = {name: 0.8}
+    chosen, _ = script.picks([made], min_runs=1)
+    got = script.judge(chosen, judged)
+    # 16x4096 picked: 1 / 0.8; the others not: 1 / 1.0
+    assert got["shapes"] == 3 and got["lowest"] == 1.0 and got["below_0.90"] == 0
+    assert got["by_m"]["16"]["geomean"] == round((1.25 * 1.0) ** 0.5, 4)
+    assert got["by_m"]["64"]["geomean"] == 1.0
+    runs = [tmp_path / "made.json", tmp_path / "judged.json"]
+    runs[0].write_text(json.dumps(made))
+    runs[1].write_text(json.dumps(judged))
+    out = tmp_path / "picks.json"
+    for argv, says in (
+        ([str(runs[0])], "give --out"),
+        ([str(runs[0]), "--judge", str(runs[0])], "is one of the runs"),
+        ([str(runs[0]), "--min-runs", "1", "--out", str(out)], "only judges"),
+        ([str(runs[0]), "--min-runs", "0", "--judge", str(runs[1])], "at least 1"),
+    ):
+        with pytest.raises(SystemExit):
+            script.main(argv)
+        assert says in capsys.readouterr().err
+    assert not out.exists()
+    assert script.main([str(runs[0]), "--min-runs", "1", "--judge", str(runs[1])]) == 0
+    assert json.loads(capsys.readouterr().out)["geomean"] == got["geomean"]
+
+
 # --- scripts/bench_gluon_gemm.py: its shape sets and summary (no GPU) ---
 
 
@@ -346,8 +379,8 @@ def test_the_decode_set_is_bench_decode_gemms_shapes():
 def test_the_summary_counts_matmuls_shapes_per_set_and_m():
     script = _bench_script()
 
-    def row(m, matmul, dtype="bf16", sets=("decode",)):
-        ratio = {"gluon": 1.0, "triton": 0.9}
+    def row(m, matmul, dtype="bf16", sets=("decode",), gluon=1.0):
+        ratio = {"gluon": gluon, "triton": 0.9}
         if matmul is not None:
             ratio["matmul"] = matmul
         ms = {"gluon": 1.0, "gluon2": 1.0}
@@ -356,7 +389,7 @@ def test_the_summary_counts_matmuls_shapes_per_set_and_m():
             "pick": gg.BF16_CONFIGS[0].name,
         }  # fmt: skip
 
-    rows = [row(1, 1.0), row(1, 0.89), row(64, 0.94), row(64, 1.1)]
+    rows = [row(1, 1.0), row(1, 0.89, gluon=0.8), row(64, 0.94), row(64, 1.1)]
     rows += [row(512, None, dtype="fp8", sets=("full",))]
     summary = script.summarize(rows)
     decode = summary["bf16_decode"]
@@ -364,11 +397,33 @@ def test_the_summary_counts_matmuls_shapes_per_set_and_m():
     assert decode["matmul_vs_library_min"] == 0.89
     assert (decode["matmul_below_0.95"], decode["matmul_below_0.90"]) == (2, 1)
     assert decode["matmul_vs_library_by_m"]["1"] == pytest.approx((1.0 * 0.89) ** 0.5)
+    # the better of the two kernels per shape: 0.9 (Triton) where the Gluon pick ran 0.8
+    assert decode["better_of_gluon_and_triton_vs_library_min"] == 0.9
+    assert decode["better_of_gluon_and_triton_below_0.90"] == 0
+    assert decode["better_of_gluon_and_triton_vs_library_by_m"]["1"] == pytest.approx(0.9**0.5)
     # FP8 rows time no matmul: no figure, not an infinite one
     fp8 = summary["fp8_full"]
     assert fp8["matmul_below_0.95"] == 0 and math.isnan(fp8["matmul_vs_library_min"])
     assert "matmul_vs_library_by_m" not in fp8
     assert decode["picks"] == {gg.BF16_CONFIGS[0].name: 4}
+
+
+def test_the_benchmark_recomputes_a_written_runs_summary_without_a_gpu(tmp_path, capsys):
+    import json
+
+    script = _bench_script()
+    row = {
+        "M": 1, "dtype": "bf16", "sets": ["decode"], "pick": gg.BF16_CONFIGS[0].name,
+        "ms": {"gluon": 1.0, "gluon2": 1.0}, "ratio": {"gluon": 1.1, "triton": 0.95, "matmul": 1.1},
+    }  # fmt: skip
+    run = tmp_path / "gluon_gemm.json"
+    run.write_text(json.dumps({"rows": [row]}))
+    assert script.main(["--summarize", str(run)]) == 0
+    decode = json.loads(capsys.readouterr().out)["bf16_decode"]
+    assert decode["better_of_gluon_and_triton_vs_library_geomean"] == pytest.approx(1.1)
+    with pytest.raises(SystemExit):
+        script.main([])
+    assert "give --out" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
