@@ -21,8 +21,8 @@ Protocol, per shape and dtype:
      medians over 5-25 interleaved rounds (`ficco.execute.timing.LaunchTimer`: an L2 flush
      before every launch, host launch cost kept out of the CUDA events);
   4. the pick, cuBLAS (`_scaled_mm`), ficco's Triton kernel with its shipped (else tuned)
-     configuration, bf16 `matmul` as shipped (`matmul`: the Gluon kernel where the card's
-     picks name the shape), each checked first, and the pick again (`gluon2`, the noise floor) are
+     configuration, `matmul` / `scaled_matmul` as shipped (`matmul`: the Gluon kernel where
+     the card's picks name the shape), each checked first, and the pick again (`gluon2`, the noise floor) are
      timed in interleaved rounds, order rotated, 20-120 rounds (~0.25 s of GEMM time each);
      medians. FP8 adds the pick without promotion (`gluon_fast`) and
      `_scaled_mm(use_fast_accum=True)` (`library_fast`) to the same rounds; before the shapes
@@ -140,13 +140,25 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
     lib_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     ficco_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     if fp8:
+        from ficco.kernels.persistent import default_sm_budget
+        from ficco.kernels.scaled import scaled_config_for
+
+        triton_cfg = scaled_config_for(m, n, k, a.dtype, default_sm_budget(a.device), a.device)
 
         def lib() -> None:
             torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, out=lib_out)
 
         def ficco_triton() -> None:
-            # scales checked once above, not per launch (a value check syncs the host)
-            scaled_matmul(a, b, sa, sb, torch.bfloat16, out=ficco_out, check_values=False)
+            # the Triton kernel with its shipped (else tuned) configuration: an explicit config
+            # keeps scaled_matmul off the Gluon picks; scales checked once above, not per
+            # launch (a value check syncs the host)
+            scaled_matmul(
+                a, b, sa, sb, torch.bfloat16, out=ficco_out, config=triton_cfg,
+                check_values=False,
+            )  # fmt: skip
+
+        def shipped() -> None:
+            scaled_matmul(a, b, sa, sb, torch.bfloat16, out=matmul_out, check_values=False)
     else:
         from ficco.kernels.persistent import default_sm_budget
         from ficco.kernels.tuning import config_for
@@ -162,18 +174,23 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
             # config keeps matmul off the Gluon picks
             matmul(a, b, ficco_out, config=triton_cfg)
 
+        def shipped() -> None:
+            matmul(a, b, matmul_out)
+
     fns = {"gluon": pick_launch, "library": lib, "triton": ficco_triton}
-    if not fp8:
-        # what a schedule's GEMM runs: matmul as shipped (the Gluon kernel where the card's
-        # picks name the shape, else the Triton kernel)
-        matmul_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        matmul(a, b, matmul_out)
+    # what a schedule's GEMM runs: matmul / scaled_matmul as shipped (the Gluon kernel where
+    # the card's picks name the shape, else the Triton kernel), checked first
+    matmul_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    try:
+        shipped()
         torch.cuda.synchronize()
         row["errors"]["matmul"] = relative_error(matmul_out, ref)
         if row["errors"]["matmul"] <= CHECK_LIMIT:
-            fns["matmul"] = lambda: matmul(a, b, matmul_out)
+            fns["matmul"] = shipped
         else:
             row["failures"]["matmul"] = f"relative error {row['errors']['matmul']:.3g}"
+    except Exception as exc:
+        row["failures"]["matmul"] = f"{type(exc).__name__}: {exc}"[:400]
     if fp8:
         # no promotion on either side (use_fast_accum): the pick's configuration, checked
         fast_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -254,7 +271,7 @@ def accumulation_probe(m: int = 512, n: int = 512, k: int = 16384) -> dict:
 
 def summarize(rows: list[dict]) -> dict:
     def ratios(sel: list[dict], name: str) -> list[float]:
-        """The variant's ratios where it was timed (matmul: bf16 only; gluon_fast: FP8 only)."""
+        """The variant's ratios where it was timed (gluon_fast: FP8 only)."""
         return [r["ratio"][name] for r in sel if name in r["ratio"]]
 
     def better_of(r: dict) -> float:

@@ -50,7 +50,8 @@ def compile_config(cfg: gg.GluonGemmConfig, dtype: str, fast: bool = False) -> d
     # swap-AB: A is the weight's [block_k, block_m] blocks, C out's [block_n, block_m]
     a_block = [cfg.block_k, cfg.block_m] if cfg.swap_ab else [cfg.block_m, cfg.block_k]
     c_cols = cfg.main_n // (2 if cfg.split_epilogue else 1)
-    c_block = [cfg.block_n, cfg.block_m] if cfg.swap_ab else [cfg.block_m, c_cols]
+    c_rows = cfg.block_m // 2 if cfg.row_halves else cfg.block_m
+    c_block = [cfg.block_n, cfg.block_m] if cfg.swap_ab else [c_rows, c_cols]
     signature = {
         "a_desc": desc(dtype, a_block),
         "b_desc": desc(dtype, b_block),

@@ -2,7 +2,8 @@
 """Make a card's shipped Gluon GEMM picks (`schedules/<card>/gluon_gemm_picks.json`, read by
 `ficco.kernels.gluon_configs.shipped_picks`) from `scripts/bench_gluon_gemm.py` runs of one card.
 
-A bf16 shape is picked when, in every run given that measured it (at least `MIN_RUNS`: runs
+A shape is picked (per dtype: bf16 for `matmul`, fp8 for `scaled_matmul`) when, in every run
+given that measured it (at least `MIN_RUNS`: runs
 of bench_gemm's shapes and of the decode set can be given together), the Gluon kernel's pick
 ran faster than ficco's Triton kernel (by at least `PICK_MARGIN`) in the same interleaved
 rounds (both checked against an fp32 product first); the configuration is the last such
@@ -13,7 +14,7 @@ only the card and Triton that measured them match. An existing file is not repla
     python scripts/gluon_picks_from_bench.py RUN.json [RUN2.json ...] --out FILE [--replace]
         [--judge OTHER_RUN.json]
 
-``--judge`` prints the picks judged on a run they were not made from: per bf16 shape of that
+``--judge`` prints the picks judged on a run they were not made from: per shape of that
 run, cuBLAS's time over the time the picks would give (the picked configuration's median in
 the run's ranking rounds, else the Triton kernel's), as a geomean, overall and by M. A derived
 figure (ranking and final rounds differ), not a measurement of `matmul`; without --out it
@@ -33,6 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from ficco.kernels.gluon_configs import (  # noqa: E402
     BF16_CONFIGS,
+    FP8_CONFIGS,
     PICK_MARGIN,
     PICKS_FORMAT,
     GluonGemmConfig,
@@ -44,22 +46,27 @@ from ficco.kernels.tuning import TuningKey  # noqa: E402
 MIN_RUNS = 2
 
 
-def key_of(env: dict, m: int, n: int, k: int) -> str:
-    """The tuning cache's key of a bf16 shape measured in ``env`` (a bench fingerprint)."""
-    return str(TuningKey(env["gpu"], env["triton"], "bfloat16", m, n, k, env["sm_count"]))
+#: a bench row's dtype -> (the tuning cache's dtype name, the Gluon space it was ranked in)
+DTYPES = {"bf16": ("bfloat16", BF16_CONFIGS), "fp8": ("float8_e4m3fn", FP8_CONFIGS)}
+
+
+def key_of(env: dict, m: int, n: int, k: int, dtype: str = "bf16") -> str:
+    """The tuning cache's key of a shape measured in ``env`` (a bench fingerprint)."""
+    name = DTYPES[dtype][0]
+    return str(TuningKey(env["gpu"], env["triton"], name, m, n, k, env["sm_count"]))
 
 
 def picks(runs: list[dict], min_runs: int = MIN_RUNS) -> tuple[dict, dict]:
     envs = {(r["environment"]["gpu"], r["environment"]["triton"]) for r in runs}
     if len(envs) != 1:
         raise SystemExit(f"runs of different cards or Tritons: {sorted(envs)}")
-    by_name = {c.name: c for c in BF16_CONFIGS}
+    by_name = {dtype: {c.name: c for c in space} for dtype, (_, space) in DTYPES.items()}
     per_run = []
     for run in runs:
         rows = {}
         for row in run["rows"]:
-            if row.get("dtype") == "bf16":
-                rows[(row["M"], row["N"], row["K"])] = row
+            if row.get("dtype") in DTYPES:
+                rows[(row["dtype"], row["M"], row["N"], row["K"])] = row
         per_run.append(rows)
     shapes = sorted({shape for rows in per_run for shape in rows})
     chosen, stats = {}, {"shapes": len(shapes), "picked": 0}
@@ -73,10 +80,11 @@ def picks(runs: list[dict], min_runs: int = MIN_RUNS) -> tuple[dict, dict]:
             continue
         last = rows[-1]
         gains = [r["ms"]["triton"] / r["ms"]["gluon"] for r in rows]
-        if min(gains) < 1 + PICK_MARGIN or last["pick"] not in by_name:
+        dtype, m, n, k = shape
+        if min(gains) < 1 + PICK_MARGIN or last["pick"] not in by_name[dtype]:
             continue
-        chosen[key_of(env, *shape)] = {
-            "config": config_to_dict(by_name[last["pick"]]),
+        chosen[key_of(env, m, n, k, dtype)] = {
+            "config": config_to_dict(by_name[dtype][last["pick"]]),
             "gluon_ms": last["ms"]["gluon"],
             "triton_ms": last["ms"]["triton"],
             "cublas_ms": last["ms"].get("library"),
@@ -86,15 +94,15 @@ def picks(runs: list[dict], min_runs: int = MIN_RUNS) -> tuple[dict, dict]:
     return chosen, stats
 
 
-def judge(chosen: dict, run: dict) -> dict:
-    """``chosen`` (picks) on ``run``: cuBLAS ms / the picks' ms per bf16 shape (see the
-    module's --judge), geomean, lowest and shapes below 0.90, overall and by M."""
+def judge(chosen: dict, run: dict, dtype: str = "bf16") -> dict:
+    """``chosen`` (picks) on ``run``: the library's ms / the picks' ms per shape of ``dtype``
+    (see the module's --judge), geomean, lowest and shapes below 0.90, overall and by M."""
     env = run["environment"]
     ratios: dict[int, list[float]] = {}
     for row in run["rows"]:
-        if row.get("dtype") != "bf16" or "library" not in row.get("ms", {}):
+        if row.get("dtype") != dtype or "library" not in row.get("ms", {}):
             continue
-        pick = chosen.get(key_of(env, row["M"], row["N"], row["K"]))
+        pick = chosen.get(key_of(env, row["M"], row["N"], row["K"], dtype))
         ms = None
         if pick is not None:
             ms = row.get("rank_ms", {}).get(GluonGemmConfig(**pick["config"]).name)
@@ -145,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen, stats = picks(runs, args.min_runs)
     doc = {
         "format": PICKS_FORMAT,
-        "rule": "bf16 shapes where the Gluon kernel's time was at most the Triton kernel's "
+        "rule": "shapes where the Gluon kernel's time was at most the Triton kernel's "
         f"/ (1 + margin) in every run below that measured them, at least {args.min_runs}",
         "runs": [str(p) for p in args.runs],
         "margin": PICK_MARGIN,
@@ -156,11 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         print(f"{args.out}: {stats['picked']} of {stats['shapes']} shapes picked")
     if args.judge is not None:
-        print(
-            json.dumps(
-                {"judged_on": str(args.judge), **judge(chosen, json.loads(args.judge.read_text()))}
-            )
-        )
+        judged = json.loads(args.judge.read_text())
+        # bf16 at the top level; FP8, where the run has it, under "fp8"
+        doc = {"judged_on": str(args.judge), **judge(chosen, judged)}
+        if any(row.get("dtype") == "fp8" for row in judged["rows"]):
+            doc["fp8"] = judge(chosen, judged, "fp8")
+        print(json.dumps(doc))
     return 0
 
 

@@ -40,6 +40,9 @@ def test_every_shipped_config_passes_its_own_check():
         (gg.GluonGemmConfig(128, 16, 64, 8, 1, 4, swap_ab=True), "64 weight columns"),
         (gg.GluonGemmConfig(64, 8, 64, 8, 1, 4, swap_ab=True), "by 16, 32 or 64 rows"),
         (gg.GluonGemmConfig(64, 16, 64, 8, 1, 4, True, swap_ab=True), "its epilogue whole"),
+        (gg.GluonGemmConfig(128, 128, 64, 4, 1, 8, row_halves=True), "two 4-warp consumers"),
+        (gg.GluonGemmConfig(64, 128, 64, 4, 2, 4, row_halves=True), "128 or 256 rows"),
+        (gg.GluonGemmConfig(128, 192, 64, 3, 2, 4, row_halves=True), "no tail"),
     ],
 )
 def test_config_refusals_name_the_rule(cfg, rule):
@@ -98,6 +101,24 @@ def test_operand_refusals():
     swap = next(c for c in gg.BF16_CONFIGS if c.swap_ab)
     with pytest.raises(ValueError, match="swap-AB tile reads a row-major"):
         gg.ws_gemm_launcher(a, b.t().contiguous().t(), out, swap)
+
+
+def test_row_halves_share_each_tile_and_store_their_own_rows():
+    halves = gg.GluonGemmConfig(128, 128, 128, 6, 2, 4, row_halves=True)
+    assert halves.name == "ws_128x128x128_s6_coop2x4"
+    # the ring as the 8-warp tile's, a store buffer of 64 rows per consumer
+    ring = 6 * (128 + 128) * 128
+    assert halves.shared_bytes(1) == ring + 2 * 64 * 128 * 2 + 1024
+    # a 64x128 accumulator per 4-warp consumer: 64 registers a thread, as 128x128 on 8 warps
+    halves.check(1)
+    assert gg.GluonGemmConfig(256, 256, 64, 2, 2, 4, row_halves=True).shared_bytes(2) > 0
+    with pytest.raises(ValueError, match="registers a thread"):
+        gg.GluonGemmConfig(256, 256, 64, 2, 2, 4, row_halves=True).check(2)
+    # the space's FP8 halves tiles: cuBLASLt's tile, whole or with its epilogue in halves
+    assert {c.name for c in gg.FP8_CONFIGS if c.row_halves} == {
+        "ws_128x128x128_s6_coop2x4",
+        "ws_128x128x128_s5_coop2x4_half",
+    }
 
 
 def test_fp8_refusals():
@@ -204,6 +225,64 @@ def test_a_bad_pick_is_skipped_naming_its_key_and_field(picks_dir, config, says)
     assert KEY in str(caught[0].message)
 
 
+def test_fp8_picks_are_checked_as_fp8_configurations(picks_dir):
+    from ficco.kernels.gluon_configs import config_from_dict, config_to_dict, shipped_picks
+
+    fp8_key = "NVIDIA H200|triton=3.6.0|float8_e4m3fn|m=4096,n=4096,k=4096|sm=132"
+    cfg = next(c for c in gg.FP8_CONFIGS if c.row_halves)
+    # 128-deep FP8 slots: twice the shared memory as 16-bit inputs, so only an FP8 key takes it
+    with pytest.raises(ValueError, match="bytes of shared memory"):
+        config_from_dict(config_to_dict(cfg))
+    assert config_from_dict(config_to_dict(cfg), 1) == cfg
+    picks = {fp8_key: {"config": config_to_dict(cfg)}, KEY: {"config": config_to_dict(cfg)}}
+    _picks_file(picks_dir, "h200", {"format": 1, "picks": picks})
+    with pytest.warns(UserWarning, match="bytes of shared memory") as caught:
+        assert shipped_picks() == {fp8_key: cfg}
+    assert KEY in str(caught[0].message)
+
+
+def test_scaled_matmul_offers_the_gluon_kernel_only_what_its_picks_were_measured_on(
+    monkeypatch,
+):
+    import importlib
+
+    from ficco.kernels import scaled
+
+    matmul = importlib.import_module("ficco.kernels.matmul")  # the module, not its function
+    cfg = next(c for c in gg.FP8_CONFIGS if c.row_halves)
+    fp8 = torch.float8_e4m3fn
+    out = torch.empty((64, 64), dtype=torch.bfloat16)
+
+    def ops(**fields):
+        base = dict(
+            a=torch.zeros((64, 64), dtype=fp8), b=torch.zeros((64, 64), dtype=fp8),
+            b_k_major=True, a_scale=torch.ones(64), b_scale=torch.ones(64), out=out,
+            rowwise=True, colwise=True,
+        )  # fmt: skip
+        return scaled.ScaledOperands(**{**base, **fields})
+
+    # off CUDA no pick is looked up at all
+    assert matmul.shipped_gluon_pick(64, 64, 64, fp8, 132, torch.device("cpu")) is None
+    monkeypatch.setattr(matmul, "shipped_gluon_pick", lambda *args: cfg)
+    assert scaled.gluon_pick(ops(), 132) is cfg
+    # per-tensor scales, a row-major b, an fp32 out, an out TMA cannot store: the Triton kernel
+    assert scaled.gluon_pick(ops(rowwise=False), 132) is None
+    assert scaled.gluon_pick(ops(colwise=False), 132) is None
+    assert scaled.gluon_pick(ops(b_k_major=False), 132) is None
+    assert scaled.gluon_pick(ops(out=out.float()), 132) is None
+    unaligned = torch.empty((64, 80), dtype=torch.bfloat16)[:, 1:65]
+    assert scaled.gluon_pick(ops(out=unaligned), 132) is None
+
+
+def test_a_picks_key_names_its_dtype():
+    from ficco.kernels.gluon_configs import key_input_bytes
+
+    assert key_input_bytes(KEY) == 2
+    assert key_input_bytes(KEY.replace("bfloat16", "float8_e5m2")) == 1
+    with pytest.raises(ValueError, match=r"card\|triton=V\|dtype"):
+        key_input_bytes("NVIDIA H200|bfloat16|m=1,n=2,k=3")
+
+
 def test_the_shipped_picks_parse_and_name_their_card():
     import json
 
@@ -217,8 +296,10 @@ def test_the_shipped_picks_parse_and_name_their_card():
         card = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"}[path.parent.name]
         assert doc["picks"], path
         for key, entry in doc["picks"].items():
-            assert key.startswith(f"{card}|triton=3.6.0|bfloat16|") and key.endswith("|sm=132")
-            config_from_dict(entry["config"]).check(2)
+            dtype = key.split("|")[2]
+            assert key.startswith(f"{card}|triton=3.6.0|") and key.endswith("|sm=132")
+            assert dtype in ("bfloat16", "float8_e4m3fn"), key
+            config_from_dict(entry["config"], 1 if dtype.startswith("float8") else 2)
             # picked for running faster than ficco's Triton kernel by the margin, every run
             assert min(entry["triton_over_gluon_per_run"]) >= 1 + doc["margin"]
 
@@ -240,10 +321,11 @@ def test_matmul_leaves_cpu_calls_to_triton_and_refuses_a_bad_switch(monkeypatch)
 # --- scripts/gluon_picks_from_bench.py: which shapes a card's picks name ---
 
 
-def _bench_run(gains: dict, gpu="NVIDIA H200"):
+def _bench_run(gains: dict, gpu="NVIDIA H200", dtype="bf16", pick=None):
+    pick = pick or (gg.FP8_CONFIGS if dtype == "fp8" else gg.BF16_CONFIGS)[0].name
     rows = [
         {
-            "M": m, "N": n, "K": k, "dtype": "bf16", "pick": gg.BF16_CONFIGS[0].name,
+            "M": m, "N": n, "K": k, "dtype": dtype, "pick": pick,
             "ms": {"gluon": 1.0, "triton": gain, "library": 1.0},
         }
         for (m, n, k), gain in gains.items()
@@ -292,6 +374,29 @@ def test_a_shape_is_picked_only_where_gluon_won_by_the_margin_in_every_run():
     assert chosen == {}
     with pytest.raises(SystemExit, match="different cards"):
         script.picks([first, _bench_run({(256, 4096, 2048): 1.05}, gpu="NVIDIA H100 80GB HBM3")])
+
+
+def test_fp8_shapes_are_picked_under_their_own_dtype_and_space():
+    script = _picks_script()
+    shape = (4096, 4096, 4096)
+    bf16 = [_bench_run({shape: 1.1}), _bench_run({shape: 1.1})]
+    fp8 = [_bench_run({shape: 1.2}, dtype="fp8"), _bench_run({shape: 1.3}, dtype="fp8")]
+    chosen, stats = script.picks(bf16 + fp8)
+    base = "NVIDIA H200|triton=3.6.0|{}|m=4096,n=4096,k=4096|sm=132"
+    assert sorted(chosen) == [base.format("bfloat16"), base.format("float8_e4m3fn")]
+    assert stats == {"shapes": 2, "picked": 2}
+    assert chosen[base.format("float8_e4m3fn")]["config"]["block_k"] == gg.FP8_CONFIGS[0].block_k
+    # one FP8 run and one bf16 run of a shape are not two runs of either
+    chosen, _ = script.picks([bf16[0], fp8[0]])
+    assert chosen == {}
+    # an FP8 row naming a configuration outside the FP8 space is not picked
+    odd = [_bench_run({shape: 1.2}, dtype="fp8", pick=gg.BF16_CONFIGS[0].name)] * 2
+    assert script.picks(odd)[0] == {}
+    # judged per dtype: the picked FP8 shape's ranked time over the library's
+    judged = _bench_run({shape: 1.0}, dtype="fp8")
+    judged["rows"][0]["rank_ms"] = {gg.FP8_CONFIGS[0].name: 0.5}
+    got = script.judge(script.picks(fp8)[0], judged, "fp8")
+    assert got["geomean"] == 2.0 and script.judge({}, judged) == {"shapes": 0}
 
 
 def test_the_picks_script_does_not_write_over_a_file(tmp_path, capsys, monkeypatch):

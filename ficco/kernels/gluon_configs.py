@@ -1,5 +1,6 @@
 """The warp-specialized Gluon GEMM's configurations (`ficco.kernels.gluon_gemm`) and the
-shipped per-card picks that `matmul` takes it for, importable without Gluon or a GPU.
+shipped per-card picks that `matmul` (16-bit) and `scaled_matmul` (FP8) take it for,
+importable without Gluon or a GPU.
 
 A pick (``schedules/<card>/gluon_gemm_picks.json``, keyed as the tuning cache is: card, Triton
 version, dtype, shape, SM budget) is a shape where the Gluon kernel ran faster than ficco's
@@ -36,13 +37,19 @@ class GluonGemmConfig:
     block_n: int
     block_k: int
     stages: int
-    consumers: int  # 1: cooperative, 2: ping-pong
+    consumers: int  # 1: cooperative, 2: ping-pong (or, with row_halves, halves of each tile)
     consumer_warps: int  # warps of each consumer partition
     split_epilogue: bool = False  # store the main part in two column halves (half the smem)
     # swap-AB (decode rows, 16-bit): out^T [N, M] = b^T [N, K] @ a^T [K, M], so block_m is the
     # weight's columns a tile (wgmma's M, 64) and block_n the rows of `a` (wgmma's N, 16-64):
     # the ring holds the weight's stream, not 64-row A tiles mostly past M
     swap_ab: bool = False
+    # two 4-warp consumers (consumers=2) sharing every tile, each its own half of the rows,
+    # with no barrier between them: one 8-warp consumer synchronizes its warpgroups at every
+    # ring slot it frees, so FP8's per-step promotion (wait for the step's wgmmas, then add)
+    # left the tensor cores idle in both at once; as halves, one's adds run under the
+    # other's wgmmas (cuBLASLt's and CUTLASS's cooperative FP8 kernels work this way)
+    row_halves: bool = False
 
     # A block_n that is no power of two (Gluon's tensors are) runs as two column parts: a
     # main part (the largest power of two below it) and a tail (the rest, itself a power of
@@ -58,7 +65,10 @@ class GluonGemmConfig:
 
     @property
     def name(self) -> str:
-        kind = "pp" if self.consumers == 2 else f"coop{self.consumer_warps}"
+        if self.row_halves:
+            kind = "coop2x4"
+        else:
+            kind = "pp" if self.consumers == 2 else f"coop{self.consumer_warps}"
         kind += "_half" if self.split_epilogue else ""
         kind += "_swap" if self.swap_ab else ""
         return f"ws_{self.block_m}x{self.block_n}x{self.block_k}_s{self.stages}_{kind}"
@@ -70,7 +80,9 @@ class GluonGemmConfig:
     def shared_bytes(self, in_bytes: int, out_bytes: int = 2) -> int:
         ring = self.stages * (self.block_m + self.block_n) * self.block_k * in_bytes
         main = self.main_n // (2 if self.split_epilogue else 1)
-        epilogue = self.consumers * self.block_m * (main + self.tail_n) * out_bytes
+        # a store buffer per consumer, each the tile's rows (halves: half of them)
+        rows = self.block_m // 2 if self.row_halves else self.block_m
+        epilogue = self.consumers * rows * (main + self.tail_n) * out_bytes
         return ring + epilogue + 1024  # barriers and alignment
 
     def check(self, in_bytes: int, shared_limit: int = 232448) -> None:
@@ -93,6 +105,17 @@ class GluonGemmConfig:
                 f"{self.name}: a swap-AB tile is one 4-warp consumer, 16-bit inputs, 64 weight "
                 "columns by 16, 32 or 64 rows, its epilogue whole"
             )
+        if self.row_halves and (
+            self.consumers != 2
+            or self.consumer_warps != 4
+            or self.block_m not in (128, 256)
+            or self.tail_n
+            or self.swap_ab
+        ):
+            raise ValueError(
+                f"{self.name}: row halves are two 4-warp consumers (consumers=2) on a tile of "
+                "128 or 256 rows (a warpgroup's wgmmas take 64-row multiples), no tail, no swap-AB"
+            )
         tail = self.tail_n
         if tail and (tail & (tail - 1) or tail < 32):
             raise ValueError(
@@ -103,7 +126,8 @@ class GluonGemmConfig:
             raise ValueError(f"{self.name}: tiles with a tail take 16-bit inputs only")
         # fp32 accumulator registers per thread of a consumer (setmaxnreg gives a consumer
         # CONSUMER_REGS = 232): 160, cuBLAS's 128x320 cooperative tile, leaves room
-        acc_regs = self.block_m * self.block_n // (32 * self.consumer_warps)
+        rows = self.block_m // 2 if self.row_halves else self.block_m
+        acc_regs = rows * self.block_n // (32 * self.consumer_warps)
         if acc_regs > 160:
             raise ValueError(
                 f"{self.name}: a {self.block_m}x{self.block_n} fp32 accumulator on "
@@ -179,11 +203,24 @@ FP8_CONFIGS = (
     # the H100.
     GluonGemmConfig(128, 128, 64, 10, 1, 8, split_epilogue=True),
     GluonGemmConfig(128, 128, 64, 12, 1, 8),
+    # row halves (`row_halves`): cuBLASLt's promoting tile (128x128x128, 6 stages,
+    # cooperative) as two warpgroups that never wait for each other. The pick at 85 of 88
+    # shapes on one H200 (call AR): Gluon / `_scaled_mm` 0.957 full, 0.969 chunk, from 0.79 /
+    # 0.81 with the 8-warp consumer. Tried there and left out: 256x128x128 s3 halves (each
+    # 128x128 half promoting inside wgmma, C7514: 0.77 of the pick), 64-deep halves (twice
+    # the promotions: 0.73-0.75 of it).
+    GluonGemmConfig(128, 128, 128, 6, 2, 4, row_halves=True),
+    GluonGemmConfig(128, 128, 128, 5, 2, 4, split_epilogue=True, row_halves=True),
 )
 
 
-def config_from_dict(data: object) -> GluonGemmConfig:
-    """A configuration from its JSON form, refused with the field and the rule."""
+# the configuration's optional fields (absent: False)
+FLAGS = ("split_epilogue", "swap_ab", "row_halves")
+
+
+def config_from_dict(data: object, in_bytes: int = 2) -> GluonGemmConfig:
+    """A configuration from its JSON form for inputs of `in_bytes` (2: 16-bit, 1: FP8),
+    refused with the field and the rule."""
     if not isinstance(data, dict):
         raise ValueError(f"config: an object, got {type(data).__name__}")
     names = {f.name for f in fields(GluonGemmConfig)}
@@ -194,16 +231,25 @@ def config_from_dict(data: object) -> GluonGemmConfig:
     for f in fields(GluonGemmConfig):
         field = f"config.{f.name}"
         if f.name not in data:
-            if f.name in ("split_epilogue", "swap_ab"):
+            if f.name in FLAGS:
                 continue
             raise validate.InputError(field, None, "missing")
-        if f.name in ("split_epilogue", "swap_ab"):
+        if f.name in FLAGS:
             values[f.name] = validate.flag(field, data[f.name])
         else:
             values[f.name] = validate.integer(field, data[f.name], minimum=1, text=False)
     cfg = GluonGemmConfig(**values)
-    cfg.check(2)
+    cfg.check(in_bytes)
     return cfg
+
+
+def key_input_bytes(key: str) -> int:
+    """A picks key's input width (its dtype field, the tuning cache's: `bfloat16`,
+    `float8_e4m3fn`, ...): 1 for FP8, else 2."""
+    parts = key.split("|")
+    if len(parts) != 5:
+        raise ValueError(f"key {key!r}: card|triton=V|dtype|m=M,n=N,k=K|sm=S")
+    return 1 if parts[2].startswith("float8") else 2
 
 
 def config_to_dict(cfg: GluonGemmConfig) -> dict:
@@ -231,7 +277,7 @@ def shipped_picks() -> dict[str, GluonGemmConfig]:
             try:
                 if not isinstance(entry, dict):
                     raise ValueError("entry: an object")
-                found[key] = config_from_dict(entry.get("config"))
+                found[key] = config_from_dict(entry.get("config"), key_input_bytes(key))
             except ValueError as exc:
                 warnings.warn(f"ignoring Gluon GEMM pick {key!r} in {path}: {exc}", stacklevel=2)
     return found

@@ -15,6 +15,12 @@ lower-level language, places each role in its own warps:
   runs its epilogue (scales, bf16 store) while the other keeps the tensor cores busy. The
   turns also keep a consumer from waiting on a slot more than one ring pass ahead (an
   mbarrier's phase parity could not tell the passes apart);
+- row halves (``GluonGemmConfig.row_halves``, FP8): two four-warp consumers take every tile,
+  each its own half of the rows, and free each ring slot with their own arrivals (the slot's
+  ``empty`` counts two). An eight-warp consumer synchronizes its two warpgroups before each
+  arrival, so with FP8's promotion by hand (wait for the step's wgmmas, then add) both
+  stopped the tensor cores at once; as halves, one's adds run under the other's wgmmas
+  (profiles/h200/NOTES_gemm.md, call AR: 0.79 -> 0.96 of ``_scaled_mm``);
 - a tile ``block_n`` wide that is no power of two (Gluon's tensors are) runs as a main part
   and a tail (128 + 64 = 192, 256 + 64 = 320, 128 + 32 = 160; 16-bit only): each ring slot
   holds the tail's B columns too, each K step issues a second wgmma on the same A slot, and
@@ -139,8 +145,12 @@ def _consume(
     a_bufs = ring[0]
     b_bufs = ring[1]
     ready, empty, turns = bars
-    a_scale_ptr, b_scale_ptr = scales
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    TILE_M: gl.constexpr = a_desc.block_type.shape[0]
+    # row halves (GluonGemmConfig.row_halves; the launcher gives c's blocks half the tile's
+    # rows): both consumers take every tile, consumer WHICH rows [WHICH, WHICH + 1) * BLOCK_M
+    # of it, each freeing a ring slot with its own arrival (the slot's `empty` counts two)
+    HALVES: gl.constexpr = c_desc.block_type.shape[0] < TILE_M
+    BLOCK_M: gl.constexpr = TILE_M // 2 if HALVES else TILE_M
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     # B's tile is [BLOCK_N, BLOCK_K] K-major (FP8), else [BLOCK_K, BLOCK_N]
     MAIN_N: gl.constexpr = b_desc.block_type.shape[0 if a_desc.dtype.primitive_bitwidth == 8 else 1]
@@ -169,11 +179,16 @@ def _consume(
     M = c_desc.shape[0]
     N = c_desc.shape[1]
     K = a_desc.shape[1]
-    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_m = gl.cdiv(M, TILE_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_steps = gl.cdiv(K, BLOCK_K)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
+    # ping-pong: consumer WHICH takes every other tile; halves: both take every tile
+    STRIDE: gl.constexpr = 1 if HALVES else CONSUMERS
+    FIRST: gl.constexpr = 0 if HALVES else WHICH
+    # this consumer's rows of each A slot: [ROW0, ROW0 + BLOCK_M)
+    ROW0: gl.constexpr = WHICH * BLOCK_M if HALVES else 0
     # the epilogue stores the tile whole or in two column halves (c's TMA block says which),
     # the halves freeing shared memory for another ring slot
     EPI_N: gl.constexpr = c_desc.block_type.shape[1]
@@ -185,51 +200,35 @@ def _consume(
         ct_smem = gl.allocate_shared_memory(out_dtype, [BLOCK_M, TAIL_N], descs[4].layout)
         acc_t = gl.zeros([BLOCK_M, TAIL_N], gl.float32, tail_layout)
     mine = 0  # this consumer's tiles so far
-    for j in range(WHICH, gl.cdiv(num_pid_m * num_pid_n - pid, programs), CONSUMERS):
+    for j in range(FIRST, gl.cdiv(num_pid_m * num_pid_n - pid, programs), STRIDE):
         tile = pid + j * programs
-        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
+        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, TILE_M, BLOCK_N)
+        if HALVES:
+            off_m += WHICH * BLOCK_M
         if FP8:
             # wgmma with max_num_imprecise_acc adds its promoted partial sums to the
             # accumulator even where use_acc is false: the previous tile's sums would stay
             acc = gl.zeros([BLOCK_M, MAIN_N], gl.float32, acc_layout)
-        if CONSUMERS > 1:  # noqa: SIM102 - a constexpr branch around a runtime one
+        if CONSUMERS > 1 and not HALVES:  # noqa: SIM102 - a constexpr branch around a runtime one
             # the other consumer has issued every wgmma of tile j - 1 (its arrival below)
             if j > 0:
                 mbarrier.wait(turns.index(WHICH), (mine - (1 - WHICH)) & 1)
         step = j * k_steps
         previous = 0
         if LAGGED:
-            # each K step's products summed by the tensor cores alone, then added to the
-            # fp32 accumulator once they are done: no wgmma of this warpgroup is in flight
-            # while its registers are read (ptxas serializes every wgmma otherwise, C7514);
-            # the other warpgroup's wgmmas keep the tensor cores busy meanwhile
-            for _ki in range(k_steps):
-                slot = _landed_slot(bars, step, STAGES)
-                zero = gl.zeros([BLOCK_M, MAIN_N], gl.float32, acc_layout)
-                partial = warpgroup_mma(
-                    a_bufs.index(slot),
-                    b_bufs.index(slot).permute((1, 0)),
-                    zero,
-                    use_acc=False,
-                    is_async=True,
-                )
-                partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
-                mbarrier.arrive(empty.index(slot), count=1)
-                acc = acc + partial
-                step += 1
-            if CONSUMERS > 1:
+            acc, step = _promote_each_step(a_bufs, b_bufs, bars, acc, step, k_steps, ROW0)
+            if CONSUMERS > 1 and not HALVES:
                 mbarrier.arrive(turns.index(1 - WHICH), count=1)
         else:
             for ki in range(k_steps):
                 slot = _landed_slot(bars, step, STAGES)
                 b_tile = b_bufs.index(slot).permute((1, 0)) if FP8 else b_bufs.index(slot)
+                a_tile = _a_tile(a_bufs, slot, ROW0, BLOCK_M)
                 if FAST:  # wgmma's default for FP8: never promote
-                    acc = warpgroup_mma(
-                        a_bufs.index(slot), b_tile, acc, use_acc=ki > 0, is_async=True
-                    )
+                    acc = warpgroup_mma(a_tile, b_tile, acc, use_acc=ki > 0, is_async=True)
                 else:
                     acc = warpgroup_mma(
-                        a_bufs.index(slot),
+                        a_tile,
                         b_tile,
                         acc,
                         use_acc=ki > 0,
@@ -251,7 +250,7 @@ def _consume(
                     mbarrier.arrive(empty.index(previous), count=1)
                 previous = slot
                 step += 1
-            if CONSUMERS > 1:
+            if CONSUMERS > 1 and not HALVES:
                 mbarrier.arrive(turns.index(1 - WHICH), count=1)
             if HAS_TAIL:
                 acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
@@ -260,10 +259,7 @@ def _consume(
             mbarrier.arrive(empty.index(previous), count=1)
         out = acc
         if FP8:
-            rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
-            cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
-            a_scale = gl.load(a_scale_ptr + rows, mask=rows < M, other=0.0)
-            b_scale = gl.load(b_scale_ptr + cols, mask=cols < N, other=0.0)
+            a_scale, b_scale = _tile_scales(scales, off_m, off_n, M, N, acc)
             out = out * a_scale[:, None] * b_scale[None, :]
         out = out.to(out_dtype)
         # the store groups in flight that may stay so when c_smem is written again: the
@@ -297,6 +293,53 @@ def _consume(
             tma.async_copy_shared_to_global(c_desc, [off_m, off_n + EPI_N], c_smem)
         mine += 1  # noqa: SIM113 - the loop strides by CONSUMERS
     tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _tile_scales(scales, off_m, off_n, M, N, acc):
+    """FP8: the scales of the tile at (off_m, off_n) that acc holds, in its layout's rows and
+    columns (0 past the matrix)."""
+    a_scale_ptr, b_scale_ptr = scales
+    BLOCK_M: gl.constexpr = acc.type.shape[0]
+    BLOCK_N: gl.constexpr = acc.type.shape[1]
+    layout: gl.constexpr = acc.type.layout
+    rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+    a_scale = gl.load(a_scale_ptr + rows, mask=rows < M, other=0.0)
+    b_scale = gl.load(b_scale_ptr + cols, mask=cols < N, other=0.0)
+    return a_scale, b_scale
+
+
+@gluon.jit
+def _a_tile(a_bufs, slot, ROW0: gl.constexpr, ROWS: gl.constexpr):
+    """Ring slot `slot`'s A rows [ROW0, ROW0 + ROWS): the consumer's part of the tile (all of
+    it, but for row halves)."""
+    if a_bufs.type.shape[1] > ROWS:
+        return a_bufs.index(slot).slice(ROW0, ROWS, dim=0)
+    else:
+        return a_bufs.index(slot)
+
+
+@gluon.jit
+def _promote_each_step(a_bufs, b_bufs, bars, acc, step, k_steps, ROW0: gl.constexpr):
+    """FP8, promoted by hand: each K step's products summed by the tensor cores alone, then
+    added to the fp32 accumulator once they are done (no wgmma of this warpgroup in flight
+    while its registers are read: ptxas serializes every wgmma otherwise, C7514); another
+    warpgroup's wgmmas keep the tensor cores busy meanwhile. (acc, step) after the tile."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    ROWS: gl.constexpr = acc.type.shape[0]
+    zero = gl.zeros_like(acc)
+    for _ki in range(k_steps):
+        slot = _landed_slot(bars, step, STAGES)
+        partial = warpgroup_mma(
+            _a_tile(a_bufs, slot, ROW0, ROWS), b_bufs.index(slot).permute((1, 0)), zero,
+            use_acc=False, is_async=True,
+        )  # fmt: skip
+        partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
+        mbarrier.arrive(bars[1].index(slot), count=1)
+        acc = acc + partial
+        step += 1
+    return acc, step
 
 
 # one function per role and accumulation: Triton 3.6 hands constexprs to partitions as tensors
@@ -356,9 +399,13 @@ def ws_gemm_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    # row halves (c's blocks half of a's rows; swap-AB's are other blocks): both consumers
+    # free each slot
+    HALVES: gl.constexpr = not SWAP_AB and c_desc.block_type.shape[0] < a_desc.block_type.shape[0]
+    readers: gl.constexpr = 2 if HALVES else 1
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(empty.index(i), count=readers)
     for i in gl.static_range(2):
         mbarrier.init(turns.index(i), count=1)
     # TAIL: the tile's columns past the power-of-two main part (b_tail_desc, c_tail_desc);
@@ -511,7 +558,9 @@ def _descs(a, b, out, cfg: GluonGemmConfig, b_k_major: bool) -> tuple:
         b_desc = _desc(b.t(), [cfg.block_n, cfg.block_k])
     else:
         b_desc = _desc(b, [cfg.block_k, cfg.main_n])
-    c_desc = _desc(out, [cfg.block_m, cfg.main_n // (2 if cfg.split_epilogue else 1)])
+    # each consumer stores its own rows: with row halves, half the tile's
+    rows = cfg.block_m // 2 if cfg.row_halves else cfg.block_m
+    c_desc = _desc(out, [rows, cfg.main_n // (2 if cfg.split_epilogue else 1)])
     bt_desc = _desc(b, [cfg.block_k, cfg.tail_n]) if cfg.tail_n else b_desc
     ct_desc = _desc(out, [cfg.block_m, cfg.tail_n]) if cfg.tail_n else c_desc
     return a_desc, b_desc, c_desc, bt_desc, ct_desc

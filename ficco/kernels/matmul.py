@@ -50,25 +50,23 @@ def _gluon_importable() -> bool:
         return False
 
 
-def gluon_config(
-    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, sm_budget: int
+def shipped_gluon_pick(
+    m: int, n: int, k: int, dtype: torch.dtype, sm_budget: int, device: torch.device
 ) -> GluonGemmConfig | None:
-    """The shipped Gluon pick `matmul` runs for these operands, or None (not CUDA, not 16-bit,
-    another card or Triton, no pick for the shape and budget, operands TMA cannot read)."""
+    """The card's shipped Gluon pick for this shape, dtype and budget, or None (the picks
+    off, not an sm_90 GPU, no Gluon, no pick, or a shape the user tuned: their tuning cache
+    keeps their Triton configuration, the pick having been measured against the shipped one).
+    Shared by `matmul` (16-bit) and `ficco.kernels.scaled.scaled_matmul` (FP8)."""
     if not picks_enabled():  # first: a bad switch value is refused on any device
         return None
-    if a.device.type != "cuda" or a.dtype not in (torch.bfloat16, torch.float16):
+    if device.type != "cuda":
         return None
-    if out.dtype != a.dtype:
-        return None
-    m, k = a.shape
-    n = b.shape[1]
-    fast_key = (m, n, k, a.dtype, sm_budget, a.device)
+    fast_key = (m, n, k, dtype, sm_budget, device)
     if fast_key not in _gluon_fast:
         hit = None
         # sm_90 exactly: wgmma and setmaxnreg
-        if device_info(a.device).capability == (9, 0) and _gluon_importable():
-            key = TuningKey.for_problem(m, n, k, a.dtype, sm_budget, a.device)
+        if device_info(device).capability == (9, 0) and _gluon_importable():
+            key = TuningKey.for_problem(m, n, k, dtype, sm_budget, device)
             pick = shipped_picks().get(str(key))
             hit = None if pick is None else (pick, key)
         _gluon_fast[fast_key] = hit
@@ -76,12 +74,24 @@ def gluon_config(
     if hit is None:
         return None
     pick, key = hit
-    # a shape the user tuned (their tuning cache) keeps their Triton configuration: the pick
-    # was measured against the shipped one
     if cached_config(key) is not None:
         return None
+    return pick
+
+
+def gluon_config(
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, sm_budget: int
+) -> GluonGemmConfig | None:
+    """The shipped Gluon pick `matmul` runs for these operands, or None (not CUDA, not 16-bit,
+    another card or Triton, no pick for the shape and budget, operands TMA cannot read)."""
+    if not picks_enabled():  # first: a bad switch value is refused on any device
+        return None
+    if a.dtype not in (torch.bfloat16, torch.float16) or out.dtype != a.dtype:
+        return None
+    m, k = a.shape
+    pick = shipped_gluon_pick(m, b.shape[1], k, a.dtype, sm_budget, a.device)
     # the kernel's TMA descriptors: every operand row-major (16-byte aligned rows and base)
-    if not all(tma_row_major(t) for t in (a, b, out)):
+    if pick is None or not all(tma_row_major(t) for t in (a, b, out)):
         return None
     return pick
 

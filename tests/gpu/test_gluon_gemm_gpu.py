@@ -114,3 +114,44 @@ def test_matmul_takes_the_shipped_gluon_pick_and_matches_triton(monkeypatch, tmp
     cfg = tuning.config_for(m, n, k, torch.bfloat16, budget, a.device)
     tuning.store(key, {"config": cfg.to_dict()})
     assert gluon_config(a, b, out, budget) is None
+
+
+def test_scaled_matmul_takes_the_shipped_fp8_pick_and_matches_the_dequantized_product(
+    monkeypatch, tmp_path
+):
+    """FP8 as bf16 above: scaled_matmul runs the Gluon kernel for a picked fp8 shape with
+    per-row and per-column scales, and its Triton kernel with FICCO_GEMM_GLUON=0 or
+    per-tensor scales; all match the float64 product of the same bits."""
+    import re
+
+    import triton
+
+    from ficco.kernels import scaled
+    from ficco.kernels.gluon_configs import shipped_picks
+    from ficco.kernels.persistent import default_sm_budget
+    from ficco.kernels.tuning import device_name
+
+    prefix = f"{device_name('cuda')}|triton={triton.__version__}|float8_e4m3fn|"
+    budget = default_sm_budget("cuda")
+    shapes = [
+        tuple(int(x) for x in re.search(r"m=(\d+),n=(\d+),k=(\d+)", key).groups())
+        for key in shipped_picks()
+        if key.startswith(prefix) and key.endswith(f"|sm={budget}")
+    ]
+    if not shapes:
+        pytest.skip(f"no shipped Gluon pick for {prefix}sm={budget}")
+    m, n, k = min(shapes, key=lambda s: s[0] * s[1] * s[2])
+    monkeypatch.setenv("FICCO_CACHE_DIR", str(tmp_path))  # no user tuning of this shape
+    a, b, sa, sb, _ = scaled.random_operands(m, n, k, torch.float8_e4m3fn, "cuda", seed=3)
+    ref = (a.double() * sa.double()) @ (b.double() * sb.double())
+    ops = scaled.prepare_operands(a, b, sa, sb, torch.bfloat16, None)
+    assert (
+        scaled.gluon_pick(ops, budget) == shipped_picks()[f"{prefix}m={m},n={n},k={k}|sm={budget}"]
+    )
+    assert _rel(scaled.scaled_matmul(a, b, sa, sb), ref) <= LIMIT
+    one_a, one_b = sa.max().reshape(1), sb.max().reshape(1)
+    per_tensor = scaled.prepare_operands(a, b, one_a, one_b, torch.bfloat16, None)
+    assert scaled.gluon_pick(per_tensor, budget) is None
+    monkeypatch.setenv("FICCO_GEMM_GLUON", "0")
+    assert scaled.gluon_pick(ops, budget) is None
+    assert _rel(scaled.scaled_matmul(a, b, sa, sb), ref) <= LIMIT
