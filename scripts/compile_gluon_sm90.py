@@ -48,9 +48,10 @@ def compile_config(cfg: gg.GluonGemmConfig, dtype: str, fast: bool = False) -> d
     fp8 = dtype != "bf16"
     b_block = [cfg.block_n, cfg.block_k] if fp8 or cfg.swap_ab else [cfg.block_k, cfg.main_n]
     # swap-AB: A is the weight's [block_k, block_m] blocks, C out's [block_n, block_m]
-    a_block = [cfg.block_k, cfg.block_m] if cfg.swap_ab else [cfg.block_m, cfg.block_k]
+    a_rows = cfg.rows_per_consumer if cfg.consumers == 3 else cfg.block_m
+    a_block = [cfg.block_k, cfg.block_m] if cfg.swap_ab else [a_rows, cfg.block_k]
     c_cols = cfg.main_n // (2 if cfg.split_epilogue else 1)
-    c_rows = cfg.block_m // 2 if cfg.row_halves else cfg.block_m
+    c_rows = cfg.rows_per_consumer
     c_block = [cfg.block_n, cfg.block_m] if cfg.swap_ab else [c_rows, c_cols]
     signature = {
         "a_desc": desc(dtype, a_block),
@@ -58,7 +59,7 @@ def compile_config(cfg: gg.GluonGemmConfig, dtype: str, fast: bool = False) -> d
         "c_desc": desc("bf16", c_block),
         # without a tail the kernel never reads these two (the launcher passes b's and c's)
         "b_tail_desc": desc(dtype, [cfg.block_k, cfg.tail_n or cfg.main_n]),
-        "c_tail_desc": desc("bf16", [cfg.block_m, cfg.tail_n or cfg.main_n]),
+        "c_tail_desc": desc("bf16", [c_rows, cfg.tail_n or cfg.main_n]),
         "a_scale_ptr": "*fp32",
         "b_scale_ptr": "*fp32",
     }
@@ -75,7 +76,8 @@ def compile_config(cfg: gg.GluonGemmConfig, dtype: str, fast: bool = False) -> d
     source = GluonASTSource(
         fn, signature, constexprs={(names.index(k),): v for k, v in constants.items()}
     )
-    options = dict(num_warps=cfg.consumer_warps, maxnreg=gg.MAX_REGS)
+    max_regs = gg.THIRDS_MAX_REGS if cfg.consumers == 3 else gg.MAX_REGS
+    options = dict(num_warps=cfg.consumer_warps, maxnreg=max_regs)
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     ptx = kernel.asm["ptx"]
     return {

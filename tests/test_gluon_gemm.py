@@ -40,9 +40,11 @@ def test_every_shipped_config_passes_its_own_check():
         (gg.GluonGemmConfig(128, 16, 64, 8, 1, 4, swap_ab=True), "64 weight columns"),
         (gg.GluonGemmConfig(64, 8, 64, 8, 1, 4, swap_ab=True), "by 16, 32 or 64 rows"),
         (gg.GluonGemmConfig(64, 16, 64, 8, 1, 4, True, swap_ab=True), "its epilogue whole"),
-        (gg.GluonGemmConfig(128, 128, 64, 4, 1, 8, row_halves=True), "two 4-warp consumers"),
-        (gg.GluonGemmConfig(64, 128, 64, 4, 2, 4, row_halves=True), "128 or 256 rows"),
-        (gg.GluonGemmConfig(128, 192, 64, 3, 2, 4, row_halves=True), "no tail"),
+        (gg.GluonGemmConfig(128, 128, 64, 4, 1, 8, shared_tile=True), "2 or 3 four-warp"),
+        (gg.GluonGemmConfig(64, 128, 64, 4, 2, 4, shared_tile=True), r"block_m = 64 x consumers"),
+        (gg.GluonGemmConfig(256, 128, 64, 3, 2, 4, shared_tile=True), r"block_m = 64 x consumers"),
+        (gg.GluonGemmConfig(128, 192, 64, 3, 2, 4, shared_tile=True), "no tail"),
+        (gg.GluonGemmConfig(256, 128, 64, 3, 4, 4, shared_tile=True), "consumers=4"),
     ],
 )
 def test_config_refusals_name_the_rule(cfg, rule):
@@ -103,21 +105,26 @@ def test_operand_refusals():
         gg.ws_gemm_launcher(a, b.t().contiguous().t(), out, swap)
 
 
-def test_row_halves_share_each_tile_and_store_their_own_rows():
-    halves = gg.GluonGemmConfig(128, 128, 128, 6, 2, 4, row_halves=True)
-    assert halves.name == "ws_128x128x128_s6_coop2x4"
+def test_shared_tiles_give_each_consumer_64_rows_and_its_own_store():
+    halves = gg.GluonGemmConfig(128, 128, 128, 6, 2, 4, shared_tile=True)
+    assert halves.name == "ws_128x128x128_s6_coop2x4" and halves.rows_per_consumer == 64
     # the ring as the 8-warp tile's, a store buffer of 64 rows per consumer
     ring = 6 * (128 + 128) * 128
     assert halves.shared_bytes(1) == ring + 2 * 64 * 128 * 2 + 1024
     # a 64x128 accumulator per 4-warp consumer: 64 registers a thread, as 128x128 on 8 warps
     halves.check(1)
-    assert gg.GluonGemmConfig(256, 256, 64, 2, 2, 4, row_halves=True).shared_bytes(2) > 0
-    with pytest.raises(ValueError, match="registers a thread"):
-        gg.GluonGemmConfig(256, 256, 64, 2, 2, 4, row_halves=True).check(2)
-    # the space's FP8 halves tiles: cuBLASLt's tile, whole or with its epilogue in halves
-    assert {c.name for c in gg.FP8_CONFIGS if c.row_halves} == {
+    thirds = gg.GluonGemmConfig(192, 128, 128, 5, 3, 4, split_epilogue=True, shared_tile=True)
+    assert thirds.name == "ws_192x128x128_s5_coop3x4_half" and thirds.rows_per_consumer == 64
+    assert thirds.shared_bytes(1) == 5 * (192 + 128) * 128 + 3 * 64 * 64 * 2 + 1024
+    thirds.check(1)
+    with pytest.raises(ValueError, match="bytes of shared memory"):
+        gg.GluonGemmConfig(192, 128, 128, 5, 3, 4, shared_tile=True).check(1)
+    # the space's shared tiles: cuBLASLt's tile in two row parts, and 192 rows in three
+    assert {c.name for c in gg.FP8_CONFIGS if c.shared_tile} == {
         "ws_128x128x128_s6_coop2x4",
         "ws_128x128x128_s5_coop2x4_half",
+        "ws_192x128x128_s5_coop3x4_half",
+        "ws_192x128x128_s4_coop3x4",
     }
 
 
@@ -229,7 +236,7 @@ def test_fp8_picks_are_checked_as_fp8_configurations(picks_dir):
     from ficco.kernels.gluon_configs import config_from_dict, config_to_dict, shipped_picks
 
     fp8_key = "NVIDIA H200|triton=3.6.0|float8_e4m3fn|m=4096,n=4096,k=4096|sm=132"
-    cfg = next(c for c in gg.FP8_CONFIGS if c.row_halves)
+    cfg = next(c for c in gg.FP8_CONFIGS if c.shared_tile)
     # 128-deep FP8 slots: twice the shared memory as 16-bit inputs, so only an FP8 key takes it
     with pytest.raises(ValueError, match="bytes of shared memory"):
         config_from_dict(config_to_dict(cfg))
@@ -249,7 +256,7 @@ def test_scaled_matmul_offers_the_gluon_kernel_only_what_its_picks_were_measured
     from ficco.kernels import scaled
 
     matmul = importlib.import_module("ficco.kernels.matmul")  # the module, not its function
-    cfg = next(c for c in gg.FP8_CONFIGS if c.row_halves)
+    cfg = next(c for c in gg.FP8_CONFIGS if c.shared_tile)
     fp8 = torch.float8_e4m3fn
     out = torch.empty((64, 64), dtype=torch.bfloat16)
 

@@ -37,19 +37,19 @@ class GluonGemmConfig:
     block_n: int
     block_k: int
     stages: int
-    consumers: int  # 1: cooperative, 2: ping-pong (or, with row_halves, halves of each tile)
+    consumers: int  # 1: cooperative, 2: ping-pong (with shared_tile: 2 or 3 row parts)
     consumer_warps: int  # warps of each consumer partition
     split_epilogue: bool = False  # store the main part in two column halves (half the smem)
     # swap-AB (decode rows, 16-bit): out^T [N, M] = b^T [N, K] @ a^T [K, M], so block_m is the
     # weight's columns a tile (wgmma's M, 64) and block_n the rows of `a` (wgmma's N, 16-64):
     # the ring holds the weight's stream, not 64-row A tiles mostly past M
     swap_ab: bool = False
-    # two 4-warp consumers (consumers=2) sharing every tile, each its own half of the rows,
-    # with no barrier between them: one 8-warp consumer synchronizes its warpgroups at every
-    # ring slot it frees, so FP8's per-step promotion (wait for the step's wgmmas, then add)
-    # left the tensor cores idle in both at once; as halves, one's adds run under the
-    # other's wgmmas (cuBLASLt's and CUTLASS's cooperative FP8 kernels work this way)
-    row_halves: bool = False
+    # the consumers (2 or 3, four warps each) share every tile, each its own 64 rows, with no
+    # barrier between them: one 8-warp consumer synchronizes its warpgroups at every ring slot
+    # it frees, so FP8's per-step promotion (wait for the step's wgmmas, then add) left the
+    # tensor cores idle in both at once; as separate consumers, one's adds run under the
+    # others' wgmmas (cuBLASLt's and CUTLASS's cooperative FP8 kernels work this way)
+    shared_tile: bool = False
 
     # A block_n that is no power of two (Gluon's tensors are) runs as two column parts: a
     # main part (the largest power of two below it) and a tail (the rest, itself a power of
@@ -65,13 +65,18 @@ class GluonGemmConfig:
 
     @property
     def name(self) -> str:
-        if self.row_halves:
-            kind = "coop2x4"
+        if self.shared_tile:
+            kind = f"coop{self.consumers}x4"
         else:
             kind = "pp" if self.consumers == 2 else f"coop{self.consumer_warps}"
         kind += "_half" if self.split_epilogue else ""
         kind += "_swap" if self.swap_ab else ""
         return f"ws_{self.block_m}x{self.block_n}x{self.block_k}_s{self.stages}_{kind}"
+
+    @property
+    def rows_per_consumer(self) -> int:
+        """The rows of a tile each consumer computes and stores."""
+        return self.block_m // self.consumers if self.shared_tile else self.block_m
 
     def suits(self, m: int) -> bool:
         """Worth timing for M rows: a swap-AB tile only where M fits a few of its row blocks."""
@@ -80,15 +85,18 @@ class GluonGemmConfig:
     def shared_bytes(self, in_bytes: int, out_bytes: int = 2) -> int:
         ring = self.stages * (self.block_m + self.block_n) * self.block_k * in_bytes
         main = self.main_n // (2 if self.split_epilogue else 1)
-        # a store buffer per consumer, each the tile's rows (halves: half of them)
-        rows = self.block_m // 2 if self.row_halves else self.block_m
+        # a store buffer per consumer, each the tile's rows (shared tiles: its part of them)
+        rows = self.rows_per_consumer
         epilogue = self.consumers * rows * (main + self.tail_n) * out_bytes
         return ring + epilogue + 1024  # barriers and alignment
 
     def check(self, in_bytes: int, shared_limit: int = 232448) -> None:
         """Refuse a configuration the kernel cannot run, naming the rule."""
-        if self.consumers not in (1, 2):
-            raise ValueError(f"consumers={self.consumers}: 1 (cooperative) or 2 (ping-pong)")
+        if self.consumers not in (1, 2) and not (self.shared_tile and self.consumers == 3):
+            raise ValueError(
+                f"consumers={self.consumers}: 1 (cooperative), 2 (ping-pong) or, sharing each "
+                "tile, 2 or 3"
+            )
         if self.consumers == 2 and self.consumer_warps != 4:
             raise ValueError("ping-pong consumers are one warpgroup each (consumer_warps=4)")
         if self.consumer_warps not in (4, 8):
@@ -105,16 +113,16 @@ class GluonGemmConfig:
                 f"{self.name}: a swap-AB tile is one 4-warp consumer, 16-bit inputs, 64 weight "
                 "columns by 16, 32 or 64 rows, its epilogue whole"
             )
-        if self.row_halves and (
-            self.consumers != 2
+        if self.shared_tile and (
+            self.consumers not in (2, 3)
             or self.consumer_warps != 4
-            or self.block_m not in (128, 256)
+            or self.block_m != 64 * self.consumers
             or self.tail_n
             or self.swap_ab
         ):
             raise ValueError(
-                f"{self.name}: row halves are two 4-warp consumers (consumers=2) on a tile of "
-                "128 or 256 rows (a warpgroup's wgmmas take 64-row multiples), no tail, no swap-AB"
+                f"{self.name}: a shared tile is 2 or 3 four-warp consumers, each 64 of its rows "
+                "(block_m = 64 x consumers), no tail, no swap-AB"
             )
         tail = self.tail_n
         if tail and (tail & (tail - 1) or tail < 32):
@@ -126,8 +134,7 @@ class GluonGemmConfig:
             raise ValueError(f"{self.name}: tiles with a tail take 16-bit inputs only")
         # fp32 accumulator registers per thread of a consumer (setmaxnreg gives a consumer
         # CONSUMER_REGS = 232): 160, cuBLAS's 128x320 cooperative tile, leaves room
-        rows = self.block_m // 2 if self.row_halves else self.block_m
-        acc_regs = rows * self.block_n // (32 * self.consumer_warps)
+        acc_regs = self.rows_per_consumer * self.block_n // (32 * self.consumer_warps)
         if acc_regs > 160:
             raise ValueError(
                 f"{self.name}: a {self.block_m}x{self.block_n} fp32 accumulator on "
@@ -203,19 +210,24 @@ FP8_CONFIGS = (
     # the H100.
     GluonGemmConfig(128, 128, 64, 10, 1, 8, split_epilogue=True),
     GluonGemmConfig(128, 128, 64, 12, 1, 8),
-    # row halves (`row_halves`): cuBLASLt's promoting tile (128x128x128, 6 stages,
+    # shared tiles (`shared_tile`): cuBLASLt's promoting tile (128x128x128, 6 stages,
     # cooperative) as two warpgroups that never wait for each other. The pick at 85 of 88
     # shapes on one H200 (call AR): Gluon / `_scaled_mm` 0.957 full, 0.969 chunk, from 0.79 /
     # 0.81 with the 8-warp consumer. Tried there and left out: 256x128x128 s3 halves (each
     # 128x128 half promoting inside wgmma, C7514: 0.77 of the pick), 64-deep halves (twice
     # the promotions: 0.73-0.75 of it).
-    GluonGemmConfig(128, 128, 128, 6, 2, 4, row_halves=True),
-    GluonGemmConfig(128, 128, 128, 5, 2, 4, split_epilogue=True, row_halves=True),
+    GluonGemmConfig(128, 128, 128, 6, 2, 4, shared_tile=True),
+    GluonGemmConfig(128, 128, 128, 5, 2, 4, split_epilogue=True, shared_tile=True),
+    # three row parts: one consumer's promotion stall is covered by two others' wgmmas (the
+    # pick at 26 of 40 full shapes on one H200, call AW: 0.999 of `_scaled_mm` full and chunk;
+    # halves stay the pick where 192-row tiles leave a partial last wave)
+    GluonGemmConfig(192, 128, 128, 5, 3, 4, split_epilogue=True, shared_tile=True),
+    GluonGemmConfig(192, 128, 128, 4, 3, 4, shared_tile=True),
 )
 
 
 # the configuration's optional fields (absent: False)
-FLAGS = ("split_epilogue", "swap_ab", "row_halves")
+FLAGS = ("split_epilogue", "swap_ab", "shared_tile")
 
 
 def config_from_dict(data: object, in_bytes: int = 2) -> GluonGemmConfig:

@@ -15,12 +15,14 @@ lower-level language, places each role in its own warps:
   runs its epilogue (scales, bf16 store) while the other keeps the tensor cores busy. The
   turns also keep a consumer from waiting on a slot more than one ring pass ahead (an
   mbarrier's phase parity could not tell the passes apart);
-- row halves (``GluonGemmConfig.row_halves``, FP8): two four-warp consumers take every tile,
-  each its own half of the rows, and free each ring slot with their own arrivals (the slot's
-  ``empty`` counts two). An eight-warp consumer synchronizes its two warpgroups before each
+- shared tiles (``GluonGemmConfig.shared_tile``, FP8): two or three four-warp consumers take
+  every tile, each its own 64 rows (128x128 in halves; 192x128 in thirds, whose A loads as
+  three 64-row blocks a slot), and free each ring slot with their own arrivals (the slot's
+  ``empty`` counts them). An eight-warp consumer synchronizes its two warpgroups before each
   arrival, so with FP8's promotion by hand (wait for the step's wgmmas, then add) both
-  stopped the tensor cores at once; as halves, one's adds run under the other's wgmmas
-  (profiles/h200/NOTES_gemm.md, call AR: 0.79 -> 0.96 of ``_scaled_mm``);
+  stopped the tensor cores at once; as separate consumers, one's adds run under the others'
+  wgmmas (profiles/h200/NOTES_gemm.md: 0.79 of ``_scaled_mm`` with one 8-warp consumer,
+  0.96 in halves (call AR), 1.00 with thirds (call AW));
 - a tile ``block_n`` wide that is no power of two (Gluon's tensors are) runs as a main part
   and a tail (128 + 64 = 192, 256 + 64 = 320, 128 + 32 = 160; 16-bit only): each ring slot
   holds the tail's B columns too, each K step issues a second wgmma on the same A slot, and
@@ -80,6 +82,10 @@ CONSUMER_REGS = 232
 # 12 warps a program either way (8 consumer warps, or 4 + 4, and the producer's warpgroup):
 # 168 x 384 threads fills the 64K-register file, and setmaxnreg gives the consumers 232
 MAX_REGS = 168
+# three consumers sharing a tile: 16 warps a program (4 + 4 + 4 and the producer's
+# warpgroup), 128 registers each at launch; setmaxnreg gives two of the consumers 152
+THIRDS_MAX_REGS = 128
+THIRDS_CONSUMER_REGS = gl.constexpr(152)
 
 
 @gluon.jit
@@ -90,7 +96,12 @@ def _producer(descs, ring, bars, scales):
     c_desc = descs[2]
     a_bufs = ring[0]
     b_bufs = ring[1]
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    STAGES: gl.constexpr = bars[0].type.shape[0]
+    # A's tile in A_BLOCKS row blocks of a_desc's, each its own buffer of the slot (three row
+    # parts: 192 rows, no power of two), else one
+    A_BLOCKS: gl.constexpr = a_bufs.type.shape[0] // STAGES
+    A_ROWS: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = A_ROWS * A_BLOCKS
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     # B's tile is [BLOCK_N, BLOCK_K] K-major (FP8), else [BLOCK_K, BLOCK_N]
     MAIN_N: gl.constexpr = b_desc.block_type.shape[0 if a_desc.dtype.primitive_bitwidth == 8 else 1]
@@ -98,7 +109,6 @@ def _producer(descs, ring, bars, scales):
     HAS_TAIL: gl.constexpr = len(ring) == 3
     TAIL_N: gl.constexpr = descs[3].block_type.shape[1] if HAS_TAIL else 0
     BLOCK_N: gl.constexpr = MAIN_N + TAIL_N
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
     B_K_MAJOR: gl.constexpr = a_desc.dtype.primitive_bitwidth == 8
     M = c_desc.shape[0]
     N = c_desc.shape[1]
@@ -109,7 +119,7 @@ def _producer(descs, ring, bars, scales):
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     load_bytes: gl.constexpr = (
-        a_desc.block_type.nbytes
+        a_desc.block_type.nbytes * A_BLOCKS
         + b_desc.block_type.nbytes
         + (descs[3].block_type.nbytes if HAS_TAIL else 0)
     )
@@ -118,7 +128,16 @@ def _producer(descs, ring, bars, scales):
         off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
         for ki in range(k_steps):
             slot, bar = _free_slot(bars, step, STAGES, load_bytes)
-            tma.async_copy_global_to_shared(a_desc, [off_m, ki * BLOCK_K], bar, a_bufs.index(slot))
+            if A_BLOCKS == 1:
+                tma.async_copy_global_to_shared(
+                    a_desc, [off_m, ki * BLOCK_K], bar, a_bufs.index(slot)
+                )
+            else:
+                for r in gl.static_range(A_BLOCKS):
+                    tma.async_copy_global_to_shared(
+                        a_desc, [off_m + r * A_ROWS, ki * BLOCK_K], bar,
+                        a_bufs.index(slot * A_BLOCKS + r),
+                    )  # fmt: skip
             if B_K_MAJOR:
                 tma.async_copy_global_to_shared(
                     b_desc, [off_n, ki * BLOCK_K], bar, b_bufs.index(slot)
@@ -145,12 +164,15 @@ def _consume(
     a_bufs = ring[0]
     b_bufs = ring[1]
     ready, empty, turns = bars
-    TILE_M: gl.constexpr = a_desc.block_type.shape[0]
-    # row halves (GluonGemmConfig.row_halves; the launcher gives c's blocks half the tile's
-    # rows): both consumers take every tile, consumer WHICH rows [WHICH, WHICH + 1) * BLOCK_M
-    # of it, each freeing a ring slot with its own arrival (the slot's `empty` counts two)
-    HALVES: gl.constexpr = c_desc.block_type.shape[0] < TILE_M
-    BLOCK_M: gl.constexpr = TILE_M // 2 if HALVES else TILE_M
+    STAGES: gl.constexpr = ready.type.shape[0]
+    A_BLOCKS: gl.constexpr = a_bufs.type.shape[0] // STAGES  # A's row blocks per slot
+    TILE_M: gl.constexpr = a_desc.block_type.shape[0] * A_BLOCKS
+    # shared tiles (GluonGemmConfig.shared_tile; the launcher gives c's blocks one consumer's
+    # rows): every consumer takes every tile, consumer WHICH rows [WHICH, WHICH + 1) *
+    # BLOCK_M of it, each freeing a ring slot with its own arrival (`empty` counts PARTS)
+    PARTS: gl.constexpr = TILE_M // c_desc.block_type.shape[0]
+    SHARED: gl.constexpr = PARTS > 1
+    BLOCK_M: gl.constexpr = TILE_M // PARTS
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     # B's tile is [BLOCK_N, BLOCK_K] K-major (FP8), else [BLOCK_K, BLOCK_N]
     MAIN_N: gl.constexpr = b_desc.block_type.shape[0 if a_desc.dtype.primitive_bitwidth == 8 else 1]
@@ -159,7 +181,6 @@ def _consume(
     HAS_TAIL: gl.constexpr = len(ring) == 3
     TAIL_N: gl.constexpr = descs[3].block_type.shape[1] if HAS_TAIL else 0
     BLOCK_N: gl.constexpr = MAIN_N + TAIL_N
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
     WARPS: gl.constexpr = gl.num_warps()
     # FP8: B K-major (wgmma's rule), scaled, fp32 promotion every K step of at most 128
     # products (cuBLASLt's 128)
@@ -184,11 +205,10 @@ def _consume(
     k_steps = gl.cdiv(K, BLOCK_K)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
-    # ping-pong: consumer WHICH takes every other tile; halves: both take every tile
-    STRIDE: gl.constexpr = 1 if HALVES else CONSUMERS
-    FIRST: gl.constexpr = 0 if HALVES else WHICH
-    # this consumer's rows of each A slot: [ROW0, ROW0 + BLOCK_M)
-    ROW0: gl.constexpr = WHICH * BLOCK_M if HALVES else 0
+    # ping-pong: consumer WHICH takes every other tile; shared tiles: all take every tile
+    STRIDE: gl.constexpr = 1 if SHARED else CONSUMERS
+    FIRST: gl.constexpr = 0 if SHARED else WHICH
+    PART: gl.constexpr = WHICH if SHARED else 0  # this consumer's row part of each tile
     # the epilogue stores the tile whole or in two column halves (c's TMA block says which),
     # the halves freeing shared memory for another ring slot
     EPI_N: gl.constexpr = c_desc.block_type.shape[1]
@@ -203,27 +223,27 @@ def _consume(
     for j in range(FIRST, gl.cdiv(num_pid_m * num_pid_n - pid, programs), STRIDE):
         tile = pid + j * programs
         off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, TILE_M, BLOCK_N)
-        if HALVES:
+        if SHARED:
             off_m += WHICH * BLOCK_M
         if FP8:
             # wgmma with max_num_imprecise_acc adds its promoted partial sums to the
             # accumulator even where use_acc is false: the previous tile's sums would stay
             acc = gl.zeros([BLOCK_M, MAIN_N], gl.float32, acc_layout)
-        if CONSUMERS > 1 and not HALVES:  # noqa: SIM102 - a constexpr branch around a runtime one
+        if CONSUMERS > 1 and not SHARED:  # noqa: SIM102 - a constexpr branch around a runtime one
             # the other consumer has issued every wgmma of tile j - 1 (its arrival below)
             if j > 0:
                 mbarrier.wait(turns.index(WHICH), (mine - (1 - WHICH)) & 1)
         step = j * k_steps
         previous = 0
         if LAGGED:
-            acc, step = _promote_each_step(a_bufs, b_bufs, bars, acc, step, k_steps, ROW0)
-            if CONSUMERS > 1 and not HALVES:
+            acc, step = _promote_each_step(a_bufs, b_bufs, bars, acc, step, k_steps, PART)
+            if CONSUMERS > 1 and not SHARED:
                 mbarrier.arrive(turns.index(1 - WHICH), count=1)
         else:
             for ki in range(k_steps):
                 slot = _landed_slot(bars, step, STAGES)
                 b_tile = b_bufs.index(slot).permute((1, 0)) if FP8 else b_bufs.index(slot)
-                a_tile = _a_tile(a_bufs, slot, ROW0, BLOCK_M)
+                a_tile = _a_tile(a_bufs, slot, PART, BLOCK_M, STAGES)
                 if FAST:  # wgmma's default for FP8: never promote
                     acc = warpgroup_mma(a_tile, b_tile, acc, use_acc=ki > 0, is_async=True)
                 else:
@@ -250,7 +270,7 @@ def _consume(
                     mbarrier.arrive(empty.index(previous), count=1)
                 previous = slot
                 step += 1
-            if CONSUMERS > 1 and not HALVES:
+            if CONSUMERS > 1 and not SHARED:
                 mbarrier.arrive(turns.index(1 - WHICH), count=1)
             if HAS_TAIL:
                 acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
@@ -311,28 +331,31 @@ def _tile_scales(scales, off_m, off_n, M, N, acc):
 
 
 @gluon.jit
-def _a_tile(a_bufs, slot, ROW0: gl.constexpr, ROWS: gl.constexpr):
-    """Ring slot `slot`'s A rows [ROW0, ROW0 + ROWS): the consumer's part of the tile (all of
-    it, but for row halves)."""
-    if a_bufs.type.shape[1] > ROWS:
-        return a_bufs.index(slot).slice(ROW0, ROWS, dim=0)
+def _a_tile(a_bufs, slot, PART: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr):
+    """Ring slot `slot`'s A rows of row part PART, ROWS of them: the consumer's part of the
+    tile (all of it, but for shared tiles), its own buffer where A loads in row blocks."""
+    A_BLOCKS: gl.constexpr = a_bufs.type.shape[0] // STAGES
+    if A_BLOCKS > 1:
+        return a_bufs.index(slot * A_BLOCKS + PART)
+    elif a_bufs.type.shape[1] > ROWS:
+        return a_bufs.index(slot).slice(PART * ROWS, ROWS, dim=0)
     else:
         return a_bufs.index(slot)
 
 
 @gluon.jit
-def _promote_each_step(a_bufs, b_bufs, bars, acc, step, k_steps, ROW0: gl.constexpr):
+def _promote_each_step(a_bufs, b_bufs, bars, acc, step, k_steps, PART: gl.constexpr):
     """FP8, promoted by hand: each K step's products summed by the tensor cores alone, then
     added to the fp32 accumulator once they are done (no wgmma of this warpgroup in flight
     while its registers are read: ptxas serializes every wgmma otherwise, C7514); another
     warpgroup's wgmmas keep the tensor cores busy meanwhile. (acc, step) after the tile."""
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    STAGES: gl.constexpr = bars[0].type.shape[0]
     ROWS: gl.constexpr = acc.type.shape[0]
     zero = gl.zeros_like(acc)
     for _ki in range(k_steps):
         slot = _landed_slot(bars, step, STAGES)
         partial = warpgroup_mma(
-            _a_tile(a_bufs, slot, ROW0, ROWS), b_bufs.index(slot).permute((1, 0)), zero,
+            _a_tile(a_bufs, slot, PART, ROWS, STAGES), b_bufs.index(slot).permute((1, 0)), zero,
             use_acc=False, is_async=True,
         )  # fmt: skip
         partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
@@ -374,6 +397,36 @@ def _pingpong_consumer_1_fast(descs, ring, bars, scales):
 
 
 @gluon.jit
+def _third_consumer_0(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 3, 0, False)
+
+
+@gluon.jit
+def _third_consumer_1(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 3, 1, False)
+
+
+@gluon.jit
+def _third_consumer_2(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 3, 2, False)
+
+
+@gluon.jit
+def _third_consumer_0_fast(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 3, 0, True)
+
+
+@gluon.jit
+def _third_consumer_1_fast(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 3, 1, True)
+
+
+@gluon.jit
+def _third_consumer_2_fast(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 3, 2, True)
+
+
+@gluon.jit
 def ws_gemm_kernel(
     a_desc,
     b_desc,
@@ -390,8 +443,10 @@ def ws_gemm_kernel(
     TAIL: gl.constexpr,
     SWAP_AB: gl.constexpr,
 ):
+    # three consumers share each tile (192 rows): A loads as three 64-row blocks a slot
+    A_BLOCKS: gl.constexpr = 3 if CONSUMERS == 3 else 1
     a_bufs = gl.allocate_shared_memory(
-        a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout
+        a_desc.dtype, [STAGES * A_BLOCKS] + a_desc.block_type.shape, a_desc.layout
     )
     b_bufs = gl.allocate_shared_memory(
         b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout
@@ -399,10 +454,10 @@ def ws_gemm_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    # row halves (c's blocks half of a's rows; swap-AB's are other blocks): both consumers
-    # free each slot
-    HALVES: gl.constexpr = not SWAP_AB and c_desc.block_type.shape[0] < a_desc.block_type.shape[0]
-    readers: gl.constexpr = 2 if HALVES else 1
+    # shared tiles (c's blocks one consumer's part of the tile's rows; swap-AB's are other
+    # blocks): each consumer frees each slot
+    TILE_M: gl.constexpr = a_desc.block_type.shape[0] * A_BLOCKS
+    readers: gl.constexpr = 1 if SWAP_AB else TILE_M // c_desc.block_type.shape[0]
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=readers)
@@ -426,6 +481,29 @@ def ws_gemm_kernel(
     args = (descs, ring, bars, scales)
     if SWAP_AB:
         gl.warp_specialize([(_swap_consumer, args), (_swap_producer, args)], [1], [PRODUCER_REGS])
+    elif CONSUMERS == 3:
+        if FAST_ACCUM:
+            gl.warp_specialize(
+                [
+                    (_third_consumer_0_fast, args),
+                    (_third_consumer_1_fast, args),
+                    (_third_consumer_2_fast, args),
+                    (_producer, args),
+                ],
+                [4, 4, 1],
+                [THIRDS_CONSUMER_REGS, THIRDS_CONSUMER_REGS, PRODUCER_REGS],
+            )
+        else:
+            gl.warp_specialize(
+                [
+                    (_third_consumer_0, args),
+                    (_third_consumer_1, args),
+                    (_third_consumer_2, args),
+                    (_producer, args),
+                ],
+                [4, 4, 1],
+                [THIRDS_CONSUMER_REGS, THIRDS_CONSUMER_REGS, PRODUCER_REGS],
+            )
     elif FAST_ACCUM:
         if CONSUMERS == 1:
             gl.warp_specialize(
@@ -538,13 +616,14 @@ def ws_gemm_launcher(
     sa = a_scale.reshape(-1) if fp8 else out
     sb = b_scale.reshape(-1) if fp8 else out
     kernel = ws_gemm_kernel[grid]
+    max_regs = THIRDS_MAX_REGS if cfg.consumers == 3 else MAX_REGS
 
     def launch() -> None:
         kernel(
             a_desc, b_desc, c_desc, bt_desc, ct_desc, sa, sb,
             STAGES=cfg.stages, CONSUMERS=cfg.consumers, PRODUCER_REGS=PRODUCER_REGS,
             CONSUMER_REGS=CONSUMER_REGS, FAST_ACCUM=fast_accum, TAIL=cfg.tail_n > 0,
-            SWAP_AB=cfg.swap_ab, num_warps=cfg.consumer_warps, maxnreg=MAX_REGS,
+            SWAP_AB=cfg.swap_ab, num_warps=cfg.consumer_warps, maxnreg=max_regs,
         )  # fmt: skip
 
     return launch
@@ -553,14 +632,15 @@ def ws_gemm_launcher(
 def _descs(a, b, out, cfg: GluonGemmConfig, b_k_major: bool) -> tuple:
     """The descriptors of ``out = a @ b`` in cfg's tiles: a, b (K-major for FP8), out, and a
     tail's B columns and store (16-bit only, `GluonGemmConfig.check`; else b's and out's)."""
-    a_desc = _desc(a, [cfg.block_m, cfg.block_k])
+    # three consumers sharing a tile: A in 64-row blocks (192 is no power of two)
+    a_rows = cfg.rows_per_consumer if cfg.consumers == 3 else cfg.block_m
+    a_desc = _desc(a, [a_rows, cfg.block_k])
     if b_k_major:
         b_desc = _desc(b.t(), [cfg.block_n, cfg.block_k])
     else:
         b_desc = _desc(b, [cfg.block_k, cfg.main_n])
-    # each consumer stores its own rows: with row halves, half the tile's
-    rows = cfg.block_m // 2 if cfg.row_halves else cfg.block_m
-    c_desc = _desc(out, [rows, cfg.main_n // (2 if cfg.split_epilogue else 1)])
+    # each consumer stores its own rows: with shared tiles, its part of the tile's
+    c_desc = _desc(out, [cfg.rows_per_consumer, cfg.main_n // (2 if cfg.split_epilogue else 1)])
     bt_desc = _desc(b, [cfg.block_k, cfg.tail_n]) if cfg.tail_n else b_desc
     ct_desc = _desc(out, [cfg.block_m, cfg.tail_n]) if cfg.tail_n else c_desc
     return a_desc, b_desc, c_desc, bt_desc, ct_desc
