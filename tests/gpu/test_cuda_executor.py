@@ -95,12 +95,12 @@ def test_signatures_time_gpu_work_not_host_issue(pattern, lane):
             assert math.isfinite(value) and value > 0, (name, field, value)
     if lane.shared:
         return
-    # a ~30 us GEMM, timed while other pytest workers share the GPUs: the error guarded
-    # against (spans timing host issue instead of GPU work) is a multiple, not 20%
+    # a ~30 us GEMM timed alone two ways while other pytest workers share the GPUs: the error
+    # guarded against (spans timing host issue instead of GPU work) is a multiple, not 20%
     # (profiles/h200x2/NOTES_overlap.md, run 521a9d4: 0.226 there)
     for name in ("serial/ce/cublas", "serial/nccl/cublas"):
         m = by[name]
-        assert abs(m.gemm_in_overlap_ms / m.gemm_tasks_alone_ms - 1) < 0.5, (name, m)
+        assert abs(m.gemm_in_overlap_ms / m.gemm_tasks_alone_ms - 1) < 0.15, (name, m)
         assert abs(m.gemm_tasks_alone_ms / m.gemm_chunks_alone_ms - 1) < 0.5, (name, m)
 
 
