@@ -271,14 +271,14 @@ def test_scaled_matmul_offers_the_gluon_kernel_only_what_its_picks_were_measured
     # off CUDA no pick is looked up at all
     assert matmul.shipped_gluon_pick(64, 64, 64, fp8, 132, torch.device("cpu")) is None
     monkeypatch.setattr(matmul, "shipped_gluon_pick", lambda *args: cfg)
-    assert scaled.gluon_pick(ops(), 132) is cfg
+    assert matmul.scaled_gluon_config(ops(), 132) is cfg
     # per-tensor scales, a row-major b, an fp32 out, an out TMA cannot store: the Triton kernel
-    assert scaled.gluon_pick(ops(rowwise=False), 132) is None
-    assert scaled.gluon_pick(ops(colwise=False), 132) is None
-    assert scaled.gluon_pick(ops(b_k_major=False), 132) is None
-    assert scaled.gluon_pick(ops(out=out.float()), 132) is None
+    assert matmul.scaled_gluon_config(ops(rowwise=False), 132) is None
+    assert matmul.scaled_gluon_config(ops(colwise=False), 132) is None
+    assert matmul.scaled_gluon_config(ops(b_k_major=False), 132) is None
+    assert matmul.scaled_gluon_config(ops(out=out.float()), 132) is None
     unaligned = torch.empty((64, 80), dtype=torch.bfloat16)[:, 1:65]
-    assert scaled.gluon_pick(ops(out=unaligned), 132) is None
+    assert matmul.scaled_gluon_config(ops(out=unaligned), 132) is None
 
 
 def test_a_picks_key_names_its_dtype():

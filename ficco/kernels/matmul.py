@@ -96,6 +96,20 @@ def gluon_config(
     return pick
 
 
+def scaled_gluon_config(ops, sm_budget: int) -> GluonGemmConfig | None:
+    """The shipped Gluon FP8 pick `scaled_matmul` runs for its prepared operands
+    (`ficco.kernels.scaled.ScaledOperands`), or None: the warp-specialized kernel takes
+    per-row and per-column scales, a column-major b and a bf16 out TMA can store, as the
+    picks were measured."""
+    if not (ops.b_k_major and ops.rowwise and ops.colwise and ops.out.dtype == torch.bfloat16):
+        return None
+    m, n, k = ops.shape
+    pick = shipped_gluon_pick(m, n, k, ops.a.dtype, sm_budget, ops.a.device)
+    if pick is None or not tma_row_major(ops.out):
+        return None
+    return pick
+
+
 def _check_2d(name: str, t: object, dims: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")

@@ -25,11 +25,10 @@ fused kernel), FP8's tile space and two programs per SM where a config asks for 
 FP8 space (``ficco.kernels.scaled_configs``), per shape from the tuning cache (``TuningKey``
 with the fp8 dtype: the scale granularities share an entry), else from the entries shipped
 per card (``shipped_configs``), else tuned now (``tune_scaled``), else under
-``FICCO_GEMM_AUTOTUNE=0`` a heuristic. On a Hopper GPU, a shape the card's shipped Gluon
-picks name (``schedules/<card>/gluon_gemm_picks.json``, the fp8 keys: measured faster than
-this kernel there) with per-row and per-column scales and a column-major ``b`` runs the
-warp-specialized Gluon kernel (``ficco.kernels.gluon_gemm``, the same accumulation)
-instead, as `matmul` does for 16-bit shapes; ``FICCO_GEMM_GLUON=0`` keeps every call here.
+``FICCO_GEMM_AUTOTUNE=0`` a heuristic. On a Hopper GPU a shape the card's shipped Gluon picks
+name (fp8 keys, ``ficco.kernels.matmul.scaled_gluon_config``: per-row and per-column scales,
+a column-major ``b``) runs the warp-specialized Gluon kernel instead (``ficco.kernels.
+gluon_gemm``, the same accumulation); ``FICCO_GEMM_GLUON=0`` keeps every call here.
 
 Accumulation: by default the wgmma's partial sums are promoted into the fp32 accumulator
 every ``PROMOTION_K`` = 128 products (``max_num_imprecise_acc``; a K step of 256 promotes
@@ -74,7 +73,6 @@ from ficco.kernels.persistent import (
     default_sm_budget,
     device_info,
     fit_shared_memory,
-    tma_row_major,
 )
 from ficco.kernels.scaled_configs import (
     FP8_BYTES,
@@ -449,7 +447,9 @@ def scaled_matmul(
     if min(m, n, k) == 0:
         return ops.out.zero_()
     if config is None:
-        picked = gluon_pick(ops, budget)
+        from ficco.kernels.matmul import scaled_gluon_config
+
+        picked = scaled_gluon_config(ops, budget)
         if picked is not None:
             from ficco.kernels.gluon_gemm import ws_gemm
 
@@ -459,21 +459,6 @@ def scaled_matmul(
             )  # fmt: skip
         config = scaled_config_for(m, n, k, a.dtype, budget, a.device)
     return launch_scaled(ops, sm_budget=budget, config=config)
-
-
-def gluon_pick(ops: ScaledOperands, sm_budget: int):
-    """The card's shipped Gluon FP8 pick for these operands (`ficco.kernels.matmul.
-    shipped_gluon_pick`), or None: the warp-specialized kernel takes per-row and per-column
-    scales, a column-major b and a bf16 out TMA can store, as the picks were measured."""
-    from ficco.kernels.matmul import shipped_gluon_pick
-
-    if not (ops.b_k_major and ops.rowwise and ops.colwise and ops.out.dtype == torch.bfloat16):
-        return None
-    m, n, k = ops.shape
-    pick = shipped_gluon_pick(m, n, k, ops.a.dtype, sm_budget, ops.a.device)
-    if pick is None or not tma_row_major(ops.out):
-        return None
-    return pick
 
 
 # ---------------------------------------------------------------------------------------------

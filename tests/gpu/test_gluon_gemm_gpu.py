@@ -67,20 +67,18 @@ def test_fp8_config_matches_the_dequantized_product(cfg, shape):
     assert _rel(out, lib.float()) <= LIMIT
 
 
-def test_matmul_takes_the_shipped_gluon_pick_and_matches_triton(monkeypatch, tmp_path):
-    """On the card and Triton the picks were measured with, matmul runs the Gluon kernel for a
-    picked shape (and the Triton kernel with FICCO_GEMM_GLUON=0, or where the user's tuning
-    cache holds the shape): both match fp32."""
+def _smallest_pick(dtype_name: str):
+    """This card's smallest shipped Gluon pick of a dtype (the tuning cache's name) at the
+    full-GPU budget: (m, n, k, budget, its configuration), or the test skips."""
     import re
 
     import triton
 
     from ficco.kernels.gluon_configs import shipped_picks
-    from ficco.kernels.matmul import gluon_config, matmul
     from ficco.kernels.persistent import default_sm_budget
     from ficco.kernels.tuning import device_name
 
-    prefix = f"{device_name('cuda')}|triton={triton.__version__}|bfloat16|"
+    prefix = f"{device_name('cuda')}|triton={triton.__version__}|{dtype_name}|"
     budget = default_sm_budget("cuda")
     shapes = [
         tuple(int(x) for x in re.search(r"m=(\d+),n=(\d+),k=(\d+)", key).groups())
@@ -90,15 +88,23 @@ def test_matmul_takes_the_shipped_gluon_pick_and_matches_triton(monkeypatch, tmp
     if not shapes:
         pytest.skip(f"no shipped Gluon pick for {prefix}sm={budget}")
     m, n, k = min(shapes, key=lambda s: s[0] * s[1] * s[2])
+    return m, n, k, budget, shipped_picks()[f"{prefix}m={m},n={n},k={k}|sm={budget}"]
+
+
+def test_matmul_takes_the_shipped_gluon_pick_and_matches_triton(monkeypatch, tmp_path):
+    """On the card and Triton the picks were measured with, matmul runs the Gluon kernel for a
+    picked shape (and the Triton kernel with FICCO_GEMM_GLUON=0, or where the user's tuning
+    cache holds the shape): both match fp32."""
+    from ficco.kernels.matmul import gluon_config, matmul
+
+    m, n, k, budget, pick = _smallest_pick("bfloat16")
     monkeypatch.setenv("FICCO_CACHE_DIR", str(tmp_path))  # no user tuning of this shape
     gen = torch.Generator(device="cuda").manual_seed(7)
     a = torch.randn((m, k), device="cuda", generator=gen).to(torch.bfloat16)
     b = torch.randn((k, n), device="cuda", generator=gen).to(torch.bfloat16)
     ref = a.float() @ b.float()
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    assert (
-        gluon_config(a, b, out, budget) == shipped_picks()[f"{prefix}m={m},n={n},k={k}|sm={budget}"]
-    )
+    assert gluon_config(a, b, out, budget) == pick
     assert _rel(matmul(a, b, out), ref) <= LIMIT
     monkeypatch.setenv("FICCO_GEMM_GLUON", "0")
     assert gluon_config(a, b, out, budget) is None
@@ -122,36 +128,19 @@ def test_scaled_matmul_takes_the_shipped_fp8_pick_and_matches_the_dequantized_pr
     """FP8 as bf16 above: scaled_matmul runs the Gluon kernel for a picked fp8 shape with
     per-row and per-column scales, and its Triton kernel with FICCO_GEMM_GLUON=0 or
     per-tensor scales; all match the float64 product of the same bits."""
-    import re
-
-    import triton
-
     from ficco.kernels import scaled
-    from ficco.kernels.gluon_configs import shipped_picks
-    from ficco.kernels.persistent import default_sm_budget
-    from ficco.kernels.tuning import device_name
+    from ficco.kernels.matmul import scaled_gluon_config
 
-    prefix = f"{device_name('cuda')}|triton={triton.__version__}|float8_e4m3fn|"
-    budget = default_sm_budget("cuda")
-    shapes = [
-        tuple(int(x) for x in re.search(r"m=(\d+),n=(\d+),k=(\d+)", key).groups())
-        for key in shipped_picks()
-        if key.startswith(prefix) and key.endswith(f"|sm={budget}")
-    ]
-    if not shapes:
-        pytest.skip(f"no shipped Gluon pick for {prefix}sm={budget}")
-    m, n, k = min(shapes, key=lambda s: s[0] * s[1] * s[2])
+    m, n, k, budget, pick = _smallest_pick("float8_e4m3fn")
     monkeypatch.setenv("FICCO_CACHE_DIR", str(tmp_path))  # no user tuning of this shape
     a, b, sa, sb, _ = scaled.random_operands(m, n, k, torch.float8_e4m3fn, "cuda", seed=3)
     ref = (a.double() * sa.double()) @ (b.double() * sb.double())
     ops = scaled.prepare_operands(a, b, sa, sb, torch.bfloat16, None)
-    assert (
-        scaled.gluon_pick(ops, budget) == shipped_picks()[f"{prefix}m={m},n={n},k={k}|sm={budget}"]
-    )
+    assert scaled_gluon_config(ops, budget) == pick
     assert _rel(scaled.scaled_matmul(a, b, sa, sb), ref) <= LIMIT
     one_a, one_b = sa.max().reshape(1), sb.max().reshape(1)
     per_tensor = scaled.prepare_operands(a, b, one_a, one_b, torch.bfloat16, None)
-    assert scaled.gluon_pick(per_tensor, budget) is None
+    assert scaled_gluon_config(per_tensor, budget) is None
     monkeypatch.setenv("FICCO_GEMM_GLUON", "0")
-    assert scaled.gluon_pick(ops, budget) is None
+    assert scaled_gluon_config(ops, budget) is None
     assert _rel(scaled.scaled_matmul(a, b, sa, sb), ref) <= LIMIT

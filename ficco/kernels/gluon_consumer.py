@@ -1,0 +1,292 @@
+"""The consumer partitions of the warp-specialized Gluon GEMM (`ficco.kernels.gluon_gemm`,
+which holds the producer, the kernel and its launcher; the swap-AB roles are
+`ficco.kernels.gluon_swap`'s): each consumer's K loop of wgmmas over the ring's slots, FP8's
+promotion by hand and scales, and the epilogue's stores. The modes (cooperative, ping-pong,
+shared tiles, a tail) and what they measured are described in `ficco.kernels.gluon_gemm`."""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from ficco.kernels.gluon_ring import _acc_layout, _landed_slot, _tile_offsets
+
+
+@gluon.jit
+def _consume(
+    descs, ring, bars, scales, CONSUMERS: gl.constexpr, WHICH: gl.constexpr, FAST: gl.constexpr
+):
+    """Consumer WHICH's tiles: the program's tiles j with j mod CONSUMERS == WHICH."""
+    a_desc = descs[0]
+    b_desc = descs[1]
+    c_desc = descs[2]
+    a_bufs = ring[0]
+    b_bufs = ring[1]
+    ready, empty, turns = bars
+    STAGES: gl.constexpr = ready.type.shape[0]
+    A_BLOCKS: gl.constexpr = a_bufs.type.shape[0] // STAGES  # A's row blocks per slot
+    TILE_M: gl.constexpr = a_desc.block_type.shape[0] * A_BLOCKS
+    # shared tiles (GluonGemmConfig.shared_tile; the launcher gives c's blocks one consumer's
+    # rows): every consumer takes every tile, consumer WHICH rows [WHICH, WHICH + 1) *
+    # BLOCK_M of it, each freeing a ring slot with its own arrival (`empty` counts PARTS)
+    PARTS: gl.constexpr = TILE_M // c_desc.block_type.shape[0]
+    SHARED: gl.constexpr = PARTS > 1
+    BLOCK_M: gl.constexpr = TILE_M // PARTS
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    # B's tile is [BLOCK_N, BLOCK_K] K-major (FP8), else [BLOCK_K, BLOCK_N]
+    MAIN_N: gl.constexpr = b_desc.block_type.shape[0 if a_desc.dtype.primitive_bitwidth == 8 else 1]
+    # a tail (16-bit only): columns [MAIN_N, MAIN_N + TAIL_N) of the tile, with their own B
+    # slots (ring[2]), accumulator and store (descs[4])
+    HAS_TAIL: gl.constexpr = len(ring) == 3
+    TAIL_N: gl.constexpr = descs[3].block_type.shape[1] if HAS_TAIL else 0
+    BLOCK_N: gl.constexpr = MAIN_N + TAIL_N
+    WARPS: gl.constexpr = gl.num_warps()
+    # FP8: B K-major (wgmma's rule), scaled, fp32 promotion every K step of at most 128
+    # products (cuBLASLt's 128)
+    FP8: gl.constexpr = a_desc.dtype.primitive_bitwidth == 8
+    # FAST (FP8 only): no promotion at all (cuBLASLt's use_fast_accum)
+    IMPRECISE_ACC: gl.constexpr = min(BLOCK_K, 128) if FP8 else 0
+    # FP8 accumulators of at most 64 registers a thread leave room for a partial sum: those
+    # tiles promote by hand after each K step, the others through wgmma's
+    # max_num_imprecise_acc (Triton adds each step's partial sums in place)
+    LAGGED: gl.constexpr = (
+        FP8 and not FAST and BLOCK_M * BLOCK_N // (32 * WARPS) <= 64 and BLOCK_K <= 128
+    )
+    gl.static_assert(not (FP8 and HAS_TAIL))
+    K_INSTR: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth
+    acc_layout: gl.constexpr = _acc_layout(BLOCK_M, MAIN_N, WARPS, K_INSTR)
+    out_dtype: gl.constexpr = c_desc.dtype
+    M = c_desc.shape[0]
+    N = c_desc.shape[1]
+    K = a_desc.shape[1]
+    num_pid_m = gl.cdiv(M, TILE_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    k_steps = gl.cdiv(K, BLOCK_K)
+    pid = gl.program_id(0)
+    programs = gl.num_programs(0)
+    # ping-pong: consumer WHICH takes every other tile; shared tiles: all take every tile
+    STRIDE: gl.constexpr = 1 if SHARED else CONSUMERS
+    FIRST: gl.constexpr = 0 if SHARED else WHICH
+    PART: gl.constexpr = WHICH if SHARED else 0  # this consumer's row part of each tile
+    # the epilogue stores the tile whole or in two column halves (c's TMA block says which),
+    # the halves freeing shared memory for another ring slot
+    EPI_N: gl.constexpr = c_desc.block_type.shape[1]
+    gl.static_assert(EPI_N == MAIN_N or 2 * EPI_N == MAIN_N)
+    c_smem = gl.allocate_shared_memory(out_dtype, [BLOCK_M, EPI_N], c_desc.layout)
+    acc = gl.zeros([BLOCK_M, MAIN_N], gl.float32, acc_layout)
+    if HAS_TAIL:
+        tail_layout: gl.constexpr = _acc_layout(BLOCK_M, TAIL_N, WARPS, K_INSTR)
+        ct_smem = gl.allocate_shared_memory(out_dtype, [BLOCK_M, TAIL_N], descs[4].layout)
+        acc_t = gl.zeros([BLOCK_M, TAIL_N], gl.float32, tail_layout)
+    mine = 0  # this consumer's tiles so far
+    for j in range(FIRST, gl.cdiv(num_pid_m * num_pid_n - pid, programs), STRIDE):
+        tile = pid + j * programs
+        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, TILE_M, BLOCK_N)
+        if SHARED:
+            off_m += WHICH * BLOCK_M
+        if FP8:
+            # wgmma with max_num_imprecise_acc adds its promoted partial sums to the
+            # accumulator even where use_acc is false: the previous tile's sums would stay
+            acc = gl.zeros([BLOCK_M, MAIN_N], gl.float32, acc_layout)
+        if CONSUMERS > 1 and not SHARED:  # noqa: SIM102 - a constexpr branch around a runtime one
+            # the other consumer has issued every wgmma of tile j - 1 (its arrival below)
+            if j > 0:
+                mbarrier.wait(turns.index(WHICH), (mine - (1 - WHICH)) & 1)
+        step = j * k_steps
+        previous = 0
+        if LAGGED:
+            acc, step = _promote_each_step(a_bufs, b_bufs, bars, acc, step, k_steps, PART)
+            if CONSUMERS > 1 and not SHARED:
+                mbarrier.arrive(turns.index(1 - WHICH), count=1)
+        else:
+            for ki in range(k_steps):
+                slot = _landed_slot(bars, step, STAGES)
+                b_tile = b_bufs.index(slot).permute((1, 0)) if FP8 else b_bufs.index(slot)
+                a_tile = _a_tile(a_bufs, slot, PART, BLOCK_M, STAGES)
+                if FAST:  # wgmma's default for FP8: never promote
+                    acc = warpgroup_mma(a_tile, b_tile, acc, use_acc=ki > 0, is_async=True)
+                else:
+                    acc = warpgroup_mma(
+                        a_tile,
+                        b_tile,
+                        acc,
+                        use_acc=ki > 0,
+                        is_async=True,
+                        max_num_imprecise_acc=IMPRECISE_ACC,
+                    )
+                if HAS_TAIL:
+                    # the same A slot against the tail's B columns: this step's two wgmmas
+                    # in flight, so the previous step's slot has been read
+                    acc_t = warpgroup_mma(
+                        a_bufs.index(slot), ring[2].index(slot), acc_t, use_acc=ki > 0,
+                        is_async=True,
+                    )  # fmt: skip
+                    acc, acc_t = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_t))
+                else:
+                    # one wgmma in flight: the previous step's slot has been read
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                if ki > 0:
+                    mbarrier.arrive(empty.index(previous), count=1)
+                previous = slot
+                step += 1
+            if CONSUMERS > 1 and not SHARED:
+                mbarrier.arrive(turns.index(1 - WHICH), count=1)
+            if HAS_TAIL:
+                acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(empty.index(previous), count=1)
+        out = acc
+        if FP8:
+            a_scale, b_scale = _tile_scales(scales, off_m, off_n, M, N, acc)
+            out = out * a_scale[:, None] * b_scale[None, :]
+        out = out.to(out_dtype)
+        # the store groups in flight that may stay so when c_smem is written again: the
+        # tail's, issued after the first main part's (groups complete in order)
+        TAIL_STORES: gl.constexpr = 1 if HAS_TAIL else 0
+        if EPI_N == MAIN_N:
+            # the previous tile's stores have left c_smem (and ct_smem)
+            tma.store_wait(pendings=0)
+            c_smem.store(out)
+            if HAS_TAIL:
+                ct_smem.store(acc_t.to(out_dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+            if HAS_TAIL:
+                tma.async_copy_shared_to_global(descs[4], [off_m, off_n + MAIN_N], ct_smem)
+        else:
+            # columns h * EPI_N + n' as [BLOCK_M, EPI_N, 2]: h is a register bit of the
+            # accumulator's layout, so the split moves no data
+            low, high = out.reshape([BLOCK_M, 2, EPI_N]).permute((0, 2, 1)).split()
+            tma.store_wait(pendings=0)
+            c_smem.store(low)
+            if HAS_TAIL:
+                ct_smem.store(acc_t.to(out_dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+            if HAS_TAIL:
+                tma.async_copy_shared_to_global(descs[4], [off_m, off_n + MAIN_N], ct_smem)
+            tma.store_wait(pendings=TAIL_STORES)
+            c_smem.store(high)
+            fence_async_shared()
+            tma.async_copy_shared_to_global(c_desc, [off_m, off_n + EPI_N], c_smem)
+        mine += 1  # noqa: SIM113 - the loop strides by CONSUMERS
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _tile_scales(scales, off_m, off_n, M, N, acc):
+    """FP8: the scales of the tile at (off_m, off_n) that acc holds, in its layout's rows and
+    columns (0 past the matrix)."""
+    a_scale_ptr, b_scale_ptr = scales
+    BLOCK_M: gl.constexpr = acc.type.shape[0]
+    BLOCK_N: gl.constexpr = acc.type.shape[1]
+    layout: gl.constexpr = acc.type.layout
+    rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+    a_scale = gl.load(a_scale_ptr + rows, mask=rows < M, other=0.0)
+    b_scale = gl.load(b_scale_ptr + cols, mask=cols < N, other=0.0)
+    return a_scale, b_scale
+
+
+@gluon.jit
+def _a_tile(a_bufs, slot, PART: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr):
+    """Ring slot `slot`'s A rows of row part PART, ROWS of them: the consumer's part of the
+    tile (all of it, but for shared tiles), its own buffer where A loads in row blocks."""
+    A_BLOCKS: gl.constexpr = a_bufs.type.shape[0] // STAGES
+    if A_BLOCKS > 1:
+        return a_bufs.index(slot * A_BLOCKS + PART)
+    elif a_bufs.type.shape[1] > ROWS:
+        return a_bufs.index(slot).slice(PART * ROWS, ROWS, dim=0)
+    else:
+        return a_bufs.index(slot)
+
+
+@gluon.jit
+def _promote_each_step(a_bufs, b_bufs, bars, acc, step, k_steps, PART: gl.constexpr):
+    """FP8, promoted by hand: each K step's products summed by the tensor cores alone, then
+    added to the fp32 accumulator once they are done (no wgmma of this warpgroup in flight
+    while its registers are read: ptxas serializes every wgmma otherwise, C7514); another
+    warpgroup's wgmmas keep the tensor cores busy meanwhile. (acc, step) after the tile."""
+    STAGES: gl.constexpr = bars[0].type.shape[0]
+    ROWS: gl.constexpr = acc.type.shape[0]
+    zero = gl.zeros_like(acc)
+    for _ki in range(k_steps):
+        slot = _landed_slot(bars, step, STAGES)
+        partial = warpgroup_mma(
+            _a_tile(a_bufs, slot, PART, ROWS, STAGES), b_bufs.index(slot).permute((1, 0)), zero,
+            use_acc=False, is_async=True,
+        )  # fmt: skip
+        partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
+        mbarrier.arrive(bars[1].index(slot), count=1)
+        acc = acc + partial
+        step += 1
+    return acc, step
+
+
+# one function per role and accumulation: Triton 3.6 hands constexprs to partitions as tensors
+@gluon.jit
+def _coop_consumer(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 1, 0, False)
+
+
+@gluon.jit
+def _pingpong_consumer_0(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 2, 0, False)
+
+
+@gluon.jit
+def _pingpong_consumer_1(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 2, 1, False)
+
+
+@gluon.jit
+def _coop_consumer_fast(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 1, 0, True)
+
+
+@gluon.jit
+def _pingpong_consumer_0_fast(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 2, 0, True)
+
+
+@gluon.jit
+def _pingpong_consumer_1_fast(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 2, 1, True)
+
+
+@gluon.jit
+def _third_consumer_0(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 3, 0, False)
+
+
+@gluon.jit
+def _third_consumer_1(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 3, 1, False)
+
+
+@gluon.jit
+def _third_consumer_2(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 3, 2, False)
+
+
+@gluon.jit
+def _third_consumer_0_fast(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 3, 0, True)
+
+
+@gluon.jit
+def _third_consumer_1_fast(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 3, 1, True)
+
+
+@gluon.jit
+def _third_consumer_2_fast(descs, ring, bars, scales):
+    _consume(descs, ring, bars, scales, 3, 2, True)
