@@ -16,7 +16,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ficco.kernels.gluon_ring import _acc_layout, _landed_slot, _tile_offsets
+from ficco.kernels.gluon_ring import _acc_layout, _landed_slot, _tile_grid, _tile_offsets
 
 
 @gluon.jit
@@ -65,10 +65,7 @@ def _consume(
     out_dtype: gl.constexpr = c_desc.dtype
     M = c_desc.shape[0]
     N = c_desc.shape[1]
-    K = a_desc.shape[1]
-    num_pid_m = gl.cdiv(M, TILE_M)
-    num_pid_n = gl.cdiv(N, BLOCK_N)
-    k_steps = gl.cdiv(K, BLOCK_K)
+    num_pid_m, num_pid_n, k_steps = _tile_grid(M, N, a_desc.shape[1], TILE_M, BLOCK_N, BLOCK_K)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     # ping-pong: consumer WHICH takes every other tile; shared tiles: all take every tile
@@ -152,29 +149,24 @@ def _consume(
         # tail's, issued after the first main part's (groups complete in order)
         TAIL_STORES: gl.constexpr = 1 if HAS_TAIL else 0
         if EPI_N == MAIN_N:
-            # the previous tile's stores have left c_smem (and ct_smem)
-            tma.store_wait(pendings=0)
-            c_smem.store(out)
-            if HAS_TAIL:
-                ct_smem.store(acc_t.to(out_dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
-            if HAS_TAIL:
-                tma.async_copy_shared_to_global(descs[4], [off_m, off_n + MAIN_N], ct_smem)
+            first = out
         else:
             # columns h * EPI_N + n' as [BLOCK_M, EPI_N, 2]: h is a register bit of the
             # accumulator's layout, so the split moves no data
-            low, high = out.reshape([BLOCK_M, 2, EPI_N]).permute((0, 2, 1)).split()
-            tma.store_wait(pendings=0)
-            c_smem.store(low)
-            if HAS_TAIL:
-                ct_smem.store(acc_t.to(out_dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
-            if HAS_TAIL:
-                tma.async_copy_shared_to_global(descs[4], [off_m, off_n + MAIN_N], ct_smem)
+            first, second = out.reshape([BLOCK_M, 2, EPI_N]).permute((0, 2, 1)).split()
+        # the previous tile's stores have left c_smem (and ct_smem)
+        tma.store_wait(pendings=0)
+        c_smem.store(first)
+        if HAS_TAIL:
+            ct_smem.store(acc_t.to(out_dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+        if HAS_TAIL:
+            tma.async_copy_shared_to_global(descs[4], [off_m, off_n + MAIN_N], ct_smem)
+        if EPI_N != MAIN_N:
+            # the first half has left c_smem (the tail's store may still be in flight)
             tma.store_wait(pendings=TAIL_STORES)
-            c_smem.store(high)
+            c_smem.store(second)
             fence_async_shared()
             tma.async_copy_shared_to_global(c_desc, [off_m, off_n + EPI_N], c_smem)
         mine += 1  # noqa: SIM113 - the loop strides by CONSUMERS

@@ -82,7 +82,7 @@ from ficco.kernels.gluon_consumer import (
     _third_consumer_2,
     _third_consumer_2_fast,
 )
-from ficco.kernels.gluon_ring import _free_slot, _tile_offsets
+from ficco.kernels.gluon_ring import _free_slot, _tile_grid, _tile_offsets
 from ficco.kernels.gluon_swap import _swap_consumer, _swap_producer
 from ficco.kernels.persistent import _tma_operand, default_sm_budget, tma_row_major
 
@@ -122,12 +122,9 @@ def _producer(descs, ring, bars, scales):
     TAIL_N: gl.constexpr = descs[3].block_type.shape[1] if HAS_TAIL else 0
     BLOCK_N: gl.constexpr = MAIN_N + TAIL_N
     B_K_MAJOR: gl.constexpr = a_desc.dtype.primitive_bitwidth == 8
-    M = c_desc.shape[0]
-    N = c_desc.shape[1]
-    K = a_desc.shape[1]
-    num_pid_m = gl.cdiv(M, BLOCK_M)
-    num_pid_n = gl.cdiv(N, BLOCK_N)
-    k_steps = gl.cdiv(K, BLOCK_K)
+    num_pid_m, num_pid_n, k_steps = _tile_grid(
+        c_desc.shape[0], c_desc.shape[1], a_desc.shape[1], BLOCK_M, BLOCK_N, BLOCK_K
+    )
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     load_bytes: gl.constexpr = (

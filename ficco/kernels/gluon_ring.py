@@ -34,6 +34,12 @@ def _acc_layout(block_m, block_n, num_warps, k_instr):
 
 
 @gluon.jit
+def _tile_grid(M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """An M x N x K product in these tiles: (row tiles, column tiles, K steps)."""
+    return gl.cdiv(M, BLOCK_M), gl.cdiv(N, BLOCK_N), gl.cdiv(K, BLOCK_K)
+
+
+@gluon.jit
 def _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     in_group = GROUP_M * num_pid_n
     first_m = (tile // in_group) * GROUP_M

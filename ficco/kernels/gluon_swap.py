@@ -15,7 +15,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ficco.kernels.gluon_ring import _acc_layout, _free_slot, _landed_slot, _tile_offsets
+from ficco.kernels.gluon_ring import (
+    _acc_layout,
+    _free_slot,
+    _landed_slot,
+    _tile_grid,
+    _tile_offsets,
+)
 
 
 @gluon.jit
@@ -31,9 +37,9 @@ def _swap_producer(descs, ring, bars, scales):
     STAGES: gl.constexpr = ring[0].type.shape[0]
     load_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
     # the kernel's M is the weight's columns, its N the rows of a (out^T = b^T a^T)
-    num_pid_m = gl.cdiv(c_desc.shape[1], BLOCK_M)
-    num_pid_n = gl.cdiv(c_desc.shape[0], BLOCK_N)
-    k_steps = gl.cdiv(a_desc.shape[0], BLOCK_K)
+    num_pid_m, num_pid_n, k_steps = _tile_grid(
+        c_desc.shape[1], c_desc.shape[0], a_desc.shape[0], BLOCK_M, BLOCK_N, BLOCK_K
+    )
     step = 0
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
@@ -61,9 +67,9 @@ def _swap_consumer(descs, ring, bars, scales):
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     K_INSTR: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth
     acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, gl.num_warps(), K_INSTR)
-    num_pid_m = gl.cdiv(c_desc.shape[1], BLOCK_M)
-    num_pid_n = gl.cdiv(c_desc.shape[0], BLOCK_N)
-    k_steps = gl.cdiv(a_desc.shape[0], BLOCK_K)
+    num_pid_m, num_pid_n, k_steps = _tile_grid(
+        c_desc.shape[1], c_desc.shape[0], a_desc.shape[0], BLOCK_M, BLOCK_N, BLOCK_K
+    )
     c_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_N, BLOCK_M], c_desc.layout)
     acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
     step = 0
