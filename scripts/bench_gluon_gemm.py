@@ -114,6 +114,7 @@ def operands(m: int, n: int, k: int, dtype: str, seed: int):
 def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
     from ficco.kernels import gluon_gemm as gg
     from ficco.kernels import matmul
+    from ficco.kernels.persistent import default_sm_budget
     from ficco.kernels.scaled import scaled_matmul
 
     fp8 = dtype == "fp8"
@@ -139,11 +140,11 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
 
     lib_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     ficco_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    budget = default_sm_budget(a.device)
     if fp8:
-        from ficco.kernels.persistent import default_sm_budget
         from ficco.kernels.scaled import scaled_config_for
 
-        triton_cfg = scaled_config_for(m, n, k, a.dtype, default_sm_budget(a.device), a.device)
+        triton_cfg = scaled_config_for(m, n, k, a.dtype, budget, a.device)
 
         def lib() -> None:
             torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, out=lib_out)
@@ -160,10 +161,8 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
         def shipped() -> None:
             scaled_matmul(a, b, sa, sb, torch.bfloat16, out=matmul_out, check_values=False)
     else:
-        from ficco.kernels.persistent import default_sm_budget
         from ficco.kernels.tuning import config_for
 
-        budget = default_sm_budget(a.device)
         triton_cfg = config_for(m, n, k, a.dtype, budget, a.device)
 
         def lib() -> None:

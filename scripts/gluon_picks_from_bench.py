@@ -32,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from ficco.dtypes import dtype_of  # noqa: E402
 from ficco.kernels.gluon_configs import (  # noqa: E402
     BF16_CONFIGS,
     FP8_CONFIGS,
@@ -46,8 +47,12 @@ from ficco.kernels.tuning import TuningKey  # noqa: E402
 MIN_RUNS = 2
 
 
-#: a bench row's dtype -> (the tuning cache's dtype name, the Gluon space it was ranked in)
-DTYPES = {"bf16": ("bfloat16", BF16_CONFIGS), "fp8": ("float8_e4m3fn", FP8_CONFIGS)}
+#: a bench row's dtype -> (the tuning cache's dtype name: torch's, the Gluon space it was
+#: ranked in); bench_gluon_gemm's fp8 is e4m3
+DTYPES = {
+    "bf16": (dtype_of("bf16").torch_name, BF16_CONFIGS),
+    "fp8": (dtype_of("fp8_e4m3").torch_name, FP8_CONFIGS),
+}
 
 
 def key_of(env: dict, m: int, n: int, k: int, dtype: str = "bf16") -> str:

@@ -286,6 +286,8 @@ def test_a_picks_key_names_its_dtype():
 
     assert key_input_bytes(KEY) == 2
     assert key_input_bytes(KEY.replace("bfloat16", "float8_e5m2")) == 1
+    with pytest.raises(ValueError, match="unknown dtype 'int4'"):
+        key_input_bytes(KEY.replace("bfloat16", "int4"))
     with pytest.raises(ValueError, match=r"card\|triton=V\|dtype"):
         key_input_bytes("NVIDIA H200|bfloat16|m=1,n=2,k=3")
 

@@ -18,6 +18,7 @@ import warnings
 from dataclasses import asdict, dataclass, fields
 
 from ficco import validate
+from ficco.dtypes import lookup
 from ficco.shipped import shipped_dir
 
 PICKS_FILE = "gluon_gemm_picks.json"
@@ -256,12 +257,15 @@ def config_from_dict(data: object, in_bytes: int = 2) -> GluonGemmConfig:
 
 
 def key_input_bytes(key: str) -> int:
-    """A picks key's input width (its dtype field, the tuning cache's: `bfloat16`,
-    `float8_e4m3fn`, ...): 1 for FP8, else 2."""
+    """A picks key's input width in bytes, from its dtype field (the tuning cache's spelling:
+    `bfloat16`, `float8_e4m3fn`, ...) through ficco's dtype registry."""
     parts = key.split("|")
     if len(parts) != 5:
         raise ValueError(f"key {key!r}: card|triton=V|dtype|m=M,n=N,k=K|sm=S")
-    return 1 if parts[2].startswith("float8") else 2
+    dtype = lookup(parts[2])
+    if dtype is None:
+        raise ValueError(f"key {key!r}: unknown dtype {parts[2]!r} (ficco.dtypes)")
+    return dtype.bytes
 
 
 def config_to_dict(cfg: GluonGemmConfig) -> dict:
