@@ -24,8 +24,10 @@ Protocol, per shape and dtype:
      configuration, `matmul` / `scaled_matmul` as shipped (`matmul`: the Gluon kernel where
      the card's picks name the shape), each checked first, and the pick again (`gluon2`, the noise floor) are
      timed in interleaved rounds, order rotated, 20-120 rounds (~0.25 s of GEMM time each);
-     medians. FP8 adds the pick without promotion (`gluon_fast`) and
-     `_scaled_mm(use_fast_accum=True)` (`library_fast`) to the same rounds; before the shapes
+     medians. FP8 adds the pick without promotion (`gluon_fast`),
+     `_scaled_mm(use_fast_accum=True)` (`library_fast`) and the fused flag-waiting GEMM as
+     the all-gather schedules launch it (`fused`: `FusedGemm` over two row chunks in arrival
+     order, flags preset; `fused_kernel` names the kernel and tile) to the same rounds; before the shapes
      an accumulation probe (512x512x16384) records every FP8 configuration's error in both
      modes beside `_scaled_mm`'s.
   ratio = reference library ms / variant ms (> 1: faster than cuBLAS / `_scaled_mm`).
@@ -191,6 +193,7 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
     except Exception as exc:
         row["failures"]["matmul"] = f"{type(exc).__name__}: {exc}"[:400]
     if fp8:
+        _add_fused(row, fns, a, b, sa, sb, ref, budget)
         # no promotion on either side (use_fast_accum): the pick's configuration, checked
         fast_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
         lib_fast_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -242,6 +245,45 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
         for name, ts in times.items()
     }
     return row
+
+
+def _add_fused(row: dict, fns: dict, a, b, sa, sb, ref, budget: int) -> None:
+    """FP8: the fused flag-waiting GEMM as ficco's all-gather schedules launch it
+    (`FusedGemm`, default tile: the Gluon kernel where `gluon_fused` takes the launch, else
+    the Triton one), over two row chunks in arrival order (the second half first, as a rank
+    whose shard is the second), flags preset, checked first; `row["fused_kernel"]` says
+    which kernel and tile ran."""
+    from ficco.kernels.fused import FusedChunkViews, FusedGemm
+
+    m = a.shape[0]
+    half = m // 2
+    if m % 2 or half % 16:
+        return
+    out = torch.full((m, b.shape[1]), float("nan"), device="cuda", dtype=torch.bfloat16)
+    flags = torch.ones(2, dtype=torch.int32, device="cuda")  # preset: every chunk landed
+    views = [
+        FusedChunkViews(
+            a[lo : lo + half], out[lo : lo + half], wait=flags[i : i + 1],
+            a_scale=sa[lo : lo + half],
+        )
+        for i, lo in enumerate((half, 0))
+    ]  # fmt: skip
+    try:
+        gemm = FusedGemm(views, b, sm_budget=budget, timeout_s=10.0, b_scale=sb)
+        gemm.compile()
+        gemm()
+        torch.cuda.synchronize()
+        gemm.raise_on_timeout("bench")
+        row["fused_kernel"] = (
+            f"gluon {gemm.gluon.config.name}" if gemm.gluon else f"triton {gemm.config.name}"
+        )
+        row["errors"]["fused"] = relative_error(out, ref)
+        if row["errors"]["fused"] <= CHECK_LIMIT:
+            fns["fused"] = gemm
+        else:
+            row["failures"]["fused"] = f"relative error {row['errors']['fused']:.3g}"
+    except Exception as exc:  # recorded; the shape's other variants go on
+        row["failures"]["fused"] = f"{type(exc).__name__}: {exc}"[:400]
 
 
 def accumulation_probe(m: int = 512, n: int = 512, k: int = 16384) -> dict:
@@ -299,6 +341,12 @@ def summarize(rows: list[dict]) -> dict:
                 "better_of_gluon_and_triton_below_0.90": sum(x < 0.90 for x in better),
                 "gluon_fast_vs_library_fast_geomean": _geomean(
                     ratios(sel, "gluon_fast_vs_library_fast")
+                ),
+                "fused_vs_library_geomean": _geomean(ratios(sel, "fused")),
+                "fused_vs_library_min": min(ratios(sel, "fused"), default=math.nan),
+                "fused_below_0.90": sum(x < 0.90 for x in ratios(sel, "fused")),
+                "fused_kernels": dict(
+                    Counter(r["fused_kernel"].split()[0] for r in sel if "fused_kernel" in r)
                 ),
                 "gluon_noise_floor_geomean": _geomean(
                     [r["ms"]["gluon2"] / r["ms"]["gluon"] for r in sel]
@@ -446,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"[{i + 1}/{len(todo)}] {dtype} {m}x{n}x{k} {','.join(sets)}: pick {row.get('pick')} "
             f"gluon {r.get('gluon', math.nan):.3f} triton {r.get('triton', math.nan):.3f} "
+            f"matmul {r.get('matmul', math.nan):.3f} fused {r.get('fused', math.nan):.3f} "
             f"(of {'_scaled_mm' if dtype == 'fp8' else 'cuBLAS'}) failures {len(row.get('failures', {}))}"
             f"{' ERROR ' + row['error'] if 'error' in row else ''}",
             flush=True,

@@ -18,6 +18,7 @@ import os
 import re
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 if os.environ.get("TRITON_INTERPRET") == "1":
@@ -43,7 +44,11 @@ def desc(dtype: str, block: list[int]) -> str:
     return f"tensordesc<{dtype}[{block[0]}, {block[1]}],{layout!r}>"
 
 
-def compile_config(cfg: gg.GluonGemmConfig, dtype: str, fast: bool = False) -> dict:
+def compile_config(
+    cfg: gg.GluonGemmConfig, dtype: str, fast: bool = False, fused: bool = False
+) -> dict:
+    """One configuration compiled for sm_90: `ws_gemm_kernel`, or (``fused``, FP8) the
+    fused launch's `ws_fused_kernel`."""
     t0 = time.perf_counter()
     fp8 = dtype != "bf16"
     b_block = [cfg.block_n, cfg.block_k] if fp8 or cfg.swap_ab else [cfg.block_k, cfg.main_n]
@@ -62,14 +67,24 @@ def compile_config(cfg: gg.GluonGemmConfig, dtype: str, fast: bool = False) -> d
         "c_tail_desc": desc("bf16", [c_rows, cfg.tail_n or cfg.main_n]),
         "a_scale_ptr": "*fp32",
         "b_scale_ptr": "*fp32",
+        # the fused launch's own (`ficco.kernels.gluon_fused`)
+        "a_scale_ref": "*fp32",
+        "chunk_table": "*i64",
+        "flag_ref": "*i32",
+        "status_ptr": "*i32",
+        "chunk_rows": "i32",
+        "chunks": "i32",
+        "budget_ns": "i64",
     }
     constants = dict(
         STAGES=cfg.stages, CONSUMERS=cfg.consumers,
         PRODUCER_REGS=gg.PRODUCER_REGS, CONSUMER_REGS=gg.CONSUMER_REGS, FAST_ACCUM=fast,
         TAIL=cfg.tail_n > 0, SWAP_AB=cfg.swap_ab,
     )  # fmt: skip
-    fn = gg.ws_gemm_kernel
+    fn = gg.ws_fused_kernel if fused else gg.ws_gemm_kernel
     names = fn.arg_names
+    if fused:
+        constants = {k: v for k, v in constants.items() if k in names}
     for name in constants:
         signature[name] = "constexpr"
     signature = {name: signature[name] for name in names}
@@ -84,6 +99,7 @@ def compile_config(cfg: gg.GluonGemmConfig, dtype: str, fast: bool = False) -> d
         "config": cfg.name,
         "dtype": dtype,
         "fast_accum": fast,
+        "fused": fused,
         "wgmma": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.[\w.]+", ptx))),
         "setmaxnreg": sorted(
             set(re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)", ptx))
@@ -97,14 +113,28 @@ def compile_config(cfg: gg.GluonGemmConfig, dtype: str, fast: bool = False) -> d
 
 def ptx_digest(ptx: str) -> str:
     """sha256 of the PTX's instructions: debug sections, comments, .loc/.file lines and the
-    debug labels ($L__tmpN, numbered by inlined calls) left out."""
+    debug labels ($L__tmpN, numbered by inlined calls) left out, and virtual registers
+    renumbered in order of first use (%r38 <-> %r40 where two values were created in
+    another order: the same instructions on the same data)."""
     code = re.split(r"\.section\s+\.debug", ptx)[0]
-    kept = (
+    kept = "\n".join(
         line
         for line in code.splitlines()
         if not re.match(r"\s*(//|\.loc|\.file)|\$L__tmp\d+:$", line)
     )
-    return hashlib.sha256("\n".join(kept).encode()).hexdigest()
+    names: dict[str, str] = {}
+    used: Counter = Counter()
+
+    def renumber(reg: re.Match) -> str:
+        if reg.group(0) not in names:
+            kind = reg.group(1)
+            names[reg.group(0)] = f"%{kind}#{used[kind]}"
+            used[kind] += 1
+        return names[reg.group(0)]
+
+    # register declarations (`.reg .b32 %r<489>;`) keep their counts: the same registers
+    kept = re.sub(r"%(rd|rs|r|fd|f|p|hh|h)(\d+)\b", renumber, kept)
+    return hashlib.sha256(kept.encode()).hexdigest()
 
 
 CONFIGS = list(gg.BF16_CONFIGS)
@@ -114,19 +144,28 @@ FP8_CONFIGS = list(gg.FP8_CONFIGS)
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fp8", action="store_true", help="the FP8 configurations too")
+    ap.add_argument(
+        "--fused",
+        action="store_true",
+        help="the FP8 configurations' fused kernel instead (ws_fused_kernel; no digests)",
+    )
     ap.add_argument("--digests", type=Path, help="write {config|dtype|fast: ptx digest} here")
     ap.add_argument("--against", type=Path, help="another tree's --digests file: list what differs")
     args = ap.parse_args()
     if args.against and not args.digests:
         ap.error("--against needs --digests")
     digests = {}
+    if args.fused and args.digests:
+        ap.error("--fused compiles another kernel: its digests are not the measured trees'")
     todo = [(c, "bf16", False) for c in CONFIGS] + (
         [(c, "fp8e4nv", fast) for fast in (False, True) for c in FP8_CONFIGS] if args.fp8 else []
     )
+    if args.fused:
+        todo = [(c, "fp8e4nv", fast) for fast in (False, True) for c in FP8_CONFIGS]
     failed = 0
     for cfg, dtype, fast in todo:
         try:
-            row = compile_config(cfg, dtype, fast)
+            row = compile_config(cfg, dtype, fast, fused=args.fused)
             digests[f"{cfg.name}|{dtype}|{fast}"] = row["ptx_digest"]
             print(json.dumps(row))
         except Exception as exc:  # reported per configuration

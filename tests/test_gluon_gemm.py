@@ -614,20 +614,23 @@ def _compile_script(code: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_the_ptx_digest_ignores_debug_lines_and_labels_only():
+def test_the_ptx_digest_ignores_debug_lines_labels_and_register_numbering_only():
     code = """
 base = "mov.u32 %r1, 0;\\n$L__tmp3:\\nadd.s32 %r2, %r1, 1;\\n"
 relabelled = "// inlined\\nmov.u32 %r1, 0;\\n\\t.loc 1 2 3\\n$L__tmp9:\\nadd.s32 %r2, %r1, 1;\\n"
 debug = base + ".section\\t.debug_info\\n{ .b8 1 }\\n"
 changed = base.replace("1;", "2;")
+renumbered = base.replace("%r1", "%r9").replace("%r2", "%r4")  # values made in another order
+swapped = base.replace("%r1, 1", "%r2, 1")  # another register read: another program
 print(c.ptx_digest(base) == c.ptx_digest(relabelled) == c.ptx_digest(debug))
 print(c.ptx_digest(base) != c.ptx_digest(changed))
+print(c.ptx_digest(base) == c.ptx_digest(renumbered) != c.ptx_digest(swapped))
 """
     got = _compile_script(code)
     if got.returncode and "gluon" in got.stderr.lower():
         pytest.skip(f"this Triton has no Gluon: {got.stderr.strip()[-200:]}")
     assert got.returncode == 0, got.stderr[-2000:]
-    assert got.stdout.split() == ["True", "True"]
+    assert got.stdout.split() == ["True", "True", "True"]
 
 
 def test_the_compile_script_refuses_against_without_digests():

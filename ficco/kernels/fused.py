@@ -225,6 +225,10 @@ class FusedGemm(_Timed):
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"fused GEMM: {name} must be True, False or None, got {value!r}")
         self.ready_runs = ready_runs
+        # FP8 on the card's Gluon picks where they apply (`ficco.kernels.gluon_fused`)
+        self.gluon = None
+        if config is None and self.path == "tma" and device.type == "cuda" and not ready_runs:
+            self.gluon = self._gluon_launch()
         if config is None:
             total = sum(c.a.shape[0] for c in chunks)
             if self.scales is None:
@@ -238,6 +242,23 @@ class FusedGemm(_Timed):
                 )
         self._tabulate(config)
         self._runs_asked()  # refused now rather than at the first launch
+
+    def _gluon_launch(self):
+        """The Gluon kernel's launch of these chunks, or None (``gluon_fused.plan`` says
+        why: not FP8, no pick, chunks it does not take)."""
+        if self.scales is None:
+            return None
+        from ficco.kernels import gluon_fused
+
+        launch, _ = gluon_fused.plan(
+            self.chunks, self.b, self.scales, self.sm_budget, reset_waits=self.reset_waits
+        )
+        if launch is None:
+            return None
+        return gluon_fused.GluonFused(
+            launch, self.chunks, self.b, self.scales, flag_ref=self.flag_ref,
+            status=self.status, budget_ns=self.budget_ns, sm_budget=self.sm_budget,
+        )  # fmt: skip
 
     def _runs_asked(self) -> bool:
         """Whether the launch runs ready runs with the current tile: asked for
@@ -393,6 +414,10 @@ class FusedGemm(_Timed):
 
     def __call__(self) -> None:
         """Issue the launch on the current stream (under the interpreter: run it)."""
+        if self.gluon is not None:
+            self.gluon()
+            LAUNCH_COUNTS["fused_gluon"] += 1
+            return
         with _Watchdog(self.waits, self.timeout_s):
             try:
                 self._launch(self.config)
@@ -454,5 +479,7 @@ class FusedGemm(_Timed):
     def compile(self) -> None:
         """Compile and load the kernel now, launching nothing (GPUs): a first launch that
         compiled while a peer spun on its flags would spend the peer's timeout budget."""
-        if not INTERPRETER:
+        if self.gluon is not None:
+            self.gluon.compile()
+        elif not INTERPRETER:
             self._launch(self.config, warm=True)

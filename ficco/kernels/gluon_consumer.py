@@ -16,7 +16,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ficco.kernels.gluon_ring import _acc_layout, _landed_slot, _tile_grid, _tile_offsets
+from ficco.kernels.gluon_ring import CHUNK_COLS, _acc_layout, _grid, _landed_slot, _place
 
 
 @gluon.jit
@@ -63,9 +63,12 @@ def _consume(
     K_INSTR: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth
     acc_layout: gl.constexpr = _acc_layout(BLOCK_M, MAIN_N, WARPS, K_INSTR)
     out_dtype: gl.constexpr = c_desc.dtype
-    M = c_desc.shape[0]
     N = c_desc.shape[1]
-    num_pid_m, num_pid_n, k_steps = _tile_grid(M, N, a_desc.shape[1], TILE_M, BLOCK_N, BLOCK_K)
+    # fused (`ficco.kernels.gluon_fused`): tiles chunk after chunk, each chunk `rows` rows
+    FUSED: gl.constexpr = len(scales) > 2
+    num_pid_m, num_pid_n, k_steps, chunks, rows = _grid(
+        c_desc, a_desc.shape[1], scales, TILE_M, BLOCK_N, BLOCK_K
+    )
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     # ping-pong: consumer WHICH takes every other tile; shared tiles: all take every tile
@@ -83,11 +86,15 @@ def _consume(
         ct_smem = gl.allocate_shared_memory(out_dtype, [BLOCK_M, TAIL_N], descs[4].layout)
         acc_t = gl.zeros([BLOCK_M, TAIL_N], gl.float32, tail_layout)
     mine = 0  # this consumer's tiles so far
-    for j in range(FIRST, gl.cdiv(num_pid_m * num_pid_n - pid, programs), STRIDE):
+    for j in range(FIRST, gl.cdiv(chunks * num_pid_m * num_pid_n - pid, programs), STRIDE):
         tile = pid + j * programs
-        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, TILE_M, BLOCK_N)
+        # off_m: the row in the chunk (the product's row where not fused); c_row: the store's
+        chunk, off_m, _a_row, c_row, off_n = _place(
+            tile, num_pid_m, num_pid_n, scales, TILE_M, BLOCK_N
+        )
         if SHARED:
             off_m += WHICH * BLOCK_M
+            c_row += WHICH * BLOCK_M
         if FP8:
             # wgmma with max_num_imprecise_acc adds its promoted partial sums to the
             # accumulator even where use_acc is false: the previous tile's sums would stay
@@ -142,7 +149,7 @@ def _consume(
             mbarrier.arrive(empty.index(previous), count=1)
         out = acc
         if FP8:
-            a_scale, b_scale = _tile_scales(scales, off_m, off_n, M, N, acc)
+            a_scale, b_scale = _tile_scales(scales, chunk, off_m, off_n, rows, N, acc)
             out = out * a_scale[:, None] * b_scale[None, :]
         out = out.to(out_dtype)
         # the store groups in flight that may stay so when c_smem is written again: the
@@ -154,30 +161,41 @@ def _consume(
             # columns h * EPI_N + n' as [BLOCK_M, EPI_N, 2]: h is a register bit of the
             # accumulator's layout, so the split moves no data
             first, second = out.reshape([BLOCK_M, 2, EPI_N]).permute((0, 2, 1)).split()
-        # the previous tile's stores have left c_smem (and ct_smem)
-        tma.store_wait(pendings=0)
-        c_smem.store(first)
-        if HAS_TAIL:
-            ct_smem.store(acc_t.to(out_dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
-        if HAS_TAIL:
-            tma.async_copy_shared_to_global(descs[4], [off_m, off_n + MAIN_N], ct_smem)
-        if EPI_N != MAIN_N:
-            # the first half has left c_smem (the tail's store may still be in flight)
-            tma.store_wait(pendings=TAIL_STORES)
-            c_smem.store(second)
+        # fused: a chunk's last tile may reach past its rows (tiles never start in the next
+        # chunk): a part past them holds another chunk's rows and is not stored
+        if FUSED:
+            live = off_m < rows
+        else:
+            live: gl.constexpr = True
+        if live:
+            # the previous tile's stores have left c_smem (and ct_smem)
+            tma.store_wait(pendings=0)
+            c_smem.store(first)
+            if HAS_TAIL:
+                ct_smem.store(acc_t.to(out_dtype))
             fence_async_shared()
-            tma.async_copy_shared_to_global(c_desc, [off_m, off_n + EPI_N], c_smem)
+            tma.async_copy_shared_to_global(c_desc, [c_row, off_n], c_smem)
+            if HAS_TAIL:
+                tma.async_copy_shared_to_global(descs[4], [c_row, off_n + MAIN_N], ct_smem)
+            if EPI_N != MAIN_N:
+                # the first half has left c_smem (the tail's store may still be in flight)
+                tma.store_wait(pendings=TAIL_STORES)
+                c_smem.store(second)
+                fence_async_shared()
+                tma.async_copy_shared_to_global(c_desc, [c_row, off_n + EPI_N], c_smem)
         mine += 1  # noqa: SIM113 - the loop strides by CONSUMERS
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def _tile_scales(scales, off_m, off_n, M, N, acc):
+def _tile_scales(scales, chunk, off_m, off_n, M, N, acc):
     """FP8: the scales of the tile at (off_m, off_n) that acc holds, in its layout's rows and
-    columns (0 past the matrix)."""
-    a_scale_ptr, b_scale_ptr = scales
+    columns (0 past the matrix, or past the chunk's M rows: fused, the chunk's A scales at
+    their offset from the reference)."""
+    a_scale_ptr = scales[0]
+    b_scale_ptr = scales[1]
+    if len(scales) > 2:
+        a_scale_ptr += gl.load(scales[2] + chunk * CHUNK_COLS + 2)
     BLOCK_M: gl.constexpr = acc.type.shape[0]
     BLOCK_N: gl.constexpr = acc.type.shape[1]
     layout: gl.constexpr = acc.type.layout

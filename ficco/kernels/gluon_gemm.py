@@ -82,7 +82,7 @@ from ficco.kernels.gluon_consumer import (
     _third_consumer_2,
     _third_consumer_2_fast,
 )
-from ficco.kernels.gluon_ring import _free_slot, _tile_grid, _tile_offsets
+from ficco.kernels.gluon_ring import _free_slot, _grid, _place, _wait_chunk
 from ficco.kernels.gluon_swap import _swap_consumer, _swap_producer
 from ficco.kernels.persistent import _tma_operand, default_sm_budget, tma_row_major
 
@@ -122,8 +122,8 @@ def _producer(descs, ring, bars, scales):
     TAIL_N: gl.constexpr = descs[3].block_type.shape[1] if HAS_TAIL else 0
     BLOCK_N: gl.constexpr = MAIN_N + TAIL_N
     B_K_MAJOR: gl.constexpr = a_desc.dtype.primitive_bitwidth == 8
-    num_pid_m, num_pid_n, k_steps = _tile_grid(
-        c_desc.shape[0], c_desc.shape[1], a_desc.shape[1], BLOCK_M, BLOCK_N, BLOCK_K
+    num_pid_m, num_pid_n, k_steps, chunks, _rows = _grid(
+        c_desc, a_desc.shape[1], scales, BLOCK_M, BLOCK_N, BLOCK_K
     )
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
@@ -132,9 +132,18 @@ def _producer(descs, ring, bars, scales):
         + b_desc.block_type.nbytes
         + (descs[3].block_type.nbytes if HAS_TAIL else 0)
     )
+    # fused (`ficco.kernels.gluon_fused`): a chunk's rows are read once its flag is set
+    FUSED: gl.constexpr = len(scales) > 2
+    waited = -1  # the chunk whose flag this producer last waited on
     step = 0
-    for tile in range(pid, num_pid_m * num_pid_n, programs):
-        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
+    for tile in range(pid, chunks * num_pid_m * num_pid_n, programs):
+        chunk, _chunk_m, off_m, _c_row, off_n = _place(
+            tile, num_pid_m, num_pid_n, scales, BLOCK_M, BLOCK_N
+        )
+        if FUSED:  # noqa: SIM102 - a constexpr branch around a runtime one
+            if chunk != waited:
+                _wait_chunk(scales, chunk)
+                waited = chunk
         for ki in range(k_steps):
             slot, bar = _free_slot(bars, step, STAGES, load_bytes)
             if A_BLOCKS == 1:
@@ -179,6 +188,59 @@ def ws_gemm_kernel(
     TAIL: gl.constexpr,
     SWAP_AB: gl.constexpr,
 ):
+    _ws_gemm(
+        a_desc, b_desc, c_desc, b_tail_desc, c_tail_desc, (a_scale_ptr, b_scale_ptr),
+        STAGES, CONSUMERS, PRODUCER_REGS, CONSUMER_REGS, FAST_ACCUM, TAIL, SWAP_AB,
+    )  # fmt: skip
+
+
+@gluon.jit
+def ws_fused_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    a_scale_ref,
+    b_scale_ptr,
+    chunk_table,
+    flag_ref,
+    status_ptr,
+    chunk_rows,
+    chunks,
+    budget_ns,
+    STAGES: gl.constexpr,
+    CONSUMERS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
+    FAST_ACCUM: gl.constexpr,
+):
+    # FP8 over row chunks that wait on flags (`ficco.kernels.gluon_fused`): the chunk table
+    # and the rest after the scales (`gluon_ring.CHUNK_COLS`)
+    scales = (
+        a_scale_ref, b_scale_ptr, chunk_table, flag_ref, status_ptr, chunk_rows, chunks,
+        budget_ns,
+    )  # fmt: skip
+    _ws_gemm(
+        a_desc, b_desc, c_desc, b_desc, c_desc, scales,
+        STAGES, CONSUMERS, PRODUCER_REGS, CONSUMER_REGS, FAST_ACCUM, False, False,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _ws_gemm(
+    a_desc,
+    b_desc,
+    c_desc,
+    b_tail_desc,
+    c_tail_desc,
+    scales,
+    STAGES: gl.constexpr,
+    CONSUMERS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
+    FAST_ACCUM: gl.constexpr,
+    TAIL: gl.constexpr,
+    SWAP_AB: gl.constexpr,
+):
     # three consumers share each tile (192 rows): A loads as three 64-row blocks a slot
     A_BLOCKS: gl.constexpr = 3 if CONSUMERS == 3 else 1
     a_bufs = gl.allocate_shared_memory(
@@ -211,7 +273,6 @@ def ws_gemm_kernel(
         descs = (a_desc, b_desc, c_desc)
         ring = (a_bufs, b_bufs)
     bars = (ready, empty, turns)
-    scales = (a_scale_ptr, b_scale_ptr)
     # (constexprs passed to partitions arrive as tensors in Triton 3.6: each partition takes
     # only values and derives its constants from their types)
     args = (descs, ring, bars, scales)

@@ -69,3 +69,89 @@ def _landed_slot(bars, step, STAGES: gl.constexpr):
     slot = step % STAGES
     mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
     return slot
+
+
+# A fused launch (`ficco.kernels.gluon_fused`) passes, after the two scale pointers, its
+# chunk table (int64 [chunks, CHUNK_COLS]: each chunk's first row in A's span and in C's,
+# its A scales' offset from the scale reference, its wait flag's offset from the flag
+# reference, whether it waits), the flag reference, the status, a chunk's rows, the chunk
+# count and the wait's budget in ns: every partition tells the modes apart by that tuple's
+# length (constexprs reach partitions as tensors in Triton 3.6)
+CHUNK_COLS = gl.constexpr(5)
+
+
+@gluon.jit
+def _grid(c_desc, K, scales, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """(row tiles, column tiles, K steps, chunks, rows): of the product (one chunk), or of
+    one chunk of a fused launch (its chunks all of `rows` rows, numbered chunk after chunk:
+    chunks x row tiles x column tiles in all)."""
+    if len(scales) > 2:
+        rows = scales[5]
+        chunks = scales[6]
+    else:
+        rows = c_desc.shape[0]
+        chunks = 1
+    num_pid_m, num_pid_n, k_steps = _tile_grid(rows, c_desc.shape[1], K, TILE_M, BLOCK_N, BLOCK_K)
+    return num_pid_m, num_pid_n, k_steps, chunks, rows
+
+
+@gluon.jit
+def _place(tile, num_pid_m, num_pid_n, scales, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Tile `tile`'s (chunk, first row in its chunk, A's row, C's row, first column): the
+    chunk's rows start where the chunk table says (fused), else at row 0."""
+    if len(scales) > 2:
+        per_chunk = num_pid_m * num_pid_n
+        chunk = tile // per_chunk
+        off_m, off_n = _tile_offsets(tile % per_chunk, num_pid_m, num_pid_n, TILE_M, BLOCK_N)
+        entry = scales[2] + chunk * CHUNK_COLS
+        a_row = gl.load(entry).to(gl.int32) + off_m
+        c_row = gl.load(entry + 1).to(gl.int32) + off_m
+    else:
+        chunk = 0
+        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, TILE_M, BLOCK_N)
+        a_row = off_m
+        c_row = off_m
+    return chunk, off_m, a_row, c_row, off_n
+
+
+@gluon.jit
+def _ptx(STATEMENT: gl.constexpr, args, CONSTRAINTS: gl.constexpr):
+    # one PTX statement on scalars, its 32-bit result (`ficco.kernels.flags`' own, in Gluon)
+    return gl.inline_asm_elementwise(
+        STATEMENT, CONSTRAINTS, args, dtype=gl.int32, is_pure=False, pack=1
+    )
+
+
+@gluon.jit
+def _wait_chunk(scales, chunk):
+    """Fused, the producer: before a chunk's first TMA load, wait until its flag is nonzero
+    (as `ficco.kernels.flags._wait_flag`: an acquire, volatile reads while 0, give up by a
+    CAS to -1 after the budget on %globaltimer) and record a give-up in the status; then
+    order the TMA reads (async proxy) after the acquire. A chunk given up is still loaded and
+    computed (the consumers take every slot); the status makes the launch's owner raise."""
+    entry = scales[2] + chunk * CHUNK_COLS
+    if gl.load(entry + 4) != 0:
+        flag = scales[3] + gl.load(entry + 3)
+        val = _ptx("ld.acquire.sys.global.b32 $0, [$1];", [flag], "=r,l")
+        if val == 0:
+            start = _clock()
+            while val == 0:
+                val = gl.load(flag, volatile=True)
+                if (val == 0) & (_clock() - start > scales[7]):
+                    _ptx(
+                        "{ .reg .b32 zero, gone; mov.b32 zero, 0; mov.b32 gone, -1;\n\t"
+                        "atom.acq_rel.sys.global.cas.b32 $0, [$1], zero, gone; }",
+                        [flag], "=r,l",
+                    )  # fmt: skip
+                    val = _ptx("ld.acquire.sys.global.b32 $0, [$1];", [flag], "=r,l")
+            val = _ptx("ld.acquire.sys.global.b32 $0, [$1];", [flag], "=r,l")
+        if val < 0:
+            gl.store(scales[4] + chunk, 1)
+        _ptx("fence.proxy.async.global;\n\tmov.u32 $0, 0;", [], "=r")
+
+
+@gluon.jit
+def _clock():
+    return gl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1
+    )

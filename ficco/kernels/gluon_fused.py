@@ -1,0 +1,173 @@
+"""The fused GEMM's FP8 launches on the warp-specialized Gluon kernel.
+
+`ficco.kernels.fused.FusedGemm` runs an FP8 launch here, not on its Triton kernel, where the
+card's shipped Gluon picks name the shape (`ficco.kernels.matmul.shipped_gluon_pick`: one
+chunk's rows, else every chunk's) and the launch is what the picks were measured on and what
+this kernel does (`refusal` names what is not): per-row A and per-column B scales, B
+column-major, bf16 outputs, chunks that only wait (none signals, has copies or resets its
+flag), all of one row count, their A rows in one buffer and their outputs in one buffer on
+store-block boundaries (one host-built descriptor each).
+
+`ws_fused_kernel` (``ficco.kernels.gluon_gemm``) is the same warp-specialized kernel with its
+tiles numbered chunk after chunk, in the order given (the order the chunks are expected to
+arrive), and placed through a chunk table (`gluon_ring.CHUNK_COLS`): before the first TMA load
+of a chunk's tile the producer waits on that chunk's flag (acquire, then a proxy fence: TMA
+reads are async-proxy accesses), so the consumers' ring slots fill only with landed rows.
+A chunk's last tile may reach past its rows where the tile's row count does not divide them
+(192-row tiles on 4096-row chunks): those rows are computed from whatever the buffer holds
+there and not stored. A flag that never arrives: the producer gives up after ``timeout_s``
+(as the Triton kernel does, on ``%globaltimer``), records the chunk in the status, and the
+chunk is still computed from its unlanded rows; ``raise_on_timeout`` raises naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ficco.kernels.flags import _load, _offset
+from ficco.kernels.fused_views import row_blocks
+from ficco.kernels.gluon_configs import GluonGemmConfig
+from ficco.kernels.persistent import tma_row_major as _row_major
+
+
+@dataclass(frozen=True)
+class FusedGluonPlan:
+    """A fused launch's Gluon tile and where its chunks lie: A's span and each chunk's first
+    row in it, the outputs' span and each chunk's first row there, a chunk's rows."""
+
+    config: GluonGemmConfig
+    a_span: torch.Tensor
+    a_rows: tuple[int, ...]
+    c_span: torch.Tensor
+    c_rows: tuple[int, ...]
+    chunk_rows: int
+
+
+def refusal(chunks: Sequence, b: torch.Tensor, scales, reset_waits: bool) -> str:
+    """Why this fused launch cannot run on the Gluon kernel whatever its tile ('' when it
+    can): the operands and chunks the kernel and its picks take (module docstring)."""
+    if scales is None:
+        return "not FP8 operands"
+    if not (scales.rowwise and scales.colwise):
+        return "per-tensor scales (the picks were measured with per-row A and per-column B)"
+    if any(c.signals or c.copies for c in chunks):
+        return "a chunk signals or has copies (stored through pointers)"
+    if reset_waits:
+        return "reset_waits (the Gluon launch counts no finished programs)"
+    if any(o.dtype != torch.bfloat16 for c in chunks for o in c.outs):
+        return "an output is not bf16"
+    if not _row_major(b.t()):
+        return "b is not column-major (FP8 wgmma reads B K-major)"
+    if len({c.a.shape[0] for c in chunks}) != 1:
+        return "the chunks' row counts differ"
+    if not all(_row_major(c.a) and _row_major(c.out) for c in chunks):
+        return "a chunk's a or out is not row-major with 16-byte aligned rows and base"
+    return ""
+
+
+def plan(
+    chunks: Sequence,
+    b: torch.Tensor,
+    scales,
+    sm_budget: int,
+    *,
+    reset_waits: bool = False,
+    pick: GluonGemmConfig | None = None,
+) -> tuple[FusedGluonPlan | None, str]:
+    """(the plan, '') for a launch the Gluon kernel takes, else (None, why not). ``pick``:
+    the tile to use (tests); default the card's shipped pick for one chunk's rows (the
+    launch's tiles are the chunk's, chunk after chunk), else for all of them."""
+    why = refusal(chunks, b, scales, reset_waits)
+    if why:
+        return None, why
+    rows = chunks[0].a.shape[0]
+    k, n = b.shape
+    if pick is None:
+        from ficco.kernels.matmul import shipped_gluon_pick
+
+        device = b.device
+        pick = shipped_gluon_pick(rows, n, k, b.dtype, sm_budget, device) or shipped_gluon_pick(
+            rows * len(chunks), n, k, b.dtype, sm_budget, device
+        )
+        if pick is None:
+            return None, "no shipped Gluon pick for this card, shape and SM budget"
+    if pick.swap_ab or pick.tail_n:
+        return None, f"{pick.name}: swap-AB and tail tiles are 16-bit only"
+    # A: any whole row (TMA reads past a chunk's rows are not stored); outputs: every chunk
+    # on a store block's boundary, so a stored block is the chunk's own
+    a_span = row_blocks([c.a for c in chunks], 1)
+    c_span = row_blocks([c.out for c in chunks], pick.rows_per_consumer)
+    if a_span is None or c_span is None:
+        return None, (
+            f"the chunks' rows are not in one buffer (A), or their outputs not in one buffer on "
+            f"{pick.rows_per_consumer}-row boundaries"
+        )
+    c_rows = tuple(r * pick.rows_per_consumer for r in c_span[1])
+    return FusedGluonPlan(pick, a_span[0], tuple(a_span[1]), c_span[0], c_rows, rows), ""
+
+
+class GluonFused:
+    """One fused FP8 launch on ``ws_fused_kernel``, prepared once (descriptors and the chunk
+    table on the device: a launch can be captured in a CUDA graph) and issued by calling it.
+    ``flag_ref``, ``status`` and ``budget_ns`` are the owning ``FusedGemm``'s."""
+
+    def __init__(
+        self,
+        launch: FusedGluonPlan,
+        chunks: Sequence,
+        b: torch.Tensor,
+        scales,
+        *,
+        flag_ref: torch.Tensor,
+        status: torch.Tensor,
+        budget_ns: int,
+        sm_budget: int,
+    ) -> None:
+        from ficco.kernels import gluon_gemm as gg
+
+        cfg = self.config = launch.config
+        cfg.check(1)
+        a_desc, b_desc, c_desc, _, _ = gg._descs(launch.a_span, b, launch.c_span, cfg, True)
+        table = [
+            [
+                a_row,
+                c_row,
+                scales.a_offsets[i],
+                0 if c.wait is None else _offset(c.wait, flag_ref),
+                int(c.wait is not None),
+            ]
+            for i, (c, a_row, c_row) in enumerate(
+                zip(chunks, launch.a_rows, launch.c_rows, strict=True)
+            )
+        ]
+        self.table = torch.tensor(table, dtype=torch.int64, device=b.device)
+        tiles = (
+            len(chunks)
+            * triton.cdiv(launch.chunk_rows, cfg.block_m)
+            * triton.cdiv(b.shape[1], cfg.block_n)
+        )
+        self.grid = (max(1, min(sm_budget, tiles)),)
+        # the spans are views of the chunks' own buffers: held so the descriptors stay valid
+        self.spans = (launch.a_span, launch.c_span)
+        self.args = (
+            a_desc, b_desc, c_desc, scales.a_ref, scales.b_scale, self.table, flag_ref, status,
+            launch.chunk_rows, len(chunks), budget_ns,
+        )  # fmt: skip
+        self.meta = dict(
+            STAGES=cfg.stages, CONSUMERS=cfg.consumers, PRODUCER_REGS=gg.PRODUCER_REGS,
+            CONSUMER_REGS=gg.CONSUMER_REGS, FAST_ACCUM=scales.fast_accum,
+            num_warps=cfg.consumer_warps,
+            maxnreg=gg.THIRDS_MAX_REGS if cfg.consumers == 3 else gg.MAX_REGS,
+        )  # fmt: skip
+        self.kernel = gg.ws_fused_kernel
+
+    def __call__(self) -> None:
+        self.kernel[self.grid](*self.args, **self.meta)
+
+    def compile(self) -> None:
+        """Compile and load the kernel now, launching nothing."""
+        _load(self.kernel.warmup(*self.args, grid=self.grid, **self.meta))

@@ -1,0 +1,108 @@
+"""Which fused FP8 launches run on the Gluon kernel (`ficco.kernels.gluon_fused`), and where
+their chunks lie: decided on the host, so checked here on CPU tensors (the kernel itself runs
+in tests/gpu/test_gluon_fused_gpu.py)."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+
+from ficco.kernels import gluon_fused  # noqa: E402
+from ficco.kernels.fused_views import FusedChunkViews  # noqa: E402
+from ficco.kernels.gluon_configs import FP8_CONFIGS  # noqa: E402
+from ficco.kernels.scaled import random_operands  # noqa: E402
+from ficco.kernels.scaled_fused import fused_scales  # noqa: E402
+
+HALVES = next(c for c in FP8_CONFIGS if c.shared_tile and c.consumers == 2)
+THIRDS = next(c for c in FP8_CONFIGS if c.consumers == 3)
+K, N = 256, 384
+
+
+def _case(rows=256, order=(2, 3, 0, 1), gap=0, per_tensor=False, wait=True):
+    """Chunks of ``rows`` rows gathered in one buffer (chunk i at slot order[i], ``gap`` rows
+    between slots) and their outputs likewise; per-row / per-column scales."""
+    chunks = len(order)
+    pitch = rows + gap
+    a, b, sa, sb, _ = random_operands(chunks * pitch, N, K, torch.float8_e4m3fn, "cpu", seed=3)
+    out = torch.zeros((chunks * pitch, N), dtype=torch.bfloat16)
+    flags = torch.ones(chunks, dtype=torch.int32)
+    if per_tensor:
+        sa, sb = sa.amax().reshape(1, 1), sb.amax().reshape(1, 1)
+    views = []
+    for i, slot in enumerate(order):
+        lo = slot * pitch
+        views.append(
+            FusedChunkViews(
+                a[lo : lo + rows], out[lo : lo + rows], wait=flags[i : i + 1] if wait else None,
+                a_scale=sa if per_tensor else sa[lo : lo + rows],
+            )
+        )  # fmt: skip
+    return views, b, fused_scales(views, b, sb, False)
+
+
+def test_chunks_in_arrival_order_are_placed_by_their_rows_in_the_buffers():
+    views, b, scales = _case(rows=256, order=(2, 3, 0, 1), gap=64)
+    launch, why = gluon_fused.plan(views, b, scales, 132, pick=THIRDS)
+    assert why == ""
+    assert launch.config == THIRDS and launch.chunk_rows == 256
+    assert launch.a_rows == (640, 960, 0, 320)  # slot * (256 + 64)
+    assert launch.c_rows == (640, 960, 0, 320)
+    assert launch.a_span.shape[0] == launch.c_span.shape[0] == 4 * 320 - 64
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (dict(per_tensor=True), "per-tensor scales"),
+        (dict(rows=96, order=(0, 1)), "64-row boundaries"),
+    ],
+)
+def test_a_launch_the_kernel_does_not_take_is_refused_naming_why(change, says):
+    views, b, scales = _case(**change)
+    launch, why = gluon_fused.plan(views, b, scales, 132, pick=HALVES)
+    assert launch is None and says in why
+
+
+def test_refusals_name_the_operand_or_chunk():
+    views, b, scales = _case()
+    assert gluon_fused.refusal(views, b, None, False) == "not FP8 operands"
+    assert "reset_waits" in gluon_fused.refusal(views, b, scales, True)
+    row_major_b = b.contiguous()
+    assert "column-major" in gluon_fused.refusal(views, row_major_b, scales, False)
+    unequal = [views[0], FusedChunkViews(views[1].a[:128], views[1].out[:128], a_scale=None)]
+    assert "row counts differ" in gluon_fused.refusal(unequal, b, scales, False)
+    fp32_out = [FusedChunkViews(v.a, v.out.float(), a_scale=v.a_scale) for v in views]
+    assert "bf16" in gluon_fused.refusal(fp32_out, b, scales, False)
+    signals = [FusedChunkViews(v.a, v.out, signal=v.wait, a_scale=v.a_scale) for v in views]
+    assert "signals" in gluon_fused.refusal(signals, b, scales, False)
+
+
+def test_without_a_pick_the_shipped_picks_decide_and_cpu_has_none():
+    views, b, scales = _case()
+    launch, why = gluon_fused.plan(views, b, scales, 132)
+    assert launch is None and "no shipped Gluon pick" in why
+
+
+def test_one_chunks_pick_comes_before_the_whole_launchs(monkeypatch):
+    import sys
+
+    matmul = sys.modules["ficco.kernels.matmul"]  # the module (the package exports the function)
+    asked = []
+
+    def pick(m, n, k, dtype, budget, device):
+        asked.append(m)
+        return THIRDS if m == 1024 else None  # only the whole launch's rows are picked
+
+    monkeypatch.setattr(matmul, "shipped_gluon_pick", pick)
+    views, b, scales = _case(rows=256)
+    launch, why = gluon_fused.plan(views, b, scales, 132)
+    assert asked == [256, 1024] and launch.config == THIRDS and why == ""
+
+
+def test_the_fused_gemm_keeps_cpu_launches_on_its_triton_kernel():
+    from ficco.kernels.fused import FusedGemm
+
+    views, b, _ = _case(rows=64, order=(1, 0))
+    sb = torch.ones((1, N))
+    gemm = FusedGemm(views, b, sm_budget=4, timeout_s=5.0, b_scale=sb)
+    assert gemm.gluon is None
