@@ -83,20 +83,26 @@ def test_without_a_pick_the_shipped_picks_decide_and_cpu_has_none():
     assert launch is None and "no shipped Gluon pick" in why
 
 
-def test_one_chunks_pick_comes_before_the_whole_launchs(monkeypatch):
+@pytest.mark.parametrize(
+    ("picked", "rows", "expected"),
+    [
+        ({1024: THIRDS, 256: HALVES}, 384, THIRDS),  # the whole launch's tiles divide 384
+        ({1024: THIRDS, 256: HALVES}, 256, HALVES),  # 192 does not divide 256; 128 does
+        ({1024: THIRDS}, 256, THIRDS),  # the only pick: a chunk's last tile reaches past
+        ({256: HALVES}, 256, HALVES),
+    ],
+)
+def test_the_whole_launchs_pick_comes_first_where_its_tiles_divide_a_chunk(
+    monkeypatch, picked, rows, expected
+):
     import sys
 
     matmul = sys.modules["ficco.kernels.matmul"]  # the module (the package exports the function)
-    asked = []
-
-    def pick(m, n, k, dtype, budget, device):
-        asked.append(m)
-        return THIRDS if m == 1024 else None  # only the whole launch's rows are picked
-
-    monkeypatch.setattr(matmul, "shipped_gluon_pick", pick)
-    views, b, scales = _case(rows=256)
+    picked = {m * rows // 256: cfg for m, cfg in picked.items()}
+    monkeypatch.setattr(matmul, "shipped_gluon_pick", lambda m, *_: picked.get(m))
+    views, b, scales = _case(rows=rows)
     launch, why = gluon_fused.plan(views, b, scales, 132)
-    assert asked == [256, 1024] and launch.config == THIRDS and why == ""
+    assert why == "" and launch.config == expected
 
 
 def test_the_fused_gemm_keeps_cpu_launches_on_its_triton_kernel():

@@ -9,8 +9,9 @@ flag), all of one row count, their A rows in one buffer and their outputs in one
 store-block boundaries (one host-built descriptor each).
 
 `ws_fused_kernel` (``ficco.kernels.gluon_gemm``) is the same warp-specialized kernel with its
-tiles numbered chunk after chunk, in the order given (the order the chunks are expected to
-arrive), and placed through a chunk table (`gluon_ring.CHUNK_COLS`): before the first TMA load
+tiles numbered as one product's over the chunks' row tiles in the order given (the order the
+chunks are expected to arrive; row tiles grouped by 8 along N as the plain kernel's, so
+few-row chunks share B's columns in L2), and placed through a chunk table (`gluon_ring.CHUNK_COLS`): before the first TMA load
 of a chunk's tile the producer waits on that chunk's flag (acquire, then a proxy fence: TMA
 reads are async-proxy accesses), so the consumers' ring slots fill only with landed rows.
 A chunk's last tile may reach past its rows where the tile's row count does not divide them
@@ -79,8 +80,9 @@ def plan(
     pick: GluonGemmConfig | None = None,
 ) -> tuple[FusedGluonPlan | None, str]:
     """(the plan, '') for a launch the Gluon kernel takes, else (None, why not). ``pick``:
-    the tile to use (tests); default the card's shipped pick for one chunk's rows (the
-    launch's tiles are the chunk's, chunk after chunk), else for all of them."""
+    the tile to use (tests); default the card's shipped pick for all the chunks' rows (the
+    launch orders its tiles as that product's), else for one chunk's, the first whose tile
+    rows divide a chunk's."""
     why = refusal(chunks, b, scales, reset_waits)
     if why:
         return None, why
@@ -89,12 +91,19 @@ def plan(
     if pick is None:
         from ficco.kernels.matmul import shipped_gluon_pick
 
-        device = b.device
-        pick = shipped_gluon_pick(rows, n, k, b.dtype, sm_budget, device) or shipped_gluon_pick(
-            rows * len(chunks), n, k, b.dtype, sm_budget, device
-        )
-        if pick is None:
+        picks = [
+            p
+            for p in (
+                shipped_gluon_pick(m, n, k, b.dtype, sm_budget, b.device)
+                for m in (rows * len(chunks), rows)
+            )
+            if p is not None
+        ]
+        if not picks:
             return None, "no shipped Gluon pick for this card, shape and SM budget"
+        # the launch's tiles in order are the whole product's (`gluon_ring._place`): its pick,
+        # unless its tiles would reach past each chunk's rows and one chunk's pick's do not
+        pick = next((p for p in picks if rows % p.block_m == 0), picks[0])
     if pick.swap_ab or pick.tail_n:
         return None, f"{pick.name}: swap-AB and tail tiles are 16-bit only"
     # A: any whole row (TMA reads past a chunk's rows are not stored); outputs: every chunk

@@ -134,16 +134,19 @@ def _producer(descs, ring, bars, scales):
     )
     # fused (`ficco.kernels.gluon_fused`): a chunk's rows are read once its flag is set
     FUSED: gl.constexpr = len(scales) > 2
-    waited = -1  # the chunk whose flag this producer last waited on
+    # the chunks this producer has seen arrive (bit c; chunks past 62 are waited on per tile):
+    # one acquire and fence per chunk, then its loads follow them in program order
+    arrived = gl.to_tensor(0).to(gl.int64)
     step = 0
     for tile in range(pid, chunks * num_pid_m * num_pid_n, programs):
         chunk, _chunk_m, off_m, _c_row, off_n = _place(
             tile, num_pid_m, num_pid_n, scales, BLOCK_M, BLOCK_N
         )
-        if FUSED:  # noqa: SIM102 - a constexpr branch around a runtime one
-            if chunk != waited:
+        if FUSED:
+            bit = gl.to_tensor(1).to(gl.int64) << gl.minimum(chunk, 63).to(gl.int64)
+            if (chunk > 62) | ((arrived & bit) == 0):
                 _wait_chunk(scales, chunk)
-                waited = chunk
+                arrived = arrived | bit
         for ki in range(k_steps):
             slot, bar = _free_slot(bars, step, STAGES, load_bytes)
             if A_BLOCKS == 1:

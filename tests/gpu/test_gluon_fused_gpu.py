@@ -66,10 +66,14 @@ def _launch(views, b, sb, cfg, sm_budget=132, timeout_s=10.0, fast=False):
     return gemm
 
 
-@pytest.mark.parametrize("rows", [256, 384], ids=lambda r: f"rows{r}")
+@pytest.mark.parametrize("parts", [2, 3], ids=lambda p: f"rows{p}x")
 @pytest.mark.parametrize("cfg", _configs(), ids=lambda c: c.name)
-def test_every_fp8_tile_computes_chunks_in_arrival_order_and_stores_only_their_rows(cfg, rows):
-    views, b, sb, out, ref, _, gaps = _case(rows)
+def test_every_fp8_tile_computes_chunks_in_arrival_order_and_stores_only_their_rows(cfg, parts):
+    # chunks of 2 or 3 store blocks (128 or 192 rows in 64-row parts: a 192-row tile on 128
+    # rows, a 128-row tile on 192 reach past the chunk), a store block's gap between them
+    views, b, sb, out, ref, _, gaps = _case(
+        parts * cfg.rows_per_consumer, gap=cfg.rows_per_consumer
+    )
     gemm = _launch(views, b, sb, cfg)
     gemm()
     torch.cuda.synchronize()
