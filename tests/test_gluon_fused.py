@@ -87,7 +87,8 @@ def test_without_a_pick_the_shipped_picks_decide_and_cpu_has_none():
     ("picked", "rows", "expected"),
     [
         ({1024: THIRDS, 256: HALVES}, 384, THIRDS),  # the whole launch's tiles divide 384
-        ({1024: THIRDS, 256: HALVES}, 256, HALVES),  # 192 does not divide 256; 128 does
+        ({1024: THIRDS, 256: HALVES}, 256, HALVES),  # 192-row tiles pad 256 rows by 128
+        ({1024: THIRDS, 256: HALVES}, 1024, THIRDS),  # 128 of 1024 rows: an eighth
         ({1024: THIRDS}, 256, THIRDS),  # the only pick: a chunk's last tile reaches past
         ({256: HALVES}, 256, HALVES),
     ],

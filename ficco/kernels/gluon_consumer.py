@@ -16,7 +16,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ficco.kernels.gluon_ring import CHUNK_COLS, _acc_layout, _grid, _landed_slot, _place
+from ficco.kernels.gluon_ring import _acc_layout, _grid, _landed_slot, _place
 
 
 @gluon.jit
@@ -89,7 +89,7 @@ def _consume(
     for j in range(FIRST, gl.cdiv(chunks * num_pid_m * num_pid_n - pid, programs), STRIDE):
         tile = pid + j * programs
         # off_m: the row in the chunk (the product's row where not fused); c_row: the store's
-        chunk, off_m, _a_row, c_row, off_n = _place(
+        off_m, _a_row, c_row, off_n, a_scale_ptr = _place(
             tile, num_pid_m, num_pid_n, scales, TILE_M, BLOCK_N
         )
         if SHARED:
@@ -149,7 +149,7 @@ def _consume(
             mbarrier.arrive(empty.index(previous), count=1)
         out = acc
         if FP8:
-            a_scale, b_scale = _tile_scales(scales, chunk, off_m, off_n, rows, N, acc)
+            a_scale, b_scale = _tile_scales(a_scale_ptr, scales[1], off_m, off_n, rows, N, acc)
             out = out * a_scale[:, None] * b_scale[None, :]
         out = out.to(out_dtype)
         # the store groups in flight that may stay so when c_smem is written again: the
@@ -188,14 +188,9 @@ def _consume(
 
 
 @gluon.jit
-def _tile_scales(scales, chunk, off_m, off_n, M, N, acc):
+def _tile_scales(a_scale_ptr, b_scale_ptr, off_m, off_n, M, N, acc):
     """FP8: the scales of the tile at (off_m, off_n) that acc holds, in its layout's rows and
-    columns (0 past the matrix, or past the chunk's M rows: fused, the chunk's A scales at
-    their offset from the reference)."""
-    a_scale_ptr = scales[0]
-    b_scale_ptr = scales[1]
-    if len(scales) > 2:
-        a_scale_ptr += gl.load(scales[2] + chunk * CHUNK_COLS + 2)
+    columns (0 past the matrix's M rows and N columns: fused, past the chunk's rows)."""
     BLOCK_M: gl.constexpr = acc.type.shape[0]
     BLOCK_N: gl.constexpr = acc.type.shape[1]
     layout: gl.constexpr = acc.type.layout

@@ -82,7 +82,7 @@ from ficco.kernels.gluon_consumer import (
     _third_consumer_2,
     _third_consumer_2_fast,
 )
-from ficco.kernels.gluon_ring import _free_slot, _grid, _place, _wait_chunk
+from ficco.kernels.gluon_ring import _chunk_of, _free_slot, _grid, _place, _wait_chunk
 from ficco.kernels.gluon_swap import _swap_consumer, _swap_producer
 from ficco.kernels.persistent import _tma_operand, default_sm_budget, tma_row_major
 
@@ -139,39 +139,53 @@ def _producer(descs, ring, bars, scales):
     arrived = gl.to_tensor(0).to(gl.int64)
     step = 0
     for tile in range(pid, chunks * num_pid_m * num_pid_n, programs):
-        chunk, _chunk_m, off_m, _c_row, off_n = _place(
+        _chunk_m, off_m, _c_row, off_n, _a_scales = _place(
             tile, num_pid_m, num_pid_n, scales, BLOCK_M, BLOCK_N
         )
-        if FUSED:
-            bit = gl.to_tensor(1).to(gl.int64) << gl.minimum(chunk, 63).to(gl.int64)
-            if (chunk > 62) | ((arrived & bit) == 0):
-                _wait_chunk(scales, chunk)
-                arrived = arrived | bit
         for ki in range(k_steps):
             slot, bar = _free_slot(bars, step, STAGES, load_bytes)
-            if A_BLOCKS == 1:
-                tma.async_copy_global_to_shared(
-                    a_desc, [off_m, ki * BLOCK_K], bar, a_bufs.index(slot)
-                )
-            else:
-                for r in gl.static_range(A_BLOCKS):
-                    tma.async_copy_global_to_shared(
-                        a_desc, [off_m + r * A_ROWS, ki * BLOCK_K], bar,
-                        a_bufs.index(slot * A_BLOCKS + r),
-                    )  # fmt: skip
-            if B_K_MAJOR:
+            if FUSED:
+                # B's columns first: their load is in flight while a chunk not yet seen
+                # arrive is waited on, before its A rows are read (FP8: B K-major)
                 tma.async_copy_global_to_shared(
                     b_desc, [off_n, ki * BLOCK_K], bar, b_bufs.index(slot)
                 )
+                if ki == 0:
+                    chunk = _chunk_of(tile, num_pid_m, num_pid_n, scales, BLOCK_M, BLOCK_N)
+                    bit = gl.to_tensor(1).to(gl.int64) << gl.minimum(chunk, 63).to(gl.int64)
+                    if (chunk > 62) | ((arrived & bit) == 0):
+                        _wait_chunk(scales, chunk)
+                        arrived = arrived | bit
+                _load_a(a_desc, a_bufs, off_m, ki * BLOCK_K, bar, slot, A_BLOCKS)
             else:
-                tma.async_copy_global_to_shared(
-                    b_desc, [ki * BLOCK_K, off_n], bar, b_bufs.index(slot)
-                )
+                _load_a(a_desc, a_bufs, off_m, ki * BLOCK_K, bar, slot, A_BLOCKS)
+                if B_K_MAJOR:
+                    tma.async_copy_global_to_shared(
+                        b_desc, [off_n, ki * BLOCK_K], bar, b_bufs.index(slot)
+                    )
+                else:
+                    tma.async_copy_global_to_shared(
+                        b_desc, [ki * BLOCK_K, off_n], bar, b_bufs.index(slot)
+                    )
             if HAS_TAIL:
                 tma.async_copy_global_to_shared(
                     descs[3], [ki * BLOCK_K, off_n + MAIN_N], bar, ring[2].index(slot)
                 )
             step += 1
+
+
+@gluon.jit
+def _load_a(a_desc, a_bufs, off_m, off_k, bar, slot, A_BLOCKS: gl.constexpr):
+    """A's tile rows at (off_m, off_k) into ring slot `slot`: one block, or A_BLOCKS row
+    blocks of a_desc's, each its own buffer of the slot."""
+    if A_BLOCKS == 1:
+        tma.async_copy_global_to_shared(a_desc, [off_m, off_k], bar, a_bufs.index(slot))
+    else:
+        A_ROWS: gl.constexpr = a_desc.block_type.shape[0]
+        for r in gl.static_range(A_BLOCKS):
+            tma.async_copy_global_to_shared(
+                a_desc, [off_m + r * A_ROWS, off_k], bar, a_bufs.index(slot * A_BLOCKS + r)
+            )
 
 
 @gluon.jit

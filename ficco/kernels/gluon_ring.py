@@ -97,8 +97,8 @@ def _grid(c_desc, K, scales, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_
 
 @gluon.jit
 def _place(tile, num_pid_m, num_pid_n, scales, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Tile `tile`'s (chunk, first row in its chunk, A's row, C's row, first column): the
-    chunk's rows start where the chunk table says (fused), else at row 0."""
+    """Tile `tile`'s (first row in its chunk, A's row, C's row, first column, A's scales):
+    the chunk's rows and scales start where the chunk table says (fused), else at row 0."""
     if len(scales) > 2:
         # the chunks' row tiles one after another, grouped as one product's: few-row chunks
         # share each B column block in L2 (chunk after chunk read all of B per chunk: 0.65 of
@@ -110,12 +110,14 @@ def _place(tile, num_pid_m, num_pid_n, scales, TILE_M: gl.constexpr, BLOCK_N: gl
         entry = scales[2] + chunk * CHUNK_COLS
         a_row = gl.load(entry).to(gl.int32) + off_m
         c_row = gl.load(entry + 1).to(gl.int32) + off_m
+        # read at the tile's start, its latency under the K loop, not in the epilogue
+        a_scale_ptr = scales[0] + gl.load(entry + 2)
     else:
-        chunk = 0
         off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, TILE_M, BLOCK_N)
         a_row = off_m
         c_row = off_m
-    return chunk, off_m, a_row, c_row, off_n
+        a_scale_ptr = scales[0]
+    return off_m, a_row, c_row, off_n, a_scale_ptr
 
 
 @gluon.jit
@@ -159,3 +161,10 @@ def _clock():
     return gl.inline_asm_elementwise(
         "mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1
     )
+
+
+@gluon.jit
+def _chunk_of(tile, num_pid_m, num_pid_n, scales, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Fused: the chunk of tile `tile` (`_place`'s order)."""
+    first_m, _off_n = _tile_offsets(tile, scales[6] * num_pid_m, num_pid_n, TILE_M, BLOCK_N)
+    return (first_m // TILE_M) // num_pid_m
