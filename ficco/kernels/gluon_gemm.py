@@ -51,6 +51,7 @@ profiles/h200/NOTES_gemm.md (calls V-AP), profiles/h100/NOTES_gemm.md (runs 15-2
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -98,6 +99,8 @@ MAX_REGS = 168
 # warpgroup), 128 registers each at launch; setmaxnreg gives two of the consumers 152
 THIRDS_MAX_REGS = 128
 THIRDS_CONSUMER_REGS = gl.constexpr(152)
+# experiment: the fused producer issues B's load before a chunk's flag wait and A's loads
+FUSED_B_FIRST = gl.constexpr(os.environ.get("FICCO_FUSED_B_FIRST", "1") != "0")
 
 
 @gluon.jit
@@ -144,7 +147,7 @@ def _producer(descs, ring, bars, scales):
         )
         for ki in range(k_steps):
             slot, bar = _free_slot(bars, step, STAGES, load_bytes)
-            if FUSED:
+            if FUSED and FUSED_B_FIRST:
                 # B's columns first: their load is in flight while a chunk not yet seen
                 # arrive is waited on, before its A rows are read (FP8: B K-major)
                 tma.async_copy_global_to_shared(
@@ -158,6 +161,13 @@ def _producer(descs, ring, bars, scales):
                         arrived = arrived | bit
                 _load_a(a_desc, a_bufs, off_m, ki * BLOCK_K, bar, slot, A_BLOCKS)
             else:
+                if FUSED:  # noqa: SIM102 - a constexpr branch around a runtime one
+                    if ki == 0:
+                        chunk = _chunk_of(tile, num_pid_m, num_pid_n, scales, BLOCK_M, BLOCK_N)
+                        bit = gl.to_tensor(1).to(gl.int64) << gl.minimum(chunk, 63).to(gl.int64)
+                        if (chunk > 62) | ((arrived & bit) == 0):
+                            _wait_chunk(scales, chunk)
+                            arrived = arrived | bit
                 _load_a(a_desc, a_bufs, off_m, ki * BLOCK_K, bar, slot, A_BLOCKS)
                 if B_K_MAJOR:
                     tma.async_copy_global_to_shared(

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Where the fused FP8 Gluon launch (`ficco.kernels.gluon_fused`) loses to the plain kernel of
+the same tile on one GPU: per shape and tile, the plain launch, the fused launch over one chunk
+(the whole product: the fused kernel's own cost), over two row chunks (the bench's launch) and
+`_scaled_mm`, each checked against the float64 product first, then timed in interleaved rounds
+(`LaunchTimer`). JSON to --out.
+
+    python scripts/fused_gluon_ab.py --out FILE [--shapes MxNxK,...] [--configs NAME,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+SHAPES = "8192x28672x8192,16384x8192x14336,8192x8192x4096,4096x5120x8192,2048x28672x8192"
+CONFIGS = "ws_192x128x128_s4_coop3x4,ws_128x128x128_s6_coop2x4"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--configs", default=CONFIGS)
+    args = ap.parse_args()
+    from bench_gemm import fingerprint
+
+    from ficco.execute.timing import launch_timer
+    from ficco.kernels import gluon_fused
+    from ficco.kernels import gluon_gemm as gg
+    from ficco.kernels.fused import FusedChunkViews, FusedGemm
+    from ficco.kernels.scaled import random_operands
+    from ficco.kernels.trials import relative_error
+
+    timer = launch_timer()
+    configs = {c.name: c for c in gg.FP8_CONFIGS}
+    rows = []
+    for text in args.shapes.split(","):
+        m, n, k = map(int, text.split("x"))
+        a, b, sa, sb, _ = random_operands(m, n, k, torch.float8_e4m3fn, "cuda", seed=m + n + k)
+        ref = (a.double() * sa.double()) @ (b.double() * sb.double())
+        lib_out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+        fns = {
+            "library": lambda a=a, b=b, sa=sa, sb=sb, out=lib_out: torch._scaled_mm(
+                a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, out=out
+            )
+        }
+        outs = {"library": lib_out}
+        for name in args.configs.split(","):
+            cfg = configs[name]
+            out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+            fns[f"plain {name}"] = gg.ws_gemm_launcher(a, b, out, cfg, a_scale=sa, b_scale=sb)
+            outs[f"plain {name}"] = out
+            for chunks in (1, 2):
+                out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+                flags = torch.ones(chunks, dtype=torch.int32, device="cuda")
+                part = m // chunks
+                views = [
+                    FusedChunkViews(
+                        a[lo : lo + part], out[lo : lo + part], wait=flags[i : i + 1],
+                        a_scale=sa[lo : lo + part],
+                    )
+                    for i, lo in enumerate(reversed(range(0, m, part)))
+                ]  # fmt: skip
+                gemm = FusedGemm(views, b, sm_budget=132, timeout_s=10.0, b_scale=sb)
+                launch, why = gluon_fused.plan(views, b, gemm.scales, 132, pick=cfg)
+                assert launch is not None, why
+                gemm.gluon = gluon_fused.GluonFused(
+                    launch, views, b, gemm.scales, flag_ref=gemm.flag_ref, status=gemm.status,
+                    budget_ns=gemm.budget_ns, sm_budget=132,
+                )  # fmt: skip
+                fns[f"fused{chunks} {name}"] = gemm
+                outs[f"fused{chunks} {name}"] = out
+        errors = {}
+        for key, fn in fns.items():
+            outs[key].fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            errors[key] = relative_error(outs[key], ref)
+        bad = [key for key, e in errors.items() if not e <= 2e-2]
+        for key in bad:
+            fns.pop(key)
+        times = timer.interleaved(fns, 30)
+        ms = {key: statistics.median(t) for key, t in times.items()}
+        row = {"M": m, "N": n, "K": k, "ms": ms, "errors": errors, "bad": bad}
+        row["ratio"] = {key: ms["library"] / t for key, t in ms.items()}
+        rows.append(row)
+        print(text, {key: round(r, 3) for key, r in row["ratio"].items()}, "bad", bad, flush=True)
+    doc = {
+        "environment": fingerprint(None),
+        "b_first": os.environ.get("FICCO_FUSED_B_FIRST", "1"),
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
