@@ -112,13 +112,14 @@ def compile_config(
 
 
 def ptx_digest(ptx: str) -> str:
-    """sha256 of the PTX's instructions: debug sections, comments, .loc/.file lines and the
-    debug labels ($L__tmpN, numbered by inlined calls) left out, and virtual registers
+    """sha256 of the PTX's instructions: debug sections, comments (whole lines and trailing),
+    .loc/.file lines and the debug labels ($L__tmpN, numbered by inlined calls) left out,
+    and virtual registers
     renumbered in order of first use (%r38 <-> %r40 where two values were created in
     another order: the same instructions on the same data)."""
     code = re.split(r"\.section\s+\.debug", ptx)[0]
     kept = "\n".join(
-        line
+        re.sub(r"\s*//.*$", "", line)  # a line's trailing comment (LLVM's loop notes)
         for line in code.splitlines()
         if not re.match(r"\s*(//|\.loc|\.file)|\$L__tmp\d+:$", line)
     )

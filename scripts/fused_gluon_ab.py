@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -23,7 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-SHAPES = "8192x28672x8192,16384x8192x14336,8192x8192x4096,4096x5120x8192,2048x28672x8192"
+SHAPES = (
+    "8192x28672x8192,16384x8192x14336,8192x8192x4096,4096x5120x8192,2048x28672x8192,2048x3072x4096"
+)
 CONFIGS = "ws_192x128x128_s4_coop3x4,ws_128x128x128_s6_coop2x4"
 
 
@@ -98,7 +99,6 @@ def main() -> int:
         print(text, {key: round(r, 3) for key, r in row["ratio"].items()}, "bad", bad, flush=True)
     doc = {
         "environment": fingerprint(None),
-        "b_first": os.environ.get("FICCO_FUSED_B_FIRST", "1"),
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

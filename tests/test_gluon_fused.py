@@ -54,7 +54,8 @@ def test_chunks_in_arrival_order_are_placed_by_their_rows_in_the_buffers():
     ("change", "says"),
     [
         (dict(per_tensor=True), "per-tensor scales"),
-        (dict(rows=96, order=(0, 1)), "64-row boundaries"),
+        (dict(rows=96, order=(0, 1)), "do not divide a chunk's 96 rows"),
+        (dict(rows=128, order=(0, 1), gap=32), "64-row boundaries"),
     ],
 )
 def test_a_launch_the_kernel_does_not_take_is_refused_naming_why(change, says):
@@ -86,24 +87,33 @@ def test_without_a_pick_the_shipped_picks_decide_and_cpu_has_none():
 @pytest.mark.parametrize(
     ("picked", "rows", "expected"),
     [
-        ({1024: THIRDS, 256: HALVES}, 384, THIRDS),  # the whole launch's tiles divide 384
-        ({1024: THIRDS, 256: HALVES}, 256, HALVES),  # 192-row tiles pad 256 rows by 128
-        ({1024: THIRDS, 256: HALVES}, 1024, THIRDS),  # 128 of 1024 rows: an eighth
-        ({1024: THIRDS}, 256, THIRDS),  # the only pick: a chunk's last tile reaches past
-        ({256: HALVES}, 256, HALVES),
+        ({4: THIRDS, 1: HALVES}, 384, THIRDS),  # the whole launch's pick: 64-row blocks
+        ({4: HALVES, 1: THIRDS}, 192, THIRDS),  # 128-row tiles would straddle 192-row chunks
+        ({4: HALVES}, 256, HALVES),
+        ({1: HALVES}, 256, HALVES),  # a chunk's pick alone
     ],
 )
-def test_the_whole_launchs_pick_comes_first_where_its_tiles_divide_a_chunk(
+def test_the_whole_launchs_pick_comes_first_where_its_blocks_divide_a_chunk(
     monkeypatch, picked, rows, expected
 ):
     import sys
 
     matmul = sys.modules["ficco.kernels.matmul"]  # the module (the package exports the function)
-    picked = {m * rows // 256: cfg for m, cfg in picked.items()}
+    picked = {chunks * rows: cfg for chunks, cfg in picked.items()}  # keyed by M
     monkeypatch.setattr(matmul, "shipped_gluon_pick", lambda m, *_: picked.get(m))
     views, b, scales = _case(rows=rows)
     launch, why = gluon_fused.plan(views, b, scales, 132)
     assert why == "" and launch.config == expected
+
+
+def test_a_pick_whose_blocks_straddle_two_chunks_is_refused(monkeypatch):
+    import sys
+
+    matmul = sys.modules["ficco.kernels.matmul"]
+    monkeypatch.setattr(matmul, "shipped_gluon_pick", lambda *_: HALVES)
+    views, b, scales = _case(rows=192)
+    launch, why = gluon_fused.plan(views, b, scales, 132)
+    assert launch is None and "(128 rows) do not divide a chunk's 192 rows" in why
 
 
 def test_the_fused_gemm_keeps_cpu_launches_on_its_triton_kernel():

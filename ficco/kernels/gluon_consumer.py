@@ -16,7 +16,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ficco.kernels.gluon_ring import _acc_layout, _grid, _landed_slot, _place
+from ficco.kernels.gluon_ring import _acc_layout, _grid, _landed_slot, _rows_at, _tile_offsets
 
 
 @gluon.jit
@@ -64,9 +64,9 @@ def _consume(
     acc_layout: gl.constexpr = _acc_layout(BLOCK_M, MAIN_N, WARPS, K_INSTR)
     out_dtype: gl.constexpr = c_desc.dtype
     N = c_desc.shape[1]
-    # fused (`ficco.kernels.gluon_fused`): tiles chunk after chunk, each chunk `rows` rows
+    # fused (`ficco.kernels.gluon_fused`): the chunks' rows back to back (`_rows_at`)
     FUSED: gl.constexpr = len(scales) > 2
-    num_pid_m, num_pid_n, k_steps, chunks, rows = _grid(
+    num_pid_m, num_pid_n, k_steps, rows = _grid(
         c_desc, a_desc.shape[1], scales, TILE_M, BLOCK_N, BLOCK_K
     )
     pid = gl.program_id(0)
@@ -86,15 +86,23 @@ def _consume(
         ct_smem = gl.allocate_shared_memory(out_dtype, [BLOCK_M, TAIL_N], descs[4].layout)
         acc_t = gl.zeros([BLOCK_M, TAIL_N], gl.float32, tail_layout)
     mine = 0  # this consumer's tiles so far
-    for j in range(FIRST, gl.cdiv(chunks * num_pid_m * num_pid_n - pid, programs), STRIDE):
+    for j in range(FIRST, gl.cdiv(num_pid_m * num_pid_n - pid, programs), STRIDE):
         tile = pid + j * programs
-        # off_m: the row in the chunk (the product's row where not fused); c_row: the store's
-        off_m, _a_row, c_row, off_n, a_scale_ptr = _place(
-            tile, num_pid_m, num_pid_n, scales, TILE_M, BLOCK_N
-        )
+        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, TILE_M, BLOCK_N)
         if SHARED:
             off_m += WHICH * BLOCK_M
-            c_row += WHICH * BLOCK_M
+        if FUSED:
+            # this consumer's rows: in one chunk, at c_row of the outputs, their scales at
+            # a_scale_ptr; a part past the launch's rows is computed and not stored
+            live = off_m < rows
+            _chunk, scale_m, _a_row, c_row, a_scale_ptr = _rows_at(off_m, scales)
+            scale_rows = scales[5]
+        else:
+            live: gl.constexpr = True
+            scale_m = off_m
+            c_row = off_m
+            a_scale_ptr = scales[0]
+            scale_rows = rows
         if FP8:
             # wgmma with max_num_imprecise_acc adds its promoted partial sums to the
             # accumulator even where use_acc is false: the previous tile's sums would stay
@@ -149,7 +157,9 @@ def _consume(
             mbarrier.arrive(empty.index(previous), count=1)
         out = acc
         if FP8:
-            a_scale, b_scale = _tile_scales(a_scale_ptr, scales[1], off_m, off_n, rows, N, acc)
+            a_scale, b_scale = _tile_scales(
+                a_scale_ptr, scales[1], scale_m, off_n, scale_rows, N, acc
+            )
             out = out * a_scale[:, None] * b_scale[None, :]
         out = out.to(out_dtype)
         # the store groups in flight that may stay so when c_smem is written again: the
@@ -161,12 +171,6 @@ def _consume(
             # columns h * EPI_N + n' as [BLOCK_M, EPI_N, 2]: h is a register bit of the
             # accumulator's layout, so the split moves no data
             first, second = out.reshape([BLOCK_M, 2, EPI_N]).permute((0, 2, 1)).split()
-        # fused: a chunk's last tile may reach past its rows (tiles never start in the next
-        # chunk): a part past them holds another chunk's rows and is not stored
-        if FUSED:
-            live = off_m < rows
-        else:
-            live: gl.constexpr = True
         if live:
             # the previous tile's stores have left c_smem (and ct_smem)
             tma.store_wait(pendings=0)

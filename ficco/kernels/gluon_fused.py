@@ -1,24 +1,24 @@
 """The fused GEMM's FP8 launches on the warp-specialized Gluon kernel.
 
 `ficco.kernels.fused.FusedGemm` runs an FP8 launch here, not on its Triton kernel, where the
-card's shipped Gluon picks name the shape (`ficco.kernels.matmul.shipped_gluon_pick`: one
-chunk's rows, else every chunk's) and the launch is what the picks were measured on and what
+card's shipped Gluon picks name the shape (`ficco.kernels.matmul.shipped_gluon_pick`: every
+chunk's rows, else one chunk's) and the launch is what the picks were measured on and what
 this kernel does (`refusal` names what is not): per-row A and per-column B scales, B
 column-major, bf16 outputs, chunks that only wait (none signals, has copies or resets its
 flag), all of one row count, their A rows in one buffer and their outputs in one buffer on
 store-block boundaries (one host-built descriptor each).
 
-`ws_fused_kernel` (``ficco.kernels.gluon_gemm``) is the same warp-specialized kernel with its
-tiles numbered as one product's over the chunks' row tiles in the order given (the order the
-chunks are expected to arrive; row tiles grouped by 8 along N as the plain kernel's, so
-few-row chunks share B's columns in L2), and placed through a chunk table (`gluon_ring.CHUNK_COLS`): before the first TMA load
-of a chunk's tile the producer waits on that chunk's flag (acquire, then a proxy fence: TMA
-reads are async-proxy accesses), so the consumers' ring slots fill only with landed rows.
-A chunk's last tile may reach past its rows where the tile's row count does not divide them
-(192-row tiles on 4096-row chunks): those rows are computed from whatever the buffer holds
-there and not stored. A flag that never arrives: the producer gives up after ``timeout_s``
-(as the Triton kernel does, on ``%globaltimer``), records the chunk in the status, and the
-chunk is still computed from its unlanded rows; ``raise_on_timeout`` raises naming it.
+`ws_fused_kernel` (``ficco.kernels.gluon_gemm``) is the same warp-specialized kernel over the
+chunks' rows back to back in the order given (the order the chunks are expected to arrive),
+tiled and grouped as one product's rows (`gluon_ring._grid`: no tile padded at a chunk's end;
+few-row chunks share each B column block in L2), each tile's row blocks placed through a chunk
+table (`gluon_ring.CHUNK_COLS`; a block, 64-row part or whole tile, lies in one chunk: every
+chunk's rows a multiple of it). Before the producer's first TMA load of a chunk's rows it
+waits on that chunk's flag (acquire, then a proxy fence: TMA reads are async-proxy accesses),
+so the consumers' ring slots fill only with landed rows. A flag that never arrives: the
+producer gives up after ``timeout_s`` (as the Triton kernel does, on ``%globaltimer``),
+records the chunk in the status, and the chunk is still computed from its unlanded rows;
+``raise_on_timeout`` raises naming it.
 """
 
 from __future__ import annotations
@@ -81,8 +81,8 @@ def plan(
 ) -> tuple[FusedGluonPlan | None, str]:
     """(the plan, '') for a launch the Gluon kernel takes, else (None, why not). ``pick``:
     the tile to use (tests); default the card's shipped pick for all the chunks' rows (the
-    launch orders its tiles as that product's), else for one chunk's: the first whose tiles
-    pad a chunk's rows by at most an eighth, else the one that pads them least."""
+    launch tiles its chunks' rows back to back as that product's), else for one chunk's:
+    the first whose row blocks divide a chunk's rows."""
     why = refusal(chunks, b, scales, reset_waits)
     if why:
         return None, why
@@ -91,6 +91,8 @@ def plan(
     if pick is None:
         from ficco.kernels.matmul import shipped_gluon_pick
 
+        # the launch tiles its chunks' rows as one product's (`gluon_ring._grid`): that
+        # product's pick, else one chunk's, the first whose row blocks divide a chunk's rows
         picks = [
             p
             for p in (
@@ -101,19 +103,16 @@ def plan(
         ]
         if not picks:
             return None, "no shipped Gluon pick for this card, shape and SM budget"
-
-        # the launch's tiles in order are the whole product's (`gluon_ring._place`): its pick,
-        # unless its tiles reach past each chunk's rows by more than an eighth of them (on
-        # one H200, 2 x 1024 rows of 28672x8192 took the chunks' 128-row pick: 0.94 of
-        # `_scaled_mm`, the product's 192-row pick 1.00 with 8% padding in each chunk)
-        def padding(p: GluonGemmConfig) -> int:
-            return -rows % p.block_m
-
-        pick = next((p for p in picks if 8 * padding(p) <= rows), min(picks, key=padding))
+        pick = next((p for p in picks if not _straddles(p, rows, len(chunks))), picks[0])
     if pick.swap_ab or pick.tail_n:
         return None, f"{pick.name}: swap-AB and tail tiles are 16-bit only"
-    # A: any whole row (TMA reads past a chunk's rows are not stored); outputs: every chunk
-    # on a store block's boundary, so a stored block is the chunk's own
+    if _straddles(pick, rows, len(chunks)):
+        return None, (
+            f"{pick.name}: its row blocks ({_block_rows(pick)} rows) do not divide a chunk's "
+            f"{rows} rows (a block would straddle two chunks)"
+        )
+    # A: any whole row (a block's TMA load reads one chunk's rows; past the last, rows that
+    # are not stored); outputs: every chunk on a store block's boundary
     a_span = row_blocks([c.a for c in chunks], 1)
     c_span = row_blocks([c.out for c in chunks], pick.rows_per_consumer)
     if a_span is None or c_span is None:
@@ -123,6 +122,18 @@ def plan(
         )
     c_rows = tuple(r * pick.rows_per_consumer for r in c_span[1])
     return FusedGluonPlan(pick, a_span[0], tuple(a_span[1]), c_span[0], c_rows, rows), ""
+
+
+def _block_rows(cfg: GluonGemmConfig) -> int:
+    """The rows of a tile's blocks that each lie in one chunk: A's TMA loads (64-row blocks
+    in three-part tiles, else the tile) and the consumers' stores (their parts)."""
+    a_block = cfg.rows_per_consumer if cfg.consumers == 3 else cfg.block_m
+    return max(a_block, cfg.rows_per_consumer)
+
+
+def _straddles(cfg: GluonGemmConfig, rows: int, chunks: int) -> bool:
+    """Whether a block of cfg's tiles would hold rows of two chunks of ``rows`` rows."""
+    return chunks > 1 and rows % _block_rows(cfg) != 0
 
 
 class GluonFused:
@@ -160,11 +171,9 @@ class GluonFused:
             )
         ]
         self.table = torch.tensor(table, dtype=torch.int64, device=b.device)
-        tiles = (
-            len(chunks)
-            * triton.cdiv(launch.chunk_rows, cfg.block_m)
-            * triton.cdiv(b.shape[1], cfg.block_n)
-        )
+        # the chunks' rows back to back, tiled as one product's (`gluon_ring._grid`)
+        rows = len(chunks) * launch.chunk_rows
+        tiles = triton.cdiv(rows, cfg.block_m) * triton.cdiv(b.shape[1], cfg.block_n)
         self.grid = (max(1, min(sm_budget, tiles)),)
         # the spans are views of the chunks' own buffers: held so the descriptors stay valid
         self.spans = (launch.a_span, launch.c_span)

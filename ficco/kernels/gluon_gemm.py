@@ -51,7 +51,6 @@ profiles/h200/NOTES_gemm.md (calls V-AP), profiles/h100/NOTES_gemm.md (runs 15-2
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
@@ -83,7 +82,7 @@ from ficco.kernels.gluon_consumer import (
     _third_consumer_2,
     _third_consumer_2_fast,
 )
-from ficco.kernels.gluon_ring import _chunk_of, _free_slot, _grid, _place, _wait_chunk
+from ficco.kernels.gluon_ring import _a_rows, _free_slot, _grid, _tile_offsets
 from ficco.kernels.gluon_swap import _swap_consumer, _swap_producer
 from ficco.kernels.persistent import _tma_operand, default_sm_budget, tma_row_major
 
@@ -99,8 +98,6 @@ MAX_REGS = 168
 # warpgroup), 128 registers each at launch; setmaxnreg gives two of the consumers 152
 THIRDS_MAX_REGS = 128
 THIRDS_CONSUMER_REGS = gl.constexpr(152)
-# experiment: the fused producer issues B's load before a chunk's flag wait and A's loads
-FUSED_B_FIRST = gl.constexpr(os.environ.get("FICCO_FUSED_B_FIRST", "1") != "0")
 
 
 @gluon.jit
@@ -125,7 +122,7 @@ def _producer(descs, ring, bars, scales):
     TAIL_N: gl.constexpr = descs[3].block_type.shape[1] if HAS_TAIL else 0
     BLOCK_N: gl.constexpr = MAIN_N + TAIL_N
     B_K_MAJOR: gl.constexpr = a_desc.dtype.primitive_bitwidth == 8
-    num_pid_m, num_pid_n, k_steps, chunks, _rows = _grid(
+    num_pid_m, num_pid_n, k_steps, rows = _grid(
         c_desc, a_desc.shape[1], scales, BLOCK_M, BLOCK_N, BLOCK_K
     )
     pid = gl.program_id(0)
@@ -135,67 +132,33 @@ def _producer(descs, ring, bars, scales):
         + b_desc.block_type.nbytes
         + (descs[3].block_type.nbytes if HAS_TAIL else 0)
     )
-    # fused (`ficco.kernels.gluon_fused`): a chunk's rows are read once its flag is set
-    FUSED: gl.constexpr = len(scales) > 2
-    # the chunks this producer has seen arrive (bit c; chunks past 62 are waited on per tile):
-    # one acquire and fence per chunk, then its loads follow them in program order
+    # fused (`ficco.kernels.gluon_fused`): a chunk's rows are read once its flag is set; the
+    # chunks seen arrive (a bit each): one acquire and fence per chunk, then its loads follow
+    # them in program order
     arrived = gl.to_tensor(0).to(gl.int64)
     step = 0
-    for tile in range(pid, chunks * num_pid_m * num_pid_n, programs):
-        _chunk_m, off_m, _c_row, off_n, _a_scales = _place(
-            tile, num_pid_m, num_pid_n, scales, BLOCK_M, BLOCK_N
-        )
+    for tile in range(pid, num_pid_m * num_pid_n, programs):
+        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
+        a_rows, arrived = _a_rows(off_m, rows, scales, arrived, A_ROWS, A_BLOCKS)
         for ki in range(k_steps):
             slot, bar = _free_slot(bars, step, STAGES, load_bytes)
-            if FUSED and FUSED_B_FIRST:
-                # B's columns first: their load is in flight while a chunk not yet seen
-                # arrive is waited on, before its A rows are read (FP8: B K-major)
+            for r in gl.static_range(A_BLOCKS):
+                tma.async_copy_global_to_shared(
+                    a_desc, [a_rows[r], ki * BLOCK_K], bar, a_bufs.index(slot * A_BLOCKS + r)
+                )
+            if B_K_MAJOR:
                 tma.async_copy_global_to_shared(
                     b_desc, [off_n, ki * BLOCK_K], bar, b_bufs.index(slot)
                 )
-                if ki == 0:
-                    chunk = _chunk_of(tile, num_pid_m, num_pid_n, scales, BLOCK_M, BLOCK_N)
-                    bit = gl.to_tensor(1).to(gl.int64) << gl.minimum(chunk, 63).to(gl.int64)
-                    if (chunk > 62) | ((arrived & bit) == 0):
-                        _wait_chunk(scales, chunk)
-                        arrived = arrived | bit
-                _load_a(a_desc, a_bufs, off_m, ki * BLOCK_K, bar, slot, A_BLOCKS)
             else:
-                if FUSED:  # noqa: SIM102 - a constexpr branch around a runtime one
-                    if ki == 0:
-                        chunk = _chunk_of(tile, num_pid_m, num_pid_n, scales, BLOCK_M, BLOCK_N)
-                        bit = gl.to_tensor(1).to(gl.int64) << gl.minimum(chunk, 63).to(gl.int64)
-                        if (chunk > 62) | ((arrived & bit) == 0):
-                            _wait_chunk(scales, chunk)
-                            arrived = arrived | bit
-                _load_a(a_desc, a_bufs, off_m, ki * BLOCK_K, bar, slot, A_BLOCKS)
-                if B_K_MAJOR:
-                    tma.async_copy_global_to_shared(
-                        b_desc, [off_n, ki * BLOCK_K], bar, b_bufs.index(slot)
-                    )
-                else:
-                    tma.async_copy_global_to_shared(
-                        b_desc, [ki * BLOCK_K, off_n], bar, b_bufs.index(slot)
-                    )
+                tma.async_copy_global_to_shared(
+                    b_desc, [ki * BLOCK_K, off_n], bar, b_bufs.index(slot)
+                )
             if HAS_TAIL:
                 tma.async_copy_global_to_shared(
                     descs[3], [ki * BLOCK_K, off_n + MAIN_N], bar, ring[2].index(slot)
                 )
             step += 1
-
-
-@gluon.jit
-def _load_a(a_desc, a_bufs, off_m, off_k, bar, slot, A_BLOCKS: gl.constexpr):
-    """A's tile rows at (off_m, off_k) into ring slot `slot`: one block, or A_BLOCKS row
-    blocks of a_desc's, each its own buffer of the slot."""
-    if A_BLOCKS == 1:
-        tma.async_copy_global_to_shared(a_desc, [off_m, off_k], bar, a_bufs.index(slot))
-    else:
-        A_ROWS: gl.constexpr = a_desc.block_type.shape[0]
-        for r in gl.static_range(A_BLOCKS):
-            tma.async_copy_global_to_shared(
-                a_desc, [off_m + r * A_ROWS, off_k], bar, a_bufs.index(slot * A_BLOCKS + r)
-            )
 
 
 @gluon.jit

@@ -82,42 +82,68 @@ CHUNK_COLS = gl.constexpr(5)
 
 @gluon.jit
 def _grid(c_desc, K, scales, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
-    """(row tiles, column tiles, K steps, chunks, rows): of the product (one chunk), or of
-    one chunk of a fused launch (its chunks all of `rows` rows, numbered chunk after chunk:
-    chunks x row tiles x column tiles in all)."""
-    if len(scales) > 2:
-        rows = scales[5]
-        chunks = scales[6]
+    """(row tiles, column tiles, K steps, rows): of the product, or of a fused launch's
+    chunks' rows back to back in the order given (`_rows_at`), tiled and grouped as one
+    product's rows: no tile is padded at a chunk's end, and few-row chunks share each B
+    column block in L2 (chunk after chunk, 2 x 128 rows of 28672x8192 read all of B twice:
+    0.65 of `_scaled_mm` on one H100)."""
+    if len(scales) > 2:  # noqa: SIM108 - a constexpr branch, kept as the kernels' others
+        rows = scales[5] * scales[6]
     else:
         rows = c_desc.shape[0]
-        chunks = 1
     num_pid_m, num_pid_n, k_steps = _tile_grid(rows, c_desc.shape[1], K, TILE_M, BLOCK_N, BLOCK_K)
-    return num_pid_m, num_pid_n, k_steps, chunks, rows
+    return num_pid_m, num_pid_n, k_steps, rows
 
 
 @gluon.jit
-def _place(tile, num_pid_m, num_pid_n, scales, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Tile `tile`'s (first row in its chunk, A's row, C's row, first column, A's scales):
-    the chunk's rows and scales start where the chunk table says (fused), else at row 0."""
+def _rows_at(row, scales):
+    """Fused: where the launch's row `row` lies (its chunks' rows back to back; a row past
+    them in the last chunk, past its rows): (its chunk, its row in the chunk, A's row, C's
+    row, the chunk's A scales). A tile's row blocks (64-row parts, or whole tiles) each lie
+    in one chunk (`gluon_fused.plan`: every chunk's rows a multiple of them)."""
+    rows = scales[5]
+    chunk = gl.minimum(row // rows, scales[6] - 1)
+    local = row - chunk * rows
+    entry = scales[2] + chunk * CHUNK_COLS
+    a_row = gl.load(entry).to(gl.int32) + local
+    c_row = gl.load(entry + 1).to(gl.int32) + local
+    a_scale_ptr = scales[0] + gl.load(entry + 2)
+    return chunk, local, a_row, c_row, a_scale_ptr
+
+
+@gluon.jit
+def _a_block_row(row, total, scales, arrived):
+    """Fused, the producer: A's row of the row block at launch row `row`, once its chunk
+    has arrived ((A's row, the chunks seen arrived: bit c, chunks past 62 waited on each
+    time)). A block past the launch's rows is read unwaited (never stored)."""
+    chunk, _local, a_row, _c_row, _scales = _rows_at(row, scales)
+    if row < total:
+        bit = gl.to_tensor(1).to(gl.int64) << gl.minimum(chunk, 63).to(gl.int64)
+        if (chunk > 62) | ((arrived & bit) == 0):
+            _wait_chunk(scales, chunk)
+            arrived = arrived | bit
+    return a_row, arrived
+
+
+@gluon.jit
+def _a_rows(off_m, total, scales, arrived, A_ROWS: gl.constexpr, A_BLOCKS: gl.constexpr):
+    """A's row of each of a tile's A_BLOCKS row blocks (fused: each waited on), and the
+    chunks seen arrived."""
     if len(scales) > 2:
-        # the chunks' row tiles one after another, grouped as one product's: few-row chunks
-        # share each B column block in L2 (chunk after chunk read all of B per chunk: 0.65 of
-        # `_scaled_mm` at 2 x 128 rows of 28672x8192 on one H100), larger ones stay in order
-        first_m, off_n = _tile_offsets(tile, scales[6] * num_pid_m, num_pid_n, TILE_M, BLOCK_N)
-        row_tile = first_m // TILE_M
-        chunk = row_tile // num_pid_m
-        off_m = (row_tile % num_pid_m) * TILE_M
-        entry = scales[2] + chunk * CHUNK_COLS
-        a_row = gl.load(entry).to(gl.int32) + off_m
-        c_row = gl.load(entry + 1).to(gl.int32) + off_m
-        # read at the tile's start, its latency under the K loop, not in the epilogue
-        a_scale_ptr = scales[0] + gl.load(entry + 2)
+        row0, arrived = _a_block_row(off_m, total, scales, arrived)
+        if A_BLOCKS == 1:
+            rows = (row0,)
+        else:
+            gl.static_assert(A_BLOCKS == 3)
+            row1, arrived = _a_block_row(off_m + A_ROWS, total, scales, arrived)
+            row2, arrived = _a_block_row(off_m + 2 * A_ROWS, total, scales, arrived)
+            rows = (row0, row1, row2)
+    elif A_BLOCKS == 1:
+        rows = (off_m,)
     else:
-        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, TILE_M, BLOCK_N)
-        a_row = off_m
-        c_row = off_m
-        a_scale_ptr = scales[0]
-    return off_m, a_row, c_row, off_n, a_scale_ptr
+        gl.static_assert(A_BLOCKS == 3)
+        rows = (off_m, off_m + A_ROWS, off_m + 2 * A_ROWS)
+    return rows, arrived
 
 
 @gluon.jit
@@ -161,10 +187,3 @@ def _clock():
     return gl.inline_asm_elementwise(
         "mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1
     )
-
-
-@gluon.jit
-def _chunk_of(tile, num_pid_m, num_pid_n, scales, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Fused: the chunk of tile `tile` (`_place`'s order)."""
-    first_m, _off_n = _tile_offsets(tile, scales[6] * num_pid_m, num_pid_n, TILE_M, BLOCK_N)
-    return (first_m // TILE_M) // num_pid_m

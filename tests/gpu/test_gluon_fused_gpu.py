@@ -66,14 +66,15 @@ def _launch(views, b, sb, cfg, sm_budget=132, timeout_s=10.0, fast=False):
     return gemm
 
 
-@pytest.mark.parametrize("parts", [2, 3], ids=lambda p: f"rows{p}x")
+@pytest.mark.parametrize("blocks", [2, 3], ids=lambda p: f"blocks{p}")
 @pytest.mark.parametrize("cfg", _configs(), ids=lambda c: c.name)
-def test_every_fp8_tile_computes_chunks_in_arrival_order_and_stores_only_their_rows(cfg, parts):
-    # chunks of 2 or 3 store blocks (128 or 192 rows in 64-row parts: a 192-row tile on 128
-    # rows, a 128-row tile on 192 reach past the chunk), a store block's gap between them
-    views, b, sb, out, ref, _, gaps = _case(
-        parts * cfg.rows_per_consumer, gap=cfg.rows_per_consumer
-    )
+def test_every_fp8_tile_computes_chunks_in_arrival_order_and_stores_only_their_rows(cfg, blocks):
+    from ficco.kernels.gluon_fused import _block_rows
+
+    # chunks of 2 or 3 of the tile's row blocks, back to back in the launch (192-row tiles
+    # over 128-row chunks hold rows of two; the last tile reaches past the launch's rows),
+    # a store block's gap between them in the buffers
+    views, b, sb, out, ref, _, gaps = _case(blocks * _block_rows(cfg), gap=cfg.rows_per_consumer)
     gemm = _launch(views, b, sb, cfg)
     gemm()
     torch.cuda.synchronize()
@@ -95,7 +96,7 @@ def test_fast_accumulation_too():
 @pytest.mark.parametrize("consumers", [2, 3])
 def test_a_chunk_is_read_only_after_its_flag(consumers):
     cfg = next(c for c in _configs() if c.shared_tile and c.consumers == consumers)
-    views, b, sb, out, ref, flags, gaps = _case(384, order=(0, 1, 2, 3))
+    views, b, sb, out, ref, flags, gaps = _case(384, order=(2, 0, 3, 1))
     arriving = [v.a.clone() for v in views[1:]]
     for v in views[1:]:
         v.a.view(torch.uint8).fill_(0x7F)  # not there yet: e4m3's NaN
