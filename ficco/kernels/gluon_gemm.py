@@ -135,12 +135,28 @@ def _producer(descs, ring, bars, scales):
     # fused (`ficco.kernels.gluon_fused`): a chunk's rows are read once its flag is set; the
     # chunks seen arrive (a bit each): one acquire and fence per chunk, then its loads follow
     # them in program order
+    FUSED: gl.constexpr = len(scales) > 2
     arrived = gl.to_tensor(0).to(gl.int64)
     step = 0
     for tile in range(pid, num_pid_m * num_pid_n, programs):
         off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
-        a_rows, arrived = _a_rows(off_m, rows, scales, arrived, A_ROWS, A_BLOCKS)
-        for ki in range(k_steps):
+        if FUSED:
+            # the tile's first B block in flight while its rows are placed (the chunk table)
+            # and their chunks waited on: at a program's start that chain is a few global
+            # reads long (FP8: B K-major)
+            slot, bar = _free_slot(bars, step, STAGES, load_bytes)
+            tma.async_copy_global_to_shared(b_desc, [off_n, 0], bar, b_bufs.index(slot))
+            a_rows, arrived = _a_rows(off_m, rows, scales, arrived, A_ROWS, A_BLOCKS)
+            for r in gl.static_range(A_BLOCKS):
+                tma.async_copy_global_to_shared(
+                    a_desc, [a_rows[r], 0], bar, a_bufs.index(slot * A_BLOCKS + r)
+                )
+            step += 1
+            first_k = 1
+        else:
+            a_rows, arrived = _a_rows(off_m, rows, scales, arrived, A_ROWS, A_BLOCKS)
+            first_k: gl.constexpr = 0
+        for ki in range(first_k, k_steps):
             slot, bar = _free_slot(bars, step, STAGES, load_bytes)
             for r in gl.static_range(A_BLOCKS):
                 tma.async_copy_global_to_shared(
