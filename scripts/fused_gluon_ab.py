@@ -28,13 +28,28 @@ SHAPES = (
 CONFIGS = "ws_192x128x128_s4_coop3x4,ws_128x128x128_s6_coop2x4"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--configs", default=CONFIGS)
-    args = ap.parse_args()
-    from bench_gemm import fingerprint
+    args = ap.parse_args(argv)
+    from bench_gemm import fingerprint, parse_dims
+
+    from ficco.kernels.gluon_configs import FP8_CONFIGS
+
+    configs = {c.name: c for c in FP8_CONFIGS}
+    try:  # bad input refused before any GPU work
+        shapes = sorted(parse_dims("--shapes", args.shapes, 3), reverse=True)
+        if any(m % 2 for m, _, _ in shapes):
+            raise ValueError("--shapes: M must be even (two row chunks)")
+        unknown = [c for c in args.configs.split(",") if c not in configs]
+        if unknown:
+            raise ValueError(f"--configs: {unknown} not in the FP8 space ({sorted(configs)})")
+    except ValueError as exc:
+        ap.error(str(exc))
+    if not torch.cuda.is_available():
+        sys.exit("fused_gluon_ab: no CUDA device")
 
     from ficco.execute.timing import launch_timer
     from ficco.kernels import gluon_fused
@@ -44,10 +59,9 @@ def main() -> int:
     from ficco.kernels.trials import relative_error
 
     timer = launch_timer()
-    configs = {c.name: c for c in gg.FP8_CONFIGS}
     rows = []
-    for text in args.shapes.split(","):
-        m, n, k = map(int, text.split("x"))
+    for m, n, k in shapes:
+        text = f"{m}x{n}x{k}"
         a, b, sa, sb, _ = random_operands(m, n, k, torch.float8_e4m3fn, "cuda", seed=m + n + k)
         ref = (a.double() * sa.double()) @ (b.double() * sb.double())
         lib_out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)

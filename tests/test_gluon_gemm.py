@@ -576,6 +576,9 @@ def test_the_benchmark_selects_the_named_shapes_in_the_sets_order():
         ("bench_decode_gemm", ["--weights", "2880x2049"], "(2880, 2049)"),
         ("bench_decode_gemm", ["--weights", "2880xK"], "'2880xK' is not NxK"),
         ("bench_decode_gemm", ["--weights", "2880"], "'2880' is not NxK"),
+        ("fused_gluon_ab", ["--shapes", "4096x4096"], "'4096x4096' is not MxNxK"),
+        ("fused_gluon_ab", ["--shapes", "4095x4096x4096"], "M must be even"),
+        ("fused_gluon_ab", ["--configs", "ws_1x1x1"], "['ws_1x1x1'] not in the FP8 space"),
     ],
 )
 def test_the_kernel_scripts_refuse_a_bad_shape_before_any_gpu_work(

@@ -115,7 +115,12 @@ class FusedGemm(_Timed):
 
     FP8 operands (``ficco.kernels.scaled``): ``b`` (row- or column-major) with ``b_scale``
     (one or ``[1, N]``), every chunk with its ``a_scale``; the scales multiply the fp32 accumulator
-    before the store (``fast_accum``: as ``scaled``'s, promotion per K step when False).
+    before the store (``fast_accum``: as ``scaled``'s, promotion per K step when False). On an
+    sm_90 GPU, with no ``config`` given, a launch the card's Gluon picks name and the
+    warp-specialized kernel takes runs there (``gluon_fused``, ``self.gluon``; its ``plan``
+    says why one does not): per-row / per-column scales, B column-major, chunks that only
+    wait, of equal rows, in one buffer each; on one H100 1.04x ``_scaled_mm`` with every flag
+    set, where this kernel ran 0.82x (profiles/h100/NOTES_gemm.md, runs 32-37).
 
     ``reset_waits``: the launch's last program zeroes every chunk's ``wait`` flag once every
     tile has read it, so the next launch waits for new arrivals with no memset before it
