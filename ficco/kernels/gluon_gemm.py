@@ -31,7 +31,11 @@ the consumers in `ficco.kernels.gluon_consumer`):
   power-of-two tiles fill badly (1024x3072: 128 tiles of 128x192 on 132 SMs, against 192 of
   128x128 or 96 of 128x256);
 - swap-AB tiles (decode rows, 16-bit; `ficco.kernels.gluon_swap`): out^T = b^T a^T, the
-  weight's 64 columns in wgmma's M and a's 16-32 rows in its N, stored transposed.
+  weight's 64 columns in wgmma's M and a's 16-32 rows in its N, stored transposed;
+- fused (FP8, `ws_fused_kernel`, launched by `ficco.kernels.gluon_fused`): the same partitions
+  over row chunks that land during the launch, the producer waiting on each chunk's flag
+  before reading its rows (`gluon_ring._a_rows`), every tile's rows placed through a chunk
+  table (the scale pointers' tuple carries it, so the partitions tell the modes apart).
 
 Tiles go to programs round-robin (tile t on program t mod P, grouped by ``GROUP_M`` rows of
 tiles as the persistent kernel groups them). Operands: ``a [M, K]`` row-major; 16-bit ``b``
