@@ -7,7 +7,9 @@ given that measured it (at least `MIN_RUNS`: runs
 of bench_gemm's shapes and of the decode set can be given together), the Gluon kernel's pick
 ran faster than ficco's Triton kernel (by at least `PICK_MARGIN`) in the same interleaved
 rounds (both checked against an fp32 product first); the configuration is the last such
-run's pick. Keys are the tuning cache's (card, Triton version, dtype, shape, SM budget), so
+run's pick (`--config-from last`, the rule of the shipped files), or (`--config-from all`) the
+one ranked fastest over every run: the lowest geomean of its ranking-round median over that
+run's fastest, among the configurations ranked in every run. Keys are the tuning cache's (card, Triton version, dtype, shape, SM budget), so
 only the card and Triton that measured them match. An existing file is not replaced without
 --replace.
 
@@ -61,7 +63,30 @@ def key_of(env: dict, m: int, n: int, k: int, dtype: str = "bf16") -> str:
     return str(TuningKey(env["gpu"], env["triton"], name, m, n, k, env["sm_count"]))
 
 
-def picks(runs: list[dict], min_runs: int = MIN_RUNS) -> tuple[dict, dict]:
+#: where a picked shape's configuration comes from (`picks`)
+CONFIG_FROM = ("last", "all")
+
+
+def fastest_over_runs(rows: list[dict]) -> str | None:
+    """The configuration ranked fastest over ``rows`` (one shape's bench rows, one a run):
+    the lowest geomean of its ranking-round median over that run's fastest, among those
+    ranked in every run; None where no configuration was."""
+    ranked = [r.get("rank_ms") or {} for r in rows]
+    common = set.intersection(*(set(ms) for ms in ranked)) if ranked else set()
+    if not common:
+        return None
+
+    def score(name: str) -> float:
+        return sum(math.log(ms[name] / min(ms.values())) for ms in ranked)
+
+    return min(sorted(common), key=score)
+
+
+def picks(
+    runs: list[dict], min_runs: int = MIN_RUNS, config_from: str = "last"
+) -> tuple[dict, dict]:
+    if config_from not in CONFIG_FROM:
+        raise ValueError(f"config_from: one of {CONFIG_FROM}, got {config_from!r}")
     envs = {(r["environment"]["gpu"], r["environment"]["triton"]) for r in runs}
     if len(envs) != 1:
         raise SystemExit(f"runs of different cards or Tritons: {sorted(envs)}")
@@ -86,15 +111,20 @@ def picks(runs: list[dict], min_runs: int = MIN_RUNS) -> tuple[dict, dict]:
         last = rows[-1]
         gains = [r["ms"]["triton"] / r["ms"]["gluon"] for r in rows]
         dtype, m, n, k = shape
-        if min(gains) < 1 + PICK_MARGIN or last["pick"] not in by_name[dtype]:
+        name = last["pick"] if config_from == "last" else fastest_over_runs(rows)
+        if min(gains) < 1 + PICK_MARGIN or name not in by_name[dtype]:
             continue
         chosen[key_of(env, m, n, k, dtype)] = {
-            "config": config_to_dict(by_name[dtype][last["pick"]]),
+            "config": config_to_dict(by_name[dtype][name]),
             "gluon_ms": last["ms"]["gluon"],
             "triton_ms": last["ms"]["triton"],
             "cublas_ms": last["ms"].get("library"),
             "triton_over_gluon_per_run": [round(g, 4) for g in gains],
         }
+        if config_from == "all":
+            chosen[key_of(env, m, n, k, dtype)]["rank_ms_per_run"] = [
+                r["rank_ms"][name] for r in rows
+            ]
     stats["picked"] = len(chosen)
     return chosen, stats
 
@@ -142,6 +172,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"runs a shape must have been measured in (default {MIN_RUNS}; 1 to judge one run's "
         "picks on another, never for a shipped file)",
     )
+    ap.add_argument(
+        "--config-from",
+        choices=CONFIG_FROM,
+        default="last",
+        help="a picked shape's configuration: the last run's pick (default; the shipped files) "
+        "or the one ranked fastest over all the runs",
+    )
     args = ap.parse_args(argv)
     if args.min_runs < 1:
         ap.error(f"--min-runs: at least 1, got {args.min_runs}")
@@ -155,11 +192,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.out} exists: pass --replace to write over it", file=sys.stderr)
         return 2
     runs = [json.loads(p.read_text()) for p in args.runs]
-    chosen, stats = picks(runs, args.min_runs)
+    chosen, stats = picks(runs, args.min_runs, args.config_from)
     doc = {
         "format": PICKS_FORMAT,
         "rule": "shapes where the Gluon kernel's time was at most the Triton kernel's "
-        f"/ (1 + margin) in every run below that measured them, at least {args.min_runs}",
+        f"/ (1 + margin) in every run below that measured them, at least {args.min_runs}"
+        + ("" if args.config_from == "last" else "; the configuration ranked fastest over them"),
         "runs": [str(p) for p in args.runs],
         "margin": PICK_MARGIN,
         "picks": chosen,

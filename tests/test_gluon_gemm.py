@@ -385,6 +385,27 @@ def test_a_shape_is_picked_only_where_gluon_won_by_the_margin_in_every_run():
         script.picks([first, _bench_run({(256, 4096, 2048): 1.05}, gpu="NVIDIA H100 80GB HBM3")])
 
 
+def test_a_picks_configuration_is_the_last_runs_pick_or_the_fastest_over_all_runs():
+    script = _picks_script()
+    fast, slow = gg.BF16_CONFIGS[0].name, gg.BF16_CONFIGS[1].name
+    # `fast` ranked first in the first run by far, `slow` first in the second by a hair
+    first = _bench_run({(256, 4096, 2048): 1.05}, pick=fast)
+    first["rows"][0]["rank_ms"] = {fast: 1.0, slow: 1.2}
+    second = _bench_run({(256, 4096, 2048): 1.05}, pick=slow)
+    second["rows"][0]["rank_ms"] = {fast: 1.01, slow: 1.0}
+    (entry,) = script.picks([first, second])[0].values()
+    assert gg.GluonGemmConfig(**entry["config"]).name == slow  # the last run's pick
+    (entry,) = script.picks([first, second], config_from="all")[0].values()
+    assert gg.GluonGemmConfig(**entry["config"]).name == fast
+    assert entry["rank_ms_per_run"] == [1.0, 1.01]
+    # a configuration not ranked in every run is never chosen
+    del second["rows"][0]["rank_ms"][fast]
+    (entry,) = script.picks([first, second], config_from="all")[0].values()
+    assert gg.GluonGemmConfig(**entry["config"]).name == slow
+    with pytest.raises(ValueError, match="config_from"):
+        script.picks([first, second], config_from="best")
+
+
 def test_fp8_shapes_are_picked_under_their_own_dtype_and_space():
     script = _picks_script()
     shape = (4096, 4096, 4096)
