@@ -123,3 +123,12 @@ def test_the_fused_gemm_keeps_cpu_launches_on_its_triton_kernel():
     sb = torch.ones((1, N))
     gemm = FusedGemm(views, b, sm_budget=4, timeout_s=5.0, b_scale=sb)
     assert gemm.gluon is None
+
+
+def test_a_gluon_tile_the_launch_cannot_take_is_refused_naming_why():
+    from ficco.kernels.fused import FusedGemm
+
+    views, b, _ = _case(rows=64, order=(1, 0))
+    sb = torch.ones((1, N))
+    with pytest.raises(ValueError, match=f"config {HALVES.name} refused: not on a GPU"):
+        FusedGemm(views, b, sm_budget=4, timeout_s=5.0, b_scale=sb, config=HALVES)

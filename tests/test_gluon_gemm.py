@@ -657,9 +657,16 @@ print(c.ptx_digest(base) == c.ptx_digest(renumbered) != c.ptx_digest(swapped))
     assert got.stdout.split() == ["True", "True", "True"]
 
 
-def test_the_compile_script_refuses_against_without_digests():
-    got = _compile_script("sys.argv = ['x', '--against', 'x.json']; c.main()")
-    if "gluon" in got.stderr.lower() and "--against" not in got.stderr:
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--against", "x.json"], "--against needs --digests"),
+        (["--fused", "--digests", "x.json"], "--fused compiles another kernel"),
+    ],
+)
+def test_the_compile_script_refuses_bad_arguments(argv, says):
+    got = _compile_script(f"sys.argv = ['x', *{argv!r}]; c.main()")
+    if "gluon" in got.stderr.lower() and says not in got.stderr:
         pytest.skip(f"this Triton has no Gluon: {got.stderr.strip()[-200:]}")
     assert got.returncode == 2
-    assert "--against needs --digests" in got.stderr
+    assert says in got.stderr

@@ -78,6 +78,7 @@ from ficco.kernels.fused_views import (
     _same,
     row_blocks,
 )
+from ficco.kernels.gluon_configs import GluonGemmConfig
 from ficco.kernels.persistent import (
     INTERPRETER,
     LAUNCH_COUNTS,
@@ -107,7 +108,8 @@ class FusedGemm(_Timed):
     a CUDA graph) and issued by calling it: ``chunk.out = chunk.a @ b`` for every chunk,
     tiles in chunk order, waiting on and setting the chunks' flags (module docstring).
 
-    ``config``: the tile (default: ``fused_configs.fused_config``, chosen per shape as the
+    ``config``: the tile (a ``GluonGemmConfig``: the Gluon kernel's, FP8 on sm_90, refused
+    with ``gluon_fused.plan``'s reason where it cannot run; default: ``fused_configs.fused_config``, chosen per shape as the
     persistent GEMM chooses its own; ``arriving``: the tile tuned for chunks that land while
     the launch runs, ``fused_arrival``; None: where any chunk waits on a flag).
     ``path``: 'tma' (tensor descriptors), 'ptr' (pointer loads), or None: 'tma' wherever
@@ -156,7 +158,7 @@ class FusedGemm(_Timed):
         *,
         sm_budget: int,
         timeout_s: float,
-        config: GemmConfig | None = None,
+        config: GemmConfig | GluonGemmConfig | None = None,
         path: Path | None = None,
         b_scale: torch.Tensor | None = None,
         fast_accum: bool = False,
@@ -230,10 +232,20 @@ class FusedGemm(_Timed):
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"fused GEMM: {name} must be True, False or None, got {value!r}")
         self.ready_runs = ready_runs
-        # FP8 on the card's Gluon picks where they apply (`ficco.kernels.gluon_fused`)
+        # FP8 on the Gluon kernel (`ficco.kernels.gluon_fused`): a Gluon tile given, else the
+        # card's picks where they apply; the Triton kernel's tile is still chosen below
+        gluon_tile = config if isinstance(config, GluonGemmConfig) else None
         self.gluon = None
-        if config is None and self.path == "tma" and device.type == "cuda" and not ready_runs:
-            self.gluon = self._gluon_launch()
+        if gluon_tile is not None:
+            why = "on the pointer path" if self.path != "tma" else ""
+            why = why or ("not on a GPU" if device.type != "cuda" else "")
+            why = why or ("with ready_runs" if ready_runs else "")
+            self.gluon, why = self._gluon_launch(gluon_tile) if not why else (None, why)
+            if self.gluon is None:
+                raise ValueError(f"fused GEMM: config {gluon_tile.name} refused: {why}")
+            config = None
+        elif config is None and self.path == "tma" and device.type == "cuda" and not ready_runs:
+            self.gluon, _ = self._gluon_launch(None)
         if config is None:
             total = sum(c.a.shape[0] for c in chunks)
             if self.scales is None:
@@ -248,22 +260,22 @@ class FusedGemm(_Timed):
         self._tabulate(config)
         self._runs_asked()  # refused now rather than at the first launch
 
-    def _gluon_launch(self):
-        """The Gluon kernel's launch of these chunks, or None (``gluon_fused.plan`` says
-        why: not FP8, no pick, chunks it does not take)."""
-        if self.scales is None:
-            return None
+    def _gluon_launch(self, tile: GluonGemmConfig | None) -> tuple:
+        """(the Gluon kernel's launch of these chunks in ``tile``, else in the card's pick;
+        '') or (None, why not: ``gluon_fused.plan``'s reason)."""
         from ficco.kernels import gluon_fused
 
-        launch, _ = gluon_fused.plan(
-            self.chunks, self.b, self.scales, self.sm_budget, reset_waits=self.reset_waits
-        )
+        launch, why = gluon_fused.plan(
+            self.chunks, self.b, self.scales, self.sm_budget, reset_waits=self.reset_waits,
+            pick=tile,
+        )  # fmt: skip
         if launch is None:
-            return None
-        return gluon_fused.GluonFused(
+            return None, why
+        gluon = gluon_fused.GluonFused(
             launch, self.chunks, self.b, self.scales, flag_ref=self.flag_ref,
             status=self.status, budget_ns=self.budget_ns, sm_budget=self.sm_budget,
         )  # fmt: skip
+        return gluon, ""
 
     def _runs_asked(self) -> bool:
         """Whether the launch runs ready runs with the current tile: asked for

@@ -51,18 +51,19 @@ class FusedGluonPlan:
 def refusal(chunks: Sequence, b: torch.Tensor, scales, reset_waits: bool) -> str:
     """Why this fused launch cannot run on the Gluon kernel whatever its tile ('' when it
     can): the operands and chunks the kernel and its picks take (module docstring)."""
+    from ficco.kernels.matmul import gluon_fp8_refusal
+
     if scales is None:
         return "not FP8 operands"
-    if not (scales.rowwise and scales.colwise):
-        return "per-tensor scales (the picks were measured with per-row A and per-column B)"
+    why = gluon_fp8_refusal(
+        scales.rowwise, scales.colwise, _row_major(b.t()), [o for c in chunks for o in c.outs]
+    )
+    if why:
+        return why
     if any(c.signals or c.copies for c in chunks):
         return "a chunk signals or has copies (stored through pointers)"
     if reset_waits:
         return "reset_waits (the Gluon launch counts no finished programs)"
-    if any(o.dtype != torch.bfloat16 for c in chunks for o in c.outs):
-        return "an output is not bf16"
-    if not _row_major(b.t()):
-        return "b is not column-major (FP8 wgmma reads B K-major)"
     if len({c.a.shape[0] for c in chunks}) != 1:
         return "the chunks' row counts differ"
     if not all(_row_major(c.a) and _row_major(c.out) for c in chunks):
@@ -175,8 +176,6 @@ class GluonFused:
         rows = len(chunks) * launch.chunk_rows
         tiles = triton.cdiv(rows, cfg.block_m) * triton.cdiv(b.shape[1], cfg.block_n)
         self.grid = (max(1, min(sm_budget, tiles)),)
-        # the spans are views of the chunks' own buffers: held so the descriptors stay valid
-        self.spans = (launch.a_span, launch.c_span)
         self.args = (
             a_desc, b_desc, c_desc, scales.a_ref, scales.b_scale, self.table, flag_ref, status,
             launch.chunk_rows, len(chunks), budget_ns,

@@ -96,12 +96,24 @@ def gluon_config(
     return pick
 
 
+def gluon_fp8_refusal(rowwise: bool, colwise: bool, b_k_major: bool, outs) -> str:
+    """Why FP8 operands are not what the Gluon FP8 picks were measured on ('' when they
+    are): per-row A and per-column B scales, B column-major (FP8 wgmma reads it K-major),
+    bf16 outputs. `scaled_matmul`'s and the fused launch's (`ficco.kernels.gluon_fused`)."""
+    if not (rowwise and colwise):
+        return "per-tensor scales (the picks were measured with per-row A and per-column B)"
+    if not b_k_major:
+        return "b is not column-major (FP8 wgmma reads B K-major)"
+    if any(o.dtype != torch.bfloat16 for o in outs):
+        return "an output is not bf16"
+    return ""
+
+
 def scaled_gluon_config(ops, sm_budget: int) -> GluonGemmConfig | None:
     """The shipped Gluon FP8 pick `scaled_matmul` runs for its prepared operands
-    (`ficco.kernels.scaled.ScaledOperands`), or None: the warp-specialized kernel takes
-    per-row and per-column scales, a column-major b and a bf16 out TMA can store, as the
-    picks were measured."""
-    if not (ops.b_k_major and ops.rowwise and ops.colwise and ops.out.dtype == torch.bfloat16):
+    (`ficco.kernels.scaled.ScaledOperands`), or None: operands `gluon_fp8_refusal` refuses,
+    no pick, an out TMA cannot store."""
+    if gluon_fp8_refusal(ops.rowwise, ops.colwise, ops.b_k_major, [ops.out]):
         return None
     m, n, k = ops.shape
     pick = shipped_gluon_pick(m, n, k, ops.a.dtype, sm_budget, ops.a.device)

@@ -52,17 +52,13 @@ def _rel(out, ref):
 
 
 def _launch(views, b, sb, cfg, sm_budget=132, timeout_s=10.0, fast=False):
-    from ficco.kernels import gluon_fused
     from ficco.kernels.fused import FusedGemm
 
-    gemm = FusedGemm(views, b, sm_budget=sm_budget, timeout_s=timeout_s, b_scale=sb,
-                     fast_accum=fast)  # fmt: skip
-    launch, why = gluon_fused.plan(views, b, gemm.scales, sm_budget, pick=cfg)
-    assert launch is not None, why
-    gemm.gluon = gluon_fused.GluonFused(
-        launch, views, b, gemm.scales, flag_ref=gemm.flag_ref, status=gemm.status,
-        budget_ns=gemm.budget_ns, sm_budget=sm_budget,
+    gemm = FusedGemm(
+        views, b, sm_budget=sm_budget, timeout_s=timeout_s, b_scale=sb, fast_accum=fast,
+        config=cfg,
     )  # fmt: skip
+    assert gemm.gluon is not None and gemm.gluon.config == cfg
     return gemm
 
 
