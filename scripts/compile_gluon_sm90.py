@@ -75,11 +75,17 @@ def compile_config(
         "chunk_rows": "i32",
         "chunks": "i32",
         "budget_ns": "i64",
+        # a split tail's (`gluon_gemm.SplitTail`)
+        "ws_ptr": "*fp32",
+        "lock_ptr": "*i32",
+        "dp_tiles": "i32",
+        "split": "i32",
+        "k_per_split": "i32",
     }
     constants = dict(
         STAGES=cfg.stages, CONSUMERS=cfg.consumers,
         PRODUCER_REGS=gg.PRODUCER_REGS, CONSUMER_REGS=gg.CONSUMER_REGS, FAST_ACCUM=fast,
-        TAIL=cfg.tail_n > 0, SWAP_AB=cfg.swap_ab,
+        TAIL=cfg.tail_n > 0, SWAP_AB=cfg.swap_ab, SPLIT_TAIL=cfg.split_tail,
     )  # fmt: skip
     fn = gg.ws_fused_kernel if fused else gg.ws_gemm_kernel
     names = fn.arg_names
@@ -152,7 +158,10 @@ def main() -> int:
     )
     ap.add_argument("--digests", type=Path, help="write {config|dtype|fast: ptx digest} here")
     ap.add_argument("--against", type=Path, help="another tree's --digests file: list what differs")
+    ap.add_argument("--only", default=None, help="configurations whose name contains this text")
     args = ap.parse_args()
+    if args.only and args.digests:
+        ap.error("--only compiles part of the space: its digests would not be the tree's")
     if args.against and not args.digests:
         ap.error("--against needs --digests")
     digests = {}
@@ -163,6 +172,8 @@ def main() -> int:
     )
     if args.fused:
         todo = [(c, "fp8e4nv", fast) for fast in (False, True) for c in FP8_CONFIGS]
+    if args.only:
+        todo = [t for t in todo if args.only in t[0].name]
     failed = 0
     for cfg, dtype, fast in todo:
         try:

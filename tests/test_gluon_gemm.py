@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -45,11 +46,45 @@ def test_every_shipped_config_passes_its_own_check():
         (gg.GluonGemmConfig(256, 128, 64, 3, 2, 4, shared_tile=True), r"block_m = 64 x consumers"),
         (gg.GluonGemmConfig(128, 192, 64, 3, 2, 4, shared_tile=True), "no tail"),
         (gg.GluonGemmConfig(256, 128, 64, 3, 4, 4, shared_tile=True), "consumers=4"),
+        (gg.GluonGemmConfig(64, 16, 64, 8, 1, 4, swap_ab=True, split_tail=True), "a split tail"),
+        (gg.GluonGemmConfig(128, 192, 32, 8, 1, 8, split_tail=True), "a split tail"),
     ],
 )
 def test_config_refusals_name_the_rule(cfg, rule):
     with pytest.raises(ValueError, match=rule):
         cfg.check(2)
+
+
+def test_a_split_tail_splits_the_last_wave_only_where_it_fills_idle_programs():
+    thirds = gg.GluonGemmConfig(192, 128, 128, 4, 3, 4, shared_tile=True, split_tail=True)
+    assert thirds.name == "ws_192x128x128_s4_coop3x4_split"
+    # 4096x4096: 22 x 32 = 704 tiles on 132 SMs, 44 past the fifth wave, each in 3 K ranges
+    plan = gg.tail_plan(thirds, 4096, 4096, 7168, 132)
+    assert (plan.dp_tiles, plan.tail_tiles, plan.split, plan.k_per_split) == (660, 44, 3, 19)
+    assert plan.units == 660 + 44 * 3 <= 6 * 132  # one unit of the tail a program at most
+    # a tail of more than half the programs stays whole; no tail, nothing to split; a
+    # configuration without the flag never splits
+    assert gg.tail_plan(thirds, 2048, 4096, 7168, 132) is None  # 352 tiles: 88 past two waves
+    assert gg.tail_plan(thirds, 192 * 11, 128 * 12, 4096, 132) is None  # 132 tiles
+    assert gg.tail_plan(replace(thirds, split_tail=False), 4096, 4096, 7168, 132) is None
+    # each range keeps >= 4 K steps: 1024x3072x4096's 12 tail tiles split 8 ways, not 11
+    assert gg.tail_plan(thirds, 1024, 3072, 4096, 132).split == 8
+    # every split tail of the FP8 space has its unsplit twin there (the same tile)
+    names = {c.name for c in gg.FP8_CONFIGS}
+    for cfg in gg.FP8_CONFIGS:
+        if cfg.split_tail:
+            assert replace(cfg, split_tail=False).name in names
+
+
+def test_a_configurations_json_form_leaves_out_a_false_split_tail():
+    from ficco.kernels.gluon_configs import config_from_dict, config_to_dict
+
+    cfg = gg.GluonGemmConfig(128, 128, 128, 6, 2, 4, shared_tile=True)
+    assert "split_tail" not in config_to_dict(cfg)
+    split = replace(cfg, split_tail=True)
+    assert config_to_dict(split)["split_tail"] is True
+    assert config_from_dict(config_to_dict(split), 1) == split
+    assert config_from_dict(config_to_dict(cfg), 1) == cfg
 
 
 def test_tail_widths_split_into_a_power_of_two_main_part_and_tail():
@@ -120,7 +155,7 @@ def test_shared_tiles_give_each_consumer_64_rows_and_its_own_store():
     with pytest.raises(ValueError, match="bytes of shared memory"):
         gg.GluonGemmConfig(192, 128, 128, 5, 3, 4, shared_tile=True).check(1)
     # the space's shared tiles: cuBLASLt's tile in two row parts, and 192 rows in three
-    assert {c.name for c in gg.FP8_CONFIGS if c.shared_tile} == {
+    assert {c.name for c in gg.FP8_CONFIGS if c.shared_tile and not c.split_tail} == {
         "ws_128x128x128_s6_coop2x4",
         "ws_128x128x128_s5_coop2x4_half",
         "ws_192x128x128_s5_coop3x4_half",
@@ -662,6 +697,7 @@ print(c.ptx_digest(base) == c.ptx_digest(renumbered) != c.ptx_digest(swapped))
     [
         (["--against", "x.json"], "--against needs --digests"),
         (["--fused", "--digests", "x.json"], "--fused compiles another kernel"),
+        (["--only", "split", "--digests", "x.json"], "--only compiles part of the space"),
     ],
 )
 def test_the_compile_script_refuses_bad_arguments(argv, says):

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, fields
 
 from ficco import validate
 from ficco.dtypes import lookup
+from ficco.kernels.configs import SplitPlan, split_plan
 from ficco.shipped import shipped_dir
 
 PICKS_FILE = "gluon_gemm_picks.json"
@@ -51,6 +52,12 @@ class GluonGemmConfig:
     # tensor cores idle in both at once; as separate consumers, one's adds run under the
     # others' wgmmas (cuBLASLt's and CUTLASS's cooperative FP8 kernels work this way)
     shared_tile: bool = False
+    # the last, partly filled wave's tiles split along K (`configs.split_plan`: stream-K's
+    # data-parallel + split tail), each K range's fp32 partial summed by the last to arrive:
+    # 192-row tiles run ~1.3x the time of 128-row ones for 1.5x the work (H200 call AW), but
+    # on 4096x4096 they are 5.33 waves (704 tiles on 132 SMs) against 7.76; split 3 ways,
+    # the last third of a wave costs a third
+    split_tail: bool = False
 
     # A block_n that is no power of two (Gluon's tensors are) runs as two column parts: a
     # main part (the largest power of two below it) and a tail (the rest, itself a power of
@@ -72,6 +79,7 @@ class GluonGemmConfig:
             kind = "pp" if self.consumers == 2 else f"coop{self.consumer_warps}"
         kind += "_half" if self.split_epilogue else ""
         kind += "_swap" if self.swap_ab else ""
+        kind += "_split" if self.split_tail else ""
         return f"ws_{self.block_m}x{self.block_n}x{self.block_k}_s{self.stages}_{kind}"
 
     @property
@@ -124,6 +132,10 @@ class GluonGemmConfig:
             raise ValueError(
                 f"{self.name}: a shared tile is 2 or 3 four-warp consumers, each 64 of its rows "
                 "(block_m = 64 x consumers), no tail, no swap-AB"
+            )
+        if self.split_tail and (self.swap_ab or self.tail_n):
+            raise ValueError(
+                f"{self.name}: a split tail takes one accumulator a consumer (no swap-AB, no tail)"
             )
         tail = self.tail_n
         if tail and (tail & (tail - 1) or tail < 32):
@@ -224,11 +236,30 @@ FP8_CONFIGS = (
     # halves stay the pick where 192-row tiles leave a partial last wave)
     GluonGemmConfig(192, 128, 128, 5, 3, 4, split_epilogue=True, shared_tile=True),
     GluonGemmConfig(192, 128, 128, 4, 3, 4, shared_tile=True),
+    # split tails (`split_tail`): the 192-row tiles where they leave a partial last wave
+    # (4096x4096, 2048x8192: 704 tiles, 44 past the fifth wave, split 3 ways), the halves
+    # where theirs is under half full (1024x3072: 192 tiles, 60 past the first, split 2)
+    GluonGemmConfig(192, 128, 128, 5, 3, 4, split_epilogue=True, shared_tile=True, split_tail=True),
+    GluonGemmConfig(192, 128, 128, 4, 3, 4, shared_tile=True, split_tail=True),
+    GluonGemmConfig(128, 128, 128, 6, 2, 4, shared_tile=True, split_tail=True),
 )
 
 
+def tail_plan(cfg: GluonGemmConfig, m: int, n: int, k: int, programs: int) -> SplitPlan | None:
+    """How a launch of cfg over an M x N x K product on `programs` programs splits its last
+    wave (`configs.split_plan`), or None: cfg takes no split tail, or that wave stays whole
+    (then the launch is the same as cfg's without `split_tail`)."""
+    if not cfg.split_tail:
+        return None
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    return split_plan(tiles, programs, -(-k // cfg.block_k))
+
+
 # the configuration's optional fields (absent: False)
-FLAGS = ("split_epilogue", "swap_ab", "shared_tile")
+FLAGS = ("split_epilogue", "swap_ab", "shared_tile", "split_tail")
+# flags a configuration's JSON form leaves out while False (the picks files written before them
+# stay byte for byte what `gluon_picks_from_bench.py` writes)
+LATER_FLAGS = ("split_tail",)
 
 
 def config_from_dict(data: object, in_bytes: int = 2) -> GluonGemmConfig:
@@ -269,7 +300,11 @@ def key_input_bytes(key: str) -> int:
 
 
 def config_to_dict(cfg: GluonGemmConfig) -> dict:
-    return asdict(cfg)
+    data = asdict(cfg)
+    for flag in LATER_FLAGS:
+        if not data[flag]:
+            del data[flag]
+    return data
 
 
 @functools.cache

@@ -16,14 +16,30 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ficco.kernels.gluon_ring import _acc_layout, _grid, _landed_slot, _rows_at, _tile_offsets
+from ficco.kernels.gluon_ring import (
+    _acc_layout,
+    _grid,
+    _landed_slot,
+    _rows_at,
+    _tile_offsets,
+    _unit_work,
+    _units,
+)
 
 
 @gluon.jit
 def _consume(
-    descs, ring, bars, scales, CONSUMERS: gl.constexpr, WHICH: gl.constexpr, FAST: gl.constexpr
+    descs,
+    ring,
+    bars,
+    scales,
+    tails,
+    CONSUMERS: gl.constexpr,
+    WHICH: gl.constexpr,
+    FAST: gl.constexpr,
 ):
-    """Consumer WHICH's tiles: the program's tiles j with j mod CONSUMERS == WHICH."""
+    """Consumer WHICH's work units (tiles, or a split tail's K ranges of them): the
+    program's units j with j mod CONSUMERS == WHICH (shared tiles: every unit)."""
     a_desc = descs[0]
     b_desc = descs[1]
     c_desc = descs[2]
@@ -69,6 +85,10 @@ def _consume(
     num_pid_m, num_pid_n, k_steps, rows = _grid(
         c_desc, a_desc.shape[1], scales, TILE_M, BLOCK_N, BLOCK_K
     )
+    # split tail (`tails`, `gluon_ring._units`): the last wave's tiles in K ranges, each
+    # range's partial summed by the last to arrive (`_split_partial`)
+    SPLIT: gl.constexpr = len(tails) > 0
+    units = _units(num_pid_m * num_pid_n, tails)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     # ping-pong: consumer WHICH takes every other tile; shared tiles: all take every tile
@@ -86,8 +106,9 @@ def _consume(
         ct_smem = gl.allocate_shared_memory(out_dtype, [BLOCK_M, TAIL_N], descs[4].layout)
         acc_t = gl.zeros([BLOCK_M, TAIL_N], gl.float32, tail_layout)
     mine = 0  # this consumer's tiles so far
-    for j in range(FIRST, gl.cdiv(num_pid_m * num_pid_n - pid, programs), STRIDE):
-        tile = pid + j * programs
+    for j in range(FIRST, gl.cdiv(units - pid, programs), STRIDE):
+        unit = pid + j * programs
+        tile, _k_lo, k_count = _unit_work(unit, k_steps, tails)
         off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, TILE_M, BLOCK_N)
         if SHARED:
             off_m += WHICH * BLOCK_M
@@ -111,14 +132,15 @@ def _consume(
             # the other consumer has issued every wgmma of tile j - 1 (its arrival below)
             if j > 0:
                 mbarrier.wait(turns.index(WHICH), (mine - (1 - WHICH)) & 1)
+        # the units before j are whole tiles (a split unit is a program's last)
         step = j * k_steps
         previous = 0
         if LAGGED:
-            acc, step = _promote_each_step(a_bufs, b_bufs, bars, acc, step, k_steps, PART)
+            acc, step = _promote_each_step(a_bufs, b_bufs, bars, acc, step, k_count, PART)
             if CONSUMERS > 1 and not SHARED:
                 mbarrier.arrive(turns.index(1 - WHICH), count=1)
         else:
-            for ki in range(k_steps):
+            for ki in range(k_count):
                 slot = _landed_slot(bars, step, STAGES)
                 b_tile = b_bufs.index(slot).permute((1, 0)) if FP8 else b_bufs.index(slot)
                 a_tile = _a_tile(a_bufs, slot, PART, BLOCK_M, STAGES)
@@ -155,6 +177,12 @@ def _consume(
             else:
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(empty.index(previous), count=1)
+        if SPLIT:
+            acc, last = _split_partial(acc, unit, tile, tails, PART, PARTS)
+            if FUSED:  # noqa: SIM108 - a constexpr branch
+                live = live & last
+            else:
+                live = last
         out = acc
         if FP8:
             a_scale, b_scale = _tile_scales(
@@ -189,6 +217,41 @@ def _consume(
                 tma.async_copy_shared_to_global(c_desc, [c_row, off_n + EPI_N], c_smem)
         mine += 1  # noqa: SIM113 - the loop strides by CONSUMERS
     tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _split_partial(acc, unit, tile, tails, PART: gl.constexpr, PARTS: gl.constexpr):
+    """Split tail: a tail unit's fp32 partial (this consumer's PART of its tile's rows) to
+    the workspace, then a ticket; the last of the tile's K ranges to arrive sums every
+    partial in K order (deterministic) and stores the tile. (acc, whether this consumer
+    stores the tile.) Stores, a barrier of the consumer's warps, then the ticket's gpu-scope
+    release: the partials are visible to whoever takes the last ticket; that one resets
+    the counter for the next launch (`persistent`'s split tail, in a consumer's warps)."""
+    BLOCK_M: gl.constexpr = acc.type.shape[0]
+    BLOCK_N: gl.constexpr = acc.type.shape[1]
+    layout: gl.constexpr = acc.type.layout
+    SIZE: gl.constexpr = BLOCK_M * BLOCK_N
+    dp_tiles = tails[2]
+    split = tails[3]
+    last = unit < dp_tiles
+    if unit >= dp_tiles:
+        local = tile - dp_tiles
+        rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+        offs = rows[:, None] * BLOCK_N + cols[None, :]
+        # workspace [tail tiles, split, PARTS, BLOCK_M, BLOCK_N]
+        base = tails[0] + ((local * split).to(gl.int64) * PARTS + PART) * SIZE
+        gl.store(base + ((unit - dp_tiles) % split) * (PARTS * SIZE) + offs, acc)
+        gl.thread_barrier()
+        counter = tails[1] + local * PARTS + PART
+        ticket = gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        last = ticket == split - 1
+        if last:
+            acc = gl.zeros_like(acc)
+            for p in range(split):
+                acc += gl.load(base + p * (PARTS * SIZE) + offs, cache_modifier=".cg")
+            gl.store(counter, 0)
+    return acc, last
 
 
 @gluon.jit
@@ -242,60 +305,60 @@ def _promote_each_step(a_bufs, b_bufs, bars, acc, step, k_steps, PART: gl.conste
 
 # one function per role and accumulation: Triton 3.6 hands constexprs to partitions as tensors
 @gluon.jit
-def _coop_consumer(descs, ring, bars, scales):
-    _consume(descs, ring, bars, scales, 1, 0, False)
+def _coop_consumer(descs, ring, bars, scales, tails):
+    _consume(descs, ring, bars, scales, tails, 1, 0, False)
 
 
 @gluon.jit
-def _pingpong_consumer_0(descs, ring, bars, scales):
-    _consume(descs, ring, bars, scales, 2, 0, False)
+def _pingpong_consumer_0(descs, ring, bars, scales, tails):
+    _consume(descs, ring, bars, scales, tails, 2, 0, False)
 
 
 @gluon.jit
-def _pingpong_consumer_1(descs, ring, bars, scales):
-    _consume(descs, ring, bars, scales, 2, 1, False)
+def _pingpong_consumer_1(descs, ring, bars, scales, tails):
+    _consume(descs, ring, bars, scales, tails, 2, 1, False)
 
 
 @gluon.jit
-def _coop_consumer_fast(descs, ring, bars, scales):
-    _consume(descs, ring, bars, scales, 1, 0, True)
+def _coop_consumer_fast(descs, ring, bars, scales, tails):
+    _consume(descs, ring, bars, scales, tails, 1, 0, True)
 
 
 @gluon.jit
-def _pingpong_consumer_0_fast(descs, ring, bars, scales):
-    _consume(descs, ring, bars, scales, 2, 0, True)
+def _pingpong_consumer_0_fast(descs, ring, bars, scales, tails):
+    _consume(descs, ring, bars, scales, tails, 2, 0, True)
 
 
 @gluon.jit
-def _pingpong_consumer_1_fast(descs, ring, bars, scales):
-    _consume(descs, ring, bars, scales, 2, 1, True)
+def _pingpong_consumer_1_fast(descs, ring, bars, scales, tails):
+    _consume(descs, ring, bars, scales, tails, 2, 1, True)
 
 
 @gluon.jit
-def _third_consumer_0(descs, ring, bars, scales):
-    _consume(descs, ring, bars, scales, 3, 0, False)
+def _third_consumer_0(descs, ring, bars, scales, tails):
+    _consume(descs, ring, bars, scales, tails, 3, 0, False)
 
 
 @gluon.jit
-def _third_consumer_1(descs, ring, bars, scales):
-    _consume(descs, ring, bars, scales, 3, 1, False)
+def _third_consumer_1(descs, ring, bars, scales, tails):
+    _consume(descs, ring, bars, scales, tails, 3, 1, False)
 
 
 @gluon.jit
-def _third_consumer_2(descs, ring, bars, scales):
-    _consume(descs, ring, bars, scales, 3, 2, False)
+def _third_consumer_2(descs, ring, bars, scales, tails):
+    _consume(descs, ring, bars, scales, tails, 3, 2, False)
 
 
 @gluon.jit
-def _third_consumer_0_fast(descs, ring, bars, scales):
-    _consume(descs, ring, bars, scales, 3, 0, True)
+def _third_consumer_0_fast(descs, ring, bars, scales, tails):
+    _consume(descs, ring, bars, scales, tails, 3, 0, True)
 
 
 @gluon.jit
-def _third_consumer_1_fast(descs, ring, bars, scales):
-    _consume(descs, ring, bars, scales, 3, 1, True)
+def _third_consumer_1_fast(descs, ring, bars, scales, tails):
+    _consume(descs, ring, bars, scales, tails, 3, 1, True)
 
 
 @gluon.jit
-def _third_consumer_2_fast(descs, ring, bars, scales):
-    _consume(descs, ring, bars, scales, 3, 2, True)
+def _third_consumer_2_fast(descs, ring, bars, scales, tails):
+    _consume(descs, ring, bars, scales, tails, 3, 2, True)

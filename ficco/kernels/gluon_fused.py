@@ -175,15 +175,20 @@ class GluonFused:
         # the chunks' rows back to back, tiled as one product's (`gluon_ring._grid`)
         rows = len(chunks) * launch.chunk_rows
         tiles = triton.cdiv(rows, cfg.block_m) * triton.cdiv(b.shape[1], cfg.block_n)
-        self.grid = (max(1, min(sm_budget, tiles)),)
+        # a split tail with its own counters: the launch is prepared once and may be captured
+        self.split = gg.SplitTail.of(
+            cfg, rows, b.shape[1], b.shape[0], sm_budget, launch.c_span, own_counters=True
+        )
+        units = self.split.units if self.split.plan else tiles
+        self.grid = (max(1, min(sm_budget, units)),)
         self.args = (
             a_desc, b_desc, c_desc, scales.a_ref, scales.b_scale, self.table, flag_ref, status,
-            launch.chunk_rows, len(chunks), budget_ns,
+            launch.chunk_rows, len(chunks), budget_ns, *self.split.args(),
         )  # fmt: skip
         self.meta = dict(
             STAGES=cfg.stages, CONSUMERS=cfg.consumers, PRODUCER_REGS=gg.PRODUCER_REGS,
             CONSUMER_REGS=gg.CONSUMER_REGS, FAST_ACCUM=scales.fast_accum,
-            num_warps=cfg.consumer_warps,
+            SPLIT_TAIL=self.split.plan is not None, num_warps=cfg.consumer_warps,
             maxnreg=gg.THIRDS_MAX_REGS if cfg.consumers == 3 else gg.MAX_REGS,
         )  # fmt: skip
         self.kernel = gg.ws_fused_kernel

@@ -34,7 +34,7 @@ the consumers in `ficco.kernels.gluon_consumer`):
   weight's 64 columns in wgmma's M and a's 16-32 rows in its N, stored transposed;
 - fused (FP8, `ws_fused_kernel`, launched by `ficco.kernels.gluon_fused`): the same partitions
   over row chunks that land during the launch, the producer waiting on each chunk's flag
-  before reading its rows (`gluon_ring._a_rows`), every tile's rows placed through a chunk
+  before reading its rows (`gluon_ring._await_rows`), every tile's rows placed through a chunk
   table (the scale pointers' tuple carries it, so the partitions tell the modes apart).
 
 Tiles go to programs round-robin (tile t on program t mod P, grouped by ``GROUP_M`` rows of
@@ -71,6 +71,7 @@ from ficco.kernels.gluon_configs import (  # noqa: F401 - the space, re-exported
     BF16_CONFIGS,
     FP8_CONFIGS,
     GluonGemmConfig,
+    tail_plan,
 )
 from ficco.kernels.gluon_consumer import (
     _coop_consumer,
@@ -86,9 +87,17 @@ from ficco.kernels.gluon_consumer import (
     _third_consumer_2,
     _third_consumer_2_fast,
 )
-from ficco.kernels.gluon_ring import _a_rows, _free_slot, _grid, _tile_offsets
+from ficco.kernels.gluon_ring import (
+    _a_rows_of,
+    _await_rows,
+    _free_slot,
+    _grid,
+    _tile_offsets,
+    _unit_work,
+    _units,
+)
 from ficco.kernels.gluon_swap import _swap_consumer, _swap_producer
-from ficco.kernels.persistent import _tma_operand, default_sm_budget, tma_row_major
+from ficco.kernels.persistent import _lock_buffer, _tma_operand, default_sm_budget, tma_row_major
 
 # the producer partition's warps and registers; the consumers take the rest of the
 # register file (setmaxnreg moves registers between warpgroups)
@@ -105,8 +114,9 @@ THIRDS_CONSUMER_REGS = gl.constexpr(152)
 
 
 @gluon.jit
-def _producer(descs, ring, bars, scales):
-    """Every TMA load of the program's tiles, in order, each into the next free ring slot."""
+def _producer(descs, ring, bars, scales, tails):
+    """Every TMA load of the program's work units (tiles, or a split tail's K ranges of
+    them), in order, each into the next free ring slot."""
     a_desc = descs[0]
     b_desc = descs[1]
     c_desc = descs[2]
@@ -129,6 +139,7 @@ def _producer(descs, ring, bars, scales):
     num_pid_m, num_pid_n, k_steps, rows = _grid(
         c_desc, a_desc.shape[1], scales, BLOCK_M, BLOCK_N, BLOCK_K
     )
+    units = _units(num_pid_m * num_pid_n, tails)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     load_bytes: gl.constexpr = (
@@ -141,47 +152,60 @@ def _producer(descs, ring, bars, scales):
     # them in program order
     FUSED: gl.constexpr = len(scales) > 2
     arrived = gl.to_tensor(0).to(gl.int64)
+    if FUSED:
+        # a unit's A rows come from the chunk table, read one unit ahead: a read at the unit's
+        # start stalled its loads by a global read's latency (~0.5 K step a tile, H200 call BA)
+        first, _k_lo, _k_count = _unit_work(pid, k_steps, tails)
+        first_m, _n = _tile_offsets(first, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
+        row0, row1, row2 = _a_rows_of(first_m, scales, A_ROWS, A_BLOCKS)
     step = 0
-    for tile in range(pid, num_pid_m * num_pid_n, programs):
+    for unit in range(pid, units, programs):
+        tile, k_lo, k_count = _unit_work(unit, k_steps, tails)
         off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
         if FUSED:
-            # the tile's first B block in flight while its rows are placed (the chunk table)
-            # and their chunks waited on: at a program's start that chain is a few global
-            # reads long (FP8: B K-major)
+            a_rows = (row0, row1, row2)
+            # the tile's first B block in flight while its chunks are waited on (at a
+            # program's start a few global reads long; FP8: B K-major)
             slot, bar = _free_slot(bars, step, STAGES, load_bytes)
-            tma.async_copy_global_to_shared(b_desc, [off_n, 0], bar, b_bufs.index(slot))
-            a_rows, arrived = _a_rows(off_m, rows, scales, arrived, A_ROWS, A_BLOCKS)
+            tma.async_copy_global_to_shared(
+                b_desc, [off_n, k_lo * BLOCK_K], bar, b_bufs.index(slot)
+            )
+            arrived = _await_rows(off_m, rows, scales, arrived, A_ROWS, A_BLOCKS)
             for r in gl.static_range(A_BLOCKS):
                 tma.async_copy_global_to_shared(
-                    a_desc, [a_rows[r], 0], bar, a_bufs.index(slot * A_BLOCKS + r)
+                    a_desc, [a_rows[r], k_lo * BLOCK_K], bar, a_bufs.index(slot * A_BLOCKS + r)
                 )
             step += 1
             first_k = 1
+            ahead, _k_lo, _k_count = _unit_work(unit + programs, k_steps, tails)
+            ahead_m, _n = _tile_offsets(ahead, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
+            row0, row1, row2 = _a_rows_of(ahead_m, scales, A_ROWS, A_BLOCKS)
         else:
-            a_rows, arrived = _a_rows(off_m, rows, scales, arrived, A_ROWS, A_BLOCKS)
+            a_rows = _a_rows_of(off_m, scales, A_ROWS, A_BLOCKS)
             first_k: gl.constexpr = 0
-        for ki in range(first_k, k_steps):
+        for ki in range(first_k, k_count):
+            k = (k_lo + ki) * BLOCK_K
             slot, bar = _free_slot(bars, step, STAGES, load_bytes)
             for r in gl.static_range(A_BLOCKS):
                 tma.async_copy_global_to_shared(
-                    a_desc, [a_rows[r], ki * BLOCK_K], bar, a_bufs.index(slot * A_BLOCKS + r)
+                    a_desc, [a_rows[r], k], bar, a_bufs.index(slot * A_BLOCKS + r)
                 )
             if B_K_MAJOR:
-                tma.async_copy_global_to_shared(
-                    b_desc, [off_n, ki * BLOCK_K], bar, b_bufs.index(slot)
-                )
+                tma.async_copy_global_to_shared(b_desc, [off_n, k], bar, b_bufs.index(slot))
             else:
-                tma.async_copy_global_to_shared(
-                    b_desc, [ki * BLOCK_K, off_n], bar, b_bufs.index(slot)
-                )
+                tma.async_copy_global_to_shared(b_desc, [k, off_n], bar, b_bufs.index(slot))
             if HAS_TAIL:
                 tma.async_copy_global_to_shared(
-                    descs[3], [ki * BLOCK_K, off_n + MAIN_N], bar, ring[2].index(slot)
+                    descs[3], [k, off_n + MAIN_N], bar, ring[2].index(slot)
                 )
             step += 1
 
 
-@gluon.jit
+# a split tail's bounds are loop bounds: one compile for every shape (as `persistent`'s kernel)
+_SPLIT_ARGS = ["dp_tiles", "split", "k_per_split"]
+
+
+@gluon.jit(do_not_specialize=_SPLIT_ARGS)
 def ws_gemm_kernel(
     a_desc,
     b_desc,
@@ -190,6 +214,11 @@ def ws_gemm_kernel(
     c_tail_desc,
     a_scale_ptr,
     b_scale_ptr,
+    ws_ptr,
+    lock_ptr,
+    dp_tiles,
+    split,
+    k_per_split,
     STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
@@ -197,14 +226,16 @@ def ws_gemm_kernel(
     FAST_ACCUM: gl.constexpr,
     TAIL: gl.constexpr,
     SWAP_AB: gl.constexpr,
+    SPLIT_TAIL: gl.constexpr,
 ):
     _ws_gemm(
         a_desc, b_desc, c_desc, b_tail_desc, c_tail_desc, (a_scale_ptr, b_scale_ptr),
+        _tails(ws_ptr, lock_ptr, dp_tiles, split, k_per_split, SPLIT_TAIL),
         STAGES, CONSUMERS, PRODUCER_REGS, CONSUMER_REGS, FAST_ACCUM, TAIL, SWAP_AB,
     )  # fmt: skip
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=_SPLIT_ARGS)
 def ws_fused_kernel(
     a_desc,
     b_desc,
@@ -217,11 +248,17 @@ def ws_fused_kernel(
     chunk_rows,
     chunks,
     budget_ns,
+    ws_ptr,
+    lock_ptr,
+    dp_tiles,
+    split,
+    k_per_split,
     STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     FAST_ACCUM: gl.constexpr,
+    SPLIT_TAIL: gl.constexpr,
 ):
     # FP8 over row chunks that wait on flags (`ficco.kernels.gluon_fused`): the chunk table
     # and the rest after the scales (`gluon_ring.CHUNK_COLS`)
@@ -231,8 +268,21 @@ def ws_fused_kernel(
     )  # fmt: skip
     _ws_gemm(
         a_desc, b_desc, c_desc, b_desc, c_desc, scales,
+        _tails(ws_ptr, lock_ptr, dp_tiles, split, k_per_split, SPLIT_TAIL),
         STAGES, CONSUMERS, PRODUCER_REGS, CONSUMER_REGS, FAST_ACCUM, False, False,
     )  # fmt: skip
+
+
+@gluon.jit
+def _tails(ws_ptr, lock_ptr, dp_tiles, split, k_per_split, SPLIT_TAIL: gl.constexpr):
+    """A split tail's arguments as the partitions take them (`gluon_ring._units`): the fp32
+    partials' workspace, the tail tiles' arrival counters, the whole tiles, K ranges a tail
+    tile, K steps a range; without a split tail, none (the partitions tell by the length)."""
+    if SPLIT_TAIL:  # noqa: SIM108 - a constexpr branch
+        tails = (ws_ptr, lock_ptr, dp_tiles, split, k_per_split)
+    else:
+        tails = ()
+    return tails
 
 
 @gluon.jit
@@ -243,6 +293,7 @@ def _ws_gemm(
     b_tail_desc,
     c_tail_desc,
     scales,
+    tails,
     STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
@@ -285,7 +336,7 @@ def _ws_gemm(
     bars = (ready, empty, turns)
     # (constexprs passed to partitions arrive as tensors in Triton 3.6: each partition takes
     # only values and derives its constants from their types)
-    args = (descs, ring, bars, scales)
+    args = (descs, ring, bars, scales, tails)
     if SWAP_AB:
         gl.warp_specialize([(_swap_consumer, args), (_swap_producer, args)], [1], [PRODUCER_REGS])
     elif CONSUMERS == 3:
@@ -418,22 +469,69 @@ def ws_gemm_launcher(
         tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     if programs is None:
         programs = default_sm_budget(a.device)
-    grid = (min(programs, tiles),)
     # 16-bit inputs: the scale pointers are never read
     sa = a_scale.reshape(-1) if fp8 else out
     sb = b_scale.reshape(-1) if fp8 else out
+    split = SplitTail.of(cfg, m, n, k, programs, out)
+    grid = (min(programs, split.units if split.plan else tiles),)
     kernel = ws_gemm_kernel[grid]
     max_regs = THIRDS_MAX_REGS if cfg.consumers == 3 else MAX_REGS
 
     def launch() -> None:
         kernel(
-            a_desc, b_desc, c_desc, bt_desc, ct_desc, sa, sb,
+            a_desc, b_desc, c_desc, bt_desc, ct_desc, sa, sb, *split.args(),
             STAGES=cfg.stages, CONSUMERS=cfg.consumers, PRODUCER_REGS=PRODUCER_REGS,
             CONSUMER_REGS=CONSUMER_REGS, FAST_ACCUM=fast_accum, TAIL=cfg.tail_n > 0,
-            SWAP_AB=cfg.swap_ab, num_warps=cfg.consumer_warps, maxnreg=max_regs,
+            SWAP_AB=cfg.swap_ab, SPLIT_TAIL=split.plan is not None, num_warps=cfg.consumer_warps,
+            maxnreg=max_regs,
         )  # fmt: skip
 
     return launch
+
+
+class SplitTail:
+    """A launch's split tail (`GluonGemmConfig.split_tail`, `tail_plan`): the plan, the fp32
+    partials' workspace [tail tiles, split, block_m, block_n], and the kernel's arguments
+    (workspace, arrival counters, whole tiles, K ranges a tail tile, K steps a range). The
+    counters are zero between launches (the last arriver resets its own): the launching
+    stream's (`persistent._lock_buffer`, read at each launch), or the launch's own
+    (`own_counters`: a prepared launch that a CUDA graph may capture)."""
+
+    def __init__(self, plan, workspace: torch.Tensor, counters: int, owned) -> None:
+        self.plan = plan
+        self.units = plan.units if plan else 0
+        self.workspace = workspace
+        self.counters = counters
+        self.owned = owned
+
+    @classmethod
+    def of(
+        cls, cfg: GluonGemmConfig, m: int, n: int, k: int, programs: int, out: torch.Tensor,
+        own_counters: bool = False,
+    ) -> SplitTail:  # fmt: skip
+        plan = tail_plan(cfg, m, n, k, programs)
+        if plan is None:
+            return cls(None, out, 0, None)
+        workspace = torch.empty(
+            plan.tail_tiles * plan.split * cfg.block_m * cfg.block_n,
+            dtype=torch.float32,
+            device=out.device,
+        )
+        # each consumer sharing a tile counts its own rows' K ranges
+        counters = plan.tail_tiles * (cfg.block_m // cfg.rows_per_consumer)
+        owned = (
+            torch.zeros(counters, dtype=torch.int32, device=out.device) if own_counters else None
+        )
+        return cls(plan, workspace, counters, owned)
+
+    def args(self) -> tuple:
+        if self.plan is None:  # never read: the kernel compiles without a split tail
+            return (self.workspace, self.workspace, 0, 0, 0)
+        locks = self.owned
+        if locks is None:
+            locks = _lock_buffer(self.workspace.device, self.counters)
+        plan = self.plan
+        return (self.workspace, locks, plan.dp_tiles, plan.split, plan.k_per_split)
 
 
 def _descs(a, b, out, cfg: GluonGemmConfig, b_k_major: bool) -> tuple:

@@ -25,7 +25,7 @@ from ficco.kernels.gluon_ring import (
 
 
 @gluon.jit
-def _swap_producer(descs, ring, bars, scales):
+def _swap_producer(descs, ring, bars, scales, tails):
     """Swap-AB: every TMA load of the program's tiles, the weight's [BLOCK_K, BLOCK_M] block
     (a_desc over b [K, N]) and a's rows [BLOCK_N, BLOCK_K] (b_desc over a [M, K])."""
     a_desc = descs[0]
@@ -51,7 +51,7 @@ def _swap_producer(descs, ring, bars, scales):
 
 
 @gluon.jit
-def _swap_consumer(descs, ring, bars, scales):
+def _swap_consumer(descs, ring, bars, scales, tails):
     """Swap-AB: acc [BLOCK_M, BLOCK_N] = out^T's tile, from the weight's block read MN-major
     and a's rows read K-major, stored transposed into out [M, N] (c_desc's [BLOCK_N, BLOCK_M]
     blocks)."""

@@ -67,6 +67,47 @@ def test_fp8_config_matches_the_dequantized_product(cfg, shape):
     assert _rel(out, lib.float()) <= LIMIT
 
 
+# (M, N, K, programs) where every split-tail tile of the FP8 space splits at 132 SMs: a
+# program's whole tiles then one K range (3 programs), tiles fewer than programs, 4096x4096
+# (thirds: 704 tiles, 44 split 3 ways), 1024x3072 (thirds 8 ways, halves 2)
+SPLIT_SHAPES = [(24, 784, 4096, 3), (5, 1056, 1040, None), (4096, 4096, 2048, None),
+                (1024, 3072, 4096, None)]  # fmt: skip
+
+
+@pytest.mark.parametrize("cfg", [c for c in _configs(True) if c.split_tail], ids=lambda c: c.name)
+def test_a_split_tail_sums_its_k_ranges_in_order_and_leaves_its_counters_zero(cfg):
+    from dataclasses import replace
+
+    from ficco.kernels.gluon_gemm import tail_plan, ws_gemm
+    from ficco.kernels.persistent import _lock_buffer, default_sm_budget
+    from ficco.kernels.scaled import random_operands
+
+    split = 0
+    for m, n, k, programs in SPLIT_SHAPES:
+        programs = programs or default_sm_budget("cuda")
+        plan = tail_plan(cfg, m, n, k, programs)
+        if plan is None:
+            continue
+        split += 1
+        a, b, sa, sb, _ = random_operands(m, n, k, torch.float8_e4m3fn, "cuda", seed=m + k)
+        ref = (a.double() * sa.double()) @ (b.double() * sb.double())
+        outs = []
+        for _ in range(2):
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            outs.append(ws_gemm(a, b, out, cfg, a_scale=sa, b_scale=sb, programs=programs))
+        whole = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        ws_gemm(a, b, whole, replace(cfg, split_tail=False), a_scale=sa, b_scale=sb,
+                programs=programs)  # fmt: skip
+        torch.cuda.synchronize()
+        assert _rel(outs[0], ref) <= LIMIT, (m, n, k, plan)
+        # the partials summed in K order: the same bits every launch
+        assert torch.equal(outs[0], outs[1]), (m, n, k, plan)
+        assert _rel(outs[0], whole.double()) <= LIMIT
+        counters = plan.tail_tiles * (cfg.block_m // cfg.rows_per_consumer)
+        assert int(_lock_buffer(a.device, counters)[:counters].abs().sum()) == 0
+    assert split >= 2, f"{cfg.name}: fewer than two of SPLIT_SHAPES split"
+
+
 def _smallest_pick(dtype_name: str):
     """This card's smallest shipped Gluon pick of a dtype (the tuning cache's name) at the
     full-GPU budget: (m, n, k, budget, its configuration), or the test skips."""
