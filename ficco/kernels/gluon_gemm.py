@@ -34,7 +34,7 @@ the consumers in `ficco.kernels.gluon_consumer`):
   weight's 64 columns in wgmma's M and a's 16-32 rows in its N, stored transposed;
 - fused (FP8, `ws_fused_kernel`, launched by `ficco.kernels.gluon_fused`): the same partitions
   over row chunks that land during the launch, the producer waiting on each chunk's flag
-  before reading its rows (`gluon_ring._await_rows`), every tile's rows placed through a chunk
+  before reading its rows (`gluon_ring._a_rows`), every tile's rows placed through a chunk
   table (the scale pointers' tuple carries it, so the partitions tell the modes apart).
 
 Tiles go to programs round-robin (tile t on program t mod P, grouped by ``GROUP_M`` rows of
@@ -88,8 +88,7 @@ from ficco.kernels.gluon_consumer import (
     _third_consumer_2_fast,
 )
 from ficco.kernels.gluon_ring import (
-    _a_rows_of,
-    _await_rows,
+    _a_rows,
     _free_slot,
     _grid,
     _tile_offsets,
@@ -152,36 +151,28 @@ def _producer(descs, ring, bars, scales, tails):
     # them in program order
     FUSED: gl.constexpr = len(scales) > 2
     arrived = gl.to_tensor(0).to(gl.int64)
-    if FUSED:
-        # a unit's A rows come from the chunk table, read one unit ahead: a read at the unit's
-        # start stalled its loads by a global read's latency (~0.5 K step a tile, H200 call BA)
-        first, _k_lo, _k_count = _unit_work(pid, k_steps, tails)
-        first_m, _n = _tile_offsets(first, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
-        row0, row1, row2 = _a_rows_of(first_m, scales, A_ROWS, A_BLOCKS)
     step = 0
     for unit in range(pid, units, programs):
         tile, k_lo, k_count = _unit_work(unit, k_steps, tails)
         off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
         if FUSED:
-            a_rows = (row0, row1, row2)
-            # the tile's first B block in flight while its chunks are waited on (at a
-            # program's start a few global reads long; FP8: B K-major)
+            # the tile's first B block in flight while its rows are placed (the chunk table)
+            # and their chunks waited on: at a program's start that chain is a few global
+            # reads long (FP8: B K-major). (Reading the table one unit ahead ran slower:
+            # 0.964 of the plain launch against 0.977, H200 call BB.)
             slot, bar = _free_slot(bars, step, STAGES, load_bytes)
             tma.async_copy_global_to_shared(
                 b_desc, [off_n, k_lo * BLOCK_K], bar, b_bufs.index(slot)
             )
-            arrived = _await_rows(off_m, rows, scales, arrived, A_ROWS, A_BLOCKS)
+            a_rows, arrived = _a_rows(off_m, rows, scales, arrived, A_ROWS, A_BLOCKS)
             for r in gl.static_range(A_BLOCKS):
                 tma.async_copy_global_to_shared(
                     a_desc, [a_rows[r], k_lo * BLOCK_K], bar, a_bufs.index(slot * A_BLOCKS + r)
                 )
             step += 1
             first_k = 1
-            ahead, _k_lo, _k_count = _unit_work(unit + programs, k_steps, tails)
-            ahead_m, _n = _tile_offsets(ahead, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
-            row0, row1, row2 = _a_rows_of(ahead_m, scales, A_ROWS, A_BLOCKS)
         else:
-            a_rows = _a_rows_of(off_m, scales, A_ROWS, A_BLOCKS)
+            a_rows, arrived = _a_rows(off_m, rows, scales, arrived, A_ROWS, A_BLOCKS)
             first_k: gl.constexpr = 0
         for ki in range(first_k, k_count):
             k = (k_lo + ki) * BLOCK_K

@@ -112,39 +112,38 @@ def _rows_at(row, scales):
 
 
 @gluon.jit
-def _a_rows_of(off_m, scales, A_ROWS: gl.constexpr, A_BLOCKS: gl.constexpr):
-    """A's row of each of a tile's row blocks (up to three; fused: read from the chunk table,
-    the reads back to back, none waiting on another)."""
-    if len(scales) > 2:
-        row0 = _rows_at(off_m, scales)[2]
-        if A_BLOCKS == 1:
-            row1 = row0
-            row2 = row0
-        else:
-            gl.static_assert(A_BLOCKS == 3)
-            row1 = _rows_at(off_m + A_ROWS, scales)[2]
-            row2 = _rows_at(off_m + 2 * A_ROWS, scales)[2]
-    else:
-        row0 = off_m
-        row1 = off_m + A_ROWS
-        row2 = off_m + 2 * A_ROWS
-    return row0, row1, row2
+def _a_block_row(row, total, scales, arrived):
+    """Fused, the producer: A's row of the row block at launch row `row`, once its chunk
+    has arrived ((A's row, the chunks seen arrived: bit c, chunks past 62 waited on each
+    time)). A block past the launch's rows is read unwaited (never stored)."""
+    chunk, _local, a_row, _c_row, _scales = _rows_at(row, scales)
+    if row < total:
+        bit = gl.to_tensor(1).to(gl.int64) << gl.minimum(chunk, 63).to(gl.int64)
+        if (chunk > 62) | ((arrived & bit) == 0):
+            _wait_chunk(scales, chunk)
+            arrived = arrived | bit
+    return a_row, arrived
 
 
 @gluon.jit
-def _await_rows(off_m, total, scales, arrived, A_ROWS: gl.constexpr, A_BLOCKS: gl.constexpr):
-    """Fused, the producer: wait for the chunks of a tile's row blocks not seen arrived yet
-    (bit c of `arrived`; chunks past 62 waited on each time); the chunks seen arrived after.
-    A block past the launch's rows is read unwaited (never stored)."""
-    for r in gl.static_range(A_BLOCKS):
-        row = off_m + r * A_ROWS
-        chunk = gl.minimum(row // scales[5], scales[6] - 1)
-        if row < total:
-            bit = gl.to_tensor(1).to(gl.int64) << gl.minimum(chunk, 63).to(gl.int64)
-            if (chunk > 62) | ((arrived & bit) == 0):
-                _wait_chunk(scales, chunk)
-                arrived = arrived | bit
-    return arrived
+def _a_rows(off_m, total, scales, arrived, A_ROWS: gl.constexpr, A_BLOCKS: gl.constexpr):
+    """A's row of each of a tile's A_BLOCKS row blocks (fused: each waited on), and the
+    chunks seen arrived."""
+    if len(scales) > 2:
+        row0, arrived = _a_block_row(off_m, total, scales, arrived)
+        if A_BLOCKS == 1:
+            rows = (row0,)
+        else:
+            gl.static_assert(A_BLOCKS == 3)
+            row1, arrived = _a_block_row(off_m + A_ROWS, total, scales, arrived)
+            row2, arrived = _a_block_row(off_m + 2 * A_ROWS, total, scales, arrived)
+            rows = (row0, row1, row2)
+    elif A_BLOCKS == 1:
+        rows = (off_m,)
+    else:
+        gl.static_assert(A_BLOCKS == 3)
+        rows = (off_m, off_m + A_ROWS, off_m + 2 * A_ROWS)
+    return rows, arrived
 
 
 @gluon.jit
@@ -192,10 +191,8 @@ def _wait_chunk(scales, chunk):
     order the TMA reads (async proxy) after the acquire. A chunk given up is still loaded and
     computed (the consumers take every slot); the status makes the launch's owner raise."""
     entry = scales[2] + chunk * CHUNK_COLS
-    # both reads issued together: the flag's address is not behind the wait test
-    waits = gl.load(entry + 4)
-    flag = scales[3] + gl.load(entry + 3)
-    if waits != 0:
+    if gl.load(entry + 4) != 0:
+        flag = scales[3] + gl.load(entry + 3)
         val = _ptx("ld.acquire.sys.global.b32 $0, [$1];", [flag], "=r,l")
         if val == 0:
             start = _clock()
