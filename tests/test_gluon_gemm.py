@@ -48,6 +48,7 @@ def test_every_shipped_config_passes_its_own_check():
         (gg.GluonGemmConfig(256, 128, 64, 3, 4, 4, shared_tile=True), "consumers=4"),
         (gg.GluonGemmConfig(64, 16, 64, 8, 1, 4, swap_ab=True, split_tail=True), "a split tail"),
         (gg.GluonGemmConfig(128, 192, 32, 8, 1, 8, split_tail=True), "a split tail"),
+        (gg.GluonGemmConfig(128, 128, 128, 4, 2, 4, split_tail=True), "16 rows a warp"),
     ],
 )
 def test_config_refusals_name_the_rule(cfg, rule):

@@ -133,9 +133,12 @@ class GluonGemmConfig:
                 f"{self.name}: a shared tile is 2 or 3 four-warp consumers, each 64 of its rows "
                 "(block_m = 64 x consumers), no tail, no swap-AB"
             )
-        if self.split_tail and (self.swap_ab or self.tail_n):
+        if self.split_tail and (
+            self.swap_ab or self.tail_n or self.rows_per_consumer != 16 * self.consumer_warps
+        ):
             raise ValueError(
-                f"{self.name}: a split tail takes one accumulator a consumer (no swap-AB, no tail)"
+                f"{self.name}: a split tail takes one accumulator a consumer (no swap-AB, no "
+                "tail) of 16 rows a warp (its partials' workspace order)"
             )
         tail = self.tail_n
         if tail and (tail & (tail - 1) or tail < 32):

@@ -229,16 +229,13 @@ def _split_partial(acc, unit, tile, tails, PART: gl.constexpr, PARTS: gl.constex
     the counter for the next launch (`persistent`'s split tail, in a consumer's warps)."""
     BLOCK_M: gl.constexpr = acc.type.shape[0]
     BLOCK_N: gl.constexpr = acc.type.shape[1]
-    layout: gl.constexpr = acc.type.layout
     SIZE: gl.constexpr = BLOCK_M * BLOCK_N
     dp_tiles = tails[2]
     split = tails[3]
     last = unit < dp_tiles
     if unit >= dp_tiles:
         local = tile - dp_tiles
-        rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-        offs = rows[:, None] * BLOCK_N + cols[None, :]
+        offs = _register_order(acc)
         # workspace [tail tiles, split, PARTS, BLOCK_M, BLOCK_N]
         base = tails[0] + ((local * split).to(gl.int64) * PARTS + PART) * SIZE
         gl.store(base + ((unit - dp_tiles) % split) * (PARTS * SIZE) + offs, acc)
@@ -252,6 +249,27 @@ def _split_partial(acc, unit, tile, tails, PART: gl.constexpr, PARTS: gl.constex
                 acc += gl.load(base + p * (PARTS * SIZE) + offs, cache_modifier=".cg")
             gl.store(counter, 0)
     return acc, last
+
+
+@gluon.jit
+def _register_order(acc):
+    """A [BLOCK_M, BLOCK_N] fp32 tile's offsets in a partial's workspace, in the order the
+    threads hold it: wgmma's accumulator gives each warp 16 rows, each thread two adjacent
+    columns of rows r and r + 8 per 8 columns; here each such pair lies beside the next
+    thread's, so a warp's store of one pair is 256 contiguous bytes (row-major, its 8 rows x 8
+    bytes touched 8 lines a store: the split tail's fix-up cost more than the wave it saved,
+    H200 call BC). Written and read in the same order, so any layout is correct; this one is
+    the fast one for a tile of 16 rows a warp (`GluonGemmConfig.check`)."""
+    BLOCK_M: gl.constexpr = acc.type.shape[0]
+    BLOCK_N: gl.constexpr = acc.type.shape[1]
+    layout: gl.constexpr = acc.type.layout
+    THREADS: gl.constexpr = 32 * gl.num_warps()
+    gl.static_assert(BLOCK_M * 32 == 16 * THREADS)
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))[:, None]
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))[None, :]
+    thread = (rows // 16) * 32 + (rows % 8) * 4 + (cols % 8) // 2
+    pair = (cols // 8) * 2 + (rows % 16) // 8
+    return (pair * THREADS + thread) * 2 + cols % 2
 
 
 @gluon.jit

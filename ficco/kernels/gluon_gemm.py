@@ -504,7 +504,7 @@ class SplitTail:
         if plan is None:
             return cls(None, out, 0, None)
         workspace = torch.empty(
-            plan.tail_tiles * plan.split * cfg.block_m * cfg.block_n,
+            max(1, plan.tail_tiles * plan.split * cfg.block_m * cfg.block_n),
             dtype=torch.float32,
             device=out.device,
         )

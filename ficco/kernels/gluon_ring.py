@@ -161,17 +161,17 @@ def _units(tiles, tails):
 @gluon.jit
 def _unit_work(unit, k_steps, tails):
     """(tile, first K step, K steps) of work unit `unit`: a whole tile, or one K range of a
-    tail tile (split tail: the units past the whole tiles, `split` a tile)."""
-    if len(tails) > 0:
-        tail = gl.maximum(unit - tails[2], 0)
-        in_tail = (unit >= tails[2]).to(gl.int32)
-        tile = unit + in_tail * (tails[2] + tail // tails[3] - unit)
-        k_lo = in_tail * (tail % tails[3]) * tails[4]
-        k_count = k_steps + in_tail * (gl.minimum(tails[4], k_steps - k_lo) - k_steps)
-    else:
-        tile = unit
-        k_lo = 0
-        k_count = k_steps
+    tail tile (split tail: the units past the whole tiles, `split` a tile). The divisions only
+    in the tail: a whole tile's loads wait on none."""
+    tile = unit
+    k_lo = unit * 0
+    k_count = k_steps + unit * 0
+    if len(tails) > 0:  # noqa: SIM102 - a constexpr branch around a runtime one
+        if unit >= tails[2]:
+            tail = unit - tails[2]
+            tile = tails[2] + tail // tails[3]
+            k_lo = (tail % tails[3]) * tails[4]
+            k_count = gl.minimum(tails[4], k_steps - k_lo)
     return tile, k_lo, k_count
 
 
