@@ -18,9 +18,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ficco.kernels.gluon_ring import (
     _acc_layout,
+    _chunk_of,
+    _entry_cached,
     _grid,
     _landed_slot,
-    _rows_at,
     _tile_offsets,
     _unit_work,
     _units,
@@ -80,7 +81,7 @@ def _consume(
     acc_layout: gl.constexpr = _acc_layout(BLOCK_M, MAIN_N, WARPS, K_INSTR)
     out_dtype: gl.constexpr = c_desc.dtype
     N = c_desc.shape[1]
-    # fused (`ficco.kernels.gluon_fused`): the chunks' rows back to back (`_rows_at`)
+    # fused (`ficco.kernels.gluon_fused`): the chunks' rows back to back (`_chunk_of`)
     FUSED: gl.constexpr = len(scales) > 2
     num_pid_m, num_pid_n, k_steps, rows = _grid(
         c_desc, a_desc.shape[1], scales, TILE_M, BLOCK_N, BLOCK_K
@@ -105,6 +106,12 @@ def _consume(
         tail_layout: gl.constexpr = _acc_layout(BLOCK_M, TAIL_N, WARPS, K_INSTR)
         ct_smem = gl.allocate_shared_memory(out_dtype, [BLOCK_M, TAIL_N], descs[4].layout)
         acc_t = gl.zeros([BLOCK_M, TAIL_N], gl.float32, tail_layout)
+    # fused: the chunks whose table entries were read last, and their first output row and
+    # A scales' offset (`_entry_cached`)
+    c_cached = gl.to_tensor(-1)
+    s_cached = gl.to_tensor(-1)
+    c_base = gl.to_tensor(0).to(gl.int64)
+    s_off = gl.to_tensor(0).to(gl.int64)
     mine = 0  # this consumer's tiles so far
     for j in range(FIRST, gl.cdiv(units - pid, programs), STRIDE):
         unit = pid + j * programs
@@ -116,7 +123,11 @@ def _consume(
             # this consumer's rows: in one chunk, at c_row of the outputs, their scales at
             # a_scale_ptr; a part past the launch's rows is computed and not stored
             live = off_m < rows
-            _chunk, scale_m, _a_row, c_row, a_scale_ptr = _rows_at(off_m, scales)
+            chunk, scale_m, entry = _chunk_of(off_m, scales)
+            c_base, c_cached = _entry_cached(chunk, entry, 1, c_cached, c_base)
+            s_off, s_cached = _entry_cached(chunk, entry, 2, s_cached, s_off)
+            c_row = c_base.to(gl.int32) + scale_m
+            a_scale_ptr = scales[0] + s_off
             scale_rows = scales[5]
         else:
             live: gl.constexpr = True

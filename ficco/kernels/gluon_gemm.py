@@ -151,6 +151,9 @@ def _producer(descs, ring, bars, scales, tails):
     # them in program order
     FUSED: gl.constexpr = len(scales) > 2
     arrived = gl.to_tensor(0).to(gl.int64)
+    # the chunk whose table entry was read last, and its first A row
+    cached = gl.to_tensor(-1)
+    a_base = gl.to_tensor(0).to(gl.int64)
     step = 0
     for unit in range(pid, units, programs):
         tile, k_lo, k_count = _unit_work(unit, k_steps, tails)
@@ -164,7 +167,9 @@ def _producer(descs, ring, bars, scales, tails):
             tma.async_copy_global_to_shared(
                 b_desc, [off_n, k_lo * BLOCK_K], bar, b_bufs.index(slot)
             )
-            a_rows, arrived = _a_rows(off_m, rows, scales, arrived, A_ROWS, A_BLOCKS)
+            a_rows, arrived, cached, a_base = _a_rows(
+                off_m, rows, scales, arrived, cached, a_base, A_ROWS, A_BLOCKS
+            )
             for r in gl.static_range(A_BLOCKS):
                 tma.async_copy_global_to_shared(
                     a_desc, [a_rows[r], k_lo * BLOCK_K], bar, a_bufs.index(slot * A_BLOCKS + r)
@@ -172,7 +177,9 @@ def _producer(descs, ring, bars, scales, tails):
             step += 1
             first_k = 1
         else:
-            a_rows, arrived = _a_rows(off_m, rows, scales, arrived, A_ROWS, A_BLOCKS)
+            a_rows, arrived, cached, a_base = _a_rows(
+                off_m, rows, scales, arrived, cached, a_base, A_ROWS, A_BLOCKS
+            )
             first_k: gl.constexpr = 0
         for ki in range(first_k, k_count):
             k = (k_lo + ki) * BLOCK_K
