@@ -32,6 +32,10 @@ the consumers in `ficco.kernels.gluon_consumer`):
   128x128 or 96 of 128x256);
 - swap-AB tiles (decode rows, 16-bit; `ficco.kernels.gluon_swap`): out^T = b^T a^T, the
   weight's 64 columns in wgmma's M and a's 16-32 rows in its N, stored transposed;
+- split tail (``GluonGemmConfig.split_tail``, `SplitTail`): the last, partly filled wave's
+  tiles in K ranges (`configs.split_plan`), each range's fp32 partial stored in the threads'
+  register order, the last range to arrive (a gpu-scope acq_rel ticket) summing them in K
+  order (deterministic) before the epilogue;
 - fused (FP8, `ws_fused_kernel`, launched by `ficco.kernels.gluon_fused`): the same partitions
   over row chunks that land during the launch, the producer waiting on each chunk's flag
   before reading its rows (`gluon_ring._a_rows`), every tile's rows placed through a chunk
