@@ -28,6 +28,41 @@ SHAPES = (
 CONFIGS = "ws_192x128x128_s4_coop3x4,ws_128x128x128_s6_coop2x4"
 
 
+def library_case(m: int, n: int, k: int):
+    """Seeded FP8 operands of an M x N x K product, their float64 product, and `_scaled_mm`'s
+    launch: (a, b, a_scale, b_scale, reference, {"library": launch}, {"library": its output})."""
+    from ficco.kernels.scaled import random_operands
+
+    a, b, sa, sb, _ = random_operands(m, n, k, torch.float8_e4m3fn, "cuda", seed=m + n + k)
+    ref = (a.double() * sa.double()) @ (b.double() * sb.double())
+    lib_out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+
+    def library() -> None:
+        torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, out=lib_out)
+
+    return a, b, sa, sb, ref, {"library": library}, {"library": lib_out}
+
+
+def check_then_time(fns: dict, outs: dict, ref, timer, rounds: int) -> dict:
+    """Each launch once on a NaN-poisoned output, checked against ``ref`` (relative Frobenius
+    error within 2e-2); the correct ones timed in ``rounds`` interleaved rounds: the row's
+    ms (medians), errors, the variants left out (bad) and ratios (`_scaled_mm` ms / ms)."""
+    from ficco.kernels.trials import relative_error
+
+    errors = {}
+    for key, fn in fns.items():
+        outs[key].fill_(float("nan"))
+        fn()
+        torch.cuda.synchronize()
+        errors[key] = relative_error(outs[key], ref)
+    bad = [key for key, e in errors.items() if not e <= 2e-2]
+    timed = {key: fn for key, fn in fns.items() if key not in bad}
+    times = timer.interleaved(timed, rounds)
+    ms = {key: statistics.median(t) for key, t in times.items()}
+    ratio = {key: ms["library"] / t for key, t in ms.items()}
+    return {"ms": ms, "errors": errors, "bad": bad, "ratio": ratio}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -54,22 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     from ficco.execute.timing import launch_timer
     from ficco.kernels import gluon_gemm as gg
     from ficco.kernels.fused import FusedChunkViews, FusedGemm
-    from ficco.kernels.scaled import random_operands
-    from ficco.kernels.trials import relative_error
 
     timer = launch_timer()
     rows = []
     for m, n, k in shapes:
         text = f"{m}x{n}x{k}"
-        a, b, sa, sb, _ = random_operands(m, n, k, torch.float8_e4m3fn, "cuda", seed=m + n + k)
-        ref = (a.double() * sa.double()) @ (b.double() * sb.double())
-        lib_out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-        fns = {
-            "library": lambda a=a, b=b, sa=sa, sb=sb, out=lib_out: torch._scaled_mm(
-                a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, out=out
-            )
-        }
-        outs = {"library": lib_out}
+        a, b, sa, sb, ref, fns, outs = library_case(m, n, k)
         for name in args.configs.split(","):
             cfg = configs[name]
             out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
@@ -90,21 +115,15 @@ def main(argv: list[str] | None = None) -> int:
                 gemm = FusedGemm(views, b, sm_budget=132, timeout_s=10.0, b_scale=sb, config=cfg)
                 fns[f"fused{chunks} {name}"] = gemm
                 outs[f"fused{chunks} {name}"] = out
-        errors = {}
-        for key, fn in fns.items():
-            outs[key].fill_(float("nan"))
-            fn()
-            torch.cuda.synchronize()
-            errors[key] = relative_error(outs[key], ref)
-        bad = [key for key, e in errors.items() if not e <= 2e-2]
-        for key in bad:
-            fns.pop(key)
-        times = timer.interleaved(fns, 30)
-        ms = {key: statistics.median(t) for key, t in times.items()}
-        row = {"M": m, "N": n, "K": k, "ms": ms, "errors": errors, "bad": bad}
-        row["ratio"] = {key: ms["library"] / t for key, t in ms.items()}
+        row = {"M": m, "N": n, "K": k, **check_then_time(fns, outs, ref, timer, 30)}
         rows.append(row)
-        print(text, {key: round(r, 3) for key, r in row["ratio"].items()}, "bad", bad, flush=True)
+        print(
+            text,
+            {key: round(r, 3) for key, r in row["ratio"].items()},
+            "bad",
+            row["bad"],
+            flush=True,
+        )
     doc = {
         "environment": fingerprint(None),
         "rows": rows,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -43,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=30)
     args = ap.parse_args(argv)
     from bench_gemm import fingerprint, parse_dims
+    from fused_gluon_ab import check_then_time, library_case
 
     from ficco.kernels.configs import SplitPlan
     from ficco.kernels.gluon_configs import FP8_CONFIGS
@@ -62,22 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     from ficco.execute.timing import launch_timer
     from ficco.kernels import gluon_gemm as gg
     from ficco.kernels.persistent import default_sm_budget
-    from ficco.kernels.scaled import random_operands
-    from ficco.kernels.trials import relative_error
 
     timer = launch_timer()
     programs = default_sm_budget("cuda")
     rows = []
     for m, n, k in shapes:
-        a, b, sa, sb, _ = random_operands(m, n, k, torch.float8_e4m3fn, "cuda", seed=m + n + k)
-        ref = (a.double() * sa.double()) @ (b.double() * sb.double())
-        lib_out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-        fns = {
-            "library": lambda a=a, b=b, sa=sa, sb=sb, out=lib_out: torch._scaled_mm(
-                a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, out=out
-            )
-        }
-        outs = {"library": lib_out}
+        a, b, sa, sb, ref, fns, outs = library_case(m, n, k)
         ideal = {}
         for name in names:
             cfg = configs[name]
@@ -104,19 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     gg.tail_plan = real
                 outs[key] = out
-        errors = {}
-        for key, fn in fns.items():
-            outs[key].fill_(float("nan"))
-            fn()
-            torch.cuda.synchronize()
-            errors[key] = relative_error(outs[key], ref)
-        bad = [key for key, e in errors.items() if not e <= 2e-2]
-        for key in bad:
-            fns.pop(key)
-        times = timer.interleaved(fns, args.rounds)
-        ms = {key: statistics.median(t) for key, t in times.items()}
-        row = {"M": m, "N": n, "K": k, "ms": ms, "errors": errors, "bad": bad, "ideal": ideal}
-        row["ratio"] = {key: ms["library"] / t for key, t in ms.items()}
+        row = {"M": m, "N": n, "K": k, "ideal": ideal}
+        row.update(check_then_time(fns, outs, ref, timer, args.rounds))
         rows.append(row)
         print(
             f"{m}x{n}x{k}",
@@ -124,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             "ideal",
             {key: round(g, 3) for key, g in ideal.items()},
             "bad",
-            bad,
+            row["bad"],
             flush=True,
         )
     doc = {"environment": fingerprint(None), "rows": rows}
