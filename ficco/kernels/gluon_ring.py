@@ -191,6 +191,30 @@ def _unit_work(unit, k_steps, tails):
 
 
 @gluon.jit
+def _arrived_at_start(scales):
+    """Fused, the producer (one warp): the chunks already landed at the program's start (flag
+    set, or no flag to wait on), read together: a lane a chunk, one read of the table and one
+    of the flags for the first 32 chunks, where waiting a chunk at a time stalled the
+    producer at every chunk it came to. Bit c of the result (c < 32) marks chunk c seen; the
+    others are waited on as they come (`_wait_chunk`: a flag not yet set, or given up). The
+    reads are relaxed (volatile) and a system-scope fence then orders everything after them,
+    as the acquire does; the proxy fence orders the TMA reads after it."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    chunk = gl.arange(0, 32, layout=layout)
+    real = chunk < scales[6]
+    entry = scales[2] + chunk * CHUNK_COLS
+    waits = gl.load(entry + 4, mask=real, other=0)
+    offset = gl.load(entry + 3, mask=real, other=0)
+    flag = gl.load(scales[3] + offset, mask=real & (waits != 0), other=0, volatile=True)
+    seen = real & ((waits == 0) | (flag > 0))
+    one = gl.full([32], 1, gl.int64, layout)
+    # bits of distinct chunks: their sum is their union
+    arrived = gl.sum(gl.where(seen, one << chunk.to(gl.int64), 0), axis=0)
+    _ptx("fence.acq_rel.sys;\n\tfence.proxy.async.global;\n\tmov.u32 $0, 0;", [], "=r")
+    return arrived
+
+
+@gluon.jit
 def _ptx(STATEMENT: gl.constexpr, args, CONSTRAINTS: gl.constexpr):
     # one PTX statement on scalars, its 32-bit result (`ficco.kernels.flags`' own, in Gluon)
     return gl.inline_asm_elementwise(
