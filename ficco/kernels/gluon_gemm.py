@@ -93,7 +93,6 @@ from ficco.kernels.gluon_consumer import (
 )
 from ficco.kernels.gluon_ring import (
     _a_rows,
-    _arrived_at_start,
     _free_slot,
     _grid,
     _tile_offsets,
@@ -172,9 +171,6 @@ def _producer(descs, ring, bars, scales, tails):
             tma.async_copy_global_to_shared(
                 b_desc, [off_n, k_lo * BLOCK_K], bar, b_bufs.index(slot)
             )
-            if unit == pid:
-                # every chunk already landed, seen at once (then only late ones are waited on)
-                arrived = _arrived_at_start(scales)
             a_rows, arrived, cached, a_base = _a_rows(
                 off_m, rows, scales, arrived, cached, a_base, A_ROWS, A_BLOCKS
             )

@@ -191,35 +191,6 @@ def _unit_work(unit, k_steps, tails):
 
 
 @gluon.jit
-def _arrived_at_start(scales):
-    """Fused, the producer (one warp): the chunks already landed at the program's start (flag
-    set, or no flag to wait on), read together: a lane a chunk, one read of the table and one
-    of the flags for the first 32 chunks, where waiting a chunk at a time stalled the
-    producer at every chunk it came to. Bit c of the result (c < 32) marks chunk c seen; the
-    others are waited on as they come (`_wait_chunk`: a flag not yet set, or given up). Each
-    lane's read is an acquire (a system-scope fence after relaxed reads instead cost the
-    launch ~3%, H200 call BH); the proxy fence orders the TMA reads after them."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    chunk = gl.arange(0, 32, layout=layout)
-    real = chunk < scales[6]
-    entry = scales[2] + chunk * CHUNK_COLS
-    waits = gl.load(entry + 4, mask=real, other=0)
-    offset = gl.load(entry + 3, mask=real, other=0)
-    # lanes of no chunk, or of one that waits on none, read the flag reference (a real int32)
-    flag = gl.inline_asm_elementwise(
-        "ld.acquire.sys.global.b32 $0, [$1];", "=r,l",
-        [scales[3] + gl.where(real & (waits != 0), offset, 0)],
-        dtype=gl.int32, is_pure=False, pack=1,
-    )  # fmt: skip
-    seen = real & ((waits == 0) | (flag > 0))
-    one = gl.full([32], 1, gl.int64, layout)
-    # bits of distinct chunks: their sum is their union
-    arrived = gl.sum(gl.where(seen, one << chunk.to(gl.int64), 0), axis=0)
-    _ptx("fence.proxy.async.global;\n\tmov.u32 $0, 0;", [], "=r")
-    return arrived
-
-
-@gluon.jit
 def _ptx(STATEMENT: gl.constexpr, args, CONSTRAINTS: gl.constexpr):
     # one PTX statement on scalars, its 32-bit result (`ficco.kernels.flags`' own, in Gluon)
     return gl.inline_asm_elementwise(
