@@ -83,10 +83,19 @@ def fastest_over_runs(rows: list[dict]) -> str | None:
 
 
 def picks(
-    runs: list[dict], min_runs: int = MIN_RUNS, config_from: str = "last"
+    runs: list[dict],
+    min_runs: int = MIN_RUNS,
+    config_from: str = "last",
+    config_dtypes: tuple[str, ...] | None = None,
 ) -> tuple[dict, dict]:
+    """``config_dtypes``: the dtypes ``config_from`` applies to (None: every one); the others
+    take the last run's pick, so a file can take FP8's configurations over all the runs and
+    keep bf16's as they were measured."""
     if config_from not in CONFIG_FROM:
         raise ValueError(f"config_from: one of {CONFIG_FROM}, got {config_from!r}")
+    unknown = sorted(set(config_dtypes or ()) - set(DTYPES))
+    if unknown:
+        raise ValueError(f"config_dtypes: {unknown} not among {sorted(DTYPES)}")
     envs = {(r["environment"]["gpu"], r["environment"]["triton"]) for r in runs}
     if len(envs) != 1:
         raise SystemExit(f"runs of different cards or Tritons: {sorted(envs)}")
@@ -111,7 +120,8 @@ def picks(
         last = rows[-1]
         gains = [r["ms"]["triton"] / r["ms"]["gluon"] for r in rows]
         dtype, m, n, k = shape
-        name = last["pick"] if config_from == "last" else fastest_over_runs(rows)
+        over_all = config_from == "all" and (config_dtypes is None or dtype in config_dtypes)
+        name = fastest_over_runs(rows) if over_all else last["pick"]
         if min(gains) < 1 + PICK_MARGIN or name not in by_name[dtype]:
             continue
         chosen[key_of(env, m, n, k, dtype)] = {
@@ -121,7 +131,7 @@ def picks(
             "cublas_ms": last["ms"].get("library"),
             "triton_over_gluon_per_run": [round(g, 4) for g in gains],
         }
-        if config_from == "all":
+        if over_all:
             chosen[key_of(env, m, n, k, dtype)]["rank_ms_per_run"] = [
                 r["rank_ms"][name] for r in rows
             ]
@@ -179,7 +189,21 @@ def main(argv: list[str] | None = None) -> int:
         help="a picked shape's configuration: the last run's pick (default; the shipped files) "
         "or the one ranked fastest over all the runs",
     )
+    ap.add_argument(
+        "--config-from-dtypes",
+        default=None,
+        help="comma list of the dtypes --config-from all applies to (bf16, fp8; default every "
+        "one): the others take the last run's pick",
+    )
     args = ap.parse_args(argv)
+    config_dtypes = None
+    if args.config_from_dtypes is not None:
+        config_dtypes = tuple(d.strip() for d in args.config_from_dtypes.split(",") if d.strip())
+        unknown = sorted(set(config_dtypes) - set(DTYPES))
+        if unknown or not config_dtypes:
+            ap.error(f"--config-from-dtypes: {unknown or 'none'} (one or more of {sorted(DTYPES)})")
+        if args.config_from != "all":
+            ap.error("--config-from-dtypes takes --config-from all")
     if args.min_runs < 1:
         ap.error(f"--min-runs: at least 1, got {args.min_runs}")
     if args.out is not None and args.min_runs < MIN_RUNS:
@@ -192,12 +216,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.out} exists: pass --replace to write over it", file=sys.stderr)
         return 2
     runs = [json.loads(p.read_text()) for p in args.runs]
-    chosen, stats = picks(runs, args.min_runs, args.config_from)
+    chosen, stats = picks(runs, args.min_runs, args.config_from, config_dtypes)
     doc = {
         "format": PICKS_FORMAT,
         "rule": "shapes where the Gluon kernel's time was at most the Triton kernel's "
         f"/ (1 + margin) in every run below that measured them, at least {args.min_runs}"
-        + ("" if args.config_from == "last" else "; the configuration ranked fastest over them"),
+        + (
+            ""
+            if args.config_from == "last"
+            else "; the configuration ranked fastest over them"
+            + (f" ({', '.join(config_dtypes)}; else the last run's pick)" if config_dtypes else "")
+        ),
         "runs": [str(p) for p in args.runs],
         "margin": PICK_MARGIN,
         "picks": chosen,

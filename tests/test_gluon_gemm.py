@@ -440,6 +440,11 @@ def test_a_picks_configuration_is_the_last_runs_pick_or_the_fastest_over_all_run
     assert gg.GluonGemmConfig(**entry["config"]).name == slow
     with pytest.raises(ValueError, match="config_from"):
         script.picks([first, second], config_from="best")
+    # the rule for one dtype only: bf16 here keeps the last run's pick
+    (entry,) = script.picks([first, second], config_from="all", config_dtypes=("fp8",))[0].values()
+    assert gg.GluonGemmConfig(**entry["config"]).name == slow and "rank_ms_per_run" not in entry
+    with pytest.raises(ValueError, match="config_dtypes"):
+        script.picks([first, second], config_from="all", config_dtypes=("fp16",))
 
 
 def test_fp8_shapes_are_picked_under_their_own_dtype_and_space():
