@@ -28,6 +28,20 @@ SHAPES = (
 CONFIGS = "ws_192x128x128_s4_coop3x4,ws_128x128x128_s6_coop2x4"
 
 
+def fp8_configs_named(text: str, takes=None, what: str = "in the FP8 space") -> dict:
+    """The FP8 space's configurations named in a comma list, by name in the order given;
+    ValueError naming those that are not there (or that ``takes`` refuses: ``what`` says
+    what they had to be)."""
+    from ficco.kernels.gluon_configs import FP8_CONFIGS
+
+    space = {c.name: c for c in FP8_CONFIGS}
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = [c for c in names if c not in space or (takes and not takes(space[c]))]
+    if unknown or not names:
+        raise ValueError(f"--configs: {unknown or 'none'} not {what} ({sorted(space)})")
+    return {c: space[c] for c in names}
+
+
 def library_case(m: int, n: int, k: int):
     """Seeded FP8 operands of an M x N x K product, their float64 product, and `_scaled_mm`'s
     launch: (a, b, a_scale, b_scale, reference, {"library": launch}, {"library": its output})."""
@@ -71,16 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from bench_gemm import fingerprint, parse_dims
 
-    from ficco.kernels.gluon_configs import FP8_CONFIGS
-
-    configs = {c.name: c for c in FP8_CONFIGS}
     try:  # bad input refused before any GPU work
         shapes = sorted(parse_dims("--shapes", args.shapes, 3), reverse=True)
         if any(m % 2 for m, _, _ in shapes):
             raise ValueError("--shapes: M must be even (two row chunks)")
-        unknown = [c for c in args.configs.split(",") if c not in configs]
-        if unknown:
-            raise ValueError(f"--configs: {unknown} not in the FP8 space ({sorted(configs)})")
+        configs = fp8_configs_named(args.configs)
     except ValueError as exc:
         ap.error(str(exc))
     if not torch.cuda.is_available():
@@ -95,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     for m, n, k in shapes:
         text = f"{m}x{n}x{k}"
         a, b, sa, sb, ref, fns, outs = library_case(m, n, k)
-        for name in args.configs.split(","):
-            cfg = configs[name]
+        for name, cfg in configs.items():
             out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
             fns[f"plain {name}"] = gg.ws_gemm_launcher(a, b, out, cfg, a_scale=sa, b_scale=sb)
             outs[f"plain {name}"] = out

@@ -42,18 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=30)
     args = ap.parse_args(argv)
     from bench_gemm import fingerprint, parse_dims
-    from fused_gluon_ab import check_then_time, library_case
+    from fused_gluon_ab import check_then_time, fp8_configs_named, library_case
 
     from ficco.kernels.configs import SplitPlan
-    from ficco.kernels.gluon_configs import FP8_CONFIGS
 
-    configs = {c.name: c for c in FP8_CONFIGS}
     try:  # bad input refused before any GPU work
         shapes = parse_dims("--shapes", args.shapes, 3)
-        names = args.configs.split(",")
-        unknown = [c for c in names if c not in configs or not configs[c].split_tail]
-        if unknown:
-            raise ValueError(f"--configs: {unknown} are not split-tail tiles of the FP8 space")
+        configs = fp8_configs_named(
+            args.configs, lambda c: c.split_tail, "split-tail tiles of the FP8 space"
+        )
     except ValueError as exc:
         ap.error(str(exc))
     if not torch.cuda.is_available():
@@ -69,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     for m, n, k in shapes:
         a, b, sa, sb, ref, fns, outs = library_case(m, n, k)
         ideal = {}
-        for name in names:
-            cfg = configs[name]
+        for name, cfg in configs.items():
             plan = gg.tail_plan(cfg, m, n, k, programs)
             if plan is None:
                 continue

@@ -77,6 +77,28 @@ def test_a_split_tail_splits_the_last_wave_only_where_it_fills_idle_programs():
             assert replace(cfg, split_tail=False).name in names
 
 
+def test_a_launchs_split_tail_holds_its_workspace_counters_and_arguments():
+    thirds = gg.GluonGemmConfig(192, 128, 128, 4, 3, 4, shared_tile=True, split_tail=True)
+    out = torch.empty(4096, 4096, dtype=torch.bfloat16)
+    split = gg.SplitTail.of(thirds, 4096, 4096, 7168, 132, out, own_counters=True)
+    # 44 tail tiles, 3 K ranges each, a 192x128 fp32 partial per range; a counter per part
+    assert split.workspace.numel() == 44 * 3 * 192 * 128
+    assert split.workspace.dtype == torch.float32
+    assert split.owned.tolist() == [0] * (44 * 3)
+    assert split.units(704) == 660 + 44 * 3
+    ws, locks, dp_tiles, ranges, k_per_split = split.args()
+    assert ws is split.workspace and locks is split.owned
+    assert (dp_tiles, ranges, k_per_split) == (660, 3, 19)
+    # the stream's shared counters where the launch holds none
+    shared = gg.SplitTail.of(thirds, 4096, 4096, 7168, 132, out)
+    assert shared.owned is None and shared.args()[1].numel() >= 44 * 3
+    # no split (a whole last wave, or a tile without the flag): the tiles, and arguments the
+    # kernel never reads
+    whole = gg.SplitTail.of(replace(thirds, split_tail=False), 4096, 4096, 7168, 132, out)
+    assert whole.plan is None and whole.units(704) == 704
+    assert whole.args()[2:] == (0, 0, 0)
+
+
 def test_a_configurations_json_form_leaves_out_a_false_split_tail():
     from ficco.kernels.gluon_configs import config_from_dict, config_to_dict
 
@@ -641,6 +663,12 @@ def test_the_benchmark_selects_the_named_shapes_in_the_sets_order():
         ("fused_gluon_ab", ["--shapes", "4096x4096"], "'4096x4096' is not MxNxK"),
         ("fused_gluon_ab", ["--shapes", "4095x4096x4096"], "M must be even"),
         ("fused_gluon_ab", ["--configs", "ws_1x1x1"], "['ws_1x1x1'] not in the FP8 space"),
+        ("split_tail_ab", ["--shapes", "4096x4096"], "'4096x4096' is not MxNxK"),
+        (
+            "split_tail_ab",
+            ["--configs", "ws_192x128x128_s4_coop3x4"],
+            "['ws_192x128x128_s4_coop3x4'] not split-tail tiles of the FP8 space",
+        ),
     ],
 )
 def test_the_kernel_scripts_refuse_a_bad_shape_before_any_gpu_work(
@@ -652,6 +680,50 @@ def test_the_kernel_scripts_refuse_a_bad_shape_before_any_gpu_work(
     assert exit_info.value.code == 2
     assert named in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_benchmark_variant_is_timed_only_once_it_ran_and_matched(monkeypatch):
+    script = _bench_script()
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    ref = torch.ones(4, 4)
+    out = torch.full((4, 4), float("nan"))
+    row, fns = {"errors": {}, "failures": {}}, {}
+
+    def right():
+        out.copy_(ref)
+
+    prepared = object()
+    assert script._admit(row, fns, "ok", right, out, ref, timed=lambda: prepared)
+    assert fns == {"ok": prepared} and row["errors"]["ok"] == 0.0
+
+    def wrong():
+        out.fill_(2.0)
+
+    assert not script._admit(row, fns, "wrong", wrong, out, ref)
+    assert "wrong" not in fns and row["failures"]["wrong"] == "relative error 1"
+
+    def broken():
+        raise RuntimeError("no such tile")
+
+    assert not script._admit(row, fns, "broken", broken, out, ref)
+    assert "broken" not in fns and "broken" not in row["errors"]
+    assert row["failures"]["broken"] == "RuntimeError: no such tile"
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--config-from-dtypes", "fp8"], "--config-from-dtypes takes --config-from all"),
+        (["--config-from", "all", "--config-from-dtypes", "fp16"], "['fp16']"),
+    ],
+)
+def test_the_picks_script_refuses_a_dtype_rule_it_cannot_apply(argv, says, tmp_path, capsys):
+    script = _picks_script()
+    with pytest.raises(SystemExit) as exit_info:
+        script.main([str(tmp_path / "run.json"), "--out", str(tmp_path / "picks.json"), *argv])
+    assert exit_info.value.code == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "picks.json").exists()
 
 
 def test_the_benchmark_takes_rows_in_the_order_named():

@@ -179,8 +179,7 @@ class GluonFused:
         self.split = gg.SplitTail.of(
             cfg, rows, b.shape[1], b.shape[0], sm_budget, launch.c_span, own_counters=True
         )
-        units = self.split.units if self.split.plan else tiles
-        self.grid = (max(1, min(sm_budget, units)),)
+        self.grid = (max(1, min(sm_budget, self.split.units(tiles))),)
         self.args = (
             a_desc, b_desc, c_desc, scales.a_ref, scales.b_scale, self.table, flag_ref, status,
             launch.chunk_rows, len(chunks), budget_ns, *self.split.args(),

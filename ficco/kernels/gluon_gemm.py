@@ -475,7 +475,7 @@ def ws_gemm_launcher(
     sa = a_scale.reshape(-1) if fp8 else out
     sb = b_scale.reshape(-1) if fp8 else out
     split = SplitTail.of(cfg, m, n, k, programs, out)
-    grid = (min(programs, split.units if split.plan else tiles),)
+    grid = (min(programs, split.units(tiles)),)
     kernel = ws_gemm_kernel[grid]
     max_regs = THIRDS_MAX_REGS if cfg.consumers == 3 else MAX_REGS
 
@@ -501,7 +501,6 @@ class SplitTail:
 
     def __init__(self, plan, workspace: torch.Tensor, counters: int, owned) -> None:
         self.plan = plan
-        self.units = plan.units if plan else 0
         self.workspace = workspace
         self.counters = counters
         self.owned = owned
@@ -525,6 +524,10 @@ class SplitTail:
             torch.zeros(counters, dtype=torch.int32, device=out.device) if own_counters else None
         )
         return cls(plan, workspace, counters, owned)
+
+    def units(self, tiles: int) -> int:
+        """The launch's work units: ``tiles``, or the split's whole tiles and K ranges."""
+        return self.plan.units if self.plan else tiles
 
     def args(self) -> tuple:
         if self.plan is None:  # never read: the kernel compiles without a split tail
