@@ -75,6 +75,7 @@ def compile_config(
         "chunk_rows": "i32",
         "chunks": "i32",
         "budget_ns": "i64",
+        "chunk_multiplier": "i32",
         # a split tail's (`gluon_gemm.SplitTail`)
         "ws_ptr": "*fp32",
         "lock_ptr": "*i32",

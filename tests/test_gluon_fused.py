@@ -132,3 +132,31 @@ def test_a_gluon_tile_the_launch_cannot_take_is_refused_naming_why():
     sb = torch.ones((1, N))
     with pytest.raises(ValueError, match=f"config {HALVES.name} refused: not on a GPU"):
         FusedGemm(views, b, sm_budget=4, timeout_s=5.0, b_scale=sb, config=HALVES)
+
+
+def test_the_chunk_multiplier_divides_exactly_within_its_bound():
+    """(n * m) >> 32 == n // d for every n with n * d < 2^32: the worst n below each multiple
+    of d is the one just under it (largest fraction, largest overshoot), so those and the
+    multiples themselves settle every n."""
+    import numpy as np
+
+    for d in [*range(64, 4097, 64), 6144, 8192, 12288, 16384, 24576, 65536, 1 << 20]:
+        m = gluon_fused.chunk_multiplier(d, 2)
+        assert 0 < m < 1 << 31  # a 32-bit kernel argument
+        bound = ((1 << 32) - 1) // d  # the largest n the plan lets through
+        q = np.arange(1, bound // d + 1, dtype=np.int64)
+        n = np.concatenate([q * d - 1, q * d, np.array([0, bound], dtype=np.int64)])
+        n = n[n <= bound]
+        np.testing.assert_array_equal((n * m) >> 32, n // d)
+    assert gluon_fused.chunk_multiplier(100, 1) == 0  # one chunk: every row in chunk 0
+    with pytest.raises(ValueError, match="chunk_rows 0 and chunks 2 must be at least 1"):
+        gluon_fused.chunk_multiplier(0, 2)
+
+
+def test_a_launch_past_the_multipliers_bound_is_refused_naming_it():
+    views, b, scales = _case(rows=49152, order=(0, 1))  # (98304 + 192) * 49152 > 2^32
+    launch, why = gluon_fused.plan(views, b, scales, 132, pick=THIRDS)
+    assert launch is None and "reach 2^32" in why and "2 chunks of 49152 rows" in why
+    views, b, scales = _case(rows=43008, order=(0, 1))  # (86016 + 192) * 43008 < 2^32
+    launch, why = gluon_fused.plan(views, b, scales, 132, pick=THIRDS)
+    assert why == "" and launch.chunk_rows == 43008

@@ -112,6 +112,13 @@ def plan(
             f"{pick.name}: its row blocks ({_block_rows(pick)} rows) do not divide a chunk's "
             f"{rows} rows (a block would straddle two chunks)"
         )
+    # the kernel's chunk of a row by a multiply (`chunk_multiplier`): exact for the launch's
+    # rows and its last tile's past them
+    if len(chunks) > 1 and (rows * len(chunks) + pick.block_m) * rows >= 1 << 32:
+        return None, (
+            f"{len(chunks)} chunks of {rows} rows: the launch's rows times a chunk's reach 2^32 "
+            f"(the kernel's chunk of a row is a 32-bit multiply)"
+        )
     # A: any whole row (a block's TMA load reads one chunk's rows; past the last, rows that
     # are not stored); outputs: every chunk on a store block's boundary
     a_span = row_blocks([c.a for c in chunks], 1)
@@ -123,6 +130,19 @@ def plan(
         )
     c_rows = tuple(r * pick.rows_per_consumer for r in c_span[1])
     return FusedGluonPlan(pick, a_span[0], tuple(a_span[1]), c_span[0], c_rows, rows), ""
+
+
+def chunk_multiplier(chunk_rows: int, chunks: int) -> int:
+    """The kernel's multiplier for row // chunk_rows (`gluon_ring._chunk_of`: (row * m) >> 32,
+    a multiply where a division cost ~25 dependent instructions a tile): m = 2^32 //
+    chunk_rows + 1 is exact for every row r with r * chunk_rows < 2^32 (r * m / 2^32
+    overshoots r / chunk_rows by less than r / 2^32, under the 1 / chunk_rows that r /
+    chunk_rows's fraction stays below 1 by); `plan` refuses launches past that. One chunk:
+    0 (every row in chunk 0). Several chunks have at least 64 rows (`_block_rows`): m < 2^31,
+    a 32-bit argument."""
+    if chunk_rows < 1 or chunks < 1:
+        raise ValueError(f"chunk_rows {chunk_rows} and chunks {chunks} must be at least 1")
+    return 0 if chunks == 1 else (1 << 32) // chunk_rows + 1
 
 
 def _block_rows(cfg: GluonGemmConfig) -> int:
@@ -182,7 +202,8 @@ class GluonFused:
         self.grid = (max(1, min(sm_budget, self.split.units(tiles))),)
         self.args = (
             a_desc, b_desc, c_desc, scales.a_ref, scales.b_scale, self.table, flag_ref, status,
-            launch.chunk_rows, len(chunks), budget_ns, *self.split.args(),
+            launch.chunk_rows, len(chunks), budget_ns,
+            chunk_multiplier(launch.chunk_rows, len(chunks)), *self.split.args(),
         )  # fmt: skip
         self.meta = dict(
             STAGES=cfg.stages, CONSUMERS=cfg.consumers, PRODUCER_REGS=gg.PRODUCER_REGS,

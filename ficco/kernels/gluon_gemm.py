@@ -92,6 +92,7 @@ from ficco.kernels.gluon_consumer import (
     _third_consumer_2_fast,
 )
 from ficco.kernels.gluon_ring import (
+    _a_places,
     _a_rows,
     _free_slot,
     _grid,
@@ -163,16 +164,18 @@ def _producer(descs, ring, bars, scales, tails):
         tile, k_lo, k_count = _unit_work(unit, k_steps, tails)
         off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
         if FUSED:
-            # the tile's first B block in flight while its rows are placed (the chunk table)
-            # and their chunks waited on: at a program's start that chain is a few global
-            # reads long (FP8: B K-major). (Reading the table one unit ahead ran slower:
-            # 0.964 of the plain launch against 0.977, H200 call BB.)
+            # the rows' chunks placed (arithmetic) before the slot's wait; then the tile's
+            # first B block in flight while the chunk table is read and the chunks waited
+            # on: at a program's start that chain is a few global reads long (FP8: B
+            # K-major). (Reading the table one unit ahead ran slower: 0.964 of the plain
+            # launch against 0.977, H200 call BB.)
+            places = _a_places(off_m, scales, A_ROWS, A_BLOCKS)
             slot, bar = _free_slot(bars, step, STAGES, load_bytes)
             tma.async_copy_global_to_shared(
                 b_desc, [off_n, k_lo * BLOCK_K], bar, b_bufs.index(slot)
             )
             a_rows, arrived, cached, a_base = _a_rows(
-                off_m, rows, scales, arrived, cached, a_base, A_ROWS, A_BLOCKS
+                off_m, places, rows, scales, arrived, cached, a_base, A_ROWS, A_BLOCKS
             )
             for r in gl.static_range(A_BLOCKS):
                 tma.async_copy_global_to_shared(
@@ -182,7 +185,7 @@ def _producer(descs, ring, bars, scales, tails):
             first_k = 1
         else:
             a_rows, arrived, cached, a_base = _a_rows(
-                off_m, rows, scales, arrived, cached, a_base, A_ROWS, A_BLOCKS
+                off_m, (), rows, scales, arrived, cached, a_base, A_ROWS, A_BLOCKS
             )
             first_k: gl.constexpr = 0
         for ki in range(first_k, k_count):
@@ -237,7 +240,8 @@ def ws_gemm_kernel(
     )  # fmt: skip
 
 
-@gluon.jit(do_not_specialize=_SPLIT_ARGS)
+# the chunk divisor's multiplier: one compile whatever its value's factors of two
+@gluon.jit(do_not_specialize=[*_SPLIT_ARGS, "chunk_multiplier"])
 def ws_fused_kernel(
     a_desc,
     b_desc,
@@ -250,6 +254,7 @@ def ws_fused_kernel(
     chunk_rows,
     chunks,
     budget_ns,
+    chunk_multiplier,
     ws_ptr,
     lock_ptr,
     dp_tiles,
@@ -266,7 +271,7 @@ def ws_fused_kernel(
     # and the rest after the scales (`gluon_ring.CHUNK_COLS`)
     scales = (
         a_scale_ref, b_scale_ptr, chunk_table, flag_ref, status_ptr, chunk_rows, chunks,
-        budget_ns,
+        budget_ns, chunk_multiplier,
     )  # fmt: skip
     _ws_gemm(
         a_desc, b_desc, c_desc, b_desc, c_desc, scales,

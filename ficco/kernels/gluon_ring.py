@@ -75,8 +75,9 @@ def _landed_slot(bars, step, STAGES: gl.constexpr):
 # chunk table (int64 [chunks, CHUNK_COLS]: each chunk's first row in A's span and in C's,
 # its A scales' offset from the scale reference, its wait flag's offset from the flag
 # reference, whether it waits), the flag reference, the status, a chunk's rows, the chunk
-# count and the wait's budget in ns: every partition tells the modes apart by that tuple's
-# length (constexprs reach partitions as tensors in Triton 3.6)
+# count, the wait's budget in ns and the chunk divisor's multiplier (`gluon_fused.
+# chunk_multiplier`): every partition tells the modes apart by that tuple's length
+# (constexprs reach partitions as tensors in Triton 3.6)
 CHUNK_COLS = gl.constexpr(5)
 
 
@@ -100,9 +101,12 @@ def _chunk_of(row, scales):
     """Fused: where the launch's row `row` lies (its chunks' rows back to back; a row past
     them in the last chunk, past its rows): (its chunk, its row in the chunk, the chunk's
     table entry). A tile's row blocks (64-row parts, or whole tiles) each lie in one chunk
-    (`gluon_fused.plan`: every chunk's rows a multiple of them)."""
+    (`gluon_fused.plan`: every chunk's rows a multiple of them). row // rows as a multiply
+    by the host's `gluon_fused.chunk_multiplier` (0 for one chunk): a division is ~25
+    dependent instructions, and the producer's two for a tile's 64-row blocks, after its
+    slot's wait, cost the fused launch ~0.3 us a tile against the plain kernel."""
     rows = scales[5]
-    chunk = gl.minimum(row // rows, scales[6] - 1)
+    chunk = gl.minimum(((row.to(gl.int64) * scales[8]) >> 32).to(gl.int32), scales[6] - 1)
     return chunk, row - chunk * rows, scales[2] + chunk * CHUNK_COLS
 
 
@@ -119,38 +123,58 @@ def _entry_cached(chunk, entry, COL: gl.constexpr, cached, value):
 
 
 @gluon.jit
-def _a_block_row(row, total, scales, arrived, cached, a_base):
-    """Fused, the producer: A's row of the row block at launch row `row`, once its chunk
-    has arrived ((A's row, the chunks seen arrived: bit c, chunks past 62 waited on each
-    time, and the cached chunk and its first A row)). A block past the launch's rows is read
-    unwaited (never stored)."""
-    chunk, local, entry = _chunk_of(row, scales)
-    a_base, cached = _entry_cached(chunk, entry, 0, cached, a_base)
+def _a_places(off_m, scales, A_ROWS: gl.constexpr, A_BLOCKS: gl.constexpr):
+    """Fused, the producer: (chunk, row in it) of each of a tile's A_BLOCKS row blocks,
+    arithmetic only: placed before the tile's first slot wait, so only the cached table
+    read and the wait stand between a slot's release and its loads."""
+    chunk0, local0, _e0 = _chunk_of(off_m, scales)
+    if A_BLOCKS == 1:
+        places = ((chunk0, local0),)
+    else:
+        gl.static_assert(A_BLOCKS == 3)
+        chunk1, local1, _e1 = _chunk_of(off_m + A_ROWS, scales)
+        chunk2, local2, _e2 = _chunk_of(off_m + 2 * A_ROWS, scales)
+        places = ((chunk0, local0), (chunk1, local1), (chunk2, local2))
+    return places
+
+
+@gluon.jit
+def _a_block_row(place, row, total, scales, arrived, cached, a_base):
+    """Fused, the producer: A's row of the row block at launch row `row` (in chunk
+    place[0], its row place[1] there), once its chunk has arrived ((A's row, the chunks
+    seen arrived: bit c, chunks past 62 waited on each time, and the cached chunk and its
+    first A row)). A block past the launch's rows is read unwaited (never stored)."""
+    chunk = place[0]
+    a_base, cached = _entry_cached(chunk, scales[2] + chunk * CHUNK_COLS, 0, cached, a_base)
     if row < total:
         bit = gl.to_tensor(1).to(gl.int64) << gl.minimum(chunk, 63).to(gl.int64)
         if (chunk > 62) | ((arrived & bit) == 0):
             _wait_chunk(scales, chunk)
             arrived = arrived | bit
-    return a_base.to(gl.int32) + local, arrived, cached, a_base
+    return a_base.to(gl.int32) + place[1], arrived, cached, a_base
 
 
 @gluon.jit
 def _a_rows(
-    off_m, total, scales, arrived, cached, a_base, A_ROWS: gl.constexpr, A_BLOCKS: gl.constexpr
-):
-    """A's row of each of a tile's A_BLOCKS row blocks (fused: each waited on), the chunks
-    seen arrived, and the producer's cached table entry (`_a_block_row`)."""
+    off_m, places, total, scales, arrived, cached, a_base, A_ROWS: gl.constexpr,
+    A_BLOCKS: gl.constexpr,
+):  # fmt: skip
+    """A's row of each of a tile's A_BLOCKS row blocks (fused: each waited on, placed by
+    `_a_places`), the chunks seen arrived, and the producer's cached table entry
+    (`_a_block_row`)."""
     if len(scales) > 2:
-        row0, arrived, cached, a_base = _a_block_row(off_m, total, scales, arrived, cached, a_base)
+        row0, arrived, cached, a_base = _a_block_row(
+            places[0], off_m, total, scales, arrived, cached, a_base
+        )
         if A_BLOCKS == 1:
             rows = (row0,)
         else:
             gl.static_assert(A_BLOCKS == 3)
             row1, arrived, cached, a_base = _a_block_row(
-                off_m + A_ROWS, total, scales, arrived, cached, a_base
+                places[1], off_m + A_ROWS, total, scales, arrived, cached, a_base
             )
             row2, arrived, cached, a_base = _a_block_row(
-                off_m + 2 * A_ROWS, total, scales, arrived, cached, a_base
+                places[2], off_m + 2 * A_ROWS, total, scales, arrived, cached, a_base
             )
             rows = (row0, row1, row2)
     elif A_BLOCKS == 1:
