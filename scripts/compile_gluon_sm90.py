@@ -76,6 +76,9 @@ def compile_config(
         "chunks": "i32",
         "budget_ns": "i64",
         "chunk_multiplier": "i32",
+        "first_a_row": "i32",
+        "first_flag": "*i32",
+        "first_waits": "i32",
         # a split tail's (`gluon_gemm.SplitTail`)
         "ws_ptr": "*fp32",
         "lock_ptr": "*i32",

@@ -203,7 +203,10 @@ class GluonFused:
         self.args = (
             a_desc, b_desc, c_desc, scales.a_ref, scales.b_scale, self.table, flag_ref, status,
             launch.chunk_rows, len(chunks), budget_ns,
-            chunk_multiplier(launch.chunk_rows, len(chunks)), *self.split.args(),
+            chunk_multiplier(launch.chunk_rows, len(chunks)),
+            # chunk 0's table entry again, as arguments (`gluon_ring._wait_chunk`)
+            launch.a_rows[0], flag_ref if chunks[0].wait is None else chunks[0].wait,
+            int(chunks[0].wait is not None), *self.split.args(),
         )  # fmt: skip
         self.meta = dict(
             STAGES=cfg.stages, CONSUMERS=cfg.consumers, PRODUCER_REGS=gg.PRODUCER_REGS,

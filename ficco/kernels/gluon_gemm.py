@@ -156,9 +156,14 @@ def _producer(descs, ring, bars, scales, tails):
     # them in program order
     FUSED: gl.constexpr = len(scales) > 2
     arrived = gl.to_tensor(0).to(gl.int64)
-    # the chunk whose table entry was read last, and its first A row
-    cached = gl.to_tensor(-1)
-    a_base = gl.to_tensor(0).to(gl.int64)
+    # the chunk whose table entry was read last, and its first A row: fused, chunk 0's from
+    # the arguments (a program's first tile is mostly in it: no table read before its wait)
+    if FUSED:
+        cached = gl.to_tensor(0)
+        a_base = scales[9].to(gl.int64)
+    else:
+        cached = gl.to_tensor(-1)
+        a_base = gl.to_tensor(0).to(gl.int64)
     step = 0
     for unit in range(pid, units, programs):
         tile, k_lo, k_count = _unit_work(unit, k_steps, tails)
@@ -240,8 +245,10 @@ def ws_gemm_kernel(
     )  # fmt: skip
 
 
-# the chunk divisor's multiplier: one compile whatever its value's factors of two
-@gluon.jit(do_not_specialize=[*_SPLIT_ARGS, "chunk_multiplier"])
+# the chunk divisor's multiplier and chunk 0's entry: one compile whatever their values
+@gluon.jit(
+    do_not_specialize=[*_SPLIT_ARGS, "chunk_multiplier", "first_a_row", "first_waits"]
+)
 def ws_fused_kernel(
     a_desc,
     b_desc,
@@ -255,6 +262,9 @@ def ws_fused_kernel(
     chunks,
     budget_ns,
     chunk_multiplier,
+    first_a_row,
+    first_flag,
+    first_waits,
     ws_ptr,
     lock_ptr,
     dp_tiles,
@@ -271,7 +281,7 @@ def ws_fused_kernel(
     # and the rest after the scales (`gluon_ring.CHUNK_COLS`)
     scales = (
         a_scale_ref, b_scale_ptr, chunk_table, flag_ref, status_ptr, chunk_rows, chunks,
-        budget_ns, chunk_multiplier,
+        budget_ns, chunk_multiplier, first_a_row, first_flag, first_waits,
     )  # fmt: skip
     _ws_gemm(
         a_desc, b_desc, c_desc, b_desc, c_desc, scales,

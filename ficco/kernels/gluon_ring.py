@@ -75,9 +75,10 @@ def _landed_slot(bars, step, STAGES: gl.constexpr):
 # chunk table (int64 [chunks, CHUNK_COLS]: each chunk's first row in A's span and in C's,
 # its A scales' offset from the scale reference, its wait flag's offset from the flag
 # reference, whether it waits), the flag reference, the status, a chunk's rows, the chunk
-# count, the wait's budget in ns and the chunk divisor's multiplier (`gluon_fused.
-# chunk_multiplier`): every partition tells the modes apart by that tuple's length
-# (constexprs reach partitions as tensors in Triton 3.6)
+# count, the wait's budget in ns, the chunk divisor's multiplier (`gluon_fused.
+# chunk_multiplier`) and chunk 0's first A row, flag and whether it waits (its table entry's,
+# as arguments: the wait at a program's start reads no table first): every partition tells
+# the modes apart by that tuple's length (constexprs reach partitions as tensors in Triton 3.6)
 CHUNK_COLS = gl.constexpr(5)
 
 
@@ -229,11 +230,15 @@ def _wait_chunk(scales, chunk):
     CAS to -1 after the budget on %globaltimer) and record a give-up in the status; then
     order the TMA reads (async proxy) after the acquire. A chunk given up is still loaded and
     computed (the consumers take every slot); the status makes the launch's owner raise."""
-    entry = scales[2] + chunk * CHUNK_COLS
-    # both reads issued together: reading the flag's offset only after the wait bit cost
-    # ~0.8% of a fused launch against the plain kernel (H200 call BF)
-    waits = gl.load(entry + 4)
-    flag = scales[3] + gl.load(entry + 3)
+    if chunk == 0:
+        # from the arguments: at a program's start the table's reads (two, dependent: the
+        # compiler issues the flag offset's under the wait bit's branch) would come first
+        waits = scales[11]
+        flag = scales[10]
+    else:
+        entry = scales[2] + chunk * CHUNK_COLS
+        waits = gl.load(entry + 4).to(gl.int32)
+        flag = scales[3] + gl.load(entry + 3)
     if waits != 0:
         val = _ptx("ld.acquire.sys.global.b32 $0, [$1];", [flag], "=r,l")
         if val == 0:
