@@ -246,9 +246,7 @@ def ws_gemm_kernel(
 
 
 # the chunk divisor's multiplier and chunk 0's entry: one compile whatever their values
-@gluon.jit(
-    do_not_specialize=[*_SPLIT_ARGS, "chunk_multiplier", "first_a_row", "first_waits"]
-)
+@gluon.jit(do_not_specialize=[*_SPLIT_ARGS, "chunk_multiplier", "first_a_row", "first_waits"])
 def ws_fused_kernel(
     a_desc,
     b_desc,
