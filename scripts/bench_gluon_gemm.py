@@ -26,8 +26,11 @@ Protocol, per shape and dtype:
      timed in interleaved rounds, order rotated, 20-120 rounds (~0.25 s of GEMM time each);
      medians. FP8 adds the pick without promotion (`gluon_fast`),
      `_scaled_mm(use_fast_accum=True)` (`library_fast`) and the fused flag-waiting GEMM as
-     the all-gather schedules launch it (`fused`: `FusedGemm` over two row chunks in arrival
-     order, flags preset; `fused_kernel` names the kernel and tile) to the same rounds; before the shapes
+     the all-gather schedules launch it at W = 2 (`fused`: `FusedGemm` over two row chunks
+     in arrival order, the local shard read in place from its own buffer, no wait, then the
+     peer's rows in the gathered buffer, its flag preset; `fused_kernel` names the kernel
+     and tile) and over the same two chunks both waiting in one buffer (`fused_waiting`, the
+     form `fused` was through H200 call BJ and H100 run 40) to the same rounds; before the shapes
      an accumulation probe (512x512x16384) records every FP8 configuration's error in both
      modes beside `_scaled_mm`'s.
   ratio = reference library ms / variant ms (> 1: faster than cuBLAS / `_scaled_mm`).
@@ -189,7 +192,8 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
     matmul_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     _admit(row, fns, "matmul", shipped, matmul_out, ref)
     if fp8:
-        _add_fused(row, fns, a, b, sa, sb, ref, budget)
+        _add_fused(row, fns, a, b, sa, sb, ref, budget, local=True)
+        _add_fused(row, fns, a, b, sa, sb, ref, budget, local=False)
         # no promotion on either side (use_fast_accum): the pick's configuration, checked
         fast_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
         lib_fast_out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -242,14 +246,18 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
     return row
 
 
-def _add_fused(row: dict, fns: dict, a, b, sa, sb, ref, budget: int) -> None:
-    """FP8: the fused flag-waiting GEMM as ficco's all-gather schedules launch it
-    (`FusedGemm`, default tile: the Gluon kernel where `gluon_fused` takes the launch, else
-    the Triton one), over two row chunks in arrival order (the second half first, as a rank
-    whose shard is the second), flags preset, checked first; `row["fused_kernel"]` says
-    which kernel and tile ran."""
+def _add_fused(row: dict, fns: dict, a, b, sa, sb, ref, budget: int, local: bool) -> None:
+    """FP8: the fused flag-waiting GEMM (`FusedGemm`, default tile: the Gluon kernel where
+    `gluon_fused` takes the launch, else the Triton one) over two row chunks in arrival order
+    (the second half first, as a rank whose shard is the second), flags preset, checked
+    first. ``local``: as the all-gather schedules launch it (`fused`; `ficco.plan.fused`):
+    the first chunk is the local shard, read in place from its own buffer without a wait,
+    the second the peer's rows in the gathered buffer; else both wait, in one buffer
+    (`fused_waiting`). ``row["fused_kernel"]`` (``fused_waiting_kernel``) says which kernel
+    and tile ran."""
     from ficco.kernels.fused import FusedChunkViews, FusedGemm
 
+    name = "fused" if local else "fused_waiting"
     m = a.shape[0]
     half = m // 2
     if m % 2 or half % 16:
@@ -263,6 +271,10 @@ def _add_fused(row: dict, fns: dict, a, b, sa, sb, ref, budget: int) -> None:
         )
         for i, lo in enumerate((half, 0))
     ]  # fmt: skip
+    if local:  # the shard's rows and scales in their own buffers, read without a wait
+        views[0] = FusedChunkViews(
+            a[half:].clone(), views[0].out, a_scale=sa[half:].clone()
+        )  # fmt: skip
     gemm = None
 
     def first() -> None:
@@ -273,9 +285,9 @@ def _add_fused(row: dict, fns: dict, a, b, sa, sb, ref, budget: int) -> None:
         torch.cuda.synchronize()
         gemm.raise_on_timeout("bench")
 
-    _admit(row, fns, "fused", first, out, ref, timed=lambda: gemm)
+    _admit(row, fns, name, first, out, ref, timed=lambda: gemm)
     if gemm is not None:
-        row["fused_kernel"] = (
+        row[f"{name}_kernel"] = (
             f"gluon {gemm.gluon.config.name}" if gemm.gluon else f"triton {gemm.config.name}"
         )
 
@@ -362,6 +374,8 @@ def summarize(rows: list[dict]) -> dict:
                 "fused_kernels": dict(
                     Counter(r["fused_kernel"].split()[0] for r in sel if "fused_kernel" in r)
                 ),
+                "fused_waiting_vs_library_geomean": _geomean(ratios(sel, "fused_waiting")),
+                "fused_waiting_vs_library_min": min(ratios(sel, "fused_waiting"), default=math.nan),
                 "gluon_noise_floor_geomean": _geomean(
                     [r["ms"]["gluon2"] / r["ms"]["gluon"] for r in sel]
                 ),
@@ -509,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
             f"[{i + 1}/{len(todo)}] {dtype} {m}x{n}x{k} {','.join(sets)}: pick {row.get('pick')} "
             f"gluon {r.get('gluon', math.nan):.3f} triton {r.get('triton', math.nan):.3f} "
             f"matmul {r.get('matmul', math.nan):.3f} fused {r.get('fused', math.nan):.3f} "
+            f"fused_waiting {r.get('fused_waiting', math.nan):.3f} "
             f"(of {'_scaled_mm' if dtype == 'fp8' else 'cuBLAS'}) failures {len(row.get('failures', {}))}"
             f"{' ERROR ' + row['error'] if 'error' in row else ''}",
             flush=True,

@@ -79,6 +79,7 @@ def compile_config(
         "first_a_row": "i32",
         "first_flag": "*i32",
         "first_waits": "i32",
+        "a2_desc": desc(dtype, a_block),
         # a split tail's (`gluon_gemm.SplitTail`)
         "ws_ptr": "*fp32",
         "lock_ptr": "*i32",

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Where the fused FP8 Gluon launch (`ficco.kernels.gluon_fused`) loses to the plain kernel of
 the same tile on one GPU: per shape and tile, the plain launch, the fused launch over one chunk
-(the whole product: the fused kernel's own cost), over two row chunks (the bench's launch) and
-`_scaled_mm`, each checked against the float64 product first, then timed in interleaved rounds
-(`LaunchTimer`). JSON to --out.
+(the whole product: the fused kernel's own cost), over two row chunks in one buffer, both
+waiting (`fused2`), as an all-gather launches them (`ag2`: the local shard first, from its own
+buffer, no wait; the peer's rows waiting) and `_scaled_mm`, each checked against the float64
+product first, then timed in interleaved rounds (`LaunchTimer`). JSON to --out.
 
     python scripts/fused_gluon_ab.py --out FILE [--shapes MxNxK,...] [--configs NAME,...]
 """
@@ -123,6 +124,17 @@ def main(argv: list[str] | None = None) -> int:
                 gemm = FusedGemm(views, b, sm_budget=132, timeout_s=10.0, b_scale=sb, config=cfg)
                 fns[f"fused{chunks} {name}"] = gemm
                 outs[f"fused{chunks} {name}"] = out
+                if chunks == 2:  # as an all-gather: the first chunk the local shard, no wait
+                    out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+                    local = FusedChunkViews(
+                        a[part:].clone(), out[part:], a_scale=sa[part:].clone()
+                    )  # fmt: skip
+                    peer = FusedChunkViews(a[:part], out[:part], wait=flags[1:], a_scale=sa[:part])
+                    gemm = FusedGemm(
+                        [local, peer], b, sm_budget=132, timeout_s=10.0, b_scale=sb, config=cfg
+                    )
+                    fns[f"ag2 {name}"] = gemm
+                    outs[f"ag2 {name}"] = out
         row = {"M": m, "N": n, "K": k, **check_then_time(fns, outs, ref, timer, 30)}
         rows.append(row)
         print(

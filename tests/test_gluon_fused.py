@@ -47,7 +47,50 @@ def test_chunks_in_arrival_order_are_placed_by_their_rows_in_the_buffers():
     assert launch.config == THIRDS and launch.chunk_rows == 256
     assert launch.a_rows == (640, 960, 0, 320)  # slot * (256 + 64)
     assert launch.c_rows == (640, 960, 0, 320)
-    assert launch.a_span.shape[0] == launch.c_span.shape[0] == 4 * 320 - 64
+    assert len(launch.a_spans) == 1 and launch.a_span_of == (0, 0, 0, 0)
+    assert launch.a_spans[0].shape[0] == launch.c_span.shape[0] == 4 * 320 - 64
+
+
+def _all_gather_case(rows=256, peers=1, gap=0):
+    """As an all-gather's fused launch: the local shard first, read in place from its own
+    buffer without a wait, then ``peers`` chunks gathered in another buffer (``gap`` rows
+    before them), waiting; outputs in one buffer."""
+    total = (peers + 1) * rows + gap
+    a, b, sa, sb, _ = random_operands(total, N, K, torch.float8_e4m3fn, "cpu", seed=5)
+    local, local_scale = a[:rows].clone(), sa[:rows].clone()
+    out = torch.zeros(((peers + 1) * rows, N), dtype=torch.bfloat16)
+    flags = torch.ones(peers, dtype=torch.int32)
+    views = [FusedChunkViews(local, out[:rows], a_scale=local_scale)] + [
+        FusedChunkViews(
+            a[gap + p * rows : gap + (p + 1) * rows], out[p * rows : (p + 1) * rows],
+            wait=flags[p - 1 : p], a_scale=sa[gap + p * rows : gap + (p + 1) * rows],
+        )
+        for p in range(1, peers + 1)
+    ]  # fmt: skip
+    return views, b, fused_scales(views, b, sb, False)
+
+
+def test_an_all_gathers_local_shard_is_read_in_place_beside_the_gathered_rows():
+    views, b, scales = _all_gather_case(peers=2, gap=64)
+    launch, why = gluon_fused.plan(views, b, scales, 132, pick=THIRDS)
+    assert why == ""
+    assert len(launch.a_spans) == 2 and launch.a_span_of == (0, 1, 1)
+    assert launch.a_spans[0].data_ptr() == views[0].a.data_ptr()
+    assert launch.a_rows == (0, 0, 256)  # rows in their own buffer's span
+    assert launch.c_rows == (0, 256, 512)
+
+
+def test_chunks_in_three_a_buffers_are_refused_naming_the_rule():
+    views, b, _ = _all_gather_case(peers=1)
+    third = views[1].a.clone()
+    views = [
+        *views,
+        FusedChunkViews(third, torch.zeros_like(views[1].out), a_scale=views[1].a_scale),
+    ]
+    launch, why = gluon_fused.plan(
+        views, b, fused_scales(views, b, torch.ones(1, N), False), 132, pick=THIRDS
+    )
+    assert launch is None and "not in one or two buffers" in why
 
 
 @pytest.mark.parametrize(

@@ -606,6 +606,26 @@ def test_the_summary_counts_matmuls_shapes_per_set_and_m():
     assert decode["picks"] == {gg.BF16_CONFIGS[0].name: 4}
 
 
+def test_the_summary_keeps_the_all_gather_launch_and_the_all_waiting_one_apart():
+    script = _bench_script()
+    rows = [
+        {
+            "M": m,
+            "dtype": "fp8",
+            "sets": ["full"],
+            "pick": gg.FP8_CONFIGS[0].name,
+            "ms": {"gluon": 1.0, "gluon2": 1.0},
+            "fused_kernel": "gluon x",
+            "ratio": {"gluon": 1.0, "triton": 0.9, "fused": fused, "fused_waiting": waiting},
+        }  # fmt: skip
+        for m, fused, waiting in ((512, 1.0, 0.96), (1024, 0.99, 0.98))
+    ]
+    fp8 = script.summarize(rows)["fp8_full"]
+    assert fp8["fused_vs_library_geomean"] == pytest.approx((1.0 * 0.99) ** 0.5)
+    assert fp8["fused_waiting_vs_library_geomean"] == pytest.approx((0.96 * 0.98) ** 0.5)
+    assert fp8["fused_waiting_vs_library_min"] == 0.96
+
+
 def test_the_benchmark_recomputes_a_written_runs_summary_without_a_gpu(tmp_path, capsys):
     import json
 

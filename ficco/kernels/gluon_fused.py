@@ -5,8 +5,9 @@ card's shipped Gluon picks name the shape (`ficco.kernels.matmul.shipped_gluon_p
 chunk's rows, else one chunk's) and the launch is what the picks were measured on and what
 this kernel does (`refusal` names what is not): per-row A and per-column B scales, B
 column-major, bf16 outputs, chunks that only wait (none signals, has copies or resets its
-flag), all of one row count, their A rows in one buffer and their outputs in one buffer on
-store-block boundaries (one host-built descriptor each).
+flag), all of one row count, their A rows in one or two buffers (an all-gather's local shard,
+read in place, beside the buffer its peers' rows land in) and their outputs in one buffer
+on store-block boundaries (one host-built descriptor each).
 
 `ws_fused_kernel` (``ficco.kernels.gluon_gemm``) is the same warp-specialized kernel over the
 chunks' rows back to back in the order given (the order the chunks are expected to arrive),
@@ -37,11 +38,13 @@ from ficco.kernels.persistent import tma_row_major as _row_major
 
 @dataclass(frozen=True)
 class FusedGluonPlan:
-    """A fused launch's Gluon tile and where its chunks lie: A's span and each chunk's first
-    row in it, the outputs' span and each chunk's first row there, a chunk's rows."""
+    """A fused launch's Gluon tile and where its chunks lie: A's spans (one, or two: an
+    all-gather's local shard beside the gathered rows) and each chunk's span and first row
+    in it, the outputs' span and each chunk's first row there, a chunk's rows."""
 
     config: GluonGemmConfig
-    a_span: torch.Tensor
+    a_spans: tuple[torch.Tensor, ...]
+    a_span_of: tuple[int, ...]
     a_rows: tuple[int, ...]
     c_span: torch.Tensor
     c_rows: tuple[int, ...]
@@ -119,17 +122,40 @@ def plan(
             f"{len(chunks)} chunks of {rows} rows: the launch's rows times a chunk's reach 2^32 "
             f"(the kernel's chunk of a row is a 32-bit multiply)"
         )
-    # A: any whole row (a block's TMA load reads one chunk's rows; past the last, rows that
-    # are not stored); outputs: every chunk on a store block's boundary
-    a_span = row_blocks([c.a for c in chunks], 1)
+    # A: any whole row, in one or two buffers (a block's TMA load reads one chunk's rows;
+    # past the last, rows that are not stored); outputs: every chunk on a store block's
+    # boundary, in one buffer
+    a_spans, a_span_of, a_rows = _a_spans([c.a for c in chunks])
     c_span = row_blocks([c.out for c in chunks], pick.rows_per_consumer)
-    if a_span is None or c_span is None:
+    if not a_spans or c_span is None:
         return None, (
-            f"the chunks' rows are not in one buffer (A), or their outputs not in one buffer on "
-            f"{pick.rows_per_consumer}-row boundaries"
+            f"the chunks' A rows are not in one or two buffers, or their outputs not in one "
+            f"buffer on {pick.rows_per_consumer}-row boundaries"
         )
+    if max(a_rows) + rows >= 1 << 30:
+        return None, "A's rows reach 2^30 (the kernel's table holds a row twice, in 32 bits)"
     c_rows = tuple(r * pick.rows_per_consumer for r in c_span[1])
-    return FusedGluonPlan(pick, a_span[0], tuple(a_span[1]), c_span[0], c_rows, rows), ""
+    return FusedGluonPlan(pick, a_spans, a_span_of, a_rows, c_span[0], c_rows, rows), ""
+
+
+def _a_spans(views: Sequence[torch.Tensor]) -> tuple[tuple, tuple[int, ...], tuple[int, ...]]:
+    """The chunks' A rows as (spans, each chunk's span, its first row there): the views of
+    each storage in one span (`row_blocks`), at most two storages (an all-gather's local
+    shard, read in place, and the buffer its peers' rows land in); ((), (), ()) where not."""
+    storages: dict[int, list[int]] = {}
+    for i, v in enumerate(views):
+        storages.setdefault(v.untyped_storage().data_ptr(), []).append(i)
+    if len(storages) > 2:
+        return (), (), ()
+    spans, span_of, rows = [], [0] * len(views), [0] * len(views)
+    for members in storages.values():
+        got = row_blocks([views[i] for i in members], 1)
+        if got is None:
+            return (), (), ()
+        for i, first in zip(members, got[1], strict=True):
+            span_of[i], rows[i] = len(spans), first
+        spans.append(got[0])
+    return tuple(spans), tuple(span_of), tuple(rows)
 
 
 def chunk_multiplier(chunk_rows: int, chunks: int) -> int:
@@ -176,9 +202,15 @@ class GluonFused:
     ) -> None:
         from ficco.kernels import gluon_gemm as gg
 
+        self.launch = launch
         cfg = self.config = launch.config
         cfg.check(1)
-        a_desc, b_desc, c_desc, _, _ = gg._descs(launch.a_span, b, launch.c_span, cfg, True)
+        a_desc, b_desc, c_desc, _, _ = gg._descs(launch.a_spans[0], b, launch.c_span, cfg, True)
+        # the second A buffer's (the first's where there is one)
+        a2_desc = gg._descs(launch.a_spans[-1], b, launch.c_span, cfg, True)[0]
+        # A's first row as the kernel reads it (`gluon_ring._copy_a`): twice the row, plus 1
+        # in the second buffer
+        a_rows = [2 * r + s for r, s in zip(launch.a_rows, launch.a_span_of, strict=True)]
         table = [
             [
                 a_row,
@@ -187,9 +219,7 @@ class GluonFused:
                 0 if c.wait is None else _offset(c.wait, flag_ref),
                 int(c.wait is not None),
             ]
-            for i, (c, a_row, c_row) in enumerate(
-                zip(chunks, launch.a_rows, launch.c_rows, strict=True)
-            )
+            for i, (c, a_row, c_row) in enumerate(zip(chunks, a_rows, launch.c_rows, strict=True))
         ]
         self.table = torch.tensor(table, dtype=torch.int64, device=b.device)
         # the chunks' rows back to back, tiled as one product's (`gluon_ring._grid`)
@@ -205,8 +235,8 @@ class GluonFused:
             launch.chunk_rows, len(chunks), budget_ns,
             chunk_multiplier(launch.chunk_rows, len(chunks)),
             # chunk 0's table entry again, as arguments (`gluon_ring._wait_chunk`)
-            launch.a_rows[0], flag_ref if chunks[0].wait is None else chunks[0].wait,
-            int(chunks[0].wait is not None), *self.split.args(),
+            a_rows[0], flag_ref if chunks[0].wait is None else chunks[0].wait,
+            int(chunks[0].wait is not None), a2_desc, *self.split.args(),
         )  # fmt: skip
         self.meta = dict(
             STAGES=cfg.stages, CONSUMERS=cfg.consumers, PRODUCER_REGS=gg.PRODUCER_REGS,

@@ -94,6 +94,7 @@ from ficco.kernels.gluon_consumer import (
 from ficco.kernels.gluon_ring import (
     _a_places,
     _a_rows,
+    _copy_a,
     _free_slot,
     _grid,
     _tile_offsets,
@@ -183,9 +184,10 @@ def _producer(descs, ring, bars, scales, tails):
                 off_m, places, rows, scales, arrived, cached, a_base, A_ROWS, A_BLOCKS
             )
             for r in gl.static_range(A_BLOCKS):
-                tma.async_copy_global_to_shared(
-                    a_desc, [a_rows[r], k_lo * BLOCK_K], bar, a_bufs.index(slot * A_BLOCKS + r)
-                )
+                _copy_a(
+                    a_desc, scales, a_rows[r], k_lo * BLOCK_K, bar,
+                    a_bufs.index(slot * A_BLOCKS + r),
+                )  # fmt: skip
             step += 1
             first_k = 1
         else:
@@ -197,9 +199,7 @@ def _producer(descs, ring, bars, scales, tails):
             k = (k_lo + ki) * BLOCK_K
             slot, bar = _free_slot(bars, step, STAGES, load_bytes)
             for r in gl.static_range(A_BLOCKS):
-                tma.async_copy_global_to_shared(
-                    a_desc, [a_rows[r], k], bar, a_bufs.index(slot * A_BLOCKS + r)
-                )
+                _copy_a(a_desc, scales, a_rows[r], k, bar, a_bufs.index(slot * A_BLOCKS + r))
             if B_K_MAJOR:
                 tma.async_copy_global_to_shared(b_desc, [off_n, k], bar, b_bufs.index(slot))
             else:
@@ -263,6 +263,7 @@ def ws_fused_kernel(
     first_a_row,
     first_flag,
     first_waits,
+    a2_desc,
     ws_ptr,
     lock_ptr,
     dp_tiles,
@@ -279,7 +280,7 @@ def ws_fused_kernel(
     # and the rest after the scales (`gluon_ring.CHUNK_COLS`)
     scales = (
         a_scale_ref, b_scale_ptr, chunk_table, flag_ref, status_ptr, chunk_rows, chunks,
-        budget_ns, chunk_multiplier, first_a_row, first_flag, first_waits,
+        budget_ns, chunk_multiplier, first_a_row, first_flag, first_waits, a2_desc,
     )  # fmt: skip
     _ws_gemm(
         a_desc, b_desc, c_desc, b_desc, c_desc, scales,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 # rows of tiles a group visits before moving along N (L2 reuse of the B columns)
 GROUP_M = gl.constexpr(8)
@@ -76,9 +76,11 @@ def _landed_slot(bars, step, STAGES: gl.constexpr):
 # its A scales' offset from the scale reference, its wait flag's offset from the flag
 # reference, whether it waits), the flag reference, the status, a chunk's rows, the chunk
 # count, the wait's budget in ns, the chunk divisor's multiplier (`gluon_fused.
-# chunk_multiplier`) and chunk 0's first A row, flag and whether it waits (its table entry's,
-# as arguments: the wait at a program's start reads no table first): every partition tells
-# the modes apart by that tuple's length (constexprs reach partitions as tensors in Triton 3.6)
+# chunk_multiplier`), chunk 0's first A row, flag and whether it waits (its table entry's,
+# as arguments: the wait at a program's start reads no table first) and the second A
+# buffer's descriptor: every partition tells the modes apart by that tuple's length
+# (constexprs reach partitions as tensors in Triton 3.6). A's first rows in the table (and
+# chunk 0's argument) are encoded: the row twice, plus 1 in the second A buffer (`_copy_a`)
 CHUNK_COLS = gl.constexpr(5)
 
 
@@ -152,7 +154,8 @@ def _a_block_row(place, row, total, scales, arrived, cached, a_base):
         if (chunk > 62) | ((arrived & bit) == 0):
             _wait_chunk(scales, chunk)
             arrived = arrived | bit
-    return a_base.to(gl.int32) + place[1], arrived, cached, a_base
+    # the table's encoding (`gluon_fused`): A's row twice, plus 1 in the second A buffer
+    return a_base.to(gl.int32) + 2 * place[1], arrived, cached, a_base
 
 
 @gluon.jit
@@ -161,8 +164,8 @@ def _a_rows(
     A_BLOCKS: gl.constexpr,
 ):  # fmt: skip
     """A's row of each of a tile's A_BLOCKS row blocks (fused: each waited on, placed by
-    `_a_places`), the chunks seen arrived, and the producer's cached table entry
-    (`_a_block_row`)."""
+    `_a_places`, in the table's encoding that `_copy_a` reads), the chunks seen arrived, and
+    the producer's cached table entry (`_a_block_row`)."""
     if len(scales) > 2:
         row0, arrived, cached, a_base = _a_block_row(
             places[0], off_m, total, scales, arrived, cached, a_base
@@ -184,6 +187,20 @@ def _a_rows(
         gl.static_assert(A_BLOCKS == 3)
         rows = (off_m, off_m + A_ROWS, off_m + 2 * A_ROWS)
     return rows, arrived, cached, a_base
+
+
+@gluon.jit
+def _copy_a(a_desc, scales, a_row, k, bar, dest):
+    """One A block's TMA load at (a_row, k) (`_a_rows`). Fused, a_row is the table's
+    encoding: the row twice, plus 1 where it lies in the second A buffer (scales[12]: an
+    all-gather's local shard, read in place beside the gathered rows)."""
+    if len(scales) > 2:
+        if (a_row & 1) != 0:
+            tma.async_copy_global_to_shared(scales[12], [a_row >> 1, k], bar, dest)
+        else:
+            tma.async_copy_global_to_shared(a_desc, [a_row >> 1, k], bar, dest)
+    else:
+        tma.async_copy_global_to_shared(a_desc, [a_row, k], bar, dest)
 
 
 @gluon.jit

@@ -114,6 +114,39 @@ def test_a_chunk_is_read_only_after_its_flag(consumers):
     assert _rel(out[~gaps], ref[~gaps]) <= LIMIT
 
 
+@pytest.mark.parametrize("cfg", _configs(), ids=lambda c: c.name)
+def test_an_all_gathers_local_shard_is_read_in_place_while_its_peers_rows_land(cfg):
+    """As an all-gather's fused launch: the local shard first, from its own buffer, no wait;
+    two peers' chunks gathered in another buffer, landing during the launch (the kernel's
+    second A buffer)."""
+    from ficco.kernels.fused_views import FusedChunkViews
+    from ficco.kernels.gluon_fused import _block_rows
+
+    views, b, sb, out, ref, flags, gaps = _case(2 * _block_rows(cfg), order=(1, 0, 2))
+    local = views[0].a.clone()  # in its own buffer, read in place
+    views[0] = FusedChunkViews(local, views[0].out, a_scale=views[0].a_scale.clone())
+    arriving = [v.a.clone() for v in views[1:]]
+    for v in views[1:]:
+        v.a.view(torch.uint8).fill_(0x7F)  # not there yet: e4m3's NaN
+    flags.zero_()
+    gemm = _launch(views, b, sb, cfg, sm_budget=120)
+    assert len(gemm.gluon.launch.a_spans) == 2
+    gemm.compile()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i, v in enumerate(views[1:]):
+            torch.cuda._sleep(1_000_000)
+            v.a.copy_(arriving[i])
+            flags[i + 1 : i + 2].fill_(1)
+    gemm()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    gemm.raise_on_timeout("test")
+    assert _rel(out[~gaps], ref[~gaps]) <= LIMIT
+    assert (out[gaps] == SENTINEL).all()
+
+
 def test_a_flag_never_set_times_out_naming_its_chunk():
     from ficco.kernels.flags import FlagTimeout
 
