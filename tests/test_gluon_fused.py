@@ -203,3 +203,40 @@ def test_a_launch_past_the_multipliers_bound_is_refused_naming_it():
     views, b, scales = _case(rows=43008, order=(0, 1))  # (86016 + 192) * 43008 < 2^32
     launch, why = gluon_fused.plan(views, b, scales, 132, pick=THIRDS)
     assert why == "" and launch.chunk_rows == 43008
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_all_gather_fused_plans_own_fp8_chunks_are_taken(world):
+    """The chunks of `plan_ag_gemm_fused`'s FP8 launch as the executor views them (the local
+    shard in a_shard, the peers' rows in a_full, each buffer's scales its own): the Gluon
+    plan takes them, the local shard first and unwaited (refused while A had to be one
+    buffer)."""
+    from ficco.execute.buffers import view
+    from ficco.execute.scaled import allocate_scaled, operand
+    from ficco.plan import FusedGemmOp, build_plan
+    from ficco.problem import Problem
+    from ficco.space import Schedule
+
+    problem = Problem(
+        pattern="ag_gemm", m=1536 * world, n=N, k=K, world=world, dtype="fp8_e4m3",
+        a_scale="row", b_scale="column",
+    )  # fmt: skip
+    plan = build_plan(problem, Schedule.parse("finer-c2-m/ce/triton+fused"), rank=1)
+    # the buffers as a backend allocates them (every schedule's: the default plan's)
+    tensors = allocate_scaled(build_plan(problem, Schedule(), rank=1), seed=0)
+    (op,) = [t.op for t in plan.tasks if isinstance(t.op, FusedGemmOp)]
+    flag = torch.ones(1, dtype=torch.int32)
+    views = [
+        FusedChunkViews(
+            view(tensors, c.a), view(tensors, c.out), None if c.wait is None else flag,
+            a_scale=operand(tensors, c.a, "a")[1],
+        )
+        for c in op.chunks
+    ]  # fmt: skip
+    b, b_scale = operand(tensors, op.b, "b")
+    peers = 2 * (world - 1)  # two pieces a shard
+    assert [v.wait is None for v in views] == [True, True] + [False] * peers
+    scales = fused_scales(views, b, b_scale, False)
+    launch, why = gluon_fused.plan(views, b, scales, 132, pick=THIRDS)
+    assert why == ""
+    assert len(launch.a_spans) == 2 and launch.a_span_of == (0, 0) + (1,) * peers

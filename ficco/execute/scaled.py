@@ -135,7 +135,15 @@ def allocate_scaled(
     for spec in plan.buffers:
         side = "a" if spec.name in a_side else "b" if spec.name in b_side else None
         dtype = fp8 if side else out_dtype
-        t = tensors[spec.name] = place(spec.peer_visible, spec.shape, dtype, spec.name)
+        if side == "b":
+            # column-major ([..., N, K] row-major, viewed [..., K, N]): as runtimes hold FP8
+            # weights, and as FP8 wgmma (the Gluon kernels) and cuBLASLt read B (a row-major B
+            # sent every GEMM to ficco's Triton kernel, and cuBLASLt through a copy)
+            *lead, k, n = spec.shape
+            t = place(spec.peer_visible, (*lead, n, k), dtype, spec.name).transpose(-1, -2)
+            tensors[spec.name] = t
+        else:
+            t = tensors[spec.name] = place(spec.peer_visible, spec.shape, dtype, spec.name)
         if side is None:
             poison(t)
             continue
