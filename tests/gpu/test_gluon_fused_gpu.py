@@ -122,7 +122,9 @@ def test_an_all_gathers_local_shard_is_read_in_place_while_its_peers_rows_land(c
     from ficco.kernels.fused_views import FusedChunkViews
     from ficco.kernels.gluon_fused import _block_rows
 
-    views, b, sb, out, ref, flags, gaps = _case(2 * _block_rows(cfg), order=(1, 0, 2))
+    views, b, sb, out, ref, flags, gaps = _case(
+        2 * _block_rows(cfg), order=(1, 0, 2), gap=cfg.rows_per_consumer
+    )
     local = views[0].a.clone()  # in its own buffer, read in place
     views[0] = FusedChunkViews(local, views[0].out, a_scale=views[0].a_scale.clone())
     arriving = [v.a.clone() for v in views[1:]]
