@@ -93,25 +93,32 @@ def test_fast_accumulation_too():
 def test_a_chunk_is_read_only_after_its_flag(consumers):
     cfg = next(c for c in _configs() if c.shared_tile and c.consumers == consumers)
     views, b, sb, out, ref, flags, gaps = _case(384, order=(2, 0, 3, 1))
+    _run_while_rows_land(views, flags, lambda: _launch(views, b, sb, cfg, sm_budget=120))
+    assert _rel(out[~gaps], ref[~gaps]) <= LIMIT
+
+
+def _run_while_rows_land(views, flags, make_gemm, sleep_cycles=2_000_000):
+    """Chunks 1.. not there yet (e4m3 NaN rows, flags 0): their fused GEMM (``make_gemm()``,
+    120 programs: the side stream's copies and flag writes find SMs meanwhile) launched
+    while a side stream lands each after ``sleep_cycles`` and sets its flag. The GEMM."""
     arriving = [v.a.clone() for v in views[1:]]
     for v in views[1:]:
-        v.a.view(torch.uint8).fill_(0x7F)  # not there yet: e4m3's NaN
+        v.a.view(torch.uint8).fill_(0x7F)
     flags[1:].zero_()
-    # 120 programs: the side stream's copies and flag writes find SMs meanwhile
-    gemm = _launch(views, b, sb, cfg, sm_budget=120)
+    gemm = make_gemm()
     gemm.compile()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for i, v in enumerate(views[1:]):
-            torch.cuda._sleep(2_000_000)
+            torch.cuda._sleep(sleep_cycles)
             v.a.copy_(arriving[i])
             flags[i + 1 : i + 2].fill_(1)
     gemm()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     gemm.raise_on_timeout("test")
-    assert _rel(out[~gaps], ref[~gaps]) <= LIMIT
+    return gemm
 
 
 @pytest.mark.parametrize("cfg", _configs(), ids=lambda c: c.name)
@@ -127,24 +134,10 @@ def test_an_all_gathers_local_shard_is_read_in_place_while_its_peers_rows_land(c
     )
     local = views[0].a.clone()  # in its own buffer, read in place
     views[0] = FusedChunkViews(local, views[0].out, a_scale=views[0].a_scale.clone())
-    arriving = [v.a.clone() for v in views[1:]]
-    for v in views[1:]:
-        v.a.view(torch.uint8).fill_(0x7F)  # not there yet: e4m3's NaN
-    flags.zero_()
-    gemm = _launch(views, b, sb, cfg, sm_budget=120)
+    gemm = _run_while_rows_land(
+        views, flags, lambda: _launch(views, b, sb, cfg, sm_budget=120), 1_000_000
+    )
     assert len(gemm.gluon.launch.a_spans) == 2
-    gemm.compile()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i, v in enumerate(views[1:]):
-            torch.cuda._sleep(1_000_000)
-            v.a.copy_(arriving[i])
-            flags[i + 1 : i + 2].fill_(1)
-    gemm()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    gemm.raise_on_timeout("test")
     assert _rel(out[~gaps], ref[~gaps]) <= LIMIT
     assert (out[gaps] == SENTINEL).all()
 
