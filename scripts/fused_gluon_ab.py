@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Where the fused FP8 Gluon launch (`ficco.kernels.gluon_fused`) loses to the plain kernel of
 the same tile on one GPU: per shape and tile, the plain launch, the fused launch over one chunk
-(the whole product: the fused kernel's own cost), over two row chunks in one buffer, both
+(the whole product: the fused kernel's own cost; `nowait1` the same chunk without a flag, so
+its wait's share shows), over two row chunks in one buffer, both
 waiting (`fused2`), as an all-gather launches them (`ag2`: the local shard first, from its own
 buffer, no wait; the peer's rows waiting) and `_scaled_mm`, each checked against the float64
 product first, then timed in interleaved rounds (`LaunchTimer`). JSON to --out.
@@ -109,21 +110,25 @@ def main(argv: list[str] | None = None) -> int:
             out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
             fns[f"plain {name}"] = gg.ws_gemm_launcher(a, b, out, cfg, a_scale=sa, b_scale=sb)
             outs[f"plain {name}"] = out
-            for chunks in (1, 2):
+            for chunks, waits, key in (
+                (1, False, "nowait1"),
+                (1, True, "fused1"),
+                (2, True, "fused2"),
+            ):
                 out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
                 flags = torch.ones(chunks, dtype=torch.int32, device="cuda")
                 part = m // chunks
                 views = [
                     FusedChunkViews(
-                        a[lo : lo + part], out[lo : lo + part], wait=flags[i : i + 1],
-                        a_scale=sa[lo : lo + part],
+                        a[lo : lo + part], out[lo : lo + part],
+                        wait=flags[i : i + 1] if waits else None, a_scale=sa[lo : lo + part],
                     )
                     for i, lo in enumerate(reversed(range(0, m, part)))
                 ]  # fmt: skip
                 # the Gluon tile given: FusedGemm refuses it, naming why, where it cannot run
                 gemm = FusedGemm(views, b, sm_budget=132, timeout_s=10.0, b_scale=sb, config=cfg)
-                fns[f"fused{chunks} {name}"] = gemm
-                outs[f"fused{chunks} {name}"] = out
+                fns[f"{key} {name}"] = gemm
+                outs[f"{key} {name}"] = out
                 if chunks == 2:  # as an all-gather: the first chunk the local shard, no wait
                     out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
                     local = FusedChunkViews(
