@@ -22,6 +22,7 @@ from ficco.kernels.gluon_ring import (
     _entry_cached,
     _grid,
     _landed_slot,
+    _prefetch_chunks,
     _tile_offsets,
     _unit_work,
     _units,
@@ -106,6 +107,8 @@ def _consume(
         tail_layout: gl.constexpr = _acc_layout(BLOCK_M, TAIL_N, WARPS, K_INSTR)
         ct_smem = gl.allocate_shared_memory(out_dtype, [BLOCK_M, TAIL_N], descs[4].layout)
         acc_t = gl.zeros([BLOCK_M, TAIL_N], gl.float32, tail_layout)
+    if FUSED and WHICH == 0:
+        _prefetch_chunks(scales)
     # fused: the chunks whose table entries were read last, and their first output row and
     # A scales' offset (`_entry_cached`)
     c_cached = gl.to_tensor(-1)

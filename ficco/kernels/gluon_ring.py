@@ -241,6 +241,28 @@ def _ptx(STATEMENT: gl.constexpr, args, CONSTRAINTS: gl.constexpr):
 
 
 @gluon.jit
+def _prefetch_chunks(scales):
+    """Fused, the first consumer before its first slot lands (its warps idle meanwhile):
+    every chunk's table entry and waiting flag into L2 (the first 32 x warps chunks: a
+    hint), so where a program's tiles move to another chunk mid-launch the producer's table
+    read and acquire hit L2, not DRAM (H200 call BO: that move cost the two-chunk launch 1-2
+    us a program against one chunk). A flag not set yet stays coherent: L2 is where peers'
+    and copy engines' writes land."""
+    THREADS: gl.constexpr = 32 * gl.num_warps()
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    chunk = gl.arange(0, THREADS, layout=layout)
+    live = chunk < scales[6]
+    entry = scales[2] + chunk * CHUNK_COLS
+    waits = gl.load(entry + 4, mask=live, other=0)
+    offset = gl.load(entry + 3, mask=live, other=0)
+    flag = scales[3] + gl.where(live & (waits != 0), offset, 0)
+    gl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [flag], dtype=gl.int32,
+        is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@gluon.jit
 def _wait_chunk(scales, chunk):
     """Fused, the producer: before a chunk's first TMA load, wait until its flag is nonzero
     (as `ficco.kernels.flags._wait_flag`: an acquire, volatile reads while 0, give up by a
