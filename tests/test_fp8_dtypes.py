@@ -399,3 +399,20 @@ def test_the_cost_models_byte_counts_follow_what_moves(pattern):
         assert want == 2048 * (4096 + 4) < geometry(bf16, s).transfer_bytes
     else:  # bf16 partials
         assert want == geometry(bf16, s).transfer_bytes
+
+
+@pytest.mark.parametrize("pattern", ["ag_gemm", "gemm_rs", "gemm_ar", "a2a_gemm", "gemm_a2a"])
+def test_b_is_held_column_major_as_fp8_tensor_cores_read_it(pattern):
+    """Every pattern's B (per expert too): [..., N, K] row-major viewed [..., K, N], so the
+    Gluon kernels and cuBLASLt take it without a copy; its values the seeded ones."""
+    from ficco.execute.scaled import seeded_input
+
+    p = fp8(pattern, a_scale="row", b_scale="column")
+    plan = build_plan(p, Schedule(), 0)
+    _, b_side = operand_sides(plan)
+    t = allocate_scaled(plan, 0)
+    for name in b_side:
+        b = t[name]
+        assert b.stride(-2) == 1 and b.stride(-1) == b.shape[-2], (name, b.stride())
+        bits, _ = seeded_input(p, 0, name, "b", tuple(b.shape), 0)
+        assert torch.equal(b.view(torch.uint8), bits.view(torch.uint8))

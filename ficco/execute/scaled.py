@@ -4,8 +4,10 @@ A problem of a scaled dtype (``ficco.dtypes``) holds A and B as 8-bit floats tim
 scales and writes bf16. The plan is the plain dtype's plan (its buffers and tasks do not
 change); what changes is each buffer's element type, read from the serial plan:
 
-- *B-side*: buffers a GEMM reads as ``b`` (``b``): fp8, scales per tensor or per output
-  column (``[1, N]``; per expert ``[E, 1, N]``);
+- *B-side*: buffers a GEMM reads as ``b`` (``b``): fp8, column-major (``[N, K]`` row-major
+  viewed ``[K, N]``, per expert ``[E, N, K]``: as runtimes hold FP8 weights, and as FP8
+  tensor cores and cuBLASLt read B), scales per tensor or per output column (``[1, N]``;
+  per expert ``[E, 1, N]``);
 - *A-side*: the other inputs and every buffer a GEMM reads as ``a`` (``a_shard``/``a_full``,
   ``a``, ``x``/``x_recv``): fp8, scales per tensor (one global scale every rank shares, so
   nothing moves) or per row (``[rows, 1]``: a row's scale moves with the row);
