@@ -119,6 +119,8 @@ def test_refusals_name_the_operand_or_chunk():
     assert "bf16" in gluon_fused.refusal(fp32_out, b, scales, False)
     signals = [FusedChunkViews(v.a, v.out, signal=v.wait, a_scale=v.a_scale) for v in views]
     assert "signals" in gluon_fused.refusal(signals, b, scales, False)
+    empty = [FusedChunkViews(v.a[:0], v.out[:0], a_scale=v.a_scale[:0]) for v in views]
+    assert gluon_fused.refusal(empty, b, scales, False) == "the chunks have no rows"
 
 
 def test_without_a_pick_the_shipped_picks_decide_and_cpu_has_none():

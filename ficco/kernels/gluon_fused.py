@@ -69,6 +69,8 @@ def refusal(chunks: Sequence, b: torch.Tensor, scales, reset_waits: bool) -> str
         return "reset_waits (the Gluon launch counts no finished programs)"
     if len({c.a.shape[0] for c in chunks}) != 1:
         return "the chunks' row counts differ"
+    if chunks[0].a.shape[0] == 0:
+        return "the chunks have no rows"
     if not all(_row_major(c.a) and _row_major(c.out) for c in chunks):
         return "a chunk's a or out is not row-major with 16-byte aligned rows and base"
     return ""
