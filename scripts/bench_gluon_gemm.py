@@ -255,26 +255,16 @@ def _add_fused(row: dict, fns: dict, a, b, sa, sb, ref, budget: int, local: bool
     the second the peer's rows in the gathered buffer; else both wait, in one buffer
     (`fused_waiting`). ``row["fused_kernel"]`` (``fused_waiting_kernel``) says which kernel
     and tile ran."""
-    from ficco.kernels.fused import FusedChunkViews, FusedGemm
+    from fused_gluon_ab import row_chunk_views
+
+    from ficco.kernels.fused import FusedGemm
 
     name = "fused" if local else "fused_waiting"
     m = a.shape[0]
-    half = m // 2
-    if m % 2 or half % 16:
+    if m % 2 or (m // 2) % 16:
         return
     out = torch.full((m, b.shape[1]), float("nan"), device="cuda", dtype=torch.bfloat16)
-    flags = torch.ones(2, dtype=torch.int32, device="cuda")  # preset: every chunk landed
-    views = [
-        FusedChunkViews(
-            a[lo : lo + half], out[lo : lo + half], wait=flags[i : i + 1],
-            a_scale=sa[lo : lo + half],
-        )
-        for i, lo in enumerate((half, 0))
-    ]  # fmt: skip
-    if local:  # the shard's rows and scales in their own buffers, read without a wait
-        views[0] = FusedChunkViews(
-            a[half:].clone(), views[0].out, a_scale=sa[half:].clone()
-        )  # fmt: skip
+    views = row_chunk_views(a, sa, out, 2, local=local)
     gemm = None
 
     def first() -> None:

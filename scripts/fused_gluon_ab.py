@@ -59,6 +59,29 @@ def library_case(m: int, n: int, k: int):
     return a, b, sa, sb, ref, {"library": library}, {"library": lib_out}
 
 
+def row_chunk_views(a, sa, out, chunks: int, *, waits: bool = True, local: bool = False):
+    """``a``'s rows as ``chunks`` equal row chunks in arrival order, the last rows first (as a
+    rank whose shard is the last), each storing to the same rows of ``out``, its flag preset
+    (every chunk landed; ``waits`` False: no flags). ``local``: the first chunk is the local
+    shard, its rows and scales copied into buffers of their own and read without a wait, as
+    `ficco.plan.fused.plan_ag_gemm_fused` launches it. (``FusedChunkViews``, first first.)"""
+    from ficco.kernels.fused_views import FusedChunkViews
+
+    part = a.shape[0] // chunks
+    flags = torch.ones(chunks, dtype=torch.int32, device=a.device)
+    views = [
+        FusedChunkViews(
+            a[lo : lo + part], out[lo : lo + part], wait=flags[i : i + 1] if waits else None,
+            a_scale=sa[lo : lo + part],
+        )
+        for i, lo in enumerate(reversed(range(0, chunks * part, part)))
+    ]  # fmt: skip
+    if local:
+        first = views[0]
+        views[0] = FusedChunkViews(first.a.clone(), first.out, a_scale=first.a_scale.clone())
+    return views
+
+
 def check_then_time(fns: dict, outs: dict, ref, timer, rounds: int) -> dict:
     """Each launch once on a NaN-poisoned output, checked against ``ref`` (relative Frobenius
     error within 2e-2); the correct ones timed in ``rounds`` interleaved rounds: the row's
@@ -99,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ficco.execute.timing import launch_timer
     from ficco.kernels import gluon_gemm as gg
-    from ficco.kernels.fused import FusedChunkViews, FusedGemm
+    from ficco.kernels.fused import FusedGemm
 
     timer = launch_timer()
     rows = []
@@ -110,36 +133,20 @@ def main(argv: list[str] | None = None) -> int:
             out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
             fns[f"plain {name}"] = gg.ws_gemm_launcher(a, b, out, cfg, a_scale=sa, b_scale=sb)
             outs[f"plain {name}"] = out
-            for chunks, waits, key in (
-                (1, False, "nowait1"),
-                (1, True, "fused1"),
-                (2, True, "fused2"),
+            # one chunk with and without its flag, two waiting in one buffer, and two as an
+            # all-gather launches them (the first the local shard: own buffer, no wait)
+            for key, chunks, waits, local in (
+                ("nowait1", 1, False, False),
+                ("fused1", 1, True, False),
+                ("fused2", 2, True, False),
+                ("ag2", 2, True, True),
             ):
                 out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-                flags = torch.ones(chunks, dtype=torch.int32, device="cuda")
-                part = m // chunks
-                views = [
-                    FusedChunkViews(
-                        a[lo : lo + part], out[lo : lo + part],
-                        wait=flags[i : i + 1] if waits else None, a_scale=sa[lo : lo + part],
-                    )
-                    for i, lo in enumerate(reversed(range(0, m, part)))
-                ]  # fmt: skip
+                views = row_chunk_views(a, sa, out, chunks, waits=waits, local=local)
                 # the Gluon tile given: FusedGemm refuses it, naming why, where it cannot run
                 gemm = FusedGemm(views, b, sm_budget=132, timeout_s=10.0, b_scale=sb, config=cfg)
                 fns[f"{key} {name}"] = gemm
                 outs[f"{key} {name}"] = out
-                if chunks == 2:  # as an all-gather: the first chunk the local shard, no wait
-                    out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-                    local = FusedChunkViews(
-                        a[part:].clone(), out[part:], a_scale=sa[part:].clone()
-                    )  # fmt: skip
-                    peer = FusedChunkViews(a[:part], out[:part], wait=flags[1:], a_scale=sa[:part])
-                    gemm = FusedGemm(
-                        [local, peer], b, sm_budget=132, timeout_s=10.0, b_scale=sb, config=cfg
-                    )
-                    fns[f"ag2 {name}"] = gemm
-                    outs[f"ag2 {name}"] = out
         row = {"M": m, "N": n, "K": k, **check_then_time(fns, outs, ref, timer, 30)}
         rows.append(row)
         print(

@@ -606,6 +606,23 @@ def test_the_summary_counts_matmuls_shapes_per_set_and_m():
     assert decode["picks"] == {gg.BF16_CONFIGS[0].name: 4}
 
 
+def test_the_benchmarks_row_chunks_arrive_last_rows_first_and_a_local_shard_waits_on_nothing():
+    script = _bench_script("fused_gluon_ab")
+    a = torch.arange(8.0).reshape(8, 1).repeat(1, 4)
+    sa, out = torch.arange(8.0).reshape(8, 1), torch.zeros(8, 3)
+    views = script.row_chunk_views(a, sa, out, 2)
+    assert [v.a[0, 0].item() for v in views] == [4.0, 0.0]  # the last rows first
+    assert [v.out.data_ptr() for v in views] == [out[4:].data_ptr(), out.data_ptr()]
+    assert all(v.wait is not None and v.wait.item() == 1 for v in views)  # preset
+    assert all(v.wait is None for v in script.row_chunk_views(a, sa, out, 2, waits=False))
+    local, peer = script.row_chunk_views(a, sa, out, 2, local=True)
+    assert local.wait is None and peer.wait is not None
+    # the shard's rows and scales in buffers of their own, the same values
+    assert local.a.untyped_storage().data_ptr() != a.untyped_storage().data_ptr()
+    assert torch.equal(local.a, a[4:]) and torch.equal(local.a_scale, sa[4:])
+    assert local.out.data_ptr() == out[4:].data_ptr()
+
+
 def test_the_summary_keeps_the_all_gather_launch_and_the_all_waiting_one_apart():
     script = _bench_script()
     rows = [
