@@ -8,12 +8,15 @@ buffer, no wait; the peer's rows waiting) and `_scaled_mm`, each checked against
 product first, then timed in interleaved rounds (`LaunchTimer`). JSON to --out.
 
     python scripts/fused_gluon_ab.py --out FILE [--shapes MxNxK,...] [--configs NAME,...]
+        [--starts 0,1,...]  (the producer's START modes, `gluon_gemm._producer`: each a variant)
+    python scripts/fused_gluon_ab.py --summarize FILE
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -82,7 +85,7 @@ def row_chunk_views(a, sa, out, chunks: int, *, waits: bool = True, local: bool 
     return views
 
 
-def check_then_time(fns: dict, outs: dict, ref, timer, rounds: int) -> dict:
+def check_then_time(fns: dict, outs: dict, ref, timer, rounds: int, shuffle=None) -> dict:
     """Each launch once on a NaN-poisoned output, checked against ``ref`` (relative Frobenius
     error within 2e-2); the correct ones timed in ``rounds`` interleaved rounds: the row's
     ms (medians), errors, the variants left out (bad) and ratios (`_scaled_mm` ms / ms)."""
@@ -96,10 +99,25 @@ def check_then_time(fns: dict, outs: dict, ref, timer, rounds: int) -> dict:
         errors[key] = relative_error(outs[key], ref)
     bad = [key for key, e in errors.items() if not e <= 2e-2]
     timed = {key: fn for key, fn in fns.items() if key not in bad}
-    times = timer.interleaved(timed, rounds)
+    times = timer.interleaved(timed, rounds, shuffle=shuffle)
     ms = {key: statistics.median(t) for key, t in times.items()}
     ratio = {key: ms["library"] / t for key, t in ms.items()}
     return {"ms": ms, "errors": errors, "bad": bad, "ratio": ratio}
+
+
+def summarize(doc: dict) -> dict:
+    """Per variant (its name less the tile), the geomean over rows and tiles of the plain
+    launch's ms of the same tile (as shipped) / its ms: above 1 it ran faster."""
+    logs: dict[str, list[float]] = {}
+    for row in doc["rows"]:
+        for key, ms in row["ms"].items():
+            if key == "library":
+                continue
+            variant, tile = key.split(" ", 1)
+            plain = row["ms"].get(f"plain {tile}")
+            if plain:
+                logs.setdefault(variant, []).append(math.log(plain / ms))
+    return {v: round(math.exp(sum(x) / len(x)), 4) for v, x in sorted(logs.items())}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,7 +125,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--configs", default=CONFIGS)
+    ap.add_argument("--starts", default="0", help="the producer's START modes timed (0: as shipped)")
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument(
+        "--copies", type=int, default=0,
+        help="this many more plain launches of each tile, each its own output (plain#i): "
+        "how far identical launches differ",
+    )  # fmt: skip
+    ap.add_argument("--shuffle", type=int, default=None, help="each round in a random order (seed)")
+    ap.add_argument("--summarize", type=Path, help="print a run's geomeans and exit")
     args = ap.parse_args(argv)
+    if args.summarize:
+        print(json.dumps(summarize(json.loads(args.summarize.read_text())), indent=1))
+        return 0
     from bench_gemm import fingerprint, parse_dims
 
     try:  # bad input refused before any GPU work
@@ -115,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         if any(m % 2 for m, _, _ in shapes):
             raise ValueError("--shapes: M must be even (two row chunks)")
         configs = fp8_configs_named(args.configs)
+        starts = [int(x) for x in args.starts.split(",")]
+        if any(x not in range(16) for x in starts):
+            raise ValueError(f"--starts: modes 0-15, got {starts}")
     except ValueError as exc:
         ap.error(str(exc))
     if not torch.cuda.is_available():
@@ -129,25 +162,40 @@ def main(argv: list[str] | None = None) -> int:
     for m, n, k in shapes:
         text = f"{m}x{n}x{k}"
         a, b, sa, sb, ref, fns, outs = library_case(m, n, k)
-        for name, cfg in configs.items():
-            out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-            fns[f"plain {name}"] = gg.ws_gemm_launcher(a, b, out, cfg, a_scale=sa, b_scale=sb)
-            outs[f"plain {name}"] = out
-            # one chunk with and without its flag, two waiting in one buffer, and two as an
-            # all-gather launches them (the first the local shard: own buffer, no wait)
-            for key, chunks, waits, local in (
-                ("nowait1", 1, False, False),
-                ("fused1", 1, True, False),
-                ("fused2", 2, True, False),
-                ("ag2", 2, True, True),
-            ):
+        for start in starts:
+            gg.START_MODE = start  # read as each launch is built
+            tag = "" if start == 0 else f"@s{start}"
+            for name, cfg in configs.items():
                 out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-                views = row_chunk_views(a, sa, out, chunks, waits=waits, local=local)
-                # the Gluon tile given: FusedGemm refuses it, naming why, where it cannot run
-                gemm = FusedGemm(views, b, sm_budget=132, timeout_s=10.0, b_scale=sb, config=cfg)
-                fns[f"{key} {name}"] = gemm
-                outs[f"{key} {name}"] = out
-        row = {"M": m, "N": n, "K": k, **check_then_time(fns, outs, ref, timer, 30)}
+                fns[f"plain{tag} {name}"] = gg.ws_gemm_launcher(
+                    a, b, out, cfg, a_scale=sa, b_scale=sb
+                )
+                outs[f"plain{tag} {name}"] = out
+                # one chunk with and without its flag, two waiting in one buffer, and two as
+                # an all-gather launches them (the first the local shard: own buffer, no wait)
+                for key, chunks, waits, local in (
+                    ("nowait1", 1, False, False),
+                    ("fused1", 1, True, False),
+                    ("fused2", 2, True, False),
+                    ("ag2", 2, True, True),
+                ):
+                    out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+                    views = row_chunk_views(a, sa, out, chunks, waits=waits, local=local)
+                    # the Gluon tile given: FusedGemm refuses it, naming why, where it cannot
+                    gemm = FusedGemm(
+                        views, b, sm_budget=132, timeout_s=10.0, b_scale=sb, config=cfg
+                    )
+                    fns[f"{key}{tag} {name}"] = gemm
+                    outs[f"{key}{tag} {name}"] = out
+        gg.START_MODE = 0
+        for i in range(args.copies):
+            for name, cfg in configs.items():
+                out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+                fns[f"plain#{i} {name}"] = gg.ws_gemm_launcher(
+                    a, b, out, cfg, a_scale=sa, b_scale=sb
+                )
+                outs[f"plain#{i} {name}"] = out
+        row = {"M": m, "N": n, "K": k, **check_then_time(fns, outs, ref, timer, args.rounds, args.shuffle)}
         rows.append(row)
         print(
             text,
@@ -160,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         "environment": fingerprint(None),
         "rows": rows,
     }
+    doc["summary"] = summarize(doc)
+    print(json.dumps(doc["summary"], indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1, default=str))
     return 0

@@ -80,11 +80,17 @@ def time_rounds(
     issue: str = "queued",
     *,
     rotate: bool = False,
+    shuffle: int | None = None,
 ) -> dict[str, list[float]]:
     """Interleaved rounds over ``candidates``; per candidate its per-iteration times (ms,
     max across ranks), one per round it took. A collective: every rank calls it alike.
-    ``rotate``: round r starts at the r-th candidate (A B C, B C A, ...), so no candidate
-    always follows the same one."""
+    ``rotate``: round r starts at the r-th candidate (A B C, B C A, ...), so each round
+    starts elsewhere (within a round a candidate still follows the same one). ``shuffle``
+    (a seed, alike on every rank): each round in its own random order, so no candidate
+    follows the same one round after round (a launch can run slower after a particular
+    predecessor)."""
+    import random
+
     names = list(candidates)
     for _ in range(options.warmup):
         for name in names:
@@ -96,7 +102,10 @@ def time_rounds(
         pending: dict[str, list] = {name: [] for name in active}
         for _ in range(rounds):
             shift = round_no % len(active) if rotate else 0
-            for name in active[shift:] + active[:shift]:
+            order = active[shift:] + active[:shift]
+            if shuffle is not None:
+                order = random.Random(shuffle * 1_000_003 + round_no).sample(active, len(active))
+            for name in order:
                 clock.prepare(issue)
                 pending[name].append(clock.time(candidates[name]))
             round_no += 1
@@ -281,9 +290,9 @@ class LaunchTimer:
         return 2_000_000 / max(start.elapsed_time(end), 1e-3)
 
     def interleaved(
-        self, fns: dict[str, Callable[[], None]], rounds: int
+        self, fns: dict[str, Callable[[], None]], rounds: int, shuffle: int | None = None
     ) -> dict[str, list[float]]:
-        """Per candidate its ``rounds`` launch times (ms)."""
+        """Per candidate its ``rounds`` launch times (ms); ``shuffle``: `time_rounds`'."""
         import torch
 
         launches = self.batch_rounds * len(fns)
@@ -292,7 +301,9 @@ class LaunchTimer:
         )
         flush = torch.empty(self.flush_bytes, dtype=torch.int8, device="cuda")
         clock = DeviceClock(flush, cover, launches)
-        return time_rounds(fns, TimingOptions(warmup=0, rounds=rounds), clock, rotate=True)
+        return time_rounds(
+            fns, TimingOptions(warmup=0, rounds=rounds), clock, rotate=True, shuffle=shuffle
+        )
 
     def medians(self, fns: dict[str, Callable[[], None]], rounds: int) -> dict[str, float]:
         """Per candidate its median launch time (ms) over ``rounds`` interleaved rounds."""

@@ -42,12 +42,23 @@ def _consume(
 ):
     """Consumer WHICH's work units (tiles, or a split tail's K ranges of them): the
     program's units j with j mod CONSUMERS == WHICH (shared tiles: every unit)."""
+    # START 10, 11 (experiment): a fused launch's consumers as the plain kernel's
+    if len(bars) - 3 == 10 or len(bars) - 3 == 11:
+        scales = (scales[0], scales[1])
+    # START 12, 13 (experiment): a tile's scales loaded before its K loop (12: one per
+    # thread, moved to the accumulator's layout in the epilogue; 13: in that layout)
+    XMODE: gl.constexpr = len(bars) - 3
+    EARLY: gl.constexpr = (
+        1 if (XMODE == 12 or XMODE == 14 or XMODE == 15) else (2 if XMODE == 13 else 0)
+    )
     a_desc = descs[0]
     b_desc = descs[1]
     c_desc = descs[2]
     a_bufs = ring[0]
     b_bufs = ring[1]
-    ready, empty, turns = bars
+    ready = bars[0]
+    empty = bars[1]
+    turns = bars[2]
     STAGES: gl.constexpr = ready.type.shape[0]
     A_BLOCKS: gl.constexpr = a_bufs.type.shape[0] // STAGES  # A's row blocks per slot
     TILE_M: gl.constexpr = a_desc.block_type.shape[0] * A_BLOCKS
@@ -142,6 +153,14 @@ def _consume(
             # wgmma with max_num_imprecise_acc adds its promoted partial sums to the
             # accumulator even where use_acc is false: the previous tile's sums would stay
             acc = gl.zeros([BLOCK_M, MAIN_N], gl.float32, acc_layout)
+            if EARLY == 1:
+                a_early, b_early = _early_scales(
+                    a_scale_ptr, scales[1], scale_m, off_n, scale_rows, N, BLOCK_M, MAIN_N
+                )
+            elif EARLY == 2:
+                a_early, b_early = _tile_scales(
+                    a_scale_ptr, scales[1], scale_m, off_n, scale_rows, N, acc
+                )
         if CONSUMERS > 1 and not SHARED:  # noqa: SIM102 - a constexpr branch around a runtime one
             # the other consumer has issued every wgmma of tile j - 1 (its arrival below)
             if j > 0:
@@ -199,9 +218,16 @@ def _consume(
                 live = last
         out = acc
         if FP8:
-            a_scale, b_scale = _tile_scales(
-                a_scale_ptr, scales[1], scale_m, off_n, scale_rows, N, acc
-            )
+            if EARLY == 1:
+                a_scale = gl.convert_layout(a_early, gl.SliceLayout(1, acc_layout))
+                b_scale = gl.convert_layout(b_early, gl.SliceLayout(0, acc_layout))
+            elif EARLY == 2:
+                a_scale = a_early
+                b_scale = b_early
+            else:
+                a_scale, b_scale = _tile_scales(
+                    a_scale_ptr, scales[1], scale_m, off_n, scale_rows, N, acc
+                )
             out = out * a_scale[:, None] * b_scale[None, :]
         out = out.to(out_dtype)
         # the store groups in flight that may stay so when c_smem is written again: the
@@ -284,6 +310,17 @@ def _register_order(acc):
     thread = (rows // 16) * 32 + (rows % 8) * 4 + (cols % 8) // 2
     pair = (cols // 8) * 2 + (rows % 16) // 8
     return (pair * THREADS + thread) * 2 + cols % 2
+
+
+@gluon.jit
+def _early_scales(a_scale_ptr, b_scale_ptr, off_m, off_n, M, N, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    rows = off_m + gl.arange(0, BLOCK_M, layout=layout)
+    cols = off_n + gl.arange(0, BLOCK_N, layout=layout)
+    a_scale = gl.load(a_scale_ptr + rows, mask=rows < M, other=0.0)
+    b_scale = gl.load(b_scale_ptr + cols, mask=cols < N, other=0.0)
+    return a_scale, b_scale
 
 
 @gluon.jit

@@ -60,7 +60,9 @@ def _swap_consumer(descs, ring, bars, scales, tails):
     c_desc = descs[2]
     a_bufs = ring[0]
     b_bufs = ring[1]
-    ready, empty, turns = bars
+    ready = bars[0]
+    empty = bars[1]
+    turns = bars[2]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
