@@ -23,7 +23,9 @@ Protocol, per shape and dtype:
   4. the pick, cuBLAS (`_scaled_mm`), ficco's Triton kernel with its shipped (else tuned)
      configuration, `matmul` / `scaled_matmul` as shipped (`matmul`: the Gluon kernel where
      the card's picks name the shape), each checked first, and the pick again (`gluon2`, the noise floor) are
-     timed in interleaved rounds, order rotated, 20-120 rounds (~0.25 s of GEMM time each);
+     timed in interleaved rounds, each round in its own seeded random order (rotated, a
+     launch followed the same one round after round, and its median moved by up to 1%:
+     H200 calls BQ-BS), 20-120 rounds (~0.25 s of GEMM time each);
      medians. FP8 adds the pick without promotion (`gluon_fast`),
      `_scaled_mm(use_fast_accum=True)` (`library_fast`) and the fused flag-waiting GEMM as
      the all-gather schedules launch it at W = 2 (`fused`: `FusedGemm` over two row chunks
@@ -45,6 +47,7 @@ the protocol and a summary; a table is printed at the end.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -68,6 +71,8 @@ from ficco.kernels.trials import CHECK_TOLERANCE, check_then_time, relative_erro
 from ficco.measure.fingerprint import fingerprint as ficco_fingerprint  # noqa: E402
 
 CHECK_LIMIT = CHECK_TOLERANCE[torch.bfloat16]  # every output here is bf16
+# the seed of each row's round orders (`time_rounds`' shuffle): the same orders every run
+ROUND_ORDER_SEED = 0
 FP8 = torch.float8_e4m3fn
 
 
@@ -227,7 +232,9 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
             row["failures"][name] = f"{type(exc).__name__}: {exc}"[:400]
             fns.pop(name)
     fns["gluon2"] = pick_launch
-    times, rounds = warm_then_rounds(fns, timer.interleaved, _rounds_for, "library")
+    times, rounds = warm_then_rounds(
+        fns, functools.partial(timer.interleaved, shuffle=ROUND_ORDER_SEED), _rounds_for, "library"
+    )
     ms = {name: statistics.median(ts) for name, ts in times.items()}
     row["ms"] = ms
     row["rounds"] = rounds

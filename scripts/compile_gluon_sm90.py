@@ -45,7 +45,7 @@ def desc(dtype: str, block: list[int]) -> str:
 
 
 def compile_config(
-    cfg: gg.GluonGemmConfig, dtype: str, fast: bool = False, fused: bool = False, start: int = 0
+    cfg: gg.GluonGemmConfig, dtype: str, fast: bool = False, fused: bool = False
 ) -> dict:
     """One configuration compiled for sm_90: `ws_gemm_kernel`, or (``fused``, FP8) the
     fused launch's `ws_fused_kernel`."""
@@ -90,7 +90,7 @@ def compile_config(
     constants = dict(
         STAGES=cfg.stages, CONSUMERS=cfg.consumers,
         PRODUCER_REGS=gg.PRODUCER_REGS, CONSUMER_REGS=gg.CONSUMER_REGS, FAST_ACCUM=fast,
-        TAIL=cfg.tail_n > 0, SWAP_AB=cfg.swap_ab, SPLIT_TAIL=cfg.split_tail, START=start,
+        TAIL=cfg.tail_n > 0, SWAP_AB=cfg.swap_ab, SPLIT_TAIL=cfg.split_tail,
     )  # fmt: skip
     fn = gg.ws_fused_kernel if fused else gg.ws_gemm_kernel
     names = fn.arg_names
@@ -163,7 +163,6 @@ def main() -> int:
     )
     ap.add_argument("--digests", type=Path, help="write {config|dtype|fast: ptx digest} here")
     ap.add_argument("--against", type=Path, help="another tree's --digests file: list what differs")
-    ap.add_argument("--start", type=int, default=0, help="the producer's START mode")
     ap.add_argument("--only", default=None, help="configurations whose name contains this text")
     args = ap.parse_args()
     if args.only and args.digests:
@@ -183,7 +182,7 @@ def main() -> int:
     failed = 0
     for cfg, dtype, fast in todo:
         try:
-            row = compile_config(cfg, dtype, fast, fused=args.fused, start=args.start)
+            row = compile_config(cfg, dtype, fast, fused=args.fused)
             digests[f"{cfg.name}|{dtype}|{fast}"] = row["ptx_digest"]
             print(json.dumps(row))
         except Exception as exc:  # reported per configuration

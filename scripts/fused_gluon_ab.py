@@ -8,7 +8,7 @@ buffer, no wait; the peer's rows waiting) and `_scaled_mm`, each checked against
 product first, then timed in interleaved rounds (`LaunchTimer`). JSON to --out.
 
     python scripts/fused_gluon_ab.py --out FILE [--shapes MxNxK,...] [--configs NAME,...]
-        [--starts 0,1,...]  (the producer's START modes, `gluon_gemm._producer`: each a variant)
+        [--copies N] [--shuffle SEED] [--rounds R]
     python scripts/fused_gluon_ab.py --summarize FILE
 """
 
@@ -122,10 +122,9 @@ def summarize(doc: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path)
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--configs", default=CONFIGS)
-    ap.add_argument("--starts", default="0", help="the producer's START modes timed (0: as shipped)")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument(
         "--copies", type=int, default=0,
@@ -138,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.summarize:
         print(json.dumps(summarize(json.loads(args.summarize.read_text())), indent=1))
         return 0
+    if args.out is None:
+        ap.error("--out FILE: where the run's JSON goes (or --summarize FILE)")
     from bench_gemm import fingerprint, parse_dims
 
     try:  # bad input refused before any GPU work
@@ -145,9 +146,6 @@ def main(argv: list[str] | None = None) -> int:
         if any(m % 2 for m, _, _ in shapes):
             raise ValueError("--shapes: M must be even (two row chunks)")
         configs = fp8_configs_named(args.configs)
-        starts = [int(x) for x in args.starts.split(",")]
-        if any(x not in range(16) for x in starts):
-            raise ValueError(f"--starts: modes 0-15, got {starts}")
     except ValueError as exc:
         ap.error(str(exc))
     if not torch.cuda.is_available():
@@ -162,32 +160,25 @@ def main(argv: list[str] | None = None) -> int:
     for m, n, k in shapes:
         text = f"{m}x{n}x{k}"
         a, b, sa, sb, ref, fns, outs = library_case(m, n, k)
-        for start in starts:
-            gg.START_MODE = start  # read as each launch is built
-            tag = "" if start == 0 else f"@s{start}"
-            for name, cfg in configs.items():
+        for name, cfg in configs.items():
+            out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+            fns[f"plain {name}"] = gg.ws_gemm_launcher(a, b, out, cfg, a_scale=sa, b_scale=sb)
+            outs[f"plain {name}"] = out
+            # one chunk with and without its flag, two waiting in one buffer, and two as an
+            # all-gather launches them (the first the local shard: own buffer, no wait)
+            for key, chunks, waits, local in (
+                ("nowait1", 1, False, False),
+                ("fused1", 1, True, False),
+                ("fused2", 2, True, False),
+                ("ag2", 2, True, True),
+            ):
                 out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-                fns[f"plain{tag} {name}"] = gg.ws_gemm_launcher(
-                    a, b, out, cfg, a_scale=sa, b_scale=sb
-                )
-                outs[f"plain{tag} {name}"] = out
-                # one chunk with and without its flag, two waiting in one buffer, and two as
-                # an all-gather launches them (the first the local shard: own buffer, no wait)
-                for key, chunks, waits, local in (
-                    ("nowait1", 1, False, False),
-                    ("fused1", 1, True, False),
-                    ("fused2", 2, True, False),
-                    ("ag2", 2, True, True),
-                ):
-                    out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-                    views = row_chunk_views(a, sa, out, chunks, waits=waits, local=local)
-                    # the Gluon tile given: FusedGemm refuses it, naming why, where it cannot
-                    gemm = FusedGemm(
-                        views, b, sm_budget=132, timeout_s=10.0, b_scale=sb, config=cfg
-                    )
-                    fns[f"{key}{tag} {name}"] = gemm
-                    outs[f"{key}{tag} {name}"] = out
-        gg.START_MODE = 0
+                views = row_chunk_views(a, sa, out, chunks, waits=waits, local=local)
+                # the Gluon tile given: FusedGemm refuses it, naming why, where it cannot run
+                gemm = FusedGemm(views, b, sm_budget=132, timeout_s=10.0, b_scale=sb, config=cfg)
+                fns[f"{key} {name}"] = gemm
+                outs[f"{key} {name}"] = out
+        # identical launches, each its own output: the spread of the same kernel's medians
         for i in range(args.copies):
             for name, cfg in configs.items():
                 out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
@@ -195,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                     a, b, out, cfg, a_scale=sa, b_scale=sb
                 )
                 outs[f"plain#{i} {name}"] = out
-        row = {"M": m, "N": n, "K": k, **check_then_time(fns, outs, ref, timer, args.rounds, args.shuffle)}
+        timed = check_then_time(fns, outs, ref, timer, args.rounds, args.shuffle)
+        row = {"M": m, "N": n, "K": k, **timed}
         rows.append(row)
         print(
             text,
@@ -211,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["summary"] = summarize(doc)
     print(json.dumps(doc["summary"], indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1, default=str))
+    args.out.write_text(json.dumps(doc, default=str))
     return 0
 
 

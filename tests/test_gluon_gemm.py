@@ -623,6 +623,17 @@ def test_the_benchmarks_row_chunks_arrive_last_rows_first_and_a_local_shard_wait
     assert local.out.data_ptr() == out[4:].data_ptr()
 
 
+def test_the_ab_summary_is_each_variants_geomean_against_the_plain_launch_of_its_tile():
+    script = _bench_script("fused_gluon_ab")
+    rows = [
+        {"ms": {"library": 1.0, "plain t1": 2.0, "ag2 t1": 2.5, "plain t2": 1.0, "ag2 t2": 0.8}},
+        {"ms": {"library": 1.0, "plain t1": 4.0, "ag2 t1": 4.0, "plain#0 t1": 5.0}},
+    ]
+    summary = script.summarize({"rows": rows})
+    # ag2: 0.8, 1.25 and 1.0 of its tile's plain launch; the library is no variant
+    assert summary == {"ag2": 1.0, "plain": 1.0, "plain#0": 0.8}
+
+
 def test_the_summary_keeps_the_all_gather_launch_and_the_all_waiting_one_apart():
     script = _bench_script()
     rows = [

@@ -183,3 +183,22 @@ def test_warm_then_rounds_sizes_the_rounds_by_the_reference():
         {"other": fns["other"]}, interleaved, lambda ms: int(10 * ms), "ref"
     )
     assert rounds == 10
+
+
+def _shuffled_calls(seed: int, rounds: int = 40) -> list[str]:
+    clock = _LogClock()
+    fns = {name: (lambda name=name: clock.calls.append(name)) for name in "ABCD"}
+    samples = time_rounds(fns, TimingOptions(warmup=0, rounds=rounds), clock, shuffle=seed)
+    assert {name: len(s) for name, s in samples.items()} == dict.fromkeys("ABCD", rounds)
+    return ["".join(clock.calls[i : i + 4]) for i in range(0, len(clock.calls), 4)]
+
+
+def test_shuffled_rounds_take_each_candidate_once_a_round_in_seeded_orders():
+    orders = _shuffled_calls(seed=3)
+    assert all(sorted(order) == list("ABCD") for order in orders)
+    # the same seed, the same orders (every rank alike); another seed, others
+    assert orders == _shuffled_calls(seed=3)
+    assert orders != _shuffled_calls(seed=4)
+    # no candidate follows the same one round after round (rotated, B follows A in 3 of 4)
+    followers_of_a = {order[order.index("A") + 1] for order in orders if order[-1] != "A"}
+    assert len(followers_of_a) == 3

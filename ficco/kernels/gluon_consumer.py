@@ -42,23 +42,12 @@ def _consume(
 ):
     """Consumer WHICH's work units (tiles, or a split tail's K ranges of them): the
     program's units j with j mod CONSUMERS == WHICH (shared tiles: every unit)."""
-    # START 10, 11 (experiment): a fused launch's consumers as the plain kernel's
-    if len(bars) - 3 == 10 or len(bars) - 3 == 11:
-        scales = (scales[0], scales[1])
-    # START 12, 13 (experiment): a tile's scales loaded before its K loop (12: one per
-    # thread, moved to the accumulator's layout in the epilogue; 13: in that layout)
-    XMODE: gl.constexpr = len(bars) - 3
-    EARLY: gl.constexpr = (
-        1 if (XMODE == 12 or XMODE == 14 or XMODE == 15) else (2 if XMODE == 13 else 0)
-    )
     a_desc = descs[0]
     b_desc = descs[1]
     c_desc = descs[2]
     a_bufs = ring[0]
     b_bufs = ring[1]
-    ready = bars[0]
-    empty = bars[1]
-    turns = bars[2]
+    ready, empty, turns = bars
     STAGES: gl.constexpr = ready.type.shape[0]
     A_BLOCKS: gl.constexpr = a_bufs.type.shape[0] // STAGES  # A's row blocks per slot
     TILE_M: gl.constexpr = a_desc.block_type.shape[0] * A_BLOCKS
@@ -89,6 +78,13 @@ def _consume(
         FP8 and not FAST and BLOCK_M * BLOCK_N // (32 * WARPS) <= 64 and BLOCK_K <= 128
     )
     gl.static_assert(not (FP8 and HAS_TAIL))
+    # FP8, three consumers sharing a tile (152 registers each): the tile's scales loaded
+    # before its K loop, one a thread, and moved to the accumulator's layout in the
+    # epilogue (loaded there, their latency stood between the last wgmma and the stores:
+    # +1.7-4% for 192-row tiles at 512-4096 rows, H200 call BV; loaded early in the
+    # accumulator's layout they spill; with two consumers of 232 registers the early form
+    # ran 3-6% slower at 4096-16384 rows: not taken there)
+    EARLY_SCALES: gl.constexpr = FP8 and CONSUMERS == 3
     K_INSTR: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth
     acc_layout: gl.constexpr = _acc_layout(BLOCK_M, MAIN_N, WARPS, K_INSTR)
     out_dtype: gl.constexpr = c_desc.dtype
@@ -153,14 +149,10 @@ def _consume(
             # wgmma with max_num_imprecise_acc adds its promoted partial sums to the
             # accumulator even where use_acc is false: the previous tile's sums would stay
             acc = gl.zeros([BLOCK_M, MAIN_N], gl.float32, acc_layout)
-            if EARLY == 1:
-                a_early, b_early = _early_scales(
-                    a_scale_ptr, scales[1], scale_m, off_n, scale_rows, N, BLOCK_M, MAIN_N
-                )
-            elif EARLY == 2:
-                a_early, b_early = _tile_scales(
-                    a_scale_ptr, scales[1], scale_m, off_n, scale_rows, N, acc
-                )
+        if EARLY_SCALES:
+            a_early, b_early = _early_scales(
+                a_scale_ptr, scales[1], scale_m, off_n, scale_rows, N, BLOCK_M, MAIN_N
+            )
         if CONSUMERS > 1 and not SHARED:  # noqa: SIM102 - a constexpr branch around a runtime one
             # the other consumer has issued every wgmma of tile j - 1 (its arrival below)
             if j > 0:
@@ -218,12 +210,9 @@ def _consume(
                 live = last
         out = acc
         if FP8:
-            if EARLY == 1:
+            if EARLY_SCALES:
                 a_scale = gl.convert_layout(a_early, gl.SliceLayout(1, acc_layout))
                 b_scale = gl.convert_layout(b_early, gl.SliceLayout(0, acc_layout))
-            elif EARLY == 2:
-                a_scale = a_early
-                b_scale = b_early
             else:
                 a_scale, b_scale = _tile_scales(
                     a_scale_ptr, scales[1], scale_m, off_n, scale_rows, N, acc
@@ -313,8 +302,11 @@ def _register_order(acc):
 
 
 @gluon.jit
-def _early_scales(a_scale_ptr, b_scale_ptr, off_m, off_n, M, N, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr):
+def _early_scales(
+    a_scale_ptr, b_scale_ptr, off_m, off_n, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr
+):  # fmt: skip
+    """FP8: the scales of the tile at (off_m, off_n), spread one a thread (`_tile_scales`'
+    masks; the epilogue moves them to the accumulator's layout)."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     rows = off_m + gl.arange(0, BLOCK_M, layout=layout)
     cols = off_n + gl.arange(0, BLOCK_N, layout=layout)

@@ -246,8 +246,6 @@ class GluonFused:
             SPLIT_TAIL=self.split.plan is not None, num_warps=cfg.consumer_warps,
             maxnreg=gg.THIRDS_MAX_REGS if cfg.consumers == 3 else gg.MAX_REGS,
         )  # fmt: skip
-        if gg.START_MODE:
-            self.meta["START"] = gg.START_MODE
         self.kernel = gg.ws_fused_kernel
 
     def __call__(self) -> None:

@@ -93,8 +93,6 @@ from ficco.kernels.gluon_consumer import (
 )
 from ficco.kernels.gluon_ring import (
     _a_places,
-    _clock,
-    _ptx,
     _a_rows,
     _copy_a,
     _free_slot,
@@ -114,8 +112,6 @@ CONSUMER_REGS = 232
 # 12 warps a program either way (8 consumer warps, or 4 + 4, and the producer's warpgroup):
 # 168 x 384 threads fills the 64K-register file, and setmaxnreg gives the consumers 232
 MAX_REGS = 168
-# experiment: how a program's first loads are issued (`_producer`), read at a launch's build
-START_MODE = 0
 # three consumers sharing a tile: 16 warps a program (4 + 4 + 4 and the producer's
 # warpgroup), 128 registers each at launch; setmaxnreg gives two of the consumers 152
 THIRDS_MAX_REGS = 128
@@ -126,9 +122,6 @@ THIRDS_CONSUMER_REGS = gl.constexpr(152)
 def _producer(descs, ring, bars, scales, tails):
     """Every TMA load of the program's work units (tiles, or a split tail's K ranges of
     them), in order, each into the next free ring slot."""
-    # START 9, 11 (experiment): a fused launch's producer as the plain kernel's
-    if len(bars) - 3 == 9 or len(bars) - 3 == 11:
-        scales = (scales[0], scales[1])
     a_desc = descs[0]
     b_desc = descs[1]
     c_desc = descs[2]
@@ -172,19 +165,6 @@ def _producer(descs, ring, bars, scales, tails):
     else:
         cached = gl.to_tensor(-1)
         a_base = gl.to_tensor(0).to(gl.int64)
-    # START (experiment, `_ws_gemm`): 1 B before A each step; 2 the first unit's B blocks
-    # for up to STAGES steps ahead of its A ones; 3, 4 B first and a 1000 / 500 ns pause
-    # before a program's first A loads; 5 that pause staggered by program (pid % 8 x 150 ns)
-    MODE: gl.constexpr = len(bars) - 3
-    lead = gl.to_tensor(0)
-    if MODE == 2:
-        if pid < units:
-            tile0, k_lo0, k_count0 = _unit_work(pid, k_steps, tails)
-            off_m0, off_n0 = _tile_offsets(tile0, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
-            lead = gl.minimum(k_count0, STAGES)
-            for s in range(lead):
-                slot, bar = _free_slot(bars, s, STAGES, load_bytes)
-                _copy_b(descs, ring, off_n0, (k_lo0 + s) * BLOCK_K, bar, slot)
     step = 0
     for unit in range(pid, units, programs):
         tile, k_lo, k_count = _unit_work(unit, k_steps, tails)
@@ -196,12 +176,10 @@ def _producer(descs, ring, bars, scales, tails):
             # K-major). (Reading the table one unit ahead ran slower: 0.964 of the plain
             # launch against 0.977, H200 call BB.)
             places = _a_places(off_m, scales, A_ROWS, A_BLOCKS)
-            slot, bar = _lead_slot(bars, step, lead, STAGES, load_bytes, MODE)
-            if MODE != 2:
-                _copy_b(descs, ring, off_n, k_lo * BLOCK_K, bar, slot)
-            elif step >= lead:
-                _copy_b(descs, ring, off_n, k_lo * BLOCK_K, bar, slot)
-            _pause(step, pid, MODE, scales[0])
+            slot, bar = _free_slot(bars, step, STAGES, load_bytes)
+            tma.async_copy_global_to_shared(
+                b_desc, [off_n, k_lo * BLOCK_K], bar, b_bufs.index(slot)
+            )
             a_rows, arrived, cached, a_base = _a_rows(
                 off_m, places, rows, scales, arrived, cached, a_base, A_ROWS, A_BLOCKS
             )
@@ -219,74 +197,18 @@ def _producer(descs, ring, bars, scales, tails):
             first_k: gl.constexpr = 0
         for ki in range(first_k, k_count):
             k = (k_lo + ki) * BLOCK_K
-            slot, bar = _lead_slot(bars, step, lead, STAGES, load_bytes, MODE)
-            if MODE == 1 or (MODE >= 3 and MODE <= 8) or MODE >= 14:
-                _copy_b(descs, ring, off_n, k, bar, slot)
-                _pause(step, pid, MODE, scales[0])
+            slot, bar = _free_slot(bars, step, STAGES, load_bytes)
             for r in gl.static_range(A_BLOCKS):
                 _copy_a(a_desc, scales, a_rows[r], k, bar, a_bufs.index(slot * A_BLOCKS + r))
-            if MODE == 0 or (MODE >= 9 and MODE <= 13):
-                _copy_b(descs, ring, off_n, k, bar, slot)
-            elif MODE == 2:
-                if step >= lead:
-                    _copy_b(descs, ring, off_n, k, bar, slot)
-            step += 1
-
-
-@gluon.jit
-def _lead_slot(bars, step, lead, STAGES: gl.constexpr, nbytes: gl.constexpr, MODE: gl.constexpr):
-    # a slot whose B block went ahead (START 2) was taken and armed then
-    if MODE == 2:
-        if step < lead:
-            slot = step % STAGES
-            bar = bars[0].index(slot)
-        else:
-            slot, bar = _free_slot(bars, step, STAGES, nbytes)
-    else:
-        slot, bar = _free_slot(bars, step, STAGES, nbytes)
-    return slot, bar
-
-
-@gluon.jit
-def _pause(step, pid, MODE: gl.constexpr, some_ptr):
-    # 6: an acquire (sys scope) of some_ptr, 7: fence.proxy.async, 8: both (as a first wait)
-    if MODE == 15:
-        if step == 0:
-            _ptx("ld.acquire.sys.global.b32 $0, [$1];", [some_ptr], "=r,l")
-    elif MODE >= 9:
-        pass
-    elif MODE >= 6:
-        if step == 0:
-            if MODE != 7:
-                _ptx("ld.acquire.sys.global.b32 $0, [$1];", [some_ptr], "=r,l")
-            if MODE != 6:
-                _ptx("fence.proxy.async.global;\n\tmov.u32 $0, 0;", [], "=r")
-    elif MODE >= 3:
-        if step == 0:
-            if MODE == 3:
-                span = 1000
-            elif MODE == 4:
-                span = 500
+            if B_K_MAJOR:
+                tma.async_copy_global_to_shared(b_desc, [off_n, k], bar, b_bufs.index(slot))
             else:
-                span = (pid % 8) * 150
-            t0 = _clock()
-            now = _clock()
-            while now - t0 < span:
-                now = _clock()
-
-
-@gluon.jit
-def _copy_b(descs, ring, off_n, k, bar, slot):
-    """One step's B block (and a tail's columns) into ring slot ``slot``."""
-    a_desc = descs[0]
-    b_desc = descs[1]
-    if a_desc.dtype.primitive_bitwidth == 8:
-        tma.async_copy_global_to_shared(b_desc, [off_n, k], bar, ring[1].index(slot))
-    else:
-        tma.async_copy_global_to_shared(b_desc, [k, off_n], bar, ring[1].index(slot))
-    if len(ring) == 3:
-        MAIN_N: gl.constexpr = b_desc.block_type.shape[1]
-        tma.async_copy_global_to_shared(descs[3], [k, off_n + MAIN_N], bar, ring[2].index(slot))
+                tma.async_copy_global_to_shared(b_desc, [k, off_n], bar, b_bufs.index(slot))
+            if HAS_TAIL:
+                tma.async_copy_global_to_shared(
+                    descs[3], [k, off_n + MAIN_N], bar, ring[2].index(slot)
+                )
+            step += 1
 
 
 # a split tail's bounds are loop bounds: one compile for every shape (as `persistent`'s kernel)
@@ -315,12 +237,11 @@ def ws_gemm_kernel(
     TAIL: gl.constexpr,
     SWAP_AB: gl.constexpr,
     SPLIT_TAIL: gl.constexpr,
-    START: gl.constexpr = 0,
 ):
     _ws_gemm(
         a_desc, b_desc, c_desc, b_tail_desc, c_tail_desc, (a_scale_ptr, b_scale_ptr),
         _tails(ws_ptr, lock_ptr, dp_tiles, split, k_per_split, SPLIT_TAIL),
-        STAGES, CONSUMERS, PRODUCER_REGS, CONSUMER_REGS, FAST_ACCUM, TAIL, SWAP_AB, START,
+        STAGES, CONSUMERS, PRODUCER_REGS, CONSUMER_REGS, FAST_ACCUM, TAIL, SWAP_AB,
     )  # fmt: skip
 
 
@@ -354,7 +275,6 @@ def ws_fused_kernel(
     CONSUMER_REGS: gl.constexpr,
     FAST_ACCUM: gl.constexpr,
     SPLIT_TAIL: gl.constexpr,
-    START: gl.constexpr = 0,
 ):
     # FP8 over row chunks that wait on flags (`ficco.kernels.gluon_fused`): the chunk table
     # and the rest after the scales (`gluon_ring.CHUNK_COLS`)
@@ -365,7 +285,7 @@ def ws_fused_kernel(
     _ws_gemm(
         a_desc, b_desc, c_desc, b_desc, c_desc, scales,
         _tails(ws_ptr, lock_ptr, dp_tiles, split, k_per_split, SPLIT_TAIL),
-        STAGES, CONSUMERS, PRODUCER_REGS, CONSUMER_REGS, FAST_ACCUM, False, False, START,
+        STAGES, CONSUMERS, PRODUCER_REGS, CONSUMER_REGS, FAST_ACCUM, False, False,
     )  # fmt: skip
 
 
@@ -397,7 +317,6 @@ def _ws_gemm(
     FAST_ACCUM: gl.constexpr,
     TAIL: gl.constexpr,
     SWAP_AB: gl.constexpr,
-    START: gl.constexpr,
 ):
     # three consumers share each tile (192 rows): A loads as three 64-row blocks a slot
     A_BLOCKS: gl.constexpr = 3 if CONSUMERS == 3 else 1
@@ -431,37 +350,6 @@ def _ws_gemm(
         descs = (a_desc, b_desc, c_desc)
         ring = (a_bufs, b_bufs)
     bars = (ready, empty, turns)
-    # START (experiment): the producer's start mode, as the bars tuple's extra length
-    if START == 1:
-        bars = (ready, empty, turns, ready)
-    elif START == 2:
-        bars = (ready, empty, turns, ready, ready)
-    elif START == 3:
-        bars = (ready, empty, turns, ready, ready, ready)
-    elif START == 4:
-        bars = (ready, empty, turns, ready, ready, ready, ready)
-    elif START == 5:
-        bars = (ready, empty, turns, ready, ready, ready, ready, ready)
-    elif START == 6:
-        bars = (ready, empty, turns, ready, ready, ready, ready, ready, ready)
-    elif START == 7:
-        bars = (ready, empty, turns, ready, ready, ready, ready, ready, ready, ready)
-    elif START == 8:
-        bars = (ready, empty, turns, ready, ready, ready, ready, ready, ready, ready, ready)
-    elif START == 9:
-        bars = (ready, empty, turns, ready, ready, ready, ready, ready, ready, ready, ready, ready)
-    elif START == 10:
-        bars = (ready, empty, turns) + (ready,) * 10
-    elif START == 11:
-        bars = (ready, empty, turns) + (ready,) * 11
-    elif START == 12:
-        bars = (ready, empty, turns) + (ready,) * 12
-    elif START == 13:
-        bars = (ready, empty, turns) + (ready,) * 13
-    elif START == 14:
-        bars = (ready, empty, turns) + (ready,) * 14
-    elif START == 15:
-        bars = (ready, empty, turns) + (ready,) * 15
     # (constexprs passed to partitions arrive as tensors in Triton 3.6: each partition takes
     # only values and derives its constants from their types)
     args = (descs, ring, bars, scales, tails)
@@ -604,7 +492,6 @@ def ws_gemm_launcher(
     grid = (min(programs, split.units(tiles)),)
     kernel = ws_gemm_kernel[grid]
     max_regs = THIRDS_MAX_REGS if cfg.consumers == 3 else MAX_REGS
-    start = {"START": START_MODE} if START_MODE else {}
 
     def launch() -> None:
         kernel(
@@ -612,7 +499,7 @@ def ws_gemm_launcher(
             STAGES=cfg.stages, CONSUMERS=cfg.consumers, PRODUCER_REGS=PRODUCER_REGS,
             CONSUMER_REGS=CONSUMER_REGS, FAST_ACCUM=fast_accum, TAIL=cfg.tail_n > 0,
             SWAP_AB=cfg.swap_ab, SPLIT_TAIL=split.plan is not None, num_warps=cfg.consumer_warps,
-            maxnreg=max_regs, **start,
+            maxnreg=max_regs,
         )  # fmt: skip
 
     return launch

@@ -53,8 +53,7 @@ def _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M: gl.constexpr, BLOCK_N: gl
 def _free_slot(bars, step, STAGES: gl.constexpr, nbytes: gl.constexpr):
     """Load step `step`'s ring slot, once its consumer has released it, armed for `nbytes` of
     TMA loads: (slot, its ready barrier)."""
-    ready = bars[0]
-    empty = bars[1]
+    ready, empty, turns = bars
     slot = step % STAGES
     # a fresh mbarrier reads as if phase 1 completed: the first pass does not wait
     mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
@@ -66,7 +65,7 @@ def _free_slot(bars, step, STAGES: gl.constexpr, nbytes: gl.constexpr):
 @gluon.jit
 def _landed_slot(bars, step, STAGES: gl.constexpr):
     """Load step `step`'s ring slot, once its loads have landed."""
-    ready = bars[0]
+    ready, empty, turns = bars
     slot = step % STAGES
     mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
     return slot

@@ -60,9 +60,7 @@ def _swap_consumer(descs, ring, bars, scales, tails):
     c_desc = descs[2]
     a_bufs = ring[0]
     b_bufs = ring[1]
-    ready = bars[0]
-    empty = bars[1]
-    turns = bars[2]
+    ready, empty, turns = bars
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
