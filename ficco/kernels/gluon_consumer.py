@@ -78,13 +78,20 @@ def _consume(
         FP8 and not FAST and BLOCK_M * BLOCK_N // (32 * WARPS) <= 64 and BLOCK_K <= 128
     )
     gl.static_assert(not (FP8 and HAS_TAIL))
-    # FP8, three consumers sharing a tile (152 registers each): the tile's scales loaded
-    # before its K loop, one a thread, and moved to the accumulator's layout in the
-    # epilogue (loaded there, their latency stood between the last wgmma and the stores:
-    # +1.7-4% for 192-row tiles at 512-4096 rows, H200 call BV; loaded early in the
-    # accumulator's layout they spill; with two consumers of 232 registers the early form
-    # ran 3-6% slower at 4096-16384 rows: not taken there)
-    EARLY_SCALES: gl.constexpr = FP8 and CONSUMERS == 3
+    # FP8: a tile's scales loaded before its K loop (in the epilogue their latency stands
+    # between the last wgmma and the stores, and a fused launch's is a chain: the chunk's
+    # cached table entry, then its scales). Three consumers sharing a tile (152 registers
+    # each): one scale a thread, moved to the accumulator's layout in the epilogue (1: +1.7-4%
+    # for 192-row tiles at 512-4096 rows, H200 call BV; in that layout they spill). Two
+    # sharing one (232 registers), fused only: in the accumulator's layout (2: +1.2-4% over
+    # the same launch with scales in the epilogue, H200 call BU; the plain kernel ran 1.5%
+    # slower with it at 4096-16384 rows, and 3-6% slower with the first form)
+    if FP8 and CONSUMERS == 3:
+        EARLY_SCALES: gl.constexpr = 1
+    elif FP8 and len(scales) > 2 and CONSUMERS == 2 and SHARED:
+        EARLY_SCALES: gl.constexpr = 2
+    else:
+        EARLY_SCALES: gl.constexpr = 0
     K_INSTR: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth
     acc_layout: gl.constexpr = _acc_layout(BLOCK_M, MAIN_N, WARPS, K_INSTR)
     out_dtype: gl.constexpr = c_desc.dtype
@@ -149,9 +156,13 @@ def _consume(
             # wgmma with max_num_imprecise_acc adds its promoted partial sums to the
             # accumulator even where use_acc is false: the previous tile's sums would stay
             acc = gl.zeros([BLOCK_M, MAIN_N], gl.float32, acc_layout)
-        if EARLY_SCALES:
+        if EARLY_SCALES == 1:
             a_early, b_early = _early_scales(
                 a_scale_ptr, scales[1], scale_m, off_n, scale_rows, N, BLOCK_M, MAIN_N
+            )
+        elif EARLY_SCALES == 2:
+            a_early, b_early = _tile_scales(
+                a_scale_ptr, scales[1], scale_m, off_n, scale_rows, N, acc
             )
         if CONSUMERS > 1 and not SHARED:  # noqa: SIM102 - a constexpr branch around a runtime one
             # the other consumer has issued every wgmma of tile j - 1 (its arrival below)
@@ -210,9 +221,12 @@ def _consume(
                 live = last
         out = acc
         if FP8:
-            if EARLY_SCALES:
+            if EARLY_SCALES == 1:
                 a_scale = gl.convert_layout(a_early, gl.SliceLayout(1, acc_layout))
                 b_scale = gl.convert_layout(b_early, gl.SliceLayout(0, acc_layout))
+            elif EARLY_SCALES == 2:
+                a_scale = a_early
+                b_scale = b_early
             else:
                 a_scale, b_scale = _tile_scales(
                     a_scale_ptr, scales[1], scale_m, off_n, scale_rows, N, acc
