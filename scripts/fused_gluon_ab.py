@@ -87,9 +87,9 @@ def row_chunk_views(a, sa, out, chunks: int, *, waits: bool = True, local: bool 
 
 def check_then_time(fns: dict, outs: dict, ref, timer, rounds: int, shuffle=None) -> dict:
     """Each launch once on a NaN-poisoned output, checked against ``ref`` (relative Frobenius
-    error within 2e-2); the correct ones timed in ``rounds`` interleaved rounds: the row's
+    error within `trials.CHECK_TOLERANCE` of the output's dtype); the correct ones timed in ``rounds`` interleaved rounds: the row's
     ms (medians), errors, the variants left out (bad) and ratios (`_scaled_mm` ms / ms)."""
-    from ficco.kernels.trials import relative_error
+    from ficco.kernels.trials import CHECK_TOLERANCE, relative_error
 
     errors = {}
     for key, fn in fns.items():
@@ -97,7 +97,7 @@ def check_then_time(fns: dict, outs: dict, ref, timer, rounds: int, shuffle=None
         fn()
         torch.cuda.synchronize()
         errors[key] = relative_error(outs[key], ref)
-    bad = [key for key, e in errors.items() if not e <= 2e-2]
+    bad = [key for key, e in errors.items() if not e <= CHECK_TOLERANCE[outs[key].dtype]]
     timed = {key: fn for key, fn in fns.items() if key not in bad}
     times = timer.interleaved(timed, rounds, shuffle=shuffle)
     ms = {key: statistics.median(t) for key, t in times.items()}
@@ -146,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         if any(m % 2 for m, _, _ in shapes):
             raise ValueError("--shapes: M must be even (two row chunks)")
         configs = fp8_configs_named(args.configs)
+        if args.rounds < 1 or args.copies < 0:
+            raise ValueError(
+                f"--rounds at least 1 (got {args.rounds}), --copies at least 0 (got {args.copies})"
+            )
     except ValueError as exc:
         ap.error(str(exc))
     if not torch.cuda.is_available():

@@ -82,6 +82,16 @@ def fastest_over_runs(rows: list[dict]) -> str | None:
     return min(sorted(common), key=score)
 
 
+def check_config_dtypes(config_dtypes: tuple[str, ...] | None) -> None:
+    """ValueError where ``config_dtypes`` (None: every dtype) names none or one not picked
+    here."""
+    if config_dtypes is None:
+        return
+    unknown = sorted(set(config_dtypes) - set(DTYPES))
+    if unknown or not config_dtypes:
+        raise ValueError(f"config_dtypes: {unknown or 'none'} (one or more of {sorted(DTYPES)})")
+
+
 def picks(
     runs: list[dict],
     min_runs: int = MIN_RUNS,
@@ -93,9 +103,7 @@ def picks(
     keep bf16's as they were measured."""
     if config_from not in CONFIG_FROM:
         raise ValueError(f"config_from: one of {CONFIG_FROM}, got {config_from!r}")
-    unknown = sorted(set(config_dtypes or ()) - set(DTYPES))
-    if unknown:
-        raise ValueError(f"config_dtypes: {unknown} not among {sorted(DTYPES)}")
+    check_config_dtypes(config_dtypes)
     envs = {(r["environment"]["gpu"], r["environment"]["triton"]) for r in runs}
     if len(envs) != 1:
         raise SystemExit(f"runs of different cards or Tritons: {sorted(envs)}")
@@ -199,9 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     config_dtypes = None
     if args.config_from_dtypes is not None:
         config_dtypes = tuple(d.strip() for d in args.config_from_dtypes.split(",") if d.strip())
-        unknown = sorted(set(config_dtypes) - set(DTYPES))
-        if unknown or not config_dtypes:
-            ap.error(f"--config-from-dtypes: {unknown or 'none'} (one or more of {sorted(DTYPES)})")
+        try:
+            check_config_dtypes(config_dtypes)
+        except ValueError as exc:
+            ap.error(f"--{exc}".replace("config_dtypes", "config-from-dtypes", 1))
         if args.config_from != "all":
             ap.error("--config-from-dtypes takes --config-from all")
     if args.min_runs < 1:

@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         configs = fp8_configs_named(
             args.configs, lambda c: c.split_tail, "split-tail tiles of the FP8 space"
         )
+        if args.rounds < 1:
+            raise ValueError(f"--rounds: at least 1, got {args.rounds}")
     except ValueError as exc:
         ap.error(str(exc))
     if not torch.cuda.is_available():

@@ -467,6 +467,8 @@ def test_a_picks_configuration_is_the_last_runs_pick_or_the_fastest_over_all_run
     assert gg.GluonGemmConfig(**entry["config"]).name == slow and "rank_ms_per_run" not in entry
     with pytest.raises(ValueError, match="config_dtypes"):
         script.picks([first, second], config_from="all", config_dtypes=("fp16",))
+    with pytest.raises(ValueError, match="config_dtypes: none"):
+        script.picks([first, second], config_from="all", config_dtypes=())
 
 
 def test_fp8_shapes_are_picked_under_their_own_dtype_and_space():
@@ -711,6 +713,9 @@ def test_the_benchmark_selects_the_named_shapes_in_the_sets_order():
         ("fused_gluon_ab", ["--shapes", "4096x4096"], "'4096x4096' is not MxNxK"),
         ("fused_gluon_ab", ["--shapes", "4095x4096x4096"], "M must be even"),
         ("fused_gluon_ab", ["--configs", "ws_1x1x1"], "['ws_1x1x1'] not in the FP8 space"),
+        ("fused_gluon_ab", ["--rounds", "0"], "--rounds at least 1 (got 0)"),
+        ("fused_gluon_ab", ["--copies", "-1"], "--copies at least 0 (got -1)"),
+        ("split_tail_ab", ["--rounds", "0"], "--rounds: at least 1, got 0"),
         ("split_tail_ab", ["--shapes", "4096x4096"], "'4096x4096' is not MxNxK"),
         (
             "split_tail_ab",
@@ -763,6 +768,7 @@ def test_a_benchmark_variant_is_timed_only_once_it_ran_and_matched(monkeypatch):
     [
         (["--config-from-dtypes", "fp8"], "--config-from-dtypes takes --config-from all"),
         (["--config-from", "all", "--config-from-dtypes", "fp16"], "['fp16']"),
+        (["--config-from", "all", "--config-from-dtypes", ","], "--config-from-dtypes: none"),
     ],
 )
 def test_the_picks_script_refuses_a_dtype_rule_it_cannot_apply(argv, says, tmp_path, capsys):

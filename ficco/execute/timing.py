@@ -20,6 +20,7 @@ ranks run the same rounds.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from collections.abc import Callable
 from typing import Protocol
@@ -89,8 +90,6 @@ def time_rounds(
     (a seed, alike on every rank): each round in its own random order, so no candidate
     follows the same one round after round (a launch can run slower after a particular
     predecessor)."""
-    import random
-
     names = list(candidates)
     for _ in range(options.warmup):
         for name in names:
