@@ -253,6 +253,29 @@ def bench_shape(m: int, n: int, k: int, dtype: str, timer) -> dict:
     return row
 
 
+def row_chunk_views(a, sa, out, chunks: int, *, waits: bool = True, local: bool = False):
+    """``a``'s rows as ``chunks`` equal row chunks in arrival order, the last rows first (as a
+    rank whose shard is the last), each storing to the same rows of ``out``, its flag preset
+    (every chunk landed; ``waits`` False: no flags). ``local``: the first chunk is the local
+    shard, its rows and scales copied into buffers of their own and read without a wait, as
+    `ficco.plan.fused.plan_ag_gemm_fused` launches it. (``FusedChunkViews``, first first.)"""
+    from ficco.kernels.fused_views import FusedChunkViews
+
+    part = a.shape[0] // chunks
+    flags = torch.ones(chunks, dtype=torch.int32, device=a.device)
+    views = [
+        FusedChunkViews(
+            a[lo : lo + part], out[lo : lo + part], wait=flags[i : i + 1] if waits else None,
+            a_scale=sa[lo : lo + part],
+        )
+        for i, lo in enumerate(reversed(range(0, chunks * part, part)))
+    ]  # fmt: skip
+    if local:
+        first = views[0]
+        views[0] = FusedChunkViews(first.a.clone(), first.out, a_scale=first.a_scale.clone())
+    return views
+
+
 def _add_fused(row: dict, fns: dict, a, b, sa, sb, ref, budget: int, local: bool) -> None:
     """FP8: the fused flag-waiting GEMM (`FusedGemm`, default tile: the Gluon kernel where
     `gluon_fused` takes the launch, else the Triton one) over two row chunks in arrival order
@@ -262,8 +285,6 @@ def _add_fused(row: dict, fns: dict, a, b, sa, sb, ref, budget: int, local: bool
     the second the peer's rows in the gathered buffer; else both wait, in one buffer
     (`fused_waiting`). ``row["fused_kernel"]`` (``fused_waiting_kernel``) says which kernel
     and tile ran."""
-    from fused_gluon_ab import row_chunk_views
-
     from ficco.kernels.fused import FusedGemm
 
     name = "fused" if local else "fused_waiting"

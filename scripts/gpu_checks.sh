@@ -13,7 +13,7 @@
 #              scripts/bench_decode.py: a TP decode step with matmul_all_reduce -> bench_decode.json
 #   moe        scripts/bench_moe.py: the all-to-all alone, then the MoE expert layers (a first
 #              slice; the rest: --models M --tokens T per call)       -> bench_moe*.json
-#   fused      scripts/tune_fused_gpu.py (one GPU) and scripts/nccl_ce_repro.py (W GPUs)
+#   fused      scripts/tune_fused_gpu.py (one GPU)
 #   timeline   scripts/timeline.py: one shape per pattern, per-task GPU spans -> timeline.{json,png}
 #   shared     the one-GPU lane (not in the default STAGES; W is ignored): W = 2, 4 (and 8)
 #              ranks that share one GPU (ficco.execute.cuda_shared, verification only):
@@ -55,7 +55,6 @@ if has moe; then
 fi
 if has fused; then
   run fused_single_gpu 400 python3 scripts/tune_fused_gpu.py
-  [ -f scripts/nccl_ce_repro.py ] && run nccl_ce_repro 280 python3 scripts/nccl_ce_repro.py --world "$W"
 fi
 if has shared; then
   # timings mean nothing here: untuned Triton configurations, no tuning on the shared GPU

@@ -4,7 +4,7 @@ computed from the rows each benchmark's JSON holds (so a phase cut by its cap st
 what it measured), beside the issue's targets. Plain Python: runs anywhere.
 
     python scripts/kernels_sweep_summary.py DIR [--json]
-    python scripts/kernels_sweep_summary.py profiles/h200/fused_single_gpu_callO.json
+    python scripts/kernels_sweep_summary.py profiles/h200/fused_single_gpu_callT.json
 """
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ def fused(d: dict) -> dict:
 
 
 #: What each benchmark JSON of a sweep is summarized with, by its name in the sweep's folder;
-#: a committed copy keeps the name's stem before a suffix (fused_single_gpu_callO.json)
+#: a committed copy keeps the name's stem before a suffix (fused_single_gpu_callT.json)
 KINDS = (
     ("bench_gemm.json", gemm),
     ("bench_decode_gemm.json", decode),

@@ -609,7 +609,7 @@ def test_the_summary_counts_matmuls_shapes_per_set_and_m():
 
 
 def test_the_benchmarks_row_chunks_arrive_last_rows_first_and_a_local_shard_waits_on_nothing():
-    script = _bench_script("fused_gluon_ab")
+    script = _bench_script()
     a = torch.arange(8.0).reshape(8, 1).repeat(1, 4)
     sa, out = torch.arange(8.0).reshape(8, 1), torch.zeros(8, 3)
     views = script.row_chunk_views(a, sa, out, 2)
@@ -623,17 +623,6 @@ def test_the_benchmarks_row_chunks_arrive_last_rows_first_and_a_local_shard_wait
     assert local.a.untyped_storage().data_ptr() != a.untyped_storage().data_ptr()
     assert torch.equal(local.a, a[4:]) and torch.equal(local.a_scale, sa[4:])
     assert local.out.data_ptr() == out[4:].data_ptr()
-
-
-def test_the_ab_summary_is_each_variants_geomean_against_the_plain_launch_of_its_tile():
-    script = _bench_script("fused_gluon_ab")
-    rows = [
-        {"ms": {"library": 1.0, "plain t1": 2.0, "ag2 t1": 2.5, "plain t2": 1.0, "ag2 t2": 0.8}},
-        {"ms": {"library": 1.0, "plain t1": 4.0, "ag2 t1": 4.0, "plain#0 t1": 5.0}},
-    ]
-    summary = script.summarize({"rows": rows})
-    # ag2: 0.8, 1.25 and 1.0 of its tile's plain launch; the library is no variant
-    assert summary == {"ag2": 1.0, "plain": 1.0, "plain#0": 0.8}
 
 
 def test_the_summary_keeps_the_all_gather_launch_and_the_all_waiting_one_apart():
@@ -710,18 +699,6 @@ def test_the_benchmark_selects_the_named_shapes_in_the_sets_order():
         ("bench_decode_gemm", ["--weights", "2880x2049"], "(2880, 2049)"),
         ("bench_decode_gemm", ["--weights", "2880xK"], "'2880xK' is not NxK"),
         ("bench_decode_gemm", ["--weights", "2880"], "'2880' is not NxK"),
-        ("fused_gluon_ab", ["--shapes", "4096x4096"], "'4096x4096' is not MxNxK"),
-        ("fused_gluon_ab", ["--shapes", "4095x4096x4096"], "M must be even"),
-        ("fused_gluon_ab", ["--configs", "ws_1x1x1"], "['ws_1x1x1'] not in the FP8 space"),
-        ("fused_gluon_ab", ["--rounds", "0"], "--rounds at least 1 (got 0)"),
-        ("fused_gluon_ab", ["--copies", "-1"], "--copies at least 0 (got -1)"),
-        ("split_tail_ab", ["--rounds", "0"], "--rounds: at least 1, got 0"),
-        ("split_tail_ab", ["--shapes", "4096x4096"], "'4096x4096' is not MxNxK"),
-        (
-            "split_tail_ab",
-            ["--configs", "ws_192x128x128_s4_coop3x4"],
-            "['ws_192x128x128_s4_coop3x4'] not split-tail tiles of the FP8 space",
-        ),
     ],
 )
 def test_the_kernel_scripts_refuse_a_bad_shape_before_any_gpu_work(

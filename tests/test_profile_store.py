@@ -234,3 +234,26 @@ def test_records_of_several_fingerprints_are_refused_unless_one_is_picked(tmp_pa
         result = CliRunner().invoke(main, [*command, "--store", str(tmp_path / "s")])
         assert result.exit_code == 1, result.output
         assert "2 machines or software stacks" in result.output and "Traceback" not in result.output
+
+
+def test_sealed_store_reads_like_the_plain_one_and_refuses_appends(tmp_path):
+    """A store shipped gzip-compressed (records.jsonl.gz) reads the same records; appending to
+    it is refused, naming how to unseal it; a corrupt archive is refused, not half read."""
+    import gzip
+
+    from ficco.profile import SEALED_RECORDS_FILE, open_store
+
+    plain = tmp_path / "s"
+    filled(plain)
+    expected = open_store(plain).records()
+    assert len(expected) == 10
+    sealed = tmp_path / "sealed"
+    sealed.mkdir()
+    (sealed / HEADER_FILE).write_text((plain / HEADER_FILE).read_text())
+    (sealed / SEALED_RECORDS_FILE).write_bytes(gzip.compress((plain / RECORDS_FILE).read_bytes()))
+    assert open_store(sealed).records() == expected
+    with pytest.raises(ValueError, match=r"is sealed .*gunzip"):
+        open_store(sealed, FP)
+    (sealed / SEALED_RECORDS_FILE).write_bytes(b"not gzip at all")
+    with pytest.raises(ValueError, match="not a readable gzip file"):
+        open_store(sealed).records()

@@ -215,28 +215,3 @@ def test_a_shipped_cache_passes_over_a_config_that_left_the_space(capsys):
     assert "128x192x64_gone passed over" in capsys.readouterr().err
     with pytest.raises(ValueError, match="none of"):
         module._pick({"128x192x64_gone": 0.040}, m, n, k, sm, entry)
-
-
-def test_tuning_records_compare_sets_one_config_family_against_the_rest(tmp_path, capsys):
-    import importlib.util
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "scripts" / "tuning_records_compare.py"
-    spec = importlib.util.spec_from_file_location("tuning_records_compare", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    entries = {
-        "dev|bf16|m=1": {"timings_ms": {"128x192x64_a": 0.2, "128x256x64_b": 0.1, "64x64_c": 0.3}},
-        "dev|bf16|m=2": {"timings_ms": {"128x192x64_a": 0.1, "128x128x64_d": 0.2}},
-        "dev|bf16|m=3": {"timings_ms": {"128x256x64_b": 0.1}},  # no wide config: left out
-        "dev|fused|bf16|m=4": {"timings_ms": {"128x192x64_a": 0.1, "128x256x64_b": 0.5}},
-    }
-    assert module.compare(entries, r"^\d+x192x") == [(0.5, "dev|bf16|m=2"), (2.0, "dev|bf16|m=1")]
-    assert module.compare(entries, r"^\d+x192x", against=r"_c$") == [(0.2 / 0.3, "dev|bf16|m=1")]
-    raw = tmp_path / "gemm_tuning.json"
-    raw.write_text(json.dumps({"entries": entries}))
-    assert module.main([str(raw), "--match", r"^\d+x192x"]) == 0
-    assert "matched family fastest in 1 of 2" in capsys.readouterr().out
-    raw.write_text("{}")
-    with pytest.raises(SystemExit, match="not a tuning cache"):
-        module.main([str(raw), "--match", "x"])

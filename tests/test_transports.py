@@ -2,7 +2,6 @@
 records agree with what each layer does with them, and one function says which schedules
 run as CUDA graphs, for the executor and the cost model alike."""
 
-import json
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,7 @@ from ficco.space import (
 from ficco.space.transports import COST_CLASSES, TransportTraits, transports_where
 
 ROOT = Path(__file__).resolve().parents[1]
-STORE = ROOT / "profiles" / "h200x2" / "store" / "records.jsonl"
+STORE = ROOT / "profiles" / "h200x2" / "store"
 
 
 def test_every_transport_has_a_traits_record():
@@ -182,15 +181,15 @@ def test_the_shipped_store_records_were_captured_as_runs_as_graph_says():
     for each is what it was before: the shipped model and its figures do not change."""
     seen = 0
     transports = set()
-    with STORE.open() as lines:
-        for line in lines:
-            record = json.loads(line)
-            if record["kind"] != "schedule" or record["verdict"] != "ok":
-                continue
-            schedule = Schedule.parse(record["name"])
-            assert graphed(schedule) is (record["extra"]["graph"] == "graph"), record["name"]
-            assert graphed(schedule) is _model_rule_before(schedule), record["name"]
-            transports.add(schedule.transport)
-            seen += 1
+    from ficco.profile import open_store
+
+    for record in open_store(STORE).records():
+        if record["kind"] != "schedule" or record["verdict"] != "ok":
+            continue
+        schedule = Schedule.parse(record["name"])
+        assert graphed(schedule) is (record["extra"]["graph"] == "graph"), record["name"]
+        assert graphed(schedule) is _model_rule_before(schedule), record["name"]
+        transports.add(schedule.transport)
+        seen += 1
     assert seen > 6000
     assert transports == {Transport.CE, Transport.NCCL}

@@ -34,6 +34,10 @@ key), which holds the claimer's pid and host, taken without waiting and held whi
 is measured. The kernel drops the ``flock`` of a process that dies, even by SIGKILL, so a dead
 claimer's problem is free for the next sweep; a claim ended normally removes its file.
 
+A store may also be *sealed*: ``records.jsonl.gz`` in place of ``records.jsonl``, the same
+lines gzip-compressed (how the repository ships its measured stores: a tenth of the bytes).
+A sealed store is read like any other and refuses appends, naming how to unseal it.
+
 A torn last line (a write cut by a kill) or a corrupt line is reported with a warning naming
 its line numbers, and the good records are kept; a writer cuts a torn last line off (under the
 lock, so never a line another writer is still writing) so the next record starts on a line of
@@ -47,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import gzip
 import json
 import os
 import warnings
@@ -71,6 +76,7 @@ except ImportError:  # pragma: no cover
 SCHEMA_VERSION = 2
 HEADER_FILE = "header.json"
 RECORDS_FILE = "records.jsonl"
+SEALED_RECORDS_FILE = RECORDS_FILE + ".gz"
 CLAIMS_DIR = "claims"
 _MEASUREMENT_FIELDS = tuple(f.name for f in fields(Measurement))
 
@@ -300,6 +306,8 @@ class ProfileStore(Store):
             raise ValueError(f"store {path}: is a file, not a store directory")
         header_path = path / HEADER_FILE
         records = path / RECORDS_FILE
+        if (path / SEALED_RECORDS_FILE).exists():
+            raise sealed_error(path)
         if not header_path.exists() and records.exists() and records.stat().st_size:
             raise ValueError(
                 f"store {path}: has {RECORDS_FILE} but no {HEADER_FILE}; refusing to guess "
@@ -356,6 +364,10 @@ class ProfileStore(Store):
     # --- records ----------------------------------------------------------------------------
 
     def _refresh(self) -> None:
+        sealed = self._path / SEALED_RECORDS_FILE
+        if sealed.exists():
+            self._read_sealed(sealed)
+            return
         records = self._path / RECORDS_FILE
         try:
             size = records.stat().st_size
@@ -373,6 +385,19 @@ class ProfileStore(Store):
             return
         with handle, _flock(handle, exclusive=False):
             self._scan(writing=False)
+
+    def _read_sealed(self, sealed: Path) -> None:
+        """Read a sealed store's records once: the file never grows."""
+        if self._lines:
+            return
+        try:
+            data = gzip.decompress(sealed.read_bytes())
+        except (OSError, EOFError) as err:
+            raise ValueError(
+                f"store {self._path}: {SEALED_RECORDS_FILE} is not a readable gzip file ({err}); "
+                "restore it from the repository"
+            ) from None
+        self._ingest(data, writing=False, name=SEALED_RECORDS_FILE)
 
     def _append_once(self, record: dict[str, Any]) -> dict[str, Any]:
         if self._file is None:
@@ -409,6 +434,13 @@ class ProfileStore(Store):
                 )
             fh.seek(self._offset)
             data = fh.read(size - self._offset)
+        torn = self._ingest(data, writing=writing, name=RECORDS_FILE)
+        if torn is not None and writing:
+            self._cut_torn_tail(records, len(data) - (data.rfind(b"\n") + 1), torn)
+
+    def _ingest(self, data: bytes, *, writing: bool, name: str) -> int | None:
+        """Keep the records of ``data``'s whole lines; warn of corrupt and torn ones. Returns
+        the line number of a torn last line (no newline), None when there is none."""
         end = data.rfind(b"\n") + 1
         bad: list[int] = []
         duplicates = self.duplicates_skipped
@@ -432,10 +464,10 @@ class ProfileStore(Store):
             parts.append(f"a torn last line {torn} (an interrupted write)")
         if parts:
             warnings.warn(
-                f"store {self._path}: skipped {' and '.join(parts)} of {RECORDS_FILE}; "
+                f"store {self._path}: skipped {' and '.join(parts)} of {name}; "
                 "the other records are kept",
                 StoreWarning,
-                stacklevel=5,
+                stacklevel=6,
             )
         if self.duplicates_skipped > duplicates:
             warnings.warn(
@@ -443,10 +475,9 @@ class ProfileStore(Store):
                 "whose (problem, schedule, fingerprint) an earlier record has (left by writers "
                 "racing without a lock); the first of each is kept",
                 StoreWarning,
-                stacklevel=5,
+                stacklevel=6,
             )
-        if torn is not None and writing:
-            self._cut_torn_tail(records, len(data) - end, torn)
+        return torn
 
     def _cut_torn_tail(self, records: Path, size: int, line: int) -> None:
         """Cut a last line without its newline (a write cut by a kill) so appends start
@@ -530,6 +561,14 @@ def _check_header(path: Path, header: dict[str, Any], fp: dict[str, Any]) -> Non
             f"{len(diffs)} field(s): " + "; ".join(diffs) + ". Use another store directory "
             "for another machine or software stack"
         )
+
+
+def sealed_error(path: Path) -> ValueError:
+    """What opening a sealed store for writing says."""
+    return ValueError(
+        f"store {path}: is sealed ({SEALED_RECORDS_FILE}: compressed, read-only); sweep into a "
+        f"new store directory, or unseal a copy first: gunzip {path / SEALED_RECORDS_FILE}"
+    )
 
 
 def read_only_error(location) -> ValueError:
