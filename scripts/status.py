@@ -202,6 +202,29 @@ def kernel_rows() -> list[list[str]]:
     return rows
 
 
+#: the fused flag-waiting GEMM with every flag set (scripts/tune_fused_gpu.py): card, runs
+FUSED_FIGURES = (
+    ("H200", ("h200/fused_single_gpu_callT.json",)),
+    ("H100", ("h100/fused_single_gpu_run12.json", "h100/fused_single_gpu_run13.json")),
+)
+
+
+def fused_rows() -> list[list[str]]:
+    sweep = import_script("kernels_sweep_summary")
+    rows = []
+    for card, files in FUSED_FIGURES:
+        path, doc, runs = latest([PROFILES / f for f in files])
+        bands = [sweep.fused(r) for r in runs]
+        cells = []
+        for band in ("small", "large"):
+            values = [b[band]["fused_tma_time_vs_cublas"] for b in bands]
+            cells.append(
+                f"{fmt(values[-1], 3)}x{spread(values)} ({bands[-1][band]['shapes']} shapes)"
+            )
+        rows.append([card, *cells, source(path, doc)])
+    return rows
+
+
 def kernel_section() -> list[str]:
     header = [
         "card",
@@ -217,6 +240,11 @@ def kernel_section() -> list[str]:
         "--summarize FILE` recomputes each):",
         "",
         *table(header, kernel_rows()),
+        "",
+        "The fused flag-waiting GEMM (`+fused` schedules' kernel), every flag set, its time over "
+        "cuBLAS's (below 1 is faster; `python scripts/kernels_sweep_summary.py FILE`):",
+        "",
+        *table(["card", "below 0.3 ms of cuBLAS time", "above", "from"], fused_rows()),
     ]  # fmt: skip
 
 
