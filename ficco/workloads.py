@@ -46,7 +46,8 @@ ranks, tokens over ranks) is skipped with the reason, never rounded.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -546,6 +547,10 @@ def unique_problems(problems: Iterable[Problem]) -> tuple[list[Problem], dict[st
     return list(kept.values()), aliases
 
 
+class ShapesColumnsWarning(UserWarning):
+    """A shapes CSV has columns ficco does not read (ignored)."""
+
+
 def write_shapes_csv(problems: Iterable[Problem], path: str | Path) -> None:
     """Write ``problems`` as a shapes CSV (columns ``SHAPES_COLUMNS``; it has no tables
     column, so an emb_a2a problem is refused)."""
@@ -562,22 +567,35 @@ def write_shapes_csv(problems: Iterable[Problem], path: str | Path) -> None:
     frame.to_csv(path, index=False)
 
 
-def read_shapes_csv(path: str | Path) -> list[Problem]:
+def read_shapes_csv(path: str | Path, notify: Callable[[str], None] | None = None) -> list[Problem]:
     """Problems from a shapes CSV (``ficco.tabular.csv_rows``: text, a header, as many fields
-    per row as columns); an error names the file, and the line and column of a bad cell. The
-    columns are ``SHAPES_COLUMNS`` (name, dtype and experts may be left out); another column
-    is refused rather than ignored."""
+    per row as columns); an error (InputError: bad input) names the file, and the line and
+    column of a bad cell. The columns are ``SHAPES_COLUMNS`` (name, dtype and experts may be
+    left out); a missing required column is refused; other columns (notes, owner) are ignored
+    with one line naming them to ``notify`` (None: a :class:`ShapesColumnsWarning`)."""
     from ficco.tabular import csv_rows
 
     expect = ",".join(SHAPES_COLUMNS)
     header, rows = csv_rows("shapes", path, expect=expect)
     missing = [c for c in ("pattern", "m", "n", "k", "world") if c not in header]
+    if missing:
+        raise InputError(
+            "shapes",
+            str(path),
+            f"lacks the column(s) {missing}; a shapes CSV has the columns {expect}",
+        )
     unknown = [c for c in header if c not in SHAPES_COLUMNS]
-    if missing or unknown:
-        what = f"lacks the column(s) {missing}" if missing else f"has unknown column(s) {unknown}"
-        raise InputError("shapes", str(path), f"{what}; a shapes CSV has the columns {expect}")
+    if unknown:
+        line = (
+            f"shapes: {path}: ignoring the column(s) {', '.join(unknown)} (a shapes CSV reads "
+            f"{expect})"
+        )
+        if notify is None:
+            warnings.warn(line, ShapesColumnsWarning, stacklevel=2)
+        else:
+            notify(line)
     problems = []
-    for line, row in rows:
+    for line_no, row in rows:
         cells = {col: row.get(col, "").strip() for col in SHAPES_COLUMNS}
         try:
             # a cell is text: integers are parsed here, so Problem sees numbers (never 64.7
@@ -594,5 +612,5 @@ def read_shapes_csv(path: str | Path) -> list[Problem]:
                 )
             )
         except (ValueError, TypeError) as err:
-            raise ValueError(f"{path}: line {line}: {err}") from None
+            raise InputError("shapes", None, f"{path}: line {line_no}: {err}") from None
     return problems

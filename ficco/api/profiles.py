@@ -276,7 +276,7 @@ def sweep_problems(request: SweepRequest, notify: Notify = to_stderr) -> list[Pr
         for line in skipped_lines(skipped):
             notify(line)
         return problems
-    problems = read_shapes_csv(request.shapes)
+    problems = read_shapes_csv(request.shapes, notify)
     if request.world is not None:
         kept = [p for p in problems if p.world == request.world]
         if len(kept) < len(problems):
