@@ -69,9 +69,10 @@ def normalize_url(url: str):
 
     try:
         parsed = make_url(url)
-    except ArgumentError:
-        # SQLAlchemy's message quotes the URL whole: only the masked one is shown
-        raise ValueError(f"store: {masked(url)!r} is not a database URL") from None
+    except (ArgumentError, ValueError) as err:  # ValueError: a port that is no number
+        # SQLAlchemy's message may quote the URL whole: only the masked one is shown
+        why = "" if isinstance(err, ArgumentError) else f" ({err})"
+        raise ValueError(f"store: {masked(url)!r} is not a database URL{why}") from None
     if parsed.drivername == "postgres":  # psql's and Heroku's spelling of the same scheme
         parsed = parsed.set(drivername="postgresql")
     if parsed.drivername == "postgresql":
