@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import csv
 import io
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from ficco.validate import InputError
@@ -78,3 +80,21 @@ def csv_rows(
     if header is None:
         raise InputError(field, str(path), f"is empty; it needs a header row ({expect})")
     return header, rows
+
+
+class ExtraColumnsWarning(UserWarning):
+    """A CSV has columns ficco does not read (ignored)."""
+
+
+def ignore_columns(
+    field: str, path: str | Path, unknown: list[str], notify: Callable[[str], None] | None
+) -> None:
+    """Say once that the columns ``unknown`` of the CSV at ``path`` are ignored: a line to
+    ``notify``, or an :class:`ExtraColumnsWarning` (None). Nothing when there are none."""
+    if not unknown:
+        return
+    line = f"{field}: {path}: ignoring the column(s) {', '.join(unknown)}"
+    if notify is None:
+        warnings.warn(line, ExtraColumnsWarning, stacklevel=3)
+    else:
+        notify(line)

@@ -46,7 +46,6 @@ ranks, tokens over ranks) is skipped with the reason, never rounded.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -547,10 +546,6 @@ def unique_problems(problems: Iterable[Problem]) -> tuple[list[Problem], dict[st
     return list(kept.values()), aliases
 
 
-class ShapesColumnsWarning(UserWarning):
-    """A shapes CSV has columns ficco does not read (ignored)."""
-
-
 def write_shapes_csv(problems: Iterable[Problem], path: str | Path) -> None:
     """Write ``problems`` as a shapes CSV (columns ``SHAPES_COLUMNS``; it has no tables
     column, so an emb_a2a problem is refused)."""
@@ -568,32 +563,18 @@ def write_shapes_csv(problems: Iterable[Problem], path: str | Path) -> None:
 
 
 def read_shapes_csv(path: str | Path, notify: Callable[[str], None] | None = None) -> list[Problem]:
-    """Problems from a shapes CSV (``ficco.tabular.csv_rows``: text, a header, as many fields
-    per row as columns); an error (InputError: bad input) names the file, and the line and
-    column of a bad cell. The columns are ``SHAPES_COLUMNS`` (name, dtype and experts may be
-    left out); a missing required column is refused; other columns (notes, owner) are ignored
-    with one line naming them to ``notify`` (None: a :class:`ShapesColumnsWarning`)."""
-    from ficco.tabular import csv_rows
+    """Problems from a shapes CSV (``ficco.tabular.csv_rows``); an InputError names the file,
+    and the line and column of a bad cell. Of ``SHAPES_COLUMNS``, name, dtype and experts may
+    be left out; other columns are ignored, said once (``ficco.tabular.ignore_columns``)."""
+    from ficco.tabular import csv_rows, ignore_columns
 
     expect = ",".join(SHAPES_COLUMNS)
     header, rows = csv_rows("shapes", path, expect=expect)
     missing = [c for c in ("pattern", "m", "n", "k", "world") if c not in header]
     if missing:
-        raise InputError(
-            "shapes",
-            str(path),
-            f"lacks the column(s) {missing}; a shapes CSV has the columns {expect}",
-        )
-    unknown = [c for c in header if c not in SHAPES_COLUMNS]
-    if unknown:
-        line = (
-            f"shapes: {path}: ignoring the column(s) {', '.join(unknown)} (a shapes CSV reads "
-            f"{expect})"
-        )
-        if notify is None:
-            warnings.warn(line, ShapesColumnsWarning, stacklevel=2)
-        else:
-            notify(line)
+        rule = f"lacks the column(s) {missing}; a shapes CSV has the columns {expect}"
+        raise InputError("shapes", str(path), rule)
+    ignore_columns("shapes", path, [c for c in header if c not in SHAPES_COLUMNS], notify)
     problems = []
     for line_no, row in rows:
         cells = {col: row.get(col, "").strip() for col in SHAPES_COLUMNS}

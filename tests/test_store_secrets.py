@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from ficco.cli import main
 from ficco.measure.record import Measurement
 from ficco.problem import Problem
-from ficco.profile.stores import masked
+from ficco.profile.urls import masked
 
 SECRET = "PLANTEDpw-7f3a"
 URL = f"postgresql://ficco:{SECRET}@db.example:5432/ficco"

@@ -357,7 +357,7 @@ def sweep_cmd(as_json: bool, **params) -> None:
         # the observer's problem count is set once the API has loaded the problems
         observer = _LazyObserver(progress, lines=not as_json, timed=timed)
         done = api.sweep(request, observer=observer, notify=lambda line: click.echo(line, err=True))
-    from ficco.profile.stores import masked
+    from ficco.profile.urls import masked
 
     result = done.result
     if as_json:

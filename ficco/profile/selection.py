@@ -64,7 +64,7 @@ def selection_frame(
         where = "the frame"
     else:
         frame = load_frame(source, fingerprint)
-        from ficco.profile.stores import masked
+        from ficco.profile.urls import masked
 
         where = f"store {masked(source)}"
     backends = set(frame["backend"].dropna().astype(str)) if "backend" in frame.columns else set()

@@ -65,7 +65,7 @@ def normalize_url(url: str):
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
-    from ficco.profile.stores import masked
+    from ficco.profile.urls import masked
 
     try:
         parsed = make_url(url)

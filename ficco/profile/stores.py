@@ -12,26 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ficco.profile.store import ProfileStore, Store
+from ficco.profile.urls import masked as masked
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
-
-
-#: ``scheme://user:password@`` of a URL: the password, up to the last ``@`` (a password may
-#: hold ``@``, ``/`` or ``:``; hiding too much is safe, too little is not), is what
-#: :func:`masked` hides
-_PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://[^/?#@:]*):.*@", re.DOTALL)
-
-
-def masked(spec: str | Path | Store) -> str:
-    """``spec`` as it may be shown (errors, warnings, logs, JSON, reports): a database URL with
-    its password as ``***`` (SQLAlchemy's ``render_as_string(hide_password=True)`` form), a
-    directory as it is. The one door through which a store's name reaches any output."""
-    if isinstance(spec, Store):
-        return spec.location
-    text = str(spec)
-    if not is_store_url(text):
-        return text
-    return _PASSWORD.sub(r"\1:***@", text)
 
 
 def is_store_url(spec: str | Path) -> bool:
