@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import csv
 import io
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from ficco.validate import InputError
@@ -44,8 +46,8 @@ def csv_rows(
 
     InputError naming ``field`` (the option that gave the file) and the file when it cannot
     be read, is not text, is empty (``expect`` says what its header should hold) or repeats a
-    column; ValueError naming the file and the line of a row whose field count differs from
-    the header's, or that the csv module cannot parse."""
+    column, or (bad input too) naming the file and the line of a row whose field count
+    differs from the header's, or that the csv module cannot parse."""
     path = Path(path)
     text = _text(field, path)
     reader = csv.reader(io.StringIO(text, newline=""))
@@ -64,13 +66,35 @@ def csv_rows(
                     )
                 continue
             if len(cells) != len(header):
-                raise ValueError(
+                raise InputError(
+                    field,
+                    None,
                     f"{path}: line {reader.line_num}: {len(cells)} fields, the header has "
-                    f"{len(header)} ({','.join(header)})"
+                    f"{len(header)} ({','.join(header)})",
                 )
             rows.append((reader.line_num, dict(zip(header, cells, strict=True))))
     except csv.Error as err:
-        raise ValueError(f"{path}: line {reader.line_num}: not valid CSV ({err})") from None
+        raise InputError(
+            field, None, f"{path}: line {reader.line_num}: not valid CSV ({err})"
+        ) from None
     if header is None:
         raise InputError(field, str(path), f"is empty; it needs a header row ({expect})")
     return header, rows
+
+
+class ExtraColumnsWarning(UserWarning):
+    """A CSV has columns ficco does not read (ignored)."""
+
+
+def ignore_columns(
+    field: str, path: str | Path, unknown: list[str], notify: Callable[[str], None] | None
+) -> None:
+    """Say once that the columns ``unknown`` of the CSV at ``path`` are ignored: a line to
+    ``notify``, or an :class:`ExtraColumnsWarning` (None). Nothing when there are none."""
+    if not unknown:
+        return
+    line = f"{field}: {path}: ignoring the column(s) {', '.join(unknown)}"
+    if notify is None:
+        warnings.warn(line, ExtraColumnsWarning, stacklevel=3)
+    else:
+        notify(line)

@@ -17,6 +17,9 @@ class Verdict(enum.StrEnum):
     TIMEOUT = "timeout"  # a hang past the timeout
     UNAVAILABLE = "unavailable"  # the transport or kernel does not exist on this machine
     ERROR = "error"  # anything else
+    #: timed faster than the physical floor (``ficco.measure.floor``) by more than the noise:
+    #: the timing cannot be true (the timed run skipped work, or the clock lied); never a profile
+    IMPLAUSIBLE = "implausible"
 
     @property
     def failed(self) -> bool:

@@ -46,7 +46,7 @@ ranks, tokens over ranks) is skipped with the reason, never rounded.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -562,22 +562,21 @@ def write_shapes_csv(problems: Iterable[Problem], path: str | Path) -> None:
     frame.to_csv(path, index=False)
 
 
-def read_shapes_csv(path: str | Path) -> list[Problem]:
-    """Problems from a shapes CSV (``ficco.tabular.csv_rows``: text, a header, as many fields
-    per row as columns); an error names the file, and the line and column of a bad cell. The
-    columns are ``SHAPES_COLUMNS`` (name, dtype and experts may be left out); another column
-    is refused rather than ignored."""
-    from ficco.tabular import csv_rows
+def read_shapes_csv(path: str | Path, notify: Callable[[str], None] | None = None) -> list[Problem]:
+    """Problems from a shapes CSV (``ficco.tabular.csv_rows``); an InputError names the file,
+    and the line and column of a bad cell. Of ``SHAPES_COLUMNS``, name, dtype and experts may
+    be left out; other columns are ignored, said once (``ficco.tabular.ignore_columns``)."""
+    from ficco.tabular import csv_rows, ignore_columns
 
     expect = ",".join(SHAPES_COLUMNS)
     header, rows = csv_rows("shapes", path, expect=expect)
     missing = [c for c in ("pattern", "m", "n", "k", "world") if c not in header]
-    unknown = [c for c in header if c not in SHAPES_COLUMNS]
-    if missing or unknown:
-        what = f"lacks the column(s) {missing}" if missing else f"has unknown column(s) {unknown}"
-        raise InputError("shapes", str(path), f"{what}; a shapes CSV has the columns {expect}")
+    if missing:
+        rule = f"lacks the column(s) {missing}; a shapes CSV has the columns {expect}"
+        raise InputError("shapes", str(path), rule)
+    ignore_columns("shapes", path, [c for c in header if c not in SHAPES_COLUMNS], notify)
     problems = []
-    for line, row in rows:
+    for line_no, row in rows:
         cells = {col: row.get(col, "").strip() for col in SHAPES_COLUMNS}
         try:
             # a cell is text: integers are parsed here, so Problem sees numbers (never 64.7
@@ -594,5 +593,5 @@ def read_shapes_csv(path: str | Path) -> list[Problem]:
                 )
             )
         except (ValueError, TypeError) as err:
-            raise ValueError(f"{path}: line {line}: {err}") from None
+            raise InputError("shapes", None, f"{path}: line {line_no}: {err}") from None
     return problems

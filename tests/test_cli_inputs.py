@@ -75,7 +75,7 @@ BAD_INPUTS = [
     ("shapes CSV empty", ["sweep", "--shapes", "empty.csv", "--backend", "cpu", "--store", "s"], "--shapes: is empty; it needs a header row"),
     ("shapes CSV binary", ["sweep", "--shapes", "binary.csv", "--backend", "cpu", "--store", "s"], "--shapes: is not a text CSV"),
     ("shapes CSV row with an extra field", ["sweep", "--shapes", "extra_field.csv", "--backend", "cpu", "--store", "s"], "extra_field.csv: line 3: 9 fields, the header has 8"),
-    ("shapes CSV unknown column", ["sweep", "--shapes", "unknown_column.csv", "--backend", "cpu", "--store", "s"], "has unknown column(s) ['top_k']"),
+    ("shapes CSV missing a column", ["sweep", "--shapes", "missing_column.csv", "--backend", "cpu", "--store", "s"], "lacks the column(s) ['world']"),
     ("frame file missing columns", ["evaluate", "--store", "frame_missing.csv"], "--store: lacks the column(s)"),
     ("frame file empty", ["train", "--store", "empty.csv", "--out", "t"], "--store: is empty"),
     ("frame file not parquet", ["evaluate", "--store", "binary.parquet"], "--store: cannot be read as parquet"),
@@ -126,9 +126,7 @@ def test_bad_input_is_refused_in_one_line(kind, args, names, tmp_path, monkeypat
     (tmp_path / "extra_field.csv").write_text(
         header + "a,gemm_rs,32,16,16,2,fp32,\nb,gemm_rs,64,16,16,2,fp32,,8\n"
     )
-    (tmp_path / "unknown_column.csv").write_text(
-        "name,pattern,m,n,k,world,top_k\nt,gemm_rs,32,16,16,2,2\n"
-    )
+    (tmp_path / "missing_column.csv").write_text("name,pattern,m,n,k\nt,gemm_rs,32,16,16\n")
     (tmp_path / "frame_missing.csv").write_text("pattern,m,n\ngemm_rs,32,16\n")
     shipped = {p: p.stat().st_mtime_ns for p in (REPO / "schedules").rglob("*") if p.is_file()}
     if kind in REAL_PROCESS:

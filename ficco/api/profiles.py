@@ -276,7 +276,7 @@ def sweep_problems(request: SweepRequest, notify: Notify = to_stderr) -> list[Pr
         for line in skipped_lines(skipped):
             notify(line)
         return problems
-    problems = read_shapes_csv(request.shapes)
+    problems = read_shapes_csv(request.shapes, notify)
     if request.world is not None:
         kept = [p for p in problems if p.world == request.world]
         if len(kept) < len(problems):
@@ -374,6 +374,14 @@ def sweep(
 def existing_store(store: Any) -> str:
     store = validate.text("store", store)
     if not is_store_url(store) and not Path(store).exists():
+        if Path(store).parts[:1] == ("profiles",):
+            raise InputError(
+                "store",
+                store,
+                "does not exist here: profiles/ (the measured stores) comes with a checkout "
+                "of ficco's repository, not with the installed package; clone the repository "
+                "and run from its root, or give your own store",
+            )
         raise InputError("store", store, "does not exist")
     return store
 

@@ -26,21 +26,49 @@ from ficco.cli.selection import evaluate_cmd, export_cmd, train_cmd
 __all__ = ["ApiCommand", "main", "spell_out_repeats", "table_console"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def pattern_lines() -> list[str]:
+    """One line per registered pattern (``ficco.patterns``): its module's opening words, up to
+    the first parenthesis or full stop."""
+    import importlib
+    import re
+
+    from ficco.patterns import MODULES, Pattern
+
+    lines = []
+    for pattern in Pattern:
+        doc = importlib.import_module(MODULES[pattern]).__doc__ or str(pattern.value)
+        first = " ".join(doc.split("\n\n", 1)[0].split())
+        lines.append("  " + re.split(r" \(|\. ", first, maxsplit=1)[0].rstrip("."))
+    return lines
+
+
+HELP = "\n".join(
+    [
+        "ficco: choose how to overlap a GEMM with its collective on multi-GPU machines.",
+        "",
+        "\b",
+        "Patterns:",
+        *pattern_lines(),
+        "",
+        "--m is global (all tokens; each rank holds M/W of the sharded rows); --n and --k are "
+        "the GEMM one rank computes (ag_gemm: N = out-features / W; gemm_rs, gemm_ar: K = "
+        "in-features / W). Output the user names no path for goes under $FICCO_HOME (default "
+        "~/.local/share/ficco); files shipped with ficco are never overwritten without --force.",
+    ]
+)
+
+#: the one exit-code convention of every command
+EPILOG = (
+    "\b\nExit codes: 0 done; 1 refused or failed after the input was read (a store of "
+    "another machine, a backend this machine lacks, a file that cannot be written); 2 bad input (a usage error, an option's value that breaks its rule, "
+    "a malformed CSV row or file), the message naming the option."
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, help=HELP, epilog=EPILOG)
 @click.version_option(package_name="ficco")
 def main() -> None:
-    """ficco: choose how to overlap a GEMM with its collective on multi-GPU machines.
-
-    \b
-    Patterns: ag_gemm (all-gather then GEMM), gemm_rs (GEMM then reduce-scatter),
-    a2a_gemm (MoE dispatch then expert GEMM), gemm_a2a (expert GEMM then combine),
-    gemm_ar (GEMM then all-reduce: tensor-parallel inference).
-    --m is global (all tokens; each rank holds M/W of the sharded rows); --n and --k are
-    the GEMM one rank computes (ag_gemm: N = out-features / W; gemm_rs, gemm_ar: K =
-    in-features / W).
-    Output the user names no path for goes under $FICCO_HOME (default
-    ~/.local/share/ficco); files shipped with ficco are never overwritten without --force.
-    """
+    pass
 
 
 for _command in (

@@ -357,13 +357,17 @@ def sweep_cmd(as_json: bool, **params) -> None:
         # the observer's problem count is set once the API has loaded the problems
         observer = _LazyObserver(progress, lines=not as_json, timed=timed)
         done = api.sweep(request, observer=observer, notify=lambda line: click.echo(line, err=True))
+    from ficco.profile.urls import masked
+
     result = done.result
     if as_json:
-        click.echo(json_text({"store": done.store, **result.to_dict()}, default=str))
+        click.echo(json_text({"store": masked(done.store), **result.to_dict()}, default=str))
         return
     from rich.table import Table
 
-    title = f"{len(result.outcomes)} problems swept into {done.store} ({request.backend})"
+    # the store on a line of its own: a title wraps at the table's width, mid-URL
+    click.echo(f"store: {masked(done.store)}")
+    title = f"{len(result.outcomes)} problems swept ({request.backend})"
     timing = ("best", "ms", "x serial") if timed else ()
     table = Table(title=title if timed else f"{title}: {HARNESS_NOTE}")
     for col in ("problem", "m", *timing, "new", "reused", "failed"):
@@ -401,7 +405,15 @@ def sweep_cmd(as_json: bool, **params) -> None:
         click.echo(
             f"{len(result.claimed)} problems skipped: another writer was measuring them "
             f"({'; '.join(holders[:3])}); rerun the same command after it ends to measure "
-            "any it left unrecorded",
+            "any it left unrecorded:",
+            err=True,
+        )
+        for key in sorted(result.claimed):
+            click.echo(f"  {key}", err=True)
+    for key, names in result.implausible.items():
+        click.echo(
+            f"implausible: {key}: {', '.join(names)} timed below the physical floor (recorded "
+            "so, never a profile: the timed run cannot have done the work)",
             err=True,
         )
     if not backend_spec(request.backend).profiles:

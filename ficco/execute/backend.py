@@ -60,6 +60,14 @@ class Backend(abc.ABC):
         """name -> callable issuing the baseline; a callable that writes the op's output has
         it as attribute ``out`` (verified)."""
 
+    def floor_machine(self, options: TimingOptions):
+        """The machine description whose physical floor bounds this backend's timings
+        (``ficco.measure.floor``): ``options.machine``'s, else none (a host backend's clock
+        is no GPU's)."""
+        from ficco.measure.floor import resolve_machine
+
+        return resolve_machine(options.machine)
+
     @abc.abstractmethod
     def clock(self, options: TimingOptions) -> Clock:
         """How this backend times an iteration."""

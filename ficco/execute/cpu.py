@@ -31,7 +31,7 @@ from ficco.backends import backend_spec
 from ficco.defaults import FLAG_SLOTS, FLAG_TIMEOUT_S
 from ficco.execute.allreduce import SYMM_KINDS, gloo_symm_all_reduce
 from ficco.execute.backend import Backend, Buffers
-from ficco.execute.baselines import plan_part_baselines
+from ficco.execute.baselines import alternative_runs, plan_part_baselines
 from ficco.execute.buffers import allocate, buffer_shapes, view
 from ficco.execute.fused import FusedPrimitives
 from ficco.execute.interpreter import Primitives, interpret
@@ -422,8 +422,12 @@ class CpuBackend(Backend):
         return CpuPrimitives(plan, bufs.tensors, self._runs, shared, self.flag_timeout_s)
 
     def baselines(self, problem: Problem, bufs: Buffers) -> dict[str, Callable[[], None]]:
-        serial = self.primitives(build_plan(problem, Schedule(), self.rank), bufs, 0)
-        return plan_part_baselines(functools.partial(interpret, serial))
+        def runner(schedule: Schedule):
+            prims = self.primitives(build_plan(problem, schedule, self.rank), bufs, 0)
+            return functools.partial(interpret, prims)
+
+        alternatives = alternative_runs(problem, self.rank, runner)
+        return plan_part_baselines(runner(Schedule()), alternatives)
 
     def clock(self, options: TimingOptions) -> HostClock:
         return HostClock()

@@ -128,15 +128,26 @@ class CudaBackend(Backend):
         if spec_of(problem.pattern).cuda_baselines == SERIAL_PLAN_PARTS and not problem.scaled:
             # the serial plan (all_to_all_single with splits, one cuBLAS GEMM per expert block)
             # is the eager serial baseline, and its parts the isolated GEMM and collective
-            from ficco.execute.baselines import plan_baselines
+            from ficco.execute.baselines import alternative_runs, plan_baselines
             from ficco.execute.interpreter import interpret
 
-            plan = build_plan(problem, Schedule(), self.rank)
-            return plan_baselines(
-                functools.partial(interpret, self.primitives(plan, bufs, 0)),
-                bufs.tensors[plan.output],
-            )
+            def runner(schedule: Schedule):
+                plan = build_plan(problem, schedule, self.rank)
+                return functools.partial(interpret, self.primitives(plan, bufs, 0))
+
+            output = bufs.tensors[build_plan(problem, Schedule(), self.rank).output]
+            alternatives = alternative_runs(problem, self.rank, runner)
+            return plan_baselines(runner(Schedule()), output, alternatives)
         return cuda_baselines(problem, bufs.tensors, self.ctx.device, self.ctx.group.group_name)
+
+    def floor_machine(self, options: TimingOptions):
+        """``options.machine``'s description, else the shipped one of this GPU kind."""
+        import torch
+
+        from ficco.measure.floor import machine_for
+
+        chosen = super().floor_machine(options)
+        return chosen or machine_for(torch.cuda.get_device_name(self.ctx.device), self.world)
 
     def clock(self, options: TimingOptions) -> CudaClock:
         return CudaClock(self.ctx, options.flush_l2)

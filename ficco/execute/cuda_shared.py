@@ -320,6 +320,7 @@ class CudaSharedBackend(CudaBackend):
             BASELINE_ASYNC_TP,
             BASELINE_COMM_ONE_SHOT,
             BASELINE_COMM_TWO_SHOT,
+            alternative_runs,
             plan_baselines,
         )
         from ficco.execute.interpreter import interpret
@@ -329,7 +330,13 @@ class CudaSharedBackend(CudaBackend):
             run = functools.partial(interpret, self.primitives(plan, bufs, 0))
         except Unavailable as err:  # the serial plan cannot run here (fp8_e5m2's GEMM)
             run = _unavailable(str(err))
-        out = plan_baselines(run, bufs.tensors[plan.output])
+
+        def runner(schedule: Schedule):
+            prims = self.primitives(build_plan(problem, schedule, self.rank), bufs, 0)
+            return functools.partial(interpret, prims)
+
+        alternatives = alternative_runs(problem, self.rank, runner)
+        out = plan_baselines(run, bufs.tensors[plan.output], alternatives)
         if problem.pattern in (Pattern.AG_GEMM, Pattern.GEMM_RS):
             out[BASELINE_ASYNC_TP] = _unavailable(ASYNC_TP_REASON)
         if problem.pattern is Pattern.GEMM_AR:

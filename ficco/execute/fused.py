@@ -129,18 +129,22 @@ class FusedPrimitives:
         """One chunk's segments with torch's EmbeddingBag (``ficco.patterns.emb_a2a.
         embedding_bag``: the serial baseline's pooling); a backend with a pooling kernel
         overrides it."""
+        from ficco.execute.buffers import index_input
         from ficco.patterns.emb_a2a import embedding_bag
 
         weights = self._local_buffer(op.weights)
         indices, offsets = self._local_buffer(op.indices), self._local_buffer(op.offsets)
         rank = self.plan.rank
+        # the bags' bounds from the problem's own offsets in host memory (``offsets``' values):
+        # reading them from the device would wait for the GPU per segment, and uncapturable
+        host = index_input(self.plan.problem, rank, op.offsets)
         for seg in chunk.segments:
             out = (
                 self._local(seg.out)
                 if chunk.out_rank == rank
                 else self._remote(seg.out, chunk.out_rank)
             )
-            out.copy_(embedding_bag(weights, indices, offsets, seg.bags, op.mode))
+            out.copy_(embedding_bag(weights, indices, offsets, seg.bags, op.mode, host))
 
     def _local_buffer(self, name: str):
         """This rank's whole buffer ``name``."""

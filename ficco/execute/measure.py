@@ -39,6 +39,7 @@ from ficco.execute.interpreter import interpret
 from ficco.execute.options import TimingOptions
 from ficco.execute.timing import time_rounds
 from ficco.execute.verify import RankVerdict, check_output, judge, merge_verdicts
+from ficco.measure.floor import judge_floor
 from ficco.measure.record import VERIFICATION_ONLY, Measurement, Summary
 from ficco.plan import Plan, build_plan
 from ficco.problem import Problem
@@ -204,6 +205,8 @@ def measure_problem(
                 if name in part_graphs:
                     m.extra["graph"] = m.extra["issue_graph"][issue]
 
+    # no timing faster than physics: a run that did not do the work is never ok
+    judge_floor(results.values(), problem, backend.floor_machine(options))
     if options.signatures:
         graphed = {n for n, note in graph_notes.items() if note == "graph"}
         live = {n: r for n, r in traced.items() if n in runners}

@@ -56,6 +56,10 @@ class TimingOptions:
     """cuda, with ``signatures``: also keep the per-task spans (task, lane, kind, start and
     end in ms) of the signature pass's last held full run in the measurement's
     ``extra['timeline']`` (``ficco.measure.timeline`` reads and draws them)."""
+    machine: str | None = None
+    """The machine description (a shipped name or a JSON path, ``ficco.model.machines``)
+    whose physical floor every timing is held to (``ficco.measure.floor``); None: the
+    backend's own (cuda: the shipped description of its GPUs, where one exists)."""
     flush_l2: bool = True
     """cuda: flush the L2 (a 256 MiB write) before each timed iteration."""
     graphs: str = "all"

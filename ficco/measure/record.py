@@ -9,7 +9,8 @@ Signature, for problem P and schedule S, times isolated unless named:
 =====================  ======================================================================
 ``t_gemm``, ``t_comm``  the undecomposed GEMM (cuBLAS) and collective (NCCL), each alone
 ``serial``              ``t_gemm + t_comm``; ``ideal`` = ``max(t_gemm, the fastest collective
-                        alone)`` (``ficco.patterns.ideal_ms``: gemm_ar's fastest all-reduce)
+                        alone)`` (``ficco.patterns.ideal_ms``: gemm_ar's fastest all-reduce),
+                        and never below the physical floor (``ficco.measure.floor``)
 ``gemm_decomp_loss``    (S's GEMM chunks run alone, back to back) / ``t_gemm`` - 1
 ``comm_decomp_loss``    (S's comm chunks run alone) / ``t_comm`` - 1
 ``gemm_contention``     S's GEMM chunks inside the overlapped run / the same chunks alone - 1
@@ -171,7 +172,8 @@ def signature(m: Measurement, isolated_ms: Mapping[str, float]) -> dict[str, flo
     t_gemm_ms = isolated_ms.get(BASELINE_GEMM, math.nan)
     t_comm_ms = isolated_ms.get(BASELINE_COMM, math.nan)
     serial = t_gemm_ms + t_comm_ms
-    ideal = ideal_ms(m.problem["pattern"], isolated_ms)
+    # the baselines' ideal, never below physics (``ficco.measure.floor``, where held to one)
+    ideal = max(ideal_ms(m.problem["pattern"], isolated_ms), m.extra.get("floor_ms", 0.0))
     speedup = serial / m.median_ms if m.median_ms and not math.isnan(m.median_ms) else math.nan
     headroom = serial / ideal - 1 if ideal else math.nan
     return {

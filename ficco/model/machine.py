@@ -7,7 +7,9 @@ another machine's timings. Peers on the same node talk over ``nvlink``; peers on
 over ``nic`` (one NIC per GPU, rail-optimized), which a single-node machine need not name.
 ``gather`` (optional) prices embedding-bag pooling (emb_a2a): its bandwidths are measured on
 the machine or ``derived`` from another's (``ficco.model.gather``); without it the model
-refuses emb_a2a.
+refuses emb_a2a. ``tflops`` (optional): the card's dense tensor-core peak per dtype
+(``ficco.dtypes`` names), the roof of the physical floor no timing may beat
+(``ficco.measure.floor``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ class Machine:
     hbm_gbs: float
     links: dict[str, Link]
     gather: Gather | None = None
+    tflops: dict[str, float] | None = None
+    """Dense tensor-core peak, TFLOP/s, per dtype name (None: not described)."""
 
     @property
     def world(self) -> int:
@@ -117,6 +121,19 @@ def machine_from_dict(data: dict, where: str = "machine") -> Machine:
             raise ValueError(f"{at}: bandwidths must be > 0 and fixed_us >= 0")
     if "nvlink" not in links:
         raise ValueError(f"{where}: links: an nvlink entry is required (the intra-node link)")
+    tflops = None
+    if "tflops" in data:
+        from ficco.dtypes import DTYPES
+
+        raw = _require(data, "tflops", dict, where)
+        tflops = {}
+        for name, value in raw.items():
+            if name not in DTYPES or not isinstance(value, number) or value <= 0:
+                raise ValueError(
+                    f"{where}: tflops {name!r}: each entry is a dtype ({', '.join(DTYPES)}) "
+                    f"with a peak > 0, got {value!r}"
+                )
+            tflops[name] = float(value)
     machine = Machine(
         name=_require(data, "name", str, where),
         description=_require(data, "description", str, where),
@@ -130,6 +147,7 @@ def machine_from_dict(data: dict, where: str = "machine") -> Machine:
         hbm_gbs=float(_require(data, "hbm_gbs", number, where)),
         links=links,
         gather=gather,
+        tflops=tflops,
     )
     if machine.gpus_per_node < 1 or machine.nodes < 1 or machine.sm_count < 1:
         raise ValueError(f"{where}: gpus_per_node, nodes and sm_count must be >= 1")

@@ -64,7 +64,9 @@ def selection_frame(
         where = "the frame"
     else:
         frame = load_frame(source, fingerprint)
-        where = f"store {source.location if isinstance(source, Store) else source}"
+        from ficco.profile.urls import masked
+
+        where = f"store {masked(source)}"
     backends = set(frame["backend"].dropna().astype(str)) if "backend" in frame.columns else set()
     harness = unprofiled(backends)  # backends whose timings may not be profiles
     if harness:

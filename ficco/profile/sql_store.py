@@ -59,17 +59,49 @@ _FETCH = 500  # records fetched per query when refreshing
 
 def normalize_url(url: str):
     """The SQLAlchemy URL of ``url``, with psycopg 3 as the PostgreSQL driver when the URL
-    names none. ValueError naming the URL when SQLAlchemy cannot parse it."""
+    names none; ``postgres://`` (psql's spelling, which SQLAlchemy refuses) read as
+    ``postgresql://``. ValueError naming the URL (its password masked) when SQLAlchemy cannot
+    parse it."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
+    from ficco.profile.urls import masked
+
     try:
         parsed = make_url(url)
-    except ArgumentError as err:
-        raise ValueError(f"store: {url!r} is not a database URL ({err})") from None
+    except (ArgumentError, ValueError) as err:  # ValueError: a port that is no number
+        # SQLAlchemy's message may quote the URL whole: only the masked one is shown
+        why = "" if isinstance(err, ArgumentError) else f" ({err})"
+        raise ValueError(f"store: {masked(url)!r} is not a database URL{why}") from None
+    if parsed.drivername == "postgres":  # psql's and Heroku's spelling of the same scheme
+        parsed = parsed.set(drivername="postgresql")
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed
+
+
+#: what a driver says when no server answered (host, port, socket, network), lower case: any
+#: other refusal is the server's answer and is shown as such
+_UNREACHABLE = (
+    "connection refused",
+    "could not translate host name",
+    "name or service not known",
+    "nodename nor servname",
+    "no route to host",
+    "network is unreachable",
+    "timeout expired",
+    "timed out",
+    "no such file or directory",
+    "could not connect to server",
+    "is the server running",
+    "unable to open database file",
+)
+
+
+def unreachable(message: str) -> bool:
+    """Whether a driver's connection error says no server answered (not that one refused)."""
+    text = message.lower()
+    return any(phrase in text for phrase in _UNREACHABLE)
 
 
 def _tables():
@@ -168,7 +200,10 @@ class SqlStore(Store):
         database = parsed.database or ""
         on_disk = parsed.get_backend_name() == "sqlite" and database not in ("", ":memory:")
         if on_disk and not Path(database).exists():  # connecting would create an empty file
-            raise ValueError(f"store {url}: no database file {database}; not a profile store")
+            raise ValueError(
+                f"store {parsed.render_as_string(hide_password=True)}: no database file "
+                f"{database}; not a profile store"
+            )
         store = cls(url, None)
         try:
             store._reachable()
@@ -190,16 +225,28 @@ class SqlStore(Store):
         self._engine.dispose()
 
     def _reachable(self) -> None:
-        """ValueError naming the store when the database cannot be reached."""
+        """ValueError naming the store when the database cannot be reached, or saying what
+        the server answered when it refused (a wrong password, a database that does not
+        exist)."""
         from sqlalchemy.exc import DBAPIError
 
         try:
             with self._engine.connect():
                 pass
         except DBAPIError as err:
+            said = self.scrub(str(err.orig).strip())
+            if unreachable(said):
+                raise ValueError(
+                    f"store {self.location}: cannot reach the database ({said})"
+                ) from None
             raise ValueError(
-                f"store {self.location}: cannot reach the database ({str(err.orig).strip()})"
+                f"store {self.location}: the database server refused the connection: {said}"
             ) from None
+
+    def scrub(self, text: str) -> str:
+        """``text`` without this URL's password (a driver's message may quote its DSN)."""
+        secret = self.url.password
+        return text.replace(str(secret), "***") if secret else text
 
     @contextlib.contextmanager
     def schema_lock(self) -> Iterator[None]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ficco.profile.store import ProfileStore, Store
+from ficco.profile.urls import masked as masked
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 

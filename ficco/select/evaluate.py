@@ -42,6 +42,7 @@ from ficco.select.metrics import Metrics, per_pattern, score_picks
 from ficco.select.noise import ceiling_picks
 from ficco.select.safe import best_fixed, safe_defaults
 from ficco.select.selector import ScheduleSelector
+from ficco.validate import InputError
 
 #: The extrapolation splits: "low" problems have M <= LOW_MAX_M, "high" ones M >= HIGH_MIN_M.
 LOW_MAX_M = 4096
@@ -63,15 +64,19 @@ def grouped_splits(
     from sklearn.model_selection import GroupKFold, LeaveOneGroupOut
 
     if holdout_by not in dataset.problems.columns:
-        raise ValueError(
-            f"holdout_by: no column {holdout_by!r}; choose one of {list(dataset.problems.columns)}"
+        raise InputError(
+            "holdout_by",
+            holdout_by,
+            f"no column {holdout_by!r}; choose one of {list(dataset.problems.columns)}",
         )
     groups = dataset.problems[holdout_by].astype(str).to_numpy()
     n_groups = len(set(groups))
     if n_groups < 2:
-        raise ValueError(
-            f"holdout_by: grouped cross-validation needs at least 2 distinct {holdout_by} values, "
-            f"the profiles have {n_groups}"
+        raise InputError(
+            "holdout_by",
+            holdout_by,
+            f"grouped cross-validation needs at least 2 distinct {holdout_by} values, "
+            f"the profiles have {n_groups}",
         )
     splitter = (
         LeaveOneGroupOut() if n_splits is None or n_splits >= n_groups else GroupKFold(n_splits)

@@ -25,6 +25,7 @@ from ficco.problem import Problem
 from ficco.profile.store import Claim, Store
 from ficco.space import Schedule, SpaceOptions, enumerate_schedules
 from ficco.sweep.runners import BackendUnavailable, Runner
+from ficco.verdict import Verdict
 
 
 class SweepObserver:
@@ -114,6 +115,9 @@ class ProblemOutcome:
     runner_up: Measurement | None = None
     serial_ms: float = math.nan
     """``t_gemm + t_comm`` from the problem's baselines (NaN without them)."""
+    implausible: tuple[str, ...] = ()
+    """Schedules and baselines timed below the physical floor (``ficco.measure.floor``):
+    recorded so, never ok."""
 
     @property
     def speedup(self) -> float:
@@ -134,6 +138,7 @@ class ProblemOutcome:
             "runner_up": self.runner_up.name if self.runner_up else None,
             "serial_ms": self.serial_ms,
             "speedup": self.speedup,
+            "implausible": list(self.implausible),
         }
 
 
@@ -148,6 +153,11 @@ class SweepResult:
     """``{problem key: holder}`` of problems skipped because another writer was measuring
     them (a rerun measures what that writer leaves unrecorded)."""
 
+    @property
+    def implausible(self) -> dict[str, list[str]]:
+        """``{problem key: names}`` timed below the physical floor."""
+        return {o.problem.key: list(o.implausible) for o in self.outcomes if o.implausible}
+
     def to_dict(self) -> dict:
         return {
             "problems": len(self.outcomes),
@@ -156,6 +166,7 @@ class SweepResult:
             "measured": sum(o.measured for o in self.outcomes),
             "reused": sum(o.reused for o in self.outcomes),
             "failed": sum(o.failed for o in self.outcomes),
+            "implausible": self.implausible,
             "duplicates": self.duplicates,
             "outcomes": [o.to_dict() for o in self.outcomes],
         }
@@ -307,4 +318,5 @@ def outcome_of(
         best=best[0] if best else None,
         runner_up=best[1] if len(best) > 1 else None,
         serial_ms=serial,
+        implausible=tuple(m.name for m in ms if m.verdict == Verdict.IMPLAUSIBLE.value),
     )

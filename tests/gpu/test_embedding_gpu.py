@@ -107,3 +107,35 @@ def test_multi_destination_stores_release_flags_a_consumer_waits_on():
         assert flags.eq(1).all()
         for r in range(world):
             assert _rel(recv[r], ref[r * block : (r + 1) * block]) < LIMITS[torch.bfloat16], r
+
+
+def test_torch_pooling_of_a_plan_reads_bag_bounds_from_the_host_and_captures():
+    """emb_a2a's ``cublas`` pooling (torch's EmbeddingBag per segment: the serial baseline's
+    ``gemm_alone``) takes the bags' bounds from host offsets: no GPU sync per segment, so a
+    CUDA graph captures it and the replay pools the same rows (read from the device offsets,
+    each segment waited for the GPU twice, and no capture could hold it: the baseline was
+    eager-only and sync-bound)."""
+    from ficco.patterns.emb_a2a import embedding_bag, lookups
+    from ficco.problem import Problem
+
+    p = Problem(pattern="emb_a2a", m=64, n=128, k=4, world=2, dtype="bf16", tables=(900, 50, 70))
+    bags = lookups(p, 0)
+    weights = torch.randn(900, 128, device="cuda").to(torch.bfloat16)
+    indices, offsets = bags["indices"].cuda(), bags["offsets"].cuda()
+    spans = [(0, 32), (32, 64)]
+    out = torch.empty(64, 128, device="cuda", dtype=torch.bfloat16)
+
+    def pool_all(host):
+        for j0, j1 in spans:
+            out[j0:j1].copy_(embedding_bag(weights, indices, offsets, (j0, j1), "sum", host))
+
+    pool_all(bags["offsets"])
+    torch.cuda.synchronize()
+    eager = out.clone()
+    out.fill_(float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        pool_all(bags["offsets"])
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
