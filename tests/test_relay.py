@@ -4,6 +4,7 @@ structure on every rank, and runs over gloo at W = 2, 3, 4 and 8 verified agains
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -175,3 +176,33 @@ def test_relay_orders_are_one_hop_per_step_for_every_relay_value():
     assert {o.value for o in RELAYS} == {"relay", "birelay"}
     for text in ("finer-c4-m/sm/triton+epilogue+birelay+sm16+hi", "shard/ce/cublas+relay"):
         assert str(Schedule.parse(text)) == text
+
+
+def test_the_model_and_the_selector_features_cover_relay_schedules():
+    """The cost model prices every relay schedule of a W = 4 problem (its generic path:
+    relay plans are not the dense fast path's), and the selector's schedule columns and
+    physical features name the new values."""
+    from ficco.model.predict import predictor
+    from ficco.select.features import roofs_for
+    from ficco.select.physics import pair_physics
+    from ficco.select.schedules import SCHEDULE_FEATURES, schedule_features
+    from ficco.space import SpaceOptions, Transport, enumerate_schedules
+
+    p = Problem(pattern="gemm_rs", m=4096, n=4096, k=2048, world=4)
+    relays = [
+        s
+        for s in enumerate_schedules(p, SpaceOptions(chunk_counts=(2, 4), sm_reserves=(0,)))
+        if s.order in RELAYS
+    ]
+    assert {s.transport for s in relays} == {Transport.CE, Transport.SM}
+    times = {t.schedule: t.ms for t in predictor("h200x4").predict(p, relays).times}
+    assert set(times) == {str(s) for s in relays}
+    assert all(0 < ms < 10 for ms in times.values())
+    for column in ("order_relay", "order_birelay", "compute_epilogue", "transport_sm"):
+        assert column in SCHEDULE_FEATURES
+    name = "finer-c2-m/sm/cublas+epilogue+birelay"
+    vector = schedule_features(name)
+    assert vector[SCHEDULE_FEATURES.index("order_birelay")] == 1.0
+    assert vector[SCHEDULE_FEATURES.index("compute_epilogue")] == 1.0
+    physics = pair_physics(p, name, roofs_for("h200x4"))
+    assert all(math.isfinite(x) for x in physics)
