@@ -17,11 +17,16 @@ GEMM, isolated NCCL collective).
 
 Summary per pattern: ``best_vs_serial_geomean`` (serial_eager / best), ``best_vs_asynctp_geomean``
 (async-TP / best), ``best_vs_ideal_geomean`` (best / ideal: lower is better), ``serial_wins``
-(shapes where no overlapped schedule beats serial_eager). "best" is the oracle: the fastest
-verified ficco schedule of the shape. Differences inside the spread are noise.
+(shapes where no overlapped schedule beats serial_eager), ``asynctp_wins`` (shapes where
+async-TP beats ficco's best), ``relay_best`` (shapes whose best is a relay schedule) and
+``best_relay_vs_ideal_geomean``. "best" is the oracle: the fastest verified ficco schedule of
+the shape. Differences inside the spread are noise.
 
-Usage (2 GPUs): python scripts/bench_overlap.py [--quick] [--out FILE]
-Writes $OUT/bench_overlap.json when $OUT is set.
+Usage (W GPUs): python scripts/bench_overlap.py [--world W] [--quick] [--out FILE]
+Writes $OUT/bench_overlap.json when $OUT is set. ``--dry-run`` needs no GPU: every candidate
+of every shape is checked legal and lowered on every rank, and the cost model's predictions
+(``ficco.model``, the smallest shipped machine of W or more GPUs) stand in for the timings (async-TP has no model: its
+column is NaN), through the same summary; the JSON says ``"dry_run": true``.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from ficco.execute.pool import PoolFailure  # noqa: E402
 from ficco.problem import Problem  # noqa: E402
-from ficco.space import Schedule  # noqa: E402
+from ficco.space import RELAYS, Compute, Schedule  # noqa: E402
 from ficco.verdict import Verdict  # noqa: E402
 
 #: The suite: the tensor-parallel layers of these models (ficco.workloads), AG+GEMM (QKV, FC1)
@@ -80,6 +85,24 @@ CANDIDATES = [
     "shard/ce/triton+fused",
     "finer-c2-m/ce/triton+fused",
     "finer-c4-m/ce/triton+fused",
+    # relay rings (ficco.plan.relay): one hop per step to a neighbour, each arriving partial
+    # reduced while the next GEMM chunk runs (GEMM+RS), or each shard forwarded (AG+GEMM);
+    # birelay sends half the chunks each way; epilogue (GEMM+RS) adds the received sum in the
+    # GEMM itself; sm moves the hops with a Triton kernel on SMs instead of the copy engine
+    "shard/ce/cublas+relay",
+    "shard/ce/cublas+relay+hi",
+    "finer-c2-m/ce/cublas+relay",
+    "finer-c4-m/ce/cublas+relay",
+    "finer-c2-m/ce/cublas+birelay",
+    "finer-c4-m/ce/cublas+birelay",
+    "shard/ce/cublas+epilogue+relay",
+    "finer-c2-m/ce/cublas+epilogue+relay",
+    "finer-c4-m/ce/cublas+epilogue+birelay",
+    "shard/sm/cublas+relay",
+    "finer-c2-m/sm/cublas+relay",
+    "finer-c4-m/sm/cublas+birelay",
+    "finer-c2-m/sm/cublas+epilogue+birelay",
+    "finer-c2-m/sm/triton+relay+sm16",
 ]
 
 
@@ -113,6 +136,8 @@ def shape_row(problem: Problem, measured) -> dict:
     best = min(sched, key=lambda m: m.median_ms) if sched else None
     overlapped = [m for m in sched if not m.name.startswith("serial/")]
     best_overlap = min(overlapped, key=lambda m: m.median_ms) if overlapped else None
+    relays = [m for m in sched if Schedule.parse(m.name).order in RELAYS]
+    best_relay = min(relays, key=lambda m: m.median_ms) if relays else None
 
     def t(name):
         return ok[name].median_ms if name in ok else math.nan
@@ -137,6 +162,11 @@ def shape_row(problem: Problem, measured) -> dict:
         "best_vs_asynctp": t("async_tp") / best.median_ms if best else math.nan,
         "best_vs_ideal": best.median_ms / ideal if best else math.nan,
         "serial_wins": bool(best_overlap is None or best_overlap.median_ms >= serial),
+        # NaN (no async-TP measured) compares False: never counted as a win
+        "asynctp_wins": bool(best is None or t("async_tp") < best.median_ms),
+        "best_relay": best_relay.name if best_relay else None,
+        "best_relay_ms": best_relay.median_ms if best_relay else math.nan,
+        "best_relay_vs_ideal": best_relay.median_ms / ideal if best_relay else math.nan,
         "candidates": {
             name: {
                 "kind": m.kind,
@@ -170,6 +200,11 @@ def summarize(rows: list[dict]) -> dict:
             "best_vs_serial_graph_geomean": geomean([r["best_vs_serial_graph"] for r in mine]),
             "best_vs_ideal_geomean": geomean([r["best_vs_ideal"] for r in mine]),
             "serial_wins": sum(r["serial_wins"] for r in mine),
+            "asynctp_wins": sum(r["asynctp_wins"] for r in mine),
+            "relay_best": sum(
+                r["best"] is not None and Schedule.parse(r["best"]).order in RELAYS for r in mine
+            ),
+            "best_relay_vs_ideal_geomean": geomean([r["best_relay_vs_ideal"] for r in mine]),
             "incorrect": sum(
                 c["verdict"] == "incorrect" for r in mine for c in r["candidates"].values()
             ),
@@ -222,6 +257,69 @@ def run_suite(jobs, opts, world: int, stall_timeout: float, progress, done):
     return results, graphs_of
 
 
+def predicted(problem: Problem, schedules: list[Schedule], model) -> list:
+    """Measurement-like rows of the cost model's predictions: the schedules, the GEMM and the
+    collective alone, and serial_eager as ficco's serial NCCL schedule (async-TP: none)."""
+    from types import SimpleNamespace
+
+    from ficco.plan import build_plan
+
+    for schedule in schedules:  # every rank's plan lowers (the executors' input)
+        for rank in range(problem.world):
+            build_plan(problem, schedule, rank)
+    # fused GEMMs wait inside one kernel: the model has no cost for them (ficco.model.predict)
+    priced = [s for s in schedules if s.compute is not Compute.FUSED]
+    times = {t.schedule: t.ms for t in model.predict(problem, priced).times}
+    gemm, comm = model.parts_ms(problem)
+
+    def row(name: str, kind: str, ms: float, verdict: str = "ok", detail: str = "predicted"):
+        return SimpleNamespace(
+            name=name, kind=kind, verdict=verdict, median_ms=ms, spread_ms=0.0, samples=[],
+            max_abs_err=0.0, tolerance=0.0, detail=detail, extra={},
+        )  # fmt: skip
+
+    rows = [row(name, "schedule", ms) for name, ms in times.items()]
+    rows += [
+        row(str(s), "schedule", math.nan, "unavailable", "the cost model has no fused GEMMs")
+        for s in schedules
+        if s not in priced
+    ]
+    serial = times.get("serial/nccl/cublas", math.nan)
+    return rows + [
+        row("gemm_alone", "baseline", gemm),
+        row("comm_alone", "baseline", comm),
+        row("serial_eager", "baseline", serial),
+    ]
+
+
+def dry_run(jobs, world: int, out: str) -> int:
+    """The suite without a GPU: every candidate legal and lowered, predicted by the model."""
+    from ficco.model.predict import predictor
+
+    # the smallest shipped machine description with room for W ranks
+    sizes = {"h200x2": 2, "h200x4": 4, "h200x8": 8, "h200x8n2": 16, "h200x8n4": 32, "h200x8n8": 64}
+    fits = [name for name, gpus in sizes.items() if gpus >= world]
+    if not fits:
+        raise SystemExit(f"--world: no machine description holds {world} ranks (at most 64)")
+    model = predictor(fits[0])
+    if not jobs:
+        print(f"no layer of {', '.join(MODELS)} shards over {world} ranks", flush=True)
+    rows = []
+    for problem, schedules in jobs:
+        rows.append(shape_row(problem, predicted(problem, schedules, model)))
+        r = rows[-1]
+        print(
+            f"{r['name']:14s} m={problem.m:<6d} {len(schedules):3d} candidates; predicted best "
+            f"{r['best']} {r['best_ms']:.3f} ms, best relay {r['best_relay']} "
+            f"{r['best_relay_ms']:.3f}, serial {r['serial_ms']:.3f}, ideal {r['ideal_ms']:.3f}",
+            flush=True,
+        )
+    report = {"dry_run": True, "world": world, "summary": summarize(rows), "shapes": rows}
+    Path(out).write_text(json.dumps(report, indent=1, default=float))
+    print(json.dumps(report["summary"], indent=1))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one model, M 2048 and 8192, 5 rounds")
@@ -242,7 +340,14 @@ def main() -> int:
         "(default: synced, then queued)",
     )
     parser.add_argument("--out", default=None, help="output JSON (default $OUT/bench_overlap.json)")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="no GPU: check and lower every candidate, and summarize the cost model's predictions",
+    )
     args = parser.parse_args()
+    if args.world < 2:
+        parser.error(f"--world: must be >= 2, got {args.world}")
 
     from ficco.execute import TimingOptions
     from ficco.execute.run import check_gpus
@@ -284,6 +389,8 @@ def main() -> int:
         )
 
     out = args.out or os.path.join(os.environ.get("OUT", "."), "bench_overlap.json")
+    if args.dry_run:
+        return dry_run(jobs, args.world, out)
     partial: dict[int, dict] = {}
     graphs_of: dict[int, str] = {}
 

@@ -2,6 +2,7 @@ import pytest
 
 from ficco.problem import Problem
 from ficco.space import (
+    RELAYS,
     RULES,
     Gemm,
     Granularity,
@@ -41,13 +42,14 @@ def test_enumeration_is_legal_unique_parseable_and_has_serial(problem):
 def test_enumeration_covers_every_axis_value_that_applies():
     found = list(enumerate_schedules(AG))
     # symm1 / symm2 are all-reduce kernels: gemm_ar's alone; seg batches all-to-all steps
-    symm, seg = {Transport.SYMM1, Transport.SYMM2}, {Transport.SEG}
+    # sm moves the relay hops of ag_gemm and gemm_rs
+    symm, seg, sm = {Transport.SYMM1, Transport.SYMM2}, {Transport.SEG}, {Transport.SM}
     assert {s.transport for s in found} == set(Transport) - symm - seg
     ar = Problem(pattern="gemm_ar", m=96, n=80, k=72, world=2)
-    assert {s.transport for s in enumerate_schedules(ar)} == set(Transport) - seg
+    assert {s.transport for s in enumerate_schedules(ar)} == set(Transport) - seg - sm
     for pattern in ("a2a_gemm", "gemm_a2a"):
         a2a = Problem(pattern=pattern, m=96, n=80, k=72, world=2, experts=4)
-        assert {s.transport for s in enumerate_schedules(a2a)} == set(Transport) - symm
+        assert {s.transport for s in enumerate_schedules(a2a)} == set(Transport) - symm - sm
     assert {s.split for s in found} == {Split.M, Split.K}  # N cannot cut an all-gather
     assert {s.chunks for s in found} == {1, 2, 4, 8, 16}
     assert {s.gemm for s in found} == set(Gemm)
@@ -74,6 +76,12 @@ def test_every_rule_excludes_something_named():
         "shard/ce/cublas+fused",  # cuBLAS cannot wait on flags
         "serial/ce/triton+fused",  # nothing to wait on
         "finer-c2-n/nccl/triton+fused",  # not a row cut, not on symmetric memory
+        "shard/nccl/cublas+relay",  # two-sided hops
+        "serial/ce/cublas+relay",  # nothing to relay step by step
+        "finer-c2-m/ce/cublas+merged+relay",  # one GEMM over many hops
+        "shard/ce/cublas+birelay",  # one chunk cannot go both ways
+        "shard/ce/cublas+epilogue",  # nothing received to accumulate onto
+        "shard/sm/cublas",  # sm moves relay hops only
     ]:
         hits |= {name for name, _ in violations(problem, Schedule.parse(text))}
     hits |= {name for name, _ in violations(problem, Schedule(granularity="finer", chunks=1))}
@@ -91,6 +99,9 @@ def test_every_rule_excludes_something_named():
     hits |= {name for name, _ in violations(problem, Schedule.parse("serial/symm1/cublas"))}
     a2a = Problem(pattern="a2a_gemm", m=16, n=16, k=16, world=2, experts=2)
     hits |= {name for name, _ in violations(a2a, Schedule.parse("shard/ce/triton+fused"))}
+    hits |= {name for name, _ in violations(a2a, Schedule.parse("shard/ce/cublas+relay"))}
+    fp8 = Problem(pattern="ag_gemm", m=16, n=16, k=16, world=2, dtype="fp8_e4m3")
+    hits |= {name for name, _ in violations(fp8, Schedule.parse("shard/ce/cublas+relay"))}
     fp16 = Problem(pattern="gemm_ar", m=10, n=16, k=16, world=3, dtype="fp16")
     hits |= {name for name, _ in violations(fp16, Schedule.parse("serial/symm2/cublas"))}
     odd = Problem(pattern="gemm_ar", m=10, n=15, k=16, world=3)  # bf16 rows of 30 bytes
@@ -193,8 +204,9 @@ def test_gemm_ar_space():
     assert {s.compute.value for s in direct} == {"per_chunk", "fused"}
     rs_ag = {str(s) for s in found if s.all_reduce.value == "rs_ag"}
     rs = Problem(pattern="gemm_rs", m=96, n=80, k=72, world=3)
-    overlapped = [s for s in enumerate_schedules(rs) if s.overlapped]
-    assert rs_ag == {f"{s}+rs_ag" for s in overlapped}  # fused ones included
+    # fused ones included; relay orders are gemm_rs's own (gemm_ar has no relay lowering)
+    overlapped = [s for s in enumerate_schedules(rs) if s.overlapped and s.order not in RELAYS]
+    assert rs_ag == {f"{s}+rs_ag" for s in overlapped}
     ragged = Problem(pattern="gemm_ar", m=95, n=80, k=72, world=3)
     assert not any(s.all_reduce.value == "rs_ag" for s in enumerate_schedules(ragged))
     decode = Problem(pattern="gemm_ar", m=1, n=64, k=72, world=2)

@@ -82,14 +82,16 @@ def test_every_all_reduce_kind_is_run_by_both_backends_from_its_source():
         Transport.SYMM1: "staging",
         Transport.SYMM2: "c",
         Transport.SEG: "partial",
+        Transport.SM: "partial",
     }
 
 
 def test_the_answers_the_layers_used_to_list_by_hand():
-    """What the rules, the plans and the executors listed before the traits existed."""
+    """What the rules, the plans and the executors listed before the traits existed (and
+    sm, added after them: one-sided pushes on SMs, like seg's)."""
     T = Transport
-    assert transports_where(lambda r: r.one_sided) == (T.CE, T.SEG)
-    assert transports_where(lambda r: r.sm_reserve) == (T.NCCL, T.SEG)
+    assert transports_where(lambda r: r.one_sided) == (T.CE, T.SEG, T.SM)
+    assert transports_where(lambda r: r.sm_reserve) == (T.NCCL, T.SEG, T.SM)
     assert transports_where(lambda r: r.contiguous_only) == (T.CE, T.NCCL_CE, T.SYMM1, T.SYMM2)
     assert transports_where(lambda r: not r.reduces) == (T.NCCL_CE,)
     assert transports_where(lambda r: r.carries_flags) == (T.CE,)
@@ -97,8 +99,15 @@ def test_the_answers_the_layers_used_to_list_by_hand():
     assert transports_where(lambda r: not r.moves_transfers) == (T.SYMM1, T.SYMM2)
     assert transports_where(lambda r: r.cost_class == "nccl") == (T.NCCL,)
     assert transports_where(lambda r: r.communicator == "nccl_zero_cta") == (T.NCCL_CE,)
-    assert transports_where(lambda r: r.needs_signals) == (T.CE, T.SEG)
-    assert transports_where(lambda r: r.symmetric_memory) == (T.CE, T.SYMM1, T.SYMM2, T.SEG)
+    assert transports_where(lambda r: r.needs_signals) == (T.CE, T.SEG, T.SM)
+    assert transports_where(lambda r: r.symmetric_memory) == (
+        T.CE,
+        T.SYMM1,
+        T.SYMM2,
+        T.SEG,
+        T.SM,
+    )
+    assert transports_where(lambda r: r.relay_only) == (T.SM,)
 
 
 def test_predict_covers_the_calibrated_transports():
@@ -121,11 +130,12 @@ def test_the_space_offers_a_transport_exactly_for_the_patterns_it_serves(pattern
 
 
 def _executor_rule_before(schedule: Schedule, graphs: str) -> bool:
-    """``CudaBackend.wants_graph`` as it was written before the traits (by hand)."""
+    """``CudaBackend.wants_graph`` as it was written before the traits (by hand; sm, added
+    after them, captures as ce does)."""
     t = schedule.transport
     if t is Transport.NCCL_CE:
         return False
-    if t in (Transport.CE, Transport.SEG, Transport.SYMM1, Transport.SYMM2):
+    if t in (Transport.CE, Transport.SEG, Transport.SYMM1, Transport.SYMM2, Transport.SM):
         return graphs in ("all", "ce")
     return graphs == "all" and schedule.granularity is Granularity.SERIAL
 

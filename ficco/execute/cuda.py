@@ -15,6 +15,8 @@ schedules call the collective itself. ``+hi`` schedules use the high-priority NC
 refuses it, its schedules are recorded ``unavailable``. ``symm1``/``symm2`` (gemm_ar):
 symmetric memory's all-reduce kernels on the comm stream (``ficco.execute.allreduce``).
 ``seg`` (all-to-alls): ce's pulls and pushes, a step's as one kernel (``execute.segment``).
+``sm`` (relay hops of ag_gemm / gemm_rs): ce's pushes, each moved by a Triton kernel on SMs
+(``kernels.reduce.sum_into`` of one input) that stores into the neighbour's buffer.
 
 Traps met on the way: a peer ``copy_`` between two devices in one process makes both current
 streams wait on each other (serializes); a strided slice makes ``copy_`` an SM kernel (the
@@ -341,13 +343,23 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
         name_remote = op.remote.buffer
         channel = self.channel_of[op.tag]
         if op.direction == "recv" and op.initiator == "receiver":  # pull
-            self.view(op.local).copy_(self.peer_view(name_remote, op.peer, op.remote))
+            self._move(self.view(op.local), self.peer_view(name_remote, op.peer, op.remote))
         elif op.direction == "send" and op.initiator == "sender":  # push, then signal
-            self.peer_view(name_remote, op.peer, op.remote).copy_(self.view(op.local))
+            self._move(self.peer_view(name_remote, op.peer, op.remote), self.view(op.local))
             if op in self.signalled:  # once per (peer, tag): push_signal_points says why
                 self.bufs.handles[name_remote].put_signal(op.peer, channel=channel)
         elif op in self.awaited:  # pushed to us: wait for the sender's signal
             self.bufs.handles[op.local.buffer].wait_signal(op.peer, channel=channel)
+
+    def _move(self, dst, src) -> None:
+        """A one-sided transfer's bytes: a copy-engine copy, or on a transport off the copy
+        engines (sm) a Triton kernel on SMs that stores into ``dst`` (a peer's buffer too)."""
+        if not self.transport.traits.copy_engine:
+            from ficco.kernels.reduce import sum_into
+
+            if sum_into([src], dst):
+                return
+        dst.copy_(src)
 
     def _nccl_batch(self, batch: Sequence[TransferOp]) -> None:
         import torch

@@ -28,7 +28,7 @@ from ficco.model.costs import CostModel
 from ficco.model.simulate import SimGraph
 from ficco.patterns import spec_of
 from ficco.problem import Pattern, Problem
-from ficco.space import Compute, Gemm, Granularity, Order, Schedule, Split
+from ficco.space import RELAYS, Compute, Gemm, Granularity, Order, Schedule, Split
 from ficco.space.geometry import cut
 
 Shape = tuple[int, int, int]
@@ -36,11 +36,13 @@ Shape = tuple[int, int, int]
 
 def has_dense_lowering(problem: Problem, schedule: Schedule) -> bool:
     """Whether :func:`lower_dense` covers the schedule: an overlapped (shard or finer), unfused
-    ag_gemm or gemm_rs schedule."""
+    ag_gemm or gemm_rs schedule of a direct order (relay plans, ``ficco.plan.relay``, take
+    the generic path: one hop per step, priced op by op)."""
     return (
         problem.pattern in (Pattern.AG_GEMM, Pattern.GEMM_RS)
         and schedule.granularity is not Granularity.SERIAL
         and schedule.compute is not Compute.FUSED
+        and schedule.order not in RELAYS
     )
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ficco.patterns import spec_of
 from ficco.patterns.spec import BASELINE_COMM, ModelSupport, PatternSpec, Sizes
-from ficco.space.schedule import Compute, Granularity
+from ficco.space.schedule import RELAYS, Compute, Granularity
 
 if TYPE_CHECKING:
     from ficco.problem import Problem
@@ -72,6 +72,8 @@ def plan_key(p: Problem, s: Schedule) -> tuple:
     and more than one chunk; a fused plan's flags depend on both."""
     if s.compute is Compute.FUSED:
         return (s.transport, s.order)
+    if s.order in RELAYS:  # relay hops are pushes on every transport that moves them
+        return (None, s.order)
     transport = s.transport if s.granularity is Granularity.SERIAL else None
     one_order = s.granularity is not Granularity.FINER or p.world == 2
     return (transport, None if one_order else s.order)
@@ -94,6 +96,7 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType(
         rows_per_rank=True,
         fused=True,
         batched_blocks=False,
+        relay=False,
         in_selector=True,
         cost_model=ModelSupport.CALIBRATED,
         comm_alone=(BASELINE_COMM,),

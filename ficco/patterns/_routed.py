@@ -105,6 +105,7 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType(
         splits=(Split.M,),
         fused=False,
         batched_blocks=True,
+        relay=False,
         in_selector=True,
         cost_model=ModelSupport.NONE,
         comm_alone=(BASELINE_COMM,),

@@ -82,6 +82,7 @@ SPEC = register(
         reference_by_collectives=reference_by_collectives,
         cuda_baselines=cuda_baselines,
         lowering=Ref("ficco.plan.dense:plan_ag_gemm"),
+        relay=True,
         buffers=Ref("ficco.plan.dense:ag_gemm_buffers"),
     )
 )

@@ -383,6 +383,7 @@ SPEC = register(
         splits=(Split.M, Split.B),
         fused=True,
         batched_blocks=True,
+        relay=False,
         in_selector=False,  # no measured profiles yet: tables cannot answer it
         # transfers and NCCL as calibrated; pooling by the machine's gather bandwidth
         cost_model=ModelSupport.REUSED,

@@ -82,6 +82,7 @@ SPEC = register(
         reference_by_collectives=reference_by_collectives,
         cuda_baselines=cuda_baselines,
         lowering=Ref("ficco.plan.dense:plan_gemm_rs"),
+        relay=True,
         buffers=Ref("ficco.plan.dense:gemm_rs_buffers"),
     )
 )

@@ -165,6 +165,9 @@ class PatternSpec:
     """Has a ``+fused`` schedule (one persistent GEMM on per-chunk flags)."""
     batched_blocks: bool
     """Each step moves several row blocks (one per peer): the ``seg`` transport applies."""
+    relay: bool
+    """Has ring-relay schedules (``+relay``, ``+birelay``: one hop per step, ``ficco.plan.relay``)
+    and the ``sm`` transport that moves their hops."""
     in_selector: bool
     """Measured profiles exist: the selector's features and the tables have its column."""
     cost_model: ModelSupport

@@ -9,7 +9,8 @@ gemm_rs    a [M, K], b [K, N]          partial [M, N], staging [W*S, N], c_shard
 
 ``staging`` row block ``p`` receives source rank p's partial of this rank's rows. Gathers go
 local shard first (it needs no transfer); scatters compute the local block last. ``+fused``
-schedules are lowered by ``ficco.plan.fused`` on the same buffers.
+schedules are lowered by ``ficco.plan.fused``, ``+relay`` / ``+birelay`` ones by ``ficco.plan.relay``,
+on the same buffers.
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ from ficco.plan.ops import (
     uses_collective,
     visit_order,
 )
+from ficco.plan.relay import plan_ag_gemm_relay, plan_gemm_rs_relay
 from ficco.plan.tags import transfer_tag
 from ficco.problem import Problem
-from ficco.space import Compute, Granularity, Schedule, Split
+from ficco.space import RELAYS, Compute, Granularity, Schedule, Split
 from ficco.space.geometry import cut
 
 
@@ -50,7 +52,8 @@ def ag_gemm_buffers(p: Problem, rank: int = 0) -> tuple[BufferSpec, ...]:
     return (
         BufferSpec("a_shard", (S, K), "input", peer_visible=True),
         BufferSpec("b", (K, N), "input"),
-        BufferSpec("a_full", (p.m, K), "workspace"),
+        # peer-visible: relay schedules push each shard into the next rank's a_full
+        BufferSpec("a_full", (p.m, K), "workspace", peer_visible=True),
         BufferSpec("c", (p.m, N), "output"),
     )
 
@@ -72,6 +75,8 @@ def plan_ag_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
     buffers = ag_gemm_buffers(p)
     if s.compute is Compute.FUSED:
         return plan_ag_gemm_fused(p, s, rank, buffers)
+    if s.order in RELAYS:
+        return plan_ag_gemm_relay(p, s, rank, buffers)
     bld = Builder()
     whole_b = Region("b", (0, K), (0, N))
 
@@ -184,6 +189,8 @@ def plan_gemm_rs(p: Problem, s: Schedule, rank: int) -> Plan:
     buffers = gemm_rs_buffers(p)
     if s.compute is Compute.FUSED:
         return plan_gemm_rs_fused(p, s, rank, buffers)
+    if s.order in RELAYS:
+        return plan_gemm_rs_relay(p, s, rank, buffers)
     bld = Builder()
     whole_b = Region("b", (0, K), (0, N))
 

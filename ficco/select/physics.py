@@ -16,8 +16,8 @@ tree split learned at M = 4096 still means the same thing at M = 32768:
 ``overlap_gain``         predicted time of the schedule (a two-stage pipeline: the longer side
                          plus one piece of the shorter) / predicted serial time;
 ``sm_left_to_comm``      share of the SMs the GEMM leaves free (``sm_reserve / sm_count``);
-``comm_on_sms``          1 when the transport's communication runs on SMs (NCCL kernels) and
-                         so competes with the GEMM, 0 on copy engines;
+``comm_on_sms``          1 when the transport's communication runs on SMs (NCCL kernels, or
+                         sm's relay hops) and so competes with the GEMM, 0 on copy engines;
 ``log2_chunks``          transfers per peer shard the geometry cuts;
 
 then the schedule itself, every axis of it (``ficco.select.schedules``: a column per enum
@@ -189,7 +189,7 @@ def _pair_physics(problem: Problem, name: str, key: tuple) -> tuple[float, ...]:
         _log2(t_comm_s / t_comm - 1 + 1e-3) if t_comm_s > t_comm else _log2(1e-3),
         _log2(t_pred / serial_pred),
         s.sm_reserve / roofs.sm_count,
-        float(s.transport is Transport.NCCL),
+        float(s.transport in (Transport.NCCL, Transport.SM)),  # sm: relay hops on SMs
         math.log2(g.chunks),
         *schedule_vector(s),
     )

@@ -18,6 +18,7 @@ from ficco.space.rules import (
     violations,
 )
 from ficco.space.schedule import (
+    RELAYS,
     AllReduce,
     Compute,
     Gemm,
@@ -39,6 +40,7 @@ from ficco.space.transports import (
 
 __all__ = [
     "GRAPH_MODES",
+    "RELAYS",
     "RULES",
     "TRAITS",
     "AllReduce",
@@ -96,7 +98,11 @@ def _legal(problem: Problem, opts: SpaceOptions) -> Iterator[Schedule]:
         (Granularity.FINER, c) for c in opts.chunk_counts
     ]
     # +rs_ag is legal for an all-reduce alone: the other patterns skip half the product untried
-    all_reduces = tuple(AllReduce) if spec_of(problem.pattern).all_reduce else (AllReduce.DIRECT,)
+    spec = spec_of(problem.pattern)
+    all_reduces = tuple(AllReduce) if spec.all_reduce else (AllReduce.DIRECT,)
+    # relay orders and epilogue compute likewise exist for the relay patterns alone
+    orders = tuple(Order) if spec.relay else tuple(o for o in Order if o not in RELAYS)
+    computes = tuple(c for c in opts.computes if spec.relay or c is not Compute.EPILOGUE)
     seen: set[Schedule] = set()
     for (granularity, chunks), split, transport in itertools.product(
         shapes, Split, opts.transports
@@ -105,7 +111,7 @@ def _legal(problem: Problem, opts: SpaceOptions) -> Iterator[Schedule]:
         if any(rule(problem, prefix) is not None for rule in PREFIX_RULES):
             continue  # every point of the product under this prefix breaks the same rule
         for order, compute, gemm, reserve, prio, all_reduce in itertools.product(
-            Order, opts.computes, opts.gemms, opts.sm_reserves, Priority, all_reduces
+            orders, computes, opts.gemms, opts.sm_reserves, Priority, all_reduces
         ):
             schedule = Schedule(
                 granularity=granularity,

@@ -16,9 +16,11 @@ from collections.abc import Callable
 
 from ficco.defaults import SM_COUNT
 from ficco.patterns import Pattern, patterns_where, spec_of
+from ficco.patterns.spec import Collective
 from ficco.problem import DTYPE_BYTES, SCALED_GEMM_ALIGN, Problem
 from ficco.space.geometry import cut, quantum, split_extent
 from ficco.space.schedule import (
+    RELAYS,
     AllReduce,
     Compute,
     Gemm,
@@ -213,6 +215,83 @@ def order_needs_two_peers(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+def relay_needs_relay_pattern(p: Problem, s: Schedule) -> str | None:
+    if s.order in RELAYS and not spec_of(p.pattern).relay:
+        relays = ", ".join(map(str, patterns_where(lambda spec: spec.relay)))
+        return f"{s.order.value} rings exist for {relays} only, not {p.pattern}"
+    return None
+
+
+def relay_needs_overlap(p: Problem, s: Schedule) -> str | None:
+    if s.order in RELAYS and not s.overlapped:
+        return f"{s.order.value} is a ring of per-step hops; a serial schedule moves all at once"
+    return None
+
+
+def relay_needs_one_sided(p: Problem, s: Schedule) -> str | None:
+    # Each hop's send follows the receive of the step before (gemm_rs adds onto it, ag_gemm
+    # forwards it): a two-sided ring whose sends wait on their neighbours' receives would
+    # deadlock, and NCCL batches only a step's halves that share a tag.
+    if s.order in RELAYS and not s.transport.traits.one_sided:
+        movers = names(transports_where(lambda t: t.one_sided and not t.batches_segments))
+        return (
+            f"{s.order.value} hops are one-sided pushes ({movers}); {s.transport.value} "
+            "pairs each send with a receive of the same step"
+        )
+    return None
+
+
+def relay_computes_per_chunk(p: Problem, s: Schedule) -> str | None:
+    if s.order in RELAYS and s.compute in (Compute.MERGED, Compute.FUSED):
+        return (
+            f"{s.order.value} reduces or forwards each chunk behind its own GEMM; "
+            f"{s.compute.value} compute runs one GEMM over many chunks"
+        )
+    return None
+
+
+def relay_moves_unscaled_rows(p: Problem, s: Schedule) -> str | None:
+    # ag_gemm's hops push A's rows; fp8 rows' scales move beside pulls only
+    # (ficco.execute.cuda_scaled)
+    if s.order in RELAYS and p.scaled and spec_of(p.pattern).moved_dim == "k":
+        return (
+            f"{s.order.value} pushes {p.dtype} rows of A, whose row scales move beside "
+            "pulls only: use a direct order"
+        )
+    return None
+
+
+def birelay_needs_even_chunks(p: Problem, s: Schedule) -> str | None:
+    if s.order is Order.BIRELAY and (s.granularity is not Granularity.FINER or s.chunks % 2):
+        return (
+            "birelay sends even chunks one way round the ring and odd ones the other: it needs "
+            "finer granularity with an even chunk count"
+        )
+    return None
+
+
+def epilogue_needs_reducing_relay(p: Problem, s: Schedule) -> str | None:
+    # the GEMM accumulates onto the partial its neighbour passed on: a reduce-scatter's relay
+    if s.compute is Compute.EPILOGUE and (
+        s.order not in RELAYS or spec_of(p.pattern).collective is not Collective.REDUCE_SCATTER
+    ):
+        return (
+            "epilogue compute adds the partial received from the previous hop in the GEMM: "
+            "it needs a reduce-scatter (gemm_rs) with relay or birelay order"
+        )
+    return None
+
+
+def transport_relay_only(p: Problem, s: Schedule) -> str | None:
+    t = s.transport.traits
+    if t.relay_only and s.order not in RELAYS:
+        return (
+            f"{s.transport.value} ({t.summary}) moves relay hops only: use +relay or "
+            "+birelay, or another transport for the direct orders"
+        )
+    return None
+
+
 def merged_needs_finer(p: Problem, s: Schedule) -> str | None:
     if s.compute is Compute.MERGED and s.granularity is not Granularity.FINER:
         return (
@@ -337,6 +416,14 @@ RULES: tuple[Rule, ...] = (
     direct_all_reduce_has_no_peer_order,
     direct_all_reduce_has_no_merge,
     order_needs_two_peers,
+    relay_needs_relay_pattern,
+    relay_needs_overlap,
+    relay_needs_one_sided,
+    relay_computes_per_chunk,
+    relay_moves_unscaled_rows,
+    birelay_needs_even_chunks,
+    epilogue_needs_reducing_relay,
+    transport_relay_only,
     merged_needs_finer,
     fused_needs_dense_pattern,
     fused_needs_overlap,
@@ -365,6 +452,10 @@ PREFIX_RULES: tuple[Rule, ...] = (
 #: reject most points of the axis product. ``point_legal`` checks them first.
 QUICK_RULES: tuple[Rule, ...] = (
     order_needs_two_peers,
+    relay_needs_overlap,
+    relay_computes_per_chunk,
+    birelay_needs_even_chunks,
+    transport_relay_only,
     sm_reserve_needs_triton,
     sm_reserve_needs_sm_comm,
     priority_needs_overlap,

@@ -14,7 +14,12 @@ Options (each omitted when at its default): ``merged`` (one GEMM per shard after
 arrive, instead of one per chunk), ``fused`` (one persistent Triton GEMM per rank: for
 ag_gemm its tiles wait on the arrival flag of the chunk they read; for gemm_rs its epilogue
 stores each tile into the owning rank's buffer and flags the chunk), ``all_peers`` (every peer's chunk in flight at once instead
-of the ring rotation), ``smR`` (R SMs kept free of the Triton GEMM for SM-based
+of the ring rotation), ``relay`` (gemm_rs: a ring reduce-scatter, each rank adding its
+partial to the block its neighbour passed on and passing it on, the next step's GEMM
+running meanwhile; ag_gemm: a ring all-gather, each rank forwarding the shard it received),
+``birelay`` (the same, half the chunks each way round the ring), ``epilogue`` (relay
+gemm_rs: each step's GEMM accumulates onto the partial received, so no separate
+reduction), ``smR`` (R SMs kept free of the Triton GEMM for SM-based
 communication), ``hi`` (communication stream at high priority), ``rs_ag`` (gemm_ar only: the
 all-reduce done as a reduce-scatter overlapped with the GEMM, as gemm_rs schedules it, then an
 all-gather; without it each chunk is all-reduced whole, overlapping the next chunk's GEMM).
@@ -47,12 +52,19 @@ class Split(enum.StrEnum):
 class Order(enum.StrEnum):
     RING = "ring"  # one peer per step, rotated; the local shard where it needs no wait
     ALL_PEERS = "all_peers"  # every peer's chunk in flight at once
+    # one hop per step to the next rank, which adds its own partial (gemm_rs) or forwards the
+    # shard (ag_gemm): no rank waits on W - 1 peers at once (ficco.plan.relay)
+    RELAY = "relay"
+    BIRELAY = "birelay"  # relay with even chunks going to rank r + 1, odd ones to rank r - 1
 
 
 class Compute(enum.StrEnum):
     PER_CHUNK = "per_chunk"  # one GEMM launch per arrived chunk
     MERGED = "merged"  # one GEMM per shard once all its chunks arrived
     FUSED = "fused"  # one persistent GEMM per rank whose tiles wait on their chunk's flag
+    # relay gemm_rs: each step's GEMM accumulates onto the partial received the step before
+    # (the reduction rides in the GEMM's epilogue)
+    EPILOGUE = "epilogue"
 
 
 class Gemm(enum.StrEnum):
@@ -68,6 +80,14 @@ class AllReduce(enum.StrEnum):
 class Priority(enum.StrEnum):
     NORMAL = "normal"
     HIGH = "high"
+
+
+#: the orders that relay blocks round the ring (``ficco.plan.relay``)
+RELAYS = (Order.RELAY, Order.BIRELAY)
+
+#: the option strings of the non-default compute and order values (the value itself)
+_COMPUTE_OPTIONS = tuple(c.value for c in Compute if c is not Compute.PER_CHUNK)
+_ORDER_OPTIONS = tuple(o.value for o in Order if o is not Order.RING)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -130,10 +150,10 @@ class Schedule:
         text = f"{head}/{self.transport.value}/{self.gemm.value}"
         if self.compute is Compute.MERGED:
             text += "+merged"
-        elif self.compute is Compute.FUSED:
-            text += "+fused"
-        if self.order is Order.ALL_PEERS:
-            text += "+all_peers"
+        elif self.compute is not Compute.PER_CHUNK:
+            text += f"+{self.compute.value}"
+        if self.order is not Order.RING:
+            text += f"+{self.order.value}"
         if self.sm_reserve:
             text += f"+sm{self.sm_reserve}"
         if self.comm_priority is Priority.HIGH:
@@ -150,7 +170,9 @@ class Schedule:
             + self.chunks
             + (self.compute is Compute.MERGED)
             + 2 * (self.compute is Compute.FUSED)
-            + (self.order is Order.ALL_PEERS)
+            + (self.order is not Order.RING)
+            + (self.order is Order.BIRELAY)
+            + (self.compute is Compute.EPILOGUE)
             + (self.sm_reserve > 0)
             + (self.comm_priority is Priority.HIGH)
             + 2 * (self.gemm is Gemm.TRITON)
@@ -183,12 +205,10 @@ class Schedule:
                 "'finer-c<chunks>-<m|n|k|b>'"
             )
         for opt in options:
-            if opt == "merged":
-                kwargs["compute"] = Compute.MERGED
-            elif opt == "fused":
-                kwargs["compute"] = Compute.FUSED
-            elif opt == "all_peers":
-                kwargs["order"] = Order.ALL_PEERS
+            if opt in _COMPUTE_OPTIONS:
+                kwargs["compute"] = Compute(opt)
+            elif opt in _ORDER_OPTIONS:
+                kwargs["order"] = Order(opt)
             elif opt == "hi":
                 kwargs["comm_priority"] = Priority.HIGH
             elif opt == "rs_ag":
@@ -197,8 +217,8 @@ class Schedule:
                 kwargs["sm_reserve"] = int(opt[2:])
             else:
                 raise ValueError(
-                    f"schedule {text!r}: unknown option {opt!r}; options are merged, fused, "
-                    "all_peers, smN, hi, rs_ag"
+                    f"schedule {text!r}: unknown option {opt!r}; options are "
+                    f"{', '.join((*_COMPUTE_OPTIONS, *_ORDER_OPTIONS))}, smN, hi, rs_ag"
                 )
         try:
             schedule = cls(**kwargs)  # type: ignore[arg-type]

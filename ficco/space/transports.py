@@ -70,6 +70,9 @@ class Transport(enum.StrEnum):
     # all-to-all patterns only: each step's segments (every peer's chunk, the local block)
     # moved by one segment-copy kernel launch (on SMs) over the peers' symmetric buffers
     SEG = "seg"
+    # ag_gemm / gemm_rs relay hops moved by a Triton kernel on SMs, storing straight into the
+    # neighbour's symmetric buffer (no copy-engine floor per hop)
+    SM = "sm"
 
     @property
     def traits(self) -> TransportTraits:
@@ -136,6 +139,9 @@ class TransportTraits:
     all_reduce_kind: str | None
     """The ``CollectiveOp`` kind one chunk's direct all-reduce (gemm_ar) lowers to; None:
     the partials are pushed and every rank reduces them."""
+    relay_only: bool = False
+    """It moves relay hops only (``+relay``, ``+birelay``): the direct orders' W - 1 peers
+    at once stay on the other transports."""
     all_reduce_in_place: bool = False
     """That all-reduce sums the chunk where the GEMM wrote it (the output); otherwise it
     reads a separate buffer (peer-visible ``staging`` on symmetric memory, else
@@ -174,6 +180,11 @@ class TransportTraits:
             raise ValueError(
                 f"{self.transport}: a one-sided transport has no two-sided pairs to batch"
             )
+
+
+def relay_patterns(spec: PatternSpec) -> bool:
+    """Patterns with ring-relay schedules (``+relay``, ``+birelay``: ``ficco.plan.relay``)."""
+    return spec.relay
 
 
 def every_pattern(spec: PatternSpec) -> bool:
@@ -322,6 +333,30 @@ TRAITS: dict[Transport, TransportTraits] = {
             capture=Capture.ALWAYS,
             communicator=None,
             cost_class="ce",
+            calibrated=False,
+        ),
+        TransportTraits(
+            transport=Transport.SM,
+            summary="a Triton kernel on SMs stores each relay hop into the neighbour's "
+            "symmetric buffer",
+            one_sided=True,
+            copy_engine=False,
+            on_sms=True,
+            sm_reserve=True,
+            symmetric_memory=True,
+            needs_signals=True,
+            batches_pairs=False,
+            batches_segments=False,
+            serves=relay_patterns,
+            relay_only=True,
+            contiguous_only=False,
+            moves_transfers=True,
+            reduces=True,
+            carries_flags=False,
+            all_reduce_kind=None,
+            capture=Capture.ALWAYS,
+            communicator=None,
+            cost_class="ce",  # priced as one-sided copies until measured
             calibrated=False,
         ),
     )
