@@ -97,6 +97,7 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType(
         fused=True,
         batched_blocks=False,
         relay=False,
+        work_is_gather=False,
         in_selector=True,
         cost_model=ModelSupport.CALIBRATED,
         comm_alone=(BASELINE_COMM,),

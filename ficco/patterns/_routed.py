@@ -106,6 +106,7 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType(
         fused=False,
         batched_blocks=True,
         relay=False,
+        work_is_gather=False,
         in_selector=True,
         cost_model=ModelSupport.NONE,
         comm_alone=(BASELINE_COMM,),

@@ -219,7 +219,7 @@ class PatternSpec:
     problem_fields: tuple[ProblemField, ...]
     """The problem fields of its own, in order (``()``: only the common ones); see
     :class:`ProblemField`."""
-    work_is_gather: bool = False
+    work_is_gather: bool
     """Its ``flops`` are a gather's additions (one per element read through HBM, emb_a2a's
     pooling), not tensor-core multiply-adds: the physical floor (``ficco.measure.floor``)
     prices them at the HBM's bandwidth, not the card's peak."""

@@ -50,7 +50,6 @@ Pure Python: no torch, no pandas.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import gzip
 import json
 import os
@@ -60,23 +59,29 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from ficco.measure.fingerprint import IDENTITY_FIELDS, fingerprint_id, identity
+from ficco.measure.fingerprint import fingerprint_id
 from ficco.measure.record import VERIFICATION_ONLY, Measurement
 from ficco.problem import Problem
 from ficco.profile.claims import Claim, claim_digest, claim_file
+from ficco.profile.header import (  # noqa: F401 (the store's vocabulary, re-exported)
+    HEADER_FILE,
+    RECORDS_FILE,
+    SCHEMA_VERSION,
+    SEALED_RECORDS_FILE,
+    check_header,
+    header_differences,
+    new_header,
+    now,
+    read_header,
+    read_only_error,
+    sealed_error,
+)
 
 try:  # POSIX; elsewhere a store has a single writer
     import fcntl
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
-#: Version of the record layout; a store written with another version is refused.
-#: 2: contention from per-task spans of runs queued before the GPU starts, against the same
-#: spans run alone (1 timed the spans of a host-bound eager run against the part's time alone)
-SCHEMA_VERSION = 2
-HEADER_FILE = "header.json"
-RECORDS_FILE = "records.jsonl"
-SEALED_RECORDS_FILE = RECORDS_FILE + ".gz"
 CLAIMS_DIR = "claims"
 _MEASUREMENT_FIELDS = tuple(f.name for f in fields(Measurement))
 
@@ -88,10 +93,6 @@ class StoreWarning(UserWarning):
     """A profile store has lines that are not records (torn or corrupt); they were skipped."""
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
 def measurement_of(record: dict[str, Any]) -> Measurement:
     """The :class:`Measurement` inside a stored record (extra keys ignored)."""
     return Measurement.from_dict({k: record[k] for k in _MEASUREMENT_FIELDS if k in record})
@@ -99,18 +100,6 @@ def measurement_of(record: dict[str, Any]) -> Measurement:
 
 def problem_key_of(record: dict[str, Any]) -> str:
     return record.get("problem_key") or Problem.from_dict(record["problem"]).key
-
-
-def new_header(fingerprint: dict[str, Any]) -> dict[str, Any]:
-    """The header a new store gets from the fingerprint of the run that creates it."""
-    return {
-        "schema": SCHEMA_VERSION,
-        "backend": fingerprint.get("backend"),
-        "fingerprint_id": fingerprint_id(fingerprint),
-        "identity": identity(fingerprint),
-        "fingerprint": fingerprint,
-        "created": _now(),
-    }
 
 
 class Store:
@@ -228,7 +217,7 @@ class Store:
             "problem_key": key,
             "fingerprint_id": self.fingerprint_id,
             "fingerprint": self.fingerprint,
-            "recorded_at": _now(),
+            "recorded_at": now(),
         }
 
     def _look(self) -> None:
@@ -320,7 +309,7 @@ class ProfileStore(Store):
                 # under the lock: a racing creator has written the whole header, or none
                 if header_path.exists():
                     header = read_header(path)
-                    _check_header(path, header, fingerprint)
+                    check_header(path, header, fingerprint)
                 else:
                     if records.stat().st_size:
                         raise ValueError(
@@ -518,65 +507,6 @@ def _flock(handle, *, exclusive: bool) -> Iterator[None]:
         yield
     finally:
         fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-def read_header(path: str | Path) -> dict[str, Any]:
-    """The store's header; ValueError when it is missing or not a valid header."""
-    header_path = Path(path) / HEADER_FILE
-    if not header_path.exists():
-        raise ValueError(f"store {path}: no {HEADER_FILE}; not a profile store")
-    try:
-        header = json.loads(header_path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ValueError(
-            f"store {path}: {HEADER_FILE} is corrupt ({err}); the store cannot be trusted. "
-            "Restore the header or start a new store directory"
-        ) from None
-    required = ("schema", "fingerprint_id", "identity")
-    if not isinstance(header, dict) or any(k not in header for k in required):
-        raise ValueError(
-            f"store {path}: {HEADER_FILE} is corrupt (needs the fields {', '.join(required)}); "
-            "restore it or start a new store directory"
-        )
-    return header
-
-
-def header_differences(header: dict[str, Any], fp: dict[str, Any]) -> list[str]:
-    """``"field: store value vs this run's"`` for each field that keeps ``fp`` out of the store."""
-    diffs = []
-    if header.get("schema") != SCHEMA_VERSION:
-        diffs.append(f"schema: {header.get('schema')!r} (store) vs {SCHEMA_VERSION!r} (this run)")
-    stored = header.get("identity", {})
-    for name in IDENTITY_FIELDS:
-        if stored.get(name) != fp.get(name):
-            diffs.append(f"{name}: {stored.get(name)!r} (store) vs {fp.get(name)!r} (this run)")
-    return diffs
-
-
-def _check_header(path: Path, header: dict[str, Any], fp: dict[str, Any]) -> None:
-    diffs = header_differences(header, fp)
-    if diffs:
-        raise ValueError(
-            f"store {path}: refusing to add this run's records, its header differs in "
-            f"{len(diffs)} field(s): " + "; ".join(diffs) + ". Use another store directory "
-            "for another machine or software stack"
-        )
-
-
-def sealed_error(path: Path) -> ValueError:
-    """What opening a sealed store for writing says."""
-    return ValueError(
-        f"store {path}: is sealed ({SEALED_RECORDS_FILE}: compressed, read-only); sweep into a "
-        f"new store directory, or unseal a copy first: gunzip {path / SEALED_RECORDS_FILE}"
-    )
-
-
-def read_only_error(location) -> ValueError:
-    """What a store opened without a fingerprint says to an append."""
-    return ValueError(
-        f"store {location}: opened read-only; to append, open it with this run's fingerprint: "
-        "open_store(spec, fingerprint)"
-    )
 
 
 def _ranges(numbers: Iterable[int]) -> str:
