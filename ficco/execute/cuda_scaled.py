@@ -19,7 +19,7 @@ transport and stream, before anything that says the rows have landed:
 
 Partials, reductions and combines are bf16 and go through the plain primitives. Each chunk
 GEMM is ``scaled_gemm`` over cuBLASLt (``torch._scaled_mm`` through
-``ficco.execute.scaled_mm.scaled_matmul``) or, for ``triton`` schedules, ficco's Triton FP8
+``ficco.kernels.scaled_mm.scaled_matmul``) or, for ``triton`` schedules, ficco's Triton FP8
 GEMM (``ficco.kernels.scaled``, imported when such a schedule runs). A GPU without FP8
 tensor cores or a torch without ``_scaled_mm`` makes every schedule unavailable, naming why.
 """
@@ -39,7 +39,7 @@ from ficco.execute.scaled import (
     scale_name,
     scaled_gemm,
 )
-from ficco.execute.scaled_mm import gpu_refusal, scaled_matmul
+from ficco.kernels.scaled_mm import gpu_refusal, scaled_matmul
 from ficco.plan import CollectiveOp, GemmOp, LocalCopyOp, Plan, Region, TransferOp, run_tag
 from ficco.space import Gemm
 from ficco.verdict import Unavailable

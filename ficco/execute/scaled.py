@@ -28,7 +28,7 @@ import torch
 
 from ficco.dtypes import dtype_of
 from ficco.execute.buffers import input_seed, random_input
-from ficco.execute.scaled_mm import scaled_matmul
+from ficco.kernels.scaled_mm import scaled_matmul
 from ficco.plan import GemmOp, Plan, Region
 from ficco.problem import AScale, BScale, Problem, torch_dtype
 

@@ -1,6 +1,6 @@
 """The persistent FP8 GEMM for Hopper: ``out = (a * a_scale) @ (b * b_scale)`` in one launch.
 
-:func:`scaled_matmul` is ``ficco.execute.scaled_mm.scaled_matmul``'s function (the same
+:func:`scaled_matmul` is ``ficco.kernels.scaled_mm.scaled_matmul``'s function (the same
 signature, operand checks and result) computed by a Triton kernel instead of cuBLASLt's
 ``torch._scaled_mm``: fp8 (e4m3 or e5m2) inputs, fp32 accumulation, the scales applied to
 the fp32 accumulator, one rounding to ``out_dtype`` (bf16) at the store.
@@ -61,7 +61,6 @@ import triton
 import triton.language as tl
 
 from ficco.dtypes import lookup
-from ficco.execute.scaled_mm import check_operands
 from ficco.kernels.configs import GemmConfig
 from ficco.kernels.persistent import (
     INTERPRETER,
@@ -79,6 +78,7 @@ from ficco.kernels.scaled_configs import (
     scaled_candidate_configs,
     scaled_heuristic_config,
 )
+from ficco.kernels.scaled_mm import check_operands
 from ficco.kernels.tiles import _program_grid, _tile_coords
 from ficco.kernels.trials import RoundsTimer, Timer, Trials, check_then_time, tuning_record
 from ficco.kernels.tuning import (
@@ -306,7 +306,7 @@ def kernel_refusal(device: torch.device) -> str | None:
         return (
             f"the Triton FP8 GEMM loads through TMA, which needs compute capability 9.0 "
             f"(Hopper) or higher; {device_info(device).name} has {have[0]}.{have[1]} "
-            "(FP8 on it runs on cuBLAS: ficco.execute.scaled_mm)"
+            "(FP8 on it runs on cuBLAS: ficco.kernels.scaled_mm)"
         )
     return None
 
@@ -438,7 +438,7 @@ def scaled_matmul(
     (into ``out`` where given), on ``sm_budget`` persistent programs (default: every SM)
     with ``config`` (default: tuned per shape). See the module docstring.
     ``check_values=False`` checks the scales' shapes and dtype, not their values (as
-    ``ficco.execute.scaled_mm.scaled_matmul``'s: scales that arrive on the GPU's streams)."""
+    ``ficco.kernels.scaled_mm.scaled_matmul``'s: scales that arrive on the GPU's streams)."""
     ops = prepare_operands(a, b, a_scale, b_scale, out_dtype, out, check_values)
     budget = default_sm_budget(a.device) if sm_budget is None else sm_budget
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:

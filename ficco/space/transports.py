@@ -36,14 +36,22 @@ import enum
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ficco.patterns import Pattern, patterns_where, spec_of
-from ficco.patterns.spec import Collective
+from ficco.patterns.spec import Collective, PatternSpec
 
-if TYPE_CHECKING:
-    from ficco.patterns.spec import PatternSpec
-    from ficco.space.schedule import Schedule
+
+class Schedule(Protocol):
+    """What this module reads of a ``ficco.space.schedule.Schedule`` (which imports this
+    module, so it is described here, not imported)."""
+
+    @property
+    def transport(self) -> Transport: ...
+
+    @property
+    def overlapped(self) -> bool: ...
+
 
 #: ``TimingOptions.graphs`` values: capture every schedule whose transport captures, only
 #: those whose plans hold no NCCL call, or none
