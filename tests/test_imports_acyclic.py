@@ -44,6 +44,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ficco.shipped",
             "ficco.dtypes",
             "ficco.outputs",
+            "ficco.words",
         ),
     ),
     # the pattern registry: the enum, the spec type, the lookup that Problem reads

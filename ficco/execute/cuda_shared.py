@@ -52,9 +52,10 @@ from ficco.execute.cuda_ipc import (
 )
 from ficco.execute.cuda_setup import FLUSH_BYTES, RankContext
 from ficco.plan import CollectiveOp, Plan, TransferOp, build_plan, run_tag
+from ficco.plan.ops import Direction
 from ficco.problem import Pattern, Problem
 from ficco.space import Compute, Schedule, runs_as_graph
-from ficco.space.transports import SYMM_MEM_KINDS
+from ficco.space.transports import SYMM_MEM_KINDS, Communicator
 from ficco.verdict import Unavailable
 
 #: what every run of this backend says about its timings
@@ -87,7 +88,7 @@ def shared_capability(problem: Problem, schedule: Schedule) -> str | None:
     traits = schedule.transport.traits
     if traits.all_reduce_kind in SYMM_MEM_KINDS:  # torch's symmetric-memory kernels
         return SYMM_REASON
-    if traits.communicator == "nccl_zero_cta":
+    if traits.communicator is Communicator.NCCL_ZERO_CTA:
         return NCCL_CE_REASON
     return None
 
@@ -231,7 +232,7 @@ class SharedPrimitives(CudaPrimitives):
         for t in batch:
             local = self.view(t.local)
             tag = run_tag(self.run, t.tag)
-            if t.direction == "send":
+            if t.direction is Direction.SEND:
                 staged = local.to("cpu")  # synchronizes the lane: the chunk is complete
                 requests.append(dist.isend(staged, t.peer, group=self.group, tag=tag))
             else:

@@ -83,7 +83,9 @@ def _static_scale(problem: Problem) -> float:
 def quantize(problem: Problem, side: str, values: torch.Tensor):
     """``(bits, scales)``: ``values`` (fp32) quantized to the problem's fp8 dtype."""
     largest = dtype_of(problem.dtype).largest
-    per_tensor = (problem.a_scale if side == "a" else problem.b_scale).value == "tensor"
+    per_tensor = (
+        problem.a_scale is AScale.TENSOR if side == "a" else problem.b_scale is BScale.TENSOR
+    )
     if per_tensor:
         scale = torch.full(scale_shape(problem, side, tuple(values.shape)), _static_scale(problem))
     else:

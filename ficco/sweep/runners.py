@@ -231,7 +231,7 @@ class CpuRunner(PoolRunner):
         ]
 
     def notes(self, m: Measurement) -> dict[str, Any]:
-        return {"timing": CPU_TIMING_NOTE} if m.verdict == "ok" else {}
+        return {"timing": CPU_TIMING_NOTE} if m.verdict == Verdict.OK else {}
 
 
 class CudaRunner(PoolRunner):
