@@ -51,7 +51,6 @@ same bits.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -82,12 +81,10 @@ from ficco.kernels.scaled_mm import check_operands
 from ficco.kernels.tiles import _program_grid, _tile_coords
 from ficco.kernels.trials import RoundsTimer, Timer, Trials, check_then_time, tuning_record
 from ficco.kernels.tuning import (
-    AUTOTUNE_ENV,
-    CACHE_DIR_ENV,
     TuningKey,
-    _fast,
-    known_config,
+    device_of,
     launch_timer,
+    resolve_config,
     shipped_entries,
     store,
     wall_clock_timer,
@@ -465,13 +462,6 @@ def scaled_matmul(
 # Tuning
 
 
-def _device(device) -> torch.device:
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
 #: FP8 configurations measured per card, shipped in the package
 #: (``schedules/<card>/fp8_gemm_tuning.json``: the tuning cache's format and keys, so only the
 #: card and Triton they were measured with match): read where the tuning cache has no entry
@@ -486,21 +476,19 @@ def shipped_configs() -> dict[str, GemmConfig]:
 def scaled_config_for(
     m: int, n: int, k: int, dtype: torch.dtype, sm_budget: int, device
 ) -> GemmConfig:
-    """The configuration ``scaled_matmul`` uses: cached, else shipped (``shipped_configs``),
-    else tuned now (unless FICCO_GEMM_AUTOTUNE=0, which takes the untuned heuristic)."""
-    fast_key = ("scaled", os.environ.get(CACHE_DIR_ENV), m, n, k, dtype, sm_budget, device)
-    hit = _fast.get(fast_key)  # the tuning cache's in-process layer: a seen shape reads nothing
-    if hit is not None:
-        return hit
-    device = _device(device)
-    key = TuningKey.for_problem(m, n, k, dtype, sm_budget, device)
-    hit = known_config(key, SHIPPED_TUNING_FILE)
-    if hit is None:
-        if os.environ.get(AUTOTUNE_ENV, "1") == "0":
-            return scaled_heuristic_config(m, n, interpreter=device.type != "cuda")
-        hit = tune_scaled(m, n, k, dtype, sm_budget, device)
-    _fast[fast_key] = hit
-    return hit
+    """The configuration ``scaled_matmul`` uses (``tuning.resolve_config`` over the FP8
+    tuning: cached, else shipped, ``shipped_configs``, else tuned now)."""
+    return resolve_config(
+        m,
+        n,
+        k,
+        dtype,
+        sm_budget,
+        device,
+        shipped_file=SHIPPED_TUNING_FILE,
+        heuristic=lambda interpreter: scaled_heuristic_config(m, n, interpreter=interpreter),
+        tune_now=lambda dev: tune_scaled(m, n, k, dtype, sm_budget, dev),
+    )
 
 
 def random_operands(m: int, n: int, k: int, dtype: torch.dtype, device, *, seed: int):
@@ -540,7 +528,7 @@ def tune_scaled(
         m, n, k, dtype, sm_budget, device, configs=configs, timer=timer, fast_accum=fast_accum
     )
     if write_cache:
-        device = _device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        device = device_of(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         budget = default_sm_budget(device) if sm_budget is None else sm_budget
         key = TuningKey.for_problem(m, n, k, dtype, budget, device)
         store(key, tuning_record(trials, m, n, k, "tma", started))
@@ -565,7 +553,7 @@ def scaled_trials(
         raise ValueError(f"dtype: must be one of {FP8_DTYPES}, got {dtype}")
     if min(m, n, k) < 1:
         raise ValueError(f"m, n, k must be positive, got {(m, n, k)}")
-    device = _device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = device_of(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     reason = kernel_refusal(device)
     if reason is not None:
         raise Unavailable(reason)
