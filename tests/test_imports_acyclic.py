@@ -49,7 +49,16 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     # the pattern registry: the enum, the spec type, the lookup that Problem reads
     ("pattern registry", ("=ficco.patterns", "ficco.patterns.spec")),
-    ("problem", ("ficco.problem", "ficco.routing", "ficco.workloads", "ficco.workloads_dlrm")),
+    (
+        "problem",
+        (
+            "ficco.problem",
+            "ficco.routing",
+            "ficco.workloads",
+            "ficco.workloads_dlrm",
+            "ficco.workloads_models",
+        ),
+    ),
     ("space", ("ficco.space",)),
     # each pattern's spec: rules and sizes over problems and schedules
     ("patterns", ("ficco.patterns",)),
