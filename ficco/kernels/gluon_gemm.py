@@ -92,6 +92,16 @@ from ficco.kernels.gluon_consumer import (
     _third_consumer_2_fast,
 )
 from ficco.kernels.gluon_ring import (
+    A_BUFS,
+    A_DESC,
+    B_BUFS,
+    B_DESC,
+    B_TAIL_BUFS,
+    B_TAIL_DESC,
+    C_DESC,
+    CHUNK_TABLE,
+    FIRST_A_ROW,
+    READY,
     _a_places,
     _a_rows,
     _copy_a,
@@ -122,12 +132,12 @@ THIRDS_CONSUMER_REGS = gl.constexpr(152)
 def _producer(descs, ring, bars, scales, tails):
     """Every TMA load of the program's work units (tiles, or a split tail's K ranges of
     them), in order, each into the next free ring slot."""
-    a_desc = descs[0]
-    b_desc = descs[1]
-    c_desc = descs[2]
-    a_bufs = ring[0]
-    b_bufs = ring[1]
-    STAGES: gl.constexpr = bars[0].type.shape[0]
+    a_desc = descs[A_DESC]
+    b_desc = descs[B_DESC]
+    c_desc = descs[C_DESC]
+    a_bufs = ring[A_BUFS]
+    b_bufs = ring[B_BUFS]
+    STAGES: gl.constexpr = bars[READY].type.shape[0]
     # A's tile in A_BLOCKS row blocks of a_desc's, each its own buffer of the slot (three row
     # parts: 192 rows, no power of two), else one
     A_BLOCKS: gl.constexpr = a_bufs.type.shape[0] // STAGES
@@ -137,8 +147,8 @@ def _producer(descs, ring, bars, scales, tails):
     # B's tile is [BLOCK_N, BLOCK_K] K-major (FP8), else [BLOCK_K, BLOCK_N]
     MAIN_N: gl.constexpr = b_desc.block_type.shape[0 if a_desc.dtype.primitive_bitwidth == 8 else 1]
     # a tail (16-bit only): B's columns [MAIN_N, MAIN_N + TAIL_N) of the tile, its own slots
-    HAS_TAIL: gl.constexpr = len(ring) == 3
-    TAIL_N: gl.constexpr = descs[3].block_type.shape[1] if HAS_TAIL else 0
+    HAS_TAIL: gl.constexpr = len(ring) > B_TAIL_BUFS
+    TAIL_N: gl.constexpr = descs[B_TAIL_DESC].block_type.shape[1] if HAS_TAIL else 0
     BLOCK_N: gl.constexpr = MAIN_N + TAIL_N
     B_K_MAJOR: gl.constexpr = a_desc.dtype.primitive_bitwidth == 8
     num_pid_m, num_pid_n, k_steps, rows = _grid(
@@ -150,18 +160,18 @@ def _producer(descs, ring, bars, scales, tails):
     load_bytes: gl.constexpr = (
         a_desc.block_type.nbytes * A_BLOCKS
         + b_desc.block_type.nbytes
-        + (descs[3].block_type.nbytes if HAS_TAIL else 0)
+        + (descs[B_TAIL_DESC].block_type.nbytes if HAS_TAIL else 0)
     )
     # fused (`ficco.kernels.gluon_fused`): a chunk's rows are read once its flag is set; the
     # chunks seen arrive (a bit each): one acquire and fence per chunk, then its loads follow
     # them in program order
-    FUSED: gl.constexpr = len(scales) > 2
+    FUSED: gl.constexpr = len(scales) > CHUNK_TABLE
     arrived = gl.to_tensor(0).to(gl.int64)
     # the chunk whose table entry was read last, and its first A row: fused, chunk 0's from
     # the arguments (a program's first tile is mostly in it: no table read before its wait)
     if FUSED:
         cached = gl.to_tensor(0)
-        a_base = scales[9].to(gl.int64)
+        a_base = scales[FIRST_A_ROW].to(gl.int64)
     else:
         cached = gl.to_tensor(-1)
         a_base = gl.to_tensor(0).to(gl.int64)
@@ -206,7 +216,7 @@ def _producer(descs, ring, bars, scales, tails):
                 tma.async_copy_global_to_shared(b_desc, [k, off_n], bar, b_bufs.index(slot))
             if HAS_TAIL:
                 tma.async_copy_global_to_shared(
-                    descs[3], [k, off_n + MAIN_N], bar, ring[2].index(slot)
+                    descs[B_TAIL_DESC], [k, off_n + MAIN_N], bar, ring[B_TAIL_BUFS].index(slot)
                 )
             step += 1
 
@@ -351,53 +361,35 @@ def _ws_gemm(
         ring = (a_bufs, b_bufs)
     bars = (ready, empty, turns)
     # (constexprs passed to partitions arrive as tensors in Triton 3.6: each partition takes
-    # only values and derives its constants from their types)
+    # only values and derives its constants from their types, and each role and accumulation
+    # is its own consumer function, picked here at compile time)
     args = (descs, ring, bars, scales, tails)
     if SWAP_AB:
         gl.warp_specialize([(_swap_consumer, args), (_swap_producer, args)], [1], [PRODUCER_REGS])
     elif CONSUMERS == 3:
-        if FAST_ACCUM:
-            gl.warp_specialize(
-                [
-                    (_third_consumer_0_fast, args),
-                    (_third_consumer_1_fast, args),
-                    (_third_consumer_2_fast, args),
-                    (_producer, args),
-                ],
-                [4, 4, 1],
-                [THIRDS_CONSUMER_REGS, THIRDS_CONSUMER_REGS, PRODUCER_REGS],
-            )
-        else:
-            gl.warp_specialize(
-                [
-                    (_third_consumer_0, args),
-                    (_third_consumer_1, args),
-                    (_third_consumer_2, args),
-                    (_producer, args),
-                ],
-                [4, 4, 1],
-                [THIRDS_CONSUMER_REGS, THIRDS_CONSUMER_REGS, PRODUCER_REGS],
-            )
-    elif FAST_ACCUM:
-        if CONSUMERS == 1:
-            gl.warp_specialize(
-                [(_coop_consumer_fast, args), (_producer, args)], [1], [PRODUCER_REGS]
-            )
-        else:
-            gl.warp_specialize(
-                [
-                    (_pingpong_consumer_0_fast, args),
-                    (_pingpong_consumer_1_fast, args),
-                    (_producer, args),
-                ],
-                [4, 1],
-                [CONSUMER_REGS, PRODUCER_REGS],
-            )
+        gl.warp_specialize(
+            [
+                (_third_consumer_0_fast if FAST_ACCUM else _third_consumer_0, args),
+                (_third_consumer_1_fast if FAST_ACCUM else _third_consumer_1, args),
+                (_third_consumer_2_fast if FAST_ACCUM else _third_consumer_2, args),
+                (_producer, args),
+            ],
+            [4, 4, 1],
+            [THIRDS_CONSUMER_REGS, THIRDS_CONSUMER_REGS, PRODUCER_REGS],
+        )
     elif CONSUMERS == 1:
-        gl.warp_specialize([(_coop_consumer, args), (_producer, args)], [1], [PRODUCER_REGS])
+        gl.warp_specialize(
+            [(_coop_consumer_fast if FAST_ACCUM else _coop_consumer, args), (_producer, args)],
+            [1],
+            [PRODUCER_REGS],
+        )
     else:
         gl.warp_specialize(
-            [(_pingpong_consumer_0, args), (_pingpong_consumer_1, args), (_producer, args)],
+            [
+                (_pingpong_consumer_0_fast if FAST_ACCUM else _pingpong_consumer_0, args),
+                (_pingpong_consumer_1_fast if FAST_ACCUM else _pingpong_consumer_1, args),
+                (_producer, args),
+            ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
         )
