@@ -1,5 +1,5 @@
-"""The consumer partitions of the warp-specialized Gluon GEMM (`ficco.kernels.gluon_gemm`,
-which holds the producer, the kernel and its launcher; the swap-AB roles are
+"""The consumer partitions of the warp-specialized Gluon GEMM (`ficco.kernels.gluon_kernel`
+holds the producer and the kernels, `ficco.kernels.gluon_gemm` their launch; the swap-AB roles are
 `ficco.kernels.gluon_swap`'s): each consumer's K loop of wgmmas over the ring's slots, FP8's
 promotion by hand and scales, and the epilogue's stores. The modes (cooperative, ping-pong,
 shared tiles, a tail) and what they measured are described in `ficco.kernels.gluon_gemm`."""
