@@ -44,6 +44,7 @@ from ficco.execute.run import measure_in  # noqa: E402
 from ficco.problem import Problem  # noqa: E402
 from ficco.routing import with_skewed_routing  # noqa: E402
 from ficco.space import Gemm, SpaceOptions, enumerate_schedules  # noqa: E402
+from ficco.verdict import Verdict  # noqa: E402
 
 PATTERNS = ("ag_gemm", "gemm_rs", "gemm_ar", "a2a_gemm", "gemm_a2a")
 TRANSPORTS = ("ce", "seg", "nccl")
@@ -120,15 +121,15 @@ def run_matrix(backend: str, worlds, dtype: str, deadline: float, log) -> dict:
                     if m.kind == "schedule":
                         summary["schedules"] += 1
                         done += 1
-                    if m.verdict == "unavailable":
+                    if m.verdict == Verdict.UNAVAILABLE:
                         summary["unavailable"][m.detail.split(": ", 2)[-1][:120]] += 1
                         if not expected_unavailable(backend, m.name):
                             summary["failed"].append(
                                 {"problem": problem.key, "name": m.name, "detail": m.detail}
                             )
-                    elif m.verdict == "incorrect":
+                    elif m.verdict == Verdict.INCORRECT:
                         summary["incorrect"].append({"problem": problem.key, "name": m.name})
-                    elif m.verdict != "ok":
+                    elif m.verdict != Verdict.OK:
                         summary["failed"].append(
                             {
                                 "problem": problem.key,
@@ -138,7 +139,7 @@ def run_matrix(backend: str, worlds, dtype: str, deadline: float, log) -> dict:
                             }
                         )
                     one_sided = "/ce/" in m.name or "/seg/" in m.name
-                    if m.kind == "schedule" and m.verdict == "ok" and one_sided:
+                    if m.kind == "schedule" and m.verdict == Verdict.OK and one_sided:
                         if m.extra.get("graph") == "graph":
                             summary["captured"] += 1
                         else:
@@ -151,7 +152,8 @@ def run_matrix(backend: str, worlds, dtype: str, deadline: float, log) -> dict:
                             )
                 for m in got:
                     if m.verdict not in ("ok", "unavailable") or (
-                        m.verdict == "unavailable" and not expected_unavailable(backend, m.name)
+                        m.verdict == Verdict.UNAVAILABLE
+                        and not expected_unavailable(backend, m.name)
                     ):
                         log(f"  {m.name}: {m.verdict}: {m.detail[:400]}")
                 bad = sum(1 for m in got if m.verdict not in ("ok", "unavailable"))

@@ -17,6 +17,7 @@ from ficco.execute import RunOptions, TimingOptions
 from ficco.execute.pool import PoolFailure, RankPool
 from ficco.execute.run import measure_in
 from ficco.measure.fingerprint import fingerprint
+from ficco.verdict import Verdict
 
 out = {"fingerprint": fingerprint("cuda"), "world": 8, "problems": []}
 t_start = time.time()
@@ -38,9 +39,10 @@ with RankPool.for_backend("cuda_shared", 8, RunOptions(timeout_s=45)) as pool:
                 "unexpected": [
                     (m.name, m.verdict, m.detail[:200])
                     for m in got
-                    if m.verdict != "ok"
+                    if m.verdict != Verdict.OK
                     and not (
-                        m.verdict == "unavailable" and expected_unavailable("cuda_shared", m.name)
+                        m.verdict == Verdict.UNAVAILABLE
+                        and expected_unavailable("cuda_shared", m.name)
                     )
                 ],
                 "captured": sum(1 for m in got if m.extra.get("graph") == "graph"),

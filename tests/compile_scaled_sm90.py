@@ -35,13 +35,13 @@ except ImportError as err:  # pragma: no cover - another Triton's layout
 
 from ficco.kernels.configs import GemmConfig  # noqa: E402
 from ficco.kernels.fused_kernel import _TABLE_COLS, _fused_gemm_kernel  # noqa: E402
-from ficco.kernels.scaled import (  # noqa: E402
+from ficco.kernels.scaled_configs import FP8_GPU_CONFIGS  # noqa: E402
+from ficco.kernels.scaled_kernel import (  # noqa: E402
     _scaled_mm_tma_kernel,
     imprecise_acc,
     lagged,
     split_rows,
 )
-from ficco.kernels.scaled_configs import FP8_GPU_CONFIGS  # noqa: E402
 
 
 def _compile(fn, pointers: dict, descs: dict, constants: dict, cfg: GemmConfig):

@@ -223,7 +223,7 @@ def _emulation_rank(rank: int, world: int, init: str, shape, out_file: str) -> N
             gloo_symm_all_reduce(kind, src, src if kind == TWO_SHOT else dst, None)
             got[kind] = src if kind == TWO_SHOT else dst
         gathered = [None] * world
-        dist.all_gather_object(gathered, {k: v.tolist() for k, v in got.items()})
+        dist.all_gather_object(gathered, {str(k): v.tolist() for k, v in got.items()})
         if rank == 0:
             torch.save({"want": want.tolist(), "got": gathered}, out_file)
     finally:

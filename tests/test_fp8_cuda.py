@@ -10,13 +10,14 @@ import types
 import pytest
 import torch
 
-from ficco.execute import cuda_scaled, scaled_mm
+from ficco.execute import cuda_scaled
 from ficco.execute.backend import Buffers
 from ficco.execute.buffers import view
 from ficco.execute.cuda_scaled import ScaledPrimitives
 from ficco.execute.cuda_shared import IpcHandle
 from ficco.execute.measure import poison
 from ficco.execute.scaled import allocate_scaled, row_scales, scale_name
+from ficco.kernels import scaled_mm
 from ficco.plan import CollectiveOp, TransferGroupOp, TransferOp, build_plan
 from ficco.problem import Problem
 from ficco.space import Schedule

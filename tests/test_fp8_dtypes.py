@@ -12,11 +12,11 @@ import ficco
 import ficco.api as api
 from ficco.cli import main
 from ficco.dtypes import DTYPES, SCALED_DTYPES
-from ficco.execute import scaled_mm
 from ficco.execute.scaled import allocate_scaled, operand_sides, quantize, scale_name
 from ficco.execute.scaled_baselines import async_tp_scaled_op, scaled_cuda_baselines
 from ficco.execute.verify import check_output
 from ficco.export import lookup, lookup_features
+from ficco.kernels import scaled_mm
 from ficco.patterns import Collective, spec_of
 from ficco.plan import build_plan
 from ficco.problem import DTYPE_BYTES, Problem, canonical_dtype, torch_dtype

@@ -3,7 +3,7 @@ the Triton CPU interpreter where there is no GPU.
 
 The interpreter computes fp8 `tl.dot` on the same bits a GPU reads, and takes fp8 tensor
 descriptors (Triton 3.9), so both kernels are checked against ficco's one FP8 GEMM definition
-(`ficco.execute.scaled_mm.scaled_matmul`, upcasting on CPU) on small ragged shapes, every
+(`ficco.kernels.scaled_mm.scaled_matmul`, upcasting on CPU) on small ragged shapes, every
 scale pair, e4m3 and e5m2. Both compute in fp32 and round once to bf16, so they may differ by
 accumulation order only: at most one bf16 rounding step of the result's magnitude.
 """
@@ -22,7 +22,6 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from ficco.execute.scaled_mm import scaled_matmul as reference_matmul  # noqa: E402
 from ficco.kernels import persistent  # noqa: E402
 from ficco.kernels.configs import GemmConfig  # noqa: E402
 from ficco.kernels.fused import FusedChunkViews, FusedGemm  # noqa: E402
@@ -38,6 +37,7 @@ from ficco.kernels.scaled_configs import (  # noqa: E402
     FP8_SMALLEST,
     scaled_candidate_configs,
 )
+from ficco.kernels.scaled_mm import scaled_matmul as reference_matmul  # noqa: E402
 from ficco.validate import InputError  # noqa: E402
 from ficco.verdict import Unavailable  # noqa: E402
 

@@ -29,13 +29,13 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 from ficco.execute.options import TimingOptions
+from ficco.patterns.spec import Ref
 from ficco.problem import DTYPE_BYTES, Problem
 from ficco.space import Schedule
 from ficco.validate import InputError
 
 if TYPE_CHECKING:
     from ficco.execute.backend import Backend
-    from ficco.sweep.runners import Runner
 
 #: A capability check: None when the backend can run it, else the reason it cannot.
 Refusal = str | None
@@ -45,6 +45,10 @@ Refusal = str | None
 #: commands without ``--backend`` describe (its dtype): the GPUs, whose timings are
 #: measurements. The CPU harness (``cpu``) is asked for by name.
 DEFAULT_BACKEND = "cuda"
+
+
+class BackendUnavailable(RuntimeError):
+    """The requested backend cannot run on this machine."""
 
 
 def _no_refusal(*_args) -> Refusal:
@@ -70,8 +74,10 @@ class BackendSpec:
     silence_s: Callable[[float], float]
     """The rank pool's patience: seconds without a report before the pool counts as hung,
     given the run's ``timeout_s``."""
-    runner: Callable[..., Runner]
-    """``(seed=, timeout_s=, timing=) -> Runner``: what measures problems for a sweep."""
+    runner: Ref
+    """What measures problems for a sweep: a ``Ref`` to a callable ``(seed=, timeout_s=,
+    timing=) -> ficco.sweep.runners.Runner`` (named, not imported: sweeps sit above the
+    backends), which may raise :class:`BackendUnavailable`."""
     timing: TimingOptions
     """How its timed runs are timed unless the caller says otherwise (rounds, warmup, ...)."""
     timeout_s: float
@@ -110,6 +116,9 @@ class BackendSpec:
             elif part.name == "timeout_s":
                 if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                     raise ValueError(f"timeout_s: backend {self.name} needs seconds > 0")
+            elif part.name == "runner":
+                if not isinstance(value, Ref):
+                    raise ValueError(f"runner: backend {self.name} needs a Ref")
             elif part.name == "setup_here" and value is None:
                 continue
             elif not callable(value):

@@ -11,6 +11,7 @@ import os
 from ficco.backends import BackendSpec, Refusal, register_backend
 from ficco.defaults import CPU_MAX_WORLD, CPU_RANK_MEMORY_GB, FLAG_TIMEOUT_S, TIMEOUT_S
 from ficco.execute.options import TimingOptions
+from ficco.patterns.spec import Ref
 from ficco.problem import Problem
 from ficco.space import Gemm, Schedule
 
@@ -64,12 +65,6 @@ def available_memory_gb() -> float | None:
         return None
 
 
-def runner(**options):
-    from ficco.sweep.runners import CpuRunner
-
-    return CpuRunner(**options)
-
-
 CPU = register_backend(
     BackendSpec(
         name="cpu",
@@ -80,7 +75,7 @@ CPU = register_backend(
         gpus=lambda world: 0,
         # the ranks' own gloo timeout (timeout_s) fires first and records a timeout verdict
         silence_s=lambda timeout_s: 2 * timeout_s + 60,
-        runner=runner,
+        runner=Ref("ficco.sweep.runners:CpuRunner"),
         timing=TimingOptions(rounds=CPU_ROUNDS),
         timeout_s=TIMEOUT_S,
         # Triton's interpreter is wrong in bf16 (``check``)

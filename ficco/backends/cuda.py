@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ficco.backends import BackendSpec, Refusal, register_backend
 from ficco.execute.options import TimingOptions
+from ficco.patterns.spec import Ref
 from ficco.problem import Problem
 from ficco.space import Schedule
 
@@ -36,15 +37,9 @@ def check(problem: Problem, schedule: Schedule) -> Refusal:
     # found by the ranks at set-up or by the primitives, and recorded unavailable there
     if not problem.scaled:
         return None
-    from ficco.execute.scaled_mm import self_product_refusal
+    from ficco.kernels.scaled_mm import self_product_refusal
 
     return self_product_refusal(problem.dtype)
-
-
-def runner(**options):
-    from ficco.sweep.runners import CudaRunner
-
-    return CudaRunner(**options)
 
 
 CUDA = register_backend(
@@ -56,7 +51,7 @@ CUDA = register_backend(
         setup_rank=setup_rank,
         gpus=lambda world: world,
         silence_s=lambda timeout_s: timeout_s,
-        runner=runner,
+        runner=Ref("ficco.sweep.runners:CudaRunner"),
         # a sweep's records carry signatures; ``ficco.run`` turns them off
         timing=TimingOptions(warmup=CUDA_WARMUP, signatures=True),
         timeout_s=CUDA_PROBLEM_TIMEOUT_S,

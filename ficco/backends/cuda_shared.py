@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ficco.backends import Refusal, register_backend
+from ficco.backends import BackendUnavailable, Refusal, register_backend
 from ficco.backends.cuda import CUDA
+from ficco.patterns.spec import Ref
 from ficco.problem import Problem
 from ficco.space import Schedule
 
@@ -25,9 +26,7 @@ def check(problem: Problem, schedule: Schedule) -> Refusal:
     return CUDA.check(problem, schedule) or shared_capability(problem, schedule)
 
 
-def runner(**options):
-    from ficco.sweep.runners import BackendUnavailable
-
+def refuse_sweep(**options):
     raise BackendUnavailable(
         "backend cuda_shared: ranks that share a GPU verify schedules, and their timings mean "
         "nothing, so a profile store refuses them; sweep with --backend cuda (one GPU per "
@@ -43,7 +42,7 @@ CUDA_SHARED = register_backend(
         "timings mean nothing).",
         setup_rank=setup_rank,
         gpus=lambda world: 1,
-        runner=runner,
+        runner=Ref(f"{__name__}:refuse_sweep"),
         run_timed=False,
         profiles=False,
         check=check,

@@ -25,6 +25,7 @@ from ficco.cli.common import (
 )
 from ficco.defaults import SEED
 from ficco.patterns import ideal_ms
+from ficco.verdict import Verdict
 
 
 @click.command("enumerate", cls=ApiCommand)
@@ -148,7 +149,7 @@ def _print_results(problem, results, request: api.RunRequest, as_json: bool) -> 
 
     serial = ms("serial_eager")
     ideal = ideal_ms(problem.pattern, {name: r.median_ms for name, r in by.items()})
-    incorrect = [r for r in results if r.verdict.value == "incorrect"]
+    incorrect = [r for r in results if r.verdict is Verdict.INCORRECT]
     timing = request.timing
     ran_as = [emulation(request.backend, r.schedule) for r in results]
     emulated = any(ran_as)

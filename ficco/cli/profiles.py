@@ -31,6 +31,7 @@ from ficco.defaults import SEED
 from ficco.problem import DTYPE_BYTES
 from ficco.space import Gemm, Transport
 from ficco.sweep.base import SWEEP_DEFAULTS, SweepObserver
+from ficco.verdict import Verdict
 from ficco.workloads import CATALOG, DEFAULT_TOKENS, MODELS, PHASE_TOKENS
 
 _MODEL_CHOICE = click.Choice(list(CATALOG), case_sensitive=False)
@@ -171,7 +172,7 @@ class _ProgressObserver(SweepObserver):
 
     def measured(self, problem, m) -> None:
         self.progress.advance(self.schedules)
-        if self.timed and m.verdict == "ok" and m.median_ms < self.best_ms:
+        if self.timed and m.verdict == Verdict.OK and m.median_ms < self.best_ms:
             self.best_ms = m.median_ms
             self.progress.update(self.schedules, best=f"best {m.name} {m.median_ms:.3f} ms")
 

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from ficco.backends import backend_spec
 from ficco.defaults import FLAG_SLOTS, FLAG_TIMEOUT_S
-from ficco.execute.allreduce import SYMM_KINDS, gloo_symm_all_reduce
+from ficco.execute.allreduce import gloo_symm_all_reduce
 from ficco.execute.backend import Backend, Buffers
 from ficco.execute.baselines import alternative_runs, plan_part_baselines
 from ficco.execute.buffers import allocate, buffer_shapes, view
@@ -47,6 +47,7 @@ from ficco.execute.scaled import (
     scaled_gemm,
 )
 from ficco.execute.timing import RanksClock
+from ficco.patterns.spec import Collective
 from ficco.plan import (
     COLLECTIVE_TAG,
     CollectiveOp,
@@ -62,6 +63,7 @@ from ficco.plan import (
     build_plan,
     run_tag,
 )
+from ficco.plan.ops import Direction
 from ficco.problem import Problem
 from ficco.space import Gemm, Schedule
 from ficco.verdict import Unavailable
@@ -272,7 +274,7 @@ class CpuPrimitives(FusedPrimitives, Primitives):
             # fp8 goes as bytes (gloo has no fp8), its rows' scales in the same message
             fp8 = is_fp8(local)
             scales = row_scales(self.plan.problem, self.tensors, op.local) if fp8 else None
-            if op.direction == "send":
+            if op.direction is Direction.SEND:
                 staged = pack(local, scales) if fp8 else local.contiguous().clone()
                 req = dist.isend(staged, peer, group=self.group, tag=tag)
                 pending[task_id] = (req, staged, None)
@@ -301,27 +303,27 @@ class CpuPrimitives(FusedPrimitives, Primitives):
     def collective(self, op: CollectiveOp) -> None:
         src, dst = self.tensors[op.src], self.tensors[op.dst]
         world = self.plan.problem.world
-        if op.kind == "all_gather" and is_fp8(src):
+        if op.kind is Collective.ALL_GATHER and is_fp8(src):
             self._all_gather_packed(op, src, dst, world)
-        elif op.kind == "all_gather":
+        elif op.kind is Collective.ALL_GATHER:
             parts = list(dst.chunk(world))
             dist.all_gather(parts, src.contiguous(), group=self.group)
             if parts[0].data_ptr() != dst.data_ptr():  # all_gather may not write into views
                 dst.copy_(torch.cat(parts))
-        elif op.kind == "reduce_scatter":
+        elif op.kind is Collective.REDUCE_SCATTER:
             # gloo has no reduce_scatter: all-reduce in fp32 and keep this rank's rows
             total = src.float().contiguous()
             dist.all_reduce(total, group=self.group)
             rows, me = dst.shape[0], self.plan.rank
             dst.copy_(total[me * rows : (me + 1) * rows])
-        elif op.kind == "all_to_all":
+        elif op.kind is Collective.ALL_TO_ALL:
             self._all_to_all(op, src, dst, world)
-        elif op.kind == "all_reduce":
+        elif op.kind is Collective.ALL_REDUCE:
             # fp32 sum of the rectangle, one rounding, as the reduce-scatter above
             total = view(self.tensors, Region(op.src, op.rows, op.cols)).float().contiguous()
             dist.all_reduce(total, group=self.group)
             view(self.tensors, Region(op.dst, op.rows, op.cols)).copy_(total)
-        elif op.kind in SYMM_KINDS:
+        elif op.kind.symmetric_memory:
             self.symm_all_reduce(op)
         else:
             raise ValueError(f"collective: unknown kind {op.kind!r}")

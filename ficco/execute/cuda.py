@@ -45,6 +45,7 @@ from ficco.execute.cuda_setup import RankContext
 from ficco.execute.fused import FusedPrimitives
 from ficco.execute.interpreter import Primitives
 from ficco.execute.segment import SegmentPrimitives
+from ficco.patterns.spec import Collective
 from ficco.plan import (
     CollectiveOp,
     GemmOp,
@@ -57,9 +58,10 @@ from ficco.plan import (
     TransferOp,
     WaitFlagsOp,
 )
-from ficco.plan.ops import GEMM_OPS, Region
+from ficco.plan.ops import GEMM_OPS, PULL, PUSH, Direction, Region
 from ficco.plan.tags import push_signal_points, signal_channel
-from ficco.space import Gemm
+from ficco.space import Gemm, Granularity, Priority
+from ficco.space.transports import Communicator
 from ficco.verdict import Unavailable
 
 
@@ -72,19 +74,19 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
 
         self.ctx, self.plan, self.bufs = ctx, plan, bufs
         s = plan.schedule
-        prio = "high" if s.comm_priority.value == "high" else "normal"
+        prio = Priority(s.comm_priority)
         self.comm = ctx.comm[prio]
         self.signal_stream = ctx.signal[prio]
         self.transport = s.transport
         traits = s.transport.traits
         self.one_sided = traits.one_sided  # pulls and pushes through symmetric memory
-        if traits.communicator == "nccl_zero_cta":
+        if traits.communicator is Communicator.NCCL_ZERO_CTA:
             if ctx.nccl_ce_group is None:
                 raise Unavailable(ctx.nccl_ce_error or f"{s.transport.value} unavailable")
             self.group = ctx.nccl_ce_group
         else:
-            self.group = ctx.group_hi if prio == "high" else ctx.group
-        pushes = any(t.initiator == "sender" for t in plan.transfers())
+            self.group = ctx.group_hi if prio is Priority.HIGH else ctx.group
+        pushes = any(t.initiator is PUSH for t in plan.transfers())
         if traits.needs_signals and not ctx.has_signals and pushes:
             raise Unavailable("this torch's symmetric memory has no put_signal/wait_signal")
         from ficco.execute.allreduce import SYMM_KINDS, require_symm_ops
@@ -112,15 +114,15 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
         for task in plan.tasks:
             op = task.op
             if isinstance(op, TransferOp):
-                ours = op.initiator == ("receiver" if op.direction == "recv" else "sender")
+                ours = op.initiator is (PULL if op.direction is Direction.RECV else PUSH)
                 if self.one_sided and not ours:
                     # push receivers wait on the signal stream; pull senders do nothing
-                    self.stream_of[task.id] = "signal" if op.direction == "recv" else None
+                    self.stream_of[task.id] = "signal" if op.direction is Direction.RECV else None
                 else:
                     self.stream_of[task.id] = "comm"
             elif isinstance(op, WaitFlagsOp):
                 self.stream_of[task.id] = "signal"  # gates the reductions queued behind it
-            elif isinstance(op, ReduceOp) and s.granularity.value != "serial":
+            elif isinstance(op, ReduceOp) and s.granularity is not Granularity.SERIAL:
                 # beside the GEMMs: a chunk's reduction overlaps the next chunk's GEMM, and
                 # waits on the same stream as the pushed data it reads
                 self.stream_of[task.id] = "signal"
@@ -223,8 +225,8 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
         if (
             isinstance(op, TransferOp)
             and self.one_sided
-            and op.direction == "recv"
-            and op.initiator == "sender"
+            and op.direction is Direction.RECV
+            and op.initiator is PUSH
         ) or isinstance(op, WaitFlagsOp):
             return "wait"
         return "gemm" if isinstance(op, GEMM_OPS) else "comm"
@@ -303,18 +305,18 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
     def collective(self, op: CollectiveOp) -> None:
         import torch.distributed as dist
 
-        from ficco.execute.allreduce import SYMM_KINDS, cuda_symm_all_reduce
+        from ficco.execute.allreduce import cuda_symm_all_reduce
 
         t = self.bufs.tensors
-        if op.kind == "all_gather":
+        if op.kind is Collective.ALL_GATHER:
             dist.all_gather_into_tensor(t[op.dst], t[op.src], group=self.group)
-        elif op.kind == "reduce_scatter":
+        elif op.kind is Collective.REDUCE_SCATTER:
             dist.reduce_scatter_tensor(t[op.dst], t[op.src], group=self.group)
-        elif op.kind == "all_to_all":
+        elif op.kind is Collective.ALL_TO_ALL:
             dist.all_to_all_single(
                 t[op.dst], t[op.src], list(op.recv_rows), list(op.send_rows), group=self.group
             )
-        elif op.kind == "all_reduce":
+        elif op.kind is Collective.ALL_REDUCE:
             # NCCL reduces in place: the partial rectangle into the output, then all_reduce
             # (a strided column chunk goes through a contiguous copy)
             out = self.view(Region(op.dst, op.rows, op.cols))
@@ -323,7 +325,7 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
             dist.all_reduce(flat, group=self.group)
             if flat.data_ptr() != out.data_ptr():
                 out.copy_(flat)
-        elif op.kind in SYMM_KINDS:
+        elif op.kind.symmetric_memory:
             # on the buffers' own group (the one they were rendezvoused on), whatever the
             # schedule's priority: +hi only picks the stream the kernel runs on
             src = self.view(Region(op.src, op.rows, op.cols))
@@ -342,9 +344,9 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
         """One side of a copy-engine transfer (the side that acts)."""
         name_remote = op.remote.buffer
         channel = self.channel_of[op.tag]
-        if op.direction == "recv" and op.initiator == "receiver":  # pull
+        if op.direction is Direction.RECV and op.initiator is PULL:  # pull
             self._move(self.view(op.local), self.peer_view(name_remote, op.peer, op.remote))
-        elif op.direction == "send" and op.initiator == "sender":  # push, then signal
+        elif op.direction is Direction.SEND and op.initiator is PUSH:  # push, then signal
             self._move(self.peer_view(name_remote, op.peer, op.remote), self.view(op.local))
             if op in self.signalled:  # once per (peer, tag): push_signal_points says why
                 self.bufs.handles[name_remote].put_signal(op.peer, channel=channel)
@@ -368,7 +370,7 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
         ops = []
         for t in batch:
             local = self.view(t.local)
-            if t.direction == "send":
+            if t.direction is Direction.SEND:
                 ops.append(
                     dist.P2POp(
                         dist.isend,
@@ -387,5 +389,8 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
         for work in dist.batch_isend_irecv(ops):
             work.wait()
         for t, p2p in zip(batch, ops, strict=True):
-            if t.direction == "recv" and p2p.tensor.data_ptr() != self.view(t.local).data_ptr():
+            if (
+                t.direction is Direction.RECV
+                and p2p.tensor.data_ptr() != self.view(t.local).data_ptr()
+            ):
                 self.view(t.local).copy_(p2p.tensor)

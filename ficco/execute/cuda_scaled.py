@@ -19,7 +19,7 @@ transport and stream, before anything that says the rows have landed:
 
 Partials, reductions and combines are bf16 and go through the plain primitives. Each chunk
 GEMM is ``scaled_gemm`` over cuBLASLt (``torch._scaled_mm`` through
-``ficco.execute.scaled_mm.scaled_matmul``) or, for ``triton`` schedules, ficco's Triton FP8
+``ficco.kernels.scaled_mm.scaled_matmul``) or, for ``triton`` schedules, ficco's Triton FP8
 GEMM (``ficco.kernels.scaled``, imported when such a schedule runs). A GPU without FP8
 tensor cores or a torch without ``_scaled_mm`` makes every schedule unavailable, naming why.
 """
@@ -39,8 +39,10 @@ from ficco.execute.scaled import (
     scale_name,
     scaled_gemm,
 )
-from ficco.execute.scaled_mm import gpu_refusal, scaled_matmul
+from ficco.kernels.scaled_mm import gpu_refusal, scaled_matmul
+from ficco.patterns.spec import Collective
 from ficco.plan import CollectiveOp, GemmOp, LocalCopyOp, Plan, Region, TransferOp, run_tag
+from ficco.plan.ops import PULL, Direction
 from ficco.space import Gemm
 from ficco.verdict import Unavailable
 
@@ -126,7 +128,7 @@ class ScaledPrimitives:
     def _pull_scales(self, op: TransferOp) -> None:
         """A pull's rows' scales, behind the rows on this stream (a scaled plan pushes only
         bf16 partials: no scale moves with a push)."""
-        if op.direction == "recv" and op.initiator == "receiver":
+        if op.direction is Direction.RECV and op.initiator is PULL:
             scales = self.row_scales(op.local)
             if scales is not None:
                 scales.copy_(self.peer_row_scales(op.remote, op.peer))
@@ -155,9 +157,9 @@ class ScaledPrimitives:
         if src_scales is not None:
             moves.append((src_scales, dst_scales))
         for mine, theirs in moves:  # rows as bytes, then their scales
-            if op.kind == "all_gather":
+            if op.kind is Collective.ALL_GATHER:
                 dist.all_gather_into_tensor(theirs, mine, group=self.group)
-            elif op.kind == "all_to_all":
+            elif op.kind is Collective.ALL_TO_ALL:
                 recv, send = list(op.recv_rows), list(op.send_rows)
                 dist.all_to_all_single(theirs, mine, recv, send, group=self.group)
             else:
@@ -183,7 +185,7 @@ class ScaledPrimitives:
                 if part is None:
                     continue
                 wire = part.contiguous()
-                if t.direction == "send":
+                if t.direction is Direction.SEND:
                     ops.append(dist.P2POp(dist.isend, _bytes(wire), t.peer, self.group))
                     continue
                 ops.append(dist.P2POp(dist.irecv, _bytes(wire), t.peer, self.group))
@@ -203,7 +205,7 @@ class ScaledPrimitives:
         for t in batch:
             local, scales = self.view(t.local), self.row_scales(t.local)
             tag = run_tag(self.run, t.tag)
-            if t.direction == "send":
+            if t.direction is Direction.SEND:
                 staged = pack(local, scales).to("cpu")  # synchronizes: the chunk is complete
                 requests.append(dist.isend(staged, t.peer, group=self.group, tag=tag))
             else:

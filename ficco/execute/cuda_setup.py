@@ -15,6 +15,8 @@ import os
 import warnings
 from dataclasses import dataclass
 
+from ficco.space import Priority
+
 FLUSH_BYTES = 256 << 20
 #: Graph capture mode. The default ("global") forbids unsafe CUDA calls in *every* thread while
 #: one captures, and ProcessGroupNCCL's watchdog thread polls its pending work with
@@ -31,7 +33,7 @@ class RankContext:
     device: object
     group: object  # default NCCL group
     group_hi: object  # NCCL group with high-priority internal streams
-    comm: dict  # priority name -> stream
+    comm: dict  # Priority -> stream
     signal: dict
     sm_count: int
     fence: object = None  # symmetric-memory handle used for device-side barriers
@@ -43,6 +45,45 @@ class RankContext:
     sleep_cycles_per_ms: float = 0.0  # torch.cuda._sleep calibration (0: not yet)
     timeout_s: float = 120.0  # the process group's timeout (a flag wait gives up sooner)
     shares_gpu: bool = False  # ranks share a GPU: the fence synchronizes, nothing can be held
+
+
+#: the side streams' priorities (torch's: lower runs first; 0 is the default)
+STREAM_PRIORITIES = {Priority.NORMAL: 0, Priority.HIGH: -1}
+
+
+def rank_context(rank: int, world: int, device, group, **fields) -> RankContext:
+    """The one set-up of a :class:`RankContext`, for every backend and the ops: ``rank`` of
+    ``world`` on ``device`` over ``group``, with its comm and signal streams at each priority
+    (``STREAM_PRIORITIES``) and its SM count; ``fields``: the rest (``group_hi`` defaults to
+    ``group``)."""
+    import torch
+
+    def streams() -> dict:
+        return {p: torch.cuda.Stream(device, priority=v) for p, v in STREAM_PRIORITIES.items()}
+
+    fields.setdefault("group_hi", group)
+    return RankContext(
+        rank=rank,
+        world=world,
+        device=device,
+        group=group,
+        comm=streams(),
+        signal=streams(),
+        sm_count=torch.cuda.get_device_properties(device).multi_processor_count,
+        **fields,
+    )
+
+
+def rendezvous_fence(ctx: RankContext) -> None:
+    """The device-side barrier: a small symmetric-memory buffer rendezvoused on ``ctx.group``
+    (kept alive beside its handle), and whether the handle has signals."""
+    import torch
+    import torch.distributed._symmetric_memory as symm_mem
+
+    fence_buf = symm_mem.empty(16, dtype=torch.int32, device=ctx.device)
+    ctx.fence = symm_mem.rendezvous(fence_buf, ctx.group.group_name)
+    ctx._fence_buf = fence_buf  # keep alive
+    ctx.has_signals = hasattr(ctx.fence, "put_signal") and hasattr(ctx.fence, "wait_signal")
 
 
 def init_rank(
@@ -79,21 +120,12 @@ def init_rank(
     # a host-side barrier that launches nothing on the GPU ('synced' issue)
     host_group = dist.new_group(list(range(world)), backend="gloo")
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must be fp32
-    ctx = RankContext(
-        rank=rank,
-        world=world,
-        device=device,
-        group=group,
+    ctx = rank_context(
+        rank,
+        world,
+        device,
+        group,
         group_hi=group_hi,
-        comm={
-            "normal": torch.cuda.Stream(device),
-            "high": torch.cuda.Stream(device, priority=-1),
-        },
-        signal={
-            "normal": torch.cuda.Stream(device),
-            "high": torch.cuda.Stream(device, priority=-1),
-        },
-        sm_count=torch.cuda.get_device_properties(device).multi_processor_count,
         host_group=host_group,
         timeout_s=timeout_s,
     )
@@ -101,10 +133,7 @@ def init_rank(
     with contextlib.suppress(Exception), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         symm_mem.enable_symm_mem_for_group(group.group_name)
-    fence_buf = symm_mem.empty(16, dtype=torch.int32, device=device)
-    ctx.fence = symm_mem.rendezvous(fence_buf, group.group_name)
-    ctx._fence_buf = fence_buf  # keep alive
-    ctx.has_signals = hasattr(ctx.fence, "put_signal") and hasattr(ctx.fence, "wait_signal")
+    rendezvous_fence(ctx)
     ctx.flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
     _probe_nccl_ce(ctx)
     return ctx

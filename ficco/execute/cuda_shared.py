@@ -50,11 +50,12 @@ from ficco.execute.cuda_ipc import (
     exchange,
     settle,
 )
-from ficco.execute.cuda_setup import FLUSH_BYTES, RankContext
+from ficco.execute.cuda_setup import FLUSH_BYTES, RankContext, rank_context
 from ficco.plan import CollectiveOp, Plan, TransferOp, build_plan, run_tag
+from ficco.plan.ops import Direction
 from ficco.problem import Pattern, Problem
 from ficco.space import Compute, Schedule, runs_as_graph
-from ficco.space.transports import SYMM_MEM_KINDS
+from ficco.space.transports import SYMM_MEM_KINDS, Communicator
 from ficco.verdict import Unavailable
 
 #: what every run of this backend says about its timings
@@ -87,7 +88,7 @@ def shared_capability(problem: Problem, schedule: Schedule) -> str | None:
     traits = schedule.transport.traits
     if traits.all_reduce_kind in SYMM_MEM_KINDS:  # torch's symmetric-memory kernels
         return SYMM_REASON
-    if traits.communicator == "nccl_zero_cta":
+    if traits.communicator is Communicator.NCCL_ZERO_CTA:
         return NCCL_CE_REASON
     return None
 
@@ -161,21 +162,11 @@ def init_shared_rank(rank: int, world: int, init_file: str | None, timeout_s: fl
     )
     group = dist.group.WORLD
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must be fp32
-    ctx = RankContext(
-        rank=rank,
-        world=world,
-        device=device,
-        group=group,
-        group_hi=group,  # gloo has no stream priorities: +hi only picks the side streams
-        comm={
-            "normal": torch.cuda.Stream(device),
-            "high": torch.cuda.Stream(device, priority=-1),
-        },
-        signal={
-            "normal": torch.cuda.Stream(device),
-            "high": torch.cuda.Stream(device, priority=-1),
-        },
-        sm_count=torch.cuda.get_device_properties(device).multi_processor_count,
+    ctx = rank_context(
+        rank,
+        world,
+        device,
+        group,  # gloo has no stream priorities: +hi only picks the side streams
         host_group=group,
         timeout_s=timeout_s,
         nccl_ce_error=NCCL_CE_REASON,
@@ -231,7 +222,7 @@ class SharedPrimitives(CudaPrimitives):
         for t in batch:
             local = self.view(t.local)
             tag = run_tag(self.run, t.tag)
-            if t.direction == "send":
+            if t.direction is Direction.SEND:
                 staged = local.to("cpu")  # synchronizes the lane: the chunk is complete
                 requests.append(dist.isend(staged, t.peer, group=self.group, tag=tag))
             else:
@@ -379,17 +370,11 @@ class CudaSharedBackend(CudaBackend):
 
 def group_context(group, device) -> RankContext:
     """A rank context around the caller's gloo ``group`` whose ranks share GPUs."""
-    import torch
-
-    ctx = RankContext(
-        rank=group.rank(),
-        world=group.size(),
-        device=device,
-        group=group,
-        group_hi=group,
-        comm={p: torch.cuda.Stream(device, priority=v) for p, v in (("normal", 0), ("high", -1))},
-        signal={p: torch.cuda.Stream(device, priority=v) for p, v in (("normal", 0), ("high", -1))},
-        sm_count=torch.cuda.get_device_properties(device).multi_processor_count,
+    ctx = rank_context(
+        group.rank(),
+        group.size(),
+        device,
+        group,
         host_group=group,
         nccl_ce_error=NCCL_CE_REASON,
         shares_gpu=True,

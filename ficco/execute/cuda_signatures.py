@@ -8,19 +8,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from ficco.execute.backend import Backend
 from ficco.execute.cuda_setup import RankContext
 from ficco.execute.options import TimingOptions
 from ficco.execute.timing import time_rounds
 from ficco.measure.record import Summary
 
-if TYPE_CHECKING:
-    from ficco.execute.cuda_backend import CudaBackend
-
 
 def signatures(
-    backend: CudaBackend, results: dict, runners: dict, graphed: set, opts: TimingOptions
+    backend: Backend, results: dict, runners: dict, graphed: set, opts: TimingOptions
 ) -> None:
     """The inefficiency signature of each schedule (``ficco.measure.record``).
 
@@ -96,7 +93,7 @@ def _sleep_cycles_per_ms(ctx: RankContext) -> float:
 
 
 def _held_spans(
-    backend: CudaBackend,
+    backend: Backend,
     runner: Callable,
     mode: str,
     rounds: int,

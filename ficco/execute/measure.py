@@ -148,7 +148,7 @@ def measure_problem(
         merged = merge_verdicts(backend.gather(local))
         extra = {"graph": graph_notes.get(name, "eager")} if backend.can_capture else {}
         m = _measurement(problem, name, "schedule", merged, **extra)
-        if m.verdict != "ok":
+        if m.verdict != Verdict.OK:
             runners.pop(name, None)
             traced.pop(name, None)
         results[name] = m
@@ -171,7 +171,7 @@ def measure_problem(
         m = _measurement(problem, name, "baseline", merge_verdicts(backend.gather(local)))
         results[name] = m
         report({"phase": "verified", "name": name, "verdict": m.verdict})
-        if m.verdict == "ok":
+        if m.verdict == Verdict.OK:
             runners[name] = fn
     part_graphs: set[str] = set()
     if backend.can_capture and options.graphs == "all" and base:
@@ -260,7 +260,9 @@ def _graph_baselines(backend, base, results, runners, part_graphs, reference, pr
     for name, note in refused.items():
         if note is not None:
             results[name].extra["graph"] = note
-    serial_ok = BASELINE_SERIAL_EAGER in results and results[BASELINE_SERIAL_EAGER].verdict == "ok"
+    serial_ok = (
+        BASELINE_SERIAL_EAGER in results and results[BASELINE_SERIAL_EAGER].verdict == Verdict.OK
+    )
     if serial_ok and refused.get(BASELINE_SERIAL_EAGER) is None:
         fn = base[BASELINE_SERIAL_EAGER]
         check, failure, detail, graph, capture_error = None, None, "", None, ""
@@ -284,7 +286,7 @@ def _graph_baselines(backend, base, results, runners, part_graphs, reference, pr
         merged = merge_verdicts(backend.gather(judge(check, failure, detail)))
         m = _measurement(problem, BASELINE_SERIAL_GRAPH, "baseline", merged)
         results[BASELINE_SERIAL_GRAPH] = m
-        if m.verdict == "ok":
+        if m.verdict == Verdict.OK:
             m.extra["graph"] = "graph"
             runners[BASELINE_SERIAL_GRAPH] = graph.replay  # the bound method keeps it alive
     for name in (n for n in ISOLATED_PARTS if n in base and refused.get(n) is None):

@@ -28,7 +28,7 @@ import torch
 
 from ficco.dtypes import dtype_of
 from ficco.execute.buffers import input_seed, random_input
-from ficco.execute.scaled_mm import scaled_matmul
+from ficco.kernels.scaled_mm import scaled_matmul
 from ficco.plan import GemmOp, Plan, Region
 from ficco.problem import AScale, BScale, Problem, torch_dtype
 
@@ -83,7 +83,9 @@ def _static_scale(problem: Problem) -> float:
 def quantize(problem: Problem, side: str, values: torch.Tensor):
     """``(bits, scales)``: ``values`` (fp32) quantized to the problem's fp8 dtype."""
     largest = dtype_of(problem.dtype).largest
-    per_tensor = (problem.a_scale if side == "a" else problem.b_scale).value == "tensor"
+    per_tensor = (
+        problem.a_scale is AScale.TENSOR if side == "a" else problem.b_scale is BScale.TENSOR
+    )
     if per_tensor:
         scale = torch.full(scale_shape(problem, side, tuple(values.shape)), _static_scale(problem))
     else:

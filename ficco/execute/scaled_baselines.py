@@ -8,7 +8,7 @@ fp8 shard and, with row-wise scales, its scales (as bytes: NCCL gathers them wha
 type); a reduce-scatter or all-reduce moves and reduces the bf16 product. The all-to-all
 patterns' baselines are their serial plans, which the CUDA executor does not run for fp8:
 they are unavailable with that reason. Every baseline is refused, naming the cause, where
-the GPU or the torch cannot run FP8 GEMMs (``ficco.execute.scaled_mm.gpu_refusal``), and on
+the GPU or the torch cannot run FP8 GEMMs (``ficco.kernels.scaled_mm.gpu_refusal``), and on
 any device other than a GPU.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from ficco.execute.scaled import row_scales, scale_name
-from ficco.execute.scaled_mm import gpu_refusal, scaled_matmul
+from ficco.kernels.scaled_mm import gpu_refusal, scaled_matmul
 from ficco.patterns import spec_of
 from ficco.patterns.spec import (
     BASELINE_ASYNC_TP,

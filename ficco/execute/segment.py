@@ -27,6 +27,7 @@ pushes that signal: ``ficco.plan.tags.push_signal_points``) and ``ctx.device``.
 from __future__ import annotations
 
 from ficco.plan import Plan, TransferGroupOp
+from ficco.plan.ops import Direction
 
 
 class SegmentPrimitives:
@@ -51,7 +52,7 @@ class SegmentPrimitives:
         for t in op.transfers:
             remote = self.peer_view(t.remote.buffer, t.peer, t.remote)
             local = self.view(t.local)
-            pairs.append((remote, local) if t.direction == "recv" else (local, remote))
+            pairs.append((remote, local) if t.direction is Direction.RECV else (local, remote))
         pairs.extend((self.view(c.src), self.view(c.dst)) for c in op.copies)
         return pairs
 
@@ -91,7 +92,7 @@ class SegmentPrimitives:
         for t in op.transfers:
             # a push tells the owner its block landed, once per (peer, tag): a batch chunk
             # pushes a run per table under one tag (ficco.plan.tags.push_signal_points)
-            if t.direction == "send" and t in self.signalled:
+            if t.direction is Direction.SEND and t in self.signalled:
                 self.bufs.handles[t.remote.buffer].put_signal(
                     t.peer, channel=self.channel_of[t.tag]
                 )

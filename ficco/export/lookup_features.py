@@ -20,22 +20,26 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1}
 _DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32"}
 _DTYPE_ALIASES |= {"float": "fp32", "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
 
-#: Feature names in the order ``table_features`` returns them.
-_FEATURE_NAMES = (
-    "is_ag_gemm is_gemm_rs is_a2a_gemm is_gemm_a2a world dtype_bytes experts m n k m_shard rows"
-    " flops comm_bytes shard_bytes intensity t_gemm_pred_ms t_comm_ce_pred_ms"
-    " t_comm_nccl_pred_ms comm_compute_ratio"
-    " top_k experts_per_rank tokens_per_expert rank_imbalance expert_imbalance"
+#: Feature names in the order ``table_features`` returns them, in four named groups: the
+#: patterns' one-hots (the selector's patterns, in ``ficco.patterns.Pattern``'s order: a
+#: parity test holds them equal), the integer sizes, the real-valued predictions, the routing.
+_PATTERN_ONE_HOTS = "is_ag_gemm is_gemm_rs is_a2a_gemm is_gemm_a2a"
+_INTEGER_SIZES = "world dtype_bytes experts m n k m_shard rows flops comm_bytes shard_bytes"
+_PREDICTIONS = "intensity t_gemm_pred_ms t_comm_ce_pred_ms t_comm_nccl_pred_ms comm_compute_ratio"
+_ROUTING = "top_k experts_per_rank tokens_per_expert rank_imbalance expert_imbalance"
+TABLE_FEATURES: tuple[str, ...] = tuple(
+    " ".join((_PATTERN_ONE_HOTS, _INTEGER_SIZES, _PREDICTIONS, _ROUTING)).split()
 )
-TABLE_FEATURES: tuple[str, ...] = tuple(_FEATURE_NAMES.split())
 #: Patterns a table answers: those with a one-hot column (``ficco``'s selector patterns).
-PATTERNS: tuple[str, ...] = tuple(f[3:] for f in TABLE_FEATURES if f.startswith("is_"))
+PATTERNS: tuple[str, ...] = tuple(f.removeprefix("is_") for f in _PATTERN_ONE_HOTS.split())
 #: Patterns whose tokens are routed to experts (they take experts, routing and top_k).
 ROUTED_PATTERNS = frozenset({"a2a_gemm", "gemm_a2a"})
-#: The routing features (the last five): 0 / 0 / 0.0 / 1.0 / 1.0 for ag_gemm and gemm_rs.
-ROUTING_FEATURES: tuple[str, ...] = TABLE_FEATURES[20:]
+#: The routing features: 0 / 0 / 0.0 / 1.0 / 1.0 for ag_gemm and gemm_rs.
+ROUTING_FEATURES: tuple[str, ...] = tuple(_ROUTING.split())
 #: Features that are integers for every problem (the rest are real-valued).
-INTEGER_FEATURES = frozenset(TABLE_FEATURES[:15] + ("top_k", "experts_per_rank"))
+INTEGER_FEATURES = frozenset(
+    (*_PATTERN_ONE_HOTS.split(), *_INTEGER_SIZES.split(), "top_k", "experts_per_rank")
+)
 
 
 def canonical_dtype(dtype: str) -> str:

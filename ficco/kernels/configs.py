@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from ficco.defaults import SM_COUNT
+
 # Opt-in shared memory per block on sm_90 (H100, H200): 227 KiB.
 HOPPER_SHARED_MEMORY_BYTES = 232_448
 # Pipeline depth: cuBLAS streams a decode weight through up to 16 stages of 64-deep K steps.
@@ -393,7 +395,7 @@ def candidate_configs(
     in_bytes: int,
     out_bytes: int,
     *,
-    sm_budget: int = 132,
+    sm_budget: int = SM_COUNT,
     interpreter: bool = False,
     shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
     decode_tiles: bool = True,
@@ -451,7 +453,7 @@ def swap_candidate_configs(
     in_bytes: int,
     out_bytes: int,
     *,
-    sm_budget: int = 132,
+    sm_budget: int = SM_COUNT,
     interpreter: bool = False,
     shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
 ) -> list[GemmConfig]:
@@ -497,7 +499,7 @@ def decode_candidate_configs(
     in_bytes: int,
     out_bytes: int,
     *,
-    sm_budget: int = 132,
+    sm_budget: int = SM_COUNT,
     interpreter: bool = False,
     shared_memory_bytes: int = HOPPER_SHARED_MEMORY_BYTES,
 ) -> list[GemmConfig]:

@@ -86,8 +86,8 @@ from ficco.kernels.persistent import (
     _tma_operand,
     _warn_once,
 )
-from ficco.kernels.scaled import FP8_DTYPES, imprecise_acc, programs
 from ficco.kernels.scaled_fused import fused_scaled_config, fused_scales
+from ficco.kernels.scaled_kernel import FP8_DTYPES, imprecise_acc, programs
 
 __all__ = ["FlagTimeout", "FlagWait", "FusedChunkViews", "FusedCopyViews", "FusedGemm"]
 

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from ficco.kernels.flags import _bulk_store_wait, _proxy_fence, _wait_flag
 from ficco.kernels.persistent import _store_c_tile, _tile_coords
-from ficco.kernels.scaled import _scale_tile
+from ficco.kernels.scaled_kernel import _scale_tile
 from ficco.kernels.tiles import _unit_coords
 
 #: int64 fields per chunk in the kernel's chunk table (``table_ptr``)

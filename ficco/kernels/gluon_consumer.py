@@ -1,5 +1,5 @@
-"""The consumer partitions of the warp-specialized Gluon GEMM (`ficco.kernels.gluon_gemm`,
-which holds the producer, the kernel and its launcher; the swap-AB roles are
+"""The consumer partitions of the warp-specialized Gluon GEMM (`ficco.kernels.gluon_kernel`
+holds the producer and the kernels, `ficco.kernels.gluon_gemm` their launch; the swap-AB roles are
 `ficco.kernels.gluon_swap`'s): each consumer's K loop of wgmmas over the ring's slots, FP8's
 promotion by hand and scales, and the epilogue's stores. The modes (cooperative, ping-pong,
 shared tiles, a tail) and what they measured are described in `ficco.kernels.gluon_gemm`."""
@@ -17,6 +17,24 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ficco.kernels.gluon_ring import (
+    A_BUFS,
+    A_DESC,
+    A_SCALE,
+    B_BUFS,
+    B_DESC,
+    B_SCALE,
+    B_TAIL_BUFS,
+    B_TAIL_DESC,
+    C_DESC,
+    C_TAIL_DESC,
+    CHUNK_ROWS,
+    CHUNK_TABLE,
+    COUNTERS,
+    EMPTY,
+    READY,
+    SPLITS,
+    WHOLE_TILES,
+    WORKSPACE,
     _acc_layout,
     _chunk_of,
     _entry_cached,
@@ -42,11 +60,11 @@ def _consume(
 ):
     """Consumer WHICH's work units (tiles, or a split tail's K ranges of them): the
     program's units j with j mod CONSUMERS == WHICH (shared tiles: every unit)."""
-    a_desc = descs[0]
-    b_desc = descs[1]
-    c_desc = descs[2]
-    a_bufs = ring[0]
-    b_bufs = ring[1]
+    a_desc = descs[A_DESC]
+    b_desc = descs[B_DESC]
+    c_desc = descs[C_DESC]
+    a_bufs = ring[A_BUFS]
+    b_bufs = ring[B_BUFS]
     ready, empty, turns = bars
     STAGES: gl.constexpr = ready.type.shape[0]
     A_BLOCKS: gl.constexpr = a_bufs.type.shape[0] // STAGES  # A's row blocks per slot
@@ -61,9 +79,9 @@ def _consume(
     # B's tile is [BLOCK_N, BLOCK_K] K-major (FP8), else [BLOCK_K, BLOCK_N]
     MAIN_N: gl.constexpr = b_desc.block_type.shape[0 if a_desc.dtype.primitive_bitwidth == 8 else 1]
     # a tail (16-bit only): columns [MAIN_N, MAIN_N + TAIL_N) of the tile, with their own B
-    # slots (ring[2]), accumulator and store (descs[4])
-    HAS_TAIL: gl.constexpr = len(ring) == 3
-    TAIL_N: gl.constexpr = descs[3].block_type.shape[1] if HAS_TAIL else 0
+    # slots (ring[B_TAIL_BUFS]), accumulator and store (descs[C_TAIL_DESC])
+    HAS_TAIL: gl.constexpr = len(ring) > B_TAIL_BUFS
+    TAIL_N: gl.constexpr = descs[B_TAIL_DESC].block_type.shape[1] if HAS_TAIL else 0
     BLOCK_N: gl.constexpr = MAIN_N + TAIL_N
     WARPS: gl.constexpr = gl.num_warps()
     # FP8: B K-major (wgmma's rule), scaled, fp32 promotion every K step of at most 128
@@ -88,7 +106,7 @@ def _consume(
     # slower with it at 4096-16384 rows, and 3-6% slower with the first form)
     if FP8 and CONSUMERS == 3:
         EARLY_SCALES: gl.constexpr = 1
-    elif FP8 and len(scales) > 2 and CONSUMERS == 2 and SHARED:
+    elif FP8 and len(scales) > CHUNK_TABLE and CONSUMERS == 2 and SHARED:
         EARLY_SCALES: gl.constexpr = 2
     else:
         EARLY_SCALES: gl.constexpr = 0
@@ -97,7 +115,7 @@ def _consume(
     out_dtype: gl.constexpr = c_desc.dtype
     N = c_desc.shape[1]
     # fused (`ficco.kernels.gluon_fused`): the chunks' rows back to back (`_chunk_of`)
-    FUSED: gl.constexpr = len(scales) > 2
+    FUSED: gl.constexpr = len(scales) > CHUNK_TABLE
     num_pid_m, num_pid_n, k_steps, rows = _grid(
         c_desc, a_desc.shape[1], scales, TILE_M, BLOCK_N, BLOCK_K
     )
@@ -119,7 +137,7 @@ def _consume(
     acc = gl.zeros([BLOCK_M, MAIN_N], gl.float32, acc_layout)
     if HAS_TAIL:
         tail_layout: gl.constexpr = _acc_layout(BLOCK_M, TAIL_N, WARPS, K_INSTR)
-        ct_smem = gl.allocate_shared_memory(out_dtype, [BLOCK_M, TAIL_N], descs[4].layout)
+        ct_smem = gl.allocate_shared_memory(out_dtype, [BLOCK_M, TAIL_N], descs[C_TAIL_DESC].layout)
         acc_t = gl.zeros([BLOCK_M, TAIL_N], gl.float32, tail_layout)
     if FUSED and WHICH == 0:
         _prefetch_chunks(scales)
@@ -144,13 +162,13 @@ def _consume(
             c_base, c_cached = _entry_cached(chunk, entry, 1, c_cached, c_base)
             s_off, s_cached = _entry_cached(chunk, entry, 2, s_cached, s_off)
             c_row = c_base.to(gl.int32) + scale_m
-            a_scale_ptr = scales[0] + s_off
-            scale_rows = scales[5]
+            a_scale_ptr = scales[A_SCALE] + s_off
+            scale_rows = scales[CHUNK_ROWS]
         else:
             live: gl.constexpr = True
             scale_m = off_m
             c_row = off_m
-            a_scale_ptr = scales[0]
+            a_scale_ptr = scales[A_SCALE]
             scale_rows = rows
         if FP8:
             # wgmma with max_num_imprecise_acc adds its promoted partial sums to the
@@ -158,11 +176,11 @@ def _consume(
             acc = gl.zeros([BLOCK_M, MAIN_N], gl.float32, acc_layout)
         if EARLY_SCALES == 1:
             a_early, b_early = _early_scales(
-                a_scale_ptr, scales[1], scale_m, off_n, scale_rows, N, BLOCK_M, MAIN_N
+                a_scale_ptr, scales[B_SCALE], scale_m, off_n, scale_rows, N, BLOCK_M, MAIN_N
             )
         elif EARLY_SCALES == 2:
             a_early, b_early = _tile_scales(
-                a_scale_ptr, scales[1], scale_m, off_n, scale_rows, N, acc
+                a_scale_ptr, scales[B_SCALE], scale_m, off_n, scale_rows, N, acc
             )
         if CONSUMERS > 1 and not SHARED:  # noqa: SIM102 - a constexpr branch around a runtime one
             # the other consumer has issued every wgmma of tile j - 1 (its arrival below)
@@ -195,7 +213,7 @@ def _consume(
                     # the same A slot against the tail's B columns: this step's two wgmmas
                     # in flight, so the previous step's slot has been read
                     acc_t = warpgroup_mma(
-                        a_bufs.index(slot), ring[2].index(slot), acc_t, use_acc=ki > 0,
+                        a_bufs.index(slot), ring[B_TAIL_BUFS].index(slot), acc_t, use_acc=ki > 0,
                         is_async=True,
                     )  # fmt: skip
                     acc, acc_t = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_t))
@@ -229,7 +247,7 @@ def _consume(
                 b_scale = b_early
             else:
                 a_scale, b_scale = _tile_scales(
-                    a_scale_ptr, scales[1], scale_m, off_n, scale_rows, N, acc
+                    a_scale_ptr, scales[B_SCALE], scale_m, off_n, scale_rows, N, acc
                 )
             out = out * a_scale[:, None] * b_scale[None, :]
         out = out.to(out_dtype)
@@ -251,7 +269,9 @@ def _consume(
             fence_async_shared()
             tma.async_copy_shared_to_global(c_desc, [c_row, off_n], c_smem)
             if HAS_TAIL:
-                tma.async_copy_shared_to_global(descs[4], [c_row, off_n + MAIN_N], ct_smem)
+                tma.async_copy_shared_to_global(
+                    descs[C_TAIL_DESC], [c_row, off_n + MAIN_N], ct_smem
+                )
             if EPI_N != MAIN_N:
                 # the first half has left c_smem (the tail's store may still be in flight)
                 tma.store_wait(pendings=TAIL_STORES)
@@ -273,17 +293,17 @@ def _split_partial(acc, unit, tile, tails, PART: gl.constexpr, PARTS: gl.constex
     BLOCK_M: gl.constexpr = acc.type.shape[0]
     BLOCK_N: gl.constexpr = acc.type.shape[1]
     SIZE: gl.constexpr = BLOCK_M * BLOCK_N
-    dp_tiles = tails[2]
-    split = tails[3]
+    dp_tiles = tails[WHOLE_TILES]
+    split = tails[SPLITS]
     last = unit < dp_tiles
     if unit >= dp_tiles:
         local = tile - dp_tiles
         offs = _register_order(acc)
         # workspace [tail tiles, split, PARTS, BLOCK_M, BLOCK_N]
-        base = tails[0] + ((local * split).to(gl.int64) * PARTS + PART) * SIZE
+        base = tails[WORKSPACE] + ((local * split).to(gl.int64) * PARTS + PART) * SIZE
         gl.store(base + ((unit - dp_tiles) % split) * (PARTS * SIZE) + offs, acc)
         gl.thread_barrier()
-        counter = tails[1] + local * PARTS + PART
+        counter = tails[COUNTERS] + local * PARTS + PART
         ticket = gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
         last = ticket == split - 1
         if last:
@@ -362,7 +382,7 @@ def _promote_each_step(a_bufs, b_bufs, bars, acc, step, k_steps, PART: gl.conste
     added to the fp32 accumulator once they are done (no wgmma of this warpgroup in flight
     while its registers are read: ptxas serializes every wgmma otherwise, C7514); another
     warpgroup's wgmmas keep the tensor cores busy meanwhile. (acc, step) after the tile."""
-    STAGES: gl.constexpr = bars[0].type.shape[0]
+    STAGES: gl.constexpr = bars[READY].type.shape[0]
     ROWS: gl.constexpr = acc.type.shape[0]
     zero = gl.zeros_like(acc)
     for _ki in range(k_steps):
@@ -372,7 +392,7 @@ def _promote_each_step(a_bufs, b_bufs, bars, acc, step, k_steps, PART: gl.conste
             use_acc=False, is_async=True,
         )  # fmt: skip
         partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
-        mbarrier.arrive(bars[1].index(slot), count=1)
+        mbarrier.arrive(bars[EMPTY].index(slot), count=1)
         acc = acc + partial
         step += 1
     return acc, step

@@ -71,6 +71,45 @@ def _landed_slot(bars, step, STAGES: gl.constexpr):
     return slot
 
 
+# The launch's arguments reach every partition as five tuples (constexprs reach partitions
+# as tensors in Triton 3.6, so the groups travel as values); each position has a name.
+# descs: the TMA descriptors of A, B and C, then a tail's (16-bit tiles no power of two
+# wide): its B columns and its store
+A_DESC = gl.constexpr(0)
+B_DESC = gl.constexpr(1)
+C_DESC = gl.constexpr(2)
+B_TAIL_DESC = gl.constexpr(3)
+C_TAIL_DESC = gl.constexpr(4)
+# ring: the shared-memory slots of A, B and a tail's B columns
+A_BUFS = gl.constexpr(0)
+B_BUFS = gl.constexpr(1)
+B_TAIL_BUFS = gl.constexpr(2)
+# bars: a slot's loads landed, a slot read by its consumers, ping-pong's turns
+READY = gl.constexpr(0)
+EMPTY = gl.constexpr(1)
+TURNS = gl.constexpr(2)
+# scales: the scale pointers, then a fused launch's chunk table and the rest (below)
+A_SCALE = gl.constexpr(0)
+B_SCALE = gl.constexpr(1)
+CHUNK_TABLE = gl.constexpr(2)
+FLAG = gl.constexpr(3)
+STATUS = gl.constexpr(4)
+CHUNK_ROWS = gl.constexpr(5)
+CHUNKS = gl.constexpr(6)
+BUDGET_NS = gl.constexpr(7)
+CHUNK_MULTIPLIER = gl.constexpr(8)
+FIRST_A_ROW = gl.constexpr(9)
+FIRST_FLAG = gl.constexpr(10)
+FIRST_WAITS = gl.constexpr(11)
+A2_DESC = gl.constexpr(12)
+# tails (a split tail, `_units`): the fp32 partials' workspace, the tail tiles' arrival
+# counters, the whole tiles, K ranges a tail tile, K steps a range
+WORKSPACE = gl.constexpr(0)
+COUNTERS = gl.constexpr(1)
+WHOLE_TILES = gl.constexpr(2)
+SPLITS = gl.constexpr(3)
+SPLIT_STEPS = gl.constexpr(4)
+
 # A fused launch (`ficco.kernels.gluon_fused`) passes, after the two scale pointers, its
 # chunk table (int64 [chunks, CHUNK_COLS]: each chunk's first row in A's span and in C's,
 # its A scales' offset from the scale reference, its wait flag's offset from the flag
@@ -91,8 +130,8 @@ def _grid(c_desc, K, scales, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_
     product's rows: no tile is padded at a chunk's end, and few-row chunks share each B
     column block in L2 (chunk after chunk, 2 x 128 rows of 28672x8192 read all of B twice:
     0.65 of `_scaled_mm` on one H100)."""
-    if len(scales) > 2:  # noqa: SIM108 - a constexpr branch, kept as the kernels' others
-        rows = scales[5] * scales[6]
+    if len(scales) > CHUNK_TABLE:  # noqa: SIM108 - a constexpr branch, kept as the kernels' others
+        rows = scales[CHUNK_ROWS] * scales[CHUNKS]
     else:
         rows = c_desc.shape[0]
     num_pid_m, num_pid_n, k_steps = _tile_grid(rows, c_desc.shape[1], K, TILE_M, BLOCK_N, BLOCK_K)
@@ -108,9 +147,11 @@ def _chunk_of(row, scales):
     by the host's `gluon_fused.chunk_multiplier` (0 for one chunk): a division is ~25
     dependent instructions, and the producer's two for a tile's 64-row blocks, after its
     slot's wait, cost the fused launch ~0.3 us a tile against the plain kernel."""
-    rows = scales[5]
-    chunk = gl.minimum(((row.to(gl.int64) * scales[8]) >> 32).to(gl.int32), scales[6] - 1)
-    return chunk, row - chunk * rows, scales[2] + chunk * CHUNK_COLS
+    rows = scales[CHUNK_ROWS]
+    chunk = gl.minimum(
+        ((row.to(gl.int64) * scales[CHUNK_MULTIPLIER]) >> 32).to(gl.int32), scales[CHUNKS] - 1
+    )
+    return chunk, row - chunk * rows, scales[CHUNK_TABLE] + chunk * CHUNK_COLS
 
 
 @gluon.jit
@@ -148,7 +189,9 @@ def _a_block_row(place, row, total, scales, arrived, cached, a_base):
     seen arrived: bit c, chunks past 62 waited on each time, and the cached chunk and its
     first A row)). A block past the launch's rows is read unwaited (never stored)."""
     chunk = place[0]
-    a_base, cached = _entry_cached(chunk, scales[2] + chunk * CHUNK_COLS, 0, cached, a_base)
+    a_base, cached = _entry_cached(
+        chunk, scales[CHUNK_TABLE] + chunk * CHUNK_COLS, 0, cached, a_base
+    )
     if row < total:
         bit = gl.to_tensor(1).to(gl.int64) << gl.minimum(chunk, 63).to(gl.int64)
         if (chunk > 62) | ((arrived & bit) == 0):
@@ -166,7 +209,7 @@ def _a_rows(
     """A's row of each of a tile's A_BLOCKS row blocks (fused: each waited on, placed by
     `_a_places`, in the table's encoding that `_copy_a` reads), the chunks seen arrived, and
     the producer's cached table entry (`_a_block_row`)."""
-    if len(scales) > 2:
+    if len(scales) > CHUNK_TABLE:
         row0, arrived, cached, a_base = _a_block_row(
             places[0], off_m, total, scales, arrived, cached, a_base
         )
@@ -192,11 +235,11 @@ def _a_rows(
 @gluon.jit
 def _copy_a(a_desc, scales, a_row, k, bar, dest):
     """One A block's TMA load at (a_row, k) (`_a_rows`). Fused, a_row is the table's
-    encoding: the row twice, plus 1 where it lies in the second A buffer (scales[12]: an
+    encoding: the row twice, plus 1 where it lies in the second A buffer (scales[A2_DESC]: an
     all-gather's local shard, read in place beside the gathered rows)."""
-    if len(scales) > 2:
+    if len(scales) > CHUNK_TABLE:
         if (a_row & 1) != 0:
-            tma.async_copy_global_to_shared(scales[12], [a_row >> 1, k], bar, dest)
+            tma.async_copy_global_to_shared(scales[A2_DESC], [a_row >> 1, k], bar, dest)
         else:
             tma.async_copy_global_to_shared(a_desc, [a_row >> 1, k], bar, dest)
     else:
@@ -209,7 +252,7 @@ def _units(tiles, tails):
     whole tiles, K ranges a tail tile, K steps a range)) the whole tiles and every tail
     tile's K ranges."""
     if len(tails) > 0:  # noqa: SIM108 - a constexpr branch
-        units = tails[2] + (tiles - tails[2]) * tails[3]
+        units = tails[WHOLE_TILES] + (tiles - tails[WHOLE_TILES]) * tails[SPLITS]
     else:
         units = tiles
     return units
@@ -224,11 +267,11 @@ def _unit_work(unit, k_steps, tails):
     k_lo = unit * 0
     k_count = k_steps + unit * 0
     if len(tails) > 0:  # noqa: SIM102 - a constexpr branch around a runtime one
-        if unit >= tails[2]:
-            tail = unit - tails[2]
-            tile = tails[2] + tail // tails[3]
-            k_lo = (tail % tails[3]) * tails[4]
-            k_count = gl.minimum(tails[4], k_steps - k_lo)
+        if unit >= tails[WHOLE_TILES]:
+            tail = unit - tails[WHOLE_TILES]
+            tile = tails[WHOLE_TILES] + tail // tails[SPLITS]
+            k_lo = (tail % tails[SPLITS]) * tails[SPLIT_STEPS]
+            k_count = gl.minimum(tails[SPLIT_STEPS], k_steps - k_lo)
     return tile, k_lo, k_count
 
 
@@ -251,11 +294,11 @@ def _prefetch_chunks(scales):
     THREADS: gl.constexpr = 32 * gl.num_warps()
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     chunk = gl.arange(0, THREADS, layout=layout)
-    live = chunk < scales[6]
-    entry = scales[2] + chunk * CHUNK_COLS
+    live = chunk < scales[CHUNKS]
+    entry = scales[CHUNK_TABLE] + chunk * CHUNK_COLS
     waits = gl.load(entry + 4, mask=live, other=0)
     offset = gl.load(entry + 3, mask=live, other=0)
-    flag = scales[3] + gl.where(live & (waits != 0), offset, 0)
+    flag = scales[FLAG] + gl.where(live & (waits != 0), offset, 0)
     gl.inline_asm_elementwise(
         "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [flag], dtype=gl.int32,
         is_pure=False, pack=1,
@@ -272,19 +315,19 @@ def _wait_chunk(scales, chunk):
     if chunk == 0:
         # from the arguments: at a program's start the table's reads (two, dependent: the
         # compiler issues the flag offset's under the wait bit's branch) would come first
-        waits = scales[11]
-        flag = scales[10]
+        waits = scales[FIRST_WAITS]
+        flag = scales[FIRST_FLAG]
     else:
-        entry = scales[2] + chunk * CHUNK_COLS
+        entry = scales[CHUNK_TABLE] + chunk * CHUNK_COLS
         waits = gl.load(entry + 4).to(gl.int32)
-        flag = scales[3] + gl.load(entry + 3)
+        flag = scales[FLAG] + gl.load(entry + 3)
     if waits != 0:
         val = _ptx("ld.acquire.sys.global.b32 $0, [$1];", [flag], "=r,l")
         if val == 0:
             start = _clock()
             while val == 0:
                 val = gl.load(flag, volatile=True)
-                if (val == 0) & (_clock() - start > scales[7]):
+                if (val == 0) & (_clock() - start > scales[BUDGET_NS]):
                     _ptx(
                         "{ .reg .b32 zero, gone; mov.b32 zero, 0; mov.b32 gone, -1;\n\t"
                         "atom.acq_rel.sys.global.cas.b32 $0, [$1], zero, gone; }",
@@ -293,7 +336,7 @@ def _wait_chunk(scales, chunk):
                     val = _ptx("ld.acquire.sys.global.b32 $0, [$1];", [flag], "=r,l")
             val = _ptx("ld.acquire.sys.global.b32 $0, [$1];", [flag], "=r,l")
         if val < 0:
-            gl.store(scales[4] + chunk, 1)
+            gl.store(scales[STATUS] + chunk, 1)
         _ptx("fence.proxy.async.global;\n\tmov.u32 $0, 0;", [], "=r")
 
 

@@ -16,6 +16,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ficco.kernels.gluon_ring import (
+    A_BUFS,
+    A_DESC,
+    B_BUFS,
+    B_DESC,
+    C_DESC,
     _acc_layout,
     _free_slot,
     _landed_slot,
@@ -28,13 +33,13 @@ from ficco.kernels.gluon_ring import (
 def _swap_producer(descs, ring, bars, scales, tails):
     """Swap-AB: every TMA load of the program's tiles, the weight's [BLOCK_K, BLOCK_M] block
     (a_desc over b [K, N]) and a's rows [BLOCK_N, BLOCK_K] (b_desc over a [M, K])."""
-    a_desc = descs[0]
-    b_desc = descs[1]
-    c_desc = descs[2]
+    a_desc = descs[A_DESC]
+    b_desc = descs[B_DESC]
+    c_desc = descs[C_DESC]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    STAGES: gl.constexpr = ring[0].type.shape[0]
+    STAGES: gl.constexpr = ring[A_BUFS].type.shape[0]
     load_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
     # the kernel's M is the weight's columns, its N the rows of a (out^T = b^T a^T)
     num_pid_m, num_pid_n, k_steps = _tile_grid(
@@ -45,8 +50,12 @@ def _swap_producer(descs, ring, bars, scales, tails):
         off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
         for ki in range(k_steps):
             slot, bar = _free_slot(bars, step, STAGES, load_bytes)
-            tma.async_copy_global_to_shared(a_desc, [ki * BLOCK_K, off_m], bar, ring[0].index(slot))
-            tma.async_copy_global_to_shared(b_desc, [off_n, ki * BLOCK_K], bar, ring[1].index(slot))
+            tma.async_copy_global_to_shared(
+                a_desc, [ki * BLOCK_K, off_m], bar, ring[A_BUFS].index(slot)
+            )
+            tma.async_copy_global_to_shared(
+                b_desc, [off_n, ki * BLOCK_K], bar, ring[B_BUFS].index(slot)
+            )
             step += 1
 
 
@@ -55,11 +64,11 @@ def _swap_consumer(descs, ring, bars, scales, tails):
     """Swap-AB: acc [BLOCK_M, BLOCK_N] = out^T's tile, from the weight's block read MN-major
     and a's rows read K-major, stored transposed into out [M, N] (c_desc's [BLOCK_N, BLOCK_M]
     blocks)."""
-    a_desc = descs[0]
-    b_desc = descs[1]
-    c_desc = descs[2]
-    a_bufs = ring[0]
-    b_bufs = ring[1]
+    a_desc = descs[A_DESC]
+    b_desc = descs[B_DESC]
+    c_desc = descs[C_DESC]
+    a_bufs = ring[A_BUFS]
+    b_bufs = ring[B_BUFS]
     ready, empty, turns = bars
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]

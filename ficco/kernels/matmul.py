@@ -111,7 +111,7 @@ def gluon_fp8_refusal(rowwise: bool, colwise: bool, b_k_major: bool, outs) -> st
 
 def scaled_gluon_config(ops, sm_budget: int) -> GluonGemmConfig | None:
     """The shipped Gluon FP8 pick `scaled_matmul` runs for its prepared operands
-    (`ficco.kernels.scaled.ScaledOperands`), or None: operands `gluon_fp8_refusal` refuses,
+    (`ficco.kernels.scaled_kernel.ScaledOperands`), or None: operands `gluon_fp8_refusal` refuses,
     no pick, an out TMA cannot store."""
     if gluon_fp8_refusal(ops.rowwise, ops.colwise, ops.b_k_major, [ops.out]):
         return None

@@ -7,11 +7,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ficco.execute.scaled_mm import check_operands
 from ficco.kernels.configs import CHUNK_GROUP_MAX_ROWS, MAX_CHUNK_GROUP, GemmConfig
 from ficco.kernels.flags import _offset
 from ficco.kernels.fused_configs import untuned_fused_config
-from ficco.kernels.scaled import FP8_DTYPES, scaled_config_for
+from ficco.kernels.scaled import scaled_config_for
+from ficco.kernels.scaled_kernel import FP8_DTYPES
+from ficco.kernels.scaled_mm import check_operands
 
 
 @dataclass(frozen=True)

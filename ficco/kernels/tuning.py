@@ -344,23 +344,57 @@ def tune(
     return best
 
 
-def config_for(
-    m: int, n: int, k: int, dtype: torch.dtype, sm_budget: int, device: torch.device
-) -> GemmConfig:
-    """The configuration `matmul` uses: cached, else shipped (`known_config`), else tuned now
-    (unless FICCO_GEMM_AUTOTUNE=0, which takes an untuned heuristic instead)."""
-    fast_key = (os.environ.get(CACHE_DIR_ENV), m, n, k, dtype, sm_budget, device)
-    hit = _fast.get(fast_key)
-    if hit is not None:
-        return hit
+def device_of(device) -> torch.device:
+    """``device`` as a ``torch.device`` with its index (a bare 'cuda': the current one)."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def resolve_config(
+    m: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype,
+    sm_budget: int,
+    device,
+    *,
+    shipped_file: str,
+    heuristic: Callable[[bool], GemmConfig],
+    tune_now: Callable[[torch.device], GemmConfig],
+) -> GemmConfig:
+    """The one lookup every Triton GEMM's configuration goes through: a shape seen before in
+    this process reads nothing; else the user's cache, else the shipped ``shipped_file``
+    (`known_config`), else ``tune_now(device)`` (unless FICCO_GEMM_AUTOTUNE=0, which takes
+    ``heuristic(interpreter)``, the untuned configuration, and remembers nothing)."""
+    fast_key = (shipped_file, os.environ.get(CACHE_DIR_ENV), m, n, k, dtype, sm_budget, device)
+    hit = _fast.get(fast_key)
+    if hit is not None:
+        return hit
+    device = device_of(device)
     key = TuningKey.for_problem(m, n, k, dtype, sm_budget, device)
-    hit = known_config(key)
+    hit = known_config(key, shipped_file)
     if hit is None:
         if os.environ.get(AUTOTUNE_ENV, "1") == "0":
-            return heuristic_config(m, n, k, interpreter=device.type != "cuda")
-        hit = tune(m, n, k, dtype, sm_budget, device)
+            return heuristic(device.type != "cuda")
+        hit = tune_now(device)
     _fast[fast_key] = hit
     return hit
+
+
+def config_for(
+    m: int, n: int, k: int, dtype: torch.dtype, sm_budget: int, device: torch.device
+) -> GemmConfig:
+    """The configuration `matmul` uses (`resolve_config` over the bf16/fp16/fp32 tuning)."""
+    return resolve_config(
+        m,
+        n,
+        k,
+        dtype,
+        sm_budget,
+        device,
+        shipped_file=CACHE_FILENAME,
+        heuristic=lambda interpreter: heuristic_config(m, n, k, interpreter=interpreter),
+        tune_now=lambda dev: tune(m, n, k, dtype, sm_budget, dev),
+    )

@@ -24,8 +24,11 @@ from ficco.model.params import ModelParams
 from ficco.model.simulate import SimTask, Slowdowns
 from ficco.patterns import ModelSupport, patterns_where, spec_of
 from ficco.patterns.emb_a2a import gathered_rows
+from ficco.patterns.spec import Collective
 from ficco.plan import CollectiveOp, GemmOp, LocalCopyOp, Plan, PoolOp, ReduceOp, TransferOp
+from ficco.plan.ops import PULL, PUSH, Direction
 from ficco.space import Gemm, Granularity, Schedule
+from ficco.space.transports import CostClass
 
 #: patterns whose ops the model was calibrated on, and those whose ops it reuses (their
 #: spec's ``cost_model``)
@@ -152,11 +155,11 @@ class CostModel:
             latency = steps * link.latency_us / 1e3 * tr[f"{kind}_eff"]
             return (kind, 1.0, steps * share + latency)
 
-        if op.kind == "all_gather":
+        if op.kind is Collective.ALL_GATHER:
             return [ring("all_gather")]
-        if op.kind == "reduce_scatter":
+        if op.kind is Collective.REDUCE_SCATTER:
             return [ring("reduce_scatter")]
-        if op.kind == "all_reduce":
+        if op.kind is Collective.ALL_REDUCE:
             return [ring("reduce_scatter"), ring("all_gather")]
         return [ring("p2p")]
 
@@ -269,7 +272,7 @@ class CostModel:
         # transfers, local copies and collectives move the collective's matrix (A, or the
         # product: bf16 for fp8 inputs); reductions sum the product
         moved, out_b = spec_of(problem.pattern).moved_bytes, problem.output_bytes
-        ce = s.transport.traits.cost_class == "ce"  # one-sided copies, else NCCL batches
+        ce = s.transport.traits.cost_class is CostClass.CE  # one-sided copies, else NCCL batches
         serial = s.granularity is Granularity.SERIAL
         host = self.params.host
         widths = {spec.name: spec.shape[-1] for spec in plan.buffers}
@@ -308,8 +311,8 @@ class CostModel:
                 rows, cols = local.rows, local.cols
                 nbytes = moved(problem, rows[1] - rows[0], cols[1] - cols[0])
                 if ce:
-                    recv = op.direction == "recv"
-                    if op.initiator != ("receiver" if recv else "sender"):  # not acting
+                    recv = op.direction is Direction.RECV
+                    if op.initiator is not (PULL if recv else PUSH):  # not acting
                         if not recv:  # a pull's sender: nothing
                             continue
                         # pushed to us: wait for the peer's push of this tag
@@ -406,10 +409,10 @@ class CostModel:
                 cost_issue = copy_ms
             elif isinstance(op, CollectiveOp):
                 lane, kind = "comm", "nccl"
-                total = plan.buffer(op.dst).shape[0] if op.kind == "all_gather" else 0
+                total = plan.buffer(op.dst).shape[0] if op.kind is Collective.ALL_GATHER else 0
                 src = plan.buffer(op.src)
                 total_bytes = moved(problem, src.shape[0], math.prod(src.shape[1:]))
-                if op.kind == "all_gather":
+                if op.kind is Collective.ALL_GATHER:
                     total_bytes = moved(problem, total, math.prod(src.shape[1:]))
                 terms = tuple(self.collective_terms(op, problem.world, total_bytes))
                 cost_issue = p2p_ms

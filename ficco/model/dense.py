@@ -30,6 +30,7 @@ from ficco.patterns import spec_of
 from ficco.problem import Pattern, Problem
 from ficco.space import RELAYS, Compute, Gemm, Granularity, Order, Schedule, Split
 from ficco.space.geometry import cut
+from ficco.space.transports import CostClass
 
 Shape = tuple[int, int, int]
 
@@ -111,7 +112,7 @@ def _ag_gemm(costs: CostModel, p: Problem, s: Schedule) -> DenseLowering:
     merged plan runs one GEMM per shard once all its chunks arrived."""
     w, S, K, N = p.world, p.m_shard, p.k, p.n
     moved = spec_of(p.pattern).moved_bytes  # A's rows (fp8: with their row scales)
-    ce = s.transport.traits.cost_class == "ce"
+    ce = s.transport.traits.cost_class is CostClass.CE
     split_k = s.split is Split.K
     sizes = [hi - lo for lo, hi in cut(K if split_k else S, s)]
     n_chunks = len(sizes)
@@ -191,7 +192,7 @@ def _gemm_rs(costs: CostModel, p: Problem, s: Schedule) -> DenseLowering:
     compute over NCCL)."""
     w, S, K, N = p.world, p.m_shard, p.k, p.n
     b = p.output_bytes  # the product's partials (bf16 for fp8 inputs)
-    ce = s.transport.traits.cost_class == "ce"
+    ce = s.transport.traits.cost_class is CostClass.CE
     split_n = s.split is Split.N
     merged = s.compute is Compute.MERGED
     sizes = [hi - lo for lo, hi in cut(N if split_n else S, s)]

@@ -34,7 +34,7 @@ from ficco.model.machine import Machine, load_machine
 from ficco.model.params import ModelParams, load_params, timed_scale_at
 from ficco.model.rounds import alone_ms
 from ficco.model.simulate import SimGraph, makespan_ms
-from ficco.patterns import Pattern
+from ficco.patterns import BASELINE_COMM, BASELINE_GEMM, Pattern, ideal_ms
 from ficco.plan import LOWERINGS, Plan, build_plan, plan_key
 from ficco.problem import Problem
 from ficco.shipped import shipped_dir
@@ -100,7 +100,7 @@ class Prediction:
     serial_ms: float
     """The undecomposed GEMM and collective back to back (cuBLAS + NCCL), each alone."""
     ideal_ms: float
-    """The longer of the two: no schedule can beat it."""
+    """The longer of the two (``ficco.patterns.ideal_ms``): no schedule can beat it."""
 
     @property
     def best(self) -> ScheduleTime:
@@ -265,7 +265,9 @@ class Predictor:
             times.append(ScheduleTime(str(s), t.ms, t.gpu_ms, t.host_ms, t.graphed))
         times.sort(key=lambda t: (t.ms, t.schedule))
         gemm, comm = self.parts_ms(problem)
-        return Prediction(problem, self.machine, tuple(times), gemm + comm, max(gemm, comm))
+        # the one definition of ideal, over the parts the model prices (NCCL's collective)
+        ideal = ideal_ms(problem.pattern, {BASELINE_GEMM: gemm, BASELINE_COMM: comm})
+        return Prediction(problem, self.machine, tuple(times), gemm + comm, ideal)
 
     def _check(self, problem: Problem) -> None:
         if problem.world > self.machine.world:

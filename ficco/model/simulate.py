@@ -11,11 +11,13 @@ prediction path never imports numpy.
 The one rank simulated stands for all of them: schedules are rank-symmetric, so a peer's
 matching operation finishes when this rank's own one with the same tag does.
 
-``simulate`` records every task's start and finish; ``predict`` needs only the makespan, of
-thousands of tasks per schedule at W = 64, so it builds a :class:`SimGraph` once per task
-structure (a cuBLAS lowering and its Triton twin share one; an overlapped dense schedule's
-is written from its parts, ``SimGraph.from_parts``) and runs its makespan-only loop, which
-gives ``simulate``'s float bit for bit (``tests/test_model_speed.py``). That loop is about
+One scheduler, :meth:`SimGraph.run`: ``simulate`` runs it recording every task's start and
+finish (and honouring issue times); ``predict`` needs only the makespan, of thousands of
+tasks per schedule at W = 64, so it builds a :class:`SimGraph` once per task structure (a
+cuBLAS lowering and its Triton twin share one; an overlapped dense schedule's is written
+from its parts, ``SimGraph.from_parts``) and runs it without a record, where one or two
+tasks running at once take shortcuts that give the general step's float bit for bit
+(``tests/test_model_speed.py``). That loop is about
 half of a ``predict`` call at W = 64 (18 to 21 ms CPU of 34 to 41): one pass per task that
 ends. Stepping a lane's next task without the start pass (in a loop of its own while one
 task runs alone, or two) was tried and saved nothing measurable. Fast-forwarding a pipeline's
@@ -67,139 +69,33 @@ def simulate(
     tasks: list[SimTask], slowdown: Slowdowns | None = None, *, issue: bool = True
 ) -> SimResult:
     """Run ``tasks``; raises ValueError on an unknown dependency or a cycle (a task that can
-    never start). ``issue=False`` ignores the host's issue times (everything queued ahead)."""
-    slowdown = slowdown or {}
+    never start). ``issue=False`` ignores the host's issue times (everything queued ahead).
+    The scheduler is :class:`SimGraph`'s, recording every task's start and finish."""
+    graph = SimGraph(tasks)
     n = len(tasks)
-    index = {t.id: i for i, t in enumerate(tasks)}
-    if len(index) != n:
-        raise ValueError("tasks: ids must be unique")
-    # everything below works on list positions, not ids: a predict call simulates tens of
-    # thousands of tasks, and list indexing is what keeps that within its time budget
-    dependents: list[list[int]] = [[] for _ in range(n)]
-    unmet = [0] * n
-    work = [0.0] * n
-    lane_of: dict[str, list[int]] = {}
-    for i, t in enumerate(tasks):
-        deps = set(t.deps)
-        for d in deps:
-            j = index.get(d)
-            if j is None:
-                raise ValueError(f"task {t.id}: depends on unknown task {d}")
-            dependents[j].append(i)
-        unmet[i] = len(deps)
-        w = t.work_ms
-        if not (math.isfinite(w) and w >= 0):
-            raise ValueError(f"task {t.id}: work_ms must be finite and >= 0, got {w}")
-        work[i] = w
-        lane_of.setdefault(t.lane, []).append(i)
-    queues = list(lane_of.values())  # per lane, its task positions in order
-    lanes = range(len(queues))
-    head = [0] * len(queues)  # next position in each lane's queue
-    kind = [t.kind for t in tasks]
-    issue_at = [t.issue_ms if issue else 0.0 for t in tasks]
-    finish = [math.nan] * n
-    start = [math.nan] * n
-    running = [-1] * len(queues)  # lane -> running task position, -1: idle
-    remaining = [0.0] * len(queues)
-    busy: dict[str, float] = {}
-    rate_cache: dict[tuple[str, ...], list[float]] = {}
-    now = 0.0
-    eps = 1e-12
-    left = n
-
-    def rates_of(kinds: tuple[str, ...]) -> list[float]:
-        out = []
-        for pos, k in enumerate(kinds):
-            penalty = 0.0
-            if len(kinds) > 1:
-                others = set(kinds[:pos] + kinds[pos + 1 :])
-                penalty = sum(slowdown.get((k, other), 0.0) for other in others)
-            out.append(1.0 / (1.0 + penalty))
-        return out
-
-    while True:
-        started = True
-        while started:  # start every head that can start now (a zero-work task cascades)
-            # only a zero-work task, done the moment it starts, can let another head start:
-            # a pass that started only running tasks changed nothing the others wait on
-            started = False
-            for lane in lanes:
-                if running[lane] >= 0:
-                    continue
-                queue, queue_pos = queues[lane], head[lane]
-                if queue_pos == len(queue):
-                    continue
-                i = queue[queue_pos]
-                if unmet[i] or issue_at[i] > now + eps:
-                    continue
-                head[lane] = queue_pos + 1
-                start[i] = now
-                if work[i] <= 0:
-                    finish[i] = now
-                    left -= 1
-                    for d in dependents[i]:
-                        unmet[d] -= 1
-                    started = True
-                else:
-                    running[lane] = i
-                    remaining[lane] = work[i]
-        active = [lane for lane in lanes if running[lane] >= 0]
-        pending_issue = math.inf
-        if issue:
-            for lane in lanes:
-                if running[lane] < 0 and head[lane] < len(queues[lane]):
-                    i = queues[lane][head[lane]]
-                    if not unmet[i] and issue_at[i] < pending_issue:
-                        pending_issue = issue_at[i]
-        if not active:
-            if not left:
-                break
-            if pending_issue == math.inf:
-                stuck = ", ".join(
-                    str(tasks[queues[lane][head[lane]]].id)
-                    for lane in lanes
-                    if head[lane] < len(queues[lane])
-                )
-                raise ValueError(f"tasks {stuck}: can never start (a dependency cycle)")
-            now = pending_issue
-            continue
-        if len(active) == 1:  # one task alone runs at full rate to its end
-            lane = active[0]
-            kinds = (kind[running[lane]],)
-            rates = (1.0,)
-        else:
-            kinds = tuple(kind[running[lane]] for lane in active)
-            rates = rate_cache.get(kinds)
-            if rates is None:
-                rates = rate_cache[kinds] = rates_of(kinds)
-        step = math.inf
-        for lane, rate in zip(active, rates, strict=True):
-            until = remaining[lane] / rate
-            if until < step:
-                step = until
-        if pending_issue != math.inf:
-            step = min(step, pending_issue - now)
-        for k in set(kinds):
-            busy[k] = busy.get(k, 0.0) + step
-        now += step
-        for lane, rate in zip(active, rates, strict=True):
-            rem = remaining[lane] - step * rate
-            i = running[lane]
-            if rem <= eps * max(1.0, work[i]):
-                running[lane] = -1
-                finish[i] = now
-                left -= 1
-                for d in dependents[i]:
-                    unmet[d] -= 1
-            else:
-                remaining[lane] = rem
+    trace = _Trace([math.nan] * n, [math.nan] * n, {})
+    graph.run(
+        list(map(_WORK, tasks)),
+        slowdown,
+        issue_at=[t.issue_ms for t in tasks] if issue else None,
+        trace=trace,
+    )
     ids = [t.id for t in tasks]
     return SimResult(
-        max(finish, default=0.0),
-        dict(zip(ids, start, strict=True)),
-        dict(zip(ids, finish, strict=True)),
-        busy,
+        max(trace.finish, default=0.0),
+        dict(zip(ids, trace.start, strict=True)),
+        dict(zip(ids, trace.finish, strict=True)),
+        trace.busy,
     )
+
+
+class _Trace(NamedTuple):
+    """What :meth:`SimGraph.run` records for ``simulate``: per task position its start and
+    finish, per kind its busy time."""
+
+    start: list[float]
+    finish: list[float]
+    busy: dict[str, float]
 
 
 _ID, _LANE, _WORK, _KIND, _DEPS = (operator.itemgetter(k) for k in range(5))
@@ -209,8 +105,9 @@ class SimGraph:
     """A task list's structure (lanes, dependencies), built once and timed for any work: a
     plan lowered with cuBLAS GEMMs and its Triton twin differ only in their GEMMs' work.
 
-    :meth:`makespan_ms` is ``simulate(tasks, slowdown, issue=False).makespan_ms``, the same
-    float, without the start and finish times ``simulate`` records."""
+    :meth:`run` is the scheduler; :meth:`makespan_ms` is ``simulate(tasks, slowdown,
+    issue=False).makespan_ms``, the same float, without the start and finish times
+    ``simulate`` records."""
 
     __slots__ = ("_dependents", "_ids", "_kinds", "_queues", "_unmet")
 
@@ -283,6 +180,21 @@ class SimGraph:
 
     def makespan_ms(self, work: list[float], slowdown: Slowdowns | None = None) -> float:
         """When the last task finishes, each task taking ``work[i]`` ms alone (list order)."""
+        return self.run(work, slowdown)
+
+    def run(
+        self,
+        work: list[float],
+        slowdown: Slowdowns | None = None,
+        *,
+        issue_at: list[float] | None = None,
+        trace: _Trace | None = None,
+    ) -> float:
+        """The one list scheduler: the makespan of the tasks, each taking ``work[i]`` ms alone
+        and starting no earlier than ``issue_at[i]`` (None: all queued ahead); ``trace``
+        records the starts, finishes and busy times. Without either, one or two tasks
+        running at once take the shortcuts below (the same arithmetic as the general step,
+        so the same float: ``tests/test_model_speed.py``)."""
         slowdown = slowdown or {}
         n = len(self._ids)
         if len(work) != n:
@@ -307,9 +219,13 @@ class SimGraph:
         now = 0.0
         eps = 1e-12
         left = n
+        plain = issue_at is None and trace is None  # the shortcuts apply
+        start, finish = (None, None) if trace is None else (trace.start, trace.finish)
         while True:
             started = True
             while started:  # start every head that can start now (a zero-work task cascades)
+                # only a zero-work task, done the moment it starts, can let another head
+                # start: a pass that started only running tasks changed nothing others wait on
                 started = False
                 active = []  # the lanes running, as the last pass leaves them
                 for lane in lanes:
@@ -320,11 +236,15 @@ class SimGraph:
                     if queue_pos == lengths[lane]:
                         continue
                     i = queues[lane][queue_pos]
-                    if unmet[i]:
+                    if unmet[i] or (issue_at is not None and issue_at[i] > now + eps):
                         continue
                     head[lane] = queue_pos + 1
+                    if start is not None:
+                        start[i] = now
                     w = work[i]
                     if w <= 0:
+                        if finish is not None:
+                            finish[i] = now
                         left -= 1
                         for d in dependents[i]:
                             unmet[d] -= 1
@@ -334,7 +254,17 @@ class SimGraph:
                         remaining[lane] = w
                         done_below[lane] = eps * (w if w > 1.0 else 1.0)  # eps * max(1.0, w)
                         active.append(lane)
-            if len(active) == 1:  # one task alone runs at full rate to its end
+            pending_issue = math.inf  # the earliest issue a ready idle head waits for
+            if issue_at is not None:
+                for lane in lanes:
+                    if running[lane] < 0 and head[lane] < lengths[lane]:
+                        i = queues[lane][head[lane]]
+                        if not unmet[i] and issue_at[i] < pending_issue:
+                            pending_issue = issue_at[i]
+            if not active and left and pending_issue != math.inf:
+                now = pending_issue  # idle until the host issues the next task
+                continue
+            if plain and len(active) == 1:  # one task alone runs at full rate to its end
                 lane = active[0]
                 now += remaining[lane]  # remaining / 1.0, as simulate steps
                 i = running[lane]
@@ -352,7 +282,7 @@ class SimGraph:
                     if head[lane] < lengths[lane]
                 )
                 raise ValueError(f"tasks {stuck}: can never start (a dependency cycle)")
-            if len(active) == 2:  # the commonest case, spelled out (the same arithmetic)
+            if plain and len(active) == 2:  # the commonest case, spelled out (same arithmetic)
                 a, b = active
                 i, j = running[a], running[b]
                 kinds = (kind[i], kind[j])
@@ -391,12 +321,19 @@ class SimGraph:
                 until = remaining[lane] / rate
                 if until < step:
                     step = until
+            if pending_issue != math.inf:
+                step = min(step, pending_issue - now)
+            if trace is not None:
+                for k in set(kinds):
+                    trace.busy[k] = trace.busy.get(k, 0.0) + step
             now += step
             for lane, rate in zip(active, rates, strict=True):
                 rem = remaining[lane] - step * rate
                 if rem <= done_below[lane]:
                     i = running[lane]
                     running[lane] = -1
+                    if finish is not None:
+                        finish[i] = now
                     left -= 1
                     for d in dependents[i]:
                         unmet[d] -= 1

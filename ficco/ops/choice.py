@@ -28,6 +28,7 @@ from ficco.backends import backend_spec
 from ficco.defaults import DEFAULT_MACHINE
 from ficco.problem import Problem
 from ficco.space import Compute, Gemm, Schedule, violations
+from ficco.space.transports import Communicator
 
 #: the schedule a call falls back to where the pick cannot run: always legal, runs anywhere
 SERIAL = Schedule()
@@ -98,7 +99,7 @@ def _group_limit(schedule: Schedule, target: Target) -> str | None:
     if target.shares_gpu:
         return None  # the cuda_shared backend's own check says it all
     if target.device == "cuda":
-        if schedule.transport.traits.communicator == "nccl_zero_cta":
+        if schedule.transport.traits.communicator is Communicator.NCCL_ZERO_CTA:
             return (
                 f"{schedule.transport.value} needs a zero-CTA NCCL communicator, which "
                 "ficco.ops does not create"

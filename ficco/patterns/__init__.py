@@ -32,10 +32,11 @@ module: ``Problem``, the CLI's problem options and ``api.make_problem`` read the
    ``ficco.execute``).
 4. ``ficco/export/lookup_features.py``: its stdlib sizes twin in ``SIZES`` (the parity test
    holds it to the spec's ``sizes``).
-5. Once measured profiles exist (``in_selector=True``): its ``is_emb_a2a`` column in
-   ``lookup_features.TABLE_FEATURES`` (same file as 4) and in the C header's features in
-   ``ficco/export/formats.py``; the selector's one-hots (``FEATURE_PATTERNS``) follow the
-   registry, and the tables are retrained (the column moves every later index).
+5. Once measured profiles exist (``in_selector=True``): its ``is_emb_a2a`` one-hot in
+   ``lookup_features.TABLE_FEATURES`` (same file as 4; the C header's one-hots and feature
+   indices follow it) and its sizes branch in the C header (``ficco/export/formats.py``); the
+   selector's one-hots (``FEATURE_PATTERNS``) follow the registry, and the tables are
+   retrained (the column moves every later index).
 
 Nothing else branches on a pattern's name: rules, geometry, plan keys, references,
 verification, baselines, ideal, features, physics and the cost model read the spec. The

@@ -109,14 +109,18 @@ def symm_comm_parts(p: Problem, tensors: dict, group_name: str) -> dict[str, Cal
     """The whole all-reduce alone through each symmetric-memory kernel, on the buffers its
     symm1 / symm2 schedules use (``ficco.plan.allreduce``), where the space allows them
     (fp32 or bf16, aligned)."""
-    from ficco.execute.allreduce import ONE_SHOT, TWO_SHOT, cuda_symm_all_reduce
     from ficco.space import Schedule, Transport, is_legal
 
+    # the executor's kernels, named (Ref) as the lowering is: execution sits above the patterns
+    one_shot, two_shot, cuda_symm_all_reduce = (
+        Ref(f"ficco.execute.allreduce:{name}").load()
+        for name in ("ONE_SHOT", "TWO_SHOT", "cuda_symm_all_reduce")
+    )
     c = tensors["c"]
     staged = tensors["staging"][: p.m]  # row block 0: where the one-shot GEMM writes
     kernels = (
-        (BASELINE_COMM_ONE_SHOT, Transport.SYMM1, ONE_SHOT, staged),
-        (BASELINE_COMM_TWO_SHOT, Transport.SYMM2, TWO_SHOT, c),
+        (BASELINE_COMM_ONE_SHOT, Transport.SYMM1, one_shot, staged),
+        (BASELINE_COMM_TWO_SHOT, Transport.SYMM2, two_shot, c),
     )
     return {
         name: functools.partial(cuda_symm_all_reduce, kernel, source, c, group_name)

@@ -13,26 +13,46 @@ import enum
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
-if TYPE_CHECKING:
-    from ficco.patterns import Pattern
-    from ficco.problem import Problem
-    from ficco.space.schedule import Schedule, Split
+from ficco.words import Word
+
+# The types a spec's callables take are named here, not imported: ``ficco.problem`` and
+# ``ficco.space`` read this registry, so importing them (even for a type checker) closes a
+# circle (tests/test_imports_acyclic.py).
+Pattern: TypeAlias = enum.StrEnum  # ficco.patterns.Pattern
+Problem: TypeAlias = Any  # ficco.problem.Problem
+Schedule: TypeAlias = Any  # ficco.space.Schedule
+Split: TypeAlias = enum.StrEnum  # ficco.space.Split
 
 
-class Collective(enum.StrEnum):
-    """The collective that surrounds the GEMM."""
+class Collective(Word):
+    """A collective over all ranks: the one a pattern pairs with its GEMM, and what one
+    ``ficco.plan.CollectiveOp`` runs (NCCL's calls, or torch's symmetric-memory all-reduce
+    kernels of symm1 / symm2). Values are spelled as NCCL's calls (and as the cost model's ring
+    parameters); :attr:`label` as people write them."""
 
-    ALL_GATHER = "all-gather"
-    REDUCE_SCATTER = "reduce-scatter"
-    ALL_REDUCE = "all-reduce"
-    ALL_TO_ALL = "all-to-all"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_REDUCE = "all_reduce"
+    ALL_TO_ALL = "all_to_all"
+    ONE_SHOT_ALL_REDUCE = "one_shot_all_reduce"
+    TWO_SHOT_ALL_REDUCE = "two_shot_all_reduce"
+
+    @property
+    def label(self) -> str:
+        """As people write it: 'all-gather'."""
+        return self.value.replace("_", "-")
 
     @property
     def reduces(self) -> bool:
         """Sums partials from every rank (copy engines cannot; each adds W - 1 roundings)."""
-        return self in (Collective.REDUCE_SCATTER, Collective.ALL_REDUCE)
+        return self in (Collective.REDUCE_SCATTER, Collective.ALL_REDUCE) or self.symmetric_memory
+
+    @property
+    def symmetric_memory(self) -> bool:
+        """One of torch's symmetric-memory all-reduce kernels (no NCCL call)."""
+        return self in (Collective.ONE_SHOT_ALL_REDUCE, Collective.TWO_SHOT_ALL_REDUCE)
 
 
 class ModelSupport(enum.StrEnum):

@@ -20,12 +20,14 @@ peers' passive halves stay plain transfer tasks, and both transports move the sa
 
 from __future__ import annotations
 
+from ficco.patterns.spec import Collective
 from ficco.plan.ops import (
     PULL,
     PUSH,
     BufferSpec,
     Builder,
     CollectiveOp,
+    Direction,
     GemmOp,
     LocalCopyOp,
     Plan,
@@ -91,7 +93,7 @@ def add_serial_all_to_all(
     if uses_collective(s):
         send_rows = tuple(rows(rank, to) for to in range(w))
         recv_rows = tuple(rows(frm, rank) for frm in range(w))
-        op = CollectiveOp("all_to_all", src_buf, dst_buf, send_rows, recv_rows)
+        op = CollectiveOp(Collective.ALL_TO_ALL, src_buf, dst_buf, send_rows, recv_rows)
         return [bld.add(op, Stream.COMM, deps)]
 
     layouts = [_a2a_layout(p, r) for r in range(w)]
@@ -121,9 +123,9 @@ def add_serial_all_to_all(
             continue
         recv = send = None
         if incoming := block(src, rank):  # lands here: (there, here)
-            recv = TransferOp(src, "recv", incoming[1], incoming[0], tag, initiator)
+            recv = TransferOp(src, Direction.RECV, incoming[1], incoming[0], tag, initiator)
         if outgoing := block(rank, dst):
-            send = TransferOp(dst, "send", *outgoing, tag, initiator)
+            send = TransferOp(dst, Direction.SEND, *outgoing, tag, initiator)
         moves.append((send, recv) if combine else (recv, send))
     return add_serial_moves(bld, s, moves, deps)
 
@@ -286,11 +288,11 @@ def plan_a2a_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
                         (i, c),
                         TransferOp(
                             src,
-                            "recv",
+                            Direction.RECV,
                             Region("x_recv", (base_local + lo, base_local + hi), (0, K)),
                             Region("x", (base_remote + lo, base_remote + hi), (0, K)),
                             transfer_tag(i, c),
-                            "receiver",
+                            PULL,
                         ),
                     )
                 )
@@ -303,11 +305,11 @@ def plan_a2a_gemm(p: Problem, s: Schedule, rank: int) -> Plan:
                         c,
                         TransferOp(
                             dst,
-                            "send",
+                            Direction.SEND,
                             Region("x", (send_off[dst][0] + lo, send_off[dst][0] + hi), (0, K)),
                             Region("x_recv", (dst_recv_off[0] + lo, dst_recv_off[0] + hi), (0, K)),
                             transfer_tag(i, c),
-                            "receiver",
+                            PULL,
                         ),
                     )
                 )
@@ -344,7 +346,7 @@ def plan_gemm_a2a(p: Problem, s: Schedule, rank: int) -> Plan:
     between, send_off, recv_off = _a2a_layout(p, rank)
     buffers = gemm_a2a_buffers(p, rank)
     bld = Builder()
-    initiator = "sender"
+    initiator = PUSH
     # Block for source s (rows recv_off[s][0]..) goes back to s, landing at s's send_off[rank].
 
     def gemm_rows(block_src, lo, hi, segs_src, deps=(), chunk=None):
@@ -411,7 +413,9 @@ def plan_gemm_a2a(p: Problem, s: Schedule, rank: int) -> Plan:
                 if dst == rank:
                     bld.add(LocalCopyOp(local, remote), Stream.COMPUTE, deps, chunk=(dst, c))
                 else:
-                    push = TransferOp(dst, "send", local, remote, transfer_tag(i, c), initiator)
+                    push = TransferOp(
+                        dst, Direction.SEND, local, remote, transfer_tag(i, c), initiator
+                    )
                     pushes.append((c, push, deps))
             if src != rank and c < len(recv_chunks[i]):
                 segs = recv_chunks[i][c]
@@ -419,7 +423,7 @@ def plan_gemm_a2a(p: Problem, s: Schedule, rank: int) -> Plan:
                 src_base = _a2a_layout(p, src)[2][rank][0]
                 recv = TransferOp(
                     src,
-                    "recv",
+                    Direction.RECV,
                     Region("y", (send_off[src][0] + lo, send_off[src][0] + hi), (0, N)),
                     Region("y_local", (src_base + lo, src_base + hi), (0, N)),
                     transfer_tag(i, c),

@@ -42,11 +42,14 @@ from ficco.patterns.emb_a2a import (
     table_ranges,
     weight_rows,
 )
+from ficco.patterns.spec import Collective
 from ficco.plan.alltoall import add_serial_moves, group_chunk, issue_steps
 from ficco.plan.ops import (
+    PUSH,
     BufferSpec,
     Builder,
     CollectiveOp,
+    Direction,
     LocalCopyOp,
     Plan,
     PoolChunk,
@@ -66,8 +69,6 @@ from ficco.plan.tags import transfer_tag
 from ficco.problem import Problem
 from ficco.space import Compute, Granularity, Schedule, Split
 from ficco.space.geometry import cut
-
-PUSH = "sender"
 
 
 def emb_buffers(p: Problem, rank: int) -> tuple[BufferSpec, ...]:
@@ -134,7 +135,7 @@ class _Layout:
         D, base, there = self.p.n, self.pooled_base(dst), self.y_base(self.rank, dst)
         return TransferOp(
             dst,
-            "send",
+            Direction.SEND,
             Region("pooled", (base + lo, base + hi), (0, D)),
             Region("y", (there + lo, there + hi), (0, D)),
             tag,
@@ -147,7 +148,7 @@ class _Layout:
         there = (self.tables[src][1] - self.tables[src][0]) * self.samples[self.rank][0]
         return TransferOp(
             src,
-            "recv",
+            Direction.RECV,
             Region("y", (here + lo, here + hi), (0, D)),
             Region("pooled", (there + lo, there + hi), (0, D)),
             tag,
@@ -201,7 +202,7 @@ def plan_emb_a2a(p: Problem, s: Schedule, rank: int) -> Plan:
             send_rows = tuple(block_rows(p, rank, d) for d in range(w))
             recv_rows = tuple(block_rows(p, src, rank) for src in range(w))
             bld.add(
-                CollectiveOp("all_to_all", "pooled", "y", send_rows, recv_rows),
+                CollectiveOp(Collective.ALL_TO_ALL, "pooled", "y", send_rows, recv_rows),
                 Stream.COMM,
                 [pooled],
             )

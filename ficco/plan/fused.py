@@ -32,8 +32,10 @@ from collections.abc import Callable
 
 from ficco.defaults import FLAG_SLOTS
 from ficco.plan.ops import (
+    PULL,
     BufferSpec,
     Builder,
+    Direction,
     FusedChunk,
     FusedCopy,
     FusedGemmOp,
@@ -82,11 +84,11 @@ def plan_ag_gemm_fused(p: Problem, s: Schedule, rank: int, buffers: tuple[Buffer
         recv = bld.add(
             TransferOp(
                 src,
-                "recv",
+                Direction.RECV,
                 gathered,
                 Region("a_shard", (lo, hi), (0, K)),
                 transfer_tag(i, j),
-                "receiver",
+                PULL,
             ),
             Stream.COMM,
             chunk=(src, j),
@@ -94,11 +96,11 @@ def plan_ag_gemm_fused(p: Problem, s: Schedule, rank: int, buffers: tuple[Buffer
         bld.add(
             TransferOp(
                 dst,
-                "send",
+                Direction.SEND,
                 Region("a_shard", (lo, hi), (0, K)),
                 Region("a_full", (rank * S + lo, rank * S + hi), (0, K)),
                 transfer_tag(i, j),
-                "receiver",
+                PULL,
             ),
             Stream.COMM,
             chunk=(dst, j),

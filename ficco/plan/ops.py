@@ -15,13 +15,30 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ficco.patterns.spec import Collective
 from ficco.problem import Problem
 from ficco.space import Granularity, Order, Schedule
+from ficco.words import Word
 
 
 class Stream(enum.StrEnum):
     COMPUTE = "compute"
     COMM = "comm"
+
+
+class Direction(Word):
+    """A transfer's side on this rank: ``recv`` (remote -> local) or ``send``."""
+
+    RECV = "recv"
+    SEND = "send"
+
+
+class Initiator(Word):
+    """The side that moves a transfer's data on one-sided transports: the ``receiver``
+    pulls, the ``sender`` pushes."""
+
+    RECEIVER = "receiver"
+    SENDER = "sender"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +78,11 @@ class TransferOp:
     """
 
     peer: int
-    direction: str  # "recv" | "send"
+    direction: Direction
     local: Region
     remote: Region
     tag: int
-    initiator: str  # "receiver" (pull) | "sender" (push)
+    initiator: Initiator
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +90,7 @@ class CollectiveOp:
     """A collective over all ranks (serial schedules on nccl transports; gemm_ar's chunked
     all-reduces)."""
 
-    kind: str  # "all_gather" | "reduce_scatter" | "all_to_all" | "all_reduce" (NCCL's)
-    # | "one_shot_all_reduce" | "two_shot_all_reduce" (symmetric memory's kernels, gemm_ar)
+    kind: Collective  # NCCL's, or symmetric memory's all-reduce kernels (gemm_ar)
     src: str
     dst: str
     # all_to_all: rows this rank sends to / receives from each rank
@@ -84,6 +100,9 @@ class CollectiveOp:
     # (src and dst have one shape)
     rows: tuple[int, int] = (0, 0)
     cols: tuple[int, int] = (0, 0)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", Collective.parse("kind", self.kind))
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +130,7 @@ class TransferGroupOp:
         if not self.transfers and not self.copies:
             raise ValueError("transfer group: needs at least one transfer or local copy")
         kinds = {(t.direction, t.initiator) for t in self.transfers}
-        if not kinds <= {("recv", "receiver"), ("send", "sender")} or len(kinds) > 1:
+        if not kinds <= {(Direction.RECV, PULL), (Direction.SEND, PUSH)} or len(kinds) > 1:
             raise ValueError(
                 "transfer group: its transfers must all be pulls (recv, receiver) or all "
                 f"pushes (send, sender), got {sorted(kinds)}"
@@ -369,7 +388,12 @@ def gemm_op(a: Region, b: Region, out: Region, accumulate: bool = False) -> Gemm
 
 
 def _transfer_op(
-    peer: int, direction: str, local: Region, remote: Region, tag: int, initiator: str
+    peer: int,
+    direction: Direction,
+    local: Region,
+    remote: Region,
+    tag: int,
+    initiator: Initiator,
 ) -> TransferOp:
     obj = _new(TransferOp)
     _xfer_peer(obj, peer)
@@ -419,12 +443,12 @@ class Builder:
 
 
 #: who moves the data of a transfer on one-sided transports: gathers pull, scatters push
-PULL, PUSH = "receiver", "sender"
+PULL, PUSH = Initiator.RECEIVER, Initiator.SENDER
 
 
 def transfer_pair(
     tag: int,
-    initiator: str,
+    initiator: Initiator,
     send: tuple[int, Region, Region],
     recv: tuple[int, Region, Region],
 ) -> tuple[TransferOp, TransferOp]:
@@ -434,8 +458,8 @@ def transfer_pair(
     to, send_here, send_there = send
     frm, recv_here, recv_there = recv
     return (
-        _transfer_op(to, "send", send_here, send_there, tag, initiator),
-        _transfer_op(frm, "recv", recv_here, recv_there, tag, initiator),
+        _transfer_op(to, Direction.SEND, send_here, send_there, tag, initiator),
+        _transfer_op(frm, Direction.RECV, recv_here, recv_there, tag, initiator),
     )
 
 
@@ -465,7 +489,7 @@ def post_pair(
 def exchange(
     bld: Builder,
     tag: int,
-    initiator: str,
+    initiator: Initiator,
     send: tuple[int, Region, Region],
     recv: tuple[int, Region, Region],
     send_deps: Iterable[int | None] = (),

@@ -15,6 +15,7 @@ bits (gloo and NCCL take a signed 32-bit tag).
 from __future__ import annotations
 
 from ficco.defaults import TAG_CHUNK_SLOTS, TAG_STEP_SLOTS
+from ficco.plan.ops import PUSH, Direction
 
 #: The tag of a run's collectives, above every transfer tag.
 COLLECTIVE_TAG = TAG_STEP_SLOTS * TAG_CHUNK_SLOTS
@@ -69,9 +70,9 @@ def push_signal_points(plan) -> tuple[frozenset, frozenset]:
         # a seg group's pushes signal as a ce push does: its transfers count in plan order
         ops = task.op.transfers if isinstance(task.op, TransferGroupOp) else (task.op,)
         for op in ops:
-            if not isinstance(op, TransferOp) or op.initiator != "sender":
+            if not isinstance(op, TransferOp) or op.initiator != PUSH:
                 continue
-            if op.direction == "send":
+            if op.direction == Direction.SEND:
                 last_push[op.peer, op.tag] = op
             else:
                 first_receive.setdefault((op.peer, op.tag), op)

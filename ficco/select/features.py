@@ -35,6 +35,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from ficco.defaults import SM_COUNT
 from ficco.patterns import Sizes, patterns_where, spec_of
 from ficco.problem import Pattern, Problem
 from ficco.routing import imbalance
@@ -60,7 +61,7 @@ class Roofs:
     """NCCL collective bus bandwidth at large sizes, GB/s."""
     nccl_floor_us: float
     """Fixed cost of one NCCL collective, microseconds."""
-    sm_count: int = 132
+    sm_count: int = SM_COUNT
     """SMs per GPU (H200: 132)."""
     source: str = ""
     """Where the numbers come from."""

@@ -45,7 +45,8 @@ from ficco.select.features import PATTERN_FEATURES, Roofs, raw_features
 from ficco.select.schedules import SCHEDULE_FEATURES, schedule_vector
 from ficco.space import Schedule
 from ficco.space.geometry import geometry
-from ficco.space.schedule import Granularity, Transport
+from ficco.space.schedule import Granularity
+from ficco.space.transports import CostClass
 
 #: (extent, efficiency) from the FACTS.md cuBLAS bf16 table (TFLOP/s / 792 at 8192^3).
 GEMM_EFFICIENCY: tuple[tuple[int, float], ...] = (
@@ -160,7 +161,7 @@ def _pair_physics(problem: Problem, name: str, key: tuple) -> tuple[float, ...]:
     s = Schedule.parse(name)
     g = geometry(problem, s)
     tflops = roofs.gemm_tflops[problem.dtype]
-    on_ce = s.transport is not Transport.NCCL
+    on_ce = s.transport.traits.cost_class is CostClass.CE  # else priced as NCCL's
     raw = raw_features(problem, roofs)
     whole_rows = int(raw["rows"])
     t_gemm = _gemm_ms(whole_rows, problem.n, problem.k, tflops, roofs)
@@ -189,7 +190,7 @@ def _pair_physics(problem: Problem, name: str, key: tuple) -> tuple[float, ...]:
         _log2(t_comm_s / t_comm - 1 + 1e-3) if t_comm_s > t_comm else _log2(1e-3),
         _log2(t_pred / serial_pred),
         s.sm_reserve / roofs.sm_count,
-        float(s.transport in (Transport.NCCL, Transport.SM)),  # sm: relay hops on SMs
+        float(s.transport.traits.on_sms),  # nccl, and sm's relay hops
         math.log2(g.chunks),
         *schedule_vector(s),
     )

@@ -35,7 +35,14 @@ from sklearn.utils.validation import check_is_fitted
 from ficco.problem import Problem
 from ficco.select.dataset import SERIAL, problem_from_row
 from ficco.select.families import family_class, registry
-from ficco.select.features import raw_features, roofs_for, selector_feature_names
+from ficco.select.features import (
+    PATTERN_FEATURES,
+    RAW_FEATURES,
+    ROUTING_FEATURES,
+    raw_features,
+    roofs_for,
+    selector_feature_names,
+)
 from ficco.select.features import selector_features as _problem_features
 from ficco.select.physics import PHYSICAL_PROBLEM_FEATURES, problem_physics
 from ficco.select.schedules import SCHEDULE_FEATURES, schedule_features
@@ -48,12 +55,13 @@ FAMILIES: tuple[str, ...] = tuple(registry())
 FEATURE_SETS: tuple[str, ...] = ("all", "scale_free", "physical")
 
 
+#: The routing features as the selector names them (``log2_`` where it scales them).
+_ROUTING_SELECTOR_NAMES: tuple[str, ...] = tuple(
+    dict(zip(RAW_FEATURES, selector_feature_names(), strict=True))[f] for f in ROUTING_FEATURES
+)
 #: ``feature_set="scale_free"``: no raw N, K, FLOPs or bytes (see the module docstring)
 SCALE_FREE_FEATURES: tuple[str, ...] = (
-    "is_ag_gemm",
-    "is_gemm_rs",
-    "is_a2a_gemm",
-    "is_gemm_a2a",
+    *PATTERN_FEATURES,
     "world",
     "dtype_bytes",
     "log2_m_shard",
@@ -62,16 +70,10 @@ SCALE_FREE_FEATURES: tuple[str, ...] = (
     "log2_t_comm_ce_pred_ms",
     "log2_t_comm_nccl_pred_ms",
     "log2_comm_compute_ratio",
-    "top_k",
-    "experts_per_rank",
-    "log2_tokens_per_expert",
-    "rank_imbalance",
-    "expert_imbalance",
+    *_ROUTING_SELECTOR_NAMES,
 )
 #: The routing features as the selector's feature sets name them.
-ROUTING_SELECTOR_FEATURES: frozenset[str] = frozenset(
-    {"top_k", "experts_per_rank", "log2_tokens_per_expert", "rank_imbalance", "expert_imbalance"}
-)
+ROUTING_SELECTOR_FEATURES: frozenset[str] = frozenset(_ROUTING_SELECTOR_NAMES)
 PAIR_FEATURES: tuple[str, ...] = (*SCHEDULE_FEATURES, "log2_piece_rows", "log2_pieces")
 
 

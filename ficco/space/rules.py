@@ -143,7 +143,7 @@ def transport_reduces(p: Problem, s: Schedule) -> str | None:
     # must reduce by itself
     t, collective = s.transport.traits, spec_of(p.pattern).collective
     if not t.reduces and collective.reduces and s.granularity is Granularity.SERIAL:
-        return f"{s.transport.value} has no {collective.value} ({t.summary}: they do not reduce)"
+        return f"{s.transport.value} has no {collective.label} ({t.summary}: they do not reduce)"
     return None
 
 

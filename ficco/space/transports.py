@@ -36,27 +36,52 @@ import enum
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ficco.patterns import Pattern, patterns_where, spec_of
-from ficco.patterns.spec import Collective
+from ficco.patterns.spec import Collective, PatternSpec
+from ficco.words import Word
 
-if TYPE_CHECKING:
-    from ficco.patterns.spec import PatternSpec
-    from ficco.space.schedule import Schedule
+
+class Schedule(Protocol):
+    """What this module reads of a ``ficco.space.schedule.Schedule`` (which imports this
+    module, so it is described here, not imported)."""
+
+    @property
+    def transport(self) -> Transport: ...
+
+    @property
+    def overlapped(self) -> bool: ...
+
 
 #: ``TimingOptions.graphs`` values: capture every schedule whose transport captures, only
 #: those whose plans hold no NCCL call, or none
 GRAPH_MODES = ("all", "ce", "none")
-#: the cost model's classes of data movement (``ficco.model.costs``): copy-engine copies
-#: pulled or pushed one-sidedly, or NCCL send/recv batches on SMs
-COST_CLASSES = ("ce", "nccl")
-#: the NCCL communicators a transport's collectives and send/recv run on
-COMMUNICATORS = ("nccl", "nccl_zero_cta")
+
+
+class CostClass(Word):
+    """The cost model's classes of data movement (``ficco.model.costs``): copy-engine copies
+    pulled or pushed one-sidedly, or NCCL send/recv batches on SMs."""
+
+    CE = "ce"
+    NCCL = "nccl"
+
+
+COST_CLASSES = tuple(CostClass)
+
+
+class Communicator(Word):
+    """The NCCL communicators a transport's collectives and send/recv run on."""
+
+    NCCL = "nccl"
+    NCCL_ZERO_CTA = "nccl_zero_cta"
+
+
+COMMUNICATORS = tuple(Communicator)
 #: ``CollectiveOp`` kinds of torch's symmetric-memory all-reduce kernels (symm1, symm2)
-ONE_SHOT_ALL_REDUCE = "one_shot_all_reduce"
-TWO_SHOT_ALL_REDUCE = "two_shot_all_reduce"
-SYMM_MEM_KINDS = (ONE_SHOT_ALL_REDUCE, TWO_SHOT_ALL_REDUCE)
+ONE_SHOT_ALL_REDUCE = Collective.ONE_SHOT_ALL_REDUCE
+TWO_SHOT_ALL_REDUCE = Collective.TWO_SHOT_ALL_REDUCE
+SYMM_MEM_KINDS = tuple(c for c in Collective if c.symmetric_memory)
 
 
 class Transport(enum.StrEnum):
@@ -136,7 +161,7 @@ class TransportTraits:
     carries_flags: bool
     """A fused GEMM's per-chunk flags can ride on it (flags in symmetric memory, written
     after its copies or by the peer's stores)."""
-    all_reduce_kind: str | None
+    all_reduce_kind: Collective | None
     """The ``CollectiveOp`` kind one chunk's direct all-reduce (gemm_ar) lowers to; None:
     the partials are pushed and every rank reduces them."""
     relay_only: bool = False
@@ -147,10 +172,10 @@ class TransportTraits:
     reads a separate buffer (peer-visible ``staging`` on symmetric memory, else
     ``partial``)."""
     capture: Capture
-    communicator: str | None
+    communicator: Communicator | None
     """The NCCL communicator it issues on (one of ``COMMUNICATORS``); None: its plans hold no
     NCCL call."""
-    cost_class: str
+    cost_class: CostClass
     """The cost model's class of its transfers (one of ``COST_CLASSES``): ``ce`` prices them
     as one-sided copy-engine copies (a push's receiver waits on its signal), ``nccl`` as
     NCCL send/recv batches. Uncalibrated transports are priced as the nearer class."""
@@ -164,6 +189,15 @@ class TransportTraits:
         return patterns_where(self.serves)
 
     def __post_init__(self) -> None:
+        # the words as members (a record may spell them as strings)
+        for name, word in (
+            ("cost_class", CostClass),
+            ("communicator", Communicator),
+            ("all_reduce_kind", Collective),
+        ):
+            value = getattr(self, name)
+            if value is not None and value in tuple(word):
+                object.__setattr__(self, name, word(value))
         if self.cost_class not in COST_CLASSES:
             raise ValueError(
                 f"cost_class: {self.cost_class!r} for {self.transport}; expected one of "

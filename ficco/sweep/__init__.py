@@ -92,7 +92,7 @@ def make_runner(
     """The runner ``backend``'s spec names (``ficco.backends``); ``timeout_s`` and ``timing``
     None: the backend's defaults. InputError for an unknown backend, ValueError naming a
     field the backend refuses, BackendUnavailable if it cannot run here."""
-    return backend_spec(backend).runner(seed=seed, timeout_s=timeout_s, timing=timing)
+    return backend_spec(backend).runner.load()(seed=seed, timeout_s=timeout_s, timing=timing)
 
 
 def issue_of(record: dict) -> str:

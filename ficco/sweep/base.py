@@ -287,7 +287,7 @@ def ranked(measurements: Sequence[Measurement]) -> list[Measurement]:
     ok = [
         m
         for m in measurements
-        if m.kind == "schedule" and m.verdict == "ok" and math.isfinite(m.median_ms)
+        if m.kind == "schedule" and m.verdict == Verdict.OK and math.isfinite(m.median_ms)
     ]
 
     def complexity(m: Measurement) -> int:
@@ -307,14 +307,14 @@ def outcome_of(
 
     ms = store.measurements(problem.key)
     best = ranked(ms)
-    base = {m.name: m.median_ms for m in ms if m.kind == "baseline" and m.verdict == "ok"}
+    base = {m.name: m.median_ms for m in ms if m.kind == "baseline" and m.verdict == Verdict.OK}
     serial = base.get(BASELINE_GEMM, math.nan) + base.get(BASELINE_COMM, math.nan)
     return ProblemOutcome(
         problem=problem,
         candidates=n_candidates,
         measured=measured,
         reused=reused,
-        failed=sum(1 for m in ms if m.kind == "schedule" and m.verdict != "ok"),
+        failed=sum(1 for m in ms if m.kind == "schedule" and m.verdict != Verdict.OK),
         best=best[0] if best else None,
         runner_up=best[1] if len(best) > 1 else None,
         serial_ms=serial,

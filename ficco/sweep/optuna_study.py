@@ -44,6 +44,7 @@ from ficco.sweep.base import (
     record_baselines,
 )
 from ficco.sweep.runners import Runner
+from ficco.verdict import Verdict
 
 #: Schedule axes in sampling order: coarse choices first, so later ones are conditional.
 AXES = (
@@ -150,7 +151,7 @@ def _tell(study, trial, m: Measurement | None) -> None:
     trial.set_user_attr("verdict", m.verdict)
     trial.set_user_attr("median_ms", m.median_ms)
     trial.set_user_attr("spread_ms", m.spread_ms)
-    if m.verdict == "ok" and math.isfinite(m.median_ms):
+    if m.verdict == Verdict.OK and math.isfinite(m.median_ms):
         study.tell(trial, m.median_ms)
     else:
         trial.set_user_attr("detail", m.detail[:500])

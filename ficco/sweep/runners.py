@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ficco.backends import backend_spec
+from ficco.backends import BackendUnavailable, backend_spec
 from ficco.defaults import SEED
 from ficco.execute.options import TimingOptions
 from ficco.measure.record import BASELINE_COMM, BASELINE_GEMM, Measurement
@@ -34,10 +34,6 @@ CPU_TIMING_NOTE = (
     "host perf_counter per iteration after a barrier, max across gloo ranks; exercises the "
     "harness only, never a profile"
 )
-
-
-class BackendUnavailable(RuntimeError):
-    """The requested backend cannot run on this machine."""
 
 
 class Runner(abc.ABC):
@@ -235,7 +231,7 @@ class CpuRunner(PoolRunner):
         ]
 
     def notes(self, m: Measurement) -> dict[str, Any]:
-        return {"timing": CPU_TIMING_NOTE} if m.verdict == "ok" else {}
+        return {"timing": CPU_TIMING_NOTE} if m.verdict == Verdict.OK else {}
 
 
 class CudaRunner(PoolRunner):

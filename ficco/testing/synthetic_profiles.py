@@ -21,7 +21,7 @@ import math
 from functools import lru_cache
 
 from ficco.problem import Problem
-from ficco.space.transports import traits
+from ficco.space.transports import CostClass, traits
 
 #: Made-up models: (hidden, ffn); names say they are synthetic.
 SYNTHETIC_MODELS: dict[str, tuple[int, int]] = {
@@ -110,7 +110,7 @@ def synthetic_time_ms(problem: Problem, schedule: str) -> float:
     rows, _, comm_bytes, shard_bytes, _ = _sizes(problem)
     w = problem.world
     head, transport, gemm = schedule.split("+")[0].split("/")
-    nccl = traits(transport).cost_class == "nccl"  # SM kernels, else copy-engine copies
+    nccl = traits(transport).cost_class is CostClass.NCCL  # SM kernels, else copy-engine copies
     hi = schedule.endswith("+hi")
     triton = gemm == "triton"
     if head == "serial":

@@ -13,8 +13,8 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from ficco.execute import scaled_mm  # noqa: E402
 from ficco.execute.scaled import quantize  # noqa: E402
+from ficco.kernels import scaled_mm  # noqa: E402
 from ficco.problem import Problem  # noqa: E402
 from ficco.verdict import Unavailable  # noqa: E402
 

@@ -89,7 +89,7 @@ def fp8_problem(pattern: str, world: int, a_scale: str, b_scale: str, dtype="fp8
 
 def fp8_refusal():
     """Why this GPU or torch runs no e4m3 GEMM (None: it does)."""
-    from ficco.execute.scaled_mm import gpu_refusal
+    from ficco.kernels.scaled_mm import gpu_refusal
 
     return gpu_refusal("fp8_e4m3", torch.device("cuda", 0))
 

@@ -38,7 +38,7 @@ def test_every_fp8_config_matches_the_reference_and_scaled_mm(dtype, pair):
     from ficco.kernels.scaled_configs import FP8_GPU_CONFIGS
 
     a, b, sa, sb, ref = _operands(1000, 1040, 1024, dtype, pair)  # ragged M and N tiles
-    from ficco.execute.scaled_mm import scaled_matmul as cublas_matmul
+    from ficco.kernels.scaled_mm import scaled_matmul as cublas_matmul
 
     cublas = 0.0  # cuBLASLt has no e5m2 x e5m2 GEMM (ficco's Triton kernel has)
     if dtype == torch.float8_e4m3fn:
@@ -126,7 +126,7 @@ def test_cublaslt_row_wise_takes_any_rows_at_aligned_scales_and_no_scales_off_th
     import json
     import os
 
-    from ficco.execute import scaled_mm
+    from ficco.kernels import scaled_mm
 
     a_all, b, sa_all, sb, _ = _operands(80, 64, 128, torch.float8_e4m3fn, ("row", "col"))
     ran: dict[str, dict[int, str]] = {"aligned": {}, "scale_offset_4": {}}
