@@ -45,6 +45,9 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ficco.dtypes",
             "ficco.outputs",
             "ficco.words",
+            # machine descriptions are data (JSON read into a dataclass): the physical floor
+            # of a timing and the cost model both read them
+            "ficco.model.machine",
         ),
     ),
     # the pattern registry: the enum, the spec type, the lookup that Problem reads
@@ -72,6 +75,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ficco.execute.timing",
             "ficco.measure.record",
             "ficco.measure.repeat",
+            "ficco.measure.floor",
         ),
     ),
     ("kernels", ("ficco.kernels",)),
