@@ -54,7 +54,7 @@ from ficco.execute.cuda_setup import FLUSH_BYTES, RankContext
 from ficco.plan import CollectiveOp, Plan, TransferOp, build_plan, run_tag
 from ficco.problem import Pattern, Problem
 from ficco.space import Compute, Schedule, runs_as_graph
-from ficco.space.transports import SYMM_MEM_KINDS
+from ficco.space.transports import LAMPORT_KINDS, SYMM_MEM_KINDS
 from ficco.verdict import Unavailable
 
 #: what every run of this backend says about its timings
@@ -68,6 +68,10 @@ FUSED_REASON = (
 SYMM_REASON = (
     "symm1/symm2 run symmetric memory's all-reduce kernels, and symmetric memory refuses ranks "
     f"on one GPU ({NEEDS_DISTINCT_GPUS})"
+)
+LAMPORT_REASON = (
+    "lamport1/lamport2 kernels spin on flags that the peers' kernels set, and kernels of ranks "
+    f"that share a GPU do not run concurrently ({NEEDS_DISTINCT_GPUS})"
 )
 NCCL_CE_REASON = f"nccl_ce needs NCCL, which refuses two ranks on one GPU ({NEEDS_DISTINCT_GPUS})"
 ASYNC_TP_REASON = (
@@ -87,6 +91,8 @@ def shared_capability(problem: Problem, schedule: Schedule) -> str | None:
     traits = schedule.transport.traits
     if traits.all_reduce_kind in SYMM_MEM_KINDS:  # torch's symmetric-memory kernels
         return SYMM_REASON
+    if traits.all_reduce_kind in LAMPORT_KINDS:
+        return LAMPORT_REASON
     if traits.communicator == "nccl_zero_cta":
         return NCCL_CE_REASON
     return None
