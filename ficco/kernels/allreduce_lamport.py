@@ -129,24 +129,21 @@ def _signal(flag_ref, flag_offs, slot, phase, rank, pid, epoch, WORLD: tl.conste
 
 @triton.jit
 def _wait_epoch(flag_ptr, epoch, status_ptr, budget_ns, ON_GPU: tl.constexpr):
-    # until the flag holds this call's epoch (acquire), or the wait gives up (status set)
+    # until the flag holds this call's epoch (acquire), or the wait gives up: on GPUs after
+    # budget_ns on the clock, under the interpreter when the host watchdog sets status; an
+    # earlier give-up of this launch (status set) ends every later wait at once. Every thread
+    # spins and decides for itself (no CTA barrier inside the loop).
     val = _acquire_load(flag_ptr, ON_GPU)
     if val != epoch:
         if ON_GPU:
             start = _globaltimer()
-            waiting = tl.load(status_ptr, volatile=True) == 0
-            while waiting:
-                val = tl.load(flag_ptr, volatile=True)
-                if val == epoch:
-                    waiting = False
-                elif _globaltimer() - start > budget_ns:
+        given_up = tl.load(status_ptr, volatile=True)
+        while (val != epoch) & (given_up == 0):
+            val = tl.load(flag_ptr, volatile=True)
+            if ON_GPU:  # noqa: SIM102 - a constexpr branch: `start` exists only on GPUs
+                if (val != epoch) & (_globaltimer() - start > budget_ns):
                     tl.store(status_ptr, 1)
-                    waiting = False
-                elif tl.load(status_ptr, volatile=True) != 0:
-                    waiting = False  # an earlier wait of this launch gave up: do not stall
-        else:
-            while (val != epoch) & (tl.load(status_ptr, volatile=True) == 0):
-                val = tl.load(flag_ptr, volatile=True)
+            given_up = tl.load(status_ptr, volatile=True)
         val = _acquire_load(flag_ptr, ON_GPU)
 
 
