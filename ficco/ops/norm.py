@@ -64,8 +64,9 @@ def kernel_refusal(partial: torch.Tensor, group: dist.ProcessGroup) -> str | Non
 
     if not partial.is_cuda:
         return "the tensors are not on a GPU"
-    if dist.get_backend(group) != "nccl":
-        return f"the group's backend is {dist.get_backend(group)}, not nccl (one GPU per rank)"
+    backend = str(dist.get_backend(group))
+    if "nccl" not in backend:  # NCCL refuses ranks that share a GPU: one GPU per rank
+        return f"the group's backend is {backend}, not nccl (one GPU per rank)"
     if not 2 <= group.size() <= 8:
         return f"the kernel serves 2 to 8 ranks, the group has {group.size()}"
     if partial.dtype not in _KERNEL_DTYPES:
