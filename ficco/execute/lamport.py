@@ -13,13 +13,16 @@ refused inside a graph capture.
   Triton interpreter, each rank's process spinning on its own flags: the same protocol.
 
 Ranks that share one GPU (``cuda_shared``, CUDA IPC buffers) cannot run these kernels: a
-kernel of one process spins on a flag that a kernel of another process must set, and the
-GPU runs the two processes' kernels one after the other, not at once (FACTS.md: "Two ranks
-on one GPU"), so every wait only times out.
+kernel of one process spins on a flag that a kernel of another process must set, and one GPU
+runs the two processes' kernels one after the other, not at once (measured on one H100,
+torch 2.11: such a spinner saw the flag only after its spin budget ran out, or never), so
+every wait only times out. That lane refuses them (``ficco.execute.cuda_shared``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 import weakref
 
 import torch
@@ -73,6 +76,10 @@ def cuda_workspace(group_name: str, needed_bytes: int) -> LamportWorkspace:
     world, rank = group.size(), group.rank()
     capacity = _capacity(needed_bytes)
     scratch_bytes, flag_count = workspace_bytes(world, capacity)
+    # older torch needs this for a caller's group (the ops); torch 2.11 deprecates it
+    with contextlib.suppress(Exception), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        symm_mem.enable_symm_mem_for_group(group_name)
     whole = symm_mem.empty(scratch_bytes + 4 * flag_count, dtype=torch.uint8, device=device)
     whole[scratch_bytes:].zero_()  # flags: zero before any peer can write one
     handle = symm_mem.rendezvous(whole, group_name)

@@ -8,7 +8,8 @@ epilogue against torch's rms_norm in float64 and its FP8 output. Two GPUs: gemm_
 schedules verified and timed as graphs, and the op on an NCCL group. Ranks that share one GPU
 (the one-GPU lane, separate processes) cannot run these kernels: a kernel spins on a flag
 that a kernel of another process sets, and one GPU runs the processes' kernels one after the
-other (FACTS.md, "Two ranks on one GPU"), so those tests need 2 GPUs.
+other (on one H100 a spinner saw such a flag only after its budget ran out, or never), so
+those tests need 2 GPUs.
 
     python -m pytest -q tests/gpu/test_lamport_allreduce_gpu.py
 """
@@ -30,7 +31,7 @@ EPS = 1e-5
 two_gpus = pytest.mark.gpus(
     2,
     why="the kernels spin on flags other ranks' kernels set, and kernels of processes that "
-    "share one GPU do not run concurrently (FACTS.md: two ranks on one GPU)",
+    "share one GPU do not run concurrently",
 )
 
 
