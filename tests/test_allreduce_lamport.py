@@ -136,7 +136,9 @@ def test_the_epoch_wraps_to_one_and_the_slot_keeps_cycling():
 def test_bad_calls_are_refused_naming_the_field():
     (w0, _) = lam.local_workspaces(2, 64)
     x = torch.zeros(4, 4)
-    with pytest.raises(ValueError, match="kind: lamport_one_shot or lamport_two_shot"):
+    with pytest.raises(
+        ValueError, match="kind: lamport_one_shot_all_reduce or lamport_two_shot_all_reduce"
+    ):
         lam.all_reduce(w0, "three_shot", x, x)
     with pytest.raises(ValueError, match="src, dst: one shape and dtype"):
         lam.all_reduce(w0, LAMPORT_ONE_SHOT, x, torch.zeros(4, 4, dtype=torch.float16))

@@ -16,9 +16,10 @@ barrier around them, and they capture into CUDA graphs. They take no SM budget: 
 dispatch fp32 and bf16 only and need each range's offset and size 4-byte aligned (the space's
 ``transport_*`` rules, from their ``ficco.space.transports`` traits).
 
-lamport1 / lamport2 (kinds ``lamport_one_shot`` / ``lamport_two_shot``): ficco's kernels
-(``ficco.kernels.allreduce_lamport``) on a workspace of the group's symmetric memory
-(``ficco.execute.lamport``); no barrier per call, captured into CUDA graphs. They sum in
+lamport1 / lamport2 (kinds ``lamport_one_shot_all_reduce`` / ``lamport_two_shot_all_reduce``):
+ficco's kernels (``ficco.kernels.allreduce_lamport``) on a workspace of the group's
+symmetric memory (``ficco.execute.lamport``); no barrier per call, captured into CUDA
+graphs. They sum in
 fp32 in rank order and round once. On CPU with ficco's shared files the same kernels run
 under the Triton interpreter over file-backed scratch and flags (the same protocol, each
 rank a process); without shared files (a caller's gloo group) the gloo algorithms below run,

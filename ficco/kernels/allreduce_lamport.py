@@ -18,12 +18,12 @@ the expected flag value advance on the device, so a CUDA graph replays the same 
 forever. Every rank launches the same grids in the same order (same shapes), so program p's
 epoch agrees across ranks call by call.
 
-One-shot (``one_shot``): program p pushes its blocks of the input into every peer's scratch
+One-shot (``_one_shot_kernel``): program p pushes its blocks of the input into every peer's scratch
 row ``rank`` of the slot, then (a CTA barrier, then a release store at system scope, which
 is cumulative over the CTA's stores) writes ``epoch`` into that peer's flag
 ``[slot, 0, rank, p]``. It then waits (acquire) until its own flags ``[slot, 0, s, p]`` equal
 ``epoch`` for every source s, and sums the W rows in rank order in fp32 (its own input read
-from ``src``), rounding once. Two-shot (``two_shot``): the same push for slice d of the
+from ``src``), rounding once. Two-shot (``_two_shot_kernel``): the same push for slice d of the
 input to its owner d (phase 0, a reduce-scatter), the owner's rank-order sum written to its
 ``dst`` slice and pushed to every peer (phase 1, an all-gather), then each rank copies the
 peers' reduced slices from its scratch into ``dst``. Every rank's result has the same bits.
@@ -35,7 +35,7 @@ off data still being read; the third keeps the epoch expected in a slot unique a
 calls that can be in flight at once even where a rank runs a call ahead. A stale flag holds
 ``epoch - 3`` (or 0 before the slot's first use), never ``epoch``.
 
-The fused variant (``one_shot_rms_norm``) reduces whole rows and, in the same program, adds
+The fused variant (``_one_shot_rms_norm_kernel``) reduces whole rows and, in the same program, adds
 the residual, stores the new residual, and writes ``rms_norm(new_residual) * weight``
 (optionally as FP8 e4m3 divided by a scale), as vLLM's ``fused_add_rms_norm`` after its
 all-reduce: ``new_residual = round(sum + residual)``, the norm from that rounded value in
@@ -200,9 +200,10 @@ def all_reduce(
     phases: int | None = None,
     num_warps: int = 4,
 ) -> None:
-    """``dst = sum over ranks of src`` (``kind``: 'one_shot' or 'two_shot'), issued on the
-    current stream. ``src``, ``dst``: contiguous, one shape and dtype (they may be one
-    tensor). ``phases``: a bitmask of the phases to run (None: all; tests only)."""
+    """``dst = sum over ranks of src``, issued on the current stream. ``kind``:
+    ``LAMPORT_ONE_SHOT`` or ``LAMPORT_TWO_SHOT`` (``ficco.space.transports``); ``src``,
+    ``dst``: contiguous, one shape and dtype (they may be one tensor); ``phases``: a bitmask
+    of the phases to run (None: all; tests only)."""
     from ficco.space.transports import LAMPORT_ONE_SHOT, LAMPORT_TWO_SHOT
 
     if kind not in (LAMPORT_ONE_SHOT, LAMPORT_TWO_SHOT):

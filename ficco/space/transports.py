@@ -59,8 +59,8 @@ TWO_SHOT_ALL_REDUCE = "two_shot_all_reduce"
 SYMM_MEM_KINDS = (ONE_SHOT_ALL_REDUCE, TWO_SHOT_ALL_REDUCE)
 #: ``CollectiveOp`` kinds of ficco's Triton all-reduce kernels with value-encoded flags
 #: (lamport1, lamport2: ``ficco.kernels.allreduce_lamport``)
-LAMPORT_ONE_SHOT = "lamport_one_shot"
-LAMPORT_TWO_SHOT = "lamport_two_shot"
+LAMPORT_ONE_SHOT = "lamport_one_shot_all_reduce"
+LAMPORT_TWO_SHOT = "lamport_two_shot_all_reduce"
 LAMPORT_KINDS = (LAMPORT_ONE_SHOT, LAMPORT_TWO_SHOT)
 
 
