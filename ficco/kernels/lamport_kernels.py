@@ -101,7 +101,7 @@ def _wait_sources(flag_ref, flag_offs, slot, phase, rank, pid, epoch, status_ptr
     tl.debug_barrier()
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # every rank runs one binary
 def _one_shot_kernel(
     src_ptr,  # [numel] this rank's input
     dst_ptr,  # [numel] the sum (may be src)
@@ -157,7 +157,7 @@ def _one_shot_kernel(
         tl.store(epochs_ptr + pid, epoch)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # every rank runs one binary
 def _two_shot_kernel(
     src_ptr, dst_ptr, numel, data_ref, scratch_offs, flag_ref, flag_offs, epochs_ptr,
     status_ptr, rank, cap, budget_ns,
@@ -221,7 +221,7 @@ def _two_shot_kernel(
         tl.store(epochs_ptr + pid, epoch)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # every rank runs one binary
 def _one_shot_rms_norm_kernel(
     src_ptr,  # [rows, n] this rank's partial
     residual_ptr,  # [rows, n]
