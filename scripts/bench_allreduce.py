@@ -12,7 +12,14 @@
   ready) and after it (nobody overwrites a buffer a peer still reads);
 - ``ce_pull_batched``: the same with every peer's copy of one rank issued back to back on one
   stream, and in graphs the whole step captured once, so the copies' fixed cost is paid at
-  replay, not at launch (the DMA-Latte recipe without a driver batch API).
+  replay, not at launch (the DMA-Latte recipe without a driver batch API);
+- ``lamport1`` / ``lamport2``: ficco's Triton one-shot / two-shot kernels with epoch-valued
+  flags (``ficco.kernels.allreduce_lamport``: no barrier per call), up to ``LAMPORT_MAX_BYTES``;
+- all-reduce + residual add + RMSNorm (decode sizes, up to ``NORM_MAX_BYTES``; the buffer as
+  rows of ``NORM_HIDDEN``): ``nccl_norm``, ``one_shot_norm``, ``two_shot_norm``,
+  ``lamport1_norm``: that all-reduce, then ``x + residual`` and ``F.rms_norm`` (unfused);
+  ``fused_norm``: ``ficco.ops.all_reduce_add_rms_norm``, one kernel. Verified against the
+  fp32 sum plus the residual, normalized (the same tolerance).
 
 Protocol: each transport is first verified on fresh random inputs (every rank's result equal
 to the fp32 sum of all ranks' inputs within bf16 tolerance; a transport that fails, raises or
@@ -24,7 +31,8 @@ Bus bandwidth = 2 (W - 1) / W x bytes / time (NCCL's convention).
 
 (b) The row-parallel layers (out-proj, fc2) of ``--models`` at W ranks, M in ``--tokens``, as
 gemm_ar problems: every schedule the space enumerates (``LAYER_SPACE``: every transport, the
-symmetric-memory kernels ``symm1``/``symm2`` included, cuBLAS, 2/4/8 chunks, no SM reserve),
+symmetric-memory kernels ``symm1``/``symm2`` and ficco's ``lamport1``/``lamport2`` included,
+cuBLAS, 2/4/8 chunks, no SM reserve),
 run by ficco's executor (``ficco.execute``: verified against an fp32 reference, captured
 and verified again, timed in interleaved rounds with the L2 flushed, the max over ranks,
 median), beside serial NCCL + cuBLAS (eager and graphed), serial with the two-shot kernel
@@ -59,7 +67,16 @@ from rank_spawn import spawn_ranks  # noqa: E402
 from ficco.execute.options import TimingOptions  # noqa: E402
 from ficco.execute.timing import RanksClock, time_rounds  # noqa: E402
 
-TRANSPORTS = ("nccl", "one_shot", "two_shot", "ce_pull", "ce_pull_batched")
+PLAIN = ("nccl", "one_shot", "two_shot", "ce_pull", "ce_pull_batched", "lamport1", "lamport2")
+#: all-reduce + residual + RMSNorm: the unfused sequences (an all-reduce of PLAIN, then torch)
+#: and ficco's fused op
+UNFUSED_NORM = ("nccl_norm", "one_shot_norm", "two_shot_norm", "lamport1_norm")
+FUSED_NORM = "fused_norm"
+TRANSPORTS = (*PLAIN, *UNFUSED_NORM, FUSED_NORM)
+LAMPORT_MAX_BYTES = 64 << 20  # the decode-to-prefill range; one-shot scratch is 6 W x bytes
+NORM_MAX_BYTES = 4 << 20  # decode: 512 tokens x 4096 x bf16
+NORM_HIDDEN = 8192
+NORM_EPS = 1e-5
 #: (b): the models and token counts of the layer suite
 MODELS = ("llama3-8b", "llama3-70b", "mistral-large-2")
 TOKENS = (1, 4, 16, 64, 256, 512, 2048, 8192)
@@ -69,13 +86,32 @@ SIZES = tuple(8192 << i for i in range(16))  # 8 KiB ... 256 MiB
 TOLERANCE = 2e-2  # bf16 sum of W partials against the fp32 sum, relative Frobenius
 
 
+def applies(name: str, nbytes: int) -> bool:
+    """Whether ``name`` is measured at ``nbytes`` (its size range)."""
+    if name in (*UNFUSED_NORM, FUSED_NORM):
+        return nbytes <= NORM_MAX_BYTES
+    return nbytes <= LAMPORT_MAX_BYTES if name.startswith("lamport") else True
+
+
 class AllReduce:
-    """One transport over one symmetric buffer of ``numel`` bf16 elements."""
+    """One transport over one symmetric buffer of ``numel`` bf16 elements (a ``*_norm`` one:
+    then the residual add and RMSNorm of the sum, as ``[rows, NORM_HIDDEN]``)."""
 
     def __init__(self, name: str, numel: int, group, device) -> None:
         import torch.distributed._symmetric_memory as symm_mem
 
         self.name, self.group, self.device = name, group, device
+        self.norm = name in (*UNFUSED_NORM, FUSED_NORM)
+        if self.norm:
+            self.cols = min(numel, NORM_HIDDEN)
+            self.rows = numel // self.cols
+            gen = torch.Generator(device=device).manual_seed(7)  # replicated: every rank's
+            self.residual = torch.randn(self.rows, self.cols, device=device, generator=gen).to(
+                torch.bfloat16
+            )
+            self.weight = (1 + 0.1 * torch.randn(self.cols, device=device, generator=gen)).to(
+                torch.bfloat16
+            )
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.buf = symm_mem.empty(numel, dtype=torch.bfloat16, device=device)
         self.handle = symm_mem.rendezvous(self.buf, group.group_name)
@@ -85,8 +121,33 @@ class AllReduce:
         self.out = torch.empty(numel, dtype=torch.bfloat16, device=device)
 
     def __call__(self) -> torch.Tensor:
-        """All-reduce ``self.buf``; returns the tensor holding the result."""
-        name = self.name
+        """All-reduce ``self.buf`` (then the residual add and RMSNorm); returns the result."""
+        if not self.norm:
+            return self._all_reduce(self.name)
+        import torch.nn.functional as F
+
+        if self.name == FUSED_NORM:
+            from ficco.ops import all_reduce_add_rms_norm
+
+            rows = self.buf.view(self.rows, self.cols)
+            normed, _ = all_reduce_add_rms_norm(
+                rows, self.residual, self.weight, self.group, eps=NORM_EPS
+            )
+            return normed
+        summed = self._all_reduce(self.name.removesuffix("_norm"))
+        new_residual = summed.view(self.rows, self.cols) + self.residual
+        return F.rms_norm(new_residual, (self.cols,), self.weight, NORM_EPS)
+
+    def reference(self, summed: torch.Tensor) -> torch.Tensor:
+        """What ``self()`` should return, from the fp32 sum of the ranks' inputs."""
+        if not self.norm:
+            return summed
+        import torch.nn.functional as F
+
+        new_residual = summed.view(self.rows, self.cols) + self.residual.float()
+        return F.rms_norm(new_residual, (self.cols,), self.weight.float(), NORM_EPS)
+
+    def _all_reduce(self, name: str) -> torch.Tensor:
         if name == "nccl":
             dist.all_reduce(self.buf, group=self.group)
             return self.buf
@@ -97,6 +158,13 @@ class AllReduce:
             return self.buf
         if name in ("ce_pull", "ce_pull_batched"):
             return self._ce_pull(batched=name == "ce_pull_batched")
+        if name in ("lamport1", "lamport2"):
+            from ficco.execute.allreduce import lamport_all_reduce
+            from ficco.space.transports import LAMPORT_ONE_SHOT, LAMPORT_TWO_SHOT
+
+            kind = LAMPORT_ONE_SHOT if name == "lamport1" else LAMPORT_TWO_SHOT
+            lamport_all_reduce(kind, self.buf, self.out, self.group.group_name)
+            return self.out
         raise ValueError(f"transport: unknown {name!r}; expected one of {', '.join(TRANSPORTS)}")
 
     def _ce_pull(self, batched: bool) -> torch.Tensor:
@@ -129,7 +197,7 @@ def verify(op: AllReduce, seed: int) -> float:
     mine = torch.randn(op.buf.numel(), device=op.device, generator=gen).to(torch.bfloat16)
     every = [torch.empty_like(mine) for _ in range(op.world)]
     dist.all_gather(every, mine, group=op.group)
-    want = torch.stack([t.float() for t in every]).sum(0)
+    want = op.reference(torch.stack([t.float() for t in every]).sum(0))
     op.buf.copy_(mine)
     torch.cuda.synchronize(op.device)
     dist.barrier(group=op.group)
@@ -164,7 +232,7 @@ def one_size(nbytes: int, group, device, args: dict) -> list[dict]:
     world = dist.get_world_size(group)
     numel = nbytes // 2
     ops, rows, timed = {}, {}, {}
-    for name in args["transports"]:
+    for name in [t for t in args["transports"] if applies(t, nbytes)]:
         row = rows[name] = {"transport": name, "bytes": nbytes, "world": world}
         try:
             op = ops[name] = AllReduce(name, numel, group, device)
@@ -234,11 +302,12 @@ def rank_main(rank: int, world: int, init_file: str, args: dict, result_file: st
     try:
         rows = []
         for nbytes in args["sizes"]:
-            rows.extend(one_size(nbytes, group, device, args))
+            new = one_size(nbytes, group, device, args)
+            rows.extend(new)
             if rank == 0:
                 best = {
                     r["transport"]: round(1000 * r[m]["median_ms"], 1)
-                    for r in rows[-len(args["transports"]) :]
+                    for r in new
                     for m in ("graph",)
                     if m in r
                 }
@@ -261,13 +330,15 @@ def summarize(rows: list[dict]) -> dict:
                 for r in rows
                 if r["bytes"] == nbytes and mode in r
             }
-            if not here:
+            plain = {k: v for k, v in here.items() if k in PLAIN}
+            if not plain:
                 continue
-            best = min(here, key=here.get)
+            best = min(plain, key=plain.get)  # of the plain all-reduces (no norm)
             per[str(nbytes)] = {
                 "best": best,
                 "best_us": 1000 * here[best],
                 "nccl_over_best": here["nccl"] / here[best] if "nccl" in here else None,
+                **norm_speedup(here),
             }
         out[mode] = per
     out["failures"] = [
@@ -276,6 +347,19 @@ def summarize(rows: list[dict]) -> dict:
         if "failure" in r
     ]
     return out
+
+
+def norm_speedup(here: dict[str, float]) -> dict:
+    """At one size: the fused all-reduce + residual + RMSNorm against the fastest unfused
+    sequence (how many times faster), where both were measured."""
+    unfused = {k: v for k, v in here.items() if k in UNFUSED_NORM}
+    if FUSED_NORM not in here or not unfused:
+        return {}
+    fastest = min(unfused, key=unfused.get)
+    return {
+        "fastest_unfused_norm": fastest,
+        "unfused_over_fused_norm": here[fastest] / here[FUSED_NORM],
+    }
 
 
 def layer_space():

@@ -8,13 +8,19 @@ Per rank, batch ``B`` of new tokens, the activation ``x [B, H]`` replicated:
     gu  = rmsnorm(x) @ w_gate_up                     # [B, 2 F / W]
     y   = x + all_reduce((silu(g) * u) @ w_down)     # row-parallel fc2
 
-with the two ``all_reduce(a @ b)`` done four ways, side by side in one run:
+with the two ``all_reduce(a @ b)`` done these ways, side by side in one run:
 
 - ``ficco``: ``ficco.ops.matmul_all_reduce``, the schedule picked per call (serial with one
   warning while no table covers gemm_ar);
 - ``nccl``: ``torch.mm`` then ``dist.all_reduce``;
 - ``two_shot``: ``torch.mm`` into a symmetric buffer, then PyTorch's
   ``two_shot_all_reduce_`` (CUDA only);
+- ``lamport1``: ``torch.mm``, then ficco's one-shot kernel with epoch-valued flags
+  (``ficco.kernels.allreduce_lamport``; CUDA only);
+- ``fused_norm``: the out-projection's all-reduce, the residual add and the next RMSNorm as
+  one op (``ficco.ops.all_reduce_add_rms_norm``: one kernel on CUDA; on CPU the gloo
+  all-reduce then the same arithmetic), fc2's all-reduce as ``lamport1`` (CUDA) or
+  ``ficco`` (CPU);
 - ``no_comm``: the all-reduces left out: the step's ideal, its output wrong by design (not
   verified, only timed).
 
@@ -62,7 +68,9 @@ from ficco.execute.options import TimingOptions  # noqa: E402
 from ficco.execute.timing import RanksClock, time_rounds  # noqa: E402
 
 BATCHES = (1, 4, 16, 64, 256)
-IMPLS = ("ficco", "nccl", "two_shot", "no_comm")
+IMPLS = ("ficco", "nccl", "two_shot", "lamport1", "fused_norm", "no_comm")
+#: implementations that run on CUDA only (symmetric memory, ficco's peer-pointer kernels)
+CUDA_ONLY = ("two_shot", "lamport1")
 
 
 def matmul_all_reduces(impl: str, group, device):
@@ -81,6 +89,19 @@ def matmul_all_reduces(impl: str, group, device):
         return nccl
     if impl == "no_comm":
         return lambda a, b: a @ b
+    if impl == "lamport1" or (impl == "fused_norm" and device.type == "cuda"):
+        from ficco.execute.allreduce import lamport_all_reduce
+        from ficco.space.transports import LAMPORT_ONE_SHOT
+
+        def lamport1(a, b):
+            c = a @ b
+            out = torch.empty_like(c)
+            lamport_all_reduce(LAMPORT_ONE_SHOT, c, out, group.group_name)
+            return out
+
+        return lamport1
+    if impl == "fused_norm":  # CPU: ficco's op on the gloo group
+        return matmul_all_reduces("ficco", group, device)
     if impl == "two_shot":
         import torch.distributed._symmetric_memory as symm_mem
 
@@ -101,8 +122,20 @@ def matmul_all_reduces(impl: str, group, device):
     raise ValueError(f"impl: unknown {impl!r}; expected one of {', '.join(IMPLS)}")
 
 
-def decode_step(x, cache, weights, dims: BlockDims, mm_ar):
-    """One decode step (module docstring). ``x [B, H]``; ``cache`` = (k, v) ``[hkv, T, d]``."""
+def add_norms(impl: str, group, hidden: int, dtype, device):
+    """``f(a, b, residual) = (rmsnorm(new), new)``, ``new = residual + all_reduce(a @ b)``, as
+    one op (``fused_norm``), or None (the step adds and normalizes after ``mm_ar``)."""
+    if impl != "fused_norm":
+        return None
+    from ficco.ops import all_reduce_add_rms_norm
+
+    ones = torch.ones(hidden, dtype=dtype, device=device)  # bench_block's rmsnorm: no weight
+    return lambda a, b, residual: all_reduce_add_rms_norm(a @ b, residual, ones, group, eps=1e-5)
+
+
+def decode_step(x, cache, weights, dims: BlockDims, mm_ar, add_norm=None):
+    """One decode step (module docstring). ``x [B, H]``; ``cache`` = (k, v) ``[hkv, T, d]``;
+    ``add_norm``: the out-projection's all-reduce, residual add and RMSNorm as one call."""
     w_qkv, w_o, w_gate_up, w_down = weights
     b, d = x.shape[0], dims.head_dim
     qkv = rmsnorm(x) @ w_qkv
@@ -117,8 +150,13 @@ def decode_step(x, cache, weights, dims: BlockDims, mm_ar):
     o = F.scaled_dot_product_attention(
         q, k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)
     )
-    x = x + mm_ar(o.transpose(0, 1).reshape(b, dims.heads * d), w_o)
-    gate, up = (rmsnorm(x) @ w_gate_up).chunk(2, dim=-1)
+    attn = o.transpose(0, 1).reshape(b, dims.heads * d)
+    if add_norm is None:
+        x = x + mm_ar(attn, w_o)
+        normed = rmsnorm(x)
+    else:
+        normed, x = add_norm(attn, w_o, x)
+    gate, up = (normed @ w_gate_up).chunk(2, dim=-1)
     return x + mm_ar(F.silu(gate) * up, w_down)
 
 
@@ -164,7 +202,7 @@ def one_batch(batch: int, rank: int, world: int, device, args: dict) -> dict:
         .to(device)
         for _ in range(2)
     )
-    impls = [i for i in args["impls"] if cuda or i not in ("two_shot",)]
+    impls = [i for i in args["impls"] if cuda or i not in CUDA_ONLY]
     row = {"batch": batch, "ok": {}, "errors": {}, "failures": {}}
     steps = {}
     with torch.no_grad(), warnings.catch_warnings():
@@ -174,9 +212,10 @@ def one_batch(batch: int, rank: int, world: int, device, args: dict) -> dict:
             # one f per implementation, kept across calls: two_shot's symmetric buffers are
             # made in the first (eager) call and reused under capture, where freeing one aborts
             mm_ar = matmul_all_reduces(impl, group, device)
+            add_norm = add_norms(impl, group, dims.hidden, dtype, device)
 
-            def step(mm_ar=mm_ar):
-                return decode_step(x, cache, weights, dims, mm_ar)
+            def step(mm_ar=mm_ar, add_norm=add_norm):
+                return decode_step(x, cache, weights, dims, mm_ar, add_norm)
 
             try:
                 got = step()
@@ -220,12 +259,14 @@ def time_graphed(steps: dict, args: dict, device) -> dict:
     )  # fmt: skip
     ms = {name: statistics.median(v) for name, v in samples.items()}
     out = {"ms": ms, "mode": mode}
-    if "ficco" in ms:
+    for mine in ("ficco", "lamport1", "fused_norm"):
+        if mine not in ms:
+            continue
         for base in ("nccl", "two_shot"):
             if base in ms:
-                out[f"{base}_over_ficco"] = ms[base] / ms["ficco"]
+                out[f"{base}_over_{mine}"] = ms[base] / ms[mine]
         if "no_comm" in ms:
-            out["ficco_over_no_comm"] = ms["ficco"] / ms["no_comm"]
+            out[f"{mine}_over_no_comm"] = ms[mine] / ms["no_comm"]
     return out
 
 
@@ -261,7 +302,8 @@ def main(argv=None) -> int:
         return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
     report = {
-        "benchmark": "tensor-parallel decode step: ficco's matmul_all_reduce vs NCCL vs two-shot",
+        "benchmark": "tensor-parallel decode step: ficco's matmul_all_reduce, lamport1 and the "
+        "fused all-reduce + residual + RMSNorm vs NCCL vs two-shot",
         "config": config,
         "world": args.world,
         "fingerprint": fingerprint(args.backend),
@@ -270,6 +312,9 @@ def main(argv=None) -> int:
             "nccl_over_ficco_geomean": geomean("nccl_over_ficco"),
             "two_shot_over_ficco_geomean": geomean("two_shot_over_ficco"),
             "ficco_over_no_comm_geomean": geomean("ficco_over_no_comm"),
+            "two_shot_over_lamport1_geomean": geomean("two_shot_over_lamport1"),
+            "two_shot_over_fused_norm_geomean": geomean("two_shot_over_fused_norm"),
+            "nccl_over_fused_norm_geomean": geomean("nccl_over_fused_norm"),
         },
         "rows": rows,
         "timings": "CUDA graphs"

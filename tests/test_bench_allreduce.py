@@ -39,6 +39,8 @@ def test_layer_jobs_time_every_enumerated_schedule_with_the_symm_transports():
         assert "serial/symm2/cublas" in names and "serial/nccl/cublas" in names
         transports = {s.transport for s in schedules}
         assert {Transport.SYMM1, Transport.SYMM2} <= transports
+        assert {Transport.LAMPORT1, Transport.LAMPORT2} <= transports
+        assert "serial/lamport1/cublas" in names
         if problem.m >= 64:  # row chunks exist: the kernels overlap the next chunk's GEMM
             assert "finer-c4-m/symm2/cublas+hi" in names
 
@@ -102,3 +104,28 @@ def test_the_symm_comm_baselines_exist_where_the_space_allows_the_kernels():
     assert src is dst is tensors["c"]  # in place, as symm2 schedules reduce
     fp16 = Problem(pattern="gemm_ar", m=3, n=8, k=4, world=2, dtype="fp16")
     assert symm_comm_parts(fp16, buffers(fp16), "0") == {}
+
+
+def test_part_a_measures_each_transport_in_its_range_and_compares_the_norms():
+    bench = _load()
+    assert set(bench.TRANSPORTS) >= {"lamport1", "lamport2", "fused_norm", "nccl_norm"}
+    assert bench.applies("lamport1", 64 << 20) and not bench.applies("lamport2", 128 << 20)
+    assert bench.applies("fused_norm", 8192) and not bench.applies("two_shot_norm", 8 << 20)
+    assert bench.applies("nccl", 256 << 20)
+    rows = [
+        {"transport": t, "bytes": 8192, "world": 2, "graph": {"median_ms": ms}}
+        for t, ms in (
+            ("nccl", 0.0117),
+            ("two_shot", 0.0084),
+            ("lamport1", 0.0060),
+            ("nccl_norm", 0.0160),
+            ("two_shot_norm", 0.0130),
+            ("fused_norm", 0.0065),
+        )
+    ]
+    per = bench.summarize(rows)["graph"]["8192"]
+    assert per["best"] == "lamport1"  # of the plain all-reduces: a norm row is other work
+    assert math.isclose(per["nccl_over_best"], 0.0117 / 0.0060)
+    assert per["fastest_unfused_norm"] == "two_shot_norm"
+    assert math.isclose(per["unfused_over_fused_norm"], 0.0130 / 0.0065)
+    assert "unfused_over_fused_norm" not in bench.summarize(rows[:3])["graph"]["8192"]

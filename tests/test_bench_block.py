@@ -78,8 +78,9 @@ def test_decode_step_with_matmul_all_reduce_matches_nccl_on_gloo(tmp_path):
     assert report["summary"]["incorrect"] == 0
     assert [r["batch"] for r in report["rows"]] == [1, 4]
     for row in report["rows"]:
-        assert row["ok"] == {"ficco": True, "nccl": True, "no_comm": True}
+        assert row["ok"] == {"ficco": True, "nccl": True, "fused_norm": True, "no_comm": True}
         assert row["errors"]["ficco"] <= 1e-4
+        assert row["errors"]["fused_norm"] <= 1e-4
 
 
 def test_a_case_whose_every_implementation_failed_times_nothing_and_goes_on():

@@ -14,6 +14,7 @@ from ficco.execute.cuda import CudaPrimitives
 from ficco.execute.cuda_shared import (
     ASYNC_TP_REASON,
     FUSED_REASON,
+    LAMPORT_REASON,
     NCCL_CE_REASON,
     SYMM_REASON,
     VERIFICATION_ONLY,
@@ -37,6 +38,8 @@ from ficco.space import Schedule
         ("ag_gemm", "finer-c4-m/ce/triton+fused", FUSED_REASON),
         ("gemm_ar", "finer-c2-m/symm1/cublas", SYMM_REASON),
         ("gemm_ar", "serial/symm2/cublas", SYMM_REASON),
+        ("gemm_ar", "finer-c2-m/lamport1/cublas", LAMPORT_REASON),
+        ("gemm_ar", "serial/lamport2/triton", LAMPORT_REASON),
         ("gemm_rs", "shard/nccl_ce/cublas", NCCL_CE_REASON),
         ("ag_gemm", "finer-c4-m/ce/cublas", None),
         ("a2a_gemm", "shard/seg/cublas", None),

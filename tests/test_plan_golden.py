@@ -144,6 +144,8 @@ def test_the_problems_cover_every_pattern_transport_and_plan_changing_option():
             Transport.NCCL_CE,
             Transport.SYMM1,
             Transport.SYMM2,
+            Transport.LAMPORT1,
+            Transport.LAMPORT2,
         },
         Pattern.A2A_GEMM: {Transport.CE, Transport.NCCL, Transport.NCCL_CE, Transport.SEG},
         Pattern.GEMM_A2A: {Transport.CE, Transport.NCCL, Transport.NCCL_CE, Transport.SEG},

@@ -4,7 +4,6 @@ structure on every rank, and runs over gloo at W = 2, 3, 4 and 8 verified agains
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 
@@ -178,10 +177,12 @@ def test_relay_orders_are_one_hop_per_step_for_every_relay_value():
         assert str(Schedule.parse(text)) == text
 
 
-def test_the_model_and_the_selector_features_cover_relay_schedules():
+def test_the_model_prices_relay_schedules_and_the_selector_refuses_them_until_measured():
     """The cost model prices every relay schedule of a W = 4 problem (its generic path:
-    relay plans are not the dense fast path's), and the selector's schedule columns and
-    physical features name the new values."""
+    relay plans are not the dense fast path's). The selector gives the relay values no column
+    until a store measures them (``UNMEASURED_BY_SELECTOR``, the transport's
+    ``selector_column``: a column of zeros over every training problem would only move the
+    shipped forests' random draws) and refuses such a schedule by name, never as zeros."""
     from ficco.model.predict import predictor
     from ficco.select.features import roofs_for
     from ficco.select.physics import pair_physics
@@ -199,10 +200,8 @@ def test_the_model_and_the_selector_features_cover_relay_schedules():
     assert set(times) == {str(s) for s in relays}
     assert all(0 < ms < 10 for ms in times.values())
     for column in ("order_relay", "order_birelay", "compute_epilogue", "transport_sm"):
-        assert column in SCHEDULE_FEATURES
-    name = "finer-c2-m/sm/cublas+epilogue+birelay"
-    vector = schedule_features(name)
-    assert vector[SCHEDULE_FEATURES.index("order_birelay")] == 1.0
-    assert vector[SCHEDULE_FEATURES.index("compute_epilogue")] == 1.0
-    physics = pair_physics(p, name, roofs_for("h200x4"))
-    assert all(math.isfinite(x) for x in physics)
+        assert column not in SCHEDULE_FEATURES
+    with pytest.raises(ValueError, match="'sm'|'birelay'|'epilogue'"):
+        schedule_features("finer-c2-m/sm/cublas+epilogue+birelay")
+    with pytest.raises(ValueError, match="'relay'"):
+        pair_physics(p, "shard/ce/cublas+relay", roofs_for("h200x4"))

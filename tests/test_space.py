@@ -41,9 +41,10 @@ def test_enumeration_is_legal_unique_parseable_and_has_serial(problem):
 
 def test_enumeration_covers_every_axis_value_that_applies():
     found = list(enumerate_schedules(AG))
-    # symm1 / symm2 are all-reduce kernels: gemm_ar's alone; seg batches all-to-all steps
-    # sm moves the relay hops of ag_gemm and gemm_rs
-    symm, seg, sm = {Transport.SYMM1, Transport.SYMM2}, {Transport.SEG}, {Transport.SM}
+    # symm1 / symm2 / lamport1 / lamport2 are all-reduce kernels: gemm_ar's alone; seg
+    # batches all-to-all steps; sm moves the relay hops of ag_gemm and gemm_rs
+    symm = {Transport.SYMM1, Transport.SYMM2, Transport.LAMPORT1, Transport.LAMPORT2}
+    seg, sm = {Transport.SEG}, {Transport.SM}
     assert {s.transport for s in found} == set(Transport) - symm - seg
     ar = Problem(pattern="gemm_ar", m=96, n=80, k=72, world=2)
     assert {s.transport for s in enumerate_schedules(ar)} == set(Transport) - seg - sm
@@ -196,6 +197,10 @@ def test_gemm_ar_space():
         "serial/symm1/cublas",
         "serial/symm2/triton",
         "serial/symm2/cublas",
+        "serial/lamport1/triton",
+        "serial/lamport1/cublas",
+        "serial/lamport2/triton",
+        "serial/lamport2/cublas",
     ]
     direct = [s for s in found if s.all_reduce.value == "direct"]
     assert all(s.granularity is not Granularity.SHARD for s in direct)

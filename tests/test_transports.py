@@ -81,6 +81,8 @@ def test_every_all_reduce_kind_is_run_by_both_backends_from_its_source():
         Transport.NCCL_CE: "partial",
         Transport.SYMM1: "staging",
         Transport.SYMM2: "c",
+        Transport.LAMPORT1: "partial",  # the kernels push from it into their own scratch
+        Transport.LAMPORT2: "partial",
         Transport.SEG: "partial",
         Transport.SM: "partial",
     }
@@ -92,11 +94,15 @@ def test_the_answers_the_layers_used_to_list_by_hand():
     T = Transport
     assert transports_where(lambda r: r.one_sided) == (T.CE, T.SEG, T.SM)
     assert transports_where(lambda r: r.sm_reserve) == (T.NCCL, T.SEG, T.SM)
-    assert transports_where(lambda r: r.contiguous_only) == (T.CE, T.NCCL_CE, T.SYMM1, T.SYMM2)
+    assert transports_where(lambda r: r.contiguous_only) == (
+        T.CE, T.NCCL_CE, T.SYMM1, T.SYMM2, T.LAMPORT1, T.LAMPORT2
+    )  # fmt: skip
     assert transports_where(lambda r: not r.reduces) == (T.NCCL_CE,)
     assert transports_where(lambda r: r.carries_flags) == (T.CE,)
     assert transports_where(lambda r: r.batches_segments) == (T.SEG,)
-    assert transports_where(lambda r: not r.moves_transfers) == (T.SYMM1, T.SYMM2)
+    assert transports_where(lambda r: not r.moves_transfers) == (
+        T.SYMM1, T.SYMM2, T.LAMPORT1, T.LAMPORT2
+    )  # fmt: skip
     assert transports_where(lambda r: r.cost_class == "nccl") == (T.NCCL,)
     assert transports_where(lambda r: r.communicator == "nccl_zero_cta") == (T.NCCL_CE,)
     assert transports_where(lambda r: r.needs_signals) == (T.CE, T.SEG, T.SM)
@@ -135,7 +141,8 @@ def _executor_rule_before(schedule: Schedule, graphs: str) -> bool:
     t = schedule.transport
     if t is Transport.NCCL_CE:
         return False
-    if t in (Transport.CE, Transport.SEG, Transport.SYMM1, Transport.SYMM2, Transport.SM):
+    kernels = (Transport.SYMM1, Transport.SYMM2, Transport.LAMPORT1, Transport.LAMPORT2)
+    if t in (Transport.CE, Transport.SEG, Transport.SM, *kernels):
         return graphs in ("all", "ce")
     return graphs == "all" and schedule.granularity is Granularity.SERIAL
 

@@ -1,4 +1,5 @@
-"""The symmetric-memory all-reduce transports (``symm1``, ``symm2``) of gemm_ar, per backend.
+"""The kernel all-reduce transports of gemm_ar, per backend: symmetric memory's (``symm1``,
+``symm2``) and ficco's Triton kernels with epoch-valued flags (``lamport1``, ``lamport2``).
 
 A plan lowers a chunk's all-reduce on these transports to one ``CollectiveOp`` of kind
 ``one_shot_all_reduce`` (``src``: the rectangle every rank's GEMM wrote, at the same offset
@@ -15,6 +16,15 @@ barrier around them, and they capture into CUDA graphs. They take no SM budget: 
 dispatch fp32 and bf16 only and need each range's offset and size 4-byte aligned (the space's
 ``transport_*`` rules, from their ``ficco.space.transports`` traits).
 
+lamport1 / lamport2 (kinds ``lamport_one_shot_all_reduce`` / ``lamport_two_shot_all_reduce``):
+ficco's kernels (``ficco.kernels.allreduce_lamport``) on a workspace of the group's
+symmetric memory (``ficco.execute.lamport``); no barrier per call, captured into CUDA
+graphs. They sum in
+fp32 in rank order and round once. On CPU with ficco's shared files the same kernels run
+under the Triton interpreter over file-backed scratch and flags (the same protocol, each
+rank a process); without shared files (a caller's gloo group) the gloo algorithms below run,
+accumulating in fp32 as the kernels do.
+
 CPU (gloo): the same algorithms, moved by gloo collectives: one-shot gathers every rank's
 partial chunk and each rank sums them in rank order; two-shot is a reduce-scatter (an
 all-to-all of the flattened chunk's W slices; rank r sums slice r in rank order) then an
@@ -29,10 +39,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ficco.space.transports import LAMPORT_KINDS, LAMPORT_ONE_SHOT, SYMM_MEM_KINDS
 from ficco.space.transports import ONE_SHOT_ALL_REDUCE as ONE_SHOT
-from ficco.space.transports import SYMM_MEM_KINDS as SYMM_KINDS  # the kinds this module runs
 from ficco.space.transports import TWO_SHOT_ALL_REDUCE as TWO_SHOT  # noqa: F401 - re-exported
 from ficco.verdict import Unavailable
+
+#: the kinds this module runs (both executors dispatch them here)
+SYMM_KINDS = SYMM_MEM_KINDS + LAMPORT_KINDS
 
 
 def _check_kind(kind: str) -> None:
@@ -40,29 +53,41 @@ def _check_kind(kind: str) -> None:
         raise ValueError(f"kind: one of {', '.join(SYMM_KINDS)}, got {kind!r}")
 
 
-def _rank_order_sum(parts: list[torch.Tensor]) -> torch.Tensor:
-    """``parts[0] + parts[1] + ...`` in that order, each addition rounded to their dtype."""
-    total = parts[0]
+def _rank_order_sum(parts: list[torch.Tensor], round_each: bool = True) -> torch.Tensor:
+    """``parts[0] + parts[1] + ...`` in that order, each addition rounded to their dtype
+    (``round_each``: torch's kernels), or accumulated in fp32 and rounded once (ficco's)."""
+    total = parts[0].float() if not round_each else parts[0]
     for part in parts[1:]:
-        total = (total.float() + part.float()).to(part.dtype)
-    return total
+        total = total.float() + part.float()
+        if round_each:
+            total = total.to(part.dtype)
+    return total.to(parts[0].dtype)
 
 
 def gloo_symm_all_reduce(
-    kind: str, src: torch.Tensor, dst: torch.Tensor, group: dist.ProcessGroup | None = None
+    kind: str,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    shared=None,
 ) -> None:
     """``dst = sum over ranks of src`` by the algorithm of ``kind``, over gloo (``group``:
     None for the default group). ``src`` and ``dst`` have one shape; two-shot may alias
-    them."""
+    them. ``shared``: ficco's CPU shared files (``SharedCpuMemory``), where the lamport
+    kinds run their kernels under the interpreter; None: by gloo."""
     _check_kind(kind)
     if src.shape != dst.shape:
         raise ValueError(f"src and dst: one shape expected, got {src.shape} and {dst.shape}")
     world = dist.get_world_size(group)
-    if kind == ONE_SHOT:
+    round_each = kind not in LAMPORT_KINDS
+    if not round_each and shared is not None:
+        _shared_lamport(kind, src, dst, world, shared)
+        return
+    if kind in (ONE_SHOT, LAMPORT_ONE_SHOT):
         mine = src.contiguous()  # [rows, cols] of this rank's partial
         every = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(every, mine, group=group)
-        dst.copy_(_rank_order_sum(every))
+        dst.copy_(_rank_order_sum(every, round_each))
         return
     flat = src.contiguous().reshape(-1)
     numel = flat.numel()
@@ -73,11 +98,38 @@ def gloo_symm_all_reduce(
     received = torch.empty_like(padded)
     dist.all_to_all_single(received, padded, group=group)
     slices = received.view(world, per)  # row p: rank p's copy of this rank's slice
-    reduced = _rank_order_sum(list(slices))
+    reduced = _rank_order_sum(list(slices), round_each)
     # all-gather: every rank's reduced slice, in rank order
     gathered = [torch.empty_like(reduced) for _ in range(world)]
     dist.all_gather(gathered, reduced, group=group)
     dst.copy_(torch.cat(gathered)[:numel].reshape(dst.shape))
+
+
+def _shared_lamport(kind: str, src, dst, world: int, shared) -> None:
+    """The lamport kernel under the interpreter over the ranks' shared files (contiguous
+    copies in and out: a region of a plan buffer may be strided)."""
+    from ficco.execute.lamport import row_bytes, shared_file_workspace
+    from ficco.kernels.allreduce_lamport import all_reduce
+
+    mine = src.contiguous()
+    out = torch.empty_like(mine)
+    needed = row_bytes(kind, mine.numel(), mine.element_size(), world)
+    ws = shared_file_workspace(shared, world, needed)
+    all_reduce(ws, kind, mine, out)
+    ws.raise_on_timeout(f"rank {ws.rank}: {kind}")
+    dst.copy_(out)
+
+
+def lamport_all_reduce(kind: str, src: torch.Tensor, dst: torch.Tensor, group_name: str) -> None:
+    """``dst = sum over the group of src`` by ficco's kernel of ``kind`` on the current stream
+    (one GPU per rank; the workspace in the group's symmetric memory). ``src``, ``dst``:
+    contiguous, one shape (they may be one tensor)."""
+    from ficco.execute.lamport import cuda_workspace, row_bytes
+    from ficco.kernels.allreduce_lamport import all_reduce
+
+    world = torch.distributed.distributed_c10d._resolve_process_group(group_name).size()
+    ws = cuda_workspace(group_name, row_bytes(kind, src.numel(), src.element_size(), world))
+    all_reduce(ws, kind, src, dst)
 
 
 def require_symm_ops() -> None:
@@ -98,6 +150,9 @@ def cuda_symm_all_reduce(kind: str, src: torch.Tensor, dst: torch.Tensor, group_
     symmetric-memory tensor rendezvoused on ``group_name``, at the same offset on every rank;
     ``dst``: where the sum goes (``src`` itself for two-shot, which reduces in place)."""
     _check_kind(kind)
+    if kind in LAMPORT_KINDS:
+        lamport_all_reduce(kind, src, dst, group_name)
+        return
     if kind == ONE_SHOT:
         torch.ops.symm_mem.one_shot_all_reduce_out(src, "sum", group_name, dst)
         return

@@ -329,10 +329,11 @@ class CpuPrimitives(FusedPrimitives, Primitives):
             raise ValueError(f"collective: unknown kind {op.kind!r}")
 
     def symm_all_reduce(self, op: CollectiveOp) -> None:
-        """symm1 / symm2: the symmetric-memory kernels' algorithms over gloo."""
+        """symm1 / symm2: the symmetric-memory kernels' algorithms over gloo; lamport1 /
+        lamport2: ficco's kernels over the shared files (where the group has them)."""
         src = view(self.tensors, Region(op.src, op.rows, op.cols))
         dst = view(self.tensors, Region(op.dst, op.rows, op.cols))
-        gloo_symm_all_reduce(op.kind, src, dst, self.group)
+        gloo_symm_all_reduce(op.kind, src, dst, self.group, self.shared)
 
     def _whole(self, name: str, tensor) -> tuple:
         """``(packed uint8 rows, where they land)`` of a whole fp8 buffer and its row scales."""

@@ -55,7 +55,7 @@ from ficco.plan import CollectiveOp, Plan, TransferOp, build_plan, run_tag
 from ficco.plan.ops import Direction
 from ficco.problem import Pattern, Problem
 from ficco.space import Compute, Schedule, runs_as_graph
-from ficco.space.transports import SYMM_MEM_KINDS, Communicator
+from ficco.space.transports import LAMPORT_KINDS, SYMM_MEM_KINDS, Communicator
 from ficco.verdict import Unavailable
 
 #: what every run of this backend says about its timings
@@ -69,6 +69,10 @@ FUSED_REASON = (
 SYMM_REASON = (
     "symm1/symm2 run symmetric memory's all-reduce kernels, and symmetric memory refuses ranks "
     f"on one GPU ({NEEDS_DISTINCT_GPUS})"
+)
+LAMPORT_REASON = (
+    "lamport1/lamport2 kernels spin on flags that the peers' kernels set, and kernels of ranks "
+    f"that share a GPU do not run concurrently ({NEEDS_DISTINCT_GPUS})"
 )
 NCCL_CE_REASON = f"nccl_ce needs NCCL, which refuses two ranks on one GPU ({NEEDS_DISTINCT_GPUS})"
 ASYNC_TP_REASON = (
@@ -88,6 +92,8 @@ def shared_capability(problem: Problem, schedule: Schedule) -> str | None:
     traits = schedule.transport.traits
     if traits.all_reduce_kind in SYMM_MEM_KINDS:  # torch's symmetric-memory kernels
         return SYMM_REASON
+    if traits.all_reduce_kind in LAMPORT_KINDS:
+        return LAMPORT_REASON
     if traits.communicator is Communicator.NCCL_ZERO_CTA:
         return NCCL_CE_REASON
     return None

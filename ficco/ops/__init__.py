@@ -5,6 +5,9 @@
 ``matmul_all_reduce(a, b, group)``            ``[..., K] x [K, N] -> [..., N]`` on every rank
 ``all_gather_linear``, ``linear_reduce_scatter``, ``linear_all_reduce``: the same with a
 ``torch.nn.Linear`` weight ``[out, in]`` (and an optional bias).
+``all_reduce_add_rms_norm(t, residual, norm_weight, group)`` -> ``(normed, new_residual)``:
+the all-reduce fused with the residual add and RMSNorm (``linear_all_reduce(...,
+residual=, norm_weight=)`` runs its linear into it; ``ficco.ops.norm``).
 
 Each call picks its schedule for the shape of that call (``ficco.ops.choice``) once the
 group's ranks agree on the call's operands (``ficco.ops.agree``), builds the plan once per
@@ -27,6 +30,7 @@ call), ``runner`` (one call), ``library`` (custom ops, fakes, autograd), ``obser
 from ficco.ops.api import (
     all_gather_linear,
     all_gather_matmul,
+    all_reduce_add_rms_norm,
     chosen,
     linear_all_reduce,
     linear_reduce_scatter,
@@ -46,6 +50,7 @@ __all__ = [
     "Target",
     "all_gather_linear",
     "all_gather_matmul",
+    "all_reduce_add_rms_norm",
     "choose",
     "chosen",
     "even_rows",

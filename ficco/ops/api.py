@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from ficco.ops.choice import Choice
 from ficco.ops.library import call  # importing it registers torch.ops.ficco.*
+from ficco.ops.norm import all_reduce_add_rms_norm_op  # noqa: F401 - registers the fused op
 from ficco.ops.runner import PATTERNS, cached_choice, resolve_group
 from ficco.space import Schedule
 
@@ -171,6 +172,31 @@ def linear_reduce_scatter(
     return _with_bias(out, bias)
 
 
+def all_reduce_add_rms_norm(
+    t: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    group: dist.ProcessGroup | str | None = None,
+    *,
+    eps: float = 1e-6,
+    fp8_scale: torch.Tensor | None = None,
+    replicated_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(normed, new_residual)``: ``new_residual = all_reduce(t) + residual`` and
+    ``normed = rms_norm(new_residual, eps) * norm_weight`` (vLLM's ``fused_add_rms_norm``
+    after its all-reduce), in one kernel on GPUs with one GPU per rank
+    (``ficco.ops.norm``). ``t``, ``residual`` ``[..., N]``; ``norm_weight [N]``;
+    ``fp8_scale`` (one fp32 element): ``normed`` in FP8 e4m3, ``normed / fp8_scale``.
+    Differentiable (not the FP8 output); ``replicated_grad`` as in
+    :func:`matmul_all_reduce`."""
+    if not isinstance(replicated_grad, bool):
+        raise ValueError(f"replicated_grad: expected a bool, got {replicated_grad!r}")
+    group_name, _, _ = _args(group, None, None)
+    return torch.ops.ficco.all_reduce_add_rms_norm(
+        t, residual, norm_weight, float(eps), group_name, fp8_scale, replicated_grad
+    )
+
+
 def linear_all_reduce(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -180,10 +206,38 @@ def linear_all_reduce(
     replicated_grad: bool = False,
     schedule: Schedule | str | None = None,
     table: str | Path | None = None,
-) -> torch.Tensor:
+    residual: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    fp8_scale: torch.Tensor | None = None,
+):
     """``all_reduce(F.linear(x, weight)) + bias``: a row-parallel linear, ``weight [out,
     in/W]``, ``bias [out]`` added once, after the reduction. As :func:`matmul_all_reduce`
-    with ``b = weight.t()``."""
+    with ``b = weight.t()``.
+
+    With ``residual`` and ``norm_weight`` (both or neither): returns ``(normed,
+    new_residual)``, the linear's all-reduce fused with the residual add and RMSNorm
+    (:func:`all_reduce_add_rms_norm`; the bias joins the residual). That path is the local
+    GEMM then the fused kernel: ``schedule`` and ``table`` do not apply to it."""
+    if (residual is None) != (norm_weight is None):
+        raise ValueError("residual, norm_weight: pass both (the fused RMSNorm) or neither")
+    if residual is not None:
+        if schedule is not None or table is not None:
+            raise ValueError(
+                "schedule, table: not with residual/norm_weight (the fused path is the local "
+                "GEMM then one all-reduce + RMSNorm kernel)"
+            )
+        if fp8_scale is not None and torch.is_grad_enabled() and x.requires_grad:
+            raise ValueError("fp8_scale: the FP8 output has no gradient (use torch.no_grad)")
+        partial = torch.matmul(x, weight.t())
+        if bias is not None:
+            residual = residual + bias
+        return all_reduce_add_rms_norm(
+            partial, residual, norm_weight, group, eps=eps, fp8_scale=fp8_scale,
+            replicated_grad=replicated_grad,
+        )  # fmt: skip
+    if fp8_scale is not None:
+        raise ValueError("fp8_scale: only with residual and norm_weight (the fused RMSNorm)")
     out = matmul_all_reduce(
         x, weight.t(), group, replicated_grad=replicated_grad, schedule=schedule, table=table
     )

@@ -38,6 +38,8 @@ class Collective(Word):
     ALL_TO_ALL = "all_to_all"
     ONE_SHOT_ALL_REDUCE = "one_shot_all_reduce"
     TWO_SHOT_ALL_REDUCE = "two_shot_all_reduce"
+    LAMPORT_ONE_SHOT_ALL_REDUCE = "lamport_one_shot_all_reduce"
+    LAMPORT_TWO_SHOT_ALL_REDUCE = "lamport_two_shot_all_reduce"
 
     @property
     def label(self) -> str:
@@ -47,12 +49,25 @@ class Collective(Word):
     @property
     def reduces(self) -> bool:
         """Sums partials from every rank (copy engines cannot; each adds W - 1 roundings)."""
-        return self in (Collective.REDUCE_SCATTER, Collective.ALL_REDUCE) or self.symmetric_memory
+        return (
+            self in (Collective.REDUCE_SCATTER, Collective.ALL_REDUCE)
+            or self.symmetric_memory
+            or self.lamport
+        )
 
     @property
     def symmetric_memory(self) -> bool:
         """One of torch's symmetric-memory all-reduce kernels (no NCCL call)."""
         return self in (Collective.ONE_SHOT_ALL_REDUCE, Collective.TWO_SHOT_ALL_REDUCE)
+
+    @property
+    def lamport(self) -> bool:
+        """One of ficco's Triton all-reduce kernels with value-encoded flags (lamport1 /
+        lamport2: ``ficco.kernels.allreduce_lamport``; no NCCL call)."""
+        return self in (
+            Collective.LAMPORT_ONE_SHOT_ALL_REDUCE,
+            Collective.LAMPORT_TWO_SHOT_ALL_REDUCE,
+        )
 
 
 class ModelSupport(enum.StrEnum):

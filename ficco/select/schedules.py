@@ -42,15 +42,20 @@ SCHEDULE_AXES: tuple[tuple[str, type[enum.Enum] | None], ...] = _axes()
 
 def _members(kind: type[enum.Enum]) -> tuple[enum.Enum, ...]:
     """The members of an enum axis that get a column: every one, except splits that no
-    pattern the selector covers takes (emb_a2a's batch split ``b``). Those lie outside the
-    selector's domain, as the patterns without ``in_selector`` do, and a column of zeros over
-    every training problem would only shift the forests' random feature draws."""
+        pattern the selector covers takes (emb_a2a's batch split ``b``), and transports without a
+        ``selector_column`` (gemm_ar's kernels added after the shipped models) and the order and compute
+    values no store has measured (``ficco.space.schedule.UNMEASURED_BY_SELECTOR``: the relays). Those lie outside the
+        selector's domain, as the patterns without ``in_selector`` do, and a column of zeros over
+        every training problem would only shift the forests' random feature draws."""
     from ficco.patterns import spec_of
     from ficco.select.features import FEATURE_PATTERNS
-    from ficco.space import Split
+    from ficco.space import Split, Transport
+    from ficco.space.schedule import UNMEASURED_BY_SELECTOR
 
+    if kind is Transport:
+        return tuple(t for t in Transport if t.traits.selector_column)
     if kind is not Split:
-        return tuple(kind)
+        return tuple(m for m in kind if m not in UNMEASURED_BY_SELECTOR)
     taken = {split for p in FEATURE_PATTERNS for split in spec_of(p).splits}
     return tuple(m for m in kind if m in taken)
 

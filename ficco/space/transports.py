@@ -82,6 +82,11 @@ COMMUNICATORS = tuple(Communicator)
 ONE_SHOT_ALL_REDUCE = Collective.ONE_SHOT_ALL_REDUCE
 TWO_SHOT_ALL_REDUCE = Collective.TWO_SHOT_ALL_REDUCE
 SYMM_MEM_KINDS = tuple(c for c in Collective if c.symmetric_memory)
+#: ``CollectiveOp`` kinds of ficco's Triton all-reduce kernels with value-encoded flags
+#: (lamport1, lamport2: ``ficco.kernels.allreduce_lamport``)
+LAMPORT_ONE_SHOT = Collective.LAMPORT_ONE_SHOT_ALL_REDUCE
+LAMPORT_TWO_SHOT = Collective.LAMPORT_TWO_SHOT_ALL_REDUCE
+LAMPORT_KINDS = tuple(c for c in Collective if c.lamport)
 
 
 class Transport(enum.StrEnum):
@@ -92,6 +97,10 @@ class Transport(enum.StrEnum):
     # buffer the chunk's GEMM wrote
     SYMM1 = "symm1"  # one-shot: every rank reads every peer's chunk and sums them
     SYMM2 = "symm2"  # two-shot: each rank reduces 1/W of the chunk, then all-gathers it
+    # gemm_ar only: ficco's Triton all-reduce kernels over peer pointers, their ranks told
+    # by flags that carry the call's epoch (no barrier per call; CUDA-graph replay safe)
+    LAMPORT1 = "lamport1"  # one-shot: each rank pushes its chunk to every peer, sums W
+    LAMPORT2 = "lamport2"  # two-shot: slices pushed to their owners, summed, all-gathered
     # all-to-all patterns only: each step's segments (every peer's chunk, the local block)
     # moved by one segment-copy kernel launch (on SMs) over the peers' symmetric buffers
     SEG = "seg"
@@ -182,6 +191,10 @@ class TransportTraits:
     calibrated: bool
     """The shipped cost model was fitted on measurements of it (``ficco predict`` covers
     only these by default)."""
+    selector_column: bool = True
+    """The selector encodes it as a feature column. False for a transport that serves no
+    pattern the selector covers and came after the shipped models: a column of zeros over
+    every training problem would only shift the forests' random feature draws."""
 
     @property
     def patterns(self) -> tuple[Pattern, ...]:
@@ -259,6 +272,31 @@ _SYMM_KERNEL = dict(
     communicator=None,
     cost_class="ce",
     calibrated=False,
+)
+
+#: ficco's Triton all-reduce kernels (``ficco.kernels.allreduce_lamport``): any element
+#: count, fp32 / bf16 / fp16, a fixed grid (no SM reserve); their scratch and flags are the
+#: kernel's own symmetric workspace, not the plan's buffers (the GEMM writes ``partial``)
+_LAMPORT_KERNEL = dict(
+    one_sided=False,
+    copy_engine=False,
+    on_sms=True,
+    sm_reserve=False,
+    symmetric_memory=False,
+    needs_signals=False,  # the kernels tell the peers themselves (epoch-valued flags)
+    batches_pairs=False,
+    batches_segments=False,
+    serves=all_reduce_patterns,
+    dtypes=("fp32", "bf16", "fp16"),
+    contiguous_only=True,
+    moves_transfers=False,
+    reduces=True,
+    carries_flags=False,
+    capture=Capture.ALWAYS,
+    communicator=None,
+    cost_class="ce",
+    calibrated=False,
+    selector_column=False,
 )
 
 TRAITS: dict[Transport, TransportTraits] = {
@@ -346,6 +384,18 @@ TRAITS: dict[Transport, TransportTraits] = {
             **_SYMM_KERNEL,
         ),
         TransportTraits(
+            transport=Transport.LAMPORT1,
+            summary="ficco's one-shot all-reduce kernel (Triton, epoch-valued flags)",
+            all_reduce_kind=LAMPORT_ONE_SHOT,
+            **_LAMPORT_KERNEL,
+        ),
+        TransportTraits(
+            transport=Transport.LAMPORT2,
+            summary="ficco's two-shot all-reduce kernel (Triton, epoch-valued flags)",
+            all_reduce_kind=LAMPORT_TWO_SHOT,
+            **_LAMPORT_KERNEL,
+        ),
+        TransportTraits(
             transport=Transport.SEG,
             summary="one segment-copy kernel (on SMs) per step over peers' symmetric buffers",
             one_sided=True,
@@ -392,6 +442,7 @@ TRAITS: dict[Transport, TransportTraits] = {
             communicator=None,
             cost_class="ce",  # priced as one-sided copies until measured
             calibrated=False,
+            selector_column=False,  # no profile store measures it yet
         ),
     )
 }
