@@ -84,8 +84,10 @@ def workdir(tmp_path, monkeypatch):
 def every_nth_problem_of_the_shipped_store(workdir: Path, nth: int = 12) -> None:
     """``profiles/h200x2/store`` in ``workdir`` as a store of the shipped store's own records
     of every ``nth`` problem (its models and both patterns; two pages of signature
-    breakdowns): the report example's command line runs as written on real records, without
-    drawing 18 pages of the full store (half a minute of matplotlib)."""
+    breakdowns): the report, train and evaluate examples' command lines run as written on
+    real records, without drawing 18 pages of the full store (half a minute of matplotlib)
+    or fitting on all of it (what every family makes of the whole store:
+    tests/test_select.py)."""
     import json
 
     from ficco.profile import HEADER_FILE, RECORDS_FILE, open_store
@@ -110,7 +112,7 @@ def every_nth_problem_of_the_shipped_store(workdir: Path, nth: int = 12) -> None
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_help_examples_run(command, workdir):
-    if command == "report":
+    if command in ("report", "train", "evaluate"):
         every_nth_problem_of_the_shipped_store(workdir)
     for args in examples(help_text(command)):
         result = CliRunner().invoke(main, args)
