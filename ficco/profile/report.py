@@ -157,7 +157,8 @@ def write_report(
             where = out / machine_directory(fp_id) if several else out
             where.mkdir(exist_ok=True)
             fp = fingerprints.get(fp_id) or opened.header.get("fingerprint", {})
-            part, table, drawn = _machine_report(mine, opened, where, fp)
+            label = f"\n[{device_of(fp)}, fingerprint {fp_id or '(none)'}]" if several else ""
+            part, table, drawn = _machine_report(mine, opened, where, fp, label)
             names = [f.relative_to(out).as_posix() for f in drawn]
             sections.append(machine_markdown(part, table, mine, names, fp))
             part["files"] = [str(target / name) for name in names]
@@ -195,10 +196,10 @@ def _record_fingerprints(records: list[dict[str, Any]], store: Store) -> dict[st
 
 
 def _machine_report(
-    frame: pd.DataFrame, store: Store, out: Path, fp: dict[str, Any]
+    frame: pd.DataFrame, store: Store, out: Path, fp: dict[str, Any], label: str = ""
 ) -> tuple[dict[str, Any], pd.DataFrame | None, list[Path]]:
-    """The plots of one machine's records into ``out``: (its summary, its best table, the
-    files drawn)."""
+    """The plots of one machine's records into ``out``, ``label`` (which machine) under each
+    title: (its summary, its best table, the files drawn)."""
     summary = summarize(frame, store)
     del summary["store"]
     summary["device"] = device_of(fp) if fp else ""
@@ -210,7 +211,7 @@ def _machine_report(
     if len(frame):
         table = best_table(frame)
         order = table.sort_values(["model", "problem_name", "pattern", "m"], kind="stable")
-        note = _cpu_subtitle(frame)
+        note = label + _cpu_subtitle(frame)
         files += plot_speedup_heatmap(frame, order, out, note)
         breakdown = plot_signature_breakdown(frame, order, out, note)
         if not breakdown:
