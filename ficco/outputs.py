@@ -113,6 +113,8 @@ def staged_directory(field: str, target: Path) -> Iterator[Path]:
         make_directory(field, target)
         for item in sorted(Path(tmp).iterdir()):
             try:
+                if item.is_dir() and (target / item.name).is_dir():
+                    shutil.rmtree(target / item.name)  # replaced whole, not moved into
                 shutil.move(str(item), str(target / item.name))
             except OSError as err:
                 raise InputError(

@@ -81,8 +81,39 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
+def every_nth_problem_of_the_shipped_store(workdir: Path, nth: int = 12) -> None:
+    """``profiles/h200x2/store`` in ``workdir`` as a store of the shipped store's own records
+    of every ``nth`` problem (its models and both patterns; two pages of signature
+    breakdowns): the report, train and evaluate examples' command lines run as written on
+    real records, without drawing 18 pages of the full store (half a minute of matplotlib)
+    or fitting on all of it (what every family makes of the whole store:
+    tests/test_select.py)."""
+    import json
+
+    from ficco.profile import HEADER_FILE, RECORDS_FILE, open_store
+
+    shipped = REPO / "profiles" / "h200x2"
+    (workdir / "profiles").unlink()
+    for parent, keep in ((REPO / "profiles", "h200x2"), (shipped, "store")):
+        mirror = workdir / parent.relative_to(REPO)
+        mirror.mkdir()
+        for entry in parent.iterdir():
+            if entry.name != keep:
+                (mirror / entry.name).symlink_to(entry)
+    store = workdir / "profiles" / "h200x2" / "store"
+    store.mkdir()
+    (store / HEADER_FILE).write_text((shipped / "store" / HEADER_FILE).read_text())
+    records = open_store(shipped / "store").records()
+    keys = set(sorted({r["problem_key"] for r in records})[::nth])
+    kept = [r for r in records if r["problem_key"] in keys]
+    assert len(keys) > 12 and len({r["problem"]["pattern"] for r in kept}) == 2
+    (store / RECORDS_FILE).write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_help_examples_run(command, workdir):
+    if command in ("report", "train", "evaluate"):
+        every_nth_problem_of_the_shipped_store(workdir)
     for args in examples(help_text(command)):
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 0, f"ficco {shlex.join(args)}:\n{result.output}"

@@ -2,6 +2,7 @@
 GPU, and the CPU side of its scripts (the picks rule, the benchmark's shape sets and summary);
 the kernel itself runs in tests/gpu/test_gluon_gemm_gpu.py."""
 
+import json
 import math
 import os
 import re
@@ -782,8 +783,13 @@ def _compile_script(code: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_the_ptx_digest_ignores_debug_lines_labels_and_register_numbering_only():
-    code = """
+#: argument lists the compile script refuses, and what its refusal says
+COMPILE_REFUSALS = [
+    (["--against", "x.json"], "--against needs --digests"),
+    (["--fused", "--digests", "x.json"], "--fused compiles another kernel"),
+    (["--only", "split", "--digests", "x.json"], "--only compiles part of the space"),
+]
+PTX_DIGEST_CHECKS = """
 base = "mov.u32 %r1, 0;\\n$L__tmp3:\\nadd.s32 %r2, %r1, 1;\\n"
 relabelled = "// inlined\\nmov.u32 %r1, 0;\\n\\t.loc 1 2 3\\n$L__tmp9:\\nadd.s32 %r2, %r1, 1;\\n"
 debug = base + ".section\\t.debug_info\\n{ .b8 1 }\\n"
@@ -794,24 +800,43 @@ print(c.ptx_digest(base) == c.ptx_digest(relabelled) == c.ptx_digest(debug))
 print(c.ptx_digest(base) != c.ptx_digest(changed))
 print(c.ptx_digest(base) == c.ptx_digest(renumbered) != c.ptx_digest(swapped))
 """
-    got = _compile_script(code)
+#: each refused argument list run through ``c.main()`` in the same process: its exit code
+#: and what it wrote to stderr, one JSON line each
+RUN_REFUSALS = """
+import contextlib, io, json
+for argv in ARGVS:
+    sys.argv, err = ["x", *argv], io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = c.main()
+        except SystemExit as stop:
+            code = stop.code
+    print(json.dumps([code, err.getvalue()]))
+"""
+
+
+@pytest.fixture(scope="module")
+def compile_script_answers() -> tuple[subprocess.CompletedProcess, list[str], list]:
+    """The PTX digest checks' three lines and each of ``COMPILE_REFUSALS``' [exit code,
+    stderr], from one process (the script's import, torch's and Triton's, paid once)."""
+    argvs = [argv for argv, _ in COMPILE_REFUSALS]
+    got = _compile_script(PTX_DIGEST_CHECKS + f"ARGVS = {argvs!r}" + RUN_REFUSALS)
     if got.returncode and "gluon" in got.stderr.lower():
         pytest.skip(f"this Triton has no Gluon: {got.stderr.strip()[-200:]}")
     assert got.returncode == 0, got.stderr[-2000:]
-    assert got.stdout.split() == ["True", "True", "True"]
+    lines = got.stdout.splitlines()
+    return got, lines[:3], [json.loads(line) for line in lines[3:]]
 
 
-@pytest.mark.parametrize(
-    ("argv", "says"),
-    [
-        (["--against", "x.json"], "--against needs --digests"),
-        (["--fused", "--digests", "x.json"], "--fused compiles another kernel"),
-        (["--only", "split", "--digests", "x.json"], "--only compiles part of the space"),
-    ],
-)
-def test_the_compile_script_refuses_bad_arguments(argv, says):
-    got = _compile_script(f"sys.argv = ['x', *{argv!r}]; c.main()")
-    if "gluon" in got.stderr.lower() and says not in got.stderr:
-        pytest.skip(f"this Triton has no Gluon: {got.stderr.strip()[-200:]}")
-    assert got.returncode == 2
-    assert says in got.stderr
+def test_the_ptx_digest_ignores_debug_lines_labels_and_register_numbering_only(
+    compile_script_answers,
+):
+    _, digests, _ = compile_script_answers
+    assert digests == ["True", "True", "True"]
+
+
+def test_the_compile_script_refuses_bad_arguments(compile_script_answers):
+    _, _, refusals = compile_script_answers
+    assert len(refusals) == len(COMPILE_REFUSALS)
+    for (argv, says), (code, stderr) in zip(COMPILE_REFUSALS, refusals, strict=True):
+        assert code == 2 and says in stderr, (argv, code, stderr)

@@ -234,6 +234,9 @@ def test_records_of_several_fingerprints_are_refused_unless_one_is_picked(tmp_pa
         result = CliRunner().invoke(main, [*command, "--store", str(tmp_path / "s")])
         assert result.exit_code == 1, result.output
         assert "2 machines or software stacks" in result.output and "Traceback" not in result.output
+        text = " ".join(result.output.split())  # as wrapped for the terminal
+        for fp, machine in ((FP, "2x NVIDIA H200 (cuda)"), (h100, "8x NVIDIA H100 80GB HBM3")):
+            assert f"{fingerprint_id(fp)}: {machine}" in text, result.output
 
 
 def test_sealed_store_reads_like_the_plain_one_and_refuses_appends(tmp_path):

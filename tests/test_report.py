@@ -166,3 +166,77 @@ def test_a_failed_report_writes_nothing(tmp_path, store_dir, monkeypatch):
     written = report.write_report(store_dir, out)
     assert sorted(p.name for p in out.iterdir()) == sorted(Path(f).name for f in written["files"])
     assert all(Path(f).parent == out for f in written["files"])
+
+
+def test_a_store_of_two_machines_is_reported_per_machine(tmp_path):
+    """Records of two fingerprints (records copied in from another machine): a section, a
+    JSON entry and a directory of plots per machine, and no figure or table mixing them (the
+    shared problem's best time in each section is that machine's own)."""
+    import dataclasses
+
+    from synthetic import SYNTHETIC_FINGERPRINT, synthetic_measurements
+
+    from ficco.measure.fingerprint import fingerprint_id
+    from ficco.profile import RECORDS_FILE, frame_from_records, open_store
+
+    other_fp = {**SYNTHETIC_FINGERPRINT, "gpu": "slow toy", "gpu_count": 2}
+    ids = fingerprint_id(SYNTHETIC_FINGERPRINT), fingerprint_id(other_fp)
+    shared, only_one = PROBLEMS[0], PROBLEMS[3]
+    write_synthetic_store(tmp_path / "s", [shared, PROBLEMS[1]], SPACE).close()
+    other = ProfileStore.open(tmp_path / "other", other_fp)
+    for problem in (shared, only_one):
+        for m in synthetic_measurements(problem, SPACE):  # the slow machine: 3x the time
+            other.append(dataclasses.replace(m, median_ms=m.median_ms * 3))
+    other.close()
+    with (tmp_path / "s" / RECORDS_FILE).open("a") as fh:
+        fh.write((tmp_path / "other" / RECORDS_FILE).read_text())
+    records = open_store(tmp_path / "s").records()
+    frame = frame_from_records(records)
+
+    out = tmp_path / "out"
+    args = ["report", "--store", str(tmp_path / "s"), "--out", str(out)]
+    result = CliRunner().invoke(main, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["fingerprints"] == sorted(ids) and summary["n_records"] == len(records)
+    assert set(summary["machines"]) == set(ids)
+    text = (out / "summary.md").read_text()
+    sections = dict(s.split("\n", 1) for s in text.split("\n## Machine `")[1:])
+    for fp_id, device, problems in (
+        (ids[0], "8x toy (synthetic)", {shared, PROBLEMS[1]}),
+        (ids[1], "2x slow toy (synthetic)", {shared, only_one}),
+    ):
+        part = summary["machines"][fp_id]
+        mine = frame[frame["fingerprint_id"] == fp_id]
+        assert part["device"] == device and part["identity"]["gpu"] in device
+        assert part["n_records"] == len(mine) and part["n_problems"] == len(problems)
+        assert sorted(p.name for p in (out / fp_id).iterdir()) == [
+            "share_of_ideal.png",
+            "signature_breakdown.png",
+            "speedup_heatmap.png",
+        ]
+        assert sorted(part["files"]) == sorted(str(p) for p in (out / fp_id).iterdir())
+        assert set(part["files"]) < set(summary["files"])
+        section = sections[f"{fp_id}`: {device}"]
+        assert f"[{fp_id}/speedup_heatmap.png]({fp_id}/speedup_heatmap.png)" in section
+        assert "### Best schedule per problem" in section
+        ok = mine[(mine["kind"] == "schedule") & (mine["verdict"] == "ok")]
+        for problem in PROBLEMS:
+            label = f"| {problem.name} m={problem.m} |"
+            assert (label in section) == (problem in problems), (fp_id, label)
+        theirs = frame[(frame["fingerprint_id"] != fp_id) & (frame["kind"] == "schedule")]
+        best = ok[ok["problem_key"] == shared.key]["median_ms"].min()
+        other_best = theirs[theirs["problem_key"] == shared.key]["median_ms"].min()
+        assert f"| {best:.3g} |" in section  # this machine's own best time
+        assert f"| {other_best:.3g} |" not in section
+    assert not list(out.glob("*.png"))
+    result = CliRunner().invoke(main, args)  # again: each machine's directory replaced whole
+    assert result.exit_code == 0, result.output
+    assert "records of 2 machines" in result.output and "(2x slow toy (synthetic))" in result.output
+    assert sorted(p.name for p in out.iterdir()) == sorted([*ids, "summary.md"])
+    assert not list(out.glob("*/*/"))  # not moved into the earlier run's directory
+    # one machine picked: its plots in out itself, as for a store of one machine
+    picked = CliRunner().invoke(main, [*args[:4], str(tmp_path / "o1"), "--fingerprint", ids[1]])
+    assert picked.exit_code == 0, picked.output
+    assert (tmp_path / "o1" / "speedup_heatmap.png").exists()
+    assert "## Machine" not in (tmp_path / "o1" / "summary.md").read_text()

@@ -395,8 +395,10 @@ def report(
 ) -> dict:
     """Plots and ``summary.md`` of a profile store (a directory or a database URL) into ``out``
     (default: the user directory's ``reports/<parent>-<store name>/``, or
-    ``reports/<database>/``); ``fingerprint`` picks one machine's records where the store holds
-    several. Returns the summary with ``files`` (the paths written) and ``out``."""
+    ``reports/<database>/``): each machine (fingerprint) of the store on its own, in a
+    directory of plots each and a section of ``summary.md`` each where there are several;
+    ``fingerprint`` picks one machine's records. Returns the summary with ``machines`` (per
+    fingerprint id), ``files`` (the paths written) and ``out``."""
     from ficco.profile.report import write_report
 
     store = existing_store(str(store))

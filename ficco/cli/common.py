@@ -364,8 +364,9 @@ def fingerprint_option() -> Callable:
         "--fingerprint",
         default=None,
         metavar="ID",
-        help="Use the records of this fingerprint id, where the store holds several machines' "
-        "records (the refusal lists them).",
+        help="Use only the records of this fingerprint id, where the store holds several "
+        "machines' records (train and evaluate refuse a mix, naming each machine; report "
+        "shows each on its own).",
     )
 
 

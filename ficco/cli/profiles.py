@@ -470,6 +470,9 @@ def report_cmd(
 ) -> None:
     """Plot a profile store: speedup heatmap, signature breakdown, share of ideal, summary.
 
+    A store of several machines (fingerprints) gets each reported on its own: a directory of
+    plots per machine and a section of summary.md each.
+
     \b
     Example:
       ficco report --store profiles/h200x2/store --out report/
@@ -478,9 +481,17 @@ def report_cmd(
     if as_json:
         click.echo(json_text(summary))
         return
-    click.echo(
-        f"{summary['n_problems']} problems, {summary['n_records']} records "
-        f"({summary['n_failed']} not ok) from fingerprint(s) {', '.join(summary['fingerprints'])}"
-    )
+    machines = summary["machines"]
+    if len(machines) > 1:
+        click.echo(
+            f"{summary['n_records']} records of {len(machines)} machines, each reported on "
+            "its own (no figure mixes them):"
+        )
+    for fp_id, part in machines.items():
+        click.echo(
+            f"{part['n_problems']} problems, {part['n_records']} records "
+            f"({part['n_failed']} not ok) from fingerprint {fp_id or '(none)'}"
+            + (f" ({part['device']})" if part["device"] else "")
+        )
     for path in summary["files"]:
         click.echo(f"wrote {path}")

@@ -29,7 +29,8 @@ signature columns                       ``t_gemm_ms t_comm_ms serial_ms ideal_ms
 A store whose records carry more than one fingerprint (machines or software stacks mixed,
 e.g. records copied in from another GPU) is refused by :func:`load_frame` unless the caller
 picks one (:func:`pick_fingerprint`): ranking schedules on a mix of hardware is wrong without
-a word.
+a word. :func:`frame_from_records` keeps them all, apart by ``fingerprint_id`` (the report
+draws each machine on its own).
 """
 
 from __future__ import annotations

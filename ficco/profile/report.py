@@ -13,6 +13,10 @@ Files written to the output directory:
                               problem's best schedule, per model
 ``summary.md``                counts, fingerprints, the best schedule per problem
 
+A store holding records of several machines (fingerprints) is reported per machine: a
+``<fingerprint id>/`` directory of the plots above for each, and a section of ``summary.md``
+for each. No figure mixes machines.
+
 Stores measured on the ``cpu`` backend are marked: CPU timings exercise the harness only.
 """
 
@@ -22,9 +26,10 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ficco.measure.fingerprint import identity
 from ficco.outputs import staged_directory
-from ficco.profile.frame import frame_from_records, pick_fingerprint
-from ficco.profile.report_markdown import CPU_NOTE, markdown
+from ficco.profile.frame import device_of, fingerprint_counts, frame_from_records, pick_fingerprint
+from ficco.profile.report_markdown import CPU_NOTE, machine_markdown, markdown
 from ficco.profile.store import Store
 from ficco.profile.stores import open_store
 
@@ -112,11 +117,18 @@ def write_report(
     store: str | Path | Store, out_dir: str | Path, fingerprint: str | None = None
 ) -> dict[str, Any]:
     """Write the plots and summary of ``store`` (a directory, a database URL or a
-    :class:`Store`) into ``out_dir``; the records of one fingerprint (``fingerprint`` picks
-    one where the store holds several: MixedFingerprints otherwise).
+    :class:`Store`) into ``out_dir``.
 
-    Returns :func:`summarize`'s object plus ``files`` (the paths written) and ``not_shown``:
-    each figure or section left out, and why (for CPU records: what needs a GPU store)."""
+    Each machine (fingerprint: the identity a record was measured with) is reported on its
+    own: no figure mixes machines, since a schedule's time on one says nothing of its time on
+    another. A store of one machine (or ``fingerprint`` picking one) gets its plots in
+    ``out_dir`` itself; a store of several gets a ``<fingerprint id>/`` directory of plots per
+    machine and one ``summary.md`` with a section per machine.
+
+    Returns :func:`summarize`'s object over all records plus ``machines`` (per fingerprint
+    id: its own summary with ``device``, ``identity``, ``files`` and ``not_shown``: each
+    figure or section left out, and why), ``files`` (every path written) and ``not_shown``
+    (each machine's, prefixed with its fingerprint id where there are several)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -127,45 +139,98 @@ def write_report(
     finally:
         if opened is not store:
             opened.close()
-    frame = pick_fingerprint(
-        frame_from_records(records), fingerprint, source=f"store {opened.location}"
-    )
+    frame = frame_from_records(records)
+    if fingerprint is not None:
+        frame = pick_fingerprint(frame, fingerprint, source=f"store {opened.location}")
+    fingerprints = _record_fingerprints(records, opened)
+    machines = fingerprint_counts(frame) or [(opened.header.get("fingerprint_id", ""), "", 0)]
+    several = len(machines) > 1
     target = Path(out_dir)
     # the files are drawn in a temporary directory and moved into out_dir once all exist
     with staged_directory("out", target) as out:
         summary = summarize(frame, opened)
-        cpu = summary["timings"] == "cpu harness"
+        summary["machines"] = {}
         files: list[Path] = []
-        not_shown: list[str] = []
-        table = None
-        if len(frame):
-            table = best_table(frame)
-            order = table.sort_values(["model", "problem_name", "pattern", "m"], kind="stable")
-            note = _cpu_subtitle(frame)
-            files += plot_speedup_heatmap(frame, order, out, note)
-            breakdown = plot_signature_breakdown(frame, order, out, note)
-            if not breakdown:
-                not_shown.append(
-                    "signature_breakdown.png: no record carries a signature (the GEMM and comm "
-                    "parts timed alone and per task); a GPU store has them (ficco sweep --backend "
-                    "cuda, with --signatures, the default)"
-                )
-            files += breakdown
-            if cpu:
-                not_shown.append(
-                    "share_of_ideal.png and the signature overview: the share of the ideal gain "
-                    "and the losses behind it are GPU quantities; CPU harness timings say nothing "
-                    "about them (use a GPU store, e.g. ficco report --store profiles/h200x2/store)"
-                )
-            else:
-                files += plot_share_of_ideal(table, out, note)
-        summary["not_shown"] = not_shown
+        sections = []
+        for fp_id, _, _ in machines:
+            mine = frame[frame["fingerprint_id"].fillna("") == fp_id] if several else frame
+            where = out / machine_directory(fp_id) if several else out
+            where.mkdir(exist_ok=True)
+            fp = fingerprints.get(fp_id) or opened.header.get("fingerprint", {})
+            label = f"\n[{device_of(fp)}, fingerprint {fp_id or '(none)'}]" if several else ""
+            part, table, drawn = _machine_report(mine, opened, where, fp, label)
+            names = [f.relative_to(out).as_posix() for f in drawn]
+            sections.append(machine_markdown(part, table, mine, names, fp))
+            part["files"] = [str(target / name) for name in names]
+            summary["machines"][fp_id] = part
+            files += drawn
+        summary["not_shown"] = [
+            f"{fp_id}: {why}" if several else why
+            for fp_id, part in summary["machines"].items()
+            for why in part["not_shown"]
+        ]
         md = out / "summary.md"
-        md.write_text(markdown(summary, table, opened, frame, [f.name for f in files]))
+        md.write_text(markdown(summary, opened, sections))
         files.append(md)
-    files = [target / f.name for f in files]
-    summary["files"] = [str(f) for f in files]
+    summary["files"] = [str(target / f.relative_to(out)) for f in files]
     return summary
+
+
+def machine_directory(fp_id: str) -> str:
+    """The directory of one machine's plots in a report of several machines."""
+    return fp_id or "no-fingerprint"
+
+
+def _record_fingerprints(records: list[dict[str, Any]], store: Store) -> dict[str, dict]:
+    """``{fingerprint id: full fingerprint}``: as the records carry it (the first record of
+    each id), else the store header's for its own id."""
+    found: dict[str, dict] = {}
+    for r in records:
+        fp_id = r.get("fingerprint_id") or ""
+        if fp_id not in found and r.get("fingerprint"):
+            found[fp_id] = r["fingerprint"]
+    header_id = store.header.get("fingerprint_id")
+    if header_id is not None and header_id not in found:
+        found[header_id] = store.header.get("fingerprint") or {}
+    return found
+
+
+def _machine_report(
+    frame: pd.DataFrame, store: Store, out: Path, fp: dict[str, Any], label: str = ""
+) -> tuple[dict[str, Any], pd.DataFrame | None, list[Path]]:
+    """The plots of one machine's records into ``out``, ``label`` (which machine) under each
+    title: (its summary, its best table, the files drawn)."""
+    summary = summarize(frame, store)
+    del summary["store"]
+    summary["device"] = device_of(fp) if fp else ""
+    summary["identity"] = identity(fp) if fp else {}
+    cpu = summary["timings"] == "cpu harness"
+    files: list[Path] = []
+    not_shown: list[str] = []
+    table = None
+    if len(frame):
+        table = best_table(frame)
+        order = table.sort_values(["model", "problem_name", "pattern", "m"], kind="stable")
+        note = label + _cpu_subtitle(frame)
+        files += plot_speedup_heatmap(frame, order, out, note)
+        breakdown = plot_signature_breakdown(frame, order, out, note)
+        if not breakdown:
+            not_shown.append(
+                "signature_breakdown.png: no record carries a signature (the GEMM and comm "
+                "parts timed alone and per task); a GPU store has them (ficco sweep --backend "
+                "cuda, with --signatures, the default)"
+            )
+        files += breakdown
+        if cpu:
+            not_shown.append(
+                "share_of_ideal.png and the signature overview: the share of the ideal gain "
+                "and the losses behind it are GPU quantities; CPU harness timings say nothing "
+                "about them (use a GPU store, e.g. ficco report --store profiles/h200x2/store)"
+            )
+        else:
+            files += plot_share_of_ideal(table, out, note)
+    summary["not_shown"] = not_shown
+    return summary, table, files
 
 
 # --- plots -----------------------------------------------------------------------------------

@@ -147,21 +147,52 @@ def _overview(frame: pd.DataFrame, table: pd.DataFrame, figures: list[str]) -> l
     return lines
 
 
-def markdown(
-    summary: dict[str, Any],
-    table: pd.DataFrame | None,
-    store: Store,
-    frame: pd.DataFrame | None = None,
-    figures: list[str] | None = None,
-) -> str:
-    fp = store.header.get("fingerprint", {})
+def markdown(summary: dict[str, Any], store: Store, sections: list[list[str]]) -> str:
+    """``summary.md``: the store's counts, then ``sections`` (:func:`machine_markdown`, one
+    per machine of ``summary["machines"]``, in that order): the one machine's lines as they
+    are, or a ``## Machine`` section each where the store holds several."""
     lines = [
         "# ficco profile report",
         "",
         f"Store `{store.location}`: {summary['n_problems']} problems, {summary['n_records']} "
         f"records, {summary['n_failed']} not ok.",
-        f"Backend {', '.join(summary['backends']) or '?'}; machine {device_of(fp)}; torch {fp.get('torch')}, Triton {fp.get('triton')}, NCCL "
-        f"{fp.get('nccl')}; fingerprint(s) {', '.join(summary['fingerprints'])}.",
+    ]
+    machines = summary["machines"]
+    if len(machines) <= 1:
+        return "\n".join(lines + [body for section in sections for body in section])
+    listing = "; ".join(
+        f"`{fp_id or '(none)'}` {part['device'] or '?'} ({part['n_records']} records)"
+        for fp_id, part in machines.items()
+    )
+    lines += [
+        f"Its records come from {len(machines)} machines or software stacks (fingerprints), "
+        f"each reported on its own below, with its plots in a directory named by its "
+        f"fingerprint id: {listing}. No figure mixes them: a schedule's time on one machine "
+        "says nothing of its time on another.",
+        "",
+    ]
+    for (fp_id, part), section in zip(machines.items(), sections, strict=True):
+        lines += [f"## Machine `{fp_id or '(none)'}`: {part['device'] or '?'}", ""]
+        # the machine's own headings one level down
+        lines += ["#" + line if line.startswith("## ") else line for line in section]
+    return "\n".join(lines)
+
+
+def machine_markdown(
+    summary: dict[str, Any],
+    table: pd.DataFrame | None,
+    frame: pd.DataFrame | None,
+    figures: list[str],
+    fp: dict[str, Any],
+) -> list[str]:
+    """The lines of one machine's part of ``summary.md``: its counts and fingerprint, its
+    verdicts, its overview (or what its CPU records hold), its best schedule per problem and
+    what is not shown; ``figures`` are its plots, as paths relative to ``summary.md``."""
+    lines = [
+        f"Backend {', '.join(summary['backends']) or '?'}; machine {device_of(fp)}; torch "
+        f"{fp.get('torch')}, Triton {fp.get('triton')}, NCCL {fp.get('nccl')}; fingerprint "
+        f"{', '.join(summary['fingerprints']) or '(none)'}; {summary['n_problems']} problems, "
+        f"{summary['n_records']} records, {summary['n_failed']} not ok.",
         "",
     ]
     cpu = summary.get("timings") == "cpu harness"
@@ -170,9 +201,9 @@ def markdown(
     verdicts = ", ".join(f"{k}: {v}" for k, v in sorted(summary["verdicts"].items()))
     lines += [f"Verdicts: {verdicts}.", ""]
     if cpu and table is not None and len(table) and frame is not None:
-        lines += _cpu_records(frame, table, figures or [])
+        lines += _cpu_records(frame, table, figures)
     elif table is not None and len(table) and frame is not None:
-        lines += _overview(frame, table, figures or [])
+        lines += _overview(frame, table, figures)
     if not cpu and table is not None and len(table):
         lines += [
             "## Best schedule per problem",
@@ -228,7 +259,7 @@ def markdown(
     if summary.get("not_shown"):
         lines += ["## Needs a GPU store" if cpu else "## Not shown", ""]
         lines += [f"- {why}" for why in summary["not_shown"]] + [""]
-    return "\n".join(lines)
+    return lines
 
 
 def _cpu_records(frame: pd.DataFrame, table: pd.DataFrame, figures: list[str]) -> list[str]:
