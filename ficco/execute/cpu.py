@@ -323,7 +323,7 @@ class CpuPrimitives(FusedPrimitives, Primitives):
             total = view(self.tensors, Region(op.src, op.rows, op.cols)).float().contiguous()
             dist.all_reduce(total, group=self.group)
             view(self.tensors, Region(op.dst, op.rows, op.cols)).copy_(total)
-        elif op.kind.symmetric_memory:
+        elif op.kind.symmetric_memory or op.kind.lamport:  # all-reduce kernels
             self.symm_all_reduce(op)
         else:
             raise ValueError(f"collective: unknown kind {op.kind!r}")

@@ -325,7 +325,7 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
             dist.all_reduce(flat, group=self.group)
             if flat.data_ptr() != out.data_ptr():
                 out.copy_(flat)
-        elif op.kind.symmetric_memory:
+        elif op.kind.symmetric_memory or op.kind.lamport:  # all-reduce kernels
             # on the buffers' own group (the one they were rendezvoused on), whatever the
             # schedule's priority: +hi only picks the stream the kernel runs on
             src = self.view(Region(op.src, op.rows, op.cols))
