@@ -87,14 +87,18 @@ def expected_unavailable(backend: str, name: str) -> bool:
     """What this backend may answer ``unavailable`` (everything else must verify)."""
     if backend != "cuda_shared":
         return "+fused" in name or "symm" in name or "nccl_ce" in name or name == "async_tp"
-    from ficco.execute.cuda_shared import shared_capability  # noqa: F401 - the reasons' home
+    from ficco.execute.cuda_shared import shared_capability
+    from ficco.space import Schedule
 
-    return (
-        "+fused" in name
-        or "/symm" in name
-        or "/nccl_ce/" in name
-        or name in ("async_tp", "comm_one_shot", "comm_two_shot", "serial_graph")
-    )
+    if name in ("async_tp", "comm_one_shot", "comm_two_shot", "serial_graph"):
+        return True  # baselines over symmetric memory's kernels or NCCL
+    try:
+        schedule = Schedule.parse(name)
+    except ValueError:
+        return False
+    # the lane's own refusals (fused flag waits, the all-reduce kernels, nccl_ce), from the
+    # backend's registry of reasons rather than a list kept here
+    return shared_capability(None, schedule) is not None
 
 
 def run_matrix(backend: str, worlds, dtype: str, deadline: float, log) -> dict:
