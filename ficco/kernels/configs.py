@@ -34,7 +34,7 @@ MAX_CHUNK_GROUP = 64
 # Chunks of at most this many rows are offered grouped (`fused_candidate_configs`): a chunk's
 # GEMM does `rows` FLOPs per byte of bf16 B it reads, and H100/H200 do 206-295 FLOPs per byte
 # of HBM, so below that a chunk is bound by B's reads and reading B once per group pays. On
-# one H200 (profiles/h200/NOTES_gemm.md, call I) grouping 64- and 128-row chunks ran 1.08-1.57x
+# one H200 (profiles/h200/NOTES_gemm.md) grouping 64- and 128-row chunks ran 1.08-1.57x
 # faster at 9 of 16 shapes (arriving chunks: 0.89-1.03x the chunk-by-chunk time); at 512-1024
 # rows it gained at most 3.5% with all flags set and cost up to 1.25x where chunks arrived.
 CHUNK_GROUP_MAX_ROWS = 256
@@ -275,7 +275,7 @@ SWAP_TILES: tuple[tuple[int, int, int, int], ...] = (
     (32, 256, 4, 4),
     (32, 128, 6, 4),
     # a deeper pipeline of 128-deep steps: the pick at 3 of 190 decode shapes, the fastest
-    # within 1% at 17 (H200 call AM). cuBLAS's own decode tiles (64x8 and 64x16 in 16 stages
+    # within 1% at 17 (one H200, profiles/h200/NOTES_gemm.md). cuBLAS's own decode tiles (64x8 and 64x16 in 16 stages
     # of 64-deep steps, profiles/h200/library_kernels_decode_callAL.json) as swap-AB tiles,
     # 64x64 and 32x64 in 16 stages, 32x128 in 12, were never within 1% of the fastest: this
     # kernel's one partition waits on each step's loads and wgmma, so fewer, deeper steps win
@@ -300,7 +300,7 @@ DECODE_MAX_ROWS = 512
 # Weight-stream tiles for the persistent kernel at M <= DECODE_MAX_ROWS: cuBLAS's picks at 128
 # rows of the small decode weights on one H200 (64x64_64x13, 128x64_64x8: few columns, deep
 # pipelines; profiles/h200/library_kernels_decode_callAL.json). The pick at 5 of 190 decode
-# shapes, all at 128-256 rows (H200 call AM: 128x5120x4096 1.013 of cuBLAS, 0.955 before;
+# shapes, all at 128-256 rows (one H200, profiles/h200/NOTES_gemm.md: 128x5120x4096 1.013 of cuBLAS, 0.955 before;
 # 128x4096x4096 0.929, 0.877 before); cuBLAS's 64x32_64x16 never within 1% of the fastest.
 WEIGHT_STREAM_CONFIGS: tuple[GemmConfig, ...] = (
     GemmConfig(64, 64, 64, 8, 13, 4),

@@ -122,7 +122,7 @@ class FusedGemm(_Timed):
     warp-specialized kernel takes runs there (``gluon_fused``, ``self.gluon``; its ``plan``
     says why one does not): per-row / per-column scales, B column-major, chunks that only
     wait, of equal rows, in one buffer each; on one H100 1.04x ``_scaled_mm`` with every flag
-    set, where this kernel ran 0.82x (profiles/h100/NOTES_gemm.md, runs 32-37).
+    set, where this kernel ran 0.82x (profiles/h100/NOTES_gemm.md).
 
     ``reset_waits``: the launch's last program zeroes every chunk's ``wait`` flag once every
     tile has read it, so the next launch waits for new arrivals with no memset before it
@@ -144,8 +144,8 @@ class FusedGemm(_Timed):
     program that is not resident yet), no split tail and bf16/fp16/fp32 operands; True where
     it does not is refused with the reason, False claims. None (the default): runs where
     they apply and the tiles outnumber the programs (``runs_by_default``). Runs against
-    claims, geomeans per band (below / above 0.3 ms of cuBLAS time) on H200 calls R, S, T and
-    H100 runs 12, 13 (``scripts/kernels_sweep_summary.py`` over their JSON): with every flag
+    claims, geomeans per band (below / above 0.3 ms of cuBLAS time) on the committed H200 and
+    H100 fused runs (``scripts/kernels_sweep_summary.py`` over their JSON): with every flag
     set 0.917x-0.990x where programs take several tiles, 1.023x-1.051x where each takes one
     (its tile's wait and run cost more than one claim); with chunks landing during the
     launch 0.875x-0.995x.

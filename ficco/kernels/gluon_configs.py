@@ -26,7 +26,7 @@ PICKS_FILE = "gluon_gemm_picks.json"
 PICKS_FORMAT = 1
 GLUON_ENV = "FICCO_GEMM_GLUON"
 #: how much faster than ficco's Triton kernel, in every run, a shape's Gluon time must be.
-#: None: picks from two runs, judged on a third (H100 runs 18, 19 -> 20), gave `matmul`
+#: None: picks from two runs, judged on a third (profiles/h100/NOTES_gemm.md), gave `matmul`
 #: 0.9987 / 0.9963 of cuBLAS (full / chunk geomeans) at 0, 0.9953 / 0.9941 at 1%.
 PICK_MARGIN = 0.0
 #: rows up to which the swap-AB tiles are timed (`GluonGemmConfig.suits`)
@@ -54,7 +54,7 @@ class GluonGemmConfig:
     shared_tile: bool = False
     # the last, partly filled wave's tiles split along K (`configs.split_plan`: stream-K's
     # data-parallel + split tail), each K range's fp32 partial summed by the last to arrive:
-    # 192-row tiles run ~1.3x the time of 128-row ones for 1.5x the work (H200 call AW), but
+    # 192-row tiles run ~1.3x the time of 128-row ones for 1.5x the work (one H200, profiles/h200/NOTES_gemm.md), but
     # on 4096x4096 they are 5.33 waves (704 tiles on 132 SMs) against 7.76; split 3 ways,
     # the last third of a wave costs a third
     split_tail: bool = False
@@ -176,9 +176,9 @@ BF16_CONFIGS = (
     # 128x192, 512x5120 in 128 of 64x320, 1024x5120 in 128 of 128x320. 32-deep K steps: a
     # consumer holds two slots (the one its wgmmas read and the one before, released when
     # those retire), so the loads in flight are (stages - 2) steps; halving the step doubles
-    # the stages that fit and frees slots sooner (H200 call AD: 1024x3072 38.6 us in
+    # the stages that fit and frees slots sooner (one H200, profiles/h200/NOTES_gemm.md: 1024x3072 38.6 us in
     # 128x192x32 s8, 40.1 in 128x192x64 s4, 51.2 in s3). Tried and never the pick in H200
-    # calls AE, AF and H100 runs 23, 24 (profiles/*/NOTES_gemm.md): 128x192, 128x320, 64x320 in
+    # runs on both cards (profiles/*/NOTES_gemm.md): 128x192, 128x320, 64x320 in
     # 64-deep steps, 128x96 tiles (cuBLAS's for 512x3072), 256x160. 64x192 (one warpgroup):
     # 512x3072 in 128 tiles (H200 call AJ0: 25.1 us, cuBLAS 24.7, 128x96 27.6).
     GluonGemmConfig(64, 160, 64, 6, 1, 4),
@@ -195,15 +195,15 @@ BF16_CONFIGS = (
     # .json): 2880 columns in 45 tiles of 64 or 90 of 32, ~10 K steps of the weight in flight
     # per SM. A 64-row tile at M = 1 reads one row of A (TMA skips the rest) and its wasted
     # wgmma rows cost little beside the weight's stream. The pick at ~100 of 190 decode
-    # shapes on either card (H200 call AN, H100 run 28); at M = 128 the better of the Gluon
-    # and Triton kernels went from 0.972 of cuBLAS (call AK) to 0.995.
+    # shapes on either card (profiles/*/NOTES_gemm.md); at M = 128 the better of the Gluon
+    # and Triton kernels went from 0.972 of cuBLAS to 0.995.
     GluonGemmConfig(64, 64, 64, 13, 1, 4),
     GluonGemmConfig(64, 64, 128, 6, 1, 4),
     GluonGemmConfig(64, 32, 128, 8, 1, 4),
     GluonGemmConfig(64, 128, 64, 8, 1, 4),
     # Swap-AB decode tiles, cuBLAS's own for M <= 16 on small weights (64x8 / 64x16 tiles in
     # 16 stages of 64-deep steps): 64 weight columns by 16 or 32 rows. The pick at 96 of 190
-    # decode shapes on one H200 (call AP): 1x4096x2048 11.4 us against cuBLAS's 11.2 (the
+    # decode shapes on one H200 (profiles/h200/NOTES_gemm.md): 1x4096x2048 11.4 us against cuBLAS's 11.2 (the
     # Triton kernel 12.5, the 64-row Gluon tiles 13.4)
     GluonGemmConfig(64, 16, 64, 16, 1, 4, swap_ab=True),
     GluonGemmConfig(64, 16, 64, 20, 1, 4, swap_ab=True),
@@ -222,20 +222,20 @@ FP8_CONFIGS = (
     GluonGemmConfig(64, 256, 128, 4, 2, 4, split_epilogue=True),
     # 64-deep K steps and more stages, as the bf16 tiles gained from (loads in flight are
     # stages - 2 steps): promoted by hand after every step, so every 64 products (cuBLASLt:
-    # 128). Checked and timed on one H200 (call AL): the pick at no shape, kept to rank on
+    # 128). Checked and timed on one H200 (profiles/h200/NOTES_gemm.md): the pick at no shape, kept to rank on
     # the H100.
     GluonGemmConfig(128, 128, 64, 10, 1, 8, split_epilogue=True),
     GluonGemmConfig(128, 128, 64, 12, 1, 8),
     # shared tiles (`shared_tile`): cuBLASLt's promoting tile (128x128x128, 6 stages,
     # cooperative) as two warpgroups that never wait for each other. The pick at 85 of 88
-    # shapes on one H200 (call AR): Gluon / `_scaled_mm` 0.957 full, 0.969 chunk, from 0.79 /
+    # shapes on one H200 (profiles/h200/NOTES_gemm.md): Gluon / `_scaled_mm` 0.957 full, 0.969 chunk, from 0.79 /
     # 0.81 with the 8-warp consumer. Tried there and left out: 256x128x128 s3 halves (each
     # 128x128 half promoting inside wgmma, C7514: 0.77 of the pick), 64-deep halves (twice
     # the promotions: 0.73-0.75 of it).
     GluonGemmConfig(128, 128, 128, 6, 2, 4, shared_tile=True),
     GluonGemmConfig(128, 128, 128, 5, 2, 4, split_epilogue=True, shared_tile=True),
     # three row parts: one consumer's promotion stall is covered by two others' wgmmas (the
-    # pick at 26 of 40 full shapes on one H200, call AW: 0.999 of `_scaled_mm` full and chunk;
+    # pick at 26 of 40 full shapes on one H200 (profiles/h200/NOTES_gemm.md): 0.999 of `_scaled_mm` full and chunk;
     # halves stay the pick where 192-row tiles leave a partial last wave)
     GluonGemmConfig(192, 128, 128, 5, 3, 4, split_epilogue=True, shared_tile=True),
     GluonGemmConfig(192, 128, 128, 4, 3, 4, shared_tile=True),
@@ -243,7 +243,7 @@ FP8_CONFIGS = (
     # (4096x4096, 2048x8192: 704 tiles, 44 past the fifth wave, split 3 ways), the halves
     # where theirs is under half full (1024x3072: 192 tiles, 60 past the first, split 2).
     # Timed only where the shape's last wave splits; the pick at 9 of 40 full and 11 of 48
-    # chunk shapes on one H200 (call BD): 2048x8192x14336 1.005 of `_scaled_mm` against 0.936
+    # chunk shapes on one H200 (profiles/h200/NOTES_gemm.md): 2048x8192x14336 1.005 of `_scaled_mm` against 0.936
     # whole (the wave model: 1.125x), 4096x4096x7168 +4%; the fix-up (partials stored, the last
     # arriver summing them) costs a few microseconds, so short K ranges lose (4096x4096x2048)
     GluonGemmConfig(192, 128, 128, 5, 3, 4, split_epilogue=True, shared_tile=True, split_tail=True),

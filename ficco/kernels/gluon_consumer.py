@@ -100,9 +100,9 @@ def _consume(
     # between the last wgmma and the stores, and a fused launch's is a chain: the chunk's
     # cached table entry, then its scales). Three consumers sharing a tile (152 registers
     # each): one scale a thread, moved to the accumulator's layout in the epilogue (1: +1.7-4%
-    # for 192-row tiles at 512-4096 rows, H200 call BV; in that layout they spill). Two
+    # for 192-row tiles at 512-4096 rows, one H200 (profiles/h200/NOTES_gemm.md); in that layout they spill). Two
     # sharing one (232 registers), fused only: in the accumulator's layout (2: +1.2-4% over
-    # the same launch with scales in the epilogue, H200 call BU; the plain kernel ran 1.5%
+    # the same launch with scales in the epilogue, one H200 (profiles/h200/NOTES_gemm.md); the plain kernel ran 1.5%
     # slower with it at 4096-16384 rows, and 3-6% slower with the first form)
     if FP8 and CONSUMERS == 3:
         EARLY_SCALES: gl.constexpr = 1
@@ -321,7 +321,7 @@ def _register_order(acc):
     columns of rows r and r + 8 per 8 columns; here each such pair lies beside the next
     thread's, so a warp's store of one pair is 256 contiguous bytes (row-major, its 8 rows x 8
     bytes touched 8 lines a store: the split tail's fix-up cost more than the wave it saved,
-    H200 call BC). Written and read in the same order, so any layout is correct; this one is
+    one H200 (profiles/h200/NOTES_gemm.md)). Written and read in the same order, so any layout is correct; this one is
     the fast one for a tile of 16 rows a warp (`GluonGemmConfig.check`)."""
     BLOCK_M: gl.constexpr = acc.type.shape[0]
     BLOCK_N: gl.constexpr = acc.type.shape[1]

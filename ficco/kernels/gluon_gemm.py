@@ -24,7 +24,7 @@ here):
   arrival, so with FP8's promotion by hand (wait for the step's wgmmas, then add) both
   stopped the tensor cores at once; as separate consumers, one's adds run under the others'
   wgmmas (profiles/h200/NOTES_gemm.md: 0.79 of ``_scaled_mm`` with one 8-warp consumer,
-  0.96 in halves (call AR), 1.00 with thirds (call AW));
+  0.96 in halves, 1.00 with thirds: profiles/h200/NOTES_gemm.md);
 - a tile ``block_n`` wide that is no power of two (Gluon's tensors are) runs as a main part
   and a tail (128 + 64 = 192, 256 + 64 = 320, 128 + 32 = 160; 16-bit only): each ring slot
   holds the tail's B columns too, each K step issues a second wgmma on the same A slot, and
@@ -55,7 +55,7 @@ thread, else through wgmma's ``max_num_imprecise_acc``; ``fast_accum`` promotes 
 GPU only, written against Triton 3.6's Gluon (the GPU image's; `matmul`'s shipped picks are
 keyed on that version). `scripts/bench_gluon_gemm.py` verifies every variant against an fp32
 product and times it beside cuBLAS / ``torch._scaled_mm``; what it measured:
-profiles/h200/NOTES_gemm.md (calls V-AP), profiles/h100/NOTES_gemm.md (runs 15-29).
+profiles/h200/NOTES_gemm.md, profiles/h100/NOTES_gemm.md.
 """
 
 from __future__ import annotations

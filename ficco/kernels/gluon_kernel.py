@@ -119,7 +119,7 @@ def _producer(descs, ring, bars, scales, tails):
             # first B block in flight while the chunk table is read and the chunks waited
             # on: at a program's start that chain is a few global reads long (FP8: B
             # K-major). (Reading the table one unit ahead ran slower: 0.964 of the plain
-            # launch against 0.977, H200 call BB.)
+            # launch against 0.977, one H200 (profiles/h200/NOTES_gemm.md).)
             places = _a_places(off_m, scales, A_ROWS, A_BLOCKS)
             slot, bar = _free_slot(bars, step, STAGES, load_bytes)
             tma.async_copy_global_to_shared(

@@ -288,7 +288,7 @@ def _prefetch_chunks(scales):
     """Fused, the first consumer before its first slot lands (its warps idle meanwhile):
     every chunk's table entry and waiting flag into L2 (the first 32 x warps chunks: a
     hint), so where a program's tiles move to another chunk mid-launch the producer's table
-    read and acquire hit L2, not DRAM (H200 call BO: that move cost the two-chunk launch 1-2
+    read and acquire hit L2, not DRAM (one H200, profiles/h200/NOTES_gemm.md: that move cost the two-chunk launch 1-2
     us a program against one chunk). A flag not set yet stays coherent: L2 is where peers'
     and copy engines' writes land."""
     THREADS: gl.constexpr = 32 * gl.num_warps()
