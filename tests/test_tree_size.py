@@ -41,3 +41,18 @@ def test_no_tracked_file_over_2_mb_without_a_reason_beside_it():
         if p.stat().st_size > FILE_LIMIT and not p.with_name(p.name + ".why").is_file()
     ]
     assert not unexplained, f"files over 2 MB with no <file>.why beside them: {unexplained}"
+
+
+def test_library_code_names_files_not_run_codes():
+    """A default's evidence is named by the file that records it, never by a device call's
+    code ("call BQ", "H100 run 44"): codes mean nothing to a reader of the library."""
+    import re
+
+    code = re.compile(r"\bcalls? [A-Z]{1,2}\b(?![a-z])|\b(?:H100|H200)\b[^.\n]{0,20}\bruns? \d+")
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in sorted((ROOT / "ficco").rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if code.search(line)
+    ]
+    assert not found, found
