@@ -19,7 +19,8 @@ hung too), and emb_a2a's ``serial/nccl/triton`` replay left rows of its output u
 eager (``--graphs ce``) every schedule and baseline of both verified and timed. NCCL's
 all-gather, reduce-scatter and all-reduce (ring and tree kernels, no point-to-point) replayed
 correctly and stay captured. ``FICCO_CAPTURE_NCCL_ALL_TO_ALL=1`` in the ranks' environment
-captures them anyway (to retry on another torch or NCCL; ``scripts/timing_hang_bisect.py``).
+captures them anyway (to retry on another torch or NCCL; the bisection that found the hangs is
+``scripts/timing_hang_bisect.py`` in the tree at 97d577c).
 """
 
 from __future__ import annotations

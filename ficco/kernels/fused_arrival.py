@@ -29,7 +29,7 @@ ready; just in time) is least: a tile slower with every flag set must buy more w
 chunks land late than it costs where they do not.
 
 Against the measured side-stream arrival case of `scripts/tune_fused_gpu.py`
-(`scripts/fused_arrival_model.py`) the model came within 10% at 59 of 67 shapes on one
+(`scripts/fused_arrival_model.py` in the tree at 97d577c) the model came within 10% at 59 of 67 shapes on one
 H200 and 52 of 64 on one H100 (profiles/h200/NOTES_gemm.md, profiles/h100/NOTES_gemm.md), never more than 3% above the measurement,
 up to 30% below it; the benchmark times the tile picked beside the others.
 """
