@@ -390,15 +390,14 @@ def sweep_line() -> str:
 
 
 def tests_line() -> str:
-    parts = []
-    for path, what in ((PROFILES / "h200x2" / "gpu_tests_w2.log", "2 x H200"),):
-        found = re.findall(r"^(\d+ passed.*?) in [\d.]+s", path.read_text(), re.M)
-        parts.append(f"{what} `{rel(path)}`: {found[-1] if found else 'no summary line'}")
+    path = PROFILES / "h200x2" / "gpu_tests_w2.log"
+    found = re.findall(r"^(\d+ passed.*?) in [\d.]+s", path.read_text(), re.M)
+    w2 = f"2 x H200 `{rel(path)}`: {found[-1] if found else 'no summary line'}"
     lane_path = PROFILES / "h200" / "lane" / "gpu_shared.json"
     doc = load(lane_path)
     lane = doc["summary"]
     return (
-        "GPU tests (`python -m pytest tests/gpu` on the GPUs): " + "; ".join(parts) + ". "
+        f"GPU tests (`python -m pytest tests/gpu` on the GPUs): {w2}. "
         "No tests/gpu run at W = 4 is committed. The one-GPU lane (W ranks sharing one H200, "
         f"verification only; {source(lane_path, doc)}, `STAGES=shared scripts/gpu_checks.sh "
         f"1`): tests/gpu {lane['tests_passed']} passed, {lane['tests_failed']} failed; "

@@ -259,27 +259,9 @@ def test_a_copy_that_never_reaches_the_peer_is_incorrect():
 def test_the_kernel_compiles_for_sm90_with_every_flag_release():
     """The GPU code of the multi-destination epilogue (never run by the interpreter) lowers to
     a cubin for sm_90, with the system-scope release that sets a destination's flag."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from offline_sm90 import offline_compile
 
-    root = Path(__file__).resolve().parent.parent
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(root)
-    done = subprocess.run(
-        [sys.executable, str(root / "tests" / "compile_fused_sm90.py")],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=root,
-        timeout=600,
-    )
-    if done.returncode == 3:
-        pytest.skip(done.stderr.strip())
-    assert done.returncode == 0, done.stderr[-3000:]
-    atomics = json.loads(done.stdout.strip().splitlines()[-1])["atomics"]
+    atomics = offline_compile("compile_fused_sm90.py")["atomics"]
     for path in ("ptr", "tma"):
         assert "atom.global.sys.release.exch.b32" in atomics[path], atomics
         assert "atom.global.sys.acq_rel.add.u32" in atomics[path], atomics  # the tile count

@@ -14,6 +14,14 @@ from ficco.profile.frame import (
     model_of,
     pick_fingerprint,
 )
+from ficco.profile.header import (
+    HEADER_FILE,
+    RECORDS_FILE,
+    SCHEMA_VERSION,
+    SEALED_RECORDS_FILE,
+    header_differences,
+    read_header,
+)
 from ficco.profile.selection import (
     SHIPPED_GPU_STORE,
     CpuTimings,
@@ -21,17 +29,11 @@ from ficco.profile.selection import (
     selection_frame,
 )
 from ficco.profile.store import (
-    HEADER_FILE,
-    RECORDS_FILE,
-    SCHEMA_VERSION,
-    SEALED_RECORDS_FILE,
     MemoryStore,
     ProfileStore,
     Store,
     StoreWarning,
-    header_differences,
     measurement_of,
-    read_header,
 )
 from ficco.profile.stores import is_store_url, open_store
 

@@ -40,15 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from ficco.profile.claims import Claim, claim_digest, claim_file, claimer
-from ficco.profile.store import (
-    Store,
-    _json_default,
-    header_differences,
-    key_of,
-    new_header,
-    problem_key_of,
-    read_only_error,
-)
+from ficco.profile.header import header_differences, new_header, read_only_error
+from ficco.profile.store import Store, _json_default, key_of, problem_key_of
 
 RECORDS_TABLE = "ficco_records"
 HEADER_TABLE = "ficco_store"

@@ -63,13 +63,11 @@ from ficco.measure.fingerprint import fingerprint_id
 from ficco.measure.record import VERIFICATION_ONLY, Measurement
 from ficco.problem import Problem
 from ficco.profile.claims import Claim, claim_digest, claim_file
-from ficco.profile.header import (  # noqa: F401 (the store's vocabulary, re-exported)
+from ficco.profile.header import (
     HEADER_FILE,
     RECORDS_FILE,
-    SCHEMA_VERSION,
     SEALED_RECORDS_FILE,
     check_header,
-    header_differences,
     new_header,
     now,
     read_header,
