@@ -68,6 +68,8 @@ def test_a_duplicate_or_incomplete_spec_is_refused(monkeypatch):
         spec_like("fake", timing={"rounds": 3})
     with pytest.raises(ValueError, match="dtype: one of"):
         spec_like("fake", dtype="fp8")
+    with pytest.raises(ValueError, match="preload: backend fake needs a tuple of module names"):
+        spec_like("fake", preload="torch")  # a string would preload t, o, r, c, h
     with pytest.raises(TypeError, match="setup_rank"):
         BackendSpec(
             **{f.name: 1 for f in dataclasses.fields(BackendSpec) if f.name != "setup_rank"}

@@ -95,6 +95,10 @@ class BackendSpec:
     check_world: Callable[[int], Refusal] = _no_refusal
     """``world -> None | reason``: why this machine cannot host ``world`` ranks of it; asked
     before any process starts (cheap: no torch)."""
+    preload: tuple[str, ...] = ()
+    """Modules its ranks import before they are set up. Where given, the rank pool forks
+    ranks from a process that imported them once (``ficco.execute.forkserver``); empty
+    (CUDA: no device state may cross a fork): every rank starts Python afresh."""
     setup_here: Callable[[int, int, int, float], Backend] | None = None
     """``(rank, local_rank, world, timeout_s) -> Backend``: set this process up as one rank
     of a torchrun launch; None: the backend does not run under torchrun."""
@@ -119,6 +123,9 @@ class BackendSpec:
             elif part.name == "runner":
                 if not isinstance(value, Ref):
                     raise ValueError(f"runner: backend {self.name} needs a Ref")
+            elif part.name == "preload":
+                if not (isinstance(value, tuple) and all(isinstance(m, str) for m in value)):
+                    raise ValueError(f"preload: backend {self.name} needs a tuple of module names")
             elif part.name == "setup_here" and value is None:
                 continue
             elif not callable(value):

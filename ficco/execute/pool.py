@@ -11,7 +11,9 @@ dies or fails the job, the job's answer is a :class:`PoolFailure` carrying its v
 (``timeout`` or ``error``) and reason; after a hang or a death the pool is killed and the
 next :meth:`run` starts fresh processes. A fresh pool gets
 ``startup_s`` more seconds before its first report. ``body`` replaces the rank body
-(``ficco.execute.rank.serve``; tests drive the supervision with stand-ins).
+(``ficco.execute.rank.serve``; tests drive the supervision with stand-ins). With ``preload``
+(the backend's ``BackendSpec.preload``), ranks are forked from a warm process that imported
+those modules (``ficco.execute.forkserver``) instead of each starting Python afresh.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from ficco.backends import backend_spec
+from ficco.execute import forkserver
 from ficco.execute.options import RunOptions
 from ficco.verdict import Verdict
 
@@ -61,6 +64,7 @@ class RankPool:
         *,
         timeout_s: float,
         startup_s: float,
+        preload: tuple[str, ...] = (),
     ) -> None:
         if body is None:
             from ficco.execute.rank import serve
@@ -68,7 +72,8 @@ class RankPool:
             body = serve
         self.world, self.body, self.args = world, body, args
         self.timeout_s, self.startup_s = timeout_s, startup_s
-        self._procs: list[subprocess.Popen] = []
+        self.preload = preload if forkserver.available() else ()
+        self._procs: list[subprocess.Popen | forkserver.ForkedRank] = []
         self._conns: list[Connection] = []
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._fresh = False
@@ -88,6 +93,7 @@ class RankPool:
             (spec.name, options),
             timeout_s=spec.silence_s(options.timeout_s),
             startup_s=options.startup_s,
+            preload=spec.preload,
         )
 
     def __enter__(self) -> RankPool:
@@ -100,14 +106,18 @@ class RankPool:
         self._tmp = tempfile.TemporaryDirectory(prefix="ficco-ranks-")
         init_file = os.path.join(self._tmp.name, "rendezvous")
         self._procs, self._conns = [], []
+        env = self._env()
         for rank in range(self.world):
             ours, theirs = socket.socketpair()
             fd = theirs.fileno()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "ficco.execute.rank", "--fd", str(fd)],
-                pass_fds=(fd,),
-                env=self._env(),
-            )
+            if self.preload:
+                proc = forkserver.fork_rank(fd, env, self.preload)
+            else:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "ficco.execute.rank", "--fd", str(fd)],
+                    pass_fds=(fd,),
+                    env=env,
+                )
             theirs.close()
             conn = Connection(ours.detach())
             conn.send(list(sys.path))

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from ficco.backends import backend_spec
-from ficco.defaults import USER_DIR_ENV
+from ficco.execute.forkserver import UNREAD_ENV
 from ficco.execute.options import RunOptions, TimingOptions
 from ficco.execute.pool import PoolFailure, RankPool
 from ficco.execute.rank import Job
@@ -122,9 +122,6 @@ def backend_pool(
 
 #: the pools ``kept_pools`` keeps, by what makes a pool (None: every run starts fresh ranks)
 _kept: dict[tuple, RankPool] | None = None
-#: environment variables that change between runs and that no rank reads (the user
-#: directory: where the parent writes what the user named no path for)
-_UNREAD_ENV = frozenset({"PYTEST_CURRENT_TEST", USER_DIR_ENV})
 #: at most this many pools kept (the least recently used one is closed): W = 8 is 8 processes
 KEPT_POOLS = 3
 
@@ -152,7 +149,7 @@ def pool_for(backend: str, world: int, options: RunOptions) -> tuple[RankPool, b
     pool, the caller's to close, and False."""
     if _kept is None:
         return backend_pool(backend, world, options), False
-    env = tuple(sorted((k, v) for k, v in os.environ.items() if k not in _UNREAD_ENV))
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k not in UNREAD_ENV))
     # The ranks read the options' seed and timeouts, never their timing (each job carries
     # its own): verify-only runs, timed runs and sweeps share a pool. backend_pool itself is
     # in the key: a stand-in for it (tests) never meets a kept pool
