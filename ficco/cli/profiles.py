@@ -370,7 +370,9 @@ def sweep_cmd(as_json: bool, **params) -> None:
     click.echo(f"store: {masked(done.store)}")
     title = f"{len(result.outcomes)} problems swept ({request.backend})"
     timing = ("best", "ms", "x serial") if timed else ()
-    table = Table(title=title if timed else f"{title}: {HARNESS_NOTE}")
+    # untimed runs: the per-problem lines and the closing line say so (a title that long
+    # would wrap mid-phrase at the table's width)
+    table = Table(title=title)
     for col in ("problem", "m", *timing, "new", "reused", "failed"):
         justify = "left" if col in ("problem", "best") else "right"
         table.add_column(col, justify=justify, no_wrap=True)
