@@ -40,10 +40,9 @@ module: ``Problem``, the CLI's problem options and ``api.make_problem`` read the
 
 Nothing else branches on a pattern's name: rules, geometry, plan keys, references,
 verification, baselines, ideal, features, physics and the cost model read the spec. The
-exceptions are implementations of one pattern's own path (``ficco.model.dense``'s ag_gemm /
-gemm_rs task graphs, ``ficco.select.baselines``' async-TP rule, the CUDA-only baselines that
-``ficco.execute.cuda_shared`` records unavailable, gemm_ar's ``+rs_ag`` lowering reusing
-gemm_rs's).
+exceptions are implementations of one pattern's own path (``ficco.select.baselines``' async-TP
+rule, the CUDA-only baselines that ``ficco.execute.cuda_shared`` records unavailable, gemm_ar's
+``+rs_ag`` lowering reusing gemm_rs's).
 
 ``tests/test_patterns.py`` fails while a pattern lacks any part or its lookup twin disagrees,
 and ``tests/test_plan_golden.py`` pins every pattern's plans.
