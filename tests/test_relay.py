@@ -178,11 +178,10 @@ def test_relay_orders_are_one_hop_per_step_for_every_relay_value():
 
 
 def test_the_model_prices_relay_schedules_and_the_selector_refuses_them_until_measured():
-    """The cost model prices every relay schedule of a W = 4 problem (its generic path:
-    relay plans are not the dense fast path's). The selector gives the relay values no column
-    until a store measures them (``UNMEASURED_BY_SELECTOR``, the transport's
-    ``selector_column``: a column of zeros over every training problem would only move the
-    shipped forests' random draws) and refuses such a schedule by name, never as zeros."""
+    """The cost model prices every relay schedule of a W = 4 problem. The selector gives the
+    relay values no column until a store measures them (``ficco.select.schedules.MEASURED``:
+    a column of zeros over every training problem would only move the shipped forests'
+    random draws) and refuses such a schedule by name, never as zeros."""
     from ficco.model.predict import predictor
     from ficco.select.features import roofs_for
     from ficco.select.physics import pair_physics
