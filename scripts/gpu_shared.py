@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import shared_faults  # noqa: E402
 
 from ficco.execute import RunOptions, TimingOptions  # noqa: E402
-from ficco.execute.pool import PoolFailure, RankPool  # noqa: E402
-from ficco.execute.run import measure_in  # noqa: E402
+from ficco.execute.pool import PoolFailure  # noqa: E402
+from ficco.execute.run import backend_pool, measure_in  # noqa: E402
 from ficco.problem import Problem  # noqa: E402
 from ficco.routing import with_skewed_routing  # noqa: E402
 from ficco.space import Gemm, SpaceOptions, enumerate_schedules  # noqa: E402
@@ -108,7 +108,7 @@ def run_matrix(backend: str, worlds, dtype: str, deadline: float, log) -> dict:
     for world in worlds:
         every = world != max(worlds) or len(worlds) == 1
         done = 0
-        with RankPool.for_backend(backend, world, RunOptions(timeout_s=45)) as pool:
+        with backend_pool(backend, world, RunOptions(timeout_s=45)) as pool:
             for problem in problems(world, dtype):
                 if time.monotonic() > deadline:
                     summary["skipped_for_time"].append(problem.key)
@@ -188,7 +188,7 @@ def run_faults(backend: str, dtype: str, timeout_s: float, log) -> dict:
     ledger: list[dict] = []
     out = {"faults": [], "ledger_ok": True}
     timing = TimingOptions(rounds=1, warmup=0, graphs="ce")
-    with RankPool.for_backend(backend, 2, RunOptions(timeout_s=timeout_s)) as pool:
+    with backend_pool(backend, 2, RunOptions(timeout_s=timeout_s)) as pool:
         for index, (pattern, hook, target, want) in enumerate(FAULTS):
             # distinct shapes: each fault's problem is its own key
             problem = Problem(pattern=pattern, m=256 + 64 * index, n=96, k=64, world=2, dtype=dtype)

@@ -14,14 +14,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_shared import expected_unavailable, matrix_schedules, problems
 
 from ficco.execute import RunOptions, TimingOptions
-from ficco.execute.pool import PoolFailure, RankPool
-from ficco.execute.run import measure_in
+from ficco.execute.pool import PoolFailure
+from ficco.execute.run import backend_pool, measure_in
 from ficco.measure.fingerprint import fingerprint
 from ficco.verdict import Verdict
 
 out = {"fingerprint": fingerprint("cuda"), "world": 8, "problems": []}
 t_start = time.time()
-with RankPool.for_backend("cuda_shared", 8, RunOptions(timeout_s=45)) as pool:
+with backend_pool("cuda_shared", 8, RunOptions(timeout_s=45)) as pool:
     for p in problems(8, "fp32"):
         t0 = time.time()
         got = measure_in(

@@ -448,17 +448,14 @@ TIMED = (
 def predict_timings(params) -> dict:
     """Wall and CPU time of ``Predictor.predict`` (every schedule of one problem) on a fresh
     Predictor with machine and parameters loaded, median of 3, per W and pattern; the phases
-    of its path measured separately, in wall and CPU ms (enumerating; writing the overlapped
-    schedules' task graphs from the schedule, ``ficco.model.dense``, one per plan shape and
-    transport; for the rest, building one plan per ``plan_key``, lowering per plan,
-    transport and GEMM kind, and one task graph per plan and transport; running the event
-    loop per schedule twin), the cyclic collector
+    of its path measured separately, in wall and CPU ms (enumerating; building one plan per
+    ``plan_key``, lowering per plan, transport and GEMM kind, and one task graph per plan and
+    transport; running the event loop per schedule twin), the cyclic collector
     paused as ``predict`` pauses it; and the whole CLI process
     (``python -m ficco.cli predict``: interpreter start, imports, loading, printing)."""
     import gc
     import subprocess
 
-    from ficco.model.dense import has_dense_lowering, lower_dense
     from ficco.model.predict import PREDICTED_SPACE
     from ficco.model.simulate import SimGraph
     from ficco.plan import LOWERINGS, plan_key
@@ -488,21 +485,12 @@ def predict_timings(params) -> dict:
             twins = {}  # one time per (plan shape, transport, GEMM kind, SM reserve)
             for s in schedules:
                 twins.setdefault((plan_key(problem, s), s.transport, s.gemm, s.sm_reserve), s)
-            dense = {}  # overlapped schedules: their model tasks written from the schedule
-            for (key, transport, _, _), s in twins.items():
-                if has_dense_lowering(problem, s) and (key, transport) not in dense:
-                    dense[(key, transport)] = lower_dense(pr.costs, problem, s)
-            clock.append((time.perf_counter(), time.process_time()))
-            plans = {}  # the rest (serial schedules): a plan per plan shape
+            plans = {}  # a plan per plan shape
             for (key, _, _, _), s in twins.items():
-                if not has_dense_lowering(problem, s) and key not in plans:
+                if key not in plans:
                     plans[key] = LOWERINGS[problem.pattern](problem, s, 0)
             clock.append((time.perf_counter(), time.process_time()))
-            lowered = {
-                twin: pr.costs.lower(plans[twin[0]], s)
-                for twin, s in twins.items()
-                if twin[0] in plans
-            }
+            lowered = {twin: pr.costs.lower(plans[twin[0]], s) for twin, s in twins.items()}
             clock.append((time.perf_counter(), time.process_time()))
             graphs = {}
             for (key, transport, _, _), tasks in lowered.items():
@@ -510,18 +498,13 @@ def predict_timings(params) -> dict:
                     graphs[(key, transport)] = SimGraph(tasks)
             clock.append((time.perf_counter(), time.process_time()))
             tasks_simulated = 0
-            for (key, transport, gemm, reserve), s in twins.items():
-                if (key, transport) in dense:
-                    work = dense[(key, transport)].work_for(pr.costs, s)
-                    dense[(key, transport)].graph.makespan_ms(work, pr.costs.slowdown)
-                else:
-                    tasks = lowered[(key, transport, gemm, reserve)]
-                    work = [t.work_ms for t in tasks]
-                    graphs[(key, transport)].makespan_ms(work, pr.costs.slowdown)
+            for twin, tasks in lowered.items():
+                work = [t.work_ms for t in tasks]
+                graphs[twin[:2]].makespan_ms(work, pr.costs.slowdown)
                 tasks_simulated += len(work)
             clock.append((time.perf_counter(), time.process_time()))
             gc.enable()
-            names = ("enumerate", "dense", "plans", "lower", "graphs", "simulate")
+            names = ("enumerate", "plans", "lower", "graphs", "simulate")
             spans = list(zip(names, clock, clock[1:], strict=False))
             api.append(
                 {
@@ -530,7 +513,6 @@ def predict_timings(params) -> dict:
                     "pattern": pattern,
                     "problem": problem.key,
                     "schedules": len(prediction.times),
-                    "dense_graphs": len(dense),
                     "plans": len(plans),
                     "tasks_simulated": tasks_simulated,
                     "api_ms": statistics.median(runs),

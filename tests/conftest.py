@@ -89,7 +89,7 @@ def _environment() -> dict[str, str]:
 
 @pytest.fixture(scope="session", autouse=True)
 def _kept_rank_pools():
-    """One rank pool per world for every CPU run of the session: each test's run_cpu (and
+    """One rank pool per world for every CPU run of the session: each test's run_problem (and
     ficco.run, ficco run, a CPU sweep's single runs) reuses the ranks an earlier test
     started instead of paying process start and torch's import again."""
     from ficco.execute.run import kept_pools

@@ -12,7 +12,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from ficco.execute import Verdict, run_cpu  # noqa: E402
+from ficco.execute import Verdict, run_problem  # noqa: E402
 from ficco.execute.options import RunOptions  # noqa: E402
 from ficco.kernels import allreduce_lamport as lam  # noqa: E402
 from ficco.kernels.flags import FlagTimeout  # noqa: E402
@@ -177,7 +177,7 @@ def test_lamport_schedules_verify_over_shared_files(world, dtype, m):
     p = Problem(pattern="gemm_ar", m=m, n=20, k=8, world=world, dtype=dtype)
     schedules = lamport_schedules(p, gemms=(Gemm.CUBLAS,), chunk_counts=(2,))
     assert {s.transport for s in schedules} == set(LAMPORT)
-    results = run_cpu(p, schedules)
+    results = run_problem(p, schedules, backend="cpu")
     assert not [(r.schedule, r.verdict.value, r.detail) for r in results if not r.ok]
 
 
@@ -191,10 +191,11 @@ def rank0_skips(plan):
 
 def test_a_rank_that_skips_its_kernel_is_a_timeout_not_a_hang():
     p = Problem(pattern="gemm_ar", m=8, n=16, k=8, world=2, dtype="fp32")
-    (result,) = run_cpu(
+    (result,) = run_problem(
         p,
         [Schedule.parse("serial/lamport1/cublas")],
         options=RunOptions(timeout_s=60.0),
+        backend="cpu",
         plan_hook=rank0_skips,
     )
     assert result.verdict is not Verdict.OK, result

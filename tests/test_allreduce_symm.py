@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ficco.execute import Verdict, run_cpu
+from ficco.execute import Verdict, run_problem
 from ficco.execute.allreduce import ONE_SHOT, TWO_SHOT, gloo_symm_all_reduce
 from ficco.execute.options import TimingOptions
 from ficco.plan import CollectiveOp, GemmOp, Plan, build_plan
@@ -161,7 +161,7 @@ def test_every_symm_schedule_runs_and_verifies_on_two_ranks():
     p = gemm_ar()
     schedules = symm_schedules(p)
     assert len(schedules) == 36
-    results = run_cpu(p, schedules)
+    results = run_problem(p, schedules, backend="cpu")
     assert [r.schedule for r in results] == [str(s) for s in schedules]
     assert not [(r.schedule, r.verdict.value, r.detail) for r in results if not r.ok]
 
@@ -170,7 +170,7 @@ def test_symm_schedules_verify_with_ragged_chunks_on_three_ranks_and_a_decode_ro
     for p in (gemm_ar(m=7, n=20, world=3), gemm_ar(m=1, n=64, world=2)):
         schedules = symm_schedules(p, gemms=(Gemm.CUBLAS,), chunk_counts=(2, 4))
         assert schedules
-        results = run_cpu(p, schedules)
+        results = run_problem(p, schedules, backend="cpu")
         assert not [(r.schedule, r.verdict.value, r.detail) for r in results if not r.ok]
 
 
@@ -200,7 +200,7 @@ def drop_first_gemm(plan: Plan) -> Plan:
     ],
 )
 def test_verifier_catches_faults_in_symm_plans(schedule, hook):
-    (result,) = run_cpu(gemm_ar(), [Schedule.parse(schedule)], plan_hook=hook)
+    (result,) = run_problem(gemm_ar(), [Schedule.parse(schedule)], backend="cpu", plan_hook=hook)
     assert result.verdict is Verdict.INCORRECT
 
 

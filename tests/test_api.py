@@ -12,6 +12,7 @@ from ficco import api
 from ficco.measure.record import Measurement
 from ficco.problem import Problem
 from ficco.profile import MemoryStore
+from ficco.space import Schedule
 from ficco.sweep import ReplayRunner, check_timing_mode, issue_of
 from ficco.validate import InputError
 
@@ -70,15 +71,39 @@ def test_run_refuses_bad_options_before_any_work(kwargs, field):
 def test_run_options_accept_integers_and_their_strings_and_fill_defaults():
     from ficco.backends import backend_spec
 
-    options = api.RunRequest.of(backend="cuda", rounds="7", seed="3", timeout_s="2.5")
+    request = api.RunRequest.of(RS, ["shard/ce/cublas"], backend="cuda", rounds="7", seed="3",
+                                timeout_s="2.5")  # fmt: skip
+    options = request.options
     assert (options.timing.rounds, options.seed, options.timeout_s) == (7, 3, 2.5)
     assert not options.timing.signatures  # a run shows times; a sweep measures signatures
+    assert request.schedules == (Schedule.parse("shard/ce/cublas"),)
     cuda = backend_spec("cuda")
-    assert api.RunRequest.of(backend="cuda").timing == replace(cuda.timing, signatures=False)
-    assert api.RunRequest.of(backend="cuda").timeout_s == cuda.timeout_s
-    assert api.RunRequest.of(backend="cpu").timing is None  # cpu verifies only
+    assert request.spec is cuda and request.backend == "cuda"
+    default = api.RunRequest.of(RS, backend="cuda").options
+    assert default.timing == replace(cuda.timing, signatures=False)
+    assert default.timeout_s == cuda.timeout_s
+    assert api.RunRequest.of(RS, backend="cpu").options.timing is None  # cpu verifies only
+    assert api.RunRequest.of(RS, backend="cpu").schedules == tuple(api.schedules(RS))
     with pytest.raises(InputError, match="rounds: needs at least 1 round"):
-        api.RunRequest.of(backend="cpu", rounds=0)  # refused even where nothing is timed
+        api.RunRequest.of(RS, backend="cpu", rounds=0)  # refused even where nothing is timed
+
+
+def test_a_run_request_is_checked_whole_and_run_as_it_is():
+    from ficco.backends import backend_spec
+    from ficco.execute import RunOptions
+
+    # typed: the options whole (a RunOptions), the schedules legal, the seed an integer >= 0
+    request = api.RunRequest(problem=RS, schedules=("shard/ce/cublas",), backend="cpu")
+    assert request.options == RunOptions(timeout_s=backend_spec("cpu").timeout_s)
+    with pytest.raises(InputError, match="options: must be a ficco.execute.RunOptions"):
+        api.RunRequest(problem=RS, backend="cpu", options={"seed": 1})
+    with pytest.raises(InputError, match="seed: must be an integer >= 0"):
+        api.RunRequest(problem=RS, backend="cpu", options=RunOptions(seed=-1))
+    with pytest.raises(InputError, match="sm_reserve_leaves_sms"):
+        api.RunRequest(problem=RS, schedules=["finer-c2-m/nccl/triton+sm99999"], backend="cpu")
+    # given whole to run, with nothing beside it but on_result
+    with pytest.raises(InputError, match="seed: a RunRequest holds the schedules and the opt"):
+        api.run(request, seed=4)
 
 
 def test_run_refuses_a_cpu_world_past_the_limit_before_spawning():
@@ -129,20 +154,21 @@ def test_make_problem_reads_routing_json_and_refuses_fractions():
 def test_sweep_request_refuses_what_the_cli_refuses(kwargs, field, tmp_path):
     base = dict(workloads=("llama3-8b",), world=2, backend="cpu", store=str(tmp_path / "s"))
     with pytest.raises(InputError) as err:
-        api.SweepRequest(**(base | kwargs))
+        api.SweepRequest.of(**(base | kwargs))
     assert err.value.field == field
 
 
 def test_sweep_request_defaults_come_from_the_backend_specs(tmp_path):
     from ficco.backends import backend_spec
 
-    cpu = api.SweepRequest(workloads=("llama3-8b",), world=2, backend="cpu", store=str(tmp_path))
-    cuda = api.SweepRequest(workloads=("llama3-8b",), world="2", store=str(tmp_path))
+    cpu = api.SweepRequest.of(workloads=("llama3-8b",), world=2, backend="cpu", store=str(tmp_path))
+    cuda = api.SweepRequest.of(workloads=("llama3-8b",), world="2", store=str(tmp_path))
     for request, name in ((cpu, "cpu"), (cuda, "cuda")):
         spec = backend_spec(name)
-        assert (request.timing, request.timeout_s) == (spec.timing, spec.timeout_s)
-    assert (cpu.timing.rounds, cuda.timing.rounds, cuda.world) == (3, 10, 2)
-    assert cuda.timing.signatures and not cpu.timing.signatures
+        assert request.spec is spec
+        assert (request.options.timing, request.options.timeout_s) == (spec.timing, spec.timeout_s)
+    assert (cpu.options.timing.rounds, cuda.options.timing.rounds, cuda.world) == (3, 10, 2)
+    assert cuda.options.timing.signatures and not cpu.options.timing.signatures
     timing = api.timing_options("cuda", rounds="auto", issue="synced", signatures=False)
     assert (timing.rounds, timing.issue, timing.signatures, timing.warmup) == (
         "auto",
@@ -151,7 +177,48 @@ def test_sweep_request_defaults_come_from_the_backend_specs(tmp_path):
         backend_spec("cuda").timing.warmup,
     )
     shipped = str(REPO / "profiles" / "h200x2" / "store")
-    assert api.SweepRequest(workloads=("llama3-8b",), world=2, store=shipped, force=True)
+    assert api.SweepRequest.of(workloads=("llama3-8b",), world=2, store=shipped, force=True)
+
+
+def test_a_sweep_request_holds_its_space_and_options_whole_and_hands_them_down(
+    tmp_path, monkeypatch
+):
+    """The loose values become three typed parts once (the space, the ranks' options, the
+    strategy's options); a typed request holding them is the same request, and the sweep
+    hands them to the runner and the strategy as they are."""
+    import ficco.sweep
+    from ficco.execute import RunOptions
+    from ficco.space import Gemm, SpaceOptions
+    from ficco.sweep import SweepOptions
+
+    where = dict(workloads=("llama3-8b",), world=2, tokens=(64,), backend="cpu")
+    where["store"] = str(tmp_path / "s")
+    loose = api.SweepRequest.of(
+        **where, gemms=("cublas",), chunks=("2",), seed="7", strategy="optuna", trials="3",
+        limit_schedules=5,
+    )  # fmt: skip
+    assert loose.space == SpaceOptions(gemms=(Gemm.CUBLAS,), chunk_counts=(2,))
+    assert loose.options.seed == loose.sweep.seed == 7  # the inputs' seed and the sampler's
+    assert (loose.sweep.trials, loose.sweep.limit_schedules) == (3, 5)
+    parts = dict(space=loose.space, options=loose.options, sweep=loose.sweep)
+    assert api.SweepRequest(**where, strategy="optuna", **parts) == loose
+    with pytest.raises(InputError, match="trials: applies to --strategy optuna only"):
+        api.SweepRequest(**where, sweep=SweepOptions(trials=3))
+    with pytest.raises(InputError, match="space: must be a ficco.space.SpaceOptions"):
+        api.SweepRequest(**where, space={"gemms": ("cublas",)})
+    typed = api.SweepRequest(**where, options=RunOptions(seed=2))  # its timing: the backend's
+    assert typed.options.timing == typed.spec.timing and typed.options.seed == 2
+
+    class Handed(Exception):
+        pass
+
+    def make_runner(spec, options):
+        raise Handed(spec, options)
+
+    monkeypatch.setattr(ficco.sweep, "make_runner", make_runner)
+    with pytest.raises(Handed) as handed:
+        api.sweep(loose, notify=lambda line: None)
+    assert handed.value.args[0] is loose.spec and handed.value.args[1] is loose.options
 
 
 class _TimedRunner(ReplayRunner):

@@ -92,7 +92,7 @@ def test_a_registered_backend_is_a_cli_choice_and_a_default_source(monkeypatch):
     assert tuple(option.type.choices) == (*before, "fake") and "fake: stands in." in option.help
     assert per_backend(lambda s: f"{s.timeout_s:g}").startswith("120 cpu, 300 cuda, ")
     assert per_backend(lambda s: f"{s.timeout_s:g}").endswith(", 7 fake")
-    assert api.RunRequest(backend="fake").timeout_s == 7.0
+    assert api.RunRequest(problem=BF16, backend="fake").options.timeout_s == 7.0
 
 
 def test_the_capability_check_refuses_with_its_reason_before_anything_starts(monkeypatch):

@@ -157,7 +157,7 @@ def test_ignored_options_are_refused_with_the_rule(tmp_path):
     shapes = tmp_path / "shapes.csv"
     shapes.write_text("placeholder\n")
     with pytest.raises(ValueError, match="ep: .*applies to --workloads only"):
-        api.SweepRequest(store=str(tmp_path / "s"), shapes=str(shapes), ep=2, backend="cpu")
+        api.SweepRequest.of(store=str(tmp_path / "s"), shapes=str(shapes), ep=2, backend="cpu")
 
 
 def test_refusals_name_value_and_rule(tmp_path):

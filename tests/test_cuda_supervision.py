@@ -7,7 +7,8 @@ import time
 import pytest
 
 from ficco.execute import RunOptions, TimingOptions
-from ficco.execute.run import run_cuda_jobs
+from ficco.execute.pool import PoolFailure
+from ficco.execute.run import backend_pool, measure_in
 from ficco.measure.record import Measurement
 from ficco.problem import Problem
 from ficco.space import Schedule
@@ -38,6 +39,20 @@ def fake_rank(rank, world, init_file, conn, backend, options):
             os._exit(4)
 
 
+def run_jobs(jobs, options, on_progress=None, on_result=None):
+    """Each problem in turn in one pool of stand-in ranks, as a sweep's runner keeps one:
+    per problem its measurements, or the :class:`PoolFailure` it ended in."""
+    out = []
+    with backend_pool("cuda", 2, options, body=fake_rank) as pool:
+        for index, (problem, schedules) in enumerate(jobs):
+            progress = (lambda msg, i=index: on_progress(i, msg)) if on_progress else None
+            got = measure_in(pool, problem, schedules, options.timing, progress)
+            out.append(got)
+            if on_result and not isinstance(got, PoolFailure):
+                on_result(index, got)
+    return out
+
+
 def test_hang_and_crash_are_recorded_and_the_run_goes_on():
     sizes = [16, 32, 64, 48, 80]
     jobs = [
@@ -45,10 +60,9 @@ def test_hang_and_crash_are_recorded_and_the_run_goes_on():
         for m in sizes
     ]
     progress, finished = [], []
-    out = run_cuda_jobs(
+    out = run_jobs(
         jobs,
-        options=RunOptions(timeout_s=3, startup_s=60, timing=TimingOptions()),
-        body=fake_rank,
+        RunOptions(timeout_s=3, startup_s=60, timing=TimingOptions()),
         on_progress=lambda i, msg: progress.append(i),
         on_result=lambda i, ms: finished.append(i),
     )
@@ -70,7 +84,7 @@ def test_a_rank_that_dies_after_answering_is_replaced_before_the_next_problem():
         time.sleep(1.0)  # the dying rank is gone before the next problem is sent
 
     options = RunOptions(timeout_s=5, startup_s=60, timing=TimingOptions())
-    out = run_cuda_jobs(jobs, options=options, body=fake_rank, on_result=slow_caller)
+    out = run_jobs(jobs, options, on_result=slow_caller)
     assert [o[0].median_ms for o in out] == [96.0, 16.0, 96.0, 64.0]
 
 
@@ -103,7 +117,7 @@ def test_bad_timing_options_name_the_field(field, value, message):
     from ficco.sweep.runners import CudaRunner
 
     with pytest.raises(ValueError, match=message):  # refused before any GPU is looked for
-        CudaRunner(timing=TimingOptions(**{field: value}))
+        CudaRunner(RunOptions(timing=TimingOptions(**{field: value})))
     with pytest.raises(ValueError, match="issue: \\['eager'\\]"):
         TimingOptions(issue=["queued", "eager"])
     with pytest.raises(ValueError, match="issue: empty"):

@@ -19,8 +19,7 @@ if not torch.cuda.is_available():
 
 import ficco  # noqa: E402
 import ficco.api  # noqa: E402
-from ficco.execute.options import RunOptions  # noqa: E402
-from ficco.execute.run import run_cpu, run_schedules  # noqa: E402
+from ficco.execute.run import run_problem  # noqa: E402
 from ficco.patterns import emb_a2a as emb  # noqa: E402
 from ficco.plan import PoolOp, WaitFlagsOp, build_plan, plan_key  # noqa: E402
 from ficco.problem import Problem  # noqa: E402
@@ -324,8 +323,16 @@ def test_recommend_refuses_emb_a2a_until_a_table_measured_it():
 # --- verification over gloo: every distinct plan, the one-GPU lane's list ------------------
 
 
-#: verify only (run_schedules raises if a problem fails as a whole)
-VERIFY = RunOptions(timing=None)
+def measurements(problem, schedules):
+    """Each schedule's measurement, verified in the session's rank pool of the world
+    (tests/conftest.py); a run that failed as a whole is a failure here, with its reason."""
+    results = run_problem(problem, schedules, backend="cpu")
+    assert all(r.measurement is not None for r in results), [
+        (r.schedule, r.detail) for r in results
+    ]
+    return [r.measurement for r in results]
+
+
 #: the lane's problems run here at batch 61 (no W divides it) in fp32 rows of 8
 ON_CPU = dict(m=61, n=8, dtype="fp32")
 #: problems the lane has not, a few schedules each (every plan: the lane's problems): an even
@@ -383,7 +390,7 @@ def test_every_distinct_plan_of_the_lanes_list_verifies_against_the_float64_refe
         )
         once = list({plan_key(problem, s): s for s in reversed(schedules)}.values())[::-1]
         assert any(s.compute is Compute.FUSED for s in once)
-        got = run_schedules(problem, once, backend="cpu", options=VERIFY)
+        got = measurements(problem, once)
         assert not verdict_faults("cpu", problem, once, got)
         # the check can fail: ranks that share a GPU refuse what ran here
         refused = {str(s) for s in once if s.compute is Compute.FUSED
@@ -393,7 +400,7 @@ def test_every_distinct_plan_of_the_lanes_list_verifies_against_the_float64_refe
         listed += [str(s) for s in schedules]
     for problem in OTHERS[world]:
         schedules = [Schedule.parse(t) for t in FEW]
-        got = run_schedules(problem, schedules, backend="cpu", options=VERIFY)
+        got = measurements(problem, schedules)
         bad = [(m.name, m.verdict, m.detail) for m in got if m.verdict != "ok"]
         assert len(got) == len(schedules) and not bad, bad
     # the check can fail: a pooled segment left unwritten is caught
@@ -401,7 +408,12 @@ def test_every_distinct_plan_of_the_lanes_list_verifies_against_the_float64_refe
         Schedule.parse(t)
         for t in ("shard/ce/cublas", "finer-c2-m/ce/triton+fused", "finer-c2-b/seg/cublas")
     ]
-    got = run_cpu(lane_problems(world, **ON_CPU)[0], broken, plan_hook=drop_first_pooled_segment)
+    got = run_problem(
+        lane_problems(world, **ON_CPU)[0],
+        broken,
+        backend="cpu",
+        plan_hook=drop_first_pooled_segment,
+    )
     assert [r.verdict.value for r in got] == ["incorrect"] * 3, got
     texts = " ".join(listed)
     for part in ("-b/ce/cublas", "-b/ce/triton", "-b/seg/cublas", "-b/seg/triton", "+merged",

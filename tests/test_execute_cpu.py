@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 from covering import covering as cover
 
-from ficco.execute import Verdict, run_cpu
+from ficco.execute import Verdict, run_problem
 from ficco.plan import GemmOp, Plan, ReduceOp, TransferOp
 from ficco.problem import Pattern, Problem
 from ficco.space import Gemm, Schedule, SpaceOptions, enumerate_schedules
@@ -50,7 +50,7 @@ PATTERNS = [p.value for p in Pattern if not p.pools_tables]
 def test_every_cublas_schedule_at_w2(pattern):
     p = problem(pattern, 2)
     schedules = list(enumerate_schedules(p, SpaceOptions(gemms=(Gemm.CUBLAS,))))
-    assert_all_ok(run_cpu(p, schedules), schedules)
+    assert_all_ok(run_problem(p, schedules, backend="cpu"), schedules)
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
@@ -58,21 +58,21 @@ def test_every_axis_at_w4(pattern):
     p = problem(pattern, 4)
     schedules = covering(enumerate_schedules(p, SpaceOptions(gemms=(Gemm.CUBLAS,))))
     assert any(s.order.value == "all_peers" for s in schedules)
-    assert_all_ok(run_cpu(p, schedules), schedules)
+    assert_all_ok(run_problem(p, schedules, backend="cpu"), schedules)
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_every_axis_with_triton_gemm(pattern):
     p = problem(pattern, 2)
     schedules = covering(enumerate_schedules(p, SpaceOptions(gemms=(Gemm.TRITON,))))
-    assert_all_ok(run_cpu(p, schedules), schedules)
+    assert_all_ok(run_problem(p, schedules, backend="cpu"), schedules)
 
 
 @pytest.mark.parametrize("pattern", ["ag_gemm", "gemm_rs", "gemm_ar"])
 def test_fp16_and_w3(pattern):
     p = problem(pattern, 3, dtype="fp16")
     schedules = covering(enumerate_schedules(p, SpaceOptions(chunk_counts=(2, 4))))
-    assert_all_ok(run_cpu(p, schedules), schedules)
+    assert_all_ok(run_problem(p, schedules, backend="cpu"), schedules)
 
 
 def test_skewed_routing_with_empty_blocks():
@@ -82,7 +82,7 @@ def test_skewed_routing_with_empty_blocks():
             pattern=pattern, m=96, n=24, k=16, world=4, dtype="fp32", experts=4, routing=routing
         )
         schedules = covering(enumerate_schedules(p, SpaceOptions(gemms=(Gemm.CUBLAS,))))
-        assert_all_ok(run_cpu(p, schedules), schedules)
+        assert_all_ok(run_problem(p, schedules, backend="cpu"), schedules)
 
 
 # --- the verifier must catch wrong results (fault injection) ------------------------------
@@ -146,7 +146,7 @@ def drop_one_reduce_input(plan: Plan) -> Plan:
 )
 def test_verifier_catches_injected_faults(pattern, schedule, hook):
     p = problem(pattern, 2)
-    (result,) = run_cpu(p, [Schedule.parse(schedule)], plan_hook=hook)
+    (result,) = run_problem(p, [Schedule.parse(schedule)], backend="cpu", plan_hook=hook)
     assert result.verdict is Verdict.INCORRECT
     assert result.max_abs_err > result.tolerance or result.max_abs_err != result.max_abs_err
 
@@ -157,13 +157,13 @@ def test_gemm_ar_with_m_not_divisible_by_world_and_a_decode_row():
         p = Problem(pattern="gemm_ar", m=m, n=80, k=72, world=world, dtype="fp32")
         schedules = covering(enumerate_schedules(p, SpaceOptions(gemms=(Gemm.CUBLAS,))))
         assert not any(s.all_reduce.value == "rs_ag" for s in schedules)
-        assert_all_ok(run_cpu(p, schedules), schedules)
+        assert_all_ok(run_problem(p, schedules, backend="cpu"), schedules)
 
 
 def test_bf16_triton_is_recorded_unavailable_and_the_run_goes_on():
     p = problem("ag_gemm", 2, dtype="bf16")
     schedules = [Schedule.parse("shard/ce/triton"), Schedule.parse("shard/ce/cublas")]
-    first, second = run_cpu(p, schedules)
+    first, second = run_problem(p, schedules, backend="cpu")
     assert first.verdict is Verdict.UNAVAILABLE and "bf16" in first.detail
     assert second.ok
 
@@ -173,7 +173,7 @@ def test_every_axis_at_w8(pattern):
     p = Problem(pattern=pattern, m=128, n=48, k=32, world=8, dtype="fp32")
     schedules = covering(enumerate_schedules(p, SpaceOptions(gemms=(Gemm.CUBLAS,))))
     assert any(s.order.value == "all_peers" for s in schedules)
-    assert_all_ok(run_cpu(p, schedules), schedules)
+    assert_all_ok(run_problem(p, schedules, backend="cpu"), schedules)
 
 
 def test_cli_run_prints_its_table_whole_into_a_pipe():

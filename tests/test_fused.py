@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ficco
-from ficco.execute import Verdict, run_cpu
+from ficco.execute import Verdict, run_problem
 from ficco.execute.options import RunOptions
 from ficco.plan import (
     FusedChunk,
@@ -320,7 +320,7 @@ FUSED_W3 = ["finer-c2-m/ce/triton+fused", "finer-c2-m/ce/triton+fused+all_peers+
 def test_fused_schedules_verify_over_gloo(pattern, world, dtype, texts):
     p = Problem(pattern=pattern, m=96, n=80, k=72, world=world, dtype=dtype)
     schedules = [Schedule.parse(t) for t in texts]
-    results = run_cpu(p, schedules)
+    results = run_problem(p, schedules, backend="cpu")
     assert [r.schedule for r in results] == texts
     assert all(r.ok for r in results), [(r.schedule, r.verdict.value, r.detail) for r in results]
 
@@ -354,8 +354,8 @@ def test_a_missing_flag_is_a_timeout_verdict_not_a_hang(pattern, hook, where):
     p = Problem(pattern=pattern, m=32, n=16, k=16, world=2, dtype="fp32")
     options = RunOptions(timeout_s=8.0)  # flags give up after a quarter: 2 s
     start = time.monotonic()
-    (result,) = run_cpu(
-        p, [Schedule.parse("shard/ce/triton+fused")], options=options, plan_hook=hook
+    (result,) = run_problem(
+        p, [Schedule.parse("shard/ce/triton+fused")], options=options, backend="cpu", plan_hook=hook
     )
     assert result.verdict is Verdict.TIMEOUT, result
     assert "FlagTimeout" in result.detail and where in result.detail

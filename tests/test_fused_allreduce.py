@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from ficco.execute import Verdict, run_cpu
+from ficco.execute import Verdict, run_problem
 from ficco.execute.options import RunOptions
 from ficco.plan import FusedGemmOp, Plan, ReduceOp, WaitFlagsOp, build_plan, flag_slot
 from ficco.problem import Problem
@@ -203,7 +203,7 @@ RS_AG_W3 = ["finer-c2-m/ce/triton+fused+all_peers+sm32+rs_ag"]
 )
 def test_gemm_ar_fused_schedules_verify_over_gloo(world, dtype, m, texts):
     p = Problem(pattern="gemm_ar", m=m, n=80, k=72, world=world, dtype=dtype)
-    results = run_cpu(p, [Schedule.parse(t) for t in texts])
+    results = run_problem(p, [Schedule.parse(t) for t in texts], backend="cpu")
     assert [r.schedule for r in results] == texts
     assert all(r.ok for r in results), [(r.schedule, r.verdict.value, r.detail) for r in results]
 
@@ -233,10 +233,11 @@ def keep_first_chunk_copies_home(plan: Plan) -> Plan:
 def test_a_missing_peer_flag_is_a_timeout_verdict_not_a_hang():
     p = Problem(pattern="gemm_ar", m=32, n=16, k=16, world=2, dtype="fp32")
     start = time.monotonic()
-    (result,) = run_cpu(
+    (result,) = run_problem(
         p,
         [Schedule.parse("finer-c2-m/ce/triton+fused")],
         options=RunOptions(timeout_s=8.0),  # flags give up after a quarter: 2 s
+        backend="cpu",
         plan_hook=silence_first_chunk_copies,
     )
     assert result.verdict is Verdict.TIMEOUT, result
@@ -247,10 +248,11 @@ def test_a_missing_peer_flag_is_a_timeout_verdict_not_a_hang():
 
 def test_a_copy_that_never_reaches_the_peer_is_incorrect():
     p = Problem(pattern="gemm_ar", m=32, n=16, k=16, world=2, dtype="fp32")
-    (result,) = run_cpu(
+    (result,) = run_problem(
         p,
         [Schedule.parse("finer-c2-m/ce/triton+fused")],
         options=RunOptions(timeout_s=8.0),
+        backend="cpu",
         plan_hook=keep_first_chunk_copies_home,
     )
     assert result.verdict is Verdict.INCORRECT, result

@@ -2,7 +2,7 @@
 every run starts its own (and closes them)."""
 
 from ficco.execute import run as run_module
-from ficco.execute.run import kept_pools, run_cpu
+from ficco.execute.run import kept_pools, run_problem
 from ficco.problem import Problem
 from ficco.space import Schedule
 
@@ -24,22 +24,22 @@ def test_kept_pools_reuse_ranks_per_world_and_environment_and_close_them(monkeyp
     monkeypatch.setattr(run_module, "backend_pool", counting)
     with kept_pools():
         for _ in range(2):
-            assert run_cpu(PROBLEM, [SCHEDULE])[0].ok
+            assert run_problem(PROBLEM, [SCHEDULE], backend="cpu")[0].ok
         assert len(made) == 1  # the second run found the first one's ranks
         monkeypatch.setenv("FICCO_HOME", "/nonexistent/ficco-home")  # read by the parent only
-        assert run_cpu(PROBLEM, [SCHEDULE])[0].ok
+        assert run_problem(PROBLEM, [SCHEDULE], backend="cpu")[0].ok
         assert len(made) == 1
         pids = [p.pid for p in made[0]._procs]
         monkeypatch.setenv("FICCO_KEPT_POOLS_TEST", "1")  # ranks see the environment they start in
-        assert run_cpu(PROBLEM, [SCHEDULE])[0].ok
+        assert run_problem(PROBLEM, [SCHEDULE], backend="cpu")[0].ok
         assert len(made) == 2 and [p.pid for p in made[0]._procs] == pids
         monkeypatch.setattr(run_module, "KEPT_POOLS", 1)
-        assert run_cpu(PROBLEM, [SCHEDULE])[0].ok  # the second pool again
+        assert run_problem(PROBLEM, [SCHEDULE], backend="cpu")[0].ok  # the second pool again
         assert len(made) == 2 and not made[0]._procs and made[1]._procs  # the older closed
     assert all(not pool._procs for pool in made)  # closed at the end
     run_module._kept, outer = None, run_module._kept  # no kept pools: the run's own pool
     try:
-        assert run_cpu(PROBLEM, [SCHEDULE])[0].ok
+        assert run_problem(PROBLEM, [SCHEDULE], backend="cpu")[0].ok
     finally:
         run_module._kept = outer
     assert len(made) == 3 and not made[-1]._procs  # started for the run, closed after it

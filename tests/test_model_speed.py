@@ -3,7 +3,7 @@ against a reference event loop; the makespan-only event loop (``SimGraph``, one 
 timed for several works) against ``simulate``, float for float, on random and on lowered task
 lists; ``plan_key`` (plans shared across transports and orders) against the plans themselves;
 and ``predict`` (one plan per key, tasks lowered once per plan and transport and recosted per
-GEMM kind; overlapped dense schedules' tasks written without a plan) against each schedule
+GEMM kind) against each schedule
 predicted on its own, from its own plan, by a fresh predictor, at W = 2 to 64."""
 
 from __future__ import annotations

@@ -164,6 +164,9 @@ def test_the_lookup_lists_are_the_registrys():
     assert tuple(s.pattern for s in specs() if s.in_selector) == FEATURE_PATTERNS
     assert {s.pattern.value for s in specs() if s.routed} == lookup_features.ROUTED_PATTERNS
     assert set(lookup_features.SIZES) == {s.lookup_sizes for s in specs()}
+    # the C header's sizes: a twin for every pattern a table answers (tests/test_export.py
+    # compiles them and holds their answers to the Python lookup's)
+    assert set(lookup_features.C_SIZES) == set(lookup_features.PATTERNS)
 
 
 @pytest.mark.parametrize("problem", PARITY[:7] + PARITY[9:11], ids=lambda p: p.key)

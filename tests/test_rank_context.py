@@ -40,3 +40,36 @@ def test_every_context_gets_its_streams_at_each_priority_and_the_sm_count(monkey
         assert streams["high"] is streams[Priority.HIGH]  # keyed by the priority's word
     assert len(made) == 2 * len(STREAM_PRIORITIES)
     assert rank_context(0, 2, "cuda:0", "g", group_hi="g_hi").group_hi == "g_hi"
+
+
+def test_the_ops_context_on_a_callers_group_is_the_one_set_up(monkeypatch):
+    # ficco.ops' CUDA path builds its context through cuda_setup.rank_context too: the
+    # caller's group at both priorities, the fence rendezvoused on it, no zero-CTA group
+    import ficco.ops.cuda as ops_cuda
+    from ficco.execute import cuda_setup
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device, priority=0: priority)
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda d: types.SimpleNamespace(multi_processor_count=5),
+    )
+    monkeypatch.setattr(ops_cuda.dist, "get_backend", lambda group: "nccl")
+    fenced = []
+    monkeypatch.setattr(cuda_setup, "rendezvous_fence", fenced.append)
+    monkeypatch.setattr(ops_cuda, "_contexts", {})
+
+    class Group:  # hashable: contexts are kept per (group, device)
+        def rank(self):
+            return 1
+
+        def size(self):
+            return 2
+
+    group = Group()
+    device = torch.device("cuda", 0)
+    ctx = ops_cuda.rank_context(group, device)
+    assert (ctx.rank, ctx.world, ctx.group, ctx.group_hi, ctx.sm_count) == (1, 2, group, group, 5)
+    assert ctx.comm == ctx.signal == {Priority.NORMAL: 0, Priority.HIGH: -1}
+    assert "zero-CTA" in ctx.nccl_ce_error and fenced == [ctx]
+    assert ops_cuda.rank_context(group, device) is ctx  # made once per (group, device)

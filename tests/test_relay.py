@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from ficco.execute import Verdict, run_cpu
+from ficco.execute import Verdict, run_problem
 from ficco.plan import GemmOp, LocalCopyOp, Plan, ReduceOp, TransferOp, build_plan
 from ficco.plan.relay import relay_block, relay_shard
 from ficco.problem import Problem
@@ -120,20 +120,20 @@ def test_relay_schedules_verify_over_gloo(world):
     for p in _relay_problems(world):
         texts = RS_SCHEDULES if p.pattern.value == "gemm_rs" else AG_SCHEDULES
         schedules = [check_legal(p, Schedule.parse(t)) for t in texts]
-        _assert_ok(run_cpu(p, schedules), texts)
+        _assert_ok(run_problem(p, schedules, backend="cpu"), texts)
 
 
 def test_relay_schedules_verify_at_w8():
     for p in _relay_problems(8):
         texts = RS_SCHEDULES[:3] if p.pattern.value == "gemm_rs" else AG_SCHEDULES[:2]
         schedules = [check_legal(p, Schedule.parse(t)) for t in texts]
-        _assert_ok(run_cpu(p, schedules), texts)
+        _assert_ok(run_problem(p, schedules, backend="cpu"), texts)
 
 
 def test_relay_in_fp16_rounds_once_per_hop_within_tolerance():
     p = Problem(pattern="gemm_rs", m=12, n=24, k=16, world=4, dtype="fp16")
     texts = ("finer-c3-m/ce/cublas+relay", "finer-c2-m/sm/cublas+epilogue+birelay")
-    _assert_ok(run_cpu(p, [Schedule.parse(t) for t in texts]), texts)
+    _assert_ok(run_problem(p, [Schedule.parse(t) for t in texts], backend="cpu"), texts)
 
 
 def _drop_middle_reduce(plan: Plan) -> Plan:
@@ -167,7 +167,7 @@ def _plain_gemm(plan: Plan) -> Plan:
 )
 def test_the_verifier_catches_a_broken_relay(text, hook):
     p = Problem(pattern="gemm_rs", m=12, n=16, k=8, world=3, dtype="fp32")
-    (result,) = run_cpu(p, [Schedule.parse(text)], plan_hook=hook)
+    (result,) = run_problem(p, [Schedule.parse(text)], backend="cpu", plan_hook=hook)
     assert result.verdict is Verdict.INCORRECT
 
 
@@ -178,11 +178,10 @@ def test_relay_orders_are_one_hop_per_step_for_every_relay_value():
 
 
 def test_the_model_prices_relay_schedules_and_the_selector_refuses_them_until_measured():
-    """The cost model prices every relay schedule of a W = 4 problem (its generic path:
-    relay plans are not the dense fast path's). The selector gives the relay values no column
-    until a store measures them (``UNMEASURED_BY_SELECTOR``, the transport's
-    ``selector_column``: a column of zeros over every training problem would only move the
-    shipped forests' random draws) and refuses such a schedule by name, never as zeros."""
+    """The cost model prices every relay schedule of a W = 4 problem. The selector gives the
+    relay values no column until a store measures them (``ficco.select.schedules.MEASURED``:
+    a column of zeros over every training problem would only move the shipped forests'
+    random draws) and refuses such a schedule by name, never as zeros."""
     from ficco.model.predict import predictor
     from ficco.select.features import roofs_for
     from ficco.select.physics import pair_physics

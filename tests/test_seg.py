@@ -15,7 +15,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from ficco.execute import Verdict, run_cpu  # noqa: E402
+from ficco.execute import Verdict, run_problem  # noqa: E402
 from ficco.execute.buffers import allocate, view  # noqa: E402
 from ficco.plan import (  # noqa: E402
     GemmOp,
@@ -234,7 +234,7 @@ def test_seg_schedules_verify_on_gloo(pattern, world, skewed):
     assert any(s.granularity.value == "serial" for s in schedules)
     if world >= 3:
         assert any(s.order.value == "all_peers" for s in schedules)
-    results = run_cpu(p, schedules)
+    results = run_problem(p, schedules, backend="cpu")
     assert [r.schedule for r in results] == [str(s) for s in schedules]
     assert not [(r.schedule, r.verdict.value, r.detail) for r in results if not r.ok]
 
@@ -286,7 +286,9 @@ def shift_group_members(plan: Plan) -> Plan:
     ],
 )
 def test_the_verifier_catches_a_broken_group(pattern, world, schedule, hook):
-    (result,) = run_cpu(a2a(pattern, world), [Schedule.parse(schedule)], plan_hook=hook)
+    (result,) = run_problem(
+        a2a(pattern, world), [Schedule.parse(schedule)], backend="cpu", plan_hook=hook
+    )
     assert result.verdict is Verdict.INCORRECT
 
 

@@ -266,3 +266,20 @@ def test_prefix_pruning_enumerates_exactly_the_legal_points_of_the_product(probl
     assert set(PREFIX_RULES) <= set(RULES)
     opts = SpaceOptions()
     assert list(enumerate_schedules(problem, opts)) == _every_point(problem, opts)
+
+
+def test_a_rule_is_registered_once_where_it_is_defined(monkeypatch):
+    # RULES, PREFIX_RULES and point_legal's order come from the decorator: a rule defined
+    # with @rule(...) is in every list its kind belongs to, and a second of its name is refused
+    import ficco.space.rules as rules
+
+    monkeypatch.setattr(rules, "_REGISTERED", dict(rules._REGISTERED))
+    assert list(rules._REGISTERED) == list(RULES)
+    assert set(rules.PREFIX_RULES) | set(rules._POINT_RULES) == set(RULES)
+    assert not set(rules.PREFIX_RULES) & set(rules._POINT_RULES)
+
+    def priority_needs_overlap(p, s):
+        return None
+
+    with pytest.raises(ValueError, match="rule: priority_needs_overlap is registered twice"):
+        rules.rule(rules.Reads.AXES)(priority_needs_overlap)

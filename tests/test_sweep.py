@@ -256,19 +256,24 @@ def test_strategy_table_and_backends():
     assert callable(get_strategy("optuna"))
     with pytest.raises(ValueError, match="strategy: unknown strategy 'grid'"):
         get_strategy("grid")
-    from ficco.execute.options import TimingOptions
+    from ficco.backends import backend_spec
+    from ficco.execute.options import RunOptions, TimingOptions
     from ficco.sweep import CpuRunner, make_runner
 
     cpu = make_runner("cpu")
     assert isinstance(cpu, CpuRunner) and cpu.options.timing.rounds == 3
-    assert cpu.options.timeout_s == 120
-    assert make_runner("cpu", timing=TimingOptions(rounds="auto")).options.timing.auto
+    assert cpu.options.timeout_s == 120 and cpu.spec is backend_spec("cpu")
+    auto = make_runner(backend_spec("cpu"), RunOptions(timing=TimingOptions(rounds="auto")))
+    assert auto.options.timing.auto
+    # a runner times what it verifies: options without timing take the backend's
+    assert make_runner("cpu", RunOptions(seed=5)).options.timing == backend_spec("cpu").timing
     with pytest.raises(ValueError, match="backend: must be one of cpu, cuda, .*got 'tpu'"):
         make_runner("tpu")
     import torch
 
     if torch.cuda.is_available():
-        cuda = make_runner("cuda", timing=TimingOptions(rounds="auto", issue=("synced",)))
+        timing = TimingOptions(rounds="auto", issue=("synced",))
+        cuda = make_runner("cuda", RunOptions(timing=timing))
         assert isinstance(cuda, CudaRunner) and cuda.options.timing.issue == ("synced",)
     else:
         with pytest.raises(BackendUnavailable, match="needs CUDA GPUs"):
@@ -438,14 +443,14 @@ def test_sweep_cli_writes_the_journal_it_is_given(tmp_path):
 def test_the_gpu_runner_names_its_issue_mode_for_the_store_guard():
     """The store guard asks the runner: a runner whose issue mode reads None would let a
     queued sweep append to a synced store unchecked."""
-    from ficco.execute.options import TimingOptions
+    from ficco.execute.options import RunOptions, TimingOptions
     from ficco.sweep.runners import CpuRunner, CudaRunner
 
     timing = TimingOptions(issue=("synced", "queued"))
     runner = CudaRunner.__new__(CudaRunner)  # no GPUs here: skip its availability check
-    super(CudaRunner, runner).__init__(seed=0, timeout_s=10.0, timing=timing)
+    super(CudaRunner, runner).__init__(RunOptions(seed=0, timeout_s=10.0, timing=timing))
     assert runner.issue_mode == "synced"
-    assert CpuRunner(seed=0, timeout_s=10.0).issue_mode is None
+    assert CpuRunner(RunOptions(seed=0, timeout_s=10.0)).issue_mode is None
 
 
 def test_cpu_sweep_of_gemm_ar_records_ok_verdicts(tmp_path):

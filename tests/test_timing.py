@@ -132,7 +132,7 @@ def test_auto_rounds_on_cpu_processes_record_the_rounds_each_took(tmp_path):
     problem = Problem(pattern="ag_gemm", m=32, n=16, k=16, world=2, dtype="fp32")
     # a target no host timing can meet: every candidate runs to the cap
     timing = TimingOptions(rounds="auto", warmup=1, min_rounds=3, max_rounds=6, target_rel_ci=1e-9)
-    runner = CpuRunner(timing=timing)
+    runner = CpuRunner(RunOptions(timing=timing))
     try:
         got = runner.measure(problem, [Schedule(), Schedule.parse("shard/ce/cublas")])
         assert [m.verdict for m in got] == ["ok", "ok"]
@@ -154,23 +154,23 @@ def test_auto_rounds_on_cpu_processes_record_the_rounds_each_took(tmp_path):
         runner.close()
 
 
-def test_run_schedules_times_on_cpu_and_refuses_what_cpu_cannot_do():
-    from ficco.execute import run_schedules
+def test_run_problem_times_on_cpu_and_refuses_what_cpu_cannot_do():
+    from ficco.execute import run_problem
     from ficco.problem import Problem
     from ficco.space import Schedule
     from ficco.sweep import CpuRunner
 
     problem = Problem(pattern="gemm_rs", m=32, n=16, k=16, world=2, dtype="fp32")
     options = RunOptions(timing=TimingOptions(rounds=2, warmup=0))
-    got = run_schedules(problem, [Schedule()], backend="cpu", options=options)
-    assert [m.name for m in got] == ["serial/nccl/cublas", "gemm_alone", "comm_alone"]
-    assert all(m.verdict == "ok" and m.rounds == 2 and m.median_ms > 0 for m in got)
-    (verified,) = run_schedules(problem, [Schedule()], backend="cpu")  # no timing: verify
-    assert verified.verdict == "ok" and verified.rounds == 0
+    got = run_problem(problem, [Schedule()], backend="cpu", options=options)
+    assert [r.schedule for r in got] == ["serial/nccl/cublas", "gemm_alone", "comm_alone"]
+    assert all(r.ok and r.rounds == 2 and r.median_ms > 0 for r in got)
+    (verified,) = run_problem(problem, [Schedule()], backend="cpu")  # no timing: verify
+    assert verified.ok and verified.rounds == 0
     with pytest.raises(ValueError, match="backend: must be one of cpu, cuda, .*got 'tpu'"):
-        run_schedules(problem, [Schedule()], backend="tpu")
+        run_problem(problem, [Schedule()], backend="tpu")
     with pytest.raises(ValueError, match="signatures: the cpu backend times no per-task spans"):
-        CpuRunner(timing=TimingOptions(signatures=True))
+        CpuRunner(RunOptions(timing=TimingOptions(signatures=True)))
 
 
 def _ranks_clock_rank(rank: int, world: int, store_path: str, out_dir: str) -> None:

@@ -9,10 +9,12 @@ Importing this module loads neither torch nor pandas; each function imports what
 ``schedules``        every legal schedule of a problem
 ``parse_schedules``  schedule strings, parsed and checked legal for a problem
 ``run``              run and verify schedules (CPU processes or GPUs), timed on GPUs
+                     (:class:`RunRequest`: the problem, its schedules and the ranks' options)
 ``timing_options``   a backend's default timing with rounds, issue modes, graphs given
 ``backend_names``    the registered backends (``ficco.backends``)
 ``workloads``        the problems of real models' layers (optionally a shapes CSV)
-``sweep``            measure many problems into a resumable profile store (:class:`SweepRequest`)
+``sweep``            measure many problems into a resumable profile store (:class:`SweepRequest`:
+                     the problems, the store, and the space, ranks' and strategy's options)
 ``report``           plots and a summary of a profile store
 ``train``            fit the selector and write a machine's table
 ``evaluate``         cross-validate the selector on unseen models, beside the baselines

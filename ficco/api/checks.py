@@ -16,6 +16,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from ficco.backends import BackendSpec
 from ficco.problem import DTYPE_BYTES, Problem
 from ficco.space import Granularity, SpaceOptions, Split, enumerate_schedules
 from ficco.space.geometry import quantum, split_extent
@@ -96,7 +97,7 @@ def gpu_memory_bytes() -> int | None:
     return min(sizes) if sizes else None
 
 
-def check_memory(problems: Sequence[Problem], backend: str, field: str = "m") -> None:
+def check_memory(problems: Sequence[Problem], backend: BackendSpec | str, field: str = "m") -> None:
     """Refuse, before any rank starts, a problem whose ranks cannot fit: on a cpu backend
     all W ranks against the host's available memory (their processes' own memory is the
     backend's ``check_world``); on a cuda backend the ranks one GPU hosts (W over the GPUs

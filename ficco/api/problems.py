@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ficco.validate as validate
-from ficco.backends import DEFAULT_BACKEND, backend_spec
+from ficco.backends import DEFAULT_BACKEND, BackendSpec, backend_spec
 from ficco.defaults import SEED
-from ficco.execute.options import GRAPH_MODES, ISSUE_MODES, TimingOptions
+from ficco.execute.options import GRAPH_MODES, ISSUE_MODES, RunOptions, TimingOptions
 from ficco.patterns import problem_field
 from ficco.problem import Problem
 from ficco.space import Gemm, Schedule, SpaceOptions, Transport, check_legal, enumerate_schedules
@@ -112,7 +112,7 @@ def _legal(problem: Problem, schedule: Schedule) -> Schedule:
         raise InputError("schedule", str(schedule), str(err)) from None
 
 
-def check_world(world: int, backend: str) -> None:
+def check_world(world: int, backend: BackendSpec | str) -> None:
     """Refuse a world this machine cannot host on ``backend`` before anything is spawned
     (its spec's ``check_world``: on cpu, at most ``CPU_MAX_WORLD`` ranks that fit in the
     memory available now; GPUs are counted by the executor when it starts)."""
@@ -163,30 +163,60 @@ def timing_options(
 
 @dataclass(frozen=True, kw_only=True)
 class RunRequest:
-    """How :func:`run` runs schedules; every field validated on construction
-    (:meth:`of` builds one from loose values, as the CLI gives them)."""
+    """One run: schedules of one problem on a backend, and how its ranks run; checked on
+    construction (the backend, the seed, the world and memory against this machine, each
+    schedule legal), before any rank starts. :meth:`of` builds one from loose values, as the
+    CLI gives them; :func:`run` takes it whole."""
 
+    problem: Problem
+    schedules: tuple[Schedule, ...] | None = None
+    """Legal schedules of ``problem`` (strings are parsed); None: every legal one."""
     backend: str = DEFAULT_BACKEND
     """A registered backend (``ficco.backends``): cpu, W processes over gloo (verifies); cuda,
     W GPUs, verified then timed."""
-    seed: int = SEED
-    """Seed of the random inputs (an integer >= 0)."""
-    timeout_s: float | None = None
-    """Seconds without progress before the ranks count as hung (> 0); None: the backend's."""
-    timing: TimingOptions | None = None
-    """How verified schedules are timed; None: verify only."""
+    options: RunOptions | None = None
+    """The ranks' seed of the random inputs, timeout, and timing (its ``timing`` None: verify
+    only); None: the backend's timeout, verify only."""
+    spec: BackendSpec = field(init=False, repr=False, compare=False)
+    """The backend's spec, looked up once here and handed to the layers below."""
 
     def __post_init__(self) -> None:
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
+        if not isinstance(self.problem, Problem):
+            raise InputError("problem", self.problem, "must be a ficco.Problem")
         spec = backend_spec(self.backend)
-        timeout = spec.timeout_s if self.timeout_s is None else self.timeout_s
-        object.__setattr__(self, "seed", validate.integer("seed", self.seed, minimum=0))
-        object.__setattr__(self, "timeout_s", validate.seconds("timeout_s", timeout))
-        if self.timing is not None and not isinstance(self.timing, TimingOptions):
-            raise InputError("timing", self.timing, "must be a ficco.execute.TimingOptions")
+        set_("spec", spec)
+        set_("backend", spec.name)
+        options = RunOptions(timeout_s=spec.timeout_s) if self.options is None else self.options
+        if not isinstance(options, RunOptions):
+            raise InputError("options", options, "must be a ficco.execute.RunOptions")
+        validate.integer("seed", options.seed, minimum=0)
+        set_("options", options)
+        check_world(self.problem.world, spec)
+        from ficco.api.checks import check_memory
+
+        check_memory([self.problem], spec)
+        if self.schedules is None:
+            chosen = schedules(self.problem)
+        else:
+            given = self.schedules
+            chosen = [
+                parse_schedules(self.problem, [s])[0]
+                if isinstance(s, str)
+                else _legal(self.problem, s)
+                for s in ([given] if isinstance(given, str | Schedule) else given)
+            ]
+            if not chosen:
+                raise InputError(
+                    "schedule", given, "give at least one schedule (None: all of them)"
+                )
+        set_("schedules", tuple(chosen))
 
     @classmethod
     def of(
         cls,
+        problem: Problem,
+        to_run: Iterable[Schedule | str] | None = None,
         *,
         backend: str = DEFAULT_BACKEND,
         seed: int | str = SEED,
@@ -198,24 +228,30 @@ class RunRequest:
         """A request from loose values (strings of digits are numbers): the backend's default
         timing with ``rounds``, ``issue`` and ``graphs`` (:func:`timing_options`; no
         signatures) where the backend times its runs, else verify only."""
+        if not isinstance(problem, Problem):
+            raise InputError("problem", problem, "must be a ficco.Problem")
         timing = timing_options(
             backend, rounds=rounds, issue=issue, graphs=graphs, signatures=False
         )
-        timed = backend_spec(backend).run_timed
-        if not timed:
+        spec = backend_spec(backend)
+        if not spec.run_timed:
             # a run that only verifies would ignore them
             for name, value in (("rounds", rounds), ("issue", issue), ("graphs", graphs)):
                 if value:
                     raise InputError(
-                        name, value, f"the {backend} backend's runs verify only, untimed"
+                        name, value, f"the {spec.name} backend's runs verify only, untimed"
                     )
-        return cls(
-            backend=backend, seed=seed, timeout_s=timeout_s, timing=timing if timed else None
+        timeout = spec.timeout_s if timeout_s is None else timeout_s
+        options = RunOptions(
+            seed=validate.integer("seed", seed, minimum=0),
+            timeout_s=validate.seconds("timeout_s", timeout),
+            timing=timing if spec.run_timed else None,
         )
+        return cls(problem=problem, schedules=to_run, backend=spec.name, options=options)
 
 
 def run(
-    problem: Problem,
+    problem: Problem | RunRequest,
     to_run: Iterable[Schedule | str] | None = None,
     *,
     backend: str = DEFAULT_BACKEND,
@@ -230,6 +266,8 @@ def run(
     strings are parsed) on ``backend``; returns one :class:`ficco.execute.ScheduleResult` per
     schedule, in order (``schedule``, ``verdict``, ``max_abs_err``, ``median_ms`` ...), then
     one per baseline where the run was timed. ``on_result`` gets each result once it is final.
+    ``problem`` may be a :class:`RunRequest` (the problem, its schedules and the options,
+    checked), given alone but for ``on_result``.
 
     ``cpu``: W processes over gloo, verify only. ``cuda``: W GPUs (spawned here, or this
     process is one rank of a torchrun launch); every schedule verified, then timed with the
@@ -238,33 +276,36 @@ def run(
     or died is ``timeout`` or ``error``. ``timeout_s`` None: the backend's. Works from a plain
     script, a notebook or an interactive session: the ranks are fresh
     ``python -m ficco.execute.rank`` processes that never import the caller's script."""
-    if not isinstance(problem, Problem):
-        raise InputError("problem", problem, "must be a ficco.Problem")
-    request = RunRequest.of(
-        backend=backend,
-        seed=seed,
-        timeout_s=timeout_s,
-        rounds=rounds,
-        issue=tuple(issue),
-        graphs=graphs,
-    )
-    check_world(problem.world, request.backend)
-    from ficco.api.checks import check_memory
-
-    check_memory([problem], request.backend)
-    if to_run is None:
-        chosen = schedules(problem)
+    if isinstance(problem, RunRequest):
+        loose = dict(to_run=to_run, backend=backend, seed=seed, timeout_s=timeout_s)
+        loose.update(rounds=rounds, issue=tuple(issue), graphs=graphs)
+        unset = dict(to_run=None, backend=DEFAULT_BACKEND, seed=SEED, timeout_s=None)
+        unset.update(rounds=None, issue=(), graphs=None)
+        given = [name for name, value in loose.items() if value != unset[name]]
+        if given:
+            raise InputError(
+                given[0],
+                loose[given[0]],
+                "a RunRequest holds the schedules and the options: give it alone (with on_result)",
+            )
+        request = problem
     else:
-        chosen = [
-            parse_schedules(problem, [s])[0] if isinstance(s, str) else _legal(problem, s)
-            for s in ([to_run] if isinstance(to_run, str | Schedule) else to_run)
-        ]
-        if not chosen:
-            raise InputError("schedule", to_run, "give at least one schedule (None: all of them)")
-    from ficco.execute import RunOptions
+        request = RunRequest.of(
+            problem,
+            to_run,
+            backend=backend,
+            seed=seed,
+            timeout_s=timeout_s,
+            rounds=rounds,
+            issue=tuple(issue),
+            graphs=graphs,
+        )
     from ficco.execute.run import run_problem
 
-    options = RunOptions(seed=request.seed, timeout_s=request.timeout_s, timing=request.timing)
     return run_problem(
-        problem, chosen, backend=request.backend, options=options, on_result=on_result
+        request.problem,
+        request.schedules,
+        backend=request.spec,
+        options=request.options,
+        on_result=on_result,
     )

@@ -3,26 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import ficco.validate as validate
-from ficco.api.problems import (
-    GEMMS,
-    TRANSPORTS,
-    Notify,
-    check_world,
-    default_dtype,
-    to_stderr,
-)
-from ficco.backends import DEFAULT_BACKEND, backend_spec
+from ficco.api.problems import GEMMS, TRANSPORTS, Notify, check_world, to_stderr
+from ficco.backends import DEFAULT_BACKEND, BackendSpec, backend_spec
 from ficco.defaults import SEED
-from ficco.execute.options import TimingOptions
+from ficco.execute.options import RunOptions, TimingOptions
 from ficco.outputs import check_output, make_directory, user_dir
 from ficco.problem import DTYPE_BYTES, Problem
 from ficco.profile.stores import is_store_url
-from ficco.space import SpaceOptions
+from ficco.space import Gemm, SpaceOptions, Transport
+from ficco.sweep.base import SweepOptions
 from ficco.validate import InputError
 
 # --- workloads ----------------------------------------------------------------------------------
@@ -120,8 +114,11 @@ def workloads(
 
 @dataclass(frozen=True, kw_only=True)
 class SweepRequest:
-    """Everything a sweep needs; validated on construction (integers are integers, counts >= 1,
-    seconds > 0, the store not a shipped directory unless ``force``)."""
+    """Everything a sweep needs, checked on construction (integers are integers, counts >= 1,
+    the store not a shipped directory unless ``force``): which problems (catalog models, or
+    a shapes CSV), where their measurements go, and three typed options handed whole to the
+    layers below: the schedule space, how the ranks run, how the strategy goes. :meth:`of`
+    builds one from loose values, as the CLI gives them."""
 
     store: str
     """Profile store: a directory (created or resumed), or a database URL."""
@@ -135,37 +132,28 @@ class SweepRequest:
     tokens: tuple[int, ...] = ()
     dtype: str | None = None
     """None: fp32 on cpu, bf16 on cuda (with ``shapes``: the CSV's)."""
-    strategy: str = "exhaustive"
-    trials: int | None = None
-    """optuna: schedules per problem (None: ``trial_fraction`` of them)."""
-    trial_fraction: float | None = None
-    """optuna: share of the candidates measured without ``trials`` (None: the sweep's default)."""
     backend: str = DEFAULT_BACKEND
-    limit_schedules: int | None = None
-    gemms: tuple[str, ...] = ()
-    transports: tuple[str, ...] = ()
-    chunks: tuple[int, ...] = ()
-    """Chunk counts of finer schedules (each >= 2: one chunk is the shard schedule)."""
-    seed: int = SEED
-    timeout_s: float | None = None
-    """None: the backend's (``ficco.backends``: 120 s on cpu, 300 s on cuda)."""
-    timing: TimingOptions | None = None
-    """How verified schedules are timed (``ficco.api.timing_options`` builds one from loose
-    values); None: the backend's default (3 rounds on cpu; 10 rounds with signatures on cuda).
-    A store holds one way of timing: its first issue mode."""
-    time_limit_s: float | None = None
-    batch: int | None = None
-    """optuna: trials per call (None: the sweep's default)."""
-    journal: str | None = None
-    """optuna: the studies' journal file."""
+    strategy: str = "exhaustive"
+    space: SpaceOptions = field(default_factory=SpaceOptions)
+    """The schedule space swept (``ficco.space.SpaceOptions``: transports, GEMMs, chunk
+    counts)."""
+    options: RunOptions | None = None
+    """How the ranks run: the seed of the random inputs, the timeout, the timing (None, or
+    its timing None: the backend's; 3 rounds on cpu, 10 rounds with signatures on cuda). A
+    store holds one way of timing: its first issue mode."""
+    sweep: SweepOptions = field(default_factory=SweepOptions)
+    """How the strategy goes (``ficco.sweep.SweepOptions``: schedules per problem, the time
+    limit, optuna's trials, batch, sampler seed and journal)."""
     force: bool = False
     """Allow a store inside ficco's shipped ``profiles/`` (appending to shipped records)."""
+    spec: BackendSpec = field(init=False, repr=False, compare=False)
+    """The backend's spec, looked up once here and handed to the layers below."""
 
     def __post_init__(self) -> None:
         spec = backend_spec(self.backend)
-        backend = spec.name
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
-        set_("backend", backend)
+        set_("spec", spec)
+        set_("backend", spec.name)
         set_("store", validate.text("store", self.store))
         set_(
             "workloads",
@@ -176,45 +164,35 @@ class SweepRequest:
                 "world",
                 validate.integer("world", self.world, minimum=2, rule="needs at least 2 ranks"),
             )
-            check_world(self.world, backend)
+            check_world(self.world, spec)
         if self.ep is not None:
             set_("ep", validate.integer("ep", self.ep, minimum=2, rule="needs at least 2 ranks"))
         set_("tokens", validate.counts("tokens", self.tokens))
         if self.dtype is not None:
             set_("dtype", validate.choice("dtype", self.dtype, sorted(DTYPE_BYTES)))
-        from ficco.sweep import STRATEGIES
+        from ficco.sweep import STRATEGIES, SweepOptions
 
         set_("strategy", validate.choice("strategy", self.strategy, tuple(STRATEGIES)))
-        set_("trials", validate.optional_count("trials", self.trials))
-        if self.trial_fraction is not None:
-            set_(
-                "trial_fraction",
-                validate.number("trial_fraction", self.trial_fraction, above=0, at_most=1),
-            )
-        set_("limit_schedules", validate.optional_count("limit_schedules", self.limit_schedules))
-        set_("gemms", validate.choices("gemm", self.gemms, GEMMS))
-        set_("transports", validate.choices("transport", self.transports, TRANSPORTS))
-        set_("chunks", validate.counts("chunks", self.chunks, minimum=2))
-        set_("seed", validate.integer("seed", self.seed, minimum=0))
-        timeout = spec.timeout_s if self.timeout_s is None else self.timeout_s
-        set_("timeout_s", validate.seconds("timeout_s", timeout))
-        timing = spec.timing if self.timing is None else self.timing
-        if not isinstance(timing, TimingOptions):
-            raise InputError("timing", timing, "must be a ficco.execute.TimingOptions")
-        set_("timing", timing)
-        if self.time_limit_s is not None:
-            set_("time_limit_s", validate.number("time_limit_s", self.time_limit_s, at_least=0))
-        if self.batch is not None:
-            set_("batch", validate.count("batch", self.batch))
-        if self.strategy != "optuna":
-            # an optuna option on another strategy would be silently ignored
-            for name in ("trials", "trial_fraction", "batch", "journal"):
-                if getattr(self, name) is not None:
-                    raise InputError(
-                        name,
-                        getattr(self, name),
-                        f"applies to --strategy optuna only (this sweep's is {self.strategy})",
-                    )
+        if not isinstance(self.space, SpaceOptions):
+            raise InputError("space", self.space, "must be a ficco.space.SpaceOptions")
+        options = self.options or RunOptions(timeout_s=spec.timeout_s)
+        if not isinstance(options, RunOptions):
+            raise InputError("options", options, "must be a ficco.execute.RunOptions")
+        validate.integer("seed", options.seed, minimum=0)
+        if options.timing is None:  # a sweep times what it verifies
+            options = replace(options, timing=spec.timing)
+        set_("options", options)
+        if not isinstance(self.sweep, SweepOptions):
+            raise InputError("sweep", self.sweep, "must be a ficco.sweep.SweepOptions")
+        defaults = SweepOptions()
+        _optuna_only(
+            self.strategy,
+            {
+                name: getattr(self.sweep, name)
+                for name in OPTUNA_FIELDS
+                if getattr(self.sweep, name) != getattr(defaults, name)
+            },
+        )
         set_("force", validate.flag("force", self.force))
         if bool(self.workloads) == bool(self.shapes):
             raise InputError(
@@ -230,21 +208,114 @@ class SweepRequest:
             )
         if self.shapes is not None and not Path(self.shapes).is_file():
             raise InputError("shapes", self.shapes, "no such file")
-        if self.journal is not None:
-            set_("journal", str(check_output("journal", self.journal, force=self.force)))
+        if self.sweep.journal is not None:
+            journal = str(check_output("journal", self.sweep.journal, force=self.force))
+            set_("sweep", replace(self.sweep, journal=journal))
         if not is_store_url(self.store):
             check_output("store", self.store, force=self.force, directory=True)
 
-    def space(self) -> SpaceOptions:
-        """The schedule space this request sweeps."""
-        kwargs: dict[str, Any] = {}
-        if self.gemms:
-            kwargs["gemms"] = self.gemms
-        if self.transports:
-            kwargs["transports"] = self.transports
-        if self.chunks:
-            kwargs["chunk_counts"] = self.chunks
-        return SpaceOptions(**kwargs)
+    @classmethod
+    def of(
+        cls,
+        *,
+        store: str,
+        workloads: Iterable[str] | str = (),
+        shapes: str | None = None,
+        world: int | str | None = None,
+        ep: int | str | None = None,
+        tokens: Iterable[int | str] = (),
+        dtype: str | None = None,
+        strategy: str = "exhaustive",
+        trials: int | str | None = None,
+        trial_fraction: float | str | None = None,
+        backend: str = DEFAULT_BACKEND,
+        limit_schedules: int | str | None = None,
+        gemms: Iterable[str] = (),
+        transports: Iterable[str] = (),
+        chunks: Iterable[int | str] = (),
+        seed: int | str = SEED,
+        timeout_s: float | str | None = None,
+        timing: TimingOptions | None = None,
+        time_limit_s: float | str | None = None,
+        batch: int | str | None = None,
+        journal: str | None = None,
+        force: bool = False,
+    ) -> SweepRequest:
+        """A request from loose values, as the CLI gives them (strings of digits are numbers):
+        ``gemms``, ``transports`` and ``chunks`` (each chunk count >= 2: one chunk is the
+        shard schedule) narrow the space; ``seed`` seeds the inputs and optuna's sampler;
+        ``timeout_s`` and ``timing`` None: the backend's (``ficco.api.timing_options`` builds
+        a timing from loose values); ``trials`` (None: ``trial_fraction`` of the candidates),
+        ``trial_fraction``, ``batch`` (None: the sweep's defaults) and ``journal`` apply to
+        ``strategy='optuna'`` only; ``limit_schedules`` keeps each problem's first N
+        schedules; ``time_limit_s`` starts no new problem after that long."""
+        from ficco.sweep import STRATEGIES, SweepOptions
+
+        spec = backend_spec(backend)
+        strategy = validate.choice("strategy", strategy, tuple(STRATEGIES))
+        optuna = {
+            "trials": validate.optional_count("trials", trials),
+            "trial_fraction": None
+            if trial_fraction is None
+            else validate.number("trial_fraction", trial_fraction, above=0, at_most=1),
+        }
+        limit = validate.optional_count("limit_schedules", limit_schedules)
+        space: dict[str, Any] = {}
+        if gemms:
+            space["gemms"] = tuple(map(Gemm, validate.choices("gemm", gemms, GEMMS)))
+        if transports:
+            chosen = validate.choices("transport", transports, TRANSPORTS)
+            space["transports"] = tuple(map(Transport, chosen))
+        if chunks:
+            space["chunk_counts"] = validate.counts("chunks", chunks, minimum=2)
+        seed = validate.integer("seed", seed, minimum=0)
+        timeout = validate.seconds("timeout_s", spec.timeout_s if timeout_s is None else timeout_s)
+        timing = spec.timing if timing is None else timing
+        if not isinstance(timing, TimingOptions):
+            raise InputError("timing", timing, "must be a ficco.execute.TimingOptions")
+        limit_s = (
+            None
+            if time_limit_s is None
+            else validate.number("time_limit_s", time_limit_s, at_least=0)
+        )
+        optuna["batch"] = None if batch is None else validate.count("batch", batch)
+        optuna["journal"] = journal
+        _optuna_only(strategy, {k: v for k, v in optuna.items() if v is not None})
+        # optuna's knobs left out keep SweepOptions' defaults (one definition)
+        sweep = SweepOptions(
+            limit_schedules=limit,
+            seed=seed,
+            time_limit_s=limit_s,
+            **{k: v for k, v in optuna.items() if v is not None},
+        )
+        return cls(
+            store=store,
+            workloads=workloads,
+            shapes=shapes,
+            world=world,
+            ep=ep,
+            tokens=tokens,
+            dtype=dtype,
+            backend=spec.name,
+            strategy=strategy,
+            space=SpaceOptions(**space),
+            options=RunOptions(seed=seed, timeout_s=timeout, timing=timing),
+            sweep=sweep,
+            force=force,
+        )
+
+
+#: the fields of ``SweepOptions`` that only the optuna strategy reads
+OPTUNA_FIELDS = ("trials", "trial_fraction", "batch", "journal")
+
+
+def _optuna_only(strategy: str, given: dict[str, Any]) -> None:
+    """Refuse an optuna option given to another strategy (it would be silently ignored)."""
+    if strategy != "optuna" and given:
+        name, value = next(iter(given.items()))
+        raise InputError(
+            name, value, f"applies to --strategy optuna only (this sweep's is {strategy})"
+        )
 
 
 @dataclass(kw_only=True)
@@ -263,11 +334,9 @@ INTERPRETER_WARN_FLOPS = 5e7
 
 def sweep_problems(request: SweepRequest, notify: Notify = to_stderr) -> list[Problem]:
     """The problems ``request`` names (catalog models, or the rows of a shapes CSV)."""
-    from dataclasses import replace
-
     from ficco.workloads import catalog_problems, read_shapes_csv
 
-    dtype = request.dtype or (None if request.shapes else default_dtype(request.backend))
+    dtype = request.dtype or (None if request.shapes else request.spec.dtype)
     if request.workloads:
         names = _model_names(request.workloads, "workloads")
         problems, skipped = catalog_problems(
@@ -289,7 +358,7 @@ def sweep_problems(request: SweepRequest, notify: Notify = to_stderr) -> list[Pr
     if dtype:
         problems = [replace(p, dtype=dtype) for p in problems]
     for p in problems:
-        check_world(p.world, request.backend)
+        check_world(p.world, request.spec)
     return problems
 
 
@@ -313,7 +382,7 @@ def sweep(
     timed under another ``issue`` mode, a backend this machine lacks. ``observer``: a
     ``ficco.sweep.SweepObserver`` for progress; ``notify`` receives warnings as lines."""
     from ficco.profile import open_store
-    from ficco.sweep import SweepOptions, make_runner
+    from ficco.sweep import make_runner
     from ficco.sweep import sweep as run_sweep
 
     if not isinstance(request, SweepRequest):
@@ -323,31 +392,14 @@ def sweep(
         raise InputError(
             "workloads/shapes", request.shapes or request.workloads, "no problems to sweep"
         )
-    space = request.space()
     from ficco.api.checks import check_chunk_counts, check_memory
 
-    check_chunk_counts(problems, space)
+    check_chunk_counts(problems, request.space)
     sizes_from = "shapes" if request.shapes else ("tokens" if request.tokens else "workloads")
-    check_memory(problems, request.backend, sizes_from)
-    # optuna's knobs the request leaves out keep SweepOptions' defaults (one definition)
-    optuna = {
-        name: getattr(request, name)
-        for name in ("trial_fraction", "batch")
-        if getattr(request, name) is not None
-    }
-    options = SweepOptions(
-        limit_schedules=request.limit_schedules,
-        trials=request.trials,
-        seed=request.seed,
-        time_limit_s=request.time_limit_s,
-        journal=request.journal,
-        **optuna,
-        **({} if observer is None else {"observer": observer}),
-    )
-    runner = make_runner(
-        request.backend, seed=request.seed, timeout_s=request.timeout_s, timing=request.timing
-    )
-    if backend_spec(request.backend).device == "cpu" and "triton" in space.gemms:
+    check_memory(problems, request.spec, sizes_from)
+    options = request.sweep if observer is None else replace(request.sweep, observer=observer)
+    runner = make_runner(request.spec, request.options)
+    if request.spec.device == "cpu" and Gemm.TRITON in request.space.gemms:
         largest = max(problems, key=lambda p: p.flops)
         if largest.flops > INTERPRETER_WARN_FLOPS:
             # without this the sweep looks hung: a Llama-3 8B layer at 64 tokens ran over ten
@@ -365,7 +417,7 @@ def sweep(
             runner=runner,
             store=store,
             strategy=request.strategy,
-            space=space,
+            space=request.space,
             options=options,
         )
     return SweepReport(store=location, result=result, problems=problems)

@@ -75,9 +75,10 @@ class BackendSpec:
     """The rank pool's patience: seconds without a report before the pool counts as hung,
     given the run's ``timeout_s``."""
     runner: Ref
-    """What measures problems for a sweep: a ``Ref`` to a callable ``(seed=, timeout_s=,
-    timing=) -> ficco.sweep.runners.Runner`` (named, not imported: sweeps sit above the
-    backends), which may raise :class:`BackendUnavailable`."""
+    """What measures problems for a sweep: a ``Ref`` to a callable ``(options, spec=) ->
+    ficco.sweep.runners.Runner`` (``options``: the ranks' ``RunOptions``, None for this
+    spec's timeout and timing; ``spec``: this spec) (named, not imported: sweeps sit above
+    the backends), which may raise :class:`BackendUnavailable`."""
     timing: TimingOptions
     """How its timed runs are timed unless the caller says otherwise (rounds, warmup, ...)."""
     timeout_s: float
@@ -176,7 +177,10 @@ def backend_names() -> tuple[str, ...]:
 
 
 def backend_spec(name: object) -> BackendSpec:
-    """The spec called ``name``; InputError naming the choices otherwise."""
+    """The spec called ``name``; InputError naming the choices otherwise. A spec is its own
+    answer: a layer handed one passes it down, and a name is looked up once, where it enters."""
+    if isinstance(name, BackendSpec):
+        return name
     specs = registry()
     if not isinstance(name, str) or name not in specs:
         raise InputError("backend", name, f"must be one of {', '.join(specs)}")

@@ -26,7 +26,7 @@ def check(problem: Problem, schedule: Schedule) -> Refusal:
     return CUDA.check(problem, schedule) or shared_capability(problem, schedule)
 
 
-def refuse_sweep(**options):
+def refuse_sweep(*_args, **_kwargs):
     raise BackendUnavailable(
         "backend cuda_shared: ranks that share a GPU verify schedules, and their timings mean "
         "nothing, so a profile store refuses them; sweep with --backend cuda (one GPU per "

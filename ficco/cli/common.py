@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import click
 
-from ficco.backends import DEFAULT_BACKEND
+from ficco.backends import DEFAULT_BACKEND, BackendSpec
 from ficco.defaults import (
     AUTO_CONFIDENCE,
     AUTO_MAX_ROUNDS,
@@ -383,7 +383,7 @@ def table_options(func: Callable) -> Callable:
     )(func)
 
 
-def emulation(backend: str, schedule: str) -> str:
+def emulation(backend: BackendSpec | str, schedule: str) -> str:
     """What a ``backend`` run of ``schedule`` stands in for, where it is an emulation: on cpu
     every transport is gloo sends and collectives between processes, and a stream priority
     (``+hi``) or an SM reserve (``+smR``) changes nothing but the Triton GEMM's program count

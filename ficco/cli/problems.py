@@ -110,11 +110,10 @@ def run_cmd(
     if bool(schedule) == run_all:
         raise click.UsageError("give either --schedule S (one or more) or --all")
     problem = problem_of(params, backend)
-    chosen = api.schedules(problem) if run_all else list(schedule)
     settings = dict(backend=backend, seed=seed, timeout_s=timeout_s, rounds=rounds)
     settings.update(issue=issue, graphs=graphs)
-    # validated (rounds, seed, timeout, world) before any process starts
-    request = api.RunRequest.of(**settings)
+    # validated (rounds, seed, timeout, world, memory, schedules) before any process starts
+    request = api.RunRequest.of(problem, None if run_all else schedule, **settings)
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
@@ -129,12 +128,12 @@ def run_cmd(
         transient=True,
         disable=as_json or not console.is_terminal,
     ) as progress:
-        task = progress.add_task(f"{problem.key} on {backend}", total=len(chosen))
-        results = api.run(problem, chosen, **settings, on_result=lambda r: progress.advance(task))
-    _print_results(problem, results, request, as_json)
+        task = progress.add_task(f"{problem.key} on {backend}", total=len(request.schedules))
+        results = api.run(request, on_result=lambda r: progress.advance(task))
+    _print_results(results, request, as_json)
 
 
-def _print_results(problem, results, request: api.RunRequest, as_json: bool) -> None:
+def _print_results(results, request: api.RunRequest, as_json: bool) -> None:
     """``ficco run``'s output, on every backend (rank 0 only under torchrun): one row per
     schedule and baseline; timing columns where the run was timed."""
     from ficco.execute.run import torchrun_env
@@ -142,6 +141,7 @@ def _print_results(problem, results, request: api.RunRequest, as_json: bool) -> 
     launch = torchrun_env()
     if launch is not None and launch[0] != 0:
         return  # every rank holds the same merged results; rank 0 speaks
+    problem = request.problem
     by = {r.schedule: r for r in results if r.ok}
 
     def ms(name):
@@ -150,8 +150,8 @@ def _print_results(problem, results, request: api.RunRequest, as_json: bool) -> 
     serial = ms("serial_eager")
     ideal = ideal_ms(problem.pattern, {name: r.median_ms for name, r in by.items()})
     incorrect = [r for r in results if r.verdict is Verdict.INCORRECT]
-    timing = request.timing
-    ran_as = [emulation(request.backend, r.schedule) for r in results]
+    timing = request.options.timing
+    ran_as = [emulation(request.spec, r.schedule) for r in results]
     emulated = any(ran_as)
     counts: dict[str, int] = {}
     for r in results:

@@ -11,7 +11,7 @@ import math
 import click
 
 import ficco.api as api
-from ficco.backends import DEFAULT_BACKEND, backend_spec
+from ficco.backends import DEFAULT_BACKEND
 from ficco.cli.common import (
     ApiCommand,
     ManyValuesCommand,
@@ -329,9 +329,9 @@ def sweep_cmd(as_json: bool, **params) -> None:
       ficco sweep --workloads llama3-70b --world 2 --store my_store --strategy optuna
     """
     timing = {name: params.pop(name) for name in ("rounds", "issue", "graphs", "signatures")}
-    request = api.SweepRequest(**params, timing=api.timing_options(params["backend"], **timing))
+    request = api.SweepRequest.of(**params, timing=api.timing_options(params["backend"], **timing))
     # timings that may not be profiles (cpu: the harness) show no best time or speedup
-    timed = backend_spec(request.backend).profiles
+    timed = request.spec.profiles
 
     from rich.console import Console
     from rich.progress import (
@@ -419,7 +419,7 @@ def sweep_cmd(as_json: bool, **params) -> None:
             "so, never a profile: the timed run cannot have done the work)",
             err=True,
         )
-    if not backend_spec(request.backend).profiles:
+    if not request.spec.profiles:
         click.echo(
             f"{request.backend} backend: verdicts are real; timings only exercise the harness.",
             err=True,

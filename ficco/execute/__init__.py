@@ -20,7 +20,7 @@ in their primitives (transports, GEMM kernels) and clocks. Modules:
                  ``PoolFailure``); a rank process, set up by its backend's spec
                  (``ficco.backends``)
 ``run``          entry points: run_problem (``ScheduleResult`` per schedule, every backend),
-                 run_schedules, run_cpu, run_cuda, run_cuda_jobs, measure_in, measure_here
+                 measure_in (a pool the caller keeps), measure_here (under torchrun)
 
 Importing this package loads no torch.
 """
@@ -31,15 +31,7 @@ from ficco.verdict import Verdict
 
 def __getattr__(name: str):
     # the entry points pull in the pool (subprocess machinery) only when used
-    if name in (
-        "ScheduleResult",
-        "measure_in",
-        "run_problem",
-        "run_cpu",
-        "run_cuda",
-        "run_cuda_jobs",
-        "run_schedules",
-    ):
+    if name in ("ScheduleResult", "backend_pool", "measure_in", "run_problem"):
         from ficco.execute import run
 
         return getattr(run, name)
@@ -51,10 +43,7 @@ __all__ = [
     "ScheduleResult",
     "TimingOptions",
     "Verdict",
+    "backend_pool",
     "measure_in",
-    "run_cpu",
-    "run_cuda",
-    "run_cuda_jobs",
     "run_problem",
-    "run_schedules",
 ]

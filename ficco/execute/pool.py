@@ -29,11 +29,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ficco.backends import backend_spec
 from ficco.execute import forkserver
 from ficco.execute.options import RunOptions
 from ficco.verdict import Verdict
+
+if TYPE_CHECKING:
+    from ficco.backends import BackendSpec
 
 #: the CUDA driver's module-loading mode variable; ficco's ranks load eagerly (``_env``)
 CUDA_MODULE_LOADING = "CUDA_MODULE_LOADING"
@@ -81,12 +84,12 @@ class RankPool:
 
     @classmethod
     def for_backend(
-        cls, backend: str, world: int, options: RunOptions, body: Callable | None = None
+        cls, spec: BackendSpec, world: int, options: RunOptions, body: Callable | None = None
     ) -> RankPool:
-        """A pool of real ranks (``serve``, or ``body``) on ``backend``, supervised as its
-        spec says (``ficco.backends``); GPUs are not counted here
-        (``ficco.execute.run.backend_pool`` does)."""
-        spec = backend_spec(backend)
+        """A pool of real ranks (``serve``, or ``body``) of the backend ``spec``
+        (``ficco.backends``), supervised as it says; GPUs are not counted here
+        (``ficco.execute.run.backend_pool`` does). The ranks get its name: each rank process
+        looks its spec up again (a spec holds functions, which do not travel)."""
         return cls(
             world,
             body,

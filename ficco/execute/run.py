@@ -1,16 +1,17 @@
 """Entry points: run problems' schedules in a rank pool of any backend (``ficco.backends``).
 
-``run_problem``   one problem on a fresh pool: every schedule verified (refused ones recorded
-                  ``unavailable`` without running), timed beside the baselines when the
-                  options say how; one :class:`ScheduleResult` per schedule and baseline
-``run_cpu``       ``run_problem`` on the cpu backend, verify only (tests' entry point)
-``run_schedules`` one problem on a fresh pool, its measurements (raises if the pool failed)
-``run_cuda``      verify and time schedules of one problem plus its baselines on W GPUs
-``run_cuda_jobs`` several problems in one GPU pool; a problem that hangs or crashes is
-                  recorded by its :class:`PoolFailure` and the others go on
-``measure_in``    one problem in a pool the caller keeps (sweeps, benchmarks)
-``kept_pools``    while open, ``run_problem``, ``run_schedules`` and sweeps reuse their pools
+``run_problem``   one problem on ``problem.world`` ranks (a fresh pool; inside ``kept_pools``
+                  the kept one; under torchrun this process): every schedule verified
+                  (refused ones recorded ``unavailable`` without running), timed beside the
+                  baselines when the options say how; one :class:`ScheduleResult` per
+                  schedule and baseline
+``measure_in``    one problem in a pool the caller keeps (``backend_pool``; sweeps,
+                  benchmarks): its measurements, or why the problem failed as a whole
 ``measure_here``  this process as one rank of a torchrun launch
+``kept_pools``    while open, ``run_problem`` and the sweeps' runners reuse their pools
+
+Each takes its backend as a spec (``ficco.backends.BackendSpec``) or a name, looked up once
+where it enters; the layers below are handed the spec.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from ficco.backends import backend_spec
+from ficco.backends import BackendSpec, backend_spec
 from ficco.execute.forkserver import UNREAD_ENV
 from ficco.execute.options import RunOptions, TimingOptions
 from ficco.execute.pool import PoolFailure, RankPool
@@ -95,9 +96,10 @@ class ScheduleResult:
         )
 
 
-def check_gpus(world: int, backend: str = "cuda") -> None:
+def check_gpus(world: int, backend: BackendSpec | str = "cuda") -> None:
     """RuntimeError unless this machine has the GPUs ``world`` ranks of ``backend`` need."""
-    needed = backend_spec(backend).gpus(world)
+    spec = backend_spec(backend)
+    needed = spec.gpus(world)
     if not needed:
         return
     import torch
@@ -105,19 +107,20 @@ def check_gpus(world: int, backend: str = "cuda") -> None:
     have = torch.cuda.device_count()
     if have < needed:
         raise RuntimeError(
-            f"the {backend} backend needs {needed} GPUs, this machine has {have} (the cpu "
+            f"the {spec.name} backend needs {needed} GPUs, this machine has {have} (the cpu "
             "backend, --backend cpu, checks the same plans on CPU processes)"
         )
 
 
 def backend_pool(
-    backend: str, world: int, options: RunOptions, body: Callable | None = None
+    backend: BackendSpec | str, world: int, options: RunOptions, body: Callable | None = None
 ) -> RankPool:
-    """A pool of ``world`` ranks of ``backend``, supervised as its spec says (``body``: a
-    stand-in rank body for tests; it needs no GPU)."""
+    """A fresh pool of ``world`` ranks of ``backend``, supervised as its spec says (``body``:
+    a stand-in rank body for tests; it needs no GPU). The caller closes it (``with``)."""
+    spec = backend_spec(backend)
     if body is None:
-        check_gpus(world, backend)
-    return RankPool.for_backend(backend, world, options, body)
+        check_gpus(world, spec)
+    return RankPool.for_backend(spec, world, options, body)
 
 
 #: the pools ``kept_pools`` keeps, by what makes a pool (None: every run starts fresh ranks)
@@ -128,7 +131,7 @@ KEPT_POOLS = 3
 
 @contextlib.contextmanager
 def kept_pools():
-    """While open, ``run_problem``, ``run_schedules`` and the sweeps' pool runners
+    """While open, ``run_problem`` and the sweeps' pool runners
     (``ficco.sweep.runners.PoolRunner``) keep their rank pools and reuse one for the next run
     on the same backend, world, options (but their timing), environment and import path (the
     test suite: process start and imports paid once per world, as a sweep does); a pool a
@@ -143,20 +146,20 @@ def kept_pools():
             pool.close()
 
 
-def pool_for(backend: str, world: int, options: RunOptions) -> tuple[RankPool, bool]:
-    """``(pool, kept)``: inside ``kept_pools``, the kept pool for ``backend``, ``world`` and
-    ``options`` (made on first use; the caller must not close it) and True; else a fresh
-    pool, the caller's to close, and False."""
+def pool_for(spec: BackendSpec, world: int, options: RunOptions) -> tuple[RankPool, bool]:
+    """``(pool, kept)``: inside ``kept_pools``, the kept pool for the backend ``spec``,
+    ``world`` and ``options`` (made on first use; the caller must not close it) and True;
+    else a fresh pool, the caller's to close, and False."""
     if _kept is None:
-        return backend_pool(backend, world, options), False
+        return backend_pool(spec, world, options), False
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k not in UNREAD_ENV))
     # The ranks read the options' seed and timeouts, never their timing (each job carries
     # its own): verify-only runs, timed runs and sweeps share a pool. backend_pool itself is
     # in the key: a stand-in for it (tests) never meets a kept pool
-    key = (backend_pool, backend, world, replace(options, timing=None), env, tuple(sys.path))
+    key = (backend_pool, spec.name, world, replace(options, timing=None), env, tuple(sys.path))
     pool = _kept.pop(key, None)
     if pool is None:
-        pool = backend_pool(backend, world, options)
+        pool = backend_pool(spec, world, options)
         if not isinstance(pool, RankPool):
             return pool, False
     _kept[key] = pool  # the most recently used last
@@ -165,10 +168,10 @@ def pool_for(backend: str, world: int, options: RunOptions) -> tuple[RankPool, b
     return pool, True
 
 
-def _run_pool(backend: str, world: int, options: RunOptions):
+def _run_pool(spec: BackendSpec, world: int, options: RunOptions):
     """The pool one run uses, as a context: a fresh one closed after the run, or, inside
     ``kept_pools``, the kept one (made on first use)."""
-    pool, kept = pool_for(backend, world, options)
+    pool, kept = pool_for(spec, world, options)
     return contextlib.nullcontext(pool) if kept else pool
 
 
@@ -206,7 +209,7 @@ def run_problem(
     problem: Problem,
     schedules: Iterable[Schedule],
     *,
-    backend: str,
+    backend: BackendSpec | str,
     options: RunOptions | None = None,
     on_result: Callable[[ScheduleResult], None] | None = None,
     plan_hook: Callable[[Plan], Plan] | None = None,
@@ -248,9 +251,9 @@ def run_problem(
 
     got: list[Measurement] | PoolFailure = []
     if to_run and spec.setup_here is not None and torchrun_env() is not None:
-        got = measure_here(problem, to_run, backend=backend, options=options)
+        got = measure_here(problem, to_run, backend=spec, options=options)
     elif to_run:
-        with _run_pool(backend, problem.world, options) as pool:
+        with _run_pool(spec, problem.world, options) as pool:
             got = measure_in(pool, problem, to_run, options.timing, progress, plan_hook=plan_hook)
     baselines: list[ScheduleResult] = []
     if isinstance(got, PoolFailure):
@@ -274,102 +277,6 @@ def run_problem(
     return [results[str(s)] for s in schedules] + baselines
 
 
-def run_cpu(
-    problem: Problem,
-    schedules: Iterable[Schedule],
-    *,
-    options: RunOptions | None = None,
-    on_result: Callable[[ScheduleResult], None] | None = None,
-    plan_hook: Callable[[Plan], Plan] | None = None,
-) -> list[ScheduleResult]:
-    """Verify ``schedules`` of ``problem`` in ``problem.world`` CPU processes
-    (:func:`run_problem` on the cpu backend, verify only)."""
-    options = replace(options or RunOptions(), timing=None)
-    return run_problem(
-        problem, schedules, backend="cpu", options=options, on_result=on_result, plan_hook=plan_hook
-    )
-
-
-def run_cuda_jobs(
-    jobs: list[tuple[Problem, list[Schedule]]],
-    *,
-    options: RunOptions | None = None,
-    on_result: Callable[[int, list[Measurement]], None] | None = None,
-    on_progress: Callable[[int, dict], None] | None = None,
-    body: Callable | None = None,
-    backend: str = "cuda",
-) -> list[list[Measurement] | PoolFailure]:
-    """Measure several problems (same world) in one pool of ``backend``; a problem that
-    hangs or crashes is recorded by its failure and the others go on. Returns, per job, its
-    measurements or its :class:`PoolFailure`."""
-    if not jobs:
-        return []
-    options = options or RunOptions(timing=backend_spec(backend).timing)
-    world = jobs[0][0].world
-    if any(p.world != world for p, _ in jobs):
-        raise ValueError("world: every problem of one run must have the same world size")
-    out: list = []
-    with backend_pool(backend, world, options, body) as pool:
-        for index, (problem, schedules) in enumerate(jobs):
-            progress = (lambda msg, i=index: on_progress(i, msg)) if on_progress else None
-            result = measure_in(pool, problem, schedules, options.timing, progress)
-            out.append(result)
-            if on_result and not isinstance(result, PoolFailure):
-                on_result(index, result)
-    return out
-
-
-def run_schedules(
-    problem: Problem,
-    schedules: Iterable[Schedule],
-    *,
-    backend: str,
-    options: RunOptions | None = None,
-    on_progress: Callable[[dict], None] | None = None,
-) -> list[Measurement]:
-    """``schedules`` of ``problem`` on ``problem.world`` fresh ranks of ``backend``: every
-    schedule verified; with ``options.timing`` also timed, beside the baselines. Raises
-    RuntimeError if the problem failed as a whole (a hang, a dead rank)."""
-    options = options or RunOptions()
-    with _run_pool(backend, problem.world, options) as pool:
-        result = measure_in(pool, problem, list(schedules), options.timing, on_progress)
-    if isinstance(result, PoolFailure):
-        raise RuntimeError(f"{backend} run of {problem.key} failed: {result}")
-    return result
-
-
-def run_cuda(
-    problem: Problem,
-    schedules: Iterable[Schedule],
-    *,
-    options: RunOptions | None = None,
-    on_result: Callable[[Measurement], None] | None = None,
-    pool: RankPool | None = None,
-    baselines: bool = True,
-    backend: str = "cuda",
-) -> list[Measurement]:
-    """Verify and time ``schedules`` of one problem plus its baselines on ``problem.world``
-    ranks of ``backend`` (GPUs), in ``pool`` when given (keep one across problems: set-up is
-    paid once). With ``baselines=False`` only the schedules are timed. Raises RuntimeError
-    if the problem failed as a whole."""
-    options = options or RunOptions()
-    if options.timing is None:  # this entry point always times
-        options = replace(options, timing=backend_spec(backend).timing)
-    timing = options.timing
-    if pool is None and baselines:
-        result = run_schedules(problem, schedules, backend=backend, options=options)
-    else:
-        kept = contextlib.nullcontext(pool) if pool else None
-        with kept or backend_pool(backend, problem.world, options) as use:
-            result = measure_in(use, problem, list(schedules), timing, baselines=baselines)
-        if isinstance(result, PoolFailure):
-            raise RuntimeError(f"{backend} run of {problem.key} failed: {result}")
-    if on_result:
-        for m in result:
-            on_result(m)
-    return result
-
-
 def torchrun_env() -> tuple[int, int, int] | None:
     """``(rank, local_rank, world)`` when this process is one rank of a torchrun launch."""
     env = os.environ
@@ -382,7 +289,7 @@ def measure_here(
     problem: Problem,
     schedules: Iterable[Schedule],
     *,
-    backend: str = "cuda",
+    backend: BackendSpec | str = "cuda",
     options: RunOptions | None = None,
 ) -> list[Measurement]:
     """This process as one rank of a torchrun launch (``torchrun --nproc-per-node W``): set
@@ -392,7 +299,7 @@ def measure_here(
 
     spec = backend_spec(backend)
     if spec.setup_here is None:
-        raise ValueError(f"backend: the {backend} backend does not run under torchrun")
+        raise ValueError(f"backend: the {spec.name} backend does not run under torchrun")
     options = options or RunOptions(timing=spec.timing)
     launch = torchrun_env()
     if launch is None:

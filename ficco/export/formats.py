@@ -22,6 +22,7 @@ from typing import Any
 
 from ficco.export.lookup import FORMAT, SCHEMA_VERSION, Table
 from ficco.export.lookup_features import (
+    C_SIZES,
     DTYPE_BYTES,
     INTEGER_FEATURES,
     PATTERNS,
@@ -242,6 +243,13 @@ def to_header(table: Table) -> str:
         "rank_imbalance": "e ? (double)(rows * w) / (double)total : 1.0",
         "expert_imbalance": "e ? (double)(expert_max * e) / (double)total : 1.0",
     }
+    # each pattern's sizes: its C twin in the stdlib lookup, beside the Python one
+    branches = []
+    for i, p in enumerate(PATTERNS):
+        opening = "  if" if i == 0 else "  } else if"
+        body = "".join(f"    {line}\n" for line in C_SIZES[p].splitlines())
+        branches.append(f"{opening} ({_c_ident(p)}) {{\n{body}")
+    sizes = "".join(branches) + "  }"
     feature_values = "\n".join(
         f"  f[{prefix.upper()}_F_{f.upper()}] = {values[f]};" for f in TABLE_FEATURES
     )
@@ -323,44 +331,13 @@ static int {prefix}_features(const char *pattern, long long m, long long n, long
                              double *f) {{
 {pattern_flags}
   long long b = {prefix}_dtype_bytes(dtype), w = world;
-  long long m_shard, rows, weights, shard_bytes, comm_bytes, e = 0, flops, touched;
+  long long m_shard, rows = 0, weights = 0, shard_bytes = 0, comm_bytes = 0, e = 0, flops, touched;
   long long top_k = 0, epr = 0, expert_max = 1, total = 1;
   double tflops = {prefix}_tflops(dtype), t_gemm, t_ce, t_nccl;
   if (!({" || ".join(_c_ident(p) for p in PATTERNS)}) || b == 0 || tflops <= 0.0) return -1;
   if (m <= 0 || n <= 0 || k <= 0 || w < 2 || m % w != 0) return -1;
-  if (ag_gemm || gemm_rs) {{
-    long long cols = ag_gemm ? k : n;
-    m_shard = m / w;
-    rows = m;
-    weights = k * n;
-    shard_bytes = m_shard * cols * b;
-    comm_bytes = (w - 1) * shard_bytes;
-  }} else {{
-    long long per_rank, base, extra, block_max, block_min, hi, low;
-    if (experts <= 0 || experts % w != 0) return -1;
-    e = experts;
-    per_rank = m / w;
-    base = per_rank / e;
-    extra = per_rank % e;
-    epr = e / w;
-    block_max = epr * base + (extra < epr ? extra : epr);
-    low = extra - (w - 1) * epr;
-    hi = low < epr ? low : epr;
-    block_min = epr * base + (hi > 0 ? hi : 0);
-    m_shard = per_rank;
-    rows = w * block_max;
-    top_k = 1;
-    expert_max = w * (base + (extra > 0));
-    total = m;
-    weights = epr * k * n;
-    if (a2a_gemm) {{
-      shard_bytes = block_max * k * b;
-      comm_bytes = (w - 1) * block_max * k * b;
-    }} else {{
-      shard_bytes = block_max * n * b;
-      comm_bytes = (per_rank - block_min) * n * b;
-    }}
-  }}
+  m_shard = m / w;
+{sizes}
   flops = 2 * rows * n * k;
   touched = (rows * k + weights + rows * n) * b;
   t_gemm = (double)flops / (tflops * 1e9) + {_c_double(roofs["gemm_floor_us"])} / 1000.0;

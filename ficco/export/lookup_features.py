@@ -4,7 +4,8 @@ runtime copies both (``lookup.py`` imports this one from beside it where ficco i
 
 Features are quantities computed from the problem (:func:`table_features`, in
 ``TABLE_FEATURES`` order; each pattern's sizes are ``SIZES``, the twins of its spec's in
-``ficco.patterns``: a parity test holds them equal). For the all-to-all patterns a lookup
+``ficco.patterns``: a parity test holds them equal; ``C_SIZES`` are the same in C, for the
+generated header). For the all-to-all patterns a lookup
 takes the routing as a W x experts table of token counts (``routing=``, e.g. a runtime's
 router counts; ``ficco.recommend`` also draws one from a skew description) and the experts
 per token (``top_k=``), else assumes uniform routing, top-1. The routing features
@@ -185,6 +186,60 @@ SIZES = {
         -(-m // w) * n * b,
         0,
     ),
+}
+
+
+# --- the same sizes in C, for the generated header (``ficco.export.formats.to_header``) -----
+# Per selector pattern (``PATTERNS``), C99 statements that set ``rows``, ``weights``,
+# ``comm_bytes`` and ``shard_bytes`` (a routed pattern also ``e``, ``epr``, ``top_k``,
+# ``expert_max`` and ``total``: uniform routing, top-1) from ``m``, ``n``, ``k``, ``w``, ``b``,
+# ``experts`` and ``m_shard``; ``return -1`` refuses the problem. The header's test compiles
+# them and holds their answers to this file's (tests/test_export.py).
+
+
+def _c_sharded(cols: str) -> str:  # _sharded_sizes
+    return f"""\
+shard_bytes = m_shard * {cols} * b;
+rows = m;
+weights = k * n;
+comm_bytes = (w - 1) * shard_bytes;"""
+
+
+def _c_routed(dispatch: bool) -> str:  # _routed_sizes with uniform routing (_uniform_blocks)
+    cols = "k" if dispatch else "n"
+    # the smallest block (what a combine keeps home) matters to a combine only
+    smallest = "" if dispatch else ", block_min, hi, low"
+    block_min = (
+        ""
+        if dispatch
+        else """
+low = extra - (w - 1) * epr;
+hi = low < epr ? low : epr;
+block_min = epr * base + (hi > 0 ? hi : 0);"""
+    )
+    comm_rows = "(w - 1) * block_max" if dispatch else "(m_shard - block_min)"
+    return f"""\
+long long base, extra, block_max{smallest};
+if (experts <= 0 || experts % w != 0) return -1;
+e = experts;
+base = m_shard / e;
+extra = m_shard % e;
+epr = e / w;
+block_max = epr * base + (extra < epr ? extra : epr);{block_min}
+rows = w * block_max;
+top_k = 1;
+expert_max = w * (base + (extra > 0));
+total = m;
+weights = epr * k * n;
+shard_bytes = block_max * {cols} * b;
+comm_bytes = {comm_rows} * {cols} * b;"""
+
+
+C_SIZES = {
+    "ag_gemm": _c_sharded("k"),
+    "gemm_rs": _c_sharded("n"),
+    "a2a_gemm": _c_routed(dispatch=True),
+    "gemm_a2a": _c_routed(dispatch=False),
 }
 
 

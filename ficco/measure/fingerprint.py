@@ -10,7 +10,10 @@ import os
 import platform
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ficco.backends import BackendSpec
 
 #: Fields that identify a machine + software stack; a profile store refuses records whose
 #: identity differs from its header. Dates and commits vary run to run and are kept aside.
@@ -60,16 +63,18 @@ def source_digest(root: str | Path | None = None) -> str:
     return digest.hexdigest()[:12]
 
 
-def fingerprint(backend: str = "cuda") -> dict[str, Any]:
-    """Describe this machine as ``backend`` (``ficco.backends``) uses it: its GPUs where the
-    backend's ranks compute on CUDA devices. Imports torch (and Triton if installed) lazily."""
+def fingerprint(backend: BackendSpec | str = "cuda") -> dict[str, Any]:
+    """Describe this machine as ``backend`` (``ficco.backends``: a spec, or its name) uses it:
+    its GPUs where the backend's ranks compute on CUDA devices. Imports torch (and Triton if
+    installed) lazily."""
     import torch
 
     from ficco.backends import backend_spec
     from ficco.version import __version__
 
+    spec = backend_spec(backend)
     info: dict[str, Any] = {
-        "backend": backend,
+        "backend": spec.name,
         "gpu": None,
         "gpu_count": 0,
         "sm_count": None,
@@ -91,7 +96,7 @@ def fingerprint(backend: str = "cuda") -> dict[str, Any]:
         info["triton"] = triton.__version__
     except ImportError:
         pass
-    if backend_spec(backend).device == "cuda" and torch.cuda.is_available():
+    if spec.device == "cuda" and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info.update(
             gpu=props.name,

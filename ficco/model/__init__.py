@@ -5,7 +5,6 @@
 ``params``    the calibrated parameters and their JSON file (``schedules/<machine>/model.json``)
 ``simulate``  a list scheduler over one rank's tasks with contention between lanes
 ``costs``     per-task costs (GEMM roofline + measured correction, alpha-beta links, rings)
-``dense``     the model's tasks of overlapped ag_gemm / gemm_rs schedules, written without plans
 ``predict``   a schedule's time, every schedule of a problem, the predicted winner
 ``calibrate`` fitting the parameters on a profile store (numpy/scipy; never on predict's path)
 

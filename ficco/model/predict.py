@@ -9,16 +9,15 @@ barrier give the host (``ficco.model.rounds``: in a sweep's interleaved round th
 holds the candidates queued before it).
 
 Every schedule of a problem (:meth:`Predictor.predict`) gives each what it gets alone, with
-the work shared where schedules share it: the overlapped ag_gemm and gemm_rs schedules' model
-tasks are written straight from the schedule (``ficco.model.dense``: no plan objects, one
-graph per plan shape and transport, each op costed once per link class); every other
-schedule is lowered from one plan per ``ficco.plan.plan_key``, once per transport; each task
+the work shared where schedules share it: every schedule is lowered from one plan per
+``ficco.plan.plan_key`` (the executors' plans: one lowering), once per transport; each task
 graph is timed for each GEMM kind, the cyclic collector paused. CPU ms on a 2-core machine
-(m = 4096 W, n = 14336, k = 4096; ag_gemm / gemm_rs; median of 7): W = 2 9 / 9, W = 8 13 /
-14, W = 16 16 / 18, W = 32 22 / 25, W = 64 34 / 41 (from 10 / 11, 18 / 21, 27 / 31, 45 / 51,
-80 / 93 with plans built and lowered for every schedule). What is left grows with W: the
-event loop steps through every task of every schedule (35 000 to 43 000 at W = 64; about half
-of a call there), and each task graph's arrays are still written element by element.
+(m = 4096 W, n = 14336, k = 4096; ag_gemm / gemm_rs): about 10 / 11 at W = 2, 18 / 21 at
+W = 8, 45 / 51 at W = 32, 80 / 93 at W = 64 (``profiles/h200x2/NOTES_model.md``). Writing the
+overlapped ag_gemm and gemm_rs task graphs straight from the schedule halved that at W = 64
+(34 / 41) but was a second lowering of the same plans, held equal to this one by a test;
+it was removed. What grows with W is the plans (W - 1 peer steps of every chunk) and the
+event loop, which steps through every task of every schedule (35 000 to 43 000 at W = 64).
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ficco.model.costs import CALIBRATED_PATTERNS, CostModel, issue_end_ms
-from ficco.model.dense import DenseLowering, has_dense_lowering, lower_dense
 from ficco.model.machine import Machine, load_machine
 from ficco.model.params import ModelParams, load_params, timed_scale_at
 from ficco.model.rounds import alone_ms
@@ -198,10 +196,7 @@ class Predictor:
     def predict(self, problem: Problem, schedules: list[Schedule] | None = None) -> Prediction:
         """Every schedule of ``problem`` (``PREDICTED_SPACE``'s, or ``schedules``), fastest
         first: each gets what :meth:`schedule_time` gives it alone, with the work shared
-        where schedules share it. An overlapped ag_gemm or gemm_rs schedule's tasks are
-        written straight from the schedule (:func:`ficco.model.dense.lower_dense`, the
-        generic lowering's tasks without its plan), once per plan shape and transport; any
-        other schedule's come from one rank-0 plan per :func:`ficco.plan.plan_key`, lowered
+        where schedules share it: one rank-0 plan per :func:`ficco.plan.plan_key`, lowered
         once per transport. Each task graph is timed for each GEMM kind's work (a Triton twin
         recosts its GEMMs); the comm priority's twin (the model has no term for it) costs
         what the normal one does. Given ``schedules`` are checked for legality."""
@@ -220,14 +215,15 @@ class Predictor:
         enumerated = schedules is None
         if schedules is None:
             schedules = list(enumerate_schedules(problem, PREDICTED_SPACE))
-        lowering = LOWERINGS[problem.pattern] if enumerated else build_plan
+        lowering = LOWERINGS[problem.pattern]
         plans: dict[tuple, Plan] = {}
         graphs: dict[tuple, SimGraph] = {}
-        dense: dict[tuple, DenseLowering] = {}
         slowdown = self.costs.slowdown
         timed: dict[tuple, ScheduleTime] = {}
         times = []
         for s in schedules:
+            if not enumerated:
+                check_legal(problem, s)  # a twin of a legal one shares its plan unchecked
             # one plan, lowered for one transport and costed for one GEMM kind and SM reserve,
             # is one time (the comm priority's twins share it, and so do the orders of a plan
             # that visits one peer or one chunk); keys are tuples of fields: building Schedule
@@ -239,28 +235,16 @@ class Predictor:
                 if s.compute is Compute.FUSED:
                     self.schedule_time(problem, s)  # raises: no cost for it
                 structure = (shape, s.transport)
-                if has_dense_lowering(problem, s):
-                    # an overlapped ag_gemm or gemm_rs schedule: its model tasks are written
-                    # straight from the schedule, with no plan (ficco.model.dense)
-                    lowered = dense.get(structure)
-                    if lowered is None:
-                        if not enumerated:
-                            check_legal(problem, s)
-                        lowered = dense[structure] = lower_dense(self.costs, problem, s)
-                    gpu = lowered.graph.makespan_ms(lowered.work_for(self.costs, s), slowdown)
-                    graph = graphed(s, problem.pattern)
-                    issue_end = None if graph else lowered.issue_end_ms()
-                else:
-                    plan = plans.get(shape)
-                    if plan is None:
-                        plan = plans[shape] = lowering(problem, s, 0)
-                    tasks = self.costs.lower(plan, s)
-                    graph = graphs.get(structure)
-                    if graph is None:
-                        graph = graphs[structure] = SimGraph(tasks)
-                    gpu = graph.makespan_ms(list(map(WORK_MS, tasks)), slowdown)
-                    graph = graphed(s, problem.pattern)
-                    issue_end = None if graph else issue_end_ms(tasks)
+                plan = plans.get(shape)
+                if plan is None:
+                    plan = plans[shape] = lowering(problem, s, 0)
+                tasks = self.costs.lower(plan, s)
+                graph = graphs.get(structure)
+                if graph is None:
+                    graph = graphs[structure] = SimGraph(tasks)
+                gpu = graph.makespan_ms(list(map(WORK_MS, tasks)), slowdown)
+                graph = graphed(s, problem.pattern)
+                issue_end = None if graph else issue_end_ms(tasks)
                 t = timed[twin] = self._timed(s, gpu, issue_end, graph)
             times.append(ScheduleTime(str(s), t.ms, t.gpu_ms, t.host_ms, t.graphed))
         times.sort(key=lambda t: (t.ms, t.schedule))

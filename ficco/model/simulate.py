@@ -14,8 +14,7 @@ matching operation finishes when this rank's own one with the same tag does.
 One scheduler, :meth:`SimGraph.run`: ``simulate`` runs it recording every task's start and
 finish (and honouring issue times); ``predict`` needs only the makespan, of thousands of
 tasks per schedule at W = 64, so it builds a :class:`SimGraph` once per task structure (a
-cuBLAS lowering and its Triton twin share one; an overlapped dense schedule's is written
-from its parts, ``SimGraph.from_parts``) and runs it without a record, where one or two
+cuBLAS lowering and its Triton twin share one) and runs it without a record, where one or two
 tasks running at once take shortcuts that give the general step's float bit for bit
 (``tests/test_model_speed.py``). That loop is about
 half of a ``predict`` call at W = 64 (18 to 21 ms CPU of 34 to 41): one pass per task that
@@ -141,36 +140,6 @@ class SimGraph:
         self._queues = [
             [i for i, lane in enumerate(lane_of) if lane == name] for name in dict.fromkeys(lane_of)
         ]
-
-    @classmethod
-    def from_parts(
-        cls,
-        kinds: list[str],
-        dependents: list[list[int]],
-        unmet: list[int],
-        queues: list[list[int]],
-    ) -> SimGraph:
-        """The graph of tasks numbered by position from the parts a lowering that writes them
-        directly makes (they become the graph's: not copied): each task's kind, the positions
-        of the tasks waiting on it (ascending), its dependency count, and per lane in order
-        of first use its task positions in order. Checked for agreement in size."""
-        n = len(kinds)
-        if len(dependents) != n or len(unmet) != n or sum(map(len, queues)) != n:
-            raise ValueError(
-                f"tasks: {n} kinds, {len(dependents)} dependents lists, {len(unmet)} "
-                f"dependency counts, {sum(map(len, queues))} lane places"
-            )
-        if sum(unmet) != sum(map(len, dependents)):
-            raise ValueError(
-                f"tasks: {sum(unmet)} dependencies counted, {sum(map(len, dependents))} listed"
-            )
-        graph = cls.__new__(cls)
-        graph._ids = range(n)
-        graph._kinds = kinds
-        graph._dependents = dependents
-        graph._unmet = unmet
-        graph._queues = queues
-        return graph
 
     @property
     def structure(self) -> tuple:

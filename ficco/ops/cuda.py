@@ -32,7 +32,6 @@ from ficco.ops.groups import group_cache, prune
 from ficco.plan import Plan
 from ficco.problem import Problem
 
-PRIORITIES = {"normal": 0, "high": -1}  # stream priority per comm_priority value
 # keyed by the group object, not its name: a re-created default group is named "0" again
 # (the caches drop a destroyed group's entries: ficco.ops.groups)
 _contexts: dict[tuple[dist.ProcessGroup, int], object] = group_cache(lambda key, _: key[0])
@@ -48,7 +47,8 @@ def shares_gpu(group: dist.ProcessGroup) -> bool:
 
 
 def rank_context(group: dist.ProcessGroup, device: torch.device):
-    """The rank context of ``group`` on ``device`` (made once; a collective the first time)."""
+    """The rank context of ``group`` on ``device`` (made once, by
+    ``ficco.execute.cuda_setup.rank_context``; a collective the first time)."""
     key = (group, device.index)
     if key not in _contexts and shares_gpu(group):
         from ficco.execute.cuda_shared import group_context
@@ -57,25 +57,18 @@ def rank_context(group: dist.ProcessGroup, device: torch.device):
         _contexts[key] = group_context(group, device)
     if key not in _contexts:
         prune()
-        import torch.distributed._symmetric_memory as symm_mem
+        from ficco.execute import cuda_setup
 
-        from ficco.execute.cuda_setup import RankContext
-
-        ctx = RankContext(
-            rank=group.rank(),
-            world=group.size(),
-            device=device,
-            group=group,
-            group_hi=group,
-            comm={p: torch.cuda.Stream(device, priority=v) for p, v in PRIORITIES.items()},
-            signal={p: torch.cuda.Stream(device, priority=v) for p, v in PRIORITIES.items()},
-            sm_count=torch.cuda.get_device_properties(device).multi_processor_count,
+        # the caller's group serves both priorities: no second high-priority communicator is
+        # created behind the caller's back
+        ctx = cuda_setup.rank_context(
+            group.rank(),
+            group.size(),
+            device,
+            group,
             nccl_ce_error="ficco.ops does not create a zero-CTA NCCL communicator",
         )
-        fence_buf = symm_mem.empty(16, dtype=torch.int32, device=device)
-        ctx.fence = symm_mem.rendezvous(fence_buf, group.group_name)
-        ctx._fence_buf = fence_buf  # keep alive with the handle
-        ctx.has_signals = hasattr(ctx.fence, "put_signal") and hasattr(ctx.fence, "wait_signal")
+        cuda_setup.rendezvous_fence(ctx)
         _contexts[key] = ctx
     return _contexts[key]
 

@@ -12,7 +12,7 @@ The table is the enum itself: :data:`MODULES` maps each value to its module, imp
 first use, so reading the registry imports neither torch nor the planner (``ficco
 recommend`` reads it). Every list of patterns elsewhere is derived from it.
 
-How to add a pattern (as ``emb_a2a`` was added): four files, tests aside; five once the
+How to add a pattern (as ``emb_a2a`` was added): four files, tests aside, also once the
 selector knows it. A pattern whose problem takes fields of its own (emb_a2a's tables, pooling
 and bags) declares them in its spec's ``problem_fields`` (:class:`ProblemField`), in its own
 module: ``Problem``, the CLI's problem options and ``api.make_problem`` read them from
@@ -31,19 +31,18 @@ module: ``Problem``, the CLI's problem options and ``api.make_problem`` read the
    built from ``ficco.plan.ops`` (a new op kind would also need its primitive in
    ``ficco.execute``).
 4. ``ficco/export/lookup_features.py``: its stdlib sizes twin in ``SIZES`` (the parity test
-   holds it to the spec's ``sizes``).
-5. Once measured profiles exist (``in_selector=True``): its ``is_emb_a2a`` one-hot in
-   ``lookup_features.TABLE_FEATURES`` (same file as 4; the C header's one-hots and feature
-   indices follow it) and its sizes branch in the C header (``ficco/export/formats.py``); the
-   selector's one-hots (``FEATURE_PATTERNS``) follow the registry, and the tables are
-   retrained (the column moves every later index).
+   holds it to the spec's ``sizes``). Once measured profiles exist (``in_selector=True``),
+   in the same file: its ``is_emb_a2a`` one-hot in ``TABLE_FEATURES`` (the C header's
+   one-hots and feature indices follow it) and its sizes in C in ``C_SIZES`` (the header's
+   branch for it; its test compiles the header against the Python lookup); the selector's
+   one-hots (``FEATURE_PATTERNS``) follow the registry, and the tables are retrained (the
+   column moves every later index).
 
 Nothing else branches on a pattern's name: rules, geometry, plan keys, references,
 verification, baselines, ideal, features, physics and the cost model read the spec. The
-exceptions are implementations of one pattern's own path (``ficco.model.dense``'s ag_gemm /
-gemm_rs task graphs, ``ficco.select.baselines``' async-TP rule, the CUDA-only baselines that
-``ficco.execute.cuda_shared`` records unavailable, gemm_ar's ``+rs_ag`` lowering reusing
-gemm_rs's).
+exceptions are implementations of one pattern's own path (``ficco.select.baselines``' async-TP
+rule, the CUDA-only baselines that ``ficco.execute.cuda_shared`` records unavailable, gemm_ar's
+``+rs_ag`` lowering reusing gemm_rs's).
 
 ``tests/test_patterns.py`` fails while a pattern lacks any part or its lookup twin disagrees,
 and ``tests/test_plan_golden.py`` pins every pattern's plans.

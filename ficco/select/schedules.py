@@ -3,8 +3,9 @@
 Every field of the schedule is an axis: an enum field (granularity, split, transport, order,
 compute, gemm, comm_priority, all_reduce) gives one column per member (1 for the schedule's
 value, else 0), an integer field (chunks, sm_reserve) gives its value. Nothing is listed by
-hand, so a new transport, option or axis value becomes a new column, never zeros; a field of
-any other type is refused when this module loads. The models that read these columns are
+hand but the axis values measured (:data:`MEASURED`), so a new axis is new columns and a new
+value of an axis is refused by name until measured, never zeros; a field of any other type
+is refused when this module loads. The models that read these columns are
 trees, invariant to monotone transforms, so integers enter as they are.
 """
 
@@ -15,7 +16,17 @@ import enum
 import typing
 from functools import lru_cache
 
-from ficco.space import Schedule
+from ficco.space import (
+    AllReduce,
+    Compute,
+    Gemm,
+    Granularity,
+    Order,
+    Priority,
+    Schedule,
+    Split,
+    Transport,
+)
 
 
 def _axes() -> tuple[tuple[str, type[enum.Enum] | None], ...]:
@@ -40,29 +51,34 @@ def _axes() -> tuple[tuple[str, type[enum.Enum] | None], ...]:
 SCHEDULE_AXES: tuple[tuple[str, type[enum.Enum] | None], ...] = _axes()
 
 
-def _members(kind: type[enum.Enum]) -> tuple[enum.Enum, ...]:
-    """The members of an enum axis that get a column: every one, except splits that no
-        pattern the selector covers takes (emb_a2a's batch split ``b``), and transports without a
-        ``selector_column`` (gemm_ar's kernels added after the shipped models) and the order and compute
-    values no store has measured (``ficco.space.schedule.UNMEASURED_BY_SELECTOR``: the relays). Those lie outside the
-        selector's domain, as the patterns without ``in_selector`` do, and a column of zeros over
-        every training problem would only shift the forests' random feature draws."""
-    from ficco.patterns import spec_of
-    from ficco.select.features import FEATURE_PATTERNS
-    from ficco.space import Split, Transport
-    from ficco.space.schedule import UNMEASURED_BY_SELECTOR
+#: The axis values the profile stores behind the shipped tables measured: only these get a
+#: column. A value added since (the lamport all-reduce kernels, the relay orders with their sm
+#: transport and epilogue compute) or never measured for the selector (emb_a2a's batch split:
+#: its pattern is not ``in_selector``) lies outside the selector's domain, as the patterns
+#: without ``in_selector`` do, and is refused by name, never encoded as zeros: a column of
+#: zeros over every training problem would only shift the forests' random feature draws. A
+#: new value of any axis starts outside; a store that measures it adds it here, and the
+#: shipped tables are retrained with its column.
+MEASURED: frozenset[enum.Enum] = frozenset(
+    {
+        *(Granularity.SERIAL, Granularity.SHARD, Granularity.FINER),
+        *(Split.M, Split.N, Split.K),
+        *(Transport.CE, Transport.NCCL, Transport.NCCL_CE, Transport.SYMM1, Transport.SYMM2),
+        Transport.SEG,
+        *(Order.RING, Order.ALL_PEERS),
+        *(Compute.PER_CHUNK, Compute.MERGED, Compute.FUSED),
+        *(Gemm.TRITON, Gemm.CUBLAS),
+        *(Priority.NORMAL, Priority.HIGH),
+        *(AllReduce.DIRECT, AllReduce.RS_AG),
+    }
+)
 
-    if kind is Transport:
-        return tuple(t for t in Transport if t.traits.selector_column)
-    if kind is not Split:
-        return tuple(m for m in kind if m not in UNMEASURED_BY_SELECTOR)
-    taken = {split for p in FEATURE_PATTERNS for split in spec_of(p).splits}
-    return tuple(m for m in kind if m in taken)
 
-
-#: Per enum field, its members with a column (:func:`_members`).
+#: Per enum field, its members with a column: the measured ones, in the enum's order.
 AXIS_MEMBERS: dict[str, tuple[enum.Enum, ...]] = {
-    field: _members(kind) for field, kind in SCHEDULE_AXES if kind is not None
+    field: tuple(m for m in kind if m in MEASURED)
+    for field, kind in SCHEDULE_AXES
+    if kind is not None
 }
 
 #: Column names: ``<field>_<member value>`` per enum member, ``<field>`` per integer field.
@@ -84,9 +100,10 @@ def schedule_vector(schedule: Schedule) -> tuple[float, ...]:
             continue
         members = AXIS_MEMBERS[field]
         if value not in members:
+            columns = ", ".join(m.value for m in members)
             raise ValueError(
-                f"{field}: {value.value!r} is taken by no pattern the selector covers "
-                f"(its columns: {', '.join(m.value for m in members)})"
+                f"{field}: {value.value!r} lies outside the selector's domain: no profile "
+                f"store behind its tables measured it (its columns: {columns})"
             )
         out.extend(float(value is member) for member in members)
     return tuple(out)

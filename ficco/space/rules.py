@@ -2,7 +2,9 @@
 
 Each rule takes ``(problem, schedule)`` and returns ``None`` when the schedule obeys it, or a
 sentence saying why not. Enumeration, parsing checks and the sweep's pruning all call
-``violations``, so there is one definition of "legal".
+``violations``, so there is one definition of "legal". A rule is one function decorated
+with ``@rule(reads)``, in the place it is reported: ``RULES``, ``PREFIX_RULES`` and
+``point_legal``'s order are derived from the decorations (``reads``: :class:`Reads`).
 
 Chunk sizes that don't divide evenly are handled exactly: chunks differ by at most one row
 (``m`` and ``b`` splits) or one alignment quantum (``n``/``k`` splits); the rule ``chunks_fit_extent``
@@ -11,6 +13,7 @@ excludes cuts that would leave a chunk empty.
 
 from __future__ import annotations
 
+import enum
 import functools
 from collections.abc import Callable
 
@@ -35,6 +38,38 @@ from ficco.space.transports import Transport, names, transports_where
 Rule = Callable[[Problem, Schedule], "str | None"]
 
 
+class Reads(enum.Enum):
+    """What a rule reads, which says where the enumerator may check it."""
+
+    PREFIX = "prefix"
+    """Only a schedule's granularity, chunks, split and transport (and the problem): the
+    enumerator checks it once per such prefix of the axis product, not at each of the ~10,000
+    points (these rules reject about four in five). A rule that reads another axis does not
+    belong here (tests/test_space.py compares against the full product)."""
+    AXES = "axes"
+    """Only the schedule's own axes (and the problem's W): cheap, checked first."""
+    ANY = "any"
+    """Anything (the problem's sizes and dtype, the pattern's spec)."""
+
+
+#: every rule and what it reads, in the order of definition (``rule`` adds to it)
+_REGISTERED: dict[Rule, Reads] = {}
+
+
+def rule(reads: Reads = Reads.ANY) -> Callable[[Rule], Rule]:
+    """Register the decorated function as a legality rule that reads ``reads``; a second
+    rule of the same name is refused (``violations`` names rules by their function)."""
+
+    def register(fn: Rule) -> Rule:
+        if any(r.__name__ == fn.__name__ for r in _REGISTERED):
+            raise ValueError(f"rule: {fn.__name__} is registered twice")
+        _REGISTERED[fn] = reads
+        return fn
+
+    return register
+
+
+@rule(Reads.PREFIX)
 def granularity_fixes_chunks(p: Problem, s: Schedule) -> str | None:
     if s.granularity is Granularity.FINER:
         if s.chunks < 2:
@@ -44,6 +79,7 @@ def granularity_fixes_chunks(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule(Reads.PREFIX)
 def split_applies_to_pattern(p: Problem, s: Schedule) -> str | None:
     # ag_gemm's collective moves A, so N cannot cut it; gemm_rs's and gemm_ar's move C, so K
     # cannot; the all-to-alls move whole token rows (each spec's ``splits``)
@@ -56,6 +92,7 @@ def split_applies_to_pattern(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule()
 def chunks_fit_extent(p: Problem, s: Schedule) -> str | None:
     extent, step = split_extent(p, s.split, s), quantum(s.split)
     if s.chunks * step > extent:
@@ -69,6 +106,7 @@ def chunks_fit_extent(p: Problem, s: Schedule) -> str | None:
 # --- what the transport can do (its traits, ficco.space.transports) ------------------------
 
 
+@rule(Reads.PREFIX)
 def transport_serves_pattern(p: Problem, s: Schedule) -> str | None:
     return _unserved(s.transport, p.pattern)
 
@@ -87,6 +125,7 @@ def _unserved(transport: Transport, pattern: Pattern) -> str | None:
     return None
 
 
+@rule()
 def transport_moves_dtype(p: Problem, s: Schedule) -> str | None:
     # what the collective moves: A's dtype for a gather or dispatch, the output's (bf16
     # partials for fp8) for a reduction or combine
@@ -99,6 +138,7 @@ def transport_moves_dtype(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule()
 def transport_needs_contiguous_chunks(p: Problem, s: Schedule) -> str | None:
     # A strided slice makes copy_ launch an SM kernel, which defeats the copy engine; the
     # symmetric-memory kernels take one contiguous range of the buffer (the same offset on
@@ -113,6 +153,7 @@ def transport_needs_contiguous_chunks(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule()
 def transport_needs_aligned_ranges(p: Problem, s: Schedule) -> str | None:
     t = s.transport.traits
     align, spec = t.alignment_bytes, spec_of(p.pattern)
@@ -138,6 +179,7 @@ def transport_needs_aligned_ranges(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule()
 def transport_reduces(p: Problem, s: Schedule) -> str | None:
     # ficco's own one-sided plans reduce what they push; a serial schedule's own collective
     # must reduce by itself
@@ -147,6 +189,7 @@ def transport_reduces(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule()
 def rs_ag_needs_transfers(p: Problem, s: Schedule) -> str | None:
     # rs_ag builds its all-reduce from gemm_rs's transfers and reductions; a symmetric-memory
     # kernel is a whole all-reduce of its chunk (two-shot is itself a reduce-scatter then an
@@ -162,12 +205,14 @@ def rs_ag_needs_transfers(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule()
 def rs_ag_needs_all_reduce(p: Problem, s: Schedule) -> str | None:
     if s.all_reduce is AllReduce.RS_AG and not spec_of(p.pattern).all_reduce:
         return f"rs_ag builds an all-reduce; {p.pattern} has none"
     return None
 
 
+@rule(Reads.AXES)
 def rs_ag_needs_overlap(p: Problem, s: Schedule) -> str | None:
     # Split only to overlap the reduce-scatter with the GEMM; a serial all-reduce is one
     # collective (NCCL's ring is itself a reduce-scatter then an all-gather).
@@ -178,6 +223,7 @@ def rs_ag_needs_overlap(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule()
 def rs_ag_needs_even_shards(p: Problem, s: Schedule) -> str | None:
     if s.all_reduce is AllReduce.RS_AG and p.m % p.world:
         return (
@@ -191,30 +237,35 @@ def _direct_all_reduce(p: Problem, s: Schedule) -> bool:
     return spec_of(p.pattern).all_reduce and s.all_reduce is AllReduce.DIRECT
 
 
+@rule()
 def direct_all_reduce_has_no_shards(p: Problem, s: Schedule) -> str | None:
     if _direct_all_reduce(p, s) and s.granularity is Granularity.SHARD:
         return "a direct all-reduce has no per-peer shards: use finer chunks, or shard with rs_ag"
     return None
 
 
+@rule()
 def direct_all_reduce_has_no_peer_order(p: Problem, s: Schedule) -> str | None:
     if _direct_all_reduce(p, s) and s.order is Order.ALL_PEERS:
         return "a direct all-reduce sends each chunk to every peer at once: no ring to reorder"
     return None
 
 
+@rule()
 def direct_all_reduce_has_no_merge(p: Problem, s: Schedule) -> str | None:
     if _direct_all_reduce(p, s) and s.compute is Compute.MERGED:
         return "a direct all-reduce has no per-peer shard to merge chunks into (one GEMM is serial)"
     return None
 
 
+@rule(Reads.AXES)
 def order_needs_two_peers(p: Problem, s: Schedule) -> str | None:
     if s.order is Order.ALL_PEERS and (p.world < 3 or not s.overlapped):
         return "all_peers differs from the ring only in overlapped schedules with W >= 3"
     return None
 
 
+@rule()
 def relay_needs_relay_pattern(p: Problem, s: Schedule) -> str | None:
     if s.order in RELAYS and not spec_of(p.pattern).relay:
         relays = ", ".join(map(str, patterns_where(lambda spec: spec.relay)))
@@ -222,12 +273,14 @@ def relay_needs_relay_pattern(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule(Reads.AXES)
 def relay_needs_overlap(p: Problem, s: Schedule) -> str | None:
     if s.order in RELAYS and not s.overlapped:
         return f"{s.order.value} is a ring of per-step hops; a serial schedule moves all at once"
     return None
 
 
+@rule()
 def relay_needs_one_sided(p: Problem, s: Schedule) -> str | None:
     # Each hop's send follows the receive of the step before (gemm_rs adds onto it, ag_gemm
     # forwards it): a two-sided ring whose sends wait on their neighbours' receives would
@@ -241,6 +294,7 @@ def relay_needs_one_sided(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule(Reads.AXES)
 def relay_computes_per_chunk(p: Problem, s: Schedule) -> str | None:
     if s.order in RELAYS and s.compute in (Compute.MERGED, Compute.FUSED):
         return (
@@ -250,6 +304,7 @@ def relay_computes_per_chunk(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule()
 def relay_moves_unscaled_rows(p: Problem, s: Schedule) -> str | None:
     # ag_gemm's hops push A's rows; fp8 rows' scales move beside pulls only
     # (ficco.execute.cuda_scaled)
@@ -261,6 +316,7 @@ def relay_moves_unscaled_rows(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule(Reads.AXES)
 def birelay_needs_even_chunks(p: Problem, s: Schedule) -> str | None:
     if s.order is Order.BIRELAY and (s.granularity is not Granularity.FINER or s.chunks % 2):
         return (
@@ -270,6 +326,7 @@ def birelay_needs_even_chunks(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule()
 def epilogue_needs_reducing_relay(p: Problem, s: Schedule) -> str | None:
     # the GEMM accumulates onto the partial its neighbour passed on: a reduce-scatter's relay
     if s.compute is Compute.EPILOGUE and (
@@ -282,6 +339,7 @@ def epilogue_needs_reducing_relay(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule(Reads.AXES)
 def transport_relay_only(p: Problem, s: Schedule) -> str | None:
     t = s.transport.traits
     if t.relay_only and s.order not in RELAYS:
@@ -292,6 +350,7 @@ def transport_relay_only(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule(Reads.AXES)
 def merged_needs_finer(p: Problem, s: Schedule) -> str | None:
     if s.compute is Compute.MERGED and s.granularity is not Granularity.FINER:
         return (
@@ -300,6 +359,7 @@ def merged_needs_finer(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule()
 def fused_needs_dense_pattern(p: Problem, s: Schedule) -> str | None:
     # Patterns with a fused schedule (their spec's ``fused``): ag_gemm (tiles wait on arrival
     # flags), gemm_rs (the epilogue stores tiles into the owner's buffer) and gemm_ar (the
@@ -312,18 +372,21 @@ def fused_needs_dense_pattern(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule(Reads.AXES)
 def fused_needs_overlap(p: Problem, s: Schedule) -> str | None:
     if s.compute is Compute.FUSED and not s.overlapped:
         return "fused compute waits on per-chunk flags; a serial schedule has nothing to wait on"
     return None
 
 
+@rule(Reads.AXES)
 def fused_needs_triton(p: Problem, s: Schedule) -> str | None:
     if s.compute is Compute.FUSED and s.gemm is not Gemm.TRITON:
         return "fused compute is ficco's persistent Triton GEMM (cuBLAS cannot wait on flags)"
     return None
 
 
+@rule(Reads.AXES)
 def fused_needs_row_chunks(p: Problem, s: Schedule) -> str | None:
     # A tile covers rows of one chunk only when chunks are row ranges; a k or n cut would make
     # every tile wait on every chunk of its shard (merged compute, with spinning SMs). Pooling
@@ -333,6 +396,7 @@ def fused_needs_row_chunks(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule(Reads.AXES)
 def fused_needs_symmetric_memory(p: Problem, s: Schedule) -> str | None:
     # Flags live in symmetric memory and are set by the copy engine's stream (or the peer's
     # stores); an SM-based transport beside a GEMM that spins on its SMs could starve. For
@@ -347,12 +411,14 @@ def fused_needs_symmetric_memory(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule(Reads.AXES)
 def sm_reserve_needs_triton(p: Problem, s: Schedule) -> str | None:
     if s.sm_reserve and s.gemm is not Gemm.TRITON:
         return "an SM reserve needs the Triton GEMM (cuBLAS takes no SM budget)"
     return None
 
 
+@rule(Reads.AXES)
 def sm_reserve_needs_sm_comm(p: Problem, s: Schedule) -> str | None:
     # A fused GEMM holds the SMs it is given for its whole run (spinning where a chunk has not
     # arrived); the SMs it leaves run the owner's reductions (gemm_rs) beside it.
@@ -370,6 +436,7 @@ def sm_reserve_needs_sm_comm(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule(Reads.AXES)
 def sm_reserve_leaves_sms(p: Problem, s: Schedule) -> str | None:
     # A reserve is refused, never clamped: +sm99999 is a typo, not "all SMs but one".
     if s.sm_reserve >= SM_COUNT:
@@ -380,6 +447,14 @@ def sm_reserve_leaves_sms(p: Problem, s: Schedule) -> str | None:
     return None
 
 
+@rule(Reads.AXES)
+def priority_needs_overlap(p: Problem, s: Schedule) -> str | None:
+    if s.comm_priority is Priority.HIGH and not s.overlapped:
+        return "stream priority only matters when communication overlaps compute"
+    return None
+
+
+@rule()
 def scaled_gemm_chunks_aligned(p: Problem, s: Schedule) -> str | None:
     # a k or n chunk is a GEMM's K or N: FP8 tensor cores take multiples of 16 there
     if not p.scaled or s.split is Split.M:
@@ -393,107 +468,40 @@ def scaled_gemm_chunks_aligned(p: Problem, s: Schedule) -> str | None:
     return None
 
 
-def priority_needs_overlap(p: Problem, s: Schedule) -> str | None:
-    if s.comm_priority is Priority.HIGH and not s.overlapped:
-        return "stream priority only matters when communication overlaps compute"
-    return None
+def _of(reads: Reads) -> tuple[Rule, ...]:
+    return tuple(check for check, r in _REGISTERED.items() if r is reads)
 
 
-RULES: tuple[Rule, ...] = (
-    granularity_fixes_chunks,
-    split_applies_to_pattern,
-    chunks_fit_extent,
-    transport_serves_pattern,
-    transport_moves_dtype,
-    transport_needs_contiguous_chunks,
-    transport_needs_aligned_ranges,
-    transport_reduces,
-    rs_ag_needs_transfers,
-    rs_ag_needs_all_reduce,
-    rs_ag_needs_overlap,
-    rs_ag_needs_even_shards,
-    direct_all_reduce_has_no_shards,
-    direct_all_reduce_has_no_peer_order,
-    direct_all_reduce_has_no_merge,
-    order_needs_two_peers,
-    relay_needs_relay_pattern,
-    relay_needs_overlap,
-    relay_needs_one_sided,
-    relay_computes_per_chunk,
-    relay_moves_unscaled_rows,
-    birelay_needs_even_chunks,
-    epilogue_needs_reducing_relay,
-    transport_relay_only,
-    merged_needs_finer,
-    fused_needs_dense_pattern,
-    fused_needs_overlap,
-    fused_needs_triton,
-    fused_needs_row_chunks,
-    fused_needs_symmetric_memory,
-    sm_reserve_needs_triton,
-    sm_reserve_needs_sm_comm,
-    sm_reserve_leaves_sms,
-    priority_needs_overlap,
-    scaled_gemm_chunks_aligned,
-)
-
-#: Rules that read only a schedule's granularity, chunks, split and transport (and the
-#: problem): the enumerator checks them once per such prefix of the axis product, not at
-#: each of the ~10,000 points (they reject about four in five). A rule that reads another
-#: axis does not belong here (tests/test_space.py compares against the full product).
-PREFIX_RULES: tuple[Rule, ...] = (
-    granularity_fixes_chunks,
-    split_applies_to_pattern,
-    transport_serves_pattern,
-)
-
-
-#: Rules that read only the schedule's own axes (and the problem's W): cheap, and together they
-#: reject most points of the axis product. ``point_legal`` checks them first.
-QUICK_RULES: tuple[Rule, ...] = (
-    order_needs_two_peers,
-    relay_needs_overlap,
-    relay_computes_per_chunk,
-    birelay_needs_even_chunks,
-    transport_relay_only,
-    sm_reserve_needs_triton,
-    sm_reserve_needs_sm_comm,
-    priority_needs_overlap,
-    merged_needs_finer,
-    fused_needs_overlap,
-    fused_needs_triton,
-    fused_needs_row_chunks,
-    fused_needs_symmetric_memory,
-    rs_ag_needs_overlap,
-    sm_reserve_leaves_sms,
-)
-#: What ``point_legal`` checks, in its order: the quick rules, then every other rule but the
-#: prefix rules (in the order of ``RULES``, a new rule included).
-_POINT_RULES: tuple[Rule, ...] = QUICK_RULES + tuple(
-    rule for rule in RULES if rule not in QUICK_RULES and rule not in PREFIX_RULES
-)
+#: Every rule, in the order they are defined above: the order ``violations`` reports them.
+RULES: tuple[Rule, ...] = tuple(_REGISTERED)
+#: The rules the enumerator checks once per (granularity, chunks, split, transport) prefix.
+PREFIX_RULES: tuple[Rule, ...] = _of(Reads.PREFIX)
+#: What ``point_legal`` checks, in its order: the rules that read only the schedule's axes
+#: first (cheap, and together they reject most points of the axis product), then every other
+#: rule but the prefix rules.
+_POINT_RULES: tuple[Rule, ...] = _of(Reads.AXES) + _of(Reads.ANY)
 
 
 def violations(problem: Problem, schedule: Schedule) -> list[tuple[str, str]]:
     """``[(rule name, reason), ...]`` for every rule the schedule breaks (empty: legal)."""
     out = []
-    for rule in RULES:
-        reason = rule(problem, schedule)
+    for check in RULES:
+        reason = check(problem, schedule)
         if reason is not None:
-            out.append((rule.__name__, reason))
+            out.append((check.__name__, reason))
     return out
 
 
 def is_legal(problem: Problem, schedule: Schedule) -> bool:
     # stops at the first broken rule: most of the axis product breaks several
-    return all(rule(problem, schedule) is None for rule in RULES)
+    return all(check(problem, schedule) is None for check in RULES)
 
 
 def point_legal(problem: Problem, schedule: Schedule) -> bool:
     """``is_legal`` for a schedule whose (granularity, chunks, split, transport) obeys
     ``PREFIX_RULES`` (the enumerator checked them once for every point under it): the other
     rules, the quick ones first."""
-    return all(rule(problem, schedule) is None for rule in _POINT_RULES)
+    return all(check(problem, schedule) is None for check in _POINT_RULES)
 
 
 def check_legal(problem: Problem, schedule: Schedule) -> Schedule:

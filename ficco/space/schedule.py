@@ -67,14 +67,6 @@ class Compute(enum.StrEnum):
     EPILOGUE = "epilogue"
 
 
-#: order and compute values that no profile store has measured yet: the selector gives them
-#: no column (``ficco.select.schedules``), as transports without ``selector_column``; a store
-#: that measures them takes them out of here, and the shipped tables are retrained with them
-UNMEASURED_BY_SELECTOR: frozenset[enum.Enum] = frozenset(
-    {Order.RELAY, Order.BIRELAY, Compute.EPILOGUE}
-)
-
-
 class Gemm(enum.StrEnum):
     TRITON = "triton"  # ficco's persistent Triton GEMM (takes an SM budget)
     CUBLAS = "cublas"  # torch.matmul (on CPU: torch's CPU matmul stands in)

@@ -191,10 +191,6 @@ class TransportTraits:
     calibrated: bool
     """The shipped cost model was fitted on measurements of it (``ficco predict`` covers
     only these by default)."""
-    selector_column: bool = True
-    """The selector encodes it as a feature column. False for a transport that serves no
-    pattern the selector covers and came after the shipped models: a column of zeros over
-    every training problem would only shift the forests' random feature draws."""
 
     @property
     def patterns(self) -> tuple[Pattern, ...]:
@@ -296,7 +292,6 @@ _LAMPORT_KERNEL = dict(
     communicator=None,
     cost_class="ce",
     calibrated=False,
-    selector_column=False,
 )
 
 TRAITS: dict[Transport, TransportTraits] = {
@@ -442,7 +437,6 @@ TRAITS: dict[Transport, TransportTraits] = {
             communicator=None,
             cost_class="ce",  # priced as one-sided copies until measured
             calibrated=False,
-            selector_column=False,  # no profile store measures it yet
         ),
     )
 }

@@ -13,12 +13,13 @@ Importing this package loads neither torch nor optuna.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import time
 from collections.abc import Callable, Iterable
 
-from ficco.backends import backend_spec
-from ficco.defaults import SEED
-from ficco.execute.options import TimingOptions
+from ficco.backends import BackendSpec, backend_spec
+from ficco.execute.options import RunOptions
 from ficco.problem import Problem
 from ficco.profile.store import Store
 from ficco.space import SpaceOptions
@@ -82,17 +83,13 @@ def get_strategy(name: str) -> Strategy:
     return importlib.import_module(module).run
 
 
-def make_runner(
-    backend: str,
-    *,
-    seed: int = SEED,
-    timeout_s: float | None = None,
-    timing: TimingOptions | None = None,
-) -> Runner:
-    """The runner ``backend``'s spec names (``ficco.backends``); ``timeout_s`` and ``timing``
-    None: the backend's defaults. InputError for an unknown backend, ValueError naming a
-    field the backend refuses, BackendUnavailable if it cannot run here."""
-    return backend_spec(backend).runner.load()(seed=seed, timeout_s=timeout_s, timing=timing)
+def make_runner(backend: BackendSpec | str, options: RunOptions | None = None) -> Runner:
+    """The runner ``backend``'s spec names (``ficco.backends``), its ranks run with
+    ``options`` (None: the backend's timeout and timing). InputError for an unknown backend,
+    ValueError naming a field the backend refuses, BackendUnavailable if it cannot run
+    here."""
+    spec = backend_spec(backend)
+    return spec.runner.load()(options, spec=spec)
 
 
 def issue_of(record: dict) -> str:
@@ -131,7 +128,8 @@ def sweep(
     the list (same ``Problem.key``) are measured once, under the first one's name.
 
     Raises BackendUnavailable before measuring anything if the runner cannot run them, and
-    ValueError if ``store`` was timed under another issue mode (:func:`check_timing_mode`)."""
+    ValueError if ``store`` was timed under another issue mode (:func:`check_timing_mode`).
+    The clock of ``options.time_limit_s`` starts here."""
     from ficco.workloads import unique_problems
 
     run = get_strategy(strategy)
@@ -139,7 +137,9 @@ def sweep(
     runner.check(unique)
     check_timing_mode(store, runner)
     try:
-        result = run(unique, space, runner, store, options or SweepOptions())
+        # the time limit counts from the start of the sweep, not from the options' making
+        options = dataclasses.replace(options or SweepOptions(), started_at=time.monotonic())
+        result = run(unique, space, runner, store, options)
     finally:
         runner.close()
     result.duplicates = duplicates

@@ -71,7 +71,7 @@ class SweepOptions:
     """Start no new problem once this many seconds have passed (the one under way finishes);
     a rerun resumes with the rest. None: no limit."""
     started_at: float = field(default_factory=time.monotonic)
-    """When the limit's clock started (the options' creation)."""
+    """When the limit's clock started (``ficco.sweep.sweep`` starts it as the sweep starts)."""
 
     def out_of_time(self) -> bool:
         """True once ``time_limit_s`` has passed since ``started_at``."""

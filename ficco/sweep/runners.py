@@ -12,13 +12,13 @@
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ficco.backends import BackendUnavailable, backend_spec
-from ficco.defaults import SEED
-from ficco.execute.options import TimingOptions
+from ficco.backends import BackendSpec, BackendUnavailable, backend_spec
+from ficco.execute.options import RunOptions
 from ficco.measure.record import BASELINE_COMM, BASELINE_GEMM, Measurement
 from ficco.problem import Problem
 from ficco.space import Schedule
@@ -83,30 +83,25 @@ class Runner(abc.ABC):
 
 
 class PoolRunner(Runner):
-    """Measures each problem in a rank pool of its backend, kept across problems (set-up is
-    paid once); ``timeout_s`` and ``timing`` default to the backend's spec.
+    """Measures each problem in a rank pool of its backend (``spec``; None: the class's
+    own), kept across problems (set-up is paid once); its ranks run with ``options`` (None:
+    the spec's timeout and timing; a runner always times: options without timing get the
+    spec's).
 
     The pool measures a problem's baselines in the same run as its schedules (interleaved, as
     the protocol asks); they are kept and served by :meth:`baselines`, which runs them alone
     only for a problem measured without them."""
 
     def __init__(
-        self,
-        *,
-        seed: int = SEED,
-        timeout_s: float | None = None,
-        timing: TimingOptions | None = None,
-        backend: str | None = None,
+        self, options: RunOptions | None = None, *, spec: BackendSpec | None = None
     ) -> None:
-        from ficco.execute.options import RunOptions
-
-        self.spec = backend_spec(backend or self.backend)
+        self.spec = spec or backend_spec(self.backend)
         self.backend = self.spec.name
-        self.options = RunOptions(
-            seed=seed,
-            timeout_s=timeout_s or self.spec.timeout_s,
-            timing=timing or self.spec.timing,
-        )
+        if options is None:
+            options = RunOptions(timeout_s=self.spec.timeout_s, timing=self.spec.timing)
+        elif options.timing is None:
+            options = dataclasses.replace(options, timing=self.spec.timing)
+        self.options = options
         self._baselines: dict[str, list[Measurement]] = {}
         self._pool = None
         self._kept = False
@@ -116,7 +111,7 @@ class PoolRunner(Runner):
         ``ficco.execute.run.kept_pools``, the kept one, which :meth:`close` leaves open)."""
         from ficco.execute.run import pool_for
 
-        pool, self._kept = pool_for(self.backend, world, self.options)
+        pool, self._kept = pool_for(self.spec, world, self.options)
         return pool
 
     def _measure_in(self, pool, problem, schedules, timing, *, baselines):
@@ -139,7 +134,7 @@ class PoolRunner(Runner):
     def fingerprint(self) -> dict[str, Any]:
         from ficco.measure.fingerprint import fingerprint
 
-        return fingerprint(self.backend)
+        return fingerprint(self.spec)
 
     def _failed(
         self, problem: Problem, schedules: list[Schedule], failure: PoolFailure
@@ -211,14 +206,15 @@ class CpuRunner(PoolRunner):
 
     backend = "cpu"
 
-    def __init__(self, **options) -> None:
-        timing = options.get("timing")
-        if timing is not None and timing.signatures:
+    def __init__(
+        self, options: RunOptions | None = None, *, spec: BackendSpec | None = None
+    ) -> None:
+        super().__init__(options, spec=spec)
+        if self.options.timing.signatures:
             raise ValueError(
                 "signatures: the cpu backend times no per-task spans; use signatures=False "
                 "(signatures are measured on GPUs)"
             )
-        super().__init__(**options)
 
     def _failed(
         self, problem: Problem, schedules: list[Schedule], failure: PoolFailure
@@ -240,8 +236,10 @@ class CudaRunner(PoolRunner):
 
     backend = "cuda"
 
-    def __init__(self, **options) -> None:
-        super().__init__(**options)
+    def __init__(
+        self, options: RunOptions | None = None, *, spec: BackendSpec | None = None
+    ) -> None:
+        super().__init__(options, spec=spec)
         self._check_available()
 
     @property

@@ -55,9 +55,13 @@ class Lane:
         return self.backend == "cuda_shared"
 
     def run(self, problem, schedules, options):
-        from ficco.execute.run import run_cuda
+        """The measurements of ``schedules`` and the baselines, timed as ``options`` say."""
+        from ficco.execute.pool import PoolFailure
+        from ficco.execute.run import measure_in
 
-        return run_cuda(problem, schedules, options=options, pool=self.pool)
+        got = measure_in(self.pool, problem, schedules, options.timing)
+        assert not isinstance(got, PoolFailure), f"{self.backend} run of {problem.key}: {got}"
+        return got
 
 
 @pytest.fixture(scope="session")
@@ -70,8 +74,7 @@ def lane_pools():
 
 @pytest.fixture(params=LANES, ids=[f"{b}-w{w}" for b, w in LANES])
 def lane(request, lane_pools):
-    from ficco.execute import RunOptions
-    from ficco.execute.pool import RankPool
+    from ficco.execute import RunOptions, backend_pool
 
     backend, world = request.param
     need = world if backend == "cuda" else 1
@@ -80,5 +83,5 @@ def lane(request, lane_pools):
         pytest.skip(f"{backend} at W = {world} needs {need} GPU{'s' * (need > 1)}, found {have}")
     key = (backend, world)
     if key not in lane_pools:
-        lane_pools[key] = RankPool.for_backend(backend, world, RunOptions(timeout_s=120))
+        lane_pools[key] = backend_pool(backend, world, RunOptions(timeout_s=120))
     return Lane(backend, world, lane_pools[key])

@@ -90,12 +90,16 @@ def test_the_fp8_baselines_verify_and_time_on_two_gpus(pattern):
     torch have one: verified against the reference from the dequantized inputs, then timed
     (no schedule is asked for: ``test_fp8_lane.py`` runs the schedules)."""
     from ficco.execute.options import RunOptions, TimingOptions
-    from ficco.execute.run import run_cuda
+    from ficco.execute.pool import PoolFailure
+    from ficco.execute.run import backend_pool, measure_in
 
     p = Problem(pattern=pattern, m=512, n=1024, k=2048, world=2, dtype="fp8_e4m3",
                 a_scale="row", b_scale="column")  # fmt: skip
     timing = TimingOptions(warmup=1, rounds=3, graphs="none")
-    got = {m.name: m for m in run_cuda(p, [], options=RunOptions(timing=timing))}
+    with backend_pool("cuda", 2, RunOptions()) as pool:
+        measured = measure_in(pool, p, [], timing)  # the baselines alone
+    assert not isinstance(measured, PoolFailure), measured
+    got = {m.name: m for m in measured}
     assert got["serial_eager"].verdict == "ok", got["serial_eager"].detail
     assert got["serial_eager"].median_ms > 0
     if pattern != "gemm_ar":  # PyTorch has no fused scaled matmul + all-reduce

@@ -119,16 +119,17 @@ SCHEDULES = (
     [(13, "bf16"), (512, "bf16"), (2048, "bf16"), (96, "fp32")],  # ragged; decode; prefill
 )
 def test_fused_schedules_verify_and_are_timed_as_graphs(m, dtype):
-    from ficco.execute.run import run_cuda
+    from ficco.execute.run import run_problem
 
     problem = Problem(pattern="gemm_ar", m=m, n=1024, k=512, world=2, dtype=dtype)
     schedules = [s for s in map(Schedule.parse, SCHEDULES) if is_legal(problem, s)]
     assert any(s.all_reduce.value == "direct" for s in schedules)
     opts = RunOptions(timing=TimingOptions(rounds=3, warmup=1))
-    measured = run_cuda(problem, [Schedule(), *schedules], options=opts)
-    by = {meas.name: meas for meas in measured}
+    results = run_problem(problem, [Schedule(), *schedules], backend="cuda", options=opts)
+    by = {r.schedule: r for r in results}
     for s in schedules:
         got = by[str(s)]
-        assert got.verdict == "ok", (str(s), got.detail)
+        assert got.ok, (str(s), got.detail)
         assert got.median_ms > 0
-        assert got.extra["graph"] == "graph", (str(s), got.extra["graph"])
+        graph = got.measurement.extra["graph"]
+        assert graph == "graph", (str(s), graph)

@@ -222,21 +222,21 @@ SCHEDULES = (
 @pytest.mark.parametrize(("m", "dtype"), [(1, "bf16"), (13, "fp16"), (512, "bf16"), (96, "fp32")])
 def test_lamport_schedules_verify_and_are_timed_as_graphs(m, dtype):
     from ficco.execute import RunOptions, TimingOptions
-    from ficco.execute.run import run_cuda
+    from ficco.execute.run import run_problem
     from ficco.problem import Problem
     from ficco.space import Schedule, is_legal
 
     problem = Problem(pattern="gemm_ar", m=m, n=1024, k=512, world=2, dtype=dtype)
     schedules = [s for s in map(Schedule.parse, SCHEDULES) if is_legal(problem, s)]
     assert schedules
-    measured = run_cuda(
-        problem, [Schedule(), *schedules], options=RunOptions(timing=TimingOptions(rounds=3))
-    )
-    by = {meas.name: meas for meas in measured}
+    options = RunOptions(timing=TimingOptions(rounds=3))
+    results = run_problem(problem, [Schedule(), *schedules], backend="cuda", options=options)
+    by = {r.schedule: r for r in results}
     for s in schedules:
         got = by[str(s)]
-        assert got.verdict == "ok", (str(s), got.detail)
-        assert got.extra["graph"] == "graph", (str(s), got.extra["graph"])
+        assert got.ok, (str(s), got.detail)
+        graph = got.measurement.extra["graph"]
+        assert graph == "graph", (str(s), graph)
 
 
 def _op_body(rank, world, init_file):

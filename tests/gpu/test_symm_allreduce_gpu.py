@@ -17,7 +17,7 @@ pytestmark = [
 ]
 
 from ficco.execute import RunOptions, TimingOptions  # noqa: E402
-from ficco.execute.run import run_cuda  # noqa: E402
+from ficco.execute.run import run_problem  # noqa: E402
 from ficco.problem import Problem  # noqa: E402
 from ficco.space import Schedule, is_legal  # noqa: E402
 
@@ -40,13 +40,14 @@ def test_symm_schedules_verify_and_are_timed_as_graphs(m, dtype):
     schedules = [s for s in map(Schedule.parse, SCHEDULES) if is_legal(problem, s)]
     assert schedules
     opts = RunOptions(timing=TimingOptions(rounds=3, warmup=1))
-    measured = run_cuda(problem, [Schedule(), *schedules], options=opts)
-    by = {meas.name: meas for meas in measured}
+    results = run_problem(problem, [Schedule(), *schedules], backend="cuda", options=opts)
+    by = {r.schedule: r for r in results}
     for s in schedules:
         got = by[str(s)]
-        assert got.verdict == "ok", (str(s), got.detail)
+        assert got.ok, (str(s), got.detail)
         assert got.median_ms > 0
-        assert got.extra["graph"] == "graph", (str(s), got.extra["graph"])
+        graph = got.measurement.extra["graph"]
+        assert graph == "graph", (str(s), graph)
 
 
 def _ops_body(rank, world, init_file):
