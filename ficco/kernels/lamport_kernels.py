@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from ficco.kernels.flags import _acquire_load, _globaltimer
+from ficco.patterns.epilogues import MAX_FUSED_NORM_COLUMNS
 
 #: epochs run 1 .. PERIOD, then wrap to 1: a multiple of 3, so the slot keeps cycling
 EPOCH_PERIOD = 3 * 2**29
@@ -21,7 +22,7 @@ PUSH, REDUCE, GATHER = 1, 2, 4
 ONE_SHOT_PHASES = (PUSH, REDUCE)
 TWO_SHOT_PHASES = (PUSH, REDUCE, GATHER)
 #: the largest normalized row (elements) of the fused kernel: one row per program pass
-MAX_NORM_COLUMNS = 32768
+MAX_NORM_COLUMNS = MAX_FUSED_NORM_COLUMNS
 FP8_E4M3_MAX = 448.0
 
 _PERIOD = tl.constexpr(EPOCH_PERIOD)
