@@ -41,7 +41,8 @@ def play_ranks(problem: Problem, schedule: Schedule, device: str = "cpu") -> lis
             if isinstance(task.op, GemmOp):
                 at(task.op.out).copy_(at(task.op.a) @ at(task.op.b))
     norms = [[t.op for t in p.tasks if isinstance(t.op, NormOp)] for p in plans]
-    ws = lam.local_workspaces(w, 1 << 16, device=device, timeout_s=10.0)
+    row_bytes = problem.m * problem.n * tensors[0]["partial"].element_size()
+    ws = lam.local_workspaces(w, max(1 << 16, row_bytes), device=device, timeout_s=10.0)
     assert norms[0] and all(op.all_reduce is not None for ops in norms for op in ops), (
         f"{schedule}: every norm task is lamport1's fused all-reduce"
     )
