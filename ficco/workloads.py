@@ -78,6 +78,17 @@ PHASE_TOKENS: dict[str, tuple[int, ...]] = {
 SHAPES_COLUMNS = ("name", "pattern", "m", "n", "k", "world", "dtype", "experts")
 
 
+def field_columns_help() -> str:
+    """The further columns, as the command line's help names them."""
+    from ficco.patterns import problem_fields
+
+    return "; ".join(
+        f"{name}: {', '.join(str(p) for p, _ in problem_fields()[name])}, "
+        f"default {problem_fields()[name][0][1].default}"
+        for name in field_columns()
+    )
+
+
 def field_columns() -> tuple[str, ...]:
     """The further columns a shapes CSV may hold: the pattern fields declared a
     ``csv_column`` (gemm_ar's ``epilogue``), each one cell of command-line text, empty for

@@ -7,6 +7,7 @@ schedule path under the interpreter, the baselines (the unfused sequence, the fu
 ``comm_lamport``), the shapes CSV column, and the cost model's refusal."""
 
 import dataclasses
+import json
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -234,3 +235,22 @@ def test_the_cost_model_refuses_the_epilogue_by_name():
         predict_problem(normed_problem(m=4, n=64, k=64, world=2))
     plain = Problem(pattern="gemm_ar", m=4, n=64, k=64, world=2)
     assert predict_problem(plain).times  # the problem without it is predicted as before
+
+
+def test_the_command_line_takes_the_epilogue_and_says_so():
+    from click.testing import CliRunner
+
+    from ficco.cli import main
+
+    runner = CliRunner()
+    shown = runner.invoke(main, ["run", "--help"], terminal_width=200)
+    assert "--epilogue NAME" in shown.output and "none, or add_rms_norm" in shown.output
+    swept = runner.invoke(main, ["sweep", "--help"], terminal_width=200)
+    assert "(epilogue: gemm_ar, default none)" in swept.output
+    args = ["run", "gemm_ar", "--m", "4", "--n", "32", "--k", "8", "-w", "2", "--dtype", "fp32"]
+    args += ["--epilogue", "add_rms_norm", "--backend", "cpu", "-s", "finer-c2-m/nccl/cublas"]
+    ran = runner.invoke(main, [*args, "--json"])
+    assert ran.exit_code == 0, ran.output
+    answer = json.loads(ran.output)
+    assert answer["problem"]["epilogue"] == "add_rms_norm"
+    assert [r["verdict"] for r in answer["results"]] == ["ok"], answer["results"]
