@@ -1,13 +1,14 @@
 """One process plays every rank of a gemm_ar schedule with the add_rms_norm epilogue, for the
-tests of the fused kernel (lamport1) through the schedule path (``tests/test_gemm_ar_epilogue.py`` on
-CPU under Triton's interpreter, ``tests/gpu/test_lamport_allreduce_gpu.py`` on one GPU).
+tests of the fused kernels (lamport1, lamport2) through the schedule path
+(``tests/test_gemm_ar_epilogue.py`` on CPU under Triton's interpreter,
+``tests/gpu/test_gemm_ar_epilogue_gpu.py`` on one GPU).
 
 Each rank's plan is lowered and its buffers allocated as the executors do (seeded inputs,
 NaN-poisoned outputs), its GEMMs run, then every norm task is issued through the executor's
-operand mapping (``ficco.execute.allreduce.norm_operands``), each lamport1's fused launch,
-phase by phase over every rank (every rank's push, then every rank's reduce and norm: one
-process cannot wait on its own later launch). Each rank's ``y`` is then verified against the
-float64 reference as a schedule's output is.
+operand mapping (``ficco.execute.allreduce.norm_operands``), each the lamport kernel's fused
+launch, phase by phase over every rank (every rank's push, then every rank's reduce and
+norm, then the two-shot's gather: one process cannot wait on its own later launch). Each
+rank's ``y`` is then verified against the float64 reference as a schedule's output is.
 """
 
 from __future__ import annotations
@@ -41,18 +42,20 @@ def play_ranks(problem: Problem, schedule: Schedule, device: str = "cpu") -> lis
             if isinstance(task.op, GemmOp):
                 at(task.op.out).copy_(at(task.op.a) @ at(task.op.b))
     norms = [[t.op for t in p.tasks if isinstance(t.op, NormOp)] for p in plans]
-    row_bytes = problem.m * problem.n * tensors[0]["partial"].element_size()
-    ws = lam.local_workspaces(w, max(1 << 16, row_bytes), device=device, timeout_s=10.0)
     assert norms[0] and all(op.all_reduce is not None for ops in norms for op in ops), (
-        f"{schedule}: every norm task is lamport1's fused all-reduce"
+        f"{schedule}: every norm task is a lamport kernel's fused all-reduce"
     )
+    kind = norms[0][0].all_reduce
+    row_bytes = lam.norm_row_elements(kind, problem.m, problem.n, w) * 4  # fp32 at most
+    ws = lam.local_workspaces(w, max(1 << 16, row_bytes), device=device, timeout_s=10.0)
     for j, first in enumerate(norms[0]):
         operands = [norm_operands(norms[r][j], views[r]) for r in range(w)]
-        for phase in lam.ONE_SHOT_PHASES:
+        for phase in lam.phases_of(kind):
             for r, (src, residual, weight, normed, new_residual) in enumerate(operands):
                 lam.all_reduce_rms_norm(
-                    ws[r], src, residual, weight, first.eps, normed, new_residual, phases=phase
-                )
+                    ws[r], src, residual, weight, first.eps, normed, new_residual,
+                    phases=phase, kind=kind,
+                )  # fmt: skip
     if device != "cpu":
         torch.cuda.synchronize()
     checks = []

@@ -120,8 +120,11 @@ def test_the_kernel_comm_baselines_exist_where_the_space_allows_the_kernels():
     norm = _Norm(normed, tensors, "cpu")
     parts = kernel_comm_parts(normed, tensors, "0", norm)
     fused = parts[BASELINE_COMM_LAMPORT]
-    assert fused.func is lamport_all_reduce_norm and fused.args[0] is tensors["partial"]
-    assert [a.data_ptr() for a in fused.args[4:6]] == [t.data_ptr() for t in norm.out]
+    assert fused.func is lamport_all_reduce_norm and fused.args[:2] == (
+        LAMPORT_ONE_SHOT,
+        tensors["partial"],
+    )
+    assert [a.data_ptr() for a in fused.args[5:7]] == [t.data_ptr() for t in norm.out]
     assert parts[BASELINE_COMM_TWO_SHOT].__name__ == "all_reduce_then_norm"
 
 

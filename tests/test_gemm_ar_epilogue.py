@@ -1,6 +1,6 @@
 """gemm_ar's add_rms_norm epilogue as a problem field (``ficco.patterns.epilogues``): the
 field (key, dict, refusals), the plans (a norm behind every whole-row write of ``c``,
-lamport1's all-reduce fused with it, column chunks normed once at the end, the output
+the lamport kernels' all-reduces fused with it, column chunks normed once at the end, the output
 ``y``), verification part by part (a wrong epilogue fails), the schedules verified on CPU
 ranks against float64 at W = 2 and 4 in bf16 and fp32, the fused kernel through the
 schedule path under the interpreter, the baselines (the unfused sequence, the fused
@@ -24,7 +24,7 @@ from ficco.patterns.epilogues import MAX_FUSED_NORM_COLUMNS, NORM_EPS, Epilogue 
 from ficco.plan import CollectiveOp, LocalCopyOp, NormOp, Region, build_plan  # noqa: E402
 from ficco.plan.ops import GEMM_OPS  # noqa: E402
 from ficco.problem import Problem  # noqa: E402
-from ficco.space import Gemm, Schedule, SpaceOptions, enumerate_schedules  # noqa: E402
+from ficco.space import Gemm, Schedule, SpaceOptions, Transport, enumerate_schedules  # noqa: E402
 from ficco.validate import InputError  # noqa: E402
 
 
@@ -109,15 +109,17 @@ def test_every_schedule_writes_every_element_of_y_once_after_c_is_final():
             assert (covered == 1).all(), (str(schedule), covered)
 
 
-def test_lamport1_fuses_the_norm_into_each_chunk_all_reduce_and_the_others_norm_after():
+def test_the_lamport_kernels_fuse_the_norm_into_each_chunk_and_the_others_norm_after():
     p = normed_problem(m=9, n=16)
-    fused = build_plan(p, Schedule.parse("finer-c2-m/lamport1/cublas"), 0)
-    assert not ops_of(fused, CollectiveOp)  # the all-reduce is the norm's own launch
-    assert [(n.all_reduce, n.summed) for n in ops_of(fused, NormOp)] == [
-        ("lamport_one_shot_all_reduce", Region("partial", (0, 5), (0, 16))),
-        ("lamport_one_shot_all_reduce", Region("partial", (5, 9), (0, 16))),
-    ]
-    for transport in ("nccl", "lamport2", "symm2"):
+    for transport in ("lamport1", "lamport2"):
+        fused = build_plan(p, Schedule.parse(f"finer-c2-m/{transport}/cublas"), 0)
+        assert not ops_of(fused, CollectiveOp)  # the all-reduce is the norm's own launch
+        kind = Transport(transport).traits.all_reduce_kind
+        assert [(n.all_reduce, n.summed) for n in ops_of(fused, NormOp)] == [
+            (kind, Region("partial", (0, 5), (0, 16))),
+            (kind, Region("partial", (5, 9), (0, 16))),
+        ]
+    for transport in ("nccl", "symm1", "symm2"):
         plan = build_plan(p, Schedule.parse(f"finer-c2-m/{transport}/cublas"), 0)
         kinds = [type(t.op).__name__ for t in plan.tasks]
         # each chunk: its GEMM, its all-reduce into c, that chunk's norm right behind it
@@ -127,10 +129,24 @@ def test_lamport1_fuses_the_norm_into_each_chunk_all_reduce_and_the_others_norm_
     split_n = build_plan(p, Schedule.parse("finer-c2-n/nccl/cublas"), 0)
     (norm,) = ops_of(split_n, NormOp)
     assert norm.summed == Region("c", (0, 9), (0, 16)) and len(split_n.tasks[-1].deps) == 2
-    # rows wider than the fused kernel's: lamport1 all-reduces, then the norm runs unfused
+    # rows wider than the fused kernels': lamport1 all-reduces, then the norm runs unfused
     wide = normed_problem(m=1, n=MAX_FUSED_NORM_COLUMNS + 8)
     plan = build_plan(wide, Schedule.parse("serial/lamport1/cublas"), 0)
     assert [type(t.op).__name__ for t in plan.tasks] == ["GemmOp", "CollectiveOp", "NormOp"]
+
+
+def test_the_residual_and_weight_are_the_same_on_every_rank_and_a_is_not():
+    """Tensor-parallel decode replicates the hidden state and the norm weight (the two-shot
+    kernel adds each owner's residual to the rows it reduces): drawn alike on every rank."""
+    from ficco.execute.buffers import allocate
+
+    p = normed_problem(m=3, n=8, world=3)
+    ranks = [allocate(build_plan(p, Schedule(), r), seed=5) for r in range(3)]
+    for name in ("residual", "norm_weight"):
+        assert all(torch.equal(t[name], ranks[0][name]) for t in ranks[1:]), name
+    assert not torch.equal(ranks[0]["a"], ranks[1]["a"])
+    exact = [reference_output(p, r, seed=5)[0] for r in range(3)]
+    assert all(torch.equal(e, exact[0]) for e in exact[1:])  # one output, on every rank
 
 
 # --- verification ------------------------------------------------------------------------------
@@ -183,7 +199,7 @@ def test_a_schedule_whose_norm_is_skipped_is_incorrect():
 )
 def test_nccl_lamport1_and_lamport2_schedules_verify_against_float64(world, dtype, m):
     """Every rank a process (lamport: the kernels under the interpreter over shared files,
-    lamport1's with the fused epilogue); serial and row chunks of each transport, column
+    with the fused epilogue); serial and row chunks of each transport, column
     chunks and rs_ag on nccl (few rows at W = 4: the interpreter runs a program a row)."""
     p = normed_problem(m=m, n=24, k=8, world=world, dtype=dtype)
     texts = [f"{g}/{t}/cublas" for t in ("nccl", "lamport1", "lamport2")
@@ -203,10 +219,17 @@ def test_every_transport_verifies_with_the_epilogue():
     assert not [(r.schedule, r.verdict.value, r.detail) for r in results if not r.ok]
 
 
-@pytest.mark.parametrize(("world", "schedule"), [(2, "serial/lamport1/cublas"),
-                                                 (4, "finer-c2-m/lamport1/cublas")])  # fmt: skip
-def test_the_fused_kernel_through_the_schedule_path_in_one_process(world, schedule):
-    """Every rank's lamport1 plan played in this process under the interpreter: each norm
+@pytest.mark.parametrize(
+    ("world", "schedule"),
+    [
+        (2, "serial/lamport1/cublas"),
+        (4, "finer-c2-m/lamport1/cublas"),
+        (3, "serial/lamport2/cublas"),  # 5 rows: slices of 2, 2, 1 rows
+        (4, "finer-c2-m/lamport2/cublas"),  # a chunk of 2 rows: two slices empty
+    ],
+)
+def test_the_fused_kernels_through_the_schedule_path_in_one_process(world, schedule):
+    """Every rank's lamport plan played in this process under the interpreter: each norm
     task is the fused kernel's launch on the plan's buffers, each rank's y verified."""
     p = normed_problem(m=5, n=40, k=8, world=world, dtype="fp32")
     checks = play_ranks(p, Schedule.parse(schedule))

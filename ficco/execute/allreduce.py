@@ -26,7 +26,7 @@ rank a process); without shared files (a caller's gloo group) the gloo algorithm
 accumulating in fp32 as the kernels do.
 
 gemm_ar's add_rms_norm epilogue (a plan's ``NormOp``, ``ficco.patterns.epilogues``): run
-unfused on the all-reduced rows (:func:`run_norm`), or, on lamport1's one-shot, fused into
+unfused on the all-reduced rows (:func:`run_norm`), or, on the lamport kernels, fused into
 the all-reduce (:func:`lamport_all_reduce_norm` on GPUs, :func:`gloo_lamport_norm` on CPU:
 the kernel under the interpreter over the shared files, else gloo's rank-order sum and
 the same arithmetic).
@@ -190,43 +190,49 @@ def run_norm(summed, residual, weight, eps: float, normed, new_residual) -> None
     new_residual.copy_(x)
 
 
+def _norm_row_bytes(kind: str, src: torch.Tensor, world: int) -> int:
+    from ficco.kernels.allreduce_lamport import norm_row_elements
+
+    rows, n = src.shape
+    return norm_row_elements(kind, rows, n, world) * src.element_size()
+
+
 def lamport_all_reduce_norm(
-    src, residual, weight, eps: float, normed, new_residual, group_name: str
+    kind: str, src, residual, weight, eps: float, normed, new_residual, group_name: str
 ) -> None:
-    """The one-shot all-reduce of ``src [rows, N]`` over the group and the epilogue, one
-    launch of ficco's fused kernel on the current stream (one GPU per rank; contiguous
-    operands)."""
-    from ficco.execute.lamport import cuda_workspace, row_bytes
+    """The all-reduce of ``src [rows, N]`` over the group by the lamport kernel of ``kind``
+    and the epilogue, one launch of its fused kernel on the current stream (one GPU per
+    rank; contiguous operands)."""
+    from ficco.execute.lamport import cuda_workspace
     from ficco.kernels.allreduce_lamport import all_reduce_rms_norm
 
     world = torch.distributed.distributed_c10d._resolve_process_group(group_name).size()
-    needed = row_bytes(LAMPORT_ONE_SHOT, src.numel(), src.element_size(), world)
-    ws = cuda_workspace(group_name, needed)
-    all_reduce_rms_norm(ws, src, residual, weight, eps, normed, new_residual)
+    ws = cuda_workspace(group_name, _norm_row_bytes(kind, src, world))
+    all_reduce_rms_norm(ws, src, residual, weight, eps, normed, new_residual, kind=kind)
 
 
 def gloo_lamport_norm(
-    src, residual, weight, eps: float, normed, new_residual, group=None, shared=None
+    kind: str, src, residual, weight, eps: float, normed, new_residual, group=None, shared=None
 ) -> None:
     """:func:`lamport_all_reduce_norm` on CPU ranks: the fused kernel under the interpreter
     over ficco's shared files (``shared``), or without them gloo's rank-order fp32 sum
-    rounded once (the kernel's) and :func:`run_norm`."""
+    rounded once (the kernels') and :func:`run_norm`."""
     if shared is None:
         summed = torch.empty_like(src)
-        gloo_symm_all_reduce(LAMPORT_ONE_SHOT, src, summed, group)
+        gloo_symm_all_reduce(kind, src, summed, group)
         run_norm(summed, residual, weight, eps, normed, new_residual)
         return
-    from ficco.execute.lamport import row_bytes, shared_file_workspace
+    from ficco.execute.lamport import shared_file_workspace
     from ficco.kernels.allreduce_lamport import all_reduce_rms_norm
 
     mine = src.contiguous()
     world = dist.get_world_size(group)
-    needed = row_bytes(LAMPORT_ONE_SHOT, mine.numel(), mine.element_size(), world)
-    ws = shared_file_workspace(shared, world, needed)
+    ws = shared_file_workspace(shared, world, _norm_row_bytes(kind, mine, world))
     out_normed, out_residual = torch.empty_like(mine), torch.empty_like(mine)
     all_reduce_rms_norm(
-        ws, mine, residual.contiguous(), weight.contiguous(), eps, out_normed, out_residual
-    )
-    ws.raise_on_timeout(f"rank {ws.rank}: {LAMPORT_ONE_SHOT} + add_rms_norm")
+        ws, mine, residual.contiguous(), weight.contiguous(), eps, out_normed, out_residual,
+        kind=kind,
+    )  # fmt: skip
+    ws.raise_on_timeout(f"rank {ws.rank}: {kind} + add_rms_norm")
     normed.copy_(out_normed)
     new_residual.copy_(out_residual)

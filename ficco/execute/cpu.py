@@ -337,13 +337,14 @@ class CpuPrimitives(FusedPrimitives, Primitives):
         gloo_symm_all_reduce(op.kind, src, dst, self.group, self.shared)
 
     def norm(self, op: NormOp) -> None:
-        """The epilogue on the host; fused with lamport1's all-reduce, that kernel's fused
+        """The epilogue on the host; fused with a lamport all-reduce, that kernel's fused
         launch over the shared files (where the group has them)."""
         operands = norm_operands(op, functools.partial(view, self.tensors))
         if op.all_reduce is None:
             run_norm(*operands[:3], op.eps, *operands[3:])
         else:
-            gloo_lamport_norm(*operands[:3], op.eps, *operands[3:], self.group, self.shared)
+            kind = op.all_reduce
+            gloo_lamport_norm(kind, *operands[:3], op.eps, *operands[3:], self.group, self.shared)
 
     def _whole(self, name: str, tensor) -> tuple:
         """``(packed uint8 rows, where they land)`` of a whole fp8 buffer and its row scales."""

@@ -344,9 +344,11 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
         if op.all_reduce is None:
             run_norm(summed, residual, weight, op.eps, normed, new_residual)
             return
-        # lamport1's fused launch, on the buffers' own group (as the all-reduce kernels)
+        # the lamport kernel's fused launch, on the buffers' own group (as the all-reduces)
         group = self.ctx.group.group_name
-        lamport_all_reduce_norm(summed, residual, weight, op.eps, normed, new_residual, group)
+        lamport_all_reduce_norm(
+            op.all_reduce, summed, residual, weight, op.eps, normed, new_residual, group
+        )
 
     def transfer(self, ops: Sequence[TransferOp], task_ids: Sequence[int]) -> None:
         if self.one_sided:

@@ -2,16 +2,19 @@
 
 ``epilogue=add_rms_norm`` is decode's row-parallel linear epilogue (vLLM's
 ``fused_add_rms_norm`` after its all-reduce). Each rank then also holds ``residual [M, N]``
-and ``norm_weight [1, N]`` and produces ``y [2, M, N]`` in place of ``c``::
+and ``norm_weight [1, N]``, the same on every rank (tensor-parallel decode replicates the
+hidden state and the weight; the plans' role ``replicated``: the two-shot kernel adds the
+owner's residual to the rows it reduces), and produces ``y [2, M, N]`` in place of ``c``::
 
     y[1] = new_residual = all_reduce(a @ b) + residual
     y[0] = normed       = rms_norm(new_residual, eps) * norm_weight    (over each row's N)
 
 with ``eps`` :data:`NORM_EPS` and the columns N: the problem implies both. Every gemm_ar
-schedule of such a problem ends in the epilogue: ``lamport1`` all-reduces a chunk of whole
-rows and normalizes it in one launch (``ficco.kernels.allreduce_lamport``'s fused one-shot,
-rows of at most :data:`MAX_FUSED_NORM_COLUMNS`); every other transport all-reduces, then
-:func:`add_rms_norm` runs on the sum (``ficco.plan.allreduce`` says where).
+schedule of such a problem ends in the epilogue: ``lamport1`` and ``lamport2`` all-reduce a
+chunk of whole rows and normalize it in one launch (``ficco.kernels.allreduce_lamport``'s
+fused one-shot and two-shot kernels, rows of at most :data:`MAX_FUSED_NORM_COLUMNS`); every
+other transport all-reduces, then :func:`add_rms_norm` runs on the sum
+(``ficco.plan.allreduce`` says where).
 
 Arithmetic (:func:`add_rms_norm`, the one definition, which the fused kernel mirrors): the
 sum rounded to the dtype, plus the residual in fp32 rounded to the dtype (the new residual);
@@ -45,7 +48,7 @@ class Epilogue(Word):
 #: the RMSNorm's epsilon (Llama's ``rms_norm_eps``)
 NORM_EPS = 1e-5
 #: the longest row (elements) the fused kernel normalizes (``ficco.kernels.lamport_kernels``
-#: reads it): one row per program pass; a wider problem's lamport1 plans norm unfused
+#: reads it): one row per program pass; a wider problem's lamport plans norm unfused
 MAX_FUSED_NORM_COLUMNS = 32768
 
 
@@ -72,10 +75,10 @@ def _check_epilogue(p: Problem, value: Any) -> Epilogue:
 #: gemm_ar's field of its own (``PatternSpec.problem_fields``)
 FIELD = ProblemField(
     name="epilogue",
-    help="what the all-reduced output goes through: none, or add_rms_norm (each rank also "
-    "holds residual [M, N] and norm_weight [N] and gets normed = rms_norm(sum + residual, "
-    f"eps {NORM_EPS:g}) * norm_weight and the new residual; lamport1 fuses it into its "
-    "all-reduce)",
+    help="what the all-reduced output goes through: none, or add_rms_norm (every rank also "
+    "holds the same residual [M, N] and norm_weight [N] and gets normed = rms_norm(sum + "
+    f"residual, eps {NORM_EPS:g}) * norm_weight and the new residual; lamport1 / lamport2 "
+    "fuse it into their all-reduce)",
     parse=str,
     check=_check_epilogue,
     key=str,

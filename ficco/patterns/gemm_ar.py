@@ -164,7 +164,7 @@ def kernel_comm_parts(
     """The whole all-reduce alone through each kernel transport, on the buffers its
     schedules use (``ficco.plan.allreduce``), where the space allows them: symmetric
     memory's one-shot and two-shot (fp32 or bf16, aligned) and ficco's lamport one-shot.
-    ``norm``: the epilogue each is followed by; lamport's runs it inside its launch."""
+    ``norm``: the epilogue each is followed by; the lamport kernel runs it in its launch."""
     from ficco.space import Schedule, Transport, is_legal
 
     # the executor's kernels, named (Ref) as the lowering is: execution sits above the patterns
@@ -193,8 +193,9 @@ def kernel_comm_parts(
         if norm is not None and kernel.fuses_add_rms_norm and p.n <= MAX_FUSED_NORM_COLUMNS:
             weight = norm.weight.view(-1)
             run = functools.partial(
-                lamport_norm, source, norm.residual, weight, NORM_EPS, *norm.out, group_name
-            )
+                lamport_norm, kernel, source, norm.residual, weight, NORM_EPS, *norm.out,
+                group_name,
+            )  # fmt: skip
         elif norm is not None:
             run = norm.after(run, c)
         out[name] = run

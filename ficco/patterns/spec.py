@@ -72,8 +72,8 @@ class Collective(Word):
     @property
     def fuses_add_rms_norm(self) -> bool:
         """Its kernel takes gemm_ar's add_rms_norm epilogue in the same launch (ficco's
-        lamport one-shot: ``ficco.patterns.epilogues``)."""
-        return self is Collective.LAMPORT_ONE_SHOT_ALL_REDUCE
+        lamport kernels: ``ficco.patterns.epilogues``)."""
+        return self.lamport
 
 
 class ModelSupport(enum.StrEnum):

@@ -28,15 +28,16 @@ Two ways to build the all-reduce:
   reduction is done. With ``+fused`` the reduce-scatter is gemm_rs's fused one.
 
 With the add_rms_norm epilogue (``ficco.patterns.epilogues``) each rank also holds
-``residual [M, N]`` and ``norm_weight [1, N]``, ``c`` becomes a workspace and the output is
-``y [2, M, N]`` (``y[0]`` the normed rows, ``y[1]`` the new residual). The plan above is
-lowered as it is without the epilogue, then :func:`with_norm` adds one :class:`NormOp` per
+``residual [M, N]`` and ``norm_weight [1, N]`` (replicated: the same on every rank), ``c``
+becomes a workspace and the output is ``y [2, M, N]`` (``y[0]`` the normed rows, ``y[1]``
+the new residual). The plan above is lowered as it is without the epilogue, then
+:func:`with_norm` adds one :class:`NormOp` per
 task that writes whole rows of ``c`` (a chunk's all-reduce or reduction, a received block of
 the all-gather), right behind it on its stream, so chunk j's norm overlaps chunk j+1's GEMM;
 where chunks cut the columns (``split n``) no row is whole before the last chunk, so one
-norm over every row follows them all. A ``lamport1`` chunk all-reduce of whole rows becomes
-the norm itself, the kernel's fused epilogue (one launch, the sum never stored), for rows of
-at most ``MAX_FUSED_NORM_COLUMNS``.
+norm over every row follows them all. A ``lamport1`` / ``lamport2`` chunk all-reduce of whole
+rows becomes the norm itself, its kernel's fused epilogue (one launch, the sum never
+stored), for rows of at most ``MAX_FUSED_NORM_COLUMNS``.
 
 Every schedule of a problem uses the same buffers (the executors allocate them once).
 """
@@ -87,8 +88,8 @@ def ar_buffers(p: Problem, rank: int = 0) -> tuple[BufferSpec, ...]:
         return out
     return (
         *out,
-        BufferSpec("residual", (M, N), "input"),
-        BufferSpec("norm_weight", (1, N), "input"),
+        BufferSpec("residual", (M, N), "replicated"),
+        BufferSpec("norm_weight", (1, N), "replicated"),
         BufferSpec("y", (2, M, N), "output"),
     )
 

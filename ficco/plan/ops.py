@@ -300,9 +300,17 @@ class Task:
 class BufferSpec:
     name: str
     shape: tuple[int, ...]
-    role: str  # "input" | "index" (an int64 input the problem defines) | "workspace" | "output"
+    role: str  # "input" | "replicated" | "index" | "workspace" | "output"
+    """``input``: random values of this rank's; ``replicated``: random values alike on every
+    rank (gemm_ar's residual and norm weight: tensor-parallel decode replicates them);
+    ``index``: an int64 input the problem defines; ``workspace``, ``output``: written."""
     peer_visible: bool = False
     """Other ranks read or write it directly (symmetric memory on the ce transport)."""
+
+    @property
+    def is_input(self) -> bool:
+        """Given, never written (random values: this rank's own, or every rank's alike)."""
+        return self.role in ("input", "replicated")
 
 
 @dataclass(frozen=True)

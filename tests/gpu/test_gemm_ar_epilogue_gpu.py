@@ -1,13 +1,13 @@
 """gemm_ar's add_rms_norm epilogue (``ficco.patterns.epilogues``) on GPUs.
 
-One GPU: one process plays W = 2, 4, 8 ranks of lamport1 schedules with the epilogue
-(``tests/epilogue_ranks.py``): every rank's plan lowered and its buffers allocated as the
-executor does, each norm task issued through the executor's operand mapping as the fused
-kernel's launch (phase by phase over the ranks), each rank's ``y`` verified against the
-float64 reference. The lanes (one GPU per rank, or W ranks that share one GPU): every
-transport's schedules with the epilogue verified and timed beside the baselines (the
-unfused ``comm_alone``, the fused ``comm_lamport``); the lane refuses lamport1 / lamport2
-and symmetric memory's kernels, as without the epilogue.
+One GPU: one process plays W = 2, 4, 8 ranks of lamport1 and lamport2 schedules with the
+epilogue (``tests/epilogue_ranks.py``): every rank's plan lowered and its buffers allocated
+as the executor does, each norm task issued through the executor's operand mapping as the
+fused one-shot or two-shot kernel's launch (phase by phase over the ranks), each rank's
+``y`` verified against the float64 reference. The lanes (one GPU per rank, or W ranks that
+share one GPU): every transport's schedules with the epilogue verified and timed beside the
+baselines (the unfused ``comm_alone``, the fused ``comm_lamport``); the one-GPU lane
+refuses lamport1 / lamport2 and symmetric memory's kernels, as without the epilogue.
 
     python -m pytest -q tests/gpu/test_gemm_ar_epilogue_gpu.py
 """
@@ -39,6 +39,9 @@ def normed(m, n, k, world, dtype="bf16") -> Problem:
         (1, 8192, "serial/lamport1/cublas"),  # a decode row of a 8192-wide model
         (13, 4096, "finer-c2-m/lamport1/cublas"),  # ragged row chunks, one launch each
         (64, 5120, "finer-c4-m/lamport1/cublas"),
+        (1, 8192, "serial/lamport2/cublas"),  # one row: the other slices empty
+        (13, 4096, "finer-c2-m/lamport2/cublas"),  # row slices of 7/6 rows split W ways
+        (512, 4096, "serial/lamport2/cublas"),
     ],
 )
 def test_the_fused_kernel_through_the_schedule_path_on_one_gpu(m, n, schedule, world, dtype):
@@ -58,7 +61,7 @@ SCHEDULES = (
     "serial/symm2/cublas",
     "serial/lamport1/cublas",  # fused: the norm in the all-reduce's launch
     "finer-c4-m/lamport1/cublas+hi",
-    "finer-c2-m/lamport2/cublas",
+    "finer-c2-m/lamport2/cublas",  # fused too: the two-shot kernel over whole rows
 )
 
 
@@ -81,4 +84,5 @@ def test_epilogue_schedules_verify_and_time_beside_the_baselines(m, dtype, lane)
     want = "unavailable" if lane.shared else "ok"
     assert by["comm_lamport"].verdict == want, by["comm_lamport"].detail
     if not lane.shared:
-        assert by["serial/lamport1/cublas"].extra["graph"] == "graph"
+        for fused in ("serial/lamport1/cublas", "finer-c2-m/lamport2/cublas"):
+            assert by[fused].extra["graph"] == "graph", (fused, by[fused].extra["graph"])
