@@ -241,6 +241,16 @@ class Problem:
         values = dict(self.pattern_fields)
         return [(d, values[d.name]) for d in spec_of(self.pattern).problem_fields]
 
+    def _written(self):
+        """:meth:`_declared`, less the fields at a default their declaration leaves implicit
+        (``ProblemField.implicit_default``: the key and dict of a problem that does not use
+        such a field are what they were before the field existed)."""
+        return [
+            (d, value)
+            for d, value in self._declared()
+            if not (d.implicit_default and value == d.default)
+        ]
+
     def _validate_scales(self) -> None:
         """Scaled dtypes take a scale granularity per side (default per tensor), a pattern
         whose spec takes scaled inputs, and K and N the FP8 tensor cores can run."""
@@ -426,7 +436,7 @@ class Problem:
                 base += ":r" + "/".join(",".join(map(str, row)) for row in self.routing)
             if self.top_k is not None:
                 base += f":t{self.top_k}"
-        for declared, value in self._declared():
+        for declared, value in self._written():
             base += ":" + declared.key(value)
         if self.scaled:
             base += f":sa-{self.a_scale}:sb-{self.b_scale}"
@@ -446,7 +456,7 @@ class Problem:
             out["routing"] = [list(r) for r in self.routing] if self.routing else None
             if self.top_k is not None:  # absent, not null: records written before it match
                 out["top_k"] = self.top_k
-        for declared, value in self._declared():
+        for declared, value in self._written():
             out[declared.name] = declared.to_json(value)
         if self.scaled:  # absent for plain dtypes: records written before them match
             out["a_scale"] = str(self.a_scale)

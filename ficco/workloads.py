@@ -78,6 +78,28 @@ PHASE_TOKENS: dict[str, tuple[int, ...]] = {
 SHAPES_COLUMNS = ("name", "pattern", "m", "n", "k", "world", "dtype", "experts")
 
 
+def field_columns_help() -> str:
+    """The further columns, as the command line's help names them."""
+    from ficco.patterns import problem_fields
+
+    return "; ".join(
+        f"{name}: {', '.join(str(p) for p, _ in problem_fields()[name])}, "
+        f"default {problem_fields()[name][0][1].default}"
+        for name in field_columns()
+    )
+
+
+def field_columns() -> tuple[str, ...]:
+    """The further columns a shapes CSV may hold: the pattern fields declared a
+    ``csv_column`` (gemm_ar's ``epilogue``), each one cell of command-line text, empty for
+    its default (written only where some problem of the file sets it)."""
+    from ficco.patterns import problem_fields
+
+    return tuple(
+        name for name, decls in problem_fields().items() if any(d.csv_column for _, d in decls)
+    )
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ParallelSetup:
     """How a model is spread over GPUs."""
@@ -279,8 +301,15 @@ def write_shapes_csv(problems: Iterable[Problem], path: str | Path) -> None:
     if tabled := [p.name or p.key for p in problems if p.tables is not None]:
         raise InputError("csv", tabled, "a shapes CSV has no tables column: emb_a2a is not kept")
 
-    rows = [{col: getattr(p, col) for col in SHAPES_COLUMNS} for p in problems]
-    frame = pd.DataFrame(rows, columns=list(SHAPES_COLUMNS))
+    written = [
+        col for col in field_columns() if any(col in p.to_dict() for p in problems)
+    ]  # a field at its implicit default is absent from the problem's dict
+    columns = [*SHAPES_COLUMNS, *written]
+    rows = [
+        {col: p.to_dict().get(col, "") if col in written else getattr(p, col) for col in columns}
+        for p in problems
+    ]
+    frame = pd.DataFrame(rows, columns=columns)
     frame["pattern"] = frame["pattern"].astype(str)
     frame["experts"] = frame["experts"].astype("Int64")
     frame.to_csv(path, index=False)
@@ -289,7 +318,9 @@ def write_shapes_csv(problems: Iterable[Problem], path: str | Path) -> None:
 def read_shapes_csv(path: str | Path, notify: Callable[[str], None] | None = None) -> list[Problem]:
     """Problems from a shapes CSV (``ficco.tabular.csv_rows``); an InputError names the file,
     and the line and column of a bad cell. Of ``SHAPES_COLUMNS``, name, dtype and experts may
-    be left out; other columns are ignored, said once (``ficco.tabular.ignore_columns``)."""
+    be left out, and a pattern field's column (:func:`field_columns`) may be added; other
+    columns are ignored, said once (``ficco.tabular.ignore_columns``)."""
+    from ficco.patterns import problem_field
     from ficco.tabular import csv_rows, ignore_columns
 
     expect = ",".join(SHAPES_COLUMNS)
@@ -298,15 +329,22 @@ def read_shapes_csv(path: str | Path, notify: Callable[[str], None] | None = Non
     if missing:
         rule = f"lacks the column(s) {missing}; a shapes CSV has the columns {expect}"
         raise InputError("shapes", str(path), rule)
-    ignore_columns("shapes", path, [c for c in header if c not in SHAPES_COLUMNS], notify)
+    fields = [c for c in field_columns() if c in header]
+    known = (*SHAPES_COLUMNS, *fields)
+    ignore_columns("shapes", path, [c for c in header if c not in known], notify)
     problems = []
     for line_no, row in rows:
-        cells = {col: row.get(col, "").strip() for col in SHAPES_COLUMNS}
+        cells = {col: row.get(col, "").strip() for col in known}
         try:
             # a cell is text: integers are parsed here, so Problem sees numbers (never 64.7
             # truncated to 64)
             sizes = {col: validate.integer(col, cells[col]) for col in ("m", "n", "k", "world")}
             experts = validate.integer("experts", cells["experts"]) if cells["experts"] else None
+            declared = {  # an empty cell: the field's default (a pattern without it: absent)
+                col: problem_field(cells["pattern"], col).parse(cells[col])
+                for col in fields
+                if cells[col]
+            }
             problems.append(
                 Problem(
                     pattern=cells["pattern"],
@@ -314,6 +352,7 @@ def read_shapes_csv(path: str | Path, notify: Callable[[str], None] | None = Non
                     dtype=cells["dtype"] or "bf16",
                     experts=experts,
                     name=cells["name"],
+                    **declared,
                 )
             )
         except (ValueError, TypeError) as err:

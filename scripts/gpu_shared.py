@@ -90,8 +90,8 @@ def expected_unavailable(backend: str, name: str) -> bool:
     from ficco.execute.cuda_shared import shared_capability
     from ficco.space import Schedule
 
-    if name in ("async_tp", "comm_one_shot", "comm_two_shot", "serial_graph"):
-        return True  # baselines over symmetric memory's kernels or NCCL
+    if name in ("async_tp", "comm_one_shot", "comm_two_shot", "comm_lamport", "serial_graph"):
+        return True  # baselines over symmetric memory's or the lamport kernels, or NCCL
     try:
         schedule = Schedule.parse(name)
     except ValueError:

@@ -76,13 +76,15 @@ def test_a_row_takes_the_ideal_from_the_fastest_all_reduce_alone():
     assert summary["decode"]["best_transports"] == {"symm2": 1}
 
 
-def test_the_symm_comm_baselines_exist_where_the_space_allows_the_kernels():
+def test_the_kernel_comm_baselines_exist_where_the_space_allows_the_kernels():
     import torch
 
+    from ficco.execute.allreduce import LAMPORT_ONE_SHOT, lamport_all_reduce_norm
     from ficco.patterns.gemm_ar import (
+        BASELINE_COMM_LAMPORT,
         BASELINE_COMM_ONE_SHOT,
         BASELINE_COMM_TWO_SHOT,
-        symm_comm_parts,
+        kernel_comm_parts,
     )
 
     def buffers(p):
@@ -90,20 +92,40 @@ def test_the_symm_comm_baselines_exist_where_the_space_allows_the_kernels():
         return {
             "staging": torch.zeros(p.world * p.m, p.n, dtype=dtype),
             "c": torch.zeros(p.m, p.n, dtype=dtype),
+            "partial": torch.zeros(p.m, p.n, dtype=dtype),
         }
 
     bf16 = Problem(pattern="gemm_ar", m=3, n=8, k=4, world=2)
     tensors = buffers(bf16)
-    parts = symm_comm_parts(bf16, tensors, "0")
-    assert set(parts) == {BASELINE_COMM_ONE_SHOT, BASELINE_COMM_TWO_SHOT}
+    parts = kernel_comm_parts(bf16, tensors, "0")
+    assert set(parts) == {BASELINE_COMM_ONE_SHOT, BASELINE_COMM_TWO_SHOT, BASELINE_COMM_LAMPORT}
     kind, src, dst, group = parts[BASELINE_COMM_ONE_SHOT].args
     # one-shot reads row block 0 of staging (where symm1's GEMM writes) into c
     assert src.data_ptr() == tensors["staging"].data_ptr() and src.shape == (3, 8)
     assert dst is tensors["c"] and group == "0"
     kind, src, dst, _ = parts[BASELINE_COMM_TWO_SHOT].args
     assert src is dst is tensors["c"]  # in place, as symm2 schedules reduce
+    kind, src, dst, _ = parts[BASELINE_COMM_LAMPORT].args
+    assert kind is LAMPORT_ONE_SHOT and src is tensors["partial"] and dst is tensors["c"]
     fp16 = Problem(pattern="gemm_ar", m=3, n=8, k=4, world=2, dtype="fp16")
-    assert symm_comm_parts(fp16, buffers(fp16), "0") == {}
+    assert set(kernel_comm_parts(fp16, buffers(fp16), "0")) == {BASELINE_COMM_LAMPORT}
+    # with the add_rms_norm epilogue: lamport's launch is the fused one, writing the
+    # baselines' own y; the others all-reduce into c, then the unfused norm
+    normed = Problem(pattern="gemm_ar", m=3, n=8, k=4, world=2, epilogue="add_rms_norm")
+    tensors = buffers(normed)
+    tensors["residual"] = torch.zeros(3, 8, dtype=torch.bfloat16)
+    tensors["norm_weight"] = torch.ones(1, 8, dtype=torch.bfloat16)
+    from ficco.patterns.gemm_ar import _Norm
+
+    norm = _Norm(normed, tensors, "cpu")
+    parts = kernel_comm_parts(normed, tensors, "0", norm)
+    fused = parts[BASELINE_COMM_LAMPORT]
+    assert fused.func is lamport_all_reduce_norm and fused.args[:2] == (
+        LAMPORT_ONE_SHOT,
+        tensors["partial"],
+    )
+    assert [a.data_ptr() for a in fused.args[5:7]] == [t.data_ptr() for t in norm.out]
+    assert parts[BASELINE_COMM_TWO_SHOT].__name__ == "all_reduce_then_norm"
 
 
 def test_part_a_measures_each_transport_in_its_range_and_compares_the_norms():

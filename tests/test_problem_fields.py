@@ -97,7 +97,7 @@ def test_a_declared_field_reaches_make_problem_and_the_cli(probe_registered):
     assert refused.exit_code != 0 and "only ag_gemm takes it" in str(refused.exception)
 
 
-def test_the_registry_is_restored_and_the_real_options_hold_emb_a2as_fields(monkeypatch):
+def test_the_registry_is_restored_and_the_real_options_hold_the_declared_fields(monkeypatch):
     with monkeypatch.context() as patched:
         spec = dataclasses.replace(spec_of(Pattern.AG_GEMM), problem_fields=(PROBE,))
         patched.setitem(patterns._SPECS, Pattern.AG_GEMM, spec)
@@ -105,10 +105,16 @@ def test_the_registry_is_restored_and_the_real_options_hold_emb_a2as_fields(monk
     assert "probe_width" not in problem_fields()
     with pytest.raises(TypeError, match="unexpected keyword argument 'probe_width'"):
         Problem(pattern="ag_gemm", m=8, n=8, k=8, world=2, probe_width=6)
-    assert list(problem_fields()) == ["tables", "pooling", "bags"]
-    assert {p for decls in problem_fields().values() for p, _ in decls} == {Pattern.EMB_A2A}
+    assert list(problem_fields()) == ["epilogue", "tables", "pooling", "bags"]
+    takers = {name: {p for p, _ in decls} for name, decls in problem_fields().items()}
+    assert takers == {
+        "epilogue": {Pattern.GEMM_AR},
+        "tables": {Pattern.EMB_A2A},
+        "pooling": {Pattern.EMB_A2A},
+        "bags": {Pattern.EMB_A2A},
+    }
     names = {p.name for p in probe_command().params}
-    assert {"tables", "pooling", "bags"} <= names and "probe_width" not in names
+    assert {"epilogue", "tables", "pooling", "bags"} <= names and "probe_width" not in names
 
 
 def test_a_spec_may_declare_no_fields_but_not_leave_them_out():

@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from test_ops import exit_without_teardown
 
-from ficco.execute.buffers import input_seed, random_input
+from ficco.execute.buffers import input_seed, random_input, source_rank
 from ficco.execute.reference import reference_by_collectives, reference_output
 from ficco.plan import build_plan
 from ficco.problem import Problem, torch_dtype
@@ -20,6 +20,8 @@ PROBLEMS = [
     dict(pattern="ag_gemm", m=24, n=16, k=8),
     dict(pattern="gemm_rs", m=24, n=16, k=8),
     dict(pattern="gemm_ar", m=12, n=16, k=8),
+    # the residual add and RMSNorm after the all-reduce: y [2, M, N]
+    dict(pattern="gemm_ar", m=12, n=16, k=8, epilogue="add_rms_norm"),
     dict(pattern="a2a_gemm", m=48, n=16, k=8, experts=6),
     dict(pattern="gemm_a2a", m=48, n=16, k=8, experts=6),
     # skewed routing: rank s sends routing[s][e] tokens to expert e (some blocks empty)
@@ -37,10 +39,10 @@ def _rank(rank: int, world: int, init: str, seed: int) -> None:
         p = Problem(world=world, dtype="fp32", **spec)
         tensors = {
             buf.name: random_input(
-                buf.shape, torch_dtype(p.dtype), input_seed(seed, rank, buf.name)
+                buf.shape, torch_dtype(p.dtype), input_seed(seed, source_rank(buf, rank), buf.name)
             )
             for buf in build_plan(p, Schedule(), rank).buffers
-            if buf.role == "input"
+            if buf.is_input
         }
         want_exact, want_plain = reference_output(p, rank, seed)
         got_exact, got_plain = reference_by_collectives(p, tensors, torch.device("cpu"))

@@ -49,7 +49,7 @@ def rank_bytes(problem: Problem, rank: int, device: str) -> int:
             _elements(b.shape)
             for r in range(problem.world)
             for b in build_plan(problem, Schedule(), r).buffers
-            if b.role == "input"
+            if b.is_input
         )
     return total
 

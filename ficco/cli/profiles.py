@@ -32,7 +32,7 @@ from ficco.problem import DTYPE_BYTES
 from ficco.space import Gemm, Transport
 from ficco.sweep.base import SWEEP_DEFAULTS, SweepObserver
 from ficco.verdict import Verdict
-from ficco.workloads import CATALOG, DEFAULT_TOKENS, MODELS, PHASE_TOKENS
+from ficco.workloads import CATALOG, DEFAULT_TOKENS, MODELS, PHASE_TOKENS, field_columns_help
 
 _MODEL_CHOICE = click.Choice(list(CATALOG), case_sensitive=False)
 
@@ -205,7 +205,12 @@ class _ProgressObserver(SweepObserver):
     metavar="MODEL",
     help=f"Catalog models to sweep (one or more, or comma-separated; 'all'): {', '.join(MODELS)}.",
 )
-@click.option("--shapes", default=None, help="A shapes CSV (from `ficco workloads --csv`).")
+@click.option(
+    "--shapes",
+    default=None,
+    help="A shapes CSV (from `ficco workloads --csv`); it may add a column per pattern field "
+    f"that takes one ({field_columns_help()}), an empty cell the default.",
+)
 @click.option(
     "--world",
     "-w",

@@ -25,6 +25,12 @@ under the Triton interpreter over file-backed scratch and flags (the same protoc
 rank a process); without shared files (a caller's gloo group) the gloo algorithms below run,
 accumulating in fp32 as the kernels do.
 
+gemm_ar's add_rms_norm epilogue (a plan's ``NormOp``, ``ficco.patterns.epilogues``): run
+unfused on the all-reduced rows (:func:`run_norm`), or, on the lamport kernels, fused into
+the all-reduce (:func:`lamport_all_reduce_norm` on GPUs, :func:`gloo_lamport_norm` on CPU:
+the kernel under the interpreter over the shared files, else gloo's rank-order sum and
+the same arithmetic).
+
 CPU (gloo): the same algorithms, moved by gloo collectives: one-shot gathers every rank's
 partial chunk and each rank sums them in rank order; two-shot is a reduce-scatter (an
 all-to-all of the flattened chunk's W slices; rank r sums slice r in rank order) then an
@@ -36,9 +42,13 @@ has the kernels' bits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
+from ficco.patterns.epilogues import add_rms_norm
+from ficco.plan import NormOp, Region
 from ficco.space.transports import LAMPORT_KINDS, LAMPORT_ONE_SHOT, SYMM_MEM_KINDS
 from ficco.space.transports import ONE_SHOT_ALL_REDUCE as ONE_SHOT
 from ficco.space.transports import TWO_SHOT_ALL_REDUCE as TWO_SHOT  # noqa: F401 - re-exported
@@ -159,3 +169,70 @@ def cuda_symm_all_reduce(kind: str, src: torch.Tensor, dst: torch.Tensor, group_
     if src.data_ptr() != dst.data_ptr() or src.shape != dst.shape:
         raise ValueError("two_shot_all_reduce reduces in place: src and dst must be one range")
     torch.ops.symm_mem.two_shot_all_reduce_(src, "sum", group_name)
+
+
+# --- the add_rms_norm epilogue -----------------------------------------------------------------
+
+
+def norm_operands(op: NormOp, view: Callable[[Region], torch.Tensor]) -> tuple:
+    """``(summed, residual, weight [N], normed, new_residual)`` of ``op``, through ``view``
+    (a region -> the tensor it names on this rank)."""
+    regions = (op.summed, op.residual, op.weight, op.normed, op.new_residual)
+    summed, residual, weight, normed, new_residual = map(view, regions)
+    return summed, residual, weight.reshape(-1), normed, new_residual
+
+
+def run_norm(summed, residual, weight, eps: float, normed, new_residual) -> None:
+    """The epilogue unfused on the all-reduced ``summed``, written into ``normed`` and
+    ``new_residual``."""
+    y, x = add_rms_norm(summed, residual, weight, eps)
+    normed.copy_(y)
+    new_residual.copy_(x)
+
+
+def _norm_row_bytes(kind: str, src: torch.Tensor, world: int) -> int:
+    from ficco.kernels.allreduce_lamport import norm_row_elements
+
+    rows, n = src.shape
+    return norm_row_elements(kind, rows, n, world) * src.element_size()
+
+
+def lamport_all_reduce_norm(
+    kind: str, src, residual, weight, eps: float, normed, new_residual, group_name: str
+) -> None:
+    """The all-reduce of ``src [rows, N]`` over the group by the lamport kernel of ``kind``
+    and the epilogue, one launch of its fused kernel on the current stream (one GPU per
+    rank; contiguous operands)."""
+    from ficco.execute.lamport import cuda_workspace
+    from ficco.kernels.allreduce_lamport import all_reduce_rms_norm
+
+    world = torch.distributed.distributed_c10d._resolve_process_group(group_name).size()
+    ws = cuda_workspace(group_name, _norm_row_bytes(kind, src, world))
+    all_reduce_rms_norm(ws, src, residual, weight, eps, normed, new_residual, kind=kind)
+
+
+def gloo_lamport_norm(
+    kind: str, src, residual, weight, eps: float, normed, new_residual, group=None, shared=None
+) -> None:
+    """:func:`lamport_all_reduce_norm` on CPU ranks: the fused kernel under the interpreter
+    over ficco's shared files (``shared``), or without them gloo's rank-order fp32 sum
+    rounded once (the kernels') and :func:`run_norm`."""
+    if shared is None:
+        summed = torch.empty_like(src)
+        gloo_symm_all_reduce(kind, src, summed, group)
+        run_norm(summed, residual, weight, eps, normed, new_residual)
+        return
+    from ficco.execute.lamport import shared_file_workspace
+    from ficco.kernels.allreduce_lamport import all_reduce_rms_norm
+
+    mine = src.contiguous()
+    world = dist.get_world_size(group)
+    ws = shared_file_workspace(shared, world, _norm_row_bytes(kind, mine, world))
+    out_normed, out_residual = torch.empty_like(mine), torch.empty_like(mine)
+    all_reduce_rms_norm(
+        ws, mine, residual.contiguous(), weight.contiguous(), eps, out_normed, out_residual,
+        kind=kind,
+    )  # fmt: skip
+    ws.raise_on_timeout(f"rank {ws.rank}: {kind} + add_rms_norm")
+    normed.copy_(out_normed)
+    new_residual.copy_(out_residual)

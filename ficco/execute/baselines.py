@@ -13,7 +13,11 @@ plan's collective and GEMM tasks run through the interpreter (modes ``comm`` and
 A pattern whose baselines are its serial plan's parts may list further ``comm_alone``
 baselines that are another serial plan's collective (:data:`COMM_ALONE_SCHEDULES`: emb_a2a's
 ``comm_alone_ce``, the ``serial/ce`` plan's copy-engine pushes), so its ideal takes the
-fastest real exchange, not only NCCL's eager one.
+fastest real exchange, not only NCCL's eager one; gemm_ar lists ``comm_lamport``, the
+``serial/lamport1`` plan's all-reduce (on CUDA its spec's baselines time the same kernel).
+A problem with gemm_ar's add_rms_norm epilogue has it in every all-reduce baseline (the
+serial plan's ``comm`` part holds its norm), so ``comm_alone`` is then the unfused
+all-reduce + norm and ``comm_lamport`` the fused launch.
 """
 
 from __future__ import annotations
@@ -24,10 +28,14 @@ from collections.abc import Callable
 from ficco.measure.record import BASELINE_ASYNC_TP, BASELINE_COMM, BASELINE_GEMM
 from ficco.patterns import spec_of
 from ficco.patterns.emb_a2a import BASELINE_COMM_CE
-from ficco.patterns.gemm_ar import BASELINE_COMM_ONE_SHOT, BASELINE_COMM_TWO_SHOT
+from ficco.patterns.gemm_ar import (
+    BASELINE_COMM_LAMPORT,
+    BASELINE_COMM_ONE_SHOT,
+    BASELINE_COMM_TWO_SHOT,
+)
 from ficco.patterns.spec import BASELINE_SERIAL_EAGER
 from ficco.problem import Problem
-from ficco.space import Schedule
+from ficco.space import Schedule, is_legal
 
 #: baseline: the same serial NCCL + cuBLAS captured in a CUDA graph (where NCCL allows it)
 BASELINE_SERIAL_GRAPH = "serial_graph"
@@ -39,15 +47,20 @@ ISOLATED_PARTS = (
     BASELINE_COMM,
     BASELINE_COMM_ONE_SHOT,
     BASELINE_COMM_TWO_SHOT,
+    BASELINE_COMM_LAMPORT,
     BASELINE_COMM_CE,
 )
 #: further ``comm_alone`` baselines that are another serial plan's collective part
-COMM_ALONE_SCHEDULES = {BASELINE_COMM_CE: Schedule.parse("serial/ce/cublas")}
+COMM_ALONE_SCHEDULES = {
+    BASELINE_COMM_CE: Schedule.parse("serial/ce/cublas"),
+    BASELINE_COMM_LAMPORT: Schedule.parse("serial/lamport1/cublas"),
+}
 
 __all__ = [
     "BASELINE_ASYNC_TP",
     "BASELINE_COMM",
     "BASELINE_COMM_CE",
+    "BASELINE_COMM_LAMPORT",
     "BASELINE_COMM_ONE_SHOT",
     "BASELINE_COMM_TWO_SHOT",
     "BASELINE_GEMM",
@@ -66,9 +79,14 @@ __all__ = [
 
 def comm_alternatives(problem: Problem) -> dict[str, Schedule]:
     """The pattern's further ``comm_alone`` baselines (its spec's, past the first) that are
-    another serial plan's collective: name -> that plan's schedule."""
+    another serial plan's collective, where the space allows that plan: name -> its
+    schedule."""
     names = spec_of(problem.pattern).comm_alone[1:]
-    return {n: COMM_ALONE_SCHEDULES[n] for n in names if n in COMM_ALONE_SCHEDULES}
+    return {
+        n: COMM_ALONE_SCHEDULES[n]
+        for n in names
+        if n in COMM_ALONE_SCHEDULES and is_legal(problem, COMM_ALONE_SCHEDULES[n])
+    }
 
 
 def alternative_runs(

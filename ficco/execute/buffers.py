@@ -1,7 +1,8 @@
 """Tensors behind a plan's buffers: allocation, deterministic random inputs, views.
 
 Inputs are drawn from a generator seeded by (seed, rank, buffer name), so any rank can
-regenerate any other rank's inputs to compute a reference without communicating.
+regenerate any other rank's inputs to compute a reference without communicating; an input
+every rank holds alike (role ``replicated``) is drawn with rank 0's seed on every rank.
 """
 
 from __future__ import annotations
@@ -13,12 +14,18 @@ import zlib
 import torch
 
 from ficco.patterns import MODULES, spec_of
-from ficco.plan import Plan, Region
+from ficco.plan import BufferSpec, Plan, Region
 from ficco.problem import Problem, torch_dtype
 
 
 def input_seed(seed: int, rank: int, name: str) -> int:
     return (seed * 1_000_003 + rank * 7919 + zlib.crc32(name.encode())) % (2**63)
+
+
+def source_rank(spec: BufferSpec, rank: int) -> int:
+    """The rank whose seed draws input ``spec`` of ``rank``: its own, or rank 0's for an
+    input every rank holds alike (role ``replicated``)."""
+    return 0 if spec.role == "replicated" else rank
 
 
 def random_input(shape, dtype: torch.dtype, seed: int, device="cpu") -> torch.Tensor:
@@ -47,8 +54,9 @@ def allocate(
             t = peer_visible_empty(spec.shape, dtype=dtype, device=device, name=spec.name)
         else:
             t = empty(spec.shape, dtype=dtype, device=device)
-        if spec.role == "input":
-            t.copy_(random_input(spec.shape, dtype, input_seed(seed, plan.rank, spec.name), device))
+        if spec.is_input:
+            drawn = input_seed(seed, source_rank(spec, plan.rank), spec.name)
+            t.copy_(random_input(spec.shape, dtype, drawn, device))
         else:
             t.fill_(float("nan"))
         tensors[spec.name] = t

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from ficco.backends import backend_spec
 from ficco.defaults import FLAG_SLOTS, FLAG_TIMEOUT_S
-from ficco.execute.allreduce import gloo_symm_all_reduce
+from ficco.execute.allreduce import gloo_lamport_norm, gloo_symm_all_reduce, norm_operands, run_norm
 from ficco.execute.backend import Backend, Buffers
 from ficco.execute.baselines import alternative_runs, plan_part_baselines
 from ficco.execute.buffers import allocate, buffer_shapes, view
@@ -53,6 +53,7 @@ from ficco.plan import (
     CollectiveOp,
     GemmOp,
     LocalCopyOp,
+    NormOp,
     Plan,
     ReduceOp,
     Region,
@@ -334,6 +335,16 @@ class CpuPrimitives(FusedPrimitives, Primitives):
         src = view(self.tensors, Region(op.src, op.rows, op.cols))
         dst = view(self.tensors, Region(op.dst, op.rows, op.cols))
         gloo_symm_all_reduce(op.kind, src, dst, self.group, self.shared)
+
+    def norm(self, op: NormOp) -> None:
+        """The epilogue on the host; fused with a lamport all-reduce, that kernel's fused
+        launch over the shared files (where the group has them)."""
+        operands = norm_operands(op, functools.partial(view, self.tensors))
+        if op.all_reduce is None:
+            run_norm(*operands[:3], op.eps, *operands[3:])
+        else:
+            kind = op.all_reduce
+            gloo_lamport_norm(kind, *operands[:3], op.eps, *operands[3:], self.group, self.shared)
 
     def _whole(self, name: str, tensor) -> tuple:
         """``(packed uint8 rows, where they land)`` of a whole fp8 buffer and its row scales."""

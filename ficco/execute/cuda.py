@@ -58,7 +58,7 @@ from ficco.plan import (
     TransferOp,
     WaitFlagsOp,
 )
-from ficco.plan.ops import GEMM_OPS, PULL, PUSH, Direction, Region
+from ficco.plan.ops import GEMM_OPS, PULL, PUSH, Direction, NormOp, Region
 from ficco.plan.tags import push_signal_points, signal_channel
 from ficco.space import Gemm, Granularity, Priority
 from ficco.space.transports import Communicator
@@ -126,6 +126,9 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
                 # beside the GEMMs: a chunk's reduction overlaps the next chunk's GEMM, and
                 # waits on the same stream as the pushed data it reads
                 self.stream_of[task.id] = "signal"
+            elif isinstance(op, NormOp) and op.all_reduce is None and len(task.deps) == 1:
+                # right behind the task that wrote its rows, on that task's stream
+                self.stream_of[task.id] = self.stream_of[task.deps[0]] or "compute"
             else:
                 self.stream_of[task.id] = "comm" if task.stream is Stream.COMM else "compute"
         # NCCL: group consecutive transfers that share a tag into one batch (both halves of a
@@ -333,6 +336,19 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
             cuda_symm_all_reduce(op.kind, src, dst, self.ctx.group.group_name)
         else:
             raise ValueError(f"collective: unknown kind {op.kind!r}")
+
+    def norm(self, op: NormOp) -> None:
+        from ficco.execute.allreduce import lamport_all_reduce_norm, norm_operands, run_norm
+
+        summed, residual, weight, normed, new_residual = norm_operands(op, self.view)
+        if op.all_reduce is None:
+            run_norm(summed, residual, weight, op.eps, normed, new_residual)
+            return
+        # the lamport kernel's fused launch, on the buffers' own group (as the all-reduces)
+        group = self.ctx.group.group_name
+        lamport_all_reduce_norm(
+            op.all_reduce, summed, residual, weight, op.eps, normed, new_residual, group
+        )
 
     def transfer(self, ops: Sequence[TransferOp], task_ids: Sequence[int]) -> None:
         if self.one_sided:

@@ -23,6 +23,7 @@ from ficco.plan import (
     FusedGemmOp,
     GemmOp,
     LocalCopyOp,
+    NormOp,
     Plan,
     PoolOp,
     ReduceOp,
@@ -96,6 +97,11 @@ class Primitives(abc.ABC):
         """The acting transfers and local copies of one step as one operation (``seg``)."""
         raise Unavailable(f"{type(self).__name__} has no batched transfers (seg)")
 
+    def norm(self, op: NormOp) -> None:
+        """gemm_ar's add_rms_norm epilogue over whole rows; with ``op.all_reduce``, that
+        kernel's all-reduce of the partial and the epilogue in one launch."""
+        raise Unavailable(f"{type(self).__name__} has no add_rms_norm epilogue")
+
     def pool(self, op: PoolOp) -> None:
         """Embedding-bag pooling (``PoolOp``), storing into peers' buffers and setting their
         flags where its chunks say so."""
@@ -156,6 +162,8 @@ def interpret(prims: Primitives, mode: str = "full", trace: list | None = None) 
                 prims.local_copy(op)
             elif isinstance(op, CollectiveOp):
                 prims.collective(op)
+            elif isinstance(op, NormOp):
+                prims.norm(op)
             elif isinstance(op, TransferOp):
                 prims.transfer([tasks[i].op for i in members], members)
             elif isinstance(op, TransferGroupOp):

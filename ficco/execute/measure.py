@@ -53,7 +53,7 @@ def poison(plan: Plan, bufs: Buffers) -> None:
     """NaN into every non-input buffer (a scaled problem's: its moving row scales too): an
     unwritten element can never pass verification."""
     for spec in plan.buffers:
-        if spec.role in ("input", "index"):
+        if spec.is_input or spec.role == "index":
             continue
         if plan.problem.scaled:
             from ficco.execute.scaled import poison_scaled

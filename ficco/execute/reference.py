@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ficco.execute.buffers import input_seed, random_input
+from ficco.execute.buffers import input_seed, random_input, source_rank
 from ficco.patterns import spec_of
 from ficco.problem import Problem, torch_dtype
 
@@ -30,7 +30,8 @@ def reference_output(problem: Problem, rank: int, seed: int) -> tuple[torch.Tens
     matmul), whose distance from ``exact`` calibrates the tolerance."""
     spec, dtype = spec_of(problem.pattern), torch_dtype(problem.dtype)
     buffers = spec.buffers.load()
-    shapes = {r: {b.name: b.shape for b in buffers(problem, r)} for r in range(problem.world)}
+    specs = {r: {b.name: b for b in buffers(problem, r)} for r in range(problem.world)}
+    shapes = {r: {name: b.shape for name, b in specs[r].items()} for r in specs}
 
     if problem.scaled:
         # the float64 values the fp8 bits and scales stand for: exact is computed from them;
@@ -44,7 +45,8 @@ def reference_output(problem: Problem, rank: int, seed: int) -> tuple[torch.Tens
         return exact, plain.to(torch_dtype(problem.output_dtype))
 
     def inp(r: int, name: str) -> torch.Tensor:
-        return random_input(shapes[r][name], dtype, input_seed(seed, r, name))
+        drawn = input_seed(seed, source_rank(specs[r][name], r), name)
+        return random_input(shapes[r][name], dtype, drawn)
 
     return spec.reference(problem, rank, inp)
 

@@ -39,7 +39,11 @@ The fused variant (``_one_shot_rms_norm_kernel``) reduces whole rows and, in the
 the residual, stores the new residual, and writes ``rms_norm(new_residual) * weight``
 (optionally as FP8 e4m3 divided by a scale), as vLLM's ``fused_add_rms_norm`` after its
 all-reduce: ``new_residual = round(sum + residual)``, the norm from that rounded value in
-fp32.
+fp32. Its two-shot twin (``_two_shot_rms_norm_kernel``, no FP8) cuts whole rows, not
+elements, into the W slices: each owner sums its rows, applies the same epilogue with its
+own residual and weight (so every rank's must be the same: replicated, as tensor-parallel
+decode holds them), and all-gathers both results (a phase-1 scratch row holds
+2 ceil(rows / W) n elements: :func:`norm_row_elements`).
 
 Waits give up: on GPUs after ``timeout_s`` on ``%globaltimer``; under the interpreter when a
 host watchdog sets ``status`` (no clock inside a kernel). A give-up sets ``status`` and the
@@ -78,6 +82,7 @@ from ficco.kernels.lamport_kernels import (  # noqa: F401 - the kernels, re-expo
     _one_shot_kernel,
     _one_shot_rms_norm_kernel,
     _two_shot_kernel,
+    _two_shot_rms_norm_kernel,
     next_epoch,
     slot_of,
 )
@@ -271,6 +276,15 @@ def check_norm_operands(
         raise ValueError("scale: one fp32 element expected")
 
 
+def norm_row_elements(kind: str, rows: int, n: int, world: int) -> int:
+    """Elements of one scratch row the fused all-reduce + RMSNorm of ``[rows, n]`` needs:
+    the whole input (one-shot), or twice a slice of ``ceil(rows / W)`` whole rows (two-shot:
+    the normed rows and the new residual travel back together)."""
+    from ficco.space.transports import LAMPORT_ONE_SHOT
+
+    return rows * n if kind == LAMPORT_ONE_SHOT else 2 * -(-rows // world) * n
+
+
 def all_reduce_rms_norm(
     ws: LamportWorkspace,
     src: torch.Tensor,
@@ -281,25 +295,45 @@ def all_reduce_rms_norm(
     new_residual: torch.Tensor,
     scale: torch.Tensor | None = None,
     phases: int | None = None,
+    kind: str | None = None,
 ) -> None:
-    """One-shot all-reduce of ``src [rows, n]``, then ``new_residual = sum + residual`` and
-    ``normed = rms_norm(new_residual, eps) * weight`` (``/ scale`` into FP8 e4m3 where
-    ``normed`` is float8_e4m3fn). ``new_residual`` may be ``residual`` (in place)."""
+    """All-reduce of ``src [rows, n]`` (``kind``: ``LAMPORT_ONE_SHOT``, the default, or
+    ``LAMPORT_TWO_SHOT``), then ``new_residual = sum + residual`` and ``normed =
+    rms_norm(new_residual, eps) * weight`` (one-shot: ``/ scale`` into FP8 e4m3 where
+    ``normed`` is float8_e4m3fn). ``new_residual`` may be ``residual`` (in place). Two-shot:
+    ``residual`` and ``weight`` must be the same on every rank (each owner's are used for
+    its rows)."""
+    from ficco.space.transports import LAMPORT_ONE_SHOT, LAMPORT_TWO_SHOT
+
+    kind = LAMPORT_ONE_SHOT if kind is None else kind
+    if kind not in (LAMPORT_ONE_SHOT, LAMPORT_TWO_SHOT):
+        raise ValueError(f"kind: {LAMPORT_ONE_SHOT} or {LAMPORT_TWO_SHOT}, got {kind!r}")
     check_norm_operands(src, residual, weight, normed, new_residual, scale)
+    if scale is not None and kind != LAMPORT_ONE_SHOT:
+        raise ValueError("scale: the FP8 output is the one-shot kernel's only")
     rows, n = src.shape
     if rows == 0:
         return
-    if src.numel() > ws.capacity(src.dtype):
-        raise ValueError(f"lamport all-reduce: {src.numel()} elements exceed the workspace")
+    needed = norm_row_elements(kind, rows, n, ws.world)
+    if needed > ws.capacity(src.dtype):
+        raise ValueError(f"lamport all-reduce: {needed} elements exceed the workspace")
     data_ref, scratch_offs, flag_ref, flag_offs = ws.refs(src.dtype)
     block_n = triton.next_power_of_2(n)
     num_warps = max(1, min(16, block_n // 256))
+    flags = (data_ref, scratch_offs, flag_ref, flag_offs, ws.epochs, ws.status, ws.rank)
+    tail = (ws.capacity(src.dtype), _budget_ns(ws.timeout_s))
     with _Watchdog(ws.status, ws.timeout_s):
+        if kind == LAMPORT_TWO_SHOT:
+            _two_shot_rms_norm_kernel[(_programs(-(-rows // ws.world)),)](
+                _flat(src, "src"), residual, weight, normed, new_residual, rows, n, float(eps),
+                *flags, *tail, WORLD=ws.world, MAXP=MAX_PROGRAMS, BLOCK_N=block_n,
+                PHASES=PUSH | REDUCE | GATHER if phases is None else phases,
+                ON_GPU=not INTERPRETER, num_warps=num_warps,
+            )  # fmt: skip
+            return
         _one_shot_rms_norm_kernel[(_programs(rows),)](
             _flat(src, "src"), residual, weight, normed, new_residual,
-            scale if scale is not None else ws.status, rows, n, float(eps),
-            data_ref, scratch_offs, flag_ref, flag_offs, ws.epochs, ws.status, ws.rank,
-            ws.capacity(src.dtype), _budget_ns(ws.timeout_s),
+            scale if scale is not None else ws.status, rows, n, float(eps), *flags, *tail,
             WORLD=ws.world, MAXP=MAX_PROGRAMS, BLOCK_N=block_n,
             PHASES=PUSH | REDUCE if phases is None else phases, FP8=scale is not None,
             ON_GPU=not INTERPRETER, num_warps=num_warps,

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from ficco.kernels.flags import _acquire_load, _globaltimer
+from ficco.patterns.epilogues import MAX_FUSED_NORM_COLUMNS
 
 #: epochs run 1 .. PERIOD, then wrap to 1: a multiple of 3, so the slot keeps cycling
 EPOCH_PERIOD = 3 * 2**29
@@ -21,7 +22,7 @@ PUSH, REDUCE, GATHER = 1, 2, 4
 ONE_SHOT_PHASES = (PUSH, REDUCE)
 TWO_SHOT_PHASES = (PUSH, REDUCE, GATHER)
 #: the largest normalized row (elements) of the fused kernel: one row per program pass
-MAX_NORM_COLUMNS = 32768
+MAX_NORM_COLUMNS = MAX_FUSED_NORM_COLUMNS
 FP8_E4M3_MAX = 448.0
 
 _PERIOD = tl.constexpr(EPOCH_PERIOD)
@@ -277,4 +278,89 @@ def _one_shot_rms_norm_kernel(
                 y = y / tl.load(scale_ptr)
                 y = tl.minimum(tl.maximum(y, -448.0), 448.0)
             tl.store(normed_ptr + offs, y.to(normed_ptr.dtype.element_ty), mask=cmask)
+        tl.store(epochs_ptr + pid, epoch)
+
+
+@triton.jit(do_not_specialize=["rank"])  # every rank runs one binary
+def _two_shot_rms_norm_kernel(
+    src_ptr,  # [rows, n] this rank's partial
+    residual_ptr,  # [rows, n]
+    weight_ptr,  # [n]
+    normed_ptr,  # [rows, n]: rms_norm(new_residual) * weight
+    new_residual_ptr,  # [rows, n] (may be residual)
+    rows, n, eps,
+    data_ref, scratch_offs, flag_ref, flag_offs, epochs_ptr, status_ptr, rank, cap, budget_ns,
+    WORLD: tl.constexpr, MAXP: tl.constexpr, BLOCK_N: tl.constexpr, PHASES: tl.constexpr,
+    ON_GPU: tl.constexpr,
+):  # fmt: skip
+    # two-shot over whole rows: rank d owns rows [d*R, (d+1)*R) (R = ceil(rows / W), the
+    # last slices short or empty). Phase 0 pushes slice d's rows to owner d (scratch row
+    # i*n of (slot, 0, rank)); the owner sums its rows in rank order, adds its residual (the
+    # residual is replicated: every rank's is the same), normalizes, stores both results and
+    # pushes them to every peer (normed at i*n, the new residual at (R + i)*n of
+    # (slot, 1, rank): 2 R n elements a row); phase 2 copies the peers' rows in. A slice row
+    # i belongs to program i % nprog on every rank.
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = _next_epoch(tl.load(epochs_ptr + pid))
+    slot = (epoch % 3).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N).to(tl.int64)
+    cmask = cols < n
+    per = tl.cdiv(rows, WORLD)
+    mine = data_ref + tl.load(scratch_offs + rank)
+    if PHASES & 1:  # reduce-scatter: slice d's rows of this rank's partial to their owner
+        for i in range(pid, per, nprog):
+            for d in tl.static_range(WORLD):
+                if d != rank:
+                    row = d * per + i
+                    mask = cmask & (cols < (rows - row) * n)  # none past the last row
+                    x = tl.load(src_ptr + row * n + cols, mask=mask)
+                    peer = data_ref + tl.load(scratch_offs + d) + _row(slot, 0, rank, WORLD) * cap
+                    tl.store(peer + i * n + cols, x, mask=mask)
+        _signal(flag_ref, flag_offs, slot, 0, rank, pid, epoch, WORLD, MAXP, ON_GPU)
+    if PHASES & 2:  # this rank's rows: the rank-order sum, the epilogue, sent to every peer
+        _wait_sources(flag_ref, flag_offs, slot, 0, rank, pid, epoch, status_ptr, budget_ns,
+                      WORLD, MAXP, ON_GPU)  # fmt: skip
+        w = tl.load(weight_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        for i in range(pid, per, nprog):
+            row = rank * per + i
+            mask = cmask & (cols < (rows - row) * n)  # none past the last row
+            offs = row * n + cols
+            acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+            for s in tl.static_range(WORLD):
+                if s == rank:
+                    part = tl.load(src_ptr + offs, mask=mask, other=0.0)
+                else:
+                    part = tl.load(
+                        mine + _row(slot, 0, s, WORLD) * cap + i * n + cols, mask=mask, other=0.0
+                    )
+                acc += part.to(tl.float32)
+            # the one-shot epilogue's arithmetic (vLLM's order)
+            summed = acc.to(new_residual_ptr.dtype.element_ty).to(tl.float32)
+            res = tl.load(residual_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            new_res = (summed + res).to(new_residual_ptr.dtype.element_ty)
+            x = new_res.to(tl.float32)
+            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n + eps)
+            y = (x * rstd * w).to(normed_ptr.dtype.element_ty)
+            tl.store(new_residual_ptr + offs, new_res, mask=mask)
+            tl.store(normed_ptr + offs, y, mask=mask)
+            for d in tl.static_range(WORLD):
+                if d != rank:
+                    peer = data_ref + tl.load(scratch_offs + d) + _row(slot, 1, rank, WORLD) * cap
+                    tl.store(peer + i * n + cols, y, mask=mask)
+                    tl.store(peer + (per + i) * n + cols, new_res, mask=mask)
+        _signal(flag_ref, flag_offs, slot, 1, rank, pid, epoch, WORLD, MAXP, ON_GPU)
+    if PHASES & 4:  # all-gather: every peer's rows of both results
+        _wait_sources(flag_ref, flag_offs, slot, 1, rank, pid, epoch, status_ptr, budget_ns,
+                      WORLD, MAXP, ON_GPU)  # fmt: skip
+        for i in range(pid, per, nprog):
+            for s in tl.static_range(WORLD):
+                if s != rank:
+                    row = s * per + i
+                    mask = cmask & (cols < (rows - row) * n)  # none past the last row
+                    got = mine + _row(slot, 1, s, WORLD) * cap
+                    y = tl.load(got + i * n + cols, mask=mask)
+                    r = tl.load(got + (per + i) * n + cols, mask=mask)
+                    tl.store(normed_ptr + row * n + cols, y, mask=mask)
+                    tl.store(new_residual_ptr + row * n + cols, r, mask=mask)
         tl.store(epochs_ptr + pid, epoch)

@@ -25,7 +25,16 @@ from ficco.model.simulate import SimTask, Slowdowns
 from ficco.patterns import ModelSupport, patterns_where, spec_of
 from ficco.patterns.emb_a2a import gathered_rows
 from ficco.patterns.spec import Collective
-from ficco.plan import CollectiveOp, GemmOp, LocalCopyOp, Plan, PoolOp, ReduceOp, TransferOp
+from ficco.plan import (
+    CollectiveOp,
+    GemmOp,
+    LocalCopyOp,
+    NormOp,
+    Plan,
+    PoolOp,
+    ReduceOp,
+    TransferOp,
+)
 from ficco.plan.ops import PULL, PUSH, Direction
 from ficco.space import Gemm, Granularity, Schedule
 from ficco.space.transports import CostClass
@@ -416,6 +425,11 @@ class CostModel:
                     total_bytes = moved(problem, total, math.prod(src.shape[1:]))
                 terms = tuple(self.collective_terms(op, problem.world, total_bytes))
                 cost_issue = p2p_ms
+            elif isinstance(op, NormOp):  # the predictor refuses such problems first
+                raise ValueError(
+                    f"task {task.id}: the cost model has no price for the add_rms_norm "
+                    "epilogue (NormOp)"
+                )
             else:  # pragma: no cover - the plan vocabulary is closed
                 raise ValueError(f"task {task.id}: unknown op {type(op).__name__}")
             batch_lead = None

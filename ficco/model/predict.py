@@ -33,6 +33,7 @@ from ficco.model.params import ModelParams, load_params, timed_scale_at
 from ficco.model.rounds import alone_ms
 from ficco.model.simulate import SimGraph, makespan_ms
 from ficco.patterns import BASELINE_COMM, BASELINE_GEMM, Pattern, ideal_ms
+from ficco.patterns.epilogues import has_norm
 from ficco.plan import LOWERINGS, Plan, build_plan, plan_key
 from ficco.problem import Problem
 from ficco.shipped import shipped_dir
@@ -254,6 +255,11 @@ class Predictor:
         return Prediction(problem, self.machine, tuple(times), gemm + comm, ideal)
 
     def _check(self, problem: Problem) -> None:
+        if has_norm(problem):
+            raise ValueError(
+                f"epilogue: the cost model has no price for {problem.epilogue} (never "
+                "measured, no calibrated term): predict the problem without its epilogue"
+            )
         if problem.world > self.machine.world:
             raise ValueError(
                 f"world: {problem.world} ranks do not fit machine {self.machine.name} "

@@ -6,9 +6,10 @@ fp8_scale, replicated_grad) -> (normed, new_residual)``: ``summed = all_reduce(p
 vLLM's ``fused_add_rms_norm`` after its all-reduce), ``normed`` in FP8 e4m3
 (``normed / fp8_scale``, saturated) where ``fp8_scale`` is given (a 1-element fp32 tensor).
 
-Arithmetic (one definition, :func:`add_rms_norm`, which the kernel mirrors): the sum in fp32
-rounded to the dtype, plus the residual in fp32 rounded to the dtype (the new residual); the
-norm of that rounded value in fp32, times the weight, rounded once.
+Arithmetic (one definition, ``ficco.patterns.epilogues.add_rms_norm``, re-exported here,
+which the kernel mirrors and gemm_ar's ``epilogue=add_rms_norm`` schedules run): the sum in
+fp32 rounded to the dtype, plus the residual in fp32 rounded to the dtype (the new residual);
+the norm of that rounded value in fp32, times the weight, rounded once.
 
 Where it runs: on CUDA with one GPU per rank (an NCCL group of 2 to 8 ranks), fp32 / bf16 /
 fp16, rows of at most ``MAX_NORM_COLUMNS``: one launch of ficco's one-shot kernel with the
@@ -32,30 +33,12 @@ import torch.distributed as dist
 
 from ficco.ops.choice import FallbackWarning
 from ficco.ops.runner import resolve_group
+from ficco.patterns.epilogues import add_rms_norm
+
+__all__ = ["add_rms_norm", "all_reduce_add_rms_norm_op", "kernel_refusal"]
 
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _warned: set[str] = set()
-
-
-def add_rms_norm(
-    summed: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    fp8_scale: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(normed, new_residual)`` from the all-reduced ``summed`` (already rounded to the
-    dtype), in the kernel's arithmetic."""
-    new_residual = (summed.float() + residual.float()).to(residual.dtype)
-    x = new_residual.float()
-    rstd = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
-    y = x * rstd * weight.float()
-    if fp8_scale is None:
-        return y.to(residual.dtype), new_residual
-    from ficco.kernels.allreduce_lamport import FP8_E4M3_MAX
-
-    y = (y / fp8_scale.float()).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
-    return y.to(torch.float8_e4m3fn), new_residual
 
 
 def kernel_refusal(partial: torch.Tensor, group: dist.ProcessGroup) -> str | None:

@@ -14,9 +14,10 @@ recommend`` reads it). Every list of patterns elsewhere is derived from it.
 
 How to add a pattern (as ``emb_a2a`` was added): four files, tests aside, also once the
 selector knows it. A pattern whose problem takes fields of its own (emb_a2a's tables, pooling
-and bags) declares them in its spec's ``problem_fields`` (:class:`ProblemField`), in its own
-module: ``Problem``, the CLI's problem options and ``api.make_problem`` read them from
-:func:`problem_fields`. A pattern whose compute is not a GEMM needs a new op in
+and bags; gemm_ar's epilogue, ``ficco.patterns.epilogues``) declares them in its spec's
+``problem_fields`` (:class:`ProblemField`), in its own module: ``Problem``, the CLI's problem
+options, ``api.make_problem`` and (a field declared ``csv_column``) the shapes CSV read them
+from :func:`problem_fields`. A pattern whose compute is not a GEMM needs a new op in
 ``ficco.plan.ops``, its primitive in ``ficco.execute`` and its price in ``ficco.model``.
 
 1. ``ficco/patterns/__init__.py``: the enum value ``Pattern.EMB_A2A = "emb_a2a"`` (the

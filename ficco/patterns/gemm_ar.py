@@ -7,7 +7,15 @@ by W: only the schedules that reduce-scatter and then all-gather (``+rs_ag``) cu
 shards, and a rule refuses them otherwise. Its direct schedules cut the whole M and all-reduce
 each chunk at once (one step); ``+rs_ag`` schedules are gemm_rs's plus an all-gather, so each
 chunk crosses the links twice. Its ideal is the GEMM alone against the fastest all-reduce
-alone: NCCL's, or symmetric memory's one-shot or two-shot kernel where the space allows them.
+alone: NCCL's, symmetric memory's one-shot or two-shot kernel, or ficco's lamport one-shot,
+where the space allows them.
+
+A problem may state an epilogue (its field ``epilogue``, ``ficco.patterns.epilogues``):
+``add_rms_norm`` adds ``residual [M, N]`` and ``norm_weight [1, N]`` to every rank's inputs
+and makes its output ``y [2, M, N]`` (the normed rows, the new residual). Its references
+apply the epilogue to the all-reduced sum, and every baseline that all-reduces applies it
+too (``comm_alone`` is then NCCL's all-reduce and the unfused epilogue; ``comm_lamport`` the
+one fused launch), so the ideal and the fused-versus-unfused comparison count it alike.
 """
 
 from __future__ import annotations
@@ -18,6 +26,14 @@ from typing import TYPE_CHECKING
 
 from ficco.patterns import Pattern, register
 from ficco.patterns import _dense as dense
+from ficco.patterns.epilogues import (
+    FIELD,
+    MAX_FUSED_NORM_COLUMNS,
+    NORM_EPS,
+    add_rms_norm,
+    has_norm,
+    normed_outputs,
+)
 from ficco.patterns.spec import BASELINE_COMM, Collective, ModelSupport, Ref, Sizes, eager_baselines
 from ficco.space.schedule import AllReduce, Compute, Split
 
@@ -29,6 +45,9 @@ if TYPE_CHECKING:
 #: two-shot kernel, beside NCCL's ``comm_alone``
 BASELINE_COMM_ONE_SHOT = "comm_one_shot"
 BASELINE_COMM_TWO_SHOT = "comm_two_shot"
+#: baseline: the whole all-reduce alone through ficco's lamport one-shot kernel (with the
+#: add_rms_norm epilogue: the fused kernel, one launch), on every backend that runs it
+BASELINE_COMM_LAMPORT = "comm_lamport"
 
 
 def comm_bytes(p: Problem) -> int:
@@ -66,7 +85,10 @@ def sizes(p: Problem) -> Sizes:
 
 
 def reference(p: Problem, rank: int, inp) -> tuple:
-    return dense.summed_partials([(inp(r, "a"), inp(r, "b")) for r in range(p.world)])
+    exact, plain = dense.summed_partials([(inp(r, "a"), inp(r, "b")) for r in range(p.world)])
+    if not has_norm(p):
+        return exact, plain
+    return normed_outputs(exact, plain, inp(rank, "residual"), inp(rank, "norm_weight"))
 
 
 def reference_by_collectives(p: Problem, tensors: dict, device) -> tuple:
@@ -77,56 +99,107 @@ def reference_by_collectives(p: Problem, tensors: dict, device) -> tuple:
     dist.all_reduce(exact)
     plain = a @ b
     dist.all_reduce(plain)
-    return exact, plain
+    if not has_norm(p):
+        return exact, plain
+    return normed_outputs(exact, plain, tensors["residual"], tensors["norm_weight"])
+
+
+class _Norm:
+    """The unfused add_rms_norm epilogue of the baselines: ``norm(summed)`` writes ``out``
+    (``y [2, M, N]``, the baselines' own) from this rank's residual and weight."""
+
+    def __init__(self, p: Problem, tensors: dict, device) -> None:
+        import torch
+
+        self.residual, self.weight = tensors["residual"], tensors["norm_weight"]
+        self.out = torch.empty((2, p.m, p.n), dtype=self.residual.dtype, device=device)
+
+    def __call__(self, summed) -> None:
+        normed, new_residual = add_rms_norm(summed, self.residual, self.weight, NORM_EPS)
+        self.out[0].copy_(normed)
+        self.out[1].copy_(new_residual)
+
+    def after(self, all_reduce: Callable[[], None], summed) -> Callable[[], None]:
+        """``all_reduce`` then the epilogue on ``summed``, what it wrote."""
+
+        def all_reduce_then_norm() -> None:
+            all_reduce()
+            self(summed)
+
+        return all_reduce_then_norm
 
 
 def cuda_baselines(p: Problem, tensors: dict, device, group_name: str) -> dict:
-    """cuBLAS alone, NCCL's all-reduce alone, both serial, and the symmetric-memory
-    all-reduces alone (PyTorch has no fused matmul + all-reduce: no async_tp)."""
+    """cuBLAS alone, NCCL's all-reduce alone, both serial, and the kernel all-reduces alone
+    (PyTorch has no fused matmul + all-reduce: no async_tp). With the add_rms_norm epilogue
+    every all-reduce is followed by it (the serial baseline's output is then ``y``)."""
     import torch
     import torch.distributed as dist
 
     a, b = tensors["a"], tensors["b"]
     c = torch.empty((p.m, p.n), dtype=a.dtype, device=device)
+    norm = _Norm(p, tensors, device) if has_norm(p) else None
 
     def gemm_alone():
         torch.mm(a, b, out=c)
 
-    def comm_alone():
+    def all_reduce():
         dist.all_reduce(c)
+
+    comm_alone = norm.after(all_reduce, c) if norm else all_reduce
 
     def serial_eager():
         torch.mm(a, b, out=c)
-        dist.all_reduce(c)
+        comm_alone()
 
     return {
-        **eager_baselines(gemm_alone, comm_alone, serial_eager, c),
-        **symm_comm_parts(p, tensors, group_name),
+        **eager_baselines(gemm_alone, comm_alone, serial_eager, norm.out if norm else c),
+        **kernel_comm_parts(p, tensors, group_name, norm),
     }
 
 
-def symm_comm_parts(p: Problem, tensors: dict, group_name: str) -> dict[str, Callable]:
-    """The whole all-reduce alone through each symmetric-memory kernel, on the buffers its
-    symm1 / symm2 schedules use (``ficco.plan.allreduce``), where the space allows them
-    (fp32 or bf16, aligned)."""
+def kernel_comm_parts(
+    p: Problem, tensors: dict, group_name: str, norm: _Norm | None = None
+) -> dict[str, Callable]:
+    """The whole all-reduce alone through each kernel transport, on the buffers its
+    schedules use (``ficco.plan.allreduce``), where the space allows them: symmetric
+    memory's one-shot and two-shot (fp32 or bf16, aligned) and ficco's lamport one-shot.
+    ``norm``: the epilogue each is followed by; the lamport kernel runs it in its launch."""
     from ficco.space import Schedule, Transport, is_legal
 
     # the executor's kernels, named (Ref) as the lowering is: execution sits above the patterns
-    one_shot, two_shot, cuda_symm_all_reduce = (
+    one_shot, two_shot, lamport, cuda_symm_all_reduce, lamport_norm = (
         Ref(f"ficco.execute.allreduce:{name}").load()
-        for name in ("ONE_SHOT", "TWO_SHOT", "cuda_symm_all_reduce")
+        for name in (
+            "ONE_SHOT",
+            "TWO_SHOT",
+            "LAMPORT_ONE_SHOT",
+            "cuda_symm_all_reduce",
+            "lamport_all_reduce_norm",
+        )
     )
     c = tensors["c"]
     staged = tensors["staging"][: p.m]  # row block 0: where the one-shot GEMM writes
     kernels = (
         (BASELINE_COMM_ONE_SHOT, Transport.SYMM1, one_shot, staged),
         (BASELINE_COMM_TWO_SHOT, Transport.SYMM2, two_shot, c),
+        (BASELINE_COMM_LAMPORT, Transport.LAMPORT1, lamport, tensors["partial"]),
     )
-    return {
-        name: functools.partial(cuda_symm_all_reduce, kernel, source, c, group_name)
-        for name, transport, kernel, source in kernels
-        if is_legal(p, Schedule(transport=transport))
-    }
+    out = {}
+    for name, transport, kernel, source in kernels:
+        if not is_legal(p, Schedule(transport=transport)):
+            continue
+        run = functools.partial(cuda_symm_all_reduce, kernel, source, c, group_name)
+        if norm is not None and kernel.fuses_add_rms_norm and p.n <= MAX_FUSED_NORM_COLUMNS:
+            weight = norm.weight.view(-1)
+            run = functools.partial(
+                lamport_norm, kernel, source, norm.residual, weight, NORM_EPS, *norm.out,
+                group_name,
+            )  # fmt: skip
+        elif norm is not None:
+            run = norm.after(run, c)
+        out[name] = run
+    return out
 
 
 SPEC = register(
@@ -137,7 +210,12 @@ SPEC = register(
         splits=(Split.M, Split.N),
         in_selector=False,  # no measured profiles yet: tables cannot answer it
         cost_model=ModelSupport.REUSED,
-        comm_alone=(BASELINE_COMM, BASELINE_COMM_ONE_SHOT, BASELINE_COMM_TWO_SHOT),
+        comm_alone=(
+            BASELINE_COMM,
+            BASELINE_COMM_ONE_SHOT,
+            BASELINE_COMM_TWO_SHOT,
+            BASELINE_COMM_LAMPORT,
+        ),
         flops=dense.every_rank_gemm_flops,
         comm_bytes=comm_bytes,
         moved_dim="n",
@@ -153,5 +231,6 @@ SPEC = register(
         cuda_baselines=cuda_baselines,
         lowering=Ref("ficco.plan.allreduce:plan_gemm_ar"),
         buffers=Ref("ficco.plan.allreduce:ar_buffers"),
+        problem_fields=(FIELD,),
     )
 )

@@ -69,6 +69,12 @@ class Collective(Word):
             Collective.LAMPORT_TWO_SHOT_ALL_REDUCE,
         )
 
+    @property
+    def fuses_add_rms_norm(self) -> bool:
+        """Its kernel takes gemm_ar's add_rms_norm epilogue in the same launch (ficco's
+        lamport kernels: ``ficco.patterns.epilogues``)."""
+        return self.lamport
+
 
 class ModelSupport(enum.StrEnum):
     """How the cost model (``ficco.model``) knows the pattern's ops."""
@@ -180,6 +186,13 @@ class ProblemField:
     """Its value in ``Problem.to_dict``."""
     from_json: Callable[[Any], Any] = python_value
     """``to_json``'s inverse, read by ``Problem.from_dict``."""
+    implicit_default: bool = False
+    """A problem at ``default`` writes nothing of it (no key part, no dict entry): a field
+    added to a pattern after its problems were measured leaves their keys and records as
+    they were."""
+    csv_column: bool = False
+    """A shapes CSV (``ficco.workloads.read_shapes_csv``) may carry it as a column of its
+    name: one cell of command-line text, an empty cell its default."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -27,6 +27,18 @@ Two ways to build the all-reduce:
   then every reduced chunk pushed to every peer's ``c`` (the all-gather), each as soon as its
   reduction is done. With ``+fused`` the reduce-scatter is gemm_rs's fused one.
 
+With the add_rms_norm epilogue (``ficco.patterns.epilogues``) each rank also holds
+``residual [M, N]`` and ``norm_weight [1, N]`` (replicated: the same on every rank), ``c``
+becomes a workspace and the output is ``y [2, M, N]`` (``y[0]`` the normed rows, ``y[1]``
+the new residual). The plan above is lowered as it is without the epilogue, then
+:func:`with_norm` adds one :class:`NormOp` per
+task that writes whole rows of ``c`` (a chunk's all-reduce or reduction, a received block of
+the all-gather), right behind it on its stream, so chunk j's norm overlaps chunk j+1's GEMM;
+where chunks cut the columns (``split n``) no row is whole before the last chunk, so one
+norm over every row follows them all. A ``lamport1`` / ``lamport2`` chunk all-reduce of whole
+rows becomes the norm itself, its kernel's fused epilogue (one launch, the sum never
+stored), for rows of at most ``MAX_FUSED_NORM_COLUMNS``.
+
 Every schedule of a problem uses the same buffers (the executors allocate them once).
 """
 
@@ -34,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ficco.patterns.epilogues import MAX_FUSED_NORM_COLUMNS, NORM_EPS, has_norm
 from ficco.plan.dense import plan_gemm_rs
 from ficco.plan.fused import plan_gemm_ar_fused
 from ficco.plan.ops import (
@@ -41,12 +54,16 @@ from ficco.plan.ops import (
     BufferSpec,
     Builder,
     CollectiveOp,
+    Direction,
     GemmOp,
+    NormOp,
+    Op,
     Plan,
     ReduceOp,
     Region,
     Stream,
     Task,
+    TransferOp,
     exchange,
     peer_steps,
 )
@@ -59,21 +76,84 @@ from ficco.space.geometry import cut
 def ar_buffers(p: Problem, rank: int = 0) -> tuple[BufferSpec, ...]:
     """Every rank's buffers (the same on every rank)."""
     w, M, K, N = p.world, p.m, p.k, p.n
-    return (
+    norm = has_norm(p)
+    out = (
         BufferSpec("a", (M, K), "input"),
         BufferSpec("b", (K, N), "input"),
         BufferSpec("partial", (M, N), "workspace"),
         BufferSpec("staging", (w * M, N), "workspace", peer_visible=True),
-        BufferSpec("c", (M, N), "output", peer_visible=True),
+        BufferSpec("c", (M, N), "workspace" if norm else "output", peer_visible=True),
+    )
+    if not norm:
+        return out
+    return (
+        *out,
+        BufferSpec("residual", (M, N), "replicated"),
+        BufferSpec("norm_weight", (1, N), "replicated"),
+        BufferSpec("y", (2, M, N), "output"),
     )
 
 
 def plan_gemm_ar(p: Problem, s: Schedule, rank: int) -> Plan:
     if s.all_reduce is AllReduce.RS_AG:
-        return _plan_rs_ag(p, s, rank)
-    if s.compute is Compute.FUSED:
-        return plan_gemm_ar_fused(p, s, rank, ar_buffers(p))
-    return _plan_direct(p, s, rank)
+        plan = _plan_rs_ag(p, s, rank)
+    elif s.compute is Compute.FUSED:
+        plan = plan_gemm_ar_fused(p, s, rank, ar_buffers(p))
+    else:
+        plan = _plan_direct(p, s, rank)
+    return with_norm(plan) if has_norm(p) else plan
+
+
+def _writes_c(op: Op) -> Region | None:
+    """The region of ``c`` a task of a gemm_ar plan leaves final, or None."""
+    if isinstance(op, CollectiveOp) and op.dst == "c":
+        return Region("c", op.rows, op.cols)
+    if isinstance(op, ReduceOp) and op.out.buffer == "c":
+        return op.out
+    if isinstance(op, TransferOp) and op.direction is Direction.RECV and op.local.buffer == "c":
+        return op.local
+    return None
+
+
+def _norm(p: Problem, summed: Region, all_reduce=None) -> NormOp:
+    """The epilogue over ``summed``'s rows (all N columns)."""
+    rows, cols = summed.rows, (0, p.n)
+    return NormOp(
+        summed=summed,
+        residual=Region("residual", rows, cols),
+        weight=Region("norm_weight", (0, 1), cols),
+        normed=Region("y", rows, cols, index=0),
+        new_residual=Region("y", rows, cols, index=1),
+        eps=NORM_EPS,
+        all_reduce=all_reduce,
+    )
+
+
+def with_norm(plan: Plan) -> Plan:
+    """``plan`` with the add_rms_norm epilogue, its output ``y`` (the module docstring)."""
+    p = plan.problem
+    writers = {t.id: region for t in plan.tasks if (region := _writes_c(t.op)) is not None}
+    spans = sorted(r.rows for r in writers.values())
+    # every final write of c covers whole rows, each row once: norm behind each of them
+    per_writer = all(r.cols == (0, p.n) for r in writers.values()) and all(
+        a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False)
+    )
+    fuse = per_writer and p.n <= MAX_FUSED_NORM_COLUMNS
+    bld = Builder()
+    new_id: dict[int, int] = {}
+    for task in plan.tasks:
+        op, deps = task.op, [new_id[d] for d in task.deps]
+        if fuse and isinstance(op, CollectiveOp) and op.kind.fuses_add_rms_norm:
+            summed = Region(op.src, op.rows, op.cols)  # this rank's partial: reduced in-kernel
+            new_id[task.id] = bld.add(_norm(p, summed, op.kind), task.stream, deps, task.chunk)
+            continue
+        new_id[task.id] = bld.add(op, task.stream, deps, task.chunk)
+        if per_writer and task.id in writers:
+            bld.add(_norm(p, writers[task.id]), task.stream, [new_id[task.id]], task.chunk)
+    if not per_writer:  # column chunks: every row is whole once the last one is written
+        last = [new_id[i] for i in writers]
+        bld.add(_norm(p, Region("c", (0, p.m), (0, p.n))), Stream.COMPUTE, last)
+    return dataclasses.replace(plan, tasks=tuple(bld.tasks), output="y")
 
 
 def all_reduce_source(s: Schedule) -> str:
@@ -147,7 +227,8 @@ def _plan_rs_ag(p: Problem, s: Schedule, rank: int) -> Plan:
     """gemm_rs's plan for the same schedule, its reductions retargeted from ``c_shard`` to
     this rank's rows of ``c``, then the all-gather of each reduced chunk."""
     w, S = p.world, p.m_shard
-    as_rs = dataclasses.replace(p, pattern=Pattern.GEMM_RS)
+    # gemm_rs's problem of the same sizes (gemm_ar's own fields, its epilogue, left behind)
+    as_rs = dataclasses.replace(p, pattern=Pattern.GEMM_RS, pattern_fields=())
     rs = plan_gemm_rs(as_rs, dataclasses.replace(s, all_reduce=AllReduce.DIRECT), rank)
     own = rank * S  # c_shard row 0 is c row rank * S
     bld = Builder(list(_retarget_c_shard(rs.tasks, own)))

@@ -245,6 +245,23 @@ class PoolOp:
     chunks: tuple[PoolChunk, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class NormOp:
+    """gemm_ar's add_rms_norm epilogue over whole rows (``ficco.patterns.epilogues``):
+    ``new_residual = summed + residual`` rounded, ``normed = rms_norm(new_residual, eps) *
+    weight`` (``weight``: a ``[1, N]`` region). ``all_reduce`` None: ``summed`` holds the
+    all-reduced sum already; a kind: ``summed`` is this rank's partial, all-reduced by that
+    kind's kernel in the same launch (lamport1's fused epilogue: the sum is never stored)."""
+
+    summed: Region
+    residual: Region
+    weight: Region
+    normed: Region
+    new_residual: Region
+    eps: float
+    all_reduce: Collective | None = None
+
+
 Op = (
     GemmOp
     | TransferOp
@@ -256,6 +273,7 @@ Op = (
     | SignalOp
     | WaitFlagsOp
     | PoolOp
+    | NormOp
 )
 
 #: ops that run GEMM work, or a pattern's compute in its place (the ``gemm`` side of the
@@ -282,9 +300,17 @@ class Task:
 class BufferSpec:
     name: str
     shape: tuple[int, ...]
-    role: str  # "input" | "index" (an int64 input the problem defines) | "workspace" | "output"
+    role: str  # "input" | "replicated" | "index" | "workspace" | "output"
+    """``input``: random values of this rank's; ``replicated``: random values alike on every
+    rank (gemm_ar's residual and norm weight: tensor-parallel decode replicates them);
+    ``index``: an int64 input the problem defines; ``workspace``, ``output``: written."""
     peer_visible: bool = False
     """Other ranks read or write it directly (symmetric memory on the ce transport)."""
+
+    @property
+    def is_input(self) -> bool:
+        """Given, never written (random values: this rank's own, or every rank's alike)."""
+        return self.role in ("input", "replicated")
 
 
 @dataclass(frozen=True)
