@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from epilogue_ranks import play_ranks  # noqa: E402
 
-from ficco.execute import RunOptions, TimingOptions, run_cpu  # noqa: E402
+from ficco.execute import RunOptions, TimingOptions  # noqa: E402
 from ficco.execute.reference import reference_output  # noqa: E402
 from ficco.execute.run import run_problem  # noqa: E402
 from ficco.execute.verify import check_output  # noqa: E402
@@ -187,7 +187,9 @@ def skip_the_norm(plan):
 
 def test_a_schedule_whose_norm_is_skipped_is_incorrect():
     p = normed_problem(m=4, n=32, k=16, world=2, dtype="fp32")
-    (result,) = run_cpu(p, [Schedule.parse("finer-c2-m/nccl/cublas")], plan_hook=skip_the_norm)
+    (result,) = run_problem(
+        p, [Schedule.parse("finer-c2-m/nccl/cublas")], backend="cpu", plan_hook=skip_the_norm
+    )
     assert result.verdict.value == "incorrect", result
 
 
@@ -205,7 +207,7 @@ def test_nccl_lamport1_and_lamport2_schedules_verify_against_float64(world, dtyp
     texts = [f"{g}/{t}/cublas" for t in ("nccl", "lamport1", "lamport2")
              for g in ("serial", "finer-c2-m")]  # fmt: skip
     texts += ["finer-c2-n/nccl/cublas", "shard/nccl/cublas+rs_ag"]
-    results = run_cpu(p, [Schedule.parse(t) for t in texts])
+    results = run_problem(p, [Schedule.parse(t) for t in texts], backend="cpu")
     assert [r.schedule for r in results] == texts
     assert not [(r.schedule, r.verdict.value, r.detail) for r in results if not r.ok]
 
@@ -215,7 +217,7 @@ def test_every_transport_verifies_with_the_epilogue():
     space = SpaceOptions(gemms=(Gemm.CUBLAS,), chunk_counts=(2,))
     schedules = [s for s in enumerate_schedules(p, space) if s.comm_priority.value == "normal"]
     assert {s.transport.value for s in schedules} >= {"ce", "nccl", "symm1", "symm2", "lamport1"}
-    results = run_cpu(p, schedules)
+    results = run_problem(p, schedules, backend="cpu")
     assert not [(r.schedule, r.verdict.value, r.detail) for r in results if not r.ok]
 
 

@@ -75,10 +75,14 @@ CPU_PROGRAMS = 64
 
 class SharedCpuMemory:
     """Symmetric memory on one host: every rank's peer-visible buffers and flags as files in
-    one directory, mapped by every rank (``torch.from_file(..., shared=True)``)."""
+    one directory, mapped by every rank (``torch.from_file(..., shared=True)``). Flag waits
+    over them give up after ``flag_timeout_s``."""
 
-    def __init__(self, directory: str, problem_index: int, rank: int) -> None:
+    def __init__(
+        self, directory: str, problem_index: int, rank: int, flag_timeout_s: float = FLAG_TIMEOUT_S
+    ) -> None:
         self.directory, self.index, self.rank = directory, problem_index, rank
+        self.flag_timeout_s = flag_timeout_s
         self._mapped: dict[tuple[str, int], torch.Tensor] = {}
 
     def path(self, name: str, rank: int) -> str:
@@ -414,7 +418,7 @@ class CpuBackend(Backend):
         if self.shared_dir is None:
             return Buffers(fill(plan, seed))
         self._problems += 1
-        shared = SharedCpuMemory(self.shared_dir, self._problems, self.rank)
+        shared = SharedCpuMemory(self.shared_dir, self._problems, self.rank, self.flag_timeout_s)
         tensors = fill(
             plan,
             seed,

@@ -34,7 +34,8 @@ from ficco.kernels.allreduce_lamport import (
 
 #: the smallest capacity (bytes of one scratch row) a workspace is created with
 MIN_CAPACITY_BYTES = 1 << 20
-#: flag waits give up after this long (the verdict is then a timeout or incorrect, not a hang)
+#: GPU flag waits give up after this long (the verdict is then a timeout or incorrect, not a
+#: hang); CPU ranks' waits keep their backend's flag timeout (``SharedCpuMemory``)
 LAMPORT_TIMEOUT_S = 10.0
 
 _CUDA: dict[tuple[str, int], list[LamportWorkspace]] = {}
@@ -95,11 +96,9 @@ def cuda_workspace(group_name: str, needed_bytes: int) -> LamportWorkspace:
     return ws
 
 
-def shared_file_workspace(
-    shared, world: int, needed_bytes: int, timeout_s: float = LAMPORT_TIMEOUT_S
-) -> LamportWorkspace:
+def shared_file_workspace(shared, world: int, needed_bytes: int) -> LamportWorkspace:
     """This rank's workspace over ficco's CPU shared files (``shared``: a
-    ``SharedCpuMemory``). A new file is zero-filled, so the flags start at zero without a
+    ``SharedCpuMemory``, whose ``flag_timeout_s`` its flag waits keep). A new file is zero-filled, so the flags start at zero without a
     reset (a reset after a peer mapped the file could erase its flag)."""
     kept = _CPU.setdefault(shared, [])
     if kept and kept[-1].capacity_bytes >= needed_bytes:
@@ -114,6 +113,8 @@ def shared_file_workspace(
         shared.empty(f"lamport{capacity}-flags", (flag_count,), torch.int32, r)
         for r in range(world)
     ]
-    ws = LamportWorkspace(shared.rank, world, capacity, scratch, flags, timeout_s=timeout_s)
+    ws = LamportWorkspace(
+        shared.rank, world, capacity, scratch, flags, timeout_s=shared.flag_timeout_s
+    )
     kept.append(ws)
     return ws
