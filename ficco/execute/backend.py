@@ -41,9 +41,11 @@ class Backend(abc.ABC):
     timing_note: str | None = None
 
     @abc.abstractmethod
-    def allocate(self, problem: Problem, seed: int) -> Buffers:
+    def allocate(self, problem: Problem, seed: int, schedules: Sequence[Schedule] = ()) -> Buffers:
         """One set of buffers per problem, shared by all its schedules (same names and
-        shapes for every schedule of a pattern): random inputs, NaN-poisoned outputs."""
+        shapes for every schedule of a pattern): random inputs, NaN-poisoned outputs; a
+        buffer peer-visible where any of ``schedules`` needs it so
+        (``ficco.execute.buffers.harness_plan``)."""
 
     @abc.abstractmethod
     def reference(self, problem: Problem, bufs: Buffers, seed: int) -> tuple[Any, Any]:

@@ -7,15 +7,18 @@ every rank holds alike (role ``replicated``) is drawn with rank 0's seed on ever
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import zlib
+from collections.abc import Iterable
 
 import torch
 
 from ficco.patterns import MODULES, spec_of
-from ficco.plan import BufferSpec, Plan, Region
+from ficco.plan import BufferSpec, Plan, Region, build_plan
 from ficco.problem import Problem, torch_dtype
+from ficco.space import Schedule
 
 
 def input_seed(seed: int, rank: int, name: str) -> int:
@@ -32,6 +35,26 @@ def random_input(shape, dtype: torch.dtype, seed: int, device="cpu") -> torch.Te
     """Standard normal values (never zeros: zeros hide unwritten outputs and run faster)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     return torch.randn(shape, generator=gen, dtype=torch.float32, device=device).to(dtype)
+
+
+def harness_plan(problem: Problem, rank: int, schedules: Iterable[Schedule] = ()) -> Plan:
+    """The plan whose buffers a backend allocates once for every schedule of ``problem``:
+    the serial plan's, each peer-visible where any of ``schedules``' plans makes it so (a
+    relay's ``a_full``, which its previous rank pushes into). A schedule whose plan cannot
+    be built is left out here: it fails with its own verdict when it runs."""
+    plan = build_plan(problem, Schedule(), rank)
+    visible: set[str] = set()
+    for schedule in schedules:
+        try:
+            visible |= {
+                b.name for b in build_plan(problem, schedule, rank).buffers if b.peer_visible
+            }
+        except Exception:  # noqa: BLE001 - judged when the schedule runs
+            continue
+    buffers = tuple(
+        dataclasses.replace(b, peer_visible=True) if b.name in visible else b for b in plan.buffers
+    )
+    return dataclasses.replace(plan, buffers=buffers)
 
 
 def allocate(

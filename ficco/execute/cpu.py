@@ -32,7 +32,7 @@ from ficco.defaults import FLAG_SLOTS, FLAG_TIMEOUT_S
 from ficco.execute.allreduce import gloo_lamport_norm, gloo_symm_all_reduce, norm_operands, run_norm
 from ficco.execute.backend import Backend, Buffers
 from ficco.execute.baselines import alternative_runs, plan_part_baselines
-from ficco.execute.buffers import allocate, buffer_shapes, view
+from ficco.execute.buffers import allocate, buffer_shapes, harness_plan, view
 from ficco.execute.fused import FusedPrimitives
 from ficco.execute.interpreter import Primitives, interpret
 from ficco.execute.options import TimingOptions
@@ -412,8 +412,8 @@ class CpuBackend(Backend):
         self._runs = 0  # plans run in this process: each gets its own tag range
         self._problems = 0  # problems allocated: each gets its own shared files
 
-    def allocate(self, problem: Problem, seed: int) -> Buffers:
-        plan = build_plan(problem, Schedule(), self.rank)
+    def allocate(self, problem: Problem, seed: int, schedules: Sequence[Schedule] = ()) -> Buffers:
+        plan = harness_plan(problem, self.rank, schedules)
         fill = allocate_scaled if problem.scaled else allocate
         if self.shared_dir is None:
             return Buffers(fill(plan, seed))

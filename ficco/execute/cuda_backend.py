@@ -83,15 +83,15 @@ class CudaBackend(Backend):
         self.ctx, self.rank, self.world = ctx, ctx.rank, ctx.world
         self.note = f"nccl_ce: {ctx.nccl_ce_error or 'ok'}"
 
-    def allocate(self, problem: Problem, seed: int) -> Buffers:
+    def allocate(self, problem: Problem, seed: int, schedules: Sequence[Schedule] = ()) -> Buffers:
         """Peer-visible buffers live in symmetric memory (rendezvoused per problem)."""
         import torch
         import torch.distributed._symmetric_memory as symm_mem
 
-        from ficco.execute.buffers import allocate, symmetric_numel
+        from ficco.execute.buffers import allocate, harness_plan, symmetric_numel
         from ficco.execute.scaled import allocate_scaled
 
-        plan = build_plan(problem, Schedule(), self.rank)
+        plan = harness_plan(problem, self.rank, schedules)
         made = {}
 
         def symm_empty(shape, dtype, device, name=None):  # one size on every rank

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ficco.execute.backend import Buffers
 from ficco.execute.cuda import CudaPrimitives
@@ -269,14 +269,14 @@ class CudaSharedBackend(CudaBackend):
         for handle in self._handles.values():
             handle.clear()
 
-    def allocate(self, problem: Problem, seed: int) -> Buffers:
+    def allocate(self, problem: Problem, seed: int, schedules: Sequence[Schedule] = ()) -> Buffers:
         """Peer-visible buffers and their signal pads in CUDA IPC, exchanged per problem."""
         import torch
 
-        from ficco.execute.buffers import allocate
+        from ficco.execute.buffers import allocate, harness_plan
         from ficco.execute.scaled import allocate_scaled, scale_name
 
-        plan = build_plan(problem, Schedule(), self.rank)
+        plan = harness_plan(problem, self.rank, schedules)
         made_by = allocate_scaled if problem.scaled else allocate
         tensors = made_by(plan, seed, device=self.ctx.device)
         names = [spec.name for spec in plan.buffers if spec.peer_visible]

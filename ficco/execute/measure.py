@@ -99,7 +99,7 @@ def measure_problem(
     """Verify, then (``options`` given) time every schedule and the baselines of one
     problem. Returns the schedules' measurements in order, then the baselines'.
     ``plan_hook`` rewrites each plan before it runs (fault injection for tests)."""
-    bufs = backend.allocate(problem, seed)
+    bufs = backend.allocate(problem, seed, schedules)
     exact, plain = backend.reference(problem, bufs, seed)
     results: dict[str, Measurement] = {}
     runners: dict[str, Callable[[], None]] = {}
