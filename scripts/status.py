@@ -396,11 +396,17 @@ def tests_line() -> str:
     lane_path = PROFILES / "h200" / "lane" / "gpu_shared.json"
     doc = load(lane_path)
     lane = doc["summary"]
+    lane_tests = f"tests/gpu {lane['tests_passed']} passed, {lane['tests_failed']} failed"
+    if "missing" in doc.get("tests", {}):  # the stage ended before pytest wrote its summary
+        lane_tests = (
+            "tests/gpu: no summary in this run (its junit file is missing: see "
+            f"`{rel(lane_path.with_name('shared_tests.log'))}` for how far it got)"
+        )
     return (
         f"GPU tests (`python -m pytest tests/gpu` on the GPUs): {w2}. "
         "No tests/gpu run at W = 4 is committed. The one-GPU lane (W ranks sharing one H200, "
         f"verification only; {source(lane_path, doc)}, `STAGES=shared scripts/gpu_checks.sh "
-        f"1`): tests/gpu {lane['tests_passed']} passed, {lane['tests_failed']} failed; "
+        f"1`): {lane_tests}; "
         f"{lane['schedules_verified']} schedules verified at W = "
         f"{', '.join(map(str, lane['worlds_covered']))}, {lane['captured_and_verified']} of "
         f"them captured and replayed, {lane['incorrect']} incorrect, {lane['faults_survived']} "
