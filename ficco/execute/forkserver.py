@@ -27,6 +27,7 @@ import contextlib
 import importlib
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -62,6 +63,7 @@ class ForkServer:
         theirs.close()
         self._sock = ours
         self._lock = threading.Lock()
+        self.owner = os.getpid()  # a process forked from the owner must not share the socket
 
     def _ask(self, request: tuple, fds: tuple[int, ...] = ()):
         with self._lock:
@@ -75,7 +77,7 @@ class ForkServer:
         return body
 
     def alive(self) -> bool:
-        return self._proc.poll() is None
+        return self.owner == os.getpid() and self._proc.poll() is None
 
     def fork(self, fd: int, env: dict[str, str]) -> ForkedRank:
         """A child running ``ficco.execute.rank.main`` on ``fd`` (a copy of it is passed;
@@ -142,6 +144,7 @@ def fork_rank(fd: int, env: dict[str, str], preload: tuple[str, ...]) -> ForkedR
                 return server.fork(fd, env)
             except OSError:  # it died just now
                 server.close()
+        # (a server of the process this one was forked from stays that process's)
         server = _servers[key] = ForkServer(env, preload)
     return server.fork(fd, env)
 
@@ -153,6 +156,7 @@ def _child(fd: int, env: dict[str, str]) -> None:
     """In the forked child: become the rank (never returns)."""
     code = 1
     try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as a fresh rank has it
         os.environ.clear()
         os.environ.update(env)
         from ficco.execute.rank import main
@@ -208,6 +212,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fd", type=int, required=True, help="this server's end of the socket")
     parser.add_argument("preload", nargs="*", help="modules imported before any fork")
     args = parser.parse_args(argv)
+    # Ctrl-C reaches the whole process group: the parent decides what ends; the server
+    # ends when the parent's end of the socket closes
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=args.fd)
     for name in args.preload:
         importlib.import_module(name)
