@@ -15,6 +15,14 @@ own serial schedules (``serial/nccl/cublas``, ``serial/nccl/triton``), PyTorch a
 where the build has them (``serial/nccl_ce/cublas``), and ``ideal`` = max(isolated cuBLAS
 GEMM, isolated NCCL collective).
 
+``--dtype fp8_e4m3`` (or ``fp8_e5m2``) makes every problem FP8, its A and B scaled per row and
+per column as runtimes quantize them (``--a-scale`` / ``--b-scale`` for per-tensor scales):
+the schedules run ficco's scaled GEMMs, and the baselines are the executor's FP8 ones
+(``ficco.execute.scaled_baselines``: serial NCCL + ``torch._scaled_mm``, async-TP's
+``fused_all_gather_scaled_matmul`` / ``fused_scaled_matmul_reduce_scatter`` where the torch
+has them). ``--dry-run`` prices FP8 with the cost model's uncalibrated FP8 roof
+(``ficco.model.fp8``).
+
 Summary per pattern: ``best_vs_serial_geomean`` (serial_eager / best), ``best_vs_asynctp_geomean``
 (async-TP / best), ``best_vs_ideal_geomean`` (best / ideal: lower is better), ``serial_wins``
 (shapes where no overlapped schedule beats serial_eager), ``asynctp_wins`` (shapes where
@@ -22,7 +30,7 @@ async-TP beats ficco's best), ``relay_best`` (shapes whose best is a relay sched
 ``best_relay_vs_ideal_geomean``. "best" is the oracle: the fastest verified ficco schedule of
 the shape. Differences inside the spread are noise.
 
-Usage (W GPUs): python scripts/bench_overlap.py [--world W] [--quick] [--out FILE]
+Usage (W GPUs): python scripts/bench_overlap.py [--world W] [--quick] [--dtype D] [--out FILE]
 Writes $OUT/bench_overlap.json when $OUT is set. ``--dry-run`` needs no GPU: every candidate
 of every shape is checked legal and lowered on every rank, and the cost model's predictions
 (``ficco.model``, the smallest shipped machine of W or more GPUs) stand in for the timings (async-TP has no model: its
@@ -292,7 +300,7 @@ def predicted(problem: Problem, schedules: list[Schedule], model) -> list:
     ]
 
 
-def dry_run(jobs, world: int, out: str) -> int:
+def dry_run(jobs, world: int, out: str, problem_dtype: dict) -> int:
     """The suite without a GPU: every candidate legal and lowered, predicted by the model."""
     from ficco.model.predict import predictor
 
@@ -314,7 +322,13 @@ def dry_run(jobs, world: int, out: str) -> int:
             f"{r['best_relay_ms']:.3f}, serial {r['serial_ms']:.3f}, ideal {r['ideal_ms']:.3f}",
             flush=True,
         )
-    report = {"dry_run": True, "world": world, "summary": summarize(rows), "shapes": rows}
+    report = {
+        "dry_run": True,
+        "world": world,
+        **problem_dtype,
+        "summary": summarize(rows),
+        "shapes": rows,
+    }
     Path(out).write_text(json.dumps(report, indent=1, default=float))
     print(json.dumps(report["summary"], indent=1))
     return 0
@@ -341,6 +355,24 @@ def main() -> int:
     )
     parser.add_argument("--out", default=None, help="output JSON (default $OUT/bench_overlap.json)")
     parser.add_argument(
+        "--dtype",
+        choices=("bf16", "fp16", "fp8_e4m3", "fp8_e5m2"),
+        default="bf16",
+        help="the problems' input dtype (fp8: scaled inputs, bf16 outputs, FP8 baselines)",
+    )
+    parser.add_argument(
+        "--a-scale",
+        choices=("tensor", "row"),
+        default=None,
+        help="fp8 only: A's scales, per tensor or per row (default: row, as runtimes quantize)",
+    )
+    parser.add_argument(
+        "--b-scale",
+        choices=("tensor", "column"),
+        default=None,
+        help="fp8 only: B's scales, per tensor or per column (default: column)",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="no GPU: check and lower every candidate, and summarize the cost model's predictions",
@@ -348,6 +380,12 @@ def main() -> int:
     args = parser.parse_args()
     if args.world < 2:
         parser.error(f"--world: must be >= 2, got {args.world}")
+    scaled = args.dtype.startswith("fp8")
+    if not scaled and (args.a_scale or args.b_scale):
+        parser.error(f"--a-scale/--b-scale: only fp8 dtypes take scales, not {args.dtype}")
+    # fp8: per-row A and per-column B unless told (what a runtime's dynamic quantization does)
+    scales = {"a_scale": args.a_scale or "row", "b_scale": args.b_scale or "column"}
+    problem_dtype = {"dtype": args.dtype, **(scales if scaled else {})}
 
     from ficco.execute import TimingOptions
     from ficco.execute.run import check_gpus
@@ -356,9 +394,9 @@ def main() -> int:
     from ficco.workloads import ParallelSetup, get_model, model_problems
 
     tokens = (2048, 8192) if args.quick else TOKENS
-    setup = ParallelSetup(world=args.world, tokens=tokens)
+    setup = ParallelSetup(world=args.world, tokens=tokens, dtype=args.dtype)
     problems = [
-        p
+        dataclasses.replace(p, **scales) if scaled else p
         for model in MODELS[: 1 if args.quick else None]
         for p in model_problems(get_model(model), setup)[0]
         if p.pattern.value in PATTERNS
@@ -390,7 +428,7 @@ def main() -> int:
 
     out = args.out or os.path.join(os.environ.get("OUT", "."), "bench_overlap.json")
     if args.dry_run:
-        return dry_run(jobs, args.world, out)
+        return dry_run(jobs, args.world, out, problem_dtype)
     partial: dict[int, dict] = {}
     graphs_of: dict[int, str] = {}
 
@@ -424,6 +462,7 @@ def main() -> int:
     rows = rows_of[issues[0]]
     report = {
         "fingerprint": fingerprint("cuda"),
+        **problem_dtype,
         "protocol": {
             "rounds": opts.rounds,
             "warmup": opts.warmup,

@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from ficco.problem import Problem
-from ficco.space import RELAYS, Schedule
+from ficco.space import RELAYS, Schedule, is_legal
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,3 +76,35 @@ def test_a_shape_counts_async_tp_and_serial_wins():
     assert not row["asynctp_wins"]
     summary = bench.summarize([row])["gemm_rs"]
     assert (summary["asynctp_wins"], summary["serial_wins"], summary["relay_best"]) == (0, 0, 1)
+
+
+def test_fp8_dry_run_lowers_every_candidate_with_row_and_column_scales(tmp_path, monkeypatch):
+    bench = _load()
+    out = tmp_path / "bench.json"
+    argv = ["bench_overlap.py", "--world", "2", "--quick", "--dry-run", "--dtype", "fp8_e4m3"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--out", str(out)])
+    assert bench.main() == 0
+    report = json.loads(out.read_text())
+    assert (report["dtype"], report["a_scale"], report["b_scale"]) == ("fp8_e4m3", "row", "column")
+    assert set(report["summary"]) == {"ag_gemm", "gemm_rs"}
+    for row in report["shapes"]:
+        problem = Problem.from_dict(row["problem"])
+        assert (problem.dtype, problem.a_scale, problem.b_scale) == ("fp8_e4m3", "row", "column")
+        schedules = {n: c for n, c in row["candidates"].items() if c["kind"] == "schedule"}
+        # every legal candidate lowered; all but the fused ones (no model cost) priced
+        legal = [s for s in bench.CANDIDATES if is_legal(problem, Schedule.parse(s))]
+        assert sorted(schedules) == sorted(legal)
+        for name, c in schedules.items():
+            fused = Schedule.parse(name).compute.value == "fused"
+            assert c["verdict"] == ("unavailable" if fused else "ok"), name
+            assert fused or c["median_ms"] > 0
+        assert 0 < row["ideal_ms"] <= row["serial_ms"]
+
+
+def test_scales_are_refused_for_a_two_byte_dtype(monkeypatch, capsys):
+    bench = _load()
+    argv = ["bench_overlap.py", "--dry-run", "--a-scale", "row"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit):
+        bench.main()
+    assert "only fp8 dtypes take scales, not bf16" in capsys.readouterr().err

@@ -54,6 +54,8 @@ def predict_cmd(machine: str, params: str | None, top: int, as_json: bool, **pro
             f"note: no {prediction.problem.pattern.value} schedule was measured: its ops are "
             "costed with the ag_gemm / gemm_rs calibration"
         )
+    if prediction.basis:
+        click.echo(f"note: {prediction.basis}")
     best = prediction.best
     click.echo(
         f"predicted winner: {best.schedule}  {best.ms:.4f} ms "

@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 import math
 
+from ficco.model.fp8 import FP8_TRITON_VS_CUBLAS, fp8_gemm_bytes, fp8_roof_ratio
 from ficco.model.machine import Machine
 from ficco.model.params import ModelParams
 from ficco.model.simulate import SimTask, Slowdowns
@@ -59,14 +60,22 @@ def reduce_traffic(inputs: int) -> tuple[int, int]:
     return inputs + 1, 3 + 5 * (inputs - 1) + 3
 
 
-def gemm_roofline_ms(params: ModelParams, machine: Machine, m: int, n: int, k: int) -> float:
-    """cuBLAS time before the measured correction: wave-quantized FLOPs against HBM traffic."""
+def gemm_roofline_ms(
+    params: ModelParams, machine: Machine, m: int, n: int, k: int, fp8_ratio: float = 0.0
+) -> float:
+    """cuBLAS time before the measured correction: wave-quantized FLOPs against HBM traffic.
+    ``fp8_ratio`` (0: a 2-byte GEMM): an FP8 GEMM's speed over bf16 at the roof, its bytes
+    FP8's (``ficco.model.fp8``)."""
     g = params.gemm
     tm, tn, sms = g["tile_m"], g["tile_n"], machine.sm_count
     tiles = math.ceil(m / tm) * math.ceil(n / tn)
     waves = math.ceil(tiles / sms)
     compute = waves * sms * tm * tn * k * 2 / g["peak_flops_per_ms"]
-    memory = (m * k + k * n + m * n) * 2 / (machine.hbm_gbs * 1e6 * g["hbm_eff"])
+    if fp8_ratio:
+        compute /= fp8_ratio
+        memory = fp8_gemm_bytes(m, n, k) / (machine.hbm_gbs * 1e6 * g["hbm_eff"])
+    else:
+        memory = (m * k + k * n + m * n) * 2 / (machine.hbm_gbs * 1e6 * g["hbm_eff"])
     p = g["softmax_p"]
     return g["launch_ms"] + (compute**p + memory**p) ** (1 / p)
 
@@ -108,20 +117,24 @@ class CostModel:
         }
 
     # --- GEMM ---
-    def cublas_ms(self, m: int, n: int, k: int) -> float:
-        key = (m, n, k)
+    def cublas_ms(self, m: int, n: int, k: int, fp8: bool = False) -> float:
+        """cuBLAS's time (``fp8``: ``_scaled_mm``'s, from FP8's roof and bytes; the bf16
+        shape residuals correct both: ``ficco.model.fp8``)."""
+        key = (m, n, k, True) if fp8 else (m, n, k)
         if key not in self._gemm_cache:
-            base = gemm_roofline_ms(self.params, self.machine, m, n, k)
+            ratio = fp8_roof_ratio(self.machine)[0] if fp8 else 0.0
+            base = gemm_roofline_ms(self.params, self.machine, m, n, k, ratio)
             self._gemm_cache[key] = base * math.exp(gemm_residual(self.params, m, n, k))
         return self._gemm_cache[key]
 
-    def gemm_ms(self, schedule: Schedule, m: int, n: int, k: int) -> float:
-        t = self.cublas_ms(m, n, k)
+    def gemm_ms(self, schedule: Schedule, m: int, n: int, k: int, fp8: bool = False) -> float:
+        t = self.cublas_ms(m, n, k, fp8)
         if schedule.gemm is Gemm.TRITON:
             sms = self.machine.sm_count
             budget = max(1, sms - schedule.sm_reserve)
             g = self.params.gemm
-            t *= g["triton_vs_cublas"] * (sms / budget) ** g["sm_budget_exponent"]
+            triton = FP8_TRITON_VS_CUBLAS if fp8 else g["triton_vs_cublas"]
+            t *= triton * (sms / budget) ** g["sm_budget_exponent"]
         return t
 
     # --- data movement ---
@@ -207,13 +220,15 @@ class CostModel:
             return max(work - self.params.host["span_ms"], 0.1 * work)
         return work
 
-    def gemm_task_work(self, schedule: Schedule | None, shape: tuple[int, int, int]) -> float:
-        """A GEMM task's work: ``schedule``'s GEMM kind and SM reserve (None: cuBLAS)."""
+    def gemm_task_work(self, schedule: Schedule | None, shape: tuple) -> float:
+        """A GEMM task's work: ``schedule``'s GEMM kind and SM reserve (None: cuBLAS);
+        ``shape`` is ``(m, n, k)``, or ``(m, n, k, True)`` for an FP8 GEMM."""
         ms = self.cublas_ms(*shape) if schedule is None else self.gemm_ms(schedule, *shape)
         return self._task_work(ms)
 
     def compute_task_work(self, schedule: Schedule | None, key: tuple) -> float:
-        """A compute task's work by its key: a GEMM's ``(m, n, k)``, or a pooling launch's
+        """A compute task's work by its key: a GEMM's ``(m, n, k)`` (FP8: ``(m, n, k,
+        True)``), or a pooling launch's
         ``("pool", bytes)``."""
         if key[0] == "pool":
             return self.pool_ms(schedule, key[1])
@@ -281,6 +296,7 @@ class CostModel:
         # transfers, local copies and collectives move the collective's matrix (A, or the
         # product: bf16 for fp8 inputs); reductions sum the product
         moved, out_b = spec_of(problem.pattern).moved_bytes, problem.output_bytes
+        fp8 = problem.scaled  # GEMMs at FP8's roof (``ficco.model.fp8``)
         ce = s.transport.traits.cost_class is CostClass.CE  # one-sided copies, else NCCL batches
         serial = s.granularity is Granularity.SERIAL
         host = self.params.host
@@ -380,6 +396,8 @@ class CostModel:
                 a_rows, a_cols = op.a.rows, op.a.cols
                 b_cols = op.b.cols
                 shape = (a_rows[1] - a_rows[0], b_cols[1] - b_cols[0], a_cols[1] - a_cols[0])
+                if fp8:
+                    shape = (*shape, True)
                 work = gemm_work.get(shape)
                 if work is None:
                     work = gemm_work[shape] = self.gemm_task_work(None, shape)

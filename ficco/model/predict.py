@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ficco.model.costs import CALIBRATED_PATTERNS, CostModel, issue_end_ms
+from ficco.model.fp8 import FP8_BASIS, fp8_roof_ratio
 from ficco.model.machine import Machine, load_machine
 from ficco.model.params import ModelParams, load_params, timed_scale_at
 from ficco.model.rounds import alone_ms
@@ -105,12 +106,29 @@ class Prediction:
     def best(self) -> ScheduleTime:
         return self.times[0]
 
+    @property
+    def basis(self) -> str | None:
+        """What the answer rests on where that is not the calibration alone (FP8 problems:
+        ``ficco.model.fp8.FP8_BASIS``); None for a 2-byte problem."""
+        if not self.problem.scaled:
+            return None
+        ratio, measured = fp8_roof_ratio(self.machine)
+        if measured:
+            return FP8_BASIS
+        return (
+            f"{FP8_BASIS}; on {self.machine.gpu} the roof ratio is the vendor peaks' "
+            f"({ratio:.3f}: the machine description's tflops), not measured"
+        )
+
     def to_dict(self) -> dict:
+        # a 2-byte problem's dict has no basis key (its answer is the calibration's alone)
+        basis = {"basis": self.basis} if self.problem.scaled else {}
         return {
             "problem": self.problem.to_dict(),
             "machine": self.machine.name,
             "machine_measured": self.machine.measured,
             "pattern_calibrated": self.problem.pattern in CALIBRATED_PATTERNS,
+            **basis,
             "serial_ms": self.serial_ms,
             "ideal_ms": self.ideal_ms,
             "best": self.best.schedule,
@@ -265,10 +283,12 @@ class Predictor:
                 f"world: {problem.world} ranks do not fit machine {self.machine.name} "
                 f"({self.machine.world} GPUs)"
             )
-        if problem.dtype_bytes != 2:
+        if problem.scaled:
+            fp8_roof_ratio(self.machine)  # raises where the machine has no FP8 figure
+        elif problem.dtype_bytes != 2:
             raise ValueError(
-                f"dtype: the cost model is calibrated on 2-byte types (bf16, fp16), "
-                f"got {problem.dtype}"
+                f"dtype: the cost model is calibrated on 2-byte types (bf16, fp16) and prices "
+                f"FP8 (fp8_e4m3, fp8_e5m2) from them, got {problem.dtype}"
             )
 
 
