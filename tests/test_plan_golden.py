@@ -50,6 +50,8 @@ PROBLEMS = (
     Problem(pattern="gemm_ar", m=1, n=64, k=16, world=2),
     Problem(pattern="gemm_ar", m=36, n=40, k=16, world=4),
     Problem(pattern="gemm_ar", m=7, n=24, k=16, world=3, dtype="fp16"),
+    # the add_rms_norm epilogue: a norm behind every whole-row write, lamport's fused launch
+    Problem(pattern="gemm_ar", m=30, n=48, k=24, world=3, epilogue="add_rms_norm"),
     Problem(pattern="a2a_gemm", m=96, n=80, k=72, world=2, experts=4),
     Problem(
         pattern="a2a_gemm",
