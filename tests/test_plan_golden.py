@@ -52,6 +52,8 @@ PROBLEMS = (
     Problem(pattern="gemm_ar", m=7, n=24, k=16, world=3, dtype="fp16"),
     # the add_rms_norm epilogue: a norm behind every whole-row write, lamport's fused launch
     Problem(pattern="gemm_ar", m=30, n=48, k=24, world=3, epilogue="add_rms_norm"),
+    # its FP8 twin: the same tasks, the normed rows and the new residual two output buffers
+    Problem(pattern="gemm_ar", m=30, n=48, k=24, world=3, epilogue="add_rms_norm_fp8"),
     Problem(pattern="a2a_gemm", m=96, n=80, k=72, world=2, experts=4),
     Problem(
         pattern="a2a_gemm",

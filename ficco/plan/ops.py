@@ -245,7 +245,19 @@ class PoolOp:
     chunks: tuple[PoolChunk, ...]
 
 
-@dataclass(frozen=True, slots=True)
+def _repr_set_fields(obj, later: tuple[str, ...]) -> str:
+    """``obj``'s dataclass repr less the fields of ``later`` left at None: fields added
+    after plans were first recorded are written only where a plan sets them, so every other
+    plan prints (and its golden digest, ``tests/test_plan_golden.py``, reads) as before."""
+    shown = (
+        f"{f.name}={getattr(obj, f.name)!r}"
+        for f in dataclasses.fields(obj)
+        if not (f.name in later and getattr(obj, f.name) is None)
+    )
+    return f"{type(obj).__qualname__}({', '.join(shown)})"
+
+
+@dataclass(frozen=True, slots=True, repr=False)
 class NormOp:
     """gemm_ar's add_rms_norm epilogue over whole rows (``ficco.patterns.epilogues``):
     ``new_residual = summed + residual`` rounded, ``normed = rms_norm(new_residual, eps) *
@@ -260,6 +272,12 @@ class NormOp:
     new_residual: Region
     eps: float
     all_reduce: Collective | None = None
+    scale: Region | None = None
+    """A ``[1, 1]`` fp32 region: ``normed`` is FP8 e4m3, ``normed / scale`` saturated at
+    e4m3's largest (the add_rms_norm_fp8 epilogue); None: ``normed`` in the sum's dtype."""
+
+    def __repr__(self) -> str:
+        return _repr_set_fields(self, ("scale",))
 
 
 Op = (
@@ -296,21 +314,33 @@ class Task:
     """(peer shard, chunk index) the task belongs to, for per-chunk signatures."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class BufferSpec:
     name: str
     shape: tuple[int, ...]
-    role: str  # "input" | "replicated" | "index" | "workspace" | "output"
+    role: str  # "input" | "replicated" | "constant" | "index" | "workspace" | "output"
     """``input``: random values of this rank's; ``replicated``: random values alike on every
     rank (gemm_ar's residual and norm weight: tensor-parallel decode replicates them);
-    ``index``: an int64 input the problem defines; ``workspace``, ``output``: written."""
+    ``constant``: values the problem defines, alike on every rank and seed (gemm_ar's FP8
+    norm scale; its pattern module's ``constant_inputs``); ``index``: an int64 input the
+    problem defines; ``workspace``, ``output``: written."""
     peer_visible: bool = False
     """Other ranks read or write it directly (symmetric memory on the ce transport)."""
+    dtype: str | None = None
+    """Its element type (a ``ficco.dtypes`` name) where it is not the problem's (None):
+    gemm_ar's add_rms_norm_fp8 epilogue writes ``normed`` in fp8_e4m3 beside an fp32 scale."""
+    scale: str | None = None
+    """The ``[1, 1]`` fp32 buffer holding its per-tensor scale: an FP8 buffer stands for its
+    values times that scale (verification dequantizes it so)."""
+
+    def __repr__(self) -> str:
+        return _repr_set_fields(self, ("dtype", "scale"))
 
     @property
     def is_input(self) -> bool:
-        """Given, never written (random values: this rank's own, or every rank's alike)."""
-        return self.role in ("input", "replicated")
+        """Given, never written (random values: this rank's own, or every rank's alike; or
+        the problem's constants)."""
+        return self.role in ("input", "replicated", "constant")
 
 
 @dataclass(frozen=True)
@@ -320,7 +350,15 @@ class Plan:
     rank: int
     buffers: tuple[BufferSpec, ...]
     tasks: tuple[Task, ...]
-    output: str
+    output: str | tuple[str, ...]
+    """The output buffer; or the buffers of an output's parts, where their dtypes differ
+    (gemm_ar's add_rms_norm_fp8 epilogue: ``normed`` in FP8, ``new_residual``), each
+    verified on its own."""
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The output's buffers, one or several."""
+        return (self.output,) if isinstance(self.output, str) else self.output
 
     def buffer(self, name: str) -> BufferSpec:
         for spec in self.buffers:
