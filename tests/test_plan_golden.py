@@ -209,7 +209,8 @@ def test_plans_ignore_the_gemm_the_reserve_and_the_priority():
 
 def test_the_shared_ring_step_orders_pushes_send_first_and_pulls_receive_first():
     from ficco.plan import Region, TransferOp
-    from ficco.plan.ops import PULL, PUSH, Builder, exchange
+    from ficco.plan.build import Builder, exchange
+    from ficco.plan.ops import PULL, PUSH
 
     here, there = Region("x", (0, 2), (0, 4)), Region("y", (2, 4), (0, 4))
     for initiator, first in ((PUSH, "send"), (PULL, "recv")):

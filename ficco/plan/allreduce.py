@@ -57,12 +57,16 @@ from ficco.patterns.epilogues import (
     has_fp8_norm,
     has_norm,
 )
+from ficco.plan.build import (
+    Builder,
+    exchange,
+    peer_steps,
+)
 from ficco.plan.dense import plan_gemm_rs
 from ficco.plan.fused import plan_gemm_ar_fused
 from ficco.plan.ops import (
     PUSH,
     BufferSpec,
-    Builder,
     CollectiveOp,
     Direction,
     GemmOp,
@@ -74,8 +78,6 @@ from ficco.plan.ops import (
     Stream,
     Task,
     TransferOp,
-    exchange,
-    peer_steps,
 )
 from ficco.plan.tags import transfer_tag
 from ficco.problem import Pattern, Problem
