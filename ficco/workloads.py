@@ -82,11 +82,13 @@ def field_columns_help() -> str:
     """The further columns, as the command line's help names them."""
     from ficco.patterns import problem_fields
 
-    return "; ".join(
-        f"{name}: {', '.join(str(p) for p, _ in problem_fields()[name])}, "
-        f"default {problem_fields()[name][0][1].default}"
-        for name in field_columns()
-    )
+    parts = []
+    for name in field_columns():
+        (_, declared), *_ = decls = problem_fields()[name]
+        takers = ", ".join(str(p) for p, _ in decls)
+        values = f"{' | '.join(declared.choices)}, " if declared.choices else ""
+        parts.append(f"{name}: {takers}, {values}default {declared.default}")
+    return "; ".join(parts)
 
 
 def field_columns() -> tuple[str, ...]:

@@ -3,7 +3,7 @@ machine without a GPU.
 
 Run without TRITON_INTERPRET (the interpreter never compiles), it lowers the GPU code of the
 one-shot, two-shot and fused RMSNorm kernels (the one-shot's with FP8 output, the
-two-shot's) (``ON_GPU``: ``%globaltimer``, the system-scope
+two-shot's with and without it) (``ON_GPU``: ``%globaltimer``, the system-scope
 acquire loads and release stores of the flags) through PTX to cubins with Triton's bundled
 ptxas, and prints, per kernel, the flag instructions it found, as JSON. Exit status 3: this
 Triton has no offline compile entry point (the caller skips).
@@ -80,8 +80,14 @@ def main() -> None:
         (
             "rms_norm_two_shot",
             lam._two_shot_rms_norm_kernel,
-            dict(WORLD=8, MAXP=lam.MAX_PROGRAMS, BLOCK_N=8192, PHASES=7, ON_GPU=True),
+            dict(WORLD=8, MAXP=lam.MAX_PROGRAMS, BLOCK_N=8192, PHASES=7, FP8=False, ON_GPU=True),
             {},
+        ),
+        (
+            "rms_norm_two_shot_fp8",
+            lam._two_shot_rms_norm_kernel,
+            dict(WORLD=4, MAXP=lam.MAX_PROGRAMS, BLOCK_N=8192, PHASES=7, FP8=True, ON_GPU=True),
+            {"normed_ptr": "fp8e4nv", "scale_ptr": "fp32"},
         ),
     ):
         ptx = compile_kernel(kernel, "bf16", constants, pointers)

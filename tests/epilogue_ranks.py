@@ -1,5 +1,5 @@
-"""One process plays every rank of a gemm_ar schedule with the add_rms_norm epilogue, for the
-tests of the fused kernels (lamport1, lamport2) through the schedule path
+"""One process plays every rank of a gemm_ar schedule with the add_rms_norm epilogue (or
+add_rms_norm_fp8), for the tests of the fused kernels (lamport1, lamport2) through the schedule path
 (``tests/test_gemm_ar_epilogue.py`` on CPU under Triton's interpreter,
 ``tests/gpu/test_gemm_ar_epilogue_gpu.py`` on one GPU).
 
@@ -8,7 +8,7 @@ NaN-poisoned outputs), its GEMMs run, then every norm task is issued through the
 operand mapping (``ficco.execute.allreduce.norm_operands``), each the lamport kernel's fused
 launch, phase by phase over every rank (every rank's push, then every rank's reduce and
 norm, then the two-shot's gather: one process cannot wait on its own later launch). Each
-rank's ``y`` is then verified against the float64 reference as a schedule's output is.
+rank's output is then verified against the float64 reference as a schedule's output is.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import functools
 import torch
 
 from ficco.execute.allreduce import norm_operands
-from ficco.execute.buffers import allocate, view
+from ficco.execute.buffers import allocate, output_of, view
 from ficco.execute.reference import reference_output
 from ficco.execute.verify import Check, check_output
 from ficco.plan import GemmOp, NormOp, build_plan
@@ -51,9 +51,9 @@ def play_ranks(problem: Problem, schedule: Schedule, device: str = "cpu") -> lis
     for j, first in enumerate(norms[0]):
         operands = [norm_operands(norms[r][j], views[r]) for r in range(w)]
         for phase in lam.phases_of(kind):
-            for r, (src, residual, weight, normed, new_residual) in enumerate(operands):
+            for r, (src, residual, weight, normed, new_residual, scale) in enumerate(operands):
                 lam.all_reduce_rms_norm(
-                    ws[r], src, residual, weight, first.eps, normed, new_residual,
+                    ws[r], src, residual, weight, first.eps, normed, new_residual, scale,
                     phases=phase, kind=kind,
                 )  # fmt: skip
     if device != "cpu":
@@ -62,5 +62,6 @@ def play_ranks(problem: Problem, schedule: Schedule, device: str = "cpu") -> lis
     for r, plan in enumerate(plans):
         ws[r].raise_on_timeout(f"rank {r}")
         exact, plain = reference_output(problem, r, SEED)
-        checks.append(check_output(tensors[r][plan.output].cpu(), exact, plain, problem, schedule))
+        out = output_of(plan, {name: t.cpu() for name, t in tensors[r].items()})
+        checks.append(check_output(out, exact, plain, problem, schedule))
     return checks

@@ -28,9 +28,9 @@ from ficco.space import Gemm, Schedule, SpaceOptions, Transport, enumerate_sched
 from ficco.validate import InputError  # noqa: E402
 
 
-def normed_problem(m=6, n=24, k=8, world=2, dtype="bf16", **kw) -> Problem:
+def normed_problem(m=6, n=24, k=8, world=2, dtype="bf16", epilogue="add_rms_norm", **kw):
     return Problem(pattern="gemm_ar", m=m, n=n, k=k, world=world, dtype=dtype,
-                   epilogue="add_rms_norm", **kw)  # fmt: skip
+                   epilogue=epilogue, **kw)  # fmt: skip
 
 
 # --- the field ---------------------------------------------------------------------------------
@@ -69,6 +69,7 @@ def test_the_shapes_csv_carries_the_epilogue_column(tmp_path):
 
     problems = [
         normed_problem(name="l.o_proj"),
+        normed_problem(name="l.o_proj_fp8", epilogue="add_rms_norm_fp8"),
         Problem(pattern="gemm_ar", m=6, n=24, k=8, world=2, name="l.down"),
         Problem(pattern="ag_gemm", m=8, n=24, k=8, world=2, name="l.qkv"),
     ]
@@ -76,7 +77,7 @@ def test_the_shapes_csv_carries_the_epilogue_column(tmp_path):
     write_shapes_csv(problems, path)
     assert path.read_text().splitlines()[0].endswith(",experts,epilogue")
     assert read_shapes_csv(path) == problems
-    write_shapes_csv(problems[1:], path)  # no problem states it: no column
+    write_shapes_csv(problems[2:], path)  # no problem states it: no column
     assert "epilogue" not in path.read_text()
 
 
@@ -238,10 +239,12 @@ def test_the_fused_kernels_through_the_schedule_path_in_one_process(world, sched
     assert all(c.ok for c in checks), checks
 
 
-def test_the_baselines_time_the_unfused_sequence_beside_the_fused_launch():
+@pytest.mark.parametrize("epilogue", ["add_rms_norm", "add_rms_norm_fp8"])
+def test_the_baselines_time_the_unfused_sequence_beside_the_fused_launch(epilogue):
     """comm_alone is the serial plan's all-reduce and its unfused norm; comm_lamport the
-    serial lamport1 plan's, the fused launch; the serial baseline's output is y."""
-    p = normed_problem(m=4, n=32, k=8, world=2, dtype="fp32")
+    serial lamport1 plan's, the fused launch; the serial baseline's output is y (FP8: its
+    parts)."""
+    p = normed_problem(m=4, n=32, k=8, world=2, dtype="fp32", epilogue=epilogue)
     serial = Schedule.parse("serial/nccl/cublas")
     # what the interpreter's comm mode runs: every task but the GEMMs
     comm = [t.op for t in build_plan(p, serial, 0).tasks if not isinstance(t.op, GEMM_OPS)]
@@ -256,8 +259,11 @@ def test_the_baselines_time_the_unfused_sequence_beside_the_fused_launch():
 def test_the_cost_model_refuses_the_epilogue_by_name():
     from ficco.model.predict import predict_problem
 
-    with pytest.raises(ValueError, match="epilogue: the cost model has no price for add_rms_norm"):
-        predict_problem(normed_problem(m=4, n=64, k=64, world=2))
+    for epilogue in ("add_rms_norm", "add_rms_norm_fp8"):
+        with pytest.raises(
+            ValueError, match=f"epilogue: the cost model has no price for {epilogue}"
+        ):
+            predict_problem(normed_problem(m=4, n=64, k=64, world=2, epilogue=epilogue))
     plain = Problem(pattern="gemm_ar", m=4, n=64, k=64, world=2)
     assert predict_problem(plain).times  # the problem without it is predicted as before
 
@@ -269,9 +275,12 @@ def test_the_command_line_takes_the_epilogue_and_says_so():
 
     runner = CliRunner()
     shown = runner.invoke(main, ["run", "--help"], terminal_width=200)
-    assert "--epilogue NAME" in shown.output and "none, or add_rms_norm" in shown.output
+    # the choices are the declaration's (every Epilogue value), in the option and the CSV's
+    assert "--epilogue [none|add_rms_norm|add_rms_norm_fp8]" in shown.output
+    assert "add_rms_norm_fp8, the same with normed in FP8 e4m3" in shown.output
     swept = runner.invoke(main, ["sweep", "--help"], terminal_width=200)
-    assert "(epilogue: gemm_ar, default none)" in swept.output
+    want = "(epilogue: gemm_ar, none | add_rms_norm | add_rms_norm_fp8, default none)"
+    assert want in " ".join(swept.output.split())
     args = ["run", "gemm_ar", "--m", "4", "--n", "32", "--k", "8", "-w", "2", "--dtype", "fp32"]
     args += ["--epilogue", "add_rms_norm", "--backend", "cpu", "-s", "finer-c2-m/nccl/cublas"]
     ran = runner.invoke(main, [*args, "--json"])

@@ -50,6 +50,10 @@ PROBLEMS = (
     Problem(pattern="gemm_ar", m=1, n=64, k=16, world=2),
     Problem(pattern="gemm_ar", m=36, n=40, k=16, world=4),
     Problem(pattern="gemm_ar", m=7, n=24, k=16, world=3, dtype="fp16"),
+    # the add_rms_norm epilogue: a norm behind every whole-row write, lamport's fused launch
+    Problem(pattern="gemm_ar", m=30, n=48, k=24, world=3, epilogue="add_rms_norm"),
+    # its FP8 twin: the same tasks, the normed rows and the new residual two output buffers
+    Problem(pattern="gemm_ar", m=30, n=48, k=24, world=3, epilogue="add_rms_norm_fp8"),
     Problem(pattern="a2a_gemm", m=96, n=80, k=72, world=2, experts=4),
     Problem(
         pattern="a2a_gemm",
@@ -205,7 +209,8 @@ def test_plans_ignore_the_gemm_the_reserve_and_the_priority():
 
 def test_the_shared_ring_step_orders_pushes_send_first_and_pulls_receive_first():
     from ficco.plan import Region, TransferOp
-    from ficco.plan.ops import PULL, PUSH, Builder, exchange
+    from ficco.plan.build import Builder, exchange
+    from ficco.plan.ops import PULL, PUSH
 
     here, there = Region("x", (0, 2), (0, 4)), Region("y", (2, 4), (0, 4))
     for initiator, first in ((PUSH, "send"), (PULL, "recv")):

@@ -10,24 +10,29 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from test_ops import exit_without_teardown
 
-from ficco.execute.buffers import input_seed, random_input, source_rank
+from ficco.execute.buffers import allocate
 from ficco.execute.reference import reference_by_collectives, reference_output
 from ficco.plan import build_plan
-from ficco.problem import Problem, torch_dtype
+from ficco.problem import Problem
 from ficco.space import Schedule
 
 PROBLEMS = [
     dict(pattern="ag_gemm", m=24, n=16, k=8),
     dict(pattern="gemm_rs", m=24, n=16, k=8),
     dict(pattern="gemm_ar", m=12, n=16, k=8),
-    # the residual add and RMSNorm after the all-reduce: y [2, M, N]
+    # the residual add and RMSNorm after the all-reduce: y [2, M, N]; FP8: its two parts
     dict(pattern="gemm_ar", m=12, n=16, k=8, epilogue="add_rms_norm"),
+    dict(pattern="gemm_ar", m=12, n=16, k=8, epilogue="add_rms_norm_fp8"),
     dict(pattern="a2a_gemm", m=48, n=16, k=8, experts=6),
     dict(pattern="gemm_a2a", m=48, n=16, k=8, experts=6),
     # skewed routing: rank s sends routing[s][e] tokens to expert e (some blocks empty)
     dict(pattern="a2a_gemm", m=30, n=8, k=8, experts=3, routing=((7, 0, 3), (1, 9, 0), (4, 2, 4))),
     dict(pattern="gemm_a2a", m=30, n=8, k=8, experts=3, routing=((7, 0, 3), (1, 9, 0), (4, 2, 4))),
 ]
+
+
+def parts(output) -> tuple:
+    return output if isinstance(output, tuple) else (output,)
 
 
 def _rank(rank: int, world: int, init: str, seed: int) -> None:
@@ -37,18 +42,17 @@ def _rank(rank: int, world: int, init: str, seed: int) -> None:
         if "routing" in spec and len(spec["routing"]) != world:
             continue
         p = Problem(world=world, dtype="fp32", **spec)
-        tensors = {
-            buf.name: random_input(
-                buf.shape, torch_dtype(p.dtype), input_seed(seed, source_rank(buf, rank), buf.name)
-            )
-            for buf in build_plan(p, Schedule(), rank).buffers
-            if buf.is_input
-        }
+        plan = build_plan(p, Schedule(), rank)
+        tensors = allocate(plan, seed)  # the inputs as the executors hold them
         want_exact, want_plain = reference_output(p, rank, seed)
         got_exact, got_plain = reference_by_collectives(p, tensors, torch.device("cpu"))
-        assert got_exact.shape == want_exact.shape, (p.key, got_exact.shape, want_exact.shape)
-        torch.testing.assert_close(got_exact.double(), want_exact, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(got_plain.double(), want_plain.double(), rtol=1e-5, atol=1e-5)
+        # an output of parts (gemm_ar's FP8 norm: Plan.output a tuple) part by part
+        assert len(parts(want_exact)) == len(plan.outputs) == len(parts(got_exact)), p.key
+        for got, want in zip(parts(got_exact), parts(want_exact), strict=True):
+            assert got.shape == want.shape, (p.key, got.shape, want.shape)
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+        for got, want in zip(parts(got_plain), parts(want_plain), strict=True):
+            torch.testing.assert_close(got.double(), want.double(), rtol=1e-5, atol=1e-5)
     dist.barrier()
     exit_without_teardown()
 

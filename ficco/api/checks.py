@@ -41,8 +41,9 @@ def rank_bytes(problem: Problem, rank: int, device: str) -> int:
 
     size = DTYPE_BYTES[problem.dtype]
     own = build_plan(problem, Schedule(), rank)
-    total = sum(_elements(b.shape) for b in own.buffers) * size
-    output = next(_elements(b.shape) for b in own.buffers if b.name == own.output)
+    # a buffer of its own dtype (gemm_ar's FP8 norm output and its scale) at that width
+    total = sum(_elements(b.shape) * DTYPE_BYTES[b.dtype or problem.dtype] for b in own.buffers)
+    output = sum(_elements(b.shape) for b in own.buffers if b.name in own.outputs)
     total += output * ((8 if device == "cpu" else 4) + problem.output_bytes)
     if device == "cpu":
         total += (size + (8 if problem.scaled else 0)) * sum(

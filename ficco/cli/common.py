@@ -284,11 +284,12 @@ def pattern_field_options() -> list[Callable]:
         declared = decls[0][1]
         takers = ", ".join(str(pattern) for pattern, _ in decls)
         default = "" if declared.default is None else f" [default: {declared.default}]"
+        choices = "[" + "|".join(declared.choices) + "]" if declared.choices else ""
         options.append(
             click.option(
                 f"--{name.replace('_', '-')}",
                 name,
-                metavar=declared.metavar,
+                metavar=choices or declared.metavar,
                 default=None,
                 help=f"{takers}: {declared.help}{default}.",
             )

@@ -175,17 +175,18 @@ def cuda_symm_all_reduce(kind: str, src: torch.Tensor, dst: torch.Tensor, group_
 
 
 def norm_operands(op: NormOp, view: Callable[[Region], torch.Tensor]) -> tuple:
-    """``(summed, residual, weight [N], normed, new_residual)`` of ``op``, through ``view``
-    (a region -> the tensor it names on this rank)."""
+    """``(summed, residual, weight [N], normed, new_residual, scale)`` of ``op``, through
+    ``view`` (a region -> the tensor it names on this rank); ``scale`` None but for FP8."""
     regions = (op.summed, op.residual, op.weight, op.normed, op.new_residual)
     summed, residual, weight, normed, new_residual = map(view, regions)
-    return summed, residual, weight.reshape(-1), normed, new_residual
+    scale = None if op.scale is None else view(op.scale)
+    return summed, residual, weight.reshape(-1), normed, new_residual, scale
 
 
-def run_norm(summed, residual, weight, eps: float, normed, new_residual) -> None:
-    """The epilogue unfused on the all-reduced ``summed``, written into ``normed`` and
-    ``new_residual``."""
-    y, x = add_rms_norm(summed, residual, weight, eps)
+def run_norm(summed, residual, weight, eps: float, normed, new_residual, scale=None) -> None:
+    """The epilogue unfused on the all-reduced ``summed``, written into ``normed`` (FP8
+    where ``scale`` is given) and ``new_residual``."""
+    y, x = add_rms_norm(summed, residual, weight, eps, scale)
     normed.copy_(y)
     new_residual.copy_(x)
 
@@ -198,21 +199,38 @@ def _norm_row_bytes(kind: str, src: torch.Tensor, world: int) -> int:
 
 
 def lamport_all_reduce_norm(
-    kind: str, src, residual, weight, eps: float, normed, new_residual, group_name: str
+    kind: str,
+    src,
+    residual,
+    weight,
+    eps: float,
+    normed,
+    new_residual,
+    group_name: str,
+    scale=None,
 ) -> None:
     """The all-reduce of ``src [rows, N]`` over the group by the lamport kernel of ``kind``
-    and the epilogue, one launch of its fused kernel on the current stream (one GPU per
-    rank; contiguous operands)."""
+    and the epilogue (``normed`` FP8 where ``scale`` is given), one launch of its fused
+    kernel on the current stream (one GPU per rank; contiguous operands)."""
     from ficco.execute.lamport import cuda_workspace
     from ficco.kernels.allreduce_lamport import all_reduce_rms_norm
 
     world = torch.distributed.distributed_c10d._resolve_process_group(group_name).size()
     ws = cuda_workspace(group_name, _norm_row_bytes(kind, src, world))
-    all_reduce_rms_norm(ws, src, residual, weight, eps, normed, new_residual, kind=kind)
+    all_reduce_rms_norm(ws, src, residual, weight, eps, normed, new_residual, scale, kind=kind)
 
 
 def gloo_lamport_norm(
-    kind: str, src, residual, weight, eps: float, normed, new_residual, group=None, shared=None
+    kind: str,
+    src,
+    residual,
+    weight,
+    eps: float,
+    normed,
+    new_residual,
+    scale=None,
+    group=None,
+    shared=None,
 ) -> None:
     """:func:`lamport_all_reduce_norm` on CPU ranks: the fused kernel under the interpreter
     over ficco's shared files (``shared``), or without them gloo's rank-order fp32 sum
@@ -220,7 +238,7 @@ def gloo_lamport_norm(
     if shared is None:
         summed = torch.empty_like(src)
         gloo_symm_all_reduce(kind, src, summed, group)
-        run_norm(summed, residual, weight, eps, normed, new_residual)
+        run_norm(summed, residual, weight, eps, normed, new_residual, scale)
         return
     from ficco.execute.lamport import shared_file_workspace
     from ficco.kernels.allreduce_lamport import all_reduce_rms_norm
@@ -228,10 +246,10 @@ def gloo_lamport_norm(
     mine = src.contiguous()
     world = dist.get_world_size(group)
     ws = shared_file_workspace(shared, world, _norm_row_bytes(kind, mine, world))
-    out_normed, out_residual = torch.empty_like(mine), torch.empty_like(mine)
+    out_normed, out_residual = torch.empty_like(normed), torch.empty_like(mine)
     all_reduce_rms_norm(
         ws, mine, residual.contiguous(), weight.contiguous(), eps, out_normed, out_residual,
-        kind=kind,
+        scale, kind=kind,
     )  # fmt: skip
     ws.raise_on_timeout(f"rank {ws.rank}: {kind} + add_rms_norm")
     normed.copy_(out_normed)

@@ -134,13 +134,15 @@ def plan_baselines(
     alternatives: dict[str, Callable[..., None]] | None = None,
 ) -> dict[str, Callable[[], None]]:
     """The parts of :func:`plan_part_baselines` plus ``serial_eager``: the whole serial plan,
-    whose output tensor ``output`` is verified like a schedule's."""
+    whose output ``output`` (``ficco.execute.buffers.output_of``) is verified like a
+    schedule's."""
+    from ficco.execute.buffers import poison_output
 
     first = [True]
 
     def serial_eager() -> None:
         if first[0]:  # the first call is the verified one: it must write every element
-            output.fill_(float("nan"))
+            poison_output(output)
             first[0] = False
         run_serial_plan()
 

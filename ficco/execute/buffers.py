@@ -2,7 +2,13 @@
 
 Inputs are drawn from a generator seeded by (seed, rank, buffer name), so any rank can
 regenerate any other rank's inputs to compute a reference without communicating; an input
-every rank holds alike (role ``replicated``) is drawn with rank 0's seed on every rank.
+every rank holds alike (role ``replicated``) is drawn with rank 0's seed on every rank, and a
+``constant`` one holds the values its problem defines. A buffer is of the problem's dtype
+unless its spec names another (``BufferSpec.dtype``).
+
+What verification reads of a plan's output (:func:`output_of`): the output buffer, or one
+tensor per part where the parts differ in dtype, an FP8 part as :class:`Quantized` (its bits
+and the scale they are read with).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import functools
 import importlib
 import zlib
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import torch
 
@@ -19,6 +26,27 @@ from ficco.patterns import MODULES, spec_of
 from ficco.plan import BufferSpec, Plan, Region, build_plan
 from ficco.problem import Problem, torch_dtype
 from ficco.space import Schedule
+
+
+def is_fp8(t: torch.Tensor) -> bool:
+    return t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+#: the byte every fp8 format reads as NaN (0 11111 11 in e5m2, 0 1111 111 in e4m3fn)
+FP8_NAN_BYTE = 0x7F
+
+
+def poison(t: torch.Tensor) -> None:
+    """Fill ``t`` with NaN (fp8: through its bytes; no fill kernel is needed for fp8)."""
+    if is_fp8(t):
+        t.view(torch.uint8).fill_(FP8_NAN_BYTE)
+    else:
+        t.fill_(float("nan"))
+
+
+def buffer_dtype(problem: Problem, spec: BufferSpec) -> torch.dtype:
+    """The torch dtype of buffer ``spec``: its own, else the problem's."""
+    return torch_dtype(spec.dtype or problem.dtype)
 
 
 def input_seed(seed: int, rank: int, name: str) -> int:
@@ -65,7 +93,6 @@ def allocate(
     unwritten element can never pass verification. ``peer_visible_empty(shape, dtype, device,
     name)`` allocates buffers other ranks access directly (symmetric memory on GPUs, shared
     files on CPU)."""
-    dtype = torch_dtype(plan.problem.dtype)
     tensors = {}
     for spec in plan.buffers:
         if spec.role == "index":
@@ -73,15 +100,18 @@ def allocate(
             tensors[spec.name] = empty(spec.shape, dtype=torch.int64, device=device)
             tensors[spec.name].copy_(values)
             continue
+        dtype = buffer_dtype(plan.problem, spec)
         if spec.peer_visible and peer_visible_empty:
             t = peer_visible_empty(spec.shape, dtype=dtype, device=device, name=spec.name)
         else:
             t = empty(spec.shape, dtype=dtype, device=device)
-        if spec.is_input:
+        if spec.role == "constant":
+            t.copy_(constant_input(plan.problem, plan.rank, spec.name))
+        elif spec.is_input:
             drawn = input_seed(seed, source_rank(spec, plan.rank), spec.name)
             t.copy_(random_input(spec.shape, dtype, drawn, device))
         else:
-            t.fill_(float("nan"))
+            poison(t)
         tensors[spec.name] = t
     return tensors
 
@@ -91,6 +121,39 @@ def index_input(problem: Problem, rank: int, name: str) -> torch.Tensor:
     own, from its pattern module's ``index_inputs`` (the same for every seed)."""
     module = importlib.import_module(MODULES[problem.pattern])
     return module.index_inputs(problem, rank, name)
+
+
+def constant_input(problem: Problem, rank: int, name: str) -> torch.Tensor:
+    """The values of a ``constant`` input (gemm_ar's FP8 norm scale): the problem's own,
+    from its pattern module's ``constant_inputs`` (the same for every seed and rank)."""
+    module = importlib.import_module(MODULES[problem.pattern])
+    return module.constant_inputs(problem, rank, name)
+
+
+class Quantized(NamedTuple):
+    """An FP8 output part and its per-tensor scale: it stands for ``bits * scale``."""
+
+    bits: torch.Tensor
+    scale: torch.Tensor
+
+
+def output_of(plan: Plan, tensors: dict[str, torch.Tensor]):
+    """What verification reads of ``plan``'s output: the output buffer's tensor, or (an
+    output of parts, ``Plan.output`` a tuple) a tuple with one per part, an FP8 part as
+    :class:`Quantized` with its scale buffer's tensor (``BufferSpec.scale``)."""
+    if isinstance(plan.output, str):
+        return tensors[plan.output]
+    parts = []
+    for name in plan.output:
+        scale = plan.buffer(name).scale
+        parts.append(tensors[name] if scale is None else Quantized(tensors[name], tensors[scale]))
+    return tuple(parts)
+
+
+def poison_output(out) -> None:
+    """NaN into an output as :func:`output_of` gives it (its parts' bits; never a scale)."""
+    for part in out if isinstance(out, tuple) else (out,):
+        poison(part.bits if isinstance(part, Quantized) else part)
 
 
 def view(tensors: dict[str, torch.Tensor], region: Region) -> torch.Tensor:

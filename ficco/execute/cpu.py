@@ -343,12 +343,16 @@ class CpuPrimitives(FusedPrimitives, Primitives):
     def norm(self, op: NormOp) -> None:
         """The epilogue on the host; fused with a lamport all-reduce, that kernel's fused
         launch over the shared files (where the group has them)."""
-        operands = norm_operands(op, functools.partial(view, self.tensors))
+        summed, residual, weight, *outputs = norm_operands(
+            op, functools.partial(view, self.tensors)
+        )
         if op.all_reduce is None:
-            run_norm(*operands[:3], op.eps, *operands[3:])
+            run_norm(summed, residual, weight, op.eps, *outputs)
         else:
-            kind = op.all_reduce
-            gloo_lamport_norm(kind, *operands[:3], op.eps, *operands[3:], self.group, self.shared)
+            gloo_lamport_norm(
+                op.all_reduce, summed, residual, weight, op.eps, *outputs,
+                group=self.group, shared=self.shared,
+            )  # fmt: skip
 
     def _whole(self, name: str, tensor) -> tuple:
         """``(packed uint8 rows, where they land)`` of a whole fp8 buffer and its row scales."""

@@ -340,14 +340,14 @@ class CudaPrimitives(SegmentPrimitives, TritonPooling, FusedPrimitives, Primitiv
     def norm(self, op: NormOp) -> None:
         from ficco.execute.allreduce import lamport_all_reduce_norm, norm_operands, run_norm
 
-        summed, residual, weight, normed, new_residual = norm_operands(op, self.view)
+        summed, residual, weight, normed, new_residual, scale = norm_operands(op, self.view)
         if op.all_reduce is None:
-            run_norm(summed, residual, weight, op.eps, normed, new_residual)
+            run_norm(summed, residual, weight, op.eps, normed, new_residual, scale)
             return
         # the lamport kernel's fused launch, on the buffers' own group (as the all-reduces)
         group = self.ctx.group.group_name
         lamport_all_reduce_norm(
-            op.all_reduce, summed, residual, weight, op.eps, normed, new_residual, group
+            op.all_reduce, summed, residual, weight, op.eps, normed, new_residual, group, scale
         )
 
     def transfer(self, ops: Sequence[TransferOp], task_ids: Sequence[int]) -> None:

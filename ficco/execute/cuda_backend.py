@@ -129,13 +129,14 @@ class CudaBackend(Backend):
             # the serial plan (all_to_all_single with splits, one cuBLAS GEMM per expert block)
             # is the eager serial baseline, and its parts the isolated GEMM and collective
             from ficco.execute.baselines import alternative_runs, plan_baselines
+            from ficco.execute.buffers import output_of
             from ficco.execute.interpreter import interpret
 
             def runner(schedule: Schedule):
                 plan = build_plan(problem, schedule, self.rank)
                 return functools.partial(interpret, self.primitives(plan, bufs, 0))
 
-            output = bufs.tensors[build_plan(problem, Schedule(), self.rank).output]
+            output = output_of(build_plan(problem, Schedule(), self.rank), bufs.tensors)
             alternatives = alternative_runs(problem, self.rank, runner)
             return plan_baselines(runner(Schedule()), output, alternatives)
         return cuda_baselines(problem, bufs.tensors, self.ctx.device, self.ctx.group.group_name)

@@ -320,6 +320,7 @@ class CudaSharedBackend(CudaBackend):
             alternative_runs,
             plan_baselines,
         )
+        from ficco.execute.buffers import output_of
         from ficco.execute.interpreter import interpret
 
         plan = build_plan(problem, Schedule(), self.rank)
@@ -333,7 +334,7 @@ class CudaSharedBackend(CudaBackend):
             return functools.partial(interpret, prims)
 
         alternatives = alternative_runs(problem, self.rank, runner)
-        out = plan_baselines(run, bufs.tensors[plan.output], alternatives)
+        out = plan_baselines(run, output_of(plan, bufs.tensors), alternatives)
         if problem.pattern in (Pattern.AG_GEMM, Pattern.GEMM_RS):
             out[BASELINE_ASYNC_TP] = _unavailable(ASYNC_TP_REASON)
         if problem.pattern is Pattern.GEMM_AR:

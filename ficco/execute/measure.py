@@ -34,6 +34,8 @@ from ficco.execute.baselines import (
     GRAPHED_PART,
     ISOLATED_PARTS,
 )
+from ficco.execute.buffers import output_of, poison_output
+from ficco.execute.buffers import poison as poison_buffer
 from ficco.execute.capture import baseline_graph_refusal, graph_refusal
 from ficco.execute.interpreter import interpret
 from ficco.execute.options import TimingOptions
@@ -60,7 +62,7 @@ def poison(plan: Plan, bufs: Buffers) -> None:
 
             poison_scaled(plan.problem, bufs.tensors, spec.name)
         else:
-            bufs.tensors[spec.name].fill_(float("nan"))
+            poison_buffer(bufs.tensors[spec.name])
 
 
 def _failure(backend: Backend, err: Exception) -> tuple[Verdict, str]:
@@ -120,7 +122,7 @@ def measure_problem(
             run()
             backend.synchronize()
             prims.raise_failures()  # a flag wait that gave up on the device
-            check = check_output(bufs.tensors[plan.output], exact, plain, problem, schedule)
+            check = check_output(output_of(plan, bufs.tensors), exact, plain, problem, schedule)
             if check.ok:
                 runners[name], traced[name] = run, run
         except Exception as err:  # recorded; the run goes on
@@ -242,7 +244,7 @@ def _capture_and_verify(backend, run, plan, bufs, reference, problem, schedule):
     poison(plan, bufs)
     graph.replay()
     backend.synchronize()
-    check = check_output(bufs.tensors[plan.output], *reference, problem, schedule)
+    check = check_output(output_of(plan, bufs.tensors), *reference, problem, schedule)
     if not check.ok:
         return (
             f"incorrect graph replay (max err {check.max_abs_err:.3g} > {check.tolerance:.3g})",
@@ -275,7 +277,7 @@ def _graph_baselines(backend, base, results, runners, part_graphs, reference, pr
         try:
             if not everyone:
                 raise RuntimeError(capture_error or "capture failed on another rank")
-            fn.out.fill_(float("nan"))
+            poison_output(fn.out)
             graph.replay()
             backend.synchronize()
             check = check_output(fn.out, *reference, problem, Schedule())

@@ -12,14 +12,21 @@ Two ways, one per scale, each the pattern's own (its spec's ``reference`` and
   would take minutes (every pattern).
 
 Both return ``(exact, plain)``; ``plain``'s distance from ``exact`` calibrates the tolerance
-(``ficco.execute.verify``).
+(``ficco.execute.verify``). For an output of parts (``Plan.output`` a tuple) each is a tuple,
+one per part.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ficco.execute.buffers import input_seed, random_input, source_rank
+from ficco.execute.buffers import (
+    buffer_dtype,
+    constant_input,
+    input_seed,
+    random_input,
+    source_rank,
+)
 from ficco.patterns import spec_of
 from ficco.problem import Problem, torch_dtype
 
@@ -28,7 +35,7 @@ def reference_output(problem: Problem, rank: int, seed: int) -> tuple[torch.Tens
     """``(exact, plain)`` for rank's output: ``exact`` in float64 from the same low-precision
     inputs; ``plain`` computed the ordinary way in the working dtype (serial collective, one
     matmul), whose distance from ``exact`` calibrates the tolerance."""
-    spec, dtype = spec_of(problem.pattern), torch_dtype(problem.dtype)
+    spec = spec_of(problem.pattern)
     buffers = spec.buffers.load()
     specs = {r: {b.name: b for b in buffers(problem, r)} for r in range(problem.world)}
     shapes = {r: {name: b.shape for name, b in specs[r].items()} for r in specs}
@@ -45,8 +52,11 @@ def reference_output(problem: Problem, rank: int, seed: int) -> tuple[torch.Tens
         return exact, plain.to(torch_dtype(problem.output_dtype))
 
     def inp(r: int, name: str) -> torch.Tensor:
-        drawn = input_seed(seed, source_rank(specs[r][name], r), name)
-        return random_input(shapes[r][name], dtype, drawn)
+        buf = specs[r][name]
+        if buf.role == "constant":
+            return constant_input(problem, r, name)
+        drawn = input_seed(seed, source_rank(buf, r), name)
+        return random_input(shapes[r][name], buffer_dtype(problem, buf), drawn)
 
     return spec.reference(problem, rank, inp)
 

@@ -27,7 +27,13 @@ from __future__ import annotations
 import torch
 
 from ficco.dtypes import dtype_of
-from ficco.execute.buffers import input_seed, random_input
+from ficco.execute.buffers import (  # noqa: F401 - is_fp8, FP8_NAN_BYTE re-exported
+    FP8_NAN_BYTE,
+    input_seed,
+    is_fp8,
+    poison,
+    random_input,
+)
 from ficco.kernels.scaled_mm import scaled_matmul
 from ficco.plan import GemmOp, Plan, Region
 from ficco.problem import AScale, BScale, Problem, torch_dtype
@@ -35,22 +41,6 @@ from ficco.problem import AScale, BScale, Problem, torch_dtype
 #: standard deviations of the unit-normal inputs a static per-tensor scale maps onto the
 #: dtype's largest value (beyond it values saturate: the quantized bits are the inputs)
 TENSOR_RANGE = 8.0
-
-
-def is_fp8(t: torch.Tensor) -> bool:
-    return t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-
-
-#: the byte every fp8 format reads as NaN (0 11111 11 in e5m2, 0 1111 111 in e4m3fn)
-FP8_NAN_BYTE = 0x7F
-
-
-def poison(t: torch.Tensor) -> None:
-    """Fill ``t`` with NaN (fp8: through its bytes; no fill kernel is needed for fp8)."""
-    if is_fp8(t):
-        t.view(torch.uint8).fill_(FP8_NAN_BYTE)
-    else:
-        t.fill_(float("nan"))
 
 
 def scale_name(buffer: str) -> str:

@@ -39,11 +39,14 @@ The fused variant (``_one_shot_rms_norm_kernel``) reduces whole rows and, in the
 the residual, stores the new residual, and writes ``rms_norm(new_residual) * weight``
 (optionally as FP8 e4m3 divided by a scale), as vLLM's ``fused_add_rms_norm`` after its
 all-reduce: ``new_residual = round(sum + residual)``, the norm from that rounded value in
-fp32. Its two-shot twin (``_two_shot_rms_norm_kernel``, no FP8) cuts whole rows, not
-elements, into the W slices: each owner sums its rows, applies the same epilogue with its
-own residual and weight (so every rank's must be the same: replicated, as tensor-parallel
-decode holds them), and all-gathers both results (a phase-1 scratch row holds
-2 ceil(rows / W) n elements: :func:`norm_row_elements`).
+fp32. Its two-shot twin (``_two_shot_rms_norm_kernel``) cuts whole rows, not elements, into
+the W slices: each owner sums its rows, applies the same epilogue with its own residual and
+weight (so every rank's must be the same: replicated, as tensor-parallel decode holds them;
+FP8: it quantizes once and sends the e4m3 values, exact in the scratch's dtype), and
+all-gathers both results (a phase-1 scratch row holds 2 ceil(rows / W) n elements:
+:func:`norm_row_elements`). Under the interpreter both round the FP8 output to e4m3 in fp32
+before its cast (the interpreter's own cast drops carries: ``_fp8_normed``), so their bits
+are torch's and the GPU's round-to-nearest-even.
 
 Waits give up: on GPUs after ``timeout_s`` on ``%globaltimer``; under the interpreter when a
 host watchdog sets ``status`` (no clock inside a kernel). A give-up sets ``status`` and the
@@ -299,7 +302,7 @@ def all_reduce_rms_norm(
 ) -> None:
     """All-reduce of ``src [rows, n]`` (``kind``: ``LAMPORT_ONE_SHOT``, the default, or
     ``LAMPORT_TWO_SHOT``), then ``new_residual = sum + residual`` and ``normed =
-    rms_norm(new_residual, eps) * weight`` (one-shot: ``/ scale`` into FP8 e4m3 where
+    rms_norm(new_residual, eps) * weight`` (``/ scale``, saturated, into FP8 e4m3 where
     ``normed`` is float8_e4m3fn). ``new_residual`` may be ``residual`` (in place). Two-shot:
     ``residual`` and ``weight`` must be the same on every rank (each owner's are used for
     its rows)."""
@@ -309,8 +312,6 @@ def all_reduce_rms_norm(
     if kind not in (LAMPORT_ONE_SHOT, LAMPORT_TWO_SHOT):
         raise ValueError(f"kind: {LAMPORT_ONE_SHOT} or {LAMPORT_TWO_SHOT}, got {kind!r}")
     check_norm_operands(src, residual, weight, normed, new_residual, scale)
-    if scale is not None and kind != LAMPORT_ONE_SHOT:
-        raise ValueError("scale: the FP8 output is the one-shot kernel's only")
     rows, n = src.shape
     if rows == 0:
         return
@@ -322,19 +323,20 @@ def all_reduce_rms_norm(
     num_warps = max(1, min(16, block_n // 256))
     flags = (data_ref, scratch_offs, flag_ref, flag_offs, ws.epochs, ws.status, ws.rank)
     tail = (ws.capacity(src.dtype), _budget_ns(ws.timeout_s))
+    # the scale's pointer (status's where there is none: never read without FP8)
+    scale_arg = scale if scale is not None else ws.status
     with _Watchdog(ws.status, ws.timeout_s):
         if kind == LAMPORT_TWO_SHOT:
             _two_shot_rms_norm_kernel[(_programs(-(-rows // ws.world)),)](
-                _flat(src, "src"), residual, weight, normed, new_residual, rows, n, float(eps),
-                *flags, *tail, WORLD=ws.world, MAXP=MAX_PROGRAMS, BLOCK_N=block_n,
+                _flat(src, "src"), residual, weight, normed, new_residual, scale_arg, rows, n,
+                float(eps), *flags, *tail, WORLD=ws.world, MAXP=MAX_PROGRAMS, BLOCK_N=block_n,
                 PHASES=PUSH | REDUCE | GATHER if phases is None else phases,
-                ON_GPU=not INTERPRETER, num_warps=num_warps,
+                FP8=scale is not None, ON_GPU=not INTERPRETER, num_warps=num_warps,
             )  # fmt: skip
             return
         _one_shot_rms_norm_kernel[(_programs(rows),)](
-            _flat(src, "src"), residual, weight, normed, new_residual,
-            scale if scale is not None else ws.status, rows, n, float(eps), *flags, *tail,
-            WORLD=ws.world, MAXP=MAX_PROGRAMS, BLOCK_N=block_n,
+            _flat(src, "src"), residual, weight, normed, new_residual, scale_arg, rows, n,
+            float(eps), *flags, *tail, WORLD=ws.world, MAXP=MAX_PROGRAMS, BLOCK_N=block_n,
             PHASES=PUSH | REDUCE if phases is None else phases, FP8=scale is not None,
             ON_GPU=not INTERPRETER, num_warps=num_warps,
         )  # fmt: skip

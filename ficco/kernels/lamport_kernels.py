@@ -222,6 +222,32 @@ def _two_shot_kernel(
         tl.store(epochs_ptr + pid, epoch)
 
 
+@triton.jit
+def _e4m3_rne(y):
+    # y [BLOCK_N] fp32 within e4m3's range, rounded to the nearest e4m3 value (ties to even,
+    # subnormal steps of 2^-9 below 2^-6) in fp32: scaled by 2^(3 - e) (e: its binade) to
+    # [8, 16), rounded to an integer by the 1.5 * 2^23 trick, scaled back; the sign kept
+    bits = y.to(tl.int32, bitcast=True)
+    e = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)
+    up = ((130 - e) << 23).to(tl.float32, bitcast=True)  # 2^(3 - e)
+    down = ((124 + e) << 23).to(tl.float32, bitcast=True)  # 2^(e - 3)
+    r = ((tl.abs(y) * up + 12582912.0) - 12582912.0) * down
+    return tl.where(bits < 0, -r, r)
+
+
+@triton.jit
+def _fp8_normed(y, scale_ptr, ON_GPU: tl.constexpr):
+    # the normed row as stored in FP8 e4m3: y / scale, saturated at e4m3's largest. Under
+    # the interpreter also rounded to e4m3 here: its fp32 -> e4m3 cast rounds ties up and
+    # drops a carry into the exponent (Triton 3.9: 125.7 -> 64, 1.97 -> 1), so the cast
+    # that follows is exact there, and the bits are the GPU's cvt.rn.satfinite's
+    y = y / tl.load(scale_ptr)
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+    if not ON_GPU:
+        y = _e4m3_rne(y)
+    return y
+
+
 @triton.jit(do_not_specialize=["rank"])  # every rank runs one binary
 def _one_shot_rms_norm_kernel(
     src_ptr,  # [rows, n] this rank's partial
@@ -275,8 +301,7 @@ def _one_shot_rms_norm_kernel(
             rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n + eps)
             y = x * rstd * w
             if FP8:
-                y = y / tl.load(scale_ptr)
-                y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+                y = _fp8_normed(y, scale_ptr, ON_GPU)
             tl.store(normed_ptr + offs, y.to(normed_ptr.dtype.element_ty), mask=cmask)
         tl.store(epochs_ptr + pid, epoch)
 
@@ -286,12 +311,13 @@ def _two_shot_rms_norm_kernel(
     src_ptr,  # [rows, n] this rank's partial
     residual_ptr,  # [rows, n]
     weight_ptr,  # [n]
-    normed_ptr,  # [rows, n]: rms_norm(new_residual) * weight
+    normed_ptr,  # [rows, n]: rms_norm(new_residual) * weight (/ scale, as fp8)
     new_residual_ptr,  # [rows, n] (may be residual)
+    scale_ptr,  # [1] fp32 (FP8 only)
     rows, n, eps,
     data_ref, scratch_offs, flag_ref, flag_offs, epochs_ptr, status_ptr, rank, cap, budget_ns,
     WORLD: tl.constexpr, MAXP: tl.constexpr, BLOCK_N: tl.constexpr, PHASES: tl.constexpr,
-    ON_GPU: tl.constexpr,
+    FP8: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     # two-shot over whole rows: rank d owns rows [d*R, (d+1)*R) (R = ceil(rows / W), the
     # last slices short or empty). Phase 0 pushes slice d's rows to owner d (scratch row
@@ -299,7 +325,9 @@ def _two_shot_rms_norm_kernel(
     # residual is replicated: every rank's is the same), normalizes, stores both results and
     # pushes them to every peer (normed at i*n, the new residual at (R + i)*n of
     # (slot, 1, rank): 2 R n elements a row); phase 2 copies the peers' rows in. A slice row
-    # i belongs to program i % nprog on every rank.
+    # i belongs to program i % nprog on every rank. FP8: the owner quantizes its normed rows
+    # once and sends the e4m3 values in the scratch's dtype (exact in bf16, fp16 and fp32),
+    # so every rank stores the owner's bits.
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = _next_epoch(tl.load(epochs_ptr + pid))
@@ -341,9 +369,14 @@ def _two_shot_rms_norm_kernel(
             new_res = (summed + res).to(new_residual_ptr.dtype.element_ty)
             x = new_res.to(tl.float32)
             rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n + eps)
-            y = (x * rstd * w).to(normed_ptr.dtype.element_ty)
+            y = x * rstd * w
+            if FP8:
+                y = _fp8_normed(y, scale_ptr, ON_GPU)
+            y = y.to(normed_ptr.dtype.element_ty)
             tl.store(new_residual_ptr + offs, new_res, mask=mask)
             tl.store(normed_ptr + offs, y, mask=mask)
+            if FP8:  # what the scratch carries: the e4m3 values, exact in its dtype
+                y = y.to(tl.float32).to(new_res.dtype)
             for d in tl.static_range(WORLD):
                 if d != rank:
                     peer = data_ref + tl.load(scratch_offs + d) + _row(slot, 1, rank, WORLD) * cap
@@ -361,6 +394,8 @@ def _two_shot_rms_norm_kernel(
                     got = mine + _row(slot, 1, s, WORLD) * cap
                     y = tl.load(got + i * n + cols, mask=mask)
                     r = tl.load(got + (per + i) * n + cols, mask=mask)
+                    if FP8:  # the owner's e4m3 values back to e4m3: exact
+                        y = y.to(tl.float32).to(normed_ptr.dtype.element_ty)
                     tl.store(normed_ptr + row * n + cols, y, mask=mask)
                     tl.store(new_residual_ptr + row * n + cols, r, mask=mask)
         tl.store(epochs_ptr + pid, epoch)

@@ -29,8 +29,8 @@ from :func:`problem_fields`. A pattern whose compute is not a GEMM needs a new o
    helpers of its family. Its references and CUDA baselines import torch inside their
    functions, so the registry stays importable without torch.
 3. ``ficco/plan/emb_a2a.py``: its lowering and buffers (the spec names them by ``Ref``),
-   built from ``ficco.plan.ops`` (a new op kind would also need its primitive in
-   ``ficco.execute``).
+   built from ``ficco.plan.ops``'s vocabulary with ``ficco.plan.build``'s builder (a new op
+   kind would also need its primitive in ``ficco.execute``).
 4. ``ficco/export/lookup_features.py``: its stdlib sizes twin in ``SIZES`` (the parity test
    holds it to the spec's ``sizes``). Once measured profiles exist (``in_selector=True``),
    in the same file: its ``is_emb_a2a`` one-hot in ``TABLE_FEATURES`` (the C header's

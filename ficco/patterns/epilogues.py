@@ -9,7 +9,15 @@ owner's residual to the rows it reduces), and produces ``y [2, M, N]`` in place 
     y[1] = new_residual = all_reduce(a @ b) + residual
     y[0] = normed       = rms_norm(new_residual, eps) * norm_weight    (over each row's N)
 
-with ``eps`` :data:`NORM_EPS` and the columns N: the problem implies both. Every gemm_ar
+with ``eps`` :data:`NORM_EPS` and the columns N: the problem implies both.
+
+``epilogue=add_rms_norm_fp8`` is the same with the normed rows in FP8 e4m3, as the next
+layer's FP8 GEMM reads them: ``normed / scale`` saturated at e4m3's largest (448), rounded
+once. The scale is per tensor, fp32, a static one as runtimes calibrate for activations:
+``norm_scale [1, 1]`` (role ``constant``: :data:`NORM_FP8_RANGE` / 448 on every rank). The
+parts differ in dtype, so the output is two buffers, ``normed [M, N]`` (fp8_e4m3, read with
+``norm_scale``) and ``new_residual [M, N]`` (the problem's dtype), in place of ``y``
+(:data:`FP8_OUTPUTS`). Every gemm_ar
 schedule of such a problem ends in the epilogue: ``lamport1`` and ``lamport2`` all-reduce a
 chunk of whole rows and normalize it in one launch (``ficco.kernels.allreduce_lamport``'s
 fused one-shot and two-shot kernels, rows of at most :data:`MAX_FUSED_NORM_COLUMNS`); every
@@ -18,7 +26,8 @@ other transport all-reduces, then :func:`add_rms_norm` runs on the sum
 
 Arithmetic (:func:`add_rms_norm`, the one definition, which the fused kernel mirrors): the
 sum rounded to the dtype, plus the residual in fp32 rounded to the dtype (the new residual);
-the norm of that rounded value in fp32, times the weight, rounded once.
+the norm of that rounded value in fp32, times the weight (FP8: divided by the scale and
+saturated), rounded once.
 
 ``epilogue=none`` (the default) is written nowhere (``ProblemField.implicit_default``): the
 keys, records and plans of problems without it are what they were before it existed.
@@ -43,18 +52,50 @@ class Epilogue(Word):
 
     NONE = "none"
     ADD_RMS_NORM = "add_rms_norm"
+    ADD_RMS_NORM_FP8 = "add_rms_norm_fp8"
 
+
+#: each epilogue's part of the field's help (FIELD reads every value's: a value added
+#: without one fails at import)
+_HELP = {
+    Epilogue.NONE: "the sum itself",
+    Epilogue.ADD_RMS_NORM: "every rank also holds the same residual [M, N] and norm_weight "
+    "[N] and gets normed = rms_norm(sum + residual, eps {eps:g}) * norm_weight and the new "
+    "residual",
+    Epilogue.ADD_RMS_NORM_FP8: "the same with normed in FP8 e4m3, divided by a per-tensor "
+    "fp32 scale and saturated",
+}
 
 #: the RMSNorm's epsilon (Llama's ``rms_norm_eps``)
 NORM_EPS = 1e-5
 #: the longest row (elements) the fused kernel normalizes (``ficco.kernels.lamport_kernels``
 #: reads it): one row per program pass; a wider problem's lamport plans norm unfused
 MAX_FUSED_NORM_COLUMNS = 32768
+#: add_rms_norm_fp8's static scale maps normed magnitude 3 onto e4m3's largest (448). The
+#: harness's normed values are products of two unit normals (the normalized row, the
+#: weight): about 2% lie beyond 3 and saturate, so every verification covers saturation too
+NORM_FP8_RANGE = 3.0
+#: add_rms_norm_fp8's buffers: the scale, then the output's parts (``Plan.output``)
+NORM_SCALE = "norm_scale"
+FP8_OUTPUTS = ("normed", "new_residual")
 
 
 def has_norm(problem: Problem) -> bool:
     """The problem's output goes through the residual add and RMSNorm."""
-    return problem.epilogue is Epilogue.ADD_RMS_NORM
+    return problem.epilogue in (Epilogue.ADD_RMS_NORM, Epilogue.ADD_RMS_NORM_FP8)
+
+
+def has_fp8_norm(problem: Problem) -> bool:
+    """The problem's normed rows are FP8 e4m3 with a per-tensor scale."""
+    return problem.epilogue is Epilogue.ADD_RMS_NORM_FP8
+
+
+def norm_fp8_scale():
+    """add_rms_norm_fp8's scale, ``[1, 1]`` fp32 (the buffer :data:`NORM_SCALE`'s values)."""
+    import torch
+
+    largest = dtype_of("fp8_e4m3").largest
+    return torch.full((1, 1), NORM_FP8_RANGE / largest, dtype=torch.float32)
 
 
 def _check_epilogue(p: Problem, value: Any) -> Epilogue:
@@ -75,15 +116,14 @@ def _check_epilogue(p: Problem, value: Any) -> Epilogue:
 #: gemm_ar's field of its own (``PatternSpec.problem_fields``)
 FIELD = ProblemField(
     name="epilogue",
-    help="what the all-reduced output goes through: none, or add_rms_norm (every rank also "
-    "holds the same residual [M, N] and norm_weight [N] and gets normed = rms_norm(sum + "
-    f"residual, eps {NORM_EPS:g}) * norm_weight and the new residual; lamport1 / lamport2 "
-    "fuse it into their all-reduce)",
+    help="what the all-reduced output goes through: "
+    + "; ".join(f"{e.value}, {_HELP[e].format(eps=NORM_EPS)}" for e in Epilogue)
+    + "; lamport1 / lamport2 fuse the norm into their all-reduce",
     parse=str,
     check=_check_epilogue,
     key=str,
     default=Epilogue.NONE,
-    metavar="NAME",
+    choices=tuple(e.value for e in Epilogue),
     to_json=str,
     from_json=str,
     implicit_default=True,
@@ -109,13 +149,24 @@ def add_rms_norm(summed, residual, weight, eps: float = NORM_EPS, fp8_scale=None
     return y.to(torch.float8_e4m3fn), new_residual
 
 
-def normed_outputs(exact_sum, plain_sum, residual, weight, eps: float = NORM_EPS) -> tuple:
-    """``(exact, plain)`` of ``y [2, M, N]`` from the all-reduce's ``(exact, plain)``: the
-    exact one in float64 throughout, the plain one by :func:`add_rms_norm` from the plain
-    (working-dtype) sum."""
+def normed_outputs(
+    exact_sum, plain_sum, residual, weight, eps: float = NORM_EPS, fp8_scale=None
+) -> tuple:
+    """``(exact, plain)`` of the epilogue's output from the all-reduce's ``(exact, plain)``:
+    the exact one in float64 throughout, the plain one by :func:`add_rms_norm` from the plain
+    (working-dtype) sum. Without ``fp8_scale``: each ``y [2, M, N]``. With it (``[1, 1]``
+    fp32): each the parts ``(normed, new_residual)``, normed in real units (what the FP8
+    values times the scale stand for), saturated where the scaled value passes e4m3's largest;
+    the plain normed unquantized, in the working dtype, saturated alike (the error before the
+    FP8 rounding, which verification adds: ``ficco.execute.verify``)."""
     import torch
 
     x = exact_sum.double() + residual.double()
     exact = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.double()
     normed, new_residual = add_rms_norm(plain_sum, residual, weight, eps)
-    return torch.stack((exact, x)), torch.stack((normed, new_residual))
+    if fp8_scale is None:
+        return torch.stack((exact, x)), torch.stack((normed, new_residual))
+    bound = dtype_of("fp8_e4m3").largest * fp8_scale.double().abs()
+    exact = torch.minimum(torch.maximum(exact, -bound), bound)
+    normed = torch.minimum(torch.maximum(normed.double(), -bound), bound).to(normed.dtype)
+    return (exact, x), (normed, new_residual)

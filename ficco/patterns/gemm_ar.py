@@ -16,6 +16,8 @@ and makes its output ``y [2, M, N]`` (the normed rows, the new residual). Its re
 apply the epilogue to the all-reduced sum, and every baseline that all-reduces applies it
 too (``comm_alone`` is then NCCL's all-reduce and the unfused epilogue; ``comm_lamport`` the
 one fused launch), so the ideal and the fused-versus-unfused comparison count it alike.
+``add_rms_norm_fp8`` also adds the constant ``norm_scale [1, 1]`` and makes the output two
+parts, ``normed [M, N]`` in FP8 e4m3 and ``new_residual [M, N]`` (its baselines' too).
 """
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ from ficco.patterns.epilogues import (
     FIELD,
     MAX_FUSED_NORM_COLUMNS,
     NORM_EPS,
+    NORM_SCALE,
     add_rms_norm,
+    has_fp8_norm,
     has_norm,
+    norm_fp8_scale,
     normed_outputs,
 )
 from ficco.patterns.spec import BASELINE_COMM, Collective, ModelSupport, Ref, Sizes, eager_baselines
@@ -88,7 +93,10 @@ def reference(p: Problem, rank: int, inp) -> tuple:
     exact, plain = dense.summed_partials([(inp(r, "a"), inp(r, "b")) for r in range(p.world)])
     if not has_norm(p):
         return exact, plain
-    return normed_outputs(exact, plain, inp(rank, "residual"), inp(rank, "norm_weight"))
+    scale = inp(rank, NORM_SCALE) if has_fp8_norm(p) else None
+    return normed_outputs(
+        exact, plain, inp(rank, "residual"), inp(rank, "norm_weight"), fp8_scale=scale
+    )
 
 
 def reference_by_collectives(p: Problem, tensors: dict, device) -> tuple:
@@ -101,23 +109,44 @@ def reference_by_collectives(p: Problem, tensors: dict, device) -> tuple:
     dist.all_reduce(plain)
     if not has_norm(p):
         return exact, plain
-    return normed_outputs(exact, plain, tensors["residual"], tensors["norm_weight"])
+    residual, weight, scale = (tensors.get(n) for n in ("residual", "norm_weight", NORM_SCALE))
+    return normed_outputs(exact, plain, residual, weight, fp8_scale=scale)
+
+
+def constant_inputs(p: Problem, rank: int, name: str):
+    """The values of a ``constant`` input (``ficco.execute.buffers.constant_input``): the
+    add_rms_norm_fp8 epilogue's scale."""
+    if name != NORM_SCALE or not has_fp8_norm(p):
+        raise KeyError(f"{p.key} has no constant input {name!r}")
+    return norm_fp8_scale()
 
 
 class _Norm:
-    """The unfused add_rms_norm epilogue of the baselines: ``norm(summed)`` writes ``out``
-    (``y [2, M, N]``, the baselines' own) from this rank's residual and weight."""
+    """The unfused add_rms_norm epilogue of the baselines: ``norm(summed)`` writes
+    ``normed`` and ``new_residual`` (the baselines' own) from this rank's residual and weight
+    (and scale: add_rms_norm_fp8). ``out``: the output as verification reads it, ``y
+    [2, M, N]`` or the parts (``ficco.execute.buffers.output_of``)."""
 
     def __init__(self, p: Problem, tensors: dict, device) -> None:
         import torch
 
         self.residual, self.weight = tensors["residual"], tensors["norm_weight"]
-        self.out = torch.empty((2, p.m, p.n), dtype=self.residual.dtype, device=device)
+        self.scale = tensors[NORM_SCALE] if has_fp8_norm(p) else None
+        if self.scale is None:
+            self.out = torch.empty((2, p.m, p.n), dtype=self.residual.dtype, device=device)
+            self.normed, self.new_residual = self.out
+            return
+        quantized = Ref("ficco.execute.buffers:Quantized").load()
+        self.normed = torch.empty((p.m, p.n), dtype=torch.float8_e4m3fn, device=device)
+        self.new_residual = torch.empty_like(self.residual)
+        self.out = (quantized(self.normed, self.scale), self.new_residual)
 
     def __call__(self, summed) -> None:
-        normed, new_residual = add_rms_norm(summed, self.residual, self.weight, NORM_EPS)
-        self.out[0].copy_(normed)
-        self.out[1].copy_(new_residual)
+        normed, new_residual = add_rms_norm(
+            summed, self.residual, self.weight, NORM_EPS, self.scale
+        )
+        self.normed.copy_(normed)
+        self.new_residual.copy_(new_residual)
 
     def after(self, all_reduce: Callable[[], None], summed) -> Callable[[], None]:
         """``all_reduce`` then the epilogue on ``summed``, what it wrote."""
@@ -132,7 +161,8 @@ class _Norm:
 def cuda_baselines(p: Problem, tensors: dict, device, group_name: str) -> dict:
     """cuBLAS alone, NCCL's all-reduce alone, both serial, and the kernel all-reduces alone
     (PyTorch has no fused matmul + all-reduce: no async_tp). With the add_rms_norm epilogue
-    every all-reduce is followed by it (the serial baseline's output is then ``y``)."""
+    every all-reduce is followed by it (the serial baseline's output is then ``y``, or
+    add_rms_norm_fp8's parts)."""
     import torch
     import torch.distributed as dist
 
@@ -193,8 +223,8 @@ def kernel_comm_parts(
         if norm is not None and kernel.fuses_add_rms_norm and p.n <= MAX_FUSED_NORM_COLUMNS:
             weight = norm.weight.view(-1)
             run = functools.partial(
-                lamport_norm, kernel, source, norm.residual, weight, NORM_EPS, *norm.out,
-                group_name,
+                lamport_norm, kernel, source, norm.residual, weight, NORM_EPS, norm.normed,
+                norm.new_residual, group_name, norm.scale,
             )  # fmt: skip
         elif norm is not None:
             run = norm.after(run, c)

@@ -181,7 +181,10 @@ class ProblemField:
     default: Any
     """The value a problem that omits it is checked with (None: required)."""
     metavar: str = "TEXT"
-    """Its option's metavar."""
+    """Its option's metavar (where ``choices`` are given: they are)."""
+    choices: tuple[str, ...] = ()
+    """Its values, where they are a closed set: the option's metavar and the shapes CSV's
+    help name them (``check`` refuses the others, naming them too)."""
     to_json: Callable[[Any], Any] = json_value
     """Its value in ``Problem.to_dict``."""
     from_json: Callable[[Any], Any] = python_value

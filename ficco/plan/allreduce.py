@@ -37,7 +37,10 @@ the all-gather), right behind it on its stream, so chunk j's norm overlaps chunk
 where chunks cut the columns (``split n``) no row is whole before the last chunk, so one
 norm over every row follows them all. A ``lamport1`` / ``lamport2`` chunk all-reduce of whole
 rows becomes the norm itself, its kernel's fused epilogue (one launch, the sum never
-stored), for rows of at most ``MAX_FUSED_NORM_COLUMNS``.
+stored), for rows of at most ``MAX_FUSED_NORM_COLUMNS``. The add_rms_norm_fp8 epilogue
+lowers the same, its norms reading ``norm_scale [1, 1]`` (fp32, constant) and writing the
+output's two parts, ``normed [M, N]`` (fp8_e4m3) and ``new_residual [M, N]``, in place of
+``y``'s.
 
 Every schedule of a problem uses the same buffers (the executors allocate them once).
 """
@@ -46,13 +49,24 @@ from __future__ import annotations
 
 import dataclasses
 
-from ficco.patterns.epilogues import MAX_FUSED_NORM_COLUMNS, NORM_EPS, has_norm
+from ficco.patterns.epilogues import (
+    FP8_OUTPUTS,
+    MAX_FUSED_NORM_COLUMNS,
+    NORM_EPS,
+    NORM_SCALE,
+    has_fp8_norm,
+    has_norm,
+)
+from ficco.plan.build import (
+    Builder,
+    exchange,
+    peer_steps,
+)
 from ficco.plan.dense import plan_gemm_rs
 from ficco.plan.fused import plan_gemm_ar_fused
 from ficco.plan.ops import (
     PUSH,
     BufferSpec,
-    Builder,
     CollectiveOp,
     Direction,
     GemmOp,
@@ -64,8 +78,6 @@ from ficco.plan.ops import (
     Stream,
     Task,
     TransferOp,
-    exchange,
-    peer_steps,
 )
 from ficco.plan.tags import transfer_tag
 from ficco.problem import Pattern, Problem
@@ -86,11 +98,19 @@ def ar_buffers(p: Problem, rank: int = 0) -> tuple[BufferSpec, ...]:
     )
     if not norm:
         return out
-    return (
-        *out,
+    replicated = (
         BufferSpec("residual", (M, N), "replicated"),
         BufferSpec("norm_weight", (1, N), "replicated"),
-        BufferSpec("y", (2, M, N), "output"),
+    )
+    if not has_fp8_norm(p):
+        return (*out, *replicated, BufferSpec("y", (2, M, N), "output"))
+    normed, new_residual = FP8_OUTPUTS
+    return (
+        *out,
+        *replicated,
+        BufferSpec(NORM_SCALE, (1, 1), "constant", dtype="fp32"),
+        BufferSpec(normed, (M, N), "output", dtype="fp8_e4m3", scale=NORM_SCALE),
+        BufferSpec(new_residual, (M, N), "output"),
     )
 
 
@@ -118,19 +138,27 @@ def _writes_c(op: Op) -> Region | None:
 def _norm(p: Problem, summed: Region, all_reduce=None) -> NormOp:
     """The epilogue over ``summed``'s rows (all N columns)."""
     rows, cols = summed.rows, (0, p.n)
+    if has_fp8_norm(p):
+        normed, new_residual = (Region(name, rows, cols) for name in FP8_OUTPUTS)
+        scale = Region(NORM_SCALE, (0, 1), (0, 1))
+    else:
+        normed, new_residual = (Region("y", rows, cols, index=i) for i in (0, 1))
+        scale = None
     return NormOp(
         summed=summed,
         residual=Region("residual", rows, cols),
         weight=Region("norm_weight", (0, 1), cols),
-        normed=Region("y", rows, cols, index=0),
-        new_residual=Region("y", rows, cols, index=1),
+        normed=normed,
+        new_residual=new_residual,
         eps=NORM_EPS,
         all_reduce=all_reduce,
+        scale=scale,
     )
 
 
 def with_norm(plan: Plan) -> Plan:
-    """``plan`` with the add_rms_norm epilogue, its output ``y`` (the module docstring)."""
+    """``plan`` with the add_rms_norm epilogue, its output ``y`` (add_rms_norm_fp8: the parts
+    ``normed``, ``new_residual``; the module docstring)."""
     p = plan.problem
     writers = {t.id: region for t in plan.tasks if (region := _writes_c(t.op)) is not None}
     spans = sorted(r.rows for r in writers.values())
@@ -153,7 +181,8 @@ def with_norm(plan: Plan) -> Plan:
     if not per_writer:  # column chunks: every row is whole once the last one is written
         last = [new_id[i] for i in writers]
         bld.add(_norm(p, Region("c", (0, p.m), (0, p.n))), Stream.COMPUTE, last)
-    return dataclasses.replace(plan, tasks=tuple(bld.tasks), output="y")
+    output = FP8_OUTPUTS if has_fp8_norm(p) else "y"
+    return dataclasses.replace(plan, tasks=tuple(bld.tasks), output=output)
 
 
 def all_reduce_source(s: Schedule) -> str:

@@ -21,11 +21,16 @@ peers' passive halves stay plain transfer tasks, and both transports move the sa
 from __future__ import annotations
 
 from ficco.patterns.spec import Collective
+from ficco.plan.build import (
+    Builder,
+    peer_steps,
+    uses_collective,
+    visit_order,
+)
 from ficco.plan.ops import (
     PULL,
     PUSH,
     BufferSpec,
-    Builder,
     CollectiveOp,
     Direction,
     GemmOp,
@@ -35,9 +40,6 @@ from ficco.plan.ops import (
     Stream,
     TransferGroupOp,
     TransferOp,
-    peer_steps,
-    uses_collective,
-    visit_order,
 )
 from ficco.plan.tags import transfer_tag
 from ficco.problem import Problem

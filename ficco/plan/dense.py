@@ -17,19 +17,8 @@ from __future__ import annotations
 
 import functools
 
-from ficco.plan.fused import plan_ag_gemm_fused, plan_gemm_rs_fused
-from ficco.plan.ops import (
-    PULL,
-    PUSH,
-    BufferSpec,
+from ficco.plan.build import (
     Builder,
-    CollectiveOp,
-    GemmOp,
-    LocalCopyOp,
-    Plan,
-    ReduceOp,
-    Region,
-    Stream,
     exchange,
     gemm_op,
     peer_steps,
@@ -38,6 +27,19 @@ from ficco.plan.ops import (
     transfer_pair,
     uses_collective,
     visit_order,
+)
+from ficco.plan.fused import plan_ag_gemm_fused, plan_gemm_rs_fused
+from ficco.plan.ops import (
+    PULL,
+    PUSH,
+    BufferSpec,
+    CollectiveOp,
+    GemmOp,
+    LocalCopyOp,
+    Plan,
+    ReduceOp,
+    Region,
+    Stream,
 )
 from ficco.plan.relay import plan_ag_gemm_relay, plan_gemm_rs_relay
 from ficco.plan.tags import transfer_tag

@@ -44,10 +44,15 @@ from ficco.patterns.emb_a2a import (
 )
 from ficco.patterns.spec import Collective
 from ficco.plan.alltoall import add_serial_moves, group_chunk, issue_steps
+from ficco.plan.build import (
+    Builder,
+    peer_steps,
+    uses_collective,
+    visit_order,
+)
 from ficco.plan.ops import (
     PUSH,
     BufferSpec,
-    Builder,
     CollectiveOp,
     Direction,
     LocalCopyOp,
@@ -61,9 +66,6 @@ from ficco.plan.ops import (
     TransferOp,
     WaitFlagsOp,
     flag_slot,
-    peer_steps,
-    uses_collective,
-    visit_order,
 )
 from ficco.plan.tags import transfer_tag
 from ficco.problem import Problem

@@ -31,10 +31,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ficco.defaults import FLAG_SLOTS
+from ficco.plan.build import (
+    Builder,
+    peer_steps,
+    visit_order,
+)
 from ficco.plan.ops import (
     PULL,
     BufferSpec,
-    Builder,
     Direction,
     FusedChunk,
     FusedCopy,
@@ -47,8 +51,6 @@ from ficco.plan.ops import (
     TransferOp,
     WaitFlagsOp,
     flag_slot,
-    peer_steps,
-    visit_order,
 )
 from ficco.plan.tags import transfer_tag
 from ficco.problem import Problem

@@ -5,19 +5,18 @@ A plan names buffers, never tensors, so it is pure Python. Tasks run on two logi
 between ranks: gathers *pull* (the receiver initiates, so its peer's data must be ready: a
 start barrier), scatters *push* (the sender initiates, after the GEMM that produced the data).
 Two-sided transports (NCCL, gloo) post both halves; the ``tag`` (``ficco.plan.tags``) pairs
-them.
+them. The lowerings build plans with ``ficco.plan.build``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ficco.patterns.spec import Collective
 from ficco.problem import Problem
-from ficco.space import Granularity, Order, Schedule
+from ficco.space import Schedule
 from ficco.words import Word
 
 
@@ -245,7 +244,19 @@ class PoolOp:
     chunks: tuple[PoolChunk, ...]
 
 
-@dataclass(frozen=True, slots=True)
+def _repr_set_fields(obj, later: tuple[str, ...]) -> str:
+    """``obj``'s dataclass repr less the fields of ``later`` left at None: fields added
+    after plans were first recorded are written only where a plan sets them, so every other
+    plan prints (and its golden digest, ``tests/test_plan_golden.py``, reads) as before."""
+    shown = (
+        f"{f.name}={getattr(obj, f.name)!r}"
+        for f in dataclasses.fields(obj)
+        if not (f.name in later and getattr(obj, f.name) is None)
+    )
+    return f"{type(obj).__qualname__}({', '.join(shown)})"
+
+
+@dataclass(frozen=True, slots=True, repr=False)
 class NormOp:
     """gemm_ar's add_rms_norm epilogue over whole rows (``ficco.patterns.epilogues``):
     ``new_residual = summed + residual`` rounded, ``normed = rms_norm(new_residual, eps) *
@@ -260,6 +271,12 @@ class NormOp:
     new_residual: Region
     eps: float
     all_reduce: Collective | None = None
+    scale: Region | None = None
+    """A ``[1, 1]`` fp32 region: ``normed`` is FP8 e4m3, ``normed / scale`` saturated at
+    e4m3's largest (the add_rms_norm_fp8 epilogue); None: ``normed`` in the sum's dtype."""
+
+    def __repr__(self) -> str:
+        return _repr_set_fields(self, ("scale",))
 
 
 Op = (
@@ -296,21 +313,33 @@ class Task:
     """(peer shard, chunk index) the task belongs to, for per-chunk signatures."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class BufferSpec:
     name: str
     shape: tuple[int, ...]
-    role: str  # "input" | "replicated" | "index" | "workspace" | "output"
+    role: str  # "input" | "replicated" | "constant" | "index" | "workspace" | "output"
     """``input``: random values of this rank's; ``replicated``: random values alike on every
     rank (gemm_ar's residual and norm weight: tensor-parallel decode replicates them);
-    ``index``: an int64 input the problem defines; ``workspace``, ``output``: written."""
+    ``constant``: values the problem defines, alike on every rank and seed (gemm_ar's FP8
+    norm scale; its pattern module's ``constant_inputs``); ``index``: an int64 input the
+    problem defines; ``workspace``, ``output``: written."""
     peer_visible: bool = False
     """Other ranks read or write it directly (symmetric memory on the ce transport)."""
+    dtype: str | None = None
+    """Its element type (a ``ficco.dtypes`` name) where it is not the problem's (None):
+    gemm_ar's add_rms_norm_fp8 epilogue writes ``normed`` in fp8_e4m3 beside an fp32 scale."""
+    scale: str | None = None
+    """The ``[1, 1]`` fp32 buffer holding its per-tensor scale: an FP8 buffer stands for its
+    values times that scale (verification dequantizes it so)."""
+
+    def __repr__(self) -> str:
+        return _repr_set_fields(self, ("dtype", "scale"))
 
     @property
     def is_input(self) -> bool:
-        """Given, never written (random values: this rank's own, or every rank's alike)."""
-        return self.role in ("input", "replicated")
+        """Given, never written (random values: this rank's own, or every rank's alike; or
+        the problem's constants)."""
+        return self.role in ("input", "replicated", "constant")
 
 
 @dataclass(frozen=True)
@@ -320,7 +349,15 @@ class Plan:
     rank: int
     buffers: tuple[BufferSpec, ...]
     tasks: tuple[Task, ...]
-    output: str
+    output: str | tuple[str, ...]
+    """The output buffer; or the buffers of an output's parts, where their dtypes differ
+    (gemm_ar's add_rms_norm_fp8 epilogue: ``normed`` in FP8, ``new_residual``), each
+    verified on its own."""
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The output's buffers, one or several."""
+        return (self.output,) if isinstance(self.output, str) else self.output
 
     def buffer(self, name: str) -> BufferSpec:
         for spec in self.buffers:
@@ -364,196 +401,5 @@ class Plan:
         return max(used)
 
 
-# --- values made in bulk --------------------------------------------------------------------
-# A plan at W = 64 holds tens of thousands of regions, GEMMs, transfers and tasks. A frozen
-# dataclass's generated __init__ sets each field through object.__setattr__; these set the
-# slots directly, making the same values (equal, hashing and printing alike) in about 60% of
-# the time. Each takes every field, in declaration order (checked here, at import).
-
-
-def _slot_setters(cls: type, names: tuple[str, ...]) -> tuple:
-    declared = tuple(f.name for f in dataclasses.fields(cls))
-    if declared != names or hasattr(cls, "__post_init__"):
-        raise TypeError(f"{cls.__name__}: its fast constructor is out of date with its fields")
-    return tuple(cls.__dict__[name].__set__ for name in names)
-
-
-_new = object.__new__
-_region_buffer, _region_rows, _region_cols, _region_index = _slot_setters(
-    Region, ("buffer", "rows", "cols", "index")
-)
-_gemm_a, _gemm_b, _gemm_out, _gemm_accumulate = _slot_setters(
-    GemmOp, ("a", "b", "out", "accumulate")
-)
-_xfer_peer, _xfer_direction, _xfer_local, _xfer_remote, _xfer_tag, _xfer_initiator = _slot_setters(
-    TransferOp, ("peer", "direction", "local", "remote", "tag", "initiator")
-)
-_task_id, _task_op, _task_stream, _task_deps, _task_chunk = _slot_setters(
-    Task, ("id", "op", "stream", "deps", "chunk")
-)
-
-
-def region(buffer: str, rows: tuple[int, int], cols: tuple[int, int]) -> Region:
-    """``Region(buffer, rows, cols)`` (2-D), made in bulk."""
-    obj = _new(Region)
-    _region_buffer(obj, buffer)
-    _region_rows(obj, rows)
-    _region_cols(obj, cols)
-    _region_index(obj, None)
-    return obj
-
-
-def gemm_op(a: Region, b: Region, out: Region, accumulate: bool = False) -> GemmOp:
-    """``GemmOp(a, b, out, accumulate)``, made in bulk."""
-    obj = _new(GemmOp)
-    _gemm_a(obj, a)
-    _gemm_b(obj, b)
-    _gemm_out(obj, out)
-    _gemm_accumulate(obj, accumulate)
-    return obj
-
-
-def _transfer_op(
-    peer: int,
-    direction: Direction,
-    local: Region,
-    remote: Region,
-    tag: int,
-    initiator: Initiator,
-) -> TransferOp:
-    obj = _new(TransferOp)
-    _xfer_peer(obj, peer)
-    _xfer_direction(obj, direction)
-    _xfer_local(obj, local)
-    _xfer_remote(obj, remote)
-    _xfer_tag(obj, tag)
-    _xfer_initiator(obj, initiator)
-    return obj
-
-
-def _task(tid: int, op: Op, stream: Stream, deps: tuple[int, ...], chunk) -> Task:
-    obj = _new(Task)
-    _task_id(obj, tid)
-    _task_op(obj, op)
-    _task_stream(obj, stream)
-    _task_deps(obj, deps)
-    _task_chunk(obj, chunk)
-    return obj
-
-
-# --- what the lowerings share ---------------------------------------------------------------
-
-
-@dataclass
-class Builder:
-    tasks: list[Task] = field(default_factory=list)
-
-    def add(self, op: Op, stream: Stream, deps=(), chunk=None) -> int:
-        tasks = self.tasks
-        tid = len(tasks)
-        # most tasks have no dependency or one: skip the set and the sort for them
-        if not deps:
-            deps = ()
-        elif type(deps) in (list, tuple) and len(deps) == 1:
-            deps = () if deps[0] is None else (deps[0],)
-        else:
-            deps = tuple(sorted({d for d in deps if d is not None}))
-        task = _new(Task)  # _task, inlined: the commonest call of a plan's build
-        _task_id(task, tid)
-        _task_op(task, op)
-        _task_stream(task, stream)
-        _task_deps(task, deps)
-        _task_chunk(task, chunk)
-        tasks.append(task)
-        return tid
-
-
 #: who moves the data of a transfer on one-sided transports: gathers pull, scatters push
 PULL, PUSH = Initiator.RECEIVER, Initiator.SENDER
-
-
-def transfer_pair(
-    tag: int,
-    initiator: Initiator,
-    send: tuple[int, Region, Region],
-    recv: tuple[int, Region, Region],
-) -> tuple[TransferOp, TransferOp]:
-    """The (send, receive) ops of one ring step of one chunk (see :func:`exchange`)."""
-    if initiator not in (PUSH, PULL):
-        raise ValueError(f"initiator: {PUSH!r} (push) or {PULL!r} (pull), got {initiator!r}")
-    to, send_here, send_there = send
-    frm, recv_here, recv_there = recv
-    return (
-        _transfer_op(to, Direction.SEND, send_here, send_there, tag, initiator),
-        _transfer_op(frm, Direction.RECV, recv_here, recv_there, tag, initiator),
-    )
-
-
-def post_pair(
-    bld: Builder,
-    send_op: TransferOp,
-    recv_op: TransferOp,
-    send_deps: Iterable[int | None] = (),
-    chunk: int | None = None,
-) -> int:
-    """Both halves of a :func:`transfer_pair` as tasks, in the order :func:`exchange` gives
-    them; returns the receive's id."""
-    send_chunk = None if chunk is None else (send_op.peer, chunk)
-    recv_chunk = None if chunk is None else (recv_op.peer, chunk)
-    tasks = bld.tasks
-    if send_op.initiator == PUSH:
-        bld.add(send_op, Stream.COMM, send_deps, send_chunk)
-        received = len(tasks)
-        tasks.append(_task(received, recv_op, Stream.COMM, (), recv_chunk))  # no dependency
-        return received
-    received = len(tasks)
-    tasks.append(_task(received, recv_op, Stream.COMM, (), recv_chunk))
-    bld.add(send_op, Stream.COMM, send_deps, send_chunk)
-    return received
-
-
-def exchange(
-    bld: Builder,
-    tag: int,
-    initiator: Initiator,
-    send: tuple[int, Region, Region],
-    recv: tuple[int, Region, Region],
-    send_deps: Iterable[int | None] = (),
-    chunk: int | None = None,
-) -> int:
-    """One ring step of one chunk: both halves of its two transfers, the loop every lowering
-    shares. ``send = (to, here, there)``: this rank's ``here`` lands in ``there`` on rank
-    ``to``, after ``send_deps``; ``recv = (frm, here, there)``: ``there`` on rank ``frm``
-    lands in this rank's ``here``. Pushes list the send first (it follows the GEMM that made
-    its data), pulls the receive. ``chunk``: the chunk index the tasks are tagged with
-    (``(peer, chunk)``), or None for untagged whole-shard steps. Returns the receive's id."""
-    return post_pair(bld, *transfer_pair(tag, initiator, send, recv), send_deps, chunk)
-
-
-def peer_steps(rank: int, world: int, local_last: bool) -> list[tuple[int, int]]:
-    """Ring rotation: [(recv_from, send_to)] per step; step 0 is the local shard unless
-    ``local_last`` (scatters compute the local block last: it needs no transfer)."""
-    steps = [((rank + i) % world, (rank - i) % world) for i in range(world)]
-    if local_last:
-        steps = [((rank - i) % world, (rank + i) % world) for i in range(1, world)] + [(rank, rank)]
-    return steps
-
-
-def visit_order(
-    schedule: Schedule, world: int, n_pieces: int, local_last: bool
-) -> list[tuple[int, int]]:
-    """(step, chunk) pairs in issue order. The ring goes peer by peer; all_peers goes chunk by
-    chunk across peers. The local step (first for gathers, last for scatters) stays whole."""
-    local = world - 1 if local_last else 0
-    if schedule.order is Order.ALL_PEERS:
-        peers = [(i, j) for j in range(n_pieces) for i in range(world) if i != local]
-    else:
-        peers = [(i, j) for i in range(world) if i != local for j in range(n_pieces)]
-    mine = [(local, j) for j in range(n_pieces)]
-    return peers + mine if local_last else mine + peers
-
-
-def uses_collective(schedule: Schedule) -> bool:
-    """Serial schedules over two-sided transports (nccl, nccl_ce, the symmetric-memory
-    kernels) run the collective itself, not transfers."""
-    return schedule.granularity is Granularity.SERIAL and not schedule.transport.traits.one_sided

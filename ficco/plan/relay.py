@@ -28,18 +28,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from ficco.plan.build import (
+    Builder,
+    gemm_op,
+    region,
+    transfer_pair,
+)
 from ficco.plan.ops import (
     PUSH,
     BufferSpec,
-    Builder,
     LocalCopyOp,
     Plan,
     ReduceOp,
     Region,
     Stream,
-    gemm_op,
-    region,
-    transfer_pair,
 )
 from ficco.plan.tags import transfer_tag
 from ficco.problem import Problem

@@ -1,13 +1,15 @@
-"""gemm_ar's add_rms_norm epilogue (``ficco.patterns.epilogues``) on GPUs.
+"""gemm_ar's add_rms_norm and add_rms_norm_fp8 epilogues (``ficco.patterns.epilogues``) on
+GPUs.
 
 One GPU: one process plays W = 2, 4, 8 ranks of lamport1 and lamport2 schedules with the
 epilogue (``tests/epilogue_ranks.py``): every rank's plan lowered and its buffers allocated
 as the executor does, each norm task issued through the executor's operand mapping as the
 fused one-shot or two-shot kernel's launch (phase by phase over the ranks), each rank's
-``y`` verified against the float64 reference. The lanes (one GPU per rank, or W ranks that
-share one GPU): every transport's schedules with the epilogue verified and timed beside the
-baselines (the unfused ``comm_alone``, the fused ``comm_lamport``); the one-GPU lane
-refuses lamport1 / lamport2 and symmetric memory's kernels, as without the epilogue.
+output (``y``; FP8: the e4m3 normed rows dequantized, and the new residual) verified
+against the float64 reference. The lanes (one GPU per rank, or W ranks that share one GPU):
+every transport's schedules with either epilogue verified and timed beside the baselines
+(the unfused ``comm_alone``, the fused ``comm_lamport``); the one-GPU lane refuses lamport1
+/ lamport2 and symmetric memory's kernels, as without the epilogue.
 
     python -m pytest -q tests/gpu/test_gemm_ar_epilogue_gpu.py
 """
@@ -24,11 +26,11 @@ from ficco.execute import RunOptions, TimingOptions  # noqa: E402
 from ficco.problem import Problem  # noqa: E402
 from ficco.space import Schedule, is_legal  # noqa: E402
 
+EPILOGUES = ("add_rms_norm", "add_rms_norm_fp8")
 
-def normed(m, n, k, world, dtype="bf16") -> Problem:
-    return Problem(
-        pattern="gemm_ar", m=m, n=n, k=k, world=world, dtype=dtype, epilogue="add_rms_norm"
-    )
+
+def normed(m, n, k, world, dtype="bf16", epilogue="add_rms_norm") -> Problem:
+    return Problem(pattern="gemm_ar", m=m, n=n, k=k, world=world, dtype=dtype, epilogue=epilogue)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
@@ -51,6 +53,28 @@ def test_the_fused_kernel_through_the_schedule_path_on_one_gpu(m, n, schedule, w
         assert check.ok, (rank, check)
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize(
+    ("m", "n", "schedule"),
+    [
+        (1, 8192, "serial/lamport1/cublas"),
+        (13, 4096, "finer-c2-m/lamport1/cublas"),
+        (1, 8192, "serial/lamport2/cublas"),
+        # row slices of 7/6 rows: each owner's e4m3 rows sent in the scratch's dtype
+        (13, 4096, "finer-c2-m/lamport2/cublas"),
+        (512, 4096, "serial/lamport2/cublas"),
+    ],
+)
+def test_the_fused_fp8_kernels_through_the_schedule_path_on_one_gpu(m, n, schedule, world, dtype):
+    """The FP8 output of both fused kernels (GPU cvt.rn.satfinite), dequantized and checked
+    element by element against float64, about 2% of the values saturated."""
+    problem = normed(m, n, 256, world, dtype, epilogue="add_rms_norm_fp8")
+    checks = play_ranks(problem, Schedule.parse(schedule), device="cuda")
+    for rank, check in enumerate(checks):
+        assert check.ok, (rank, check)
+
+
 SCHEDULES = (
     "serial/nccl/cublas",
     "finer-c2-m/nccl/cublas",
@@ -65,9 +89,10 @@ SCHEDULES = (
 )
 
 
+@pytest.mark.parametrize("epilogue", EPILOGUES)
 @pytest.mark.parametrize(("m", "dtype"), [(8, "bf16"), (96, "fp32")])
-def test_epilogue_schedules_verify_and_time_beside_the_baselines(m, dtype, lane):
-    problem = normed(m, 2048, 512, lane.world, dtype)
+def test_epilogue_schedules_verify_and_time_beside_the_baselines(m, dtype, epilogue, lane):
+    problem = normed(m, 2048, 512, lane.world, dtype, epilogue)
     schedules = [s for s in map(Schedule.parse, SCHEDULES) if is_legal(problem, s)]
     opts = RunOptions(timing=TimingOptions(rounds=3, warmup=1))
     by = {meas.name: meas for meas in lane.run(problem, schedules, opts)}
