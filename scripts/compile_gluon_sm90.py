@@ -4,7 +4,8 @@ machine without a GPU, through PTX to a cubin with Triton's bundled ptxas, and p
 configuration as JSON: the wgmma instructions, setmaxnreg counts, registers, spills and
 shared memory (or the compile error), and a digest of its PTX without debug lines and
 labels: two trees whose digests agree compile to the same instructions (a refactor's check
-on a machine without a GPU). Needs Triton's Gluon (3.6 on the GPU image).
+on a machine without a GPU). Needs Triton's Gluon (3.6 on the GPU image; a later one compiles
+through `_renamed_since_36`).
 
     python scripts/compile_gluon_sm90.py [--fp8] [--digests FILE [--against FILE]]
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -33,8 +35,28 @@ from compile_scaled_sm90 import _ptxas  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import tma  # noqa: E402
 
 from ficco.kernels import gluon_gemm as gg  # noqa: E402
+
+
+def _renamed_since_36() -> list[str]:
+    """Gluon names the kernels use (the GPU image's, Triton 3.6) that a later Triton renamed
+    (3.9: the old names only raise, or are gone): each bound here to its successor, the same
+    op with its defaults (no multicast, no cache policy, no cluster); the names bound."""
+    renames = []
+    old = inspect.signature(tma.async_copy_global_to_shared).parameters
+    if hasattr(tma, "async_load") and "tensor_desc" not in old:
+        tma.async_copy_global_to_shared = tma.async_load
+        tma.async_copy_shared_to_global = tma.async_store
+        renames += ["tma.async_copy_global_to_shared", "tma.async_copy_shared_to_global"]
+    if not hasattr(gl, "thread_barrier"):
+        gl.thread_barrier = gl.barrier
+        renames.append("gl.thread_barrier")
+    return renames
+
+
+RENAMED = _renamed_since_36()
 
 DTYPES = {"bf16": gl.bfloat16, "fp8e4nv": gl.float8e4nv}
 
@@ -203,7 +225,7 @@ def main() -> int:
         differ = sorted(
             k for k in digests.keys() | before.keys() if digests.get(k) != before.get(k)
         )
-        print(json.dumps({"compared": len(digests), "differ": differ}))
+        print(json.dumps({"compared": len(digests), "differ": differ, "renamed": RENAMED}))
         failed += len(differ)
     return 1 if failed else 0
 

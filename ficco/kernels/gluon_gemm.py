@@ -5,8 +5,8 @@ the same warps issue the TMA loads, the wgmmas, the FP8 promotion adds and the e
 tile's epilogue and the next tile's first loads wait on each other, and Triton 3.6 cannot
 express CUTLASS's ping-pong schedule (profiles/h200/fp8_gemm_notes.md). Gluon, Triton's
 lower-level language, places each role in its own warps (the producer and the kernels in
-`ficco.kernels.gluon_kernel`, the consumers in `ficco.kernels.gluon_consumer`; the launch
-here):
+`ficco.kernels.gluon_kernel`, the consumers in `ficco.kernels.gluon_consumer`, their
+epilogue in `ficco.kernels.gluon_epilogue`; the launch here):
 
 - a producer warp issues every TMA load of the program's tiles into a ring of ``STAGES``
   shared-memory slots (``ready[s]`` completes when slot s has landed, ``empty[s]`` when its

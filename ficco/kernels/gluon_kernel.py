@@ -1,8 +1,9 @@
 """The warp-specialized Gluon GEMM's device side: the producer partition, the kernels
 (`ws_gemm_kernel`, `ws_fused_kernel`) and the one dispatch over the partitions (the consumers
-are `ficco.kernels.gluon_consumer`'s, the swap-AB roles `ficco.kernels.gluon_swap`'s, the
-ring, grid and chunk helpers `ficco.kernels.gluon_ring`'s). `ficco.kernels.gluon_gemm`
-launches them; its docstring describes the design and what it measured."""
+are `ficco.kernels.gluon_consumer`'s and their epilogue `ficco.kernels.gluon_epilogue`'s, the
+swap-AB roles `ficco.kernels.gluon_swap`'s, the ring, grid and chunk helpers
+`ficco.kernels.gluon_ring`'s). `ficco.kernels.gluon_gemm` launches them; its docstring
+describes the design and what it measured."""
 
 from __future__ import annotations
 
@@ -35,13 +36,14 @@ from ficco.kernels.gluon_ring import (
     B_TAIL_BUFS,
     B_TAIL_DESC,
     C_DESC,
-    CHUNK_TABLE,
     FIRST_A_ROW,
     READY,
     _a_places,
     _a_rows,
+    _column_tail,
     _copy_a,
     _free_slot,
+    _fused_launch,
     _grid,
     _tile_offsets,
     _unit_work,
@@ -66,12 +68,12 @@ THIRDS_CONSUMER_REGS = gl.constexpr(152)
 @gluon.jit
 def _producer(descs, ring, bars, scales, tails):
     """Every TMA load of the program's work units (tiles, or a split tail's K ranges of
-    them), in order, each into the next free ring slot."""
+    them), in order, each K step's (`_load_step`; a fused launch's first,
+    `_load_first_step_fused`) into the next free ring slot."""
     a_desc = descs[A_DESC]
     b_desc = descs[B_DESC]
     c_desc = descs[C_DESC]
     a_bufs = ring[A_BUFS]
-    b_bufs = ring[B_BUFS]
     STAGES: gl.constexpr = bars[READY].type.shape[0]
     # A's tile in A_BLOCKS row blocks of a_desc's, each its own buffer of the slot (three row
     # parts: 192 rows, no power of two), else one
@@ -82,10 +84,9 @@ def _producer(descs, ring, bars, scales, tails):
     # B's tile is [BLOCK_N, BLOCK_K] K-major (FP8), else [BLOCK_K, BLOCK_N]
     MAIN_N: gl.constexpr = b_desc.block_type.shape[0 if a_desc.dtype.primitive_bitwidth == 8 else 1]
     # a tail (16-bit only): B's columns [MAIN_N, MAIN_N + TAIL_N) of the tile, its own slots
-    HAS_TAIL: gl.constexpr = len(ring) > B_TAIL_BUFS
+    HAS_TAIL: gl.constexpr = _column_tail(ring)
     TAIL_N: gl.constexpr = descs[B_TAIL_DESC].block_type.shape[1] if HAS_TAIL else 0
     BLOCK_N: gl.constexpr = MAIN_N + TAIL_N
-    B_K_MAJOR: gl.constexpr = a_desc.dtype.primitive_bitwidth == 8
     num_pid_m, num_pid_n, k_steps, rows = _grid(
         c_desc, a_desc.shape[1], scales, BLOCK_M, BLOCK_N, BLOCK_K
     )
@@ -100,7 +101,7 @@ def _producer(descs, ring, bars, scales, tails):
     # fused (`ficco.kernels.gluon_fused`): a chunk's rows are read once its flag is set; the
     # chunks seen arrive (a bit each): one acquire and fence per chunk, then its loads follow
     # them in program order
-    FUSED: gl.constexpr = len(scales) > CHUNK_TABLE
+    FUSED: gl.constexpr = _fused_launch(scales)
     arrived = gl.to_tensor(0).to(gl.int64)
     # the chunk whose table entry was read last, and its first A row: fused, chunk 0's from
     # the arguments (a program's first tile is mostly in it: no table read before its wait)
@@ -115,24 +116,10 @@ def _producer(descs, ring, bars, scales, tails):
         tile, k_lo, k_count = _unit_work(unit, k_steps, tails)
         off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N)
         if FUSED:
-            # the rows' chunks placed (arithmetic) before the slot's wait; then the tile's
-            # first B block in flight while the chunk table is read and the chunks waited
-            # on: at a program's start that chain is a few global reads long (FP8: B
-            # K-major). (Reading the table one unit ahead ran slower: 0.964 of the plain
-            # launch against 0.977, one H200 (profiles/h200/NOTES_gemm.md).)
-            places = _a_places(off_m, scales, A_ROWS, A_BLOCKS)
-            slot, bar = _free_slot(bars, step, STAGES, load_bytes)
-            tma.async_copy_global_to_shared(
-                b_desc, [off_n, k_lo * BLOCK_K], bar, b_bufs.index(slot)
-            )
-            a_rows, arrived, cached, a_base = _a_rows(
-                off_m, places, rows, scales, arrived, cached, a_base, A_ROWS, A_BLOCKS
-            )
-            for r in gl.static_range(A_BLOCKS):
-                _copy_a(
-                    a_desc, scales, a_rows[r], k_lo * BLOCK_K, bar,
-                    a_bufs.index(slot * A_BLOCKS + r),
-                )  # fmt: skip
+            a_rows, arrived, cached, a_base = _load_first_step_fused(
+                descs, ring, bars, scales, off_m, off_n, k_lo, step, rows, arrived, cached,
+                a_base, load_bytes, A_BLOCKS,
+            )  # fmt: skip
             step += 1
             first_k = 1
         else:
@@ -143,17 +130,62 @@ def _producer(descs, ring, bars, scales, tails):
         for ki in range(first_k, k_count):
             k = (k_lo + ki) * BLOCK_K
             slot, bar = _free_slot(bars, step, STAGES, load_bytes)
-            for r in gl.static_range(A_BLOCKS):
-                _copy_a(a_desc, scales, a_rows[r], k, bar, a_bufs.index(slot * A_BLOCKS + r))
-            if B_K_MAJOR:
-                tma.async_copy_global_to_shared(b_desc, [off_n, k], bar, b_bufs.index(slot))
-            else:
-                tma.async_copy_global_to_shared(b_desc, [k, off_n], bar, b_bufs.index(slot))
-            if HAS_TAIL:
-                tma.async_copy_global_to_shared(
-                    descs[B_TAIL_DESC], [k, off_n + MAIN_N], bar, ring[B_TAIL_BUFS].index(slot)
-                )
+            _load_step(descs, ring, scales, a_rows, off_n, k, bar, slot, A_BLOCKS)
             step += 1
+
+
+@gluon.jit
+def _load_first_step_fused(
+    descs, ring, bars, scales, off_m, off_n, k_lo, step, rows, arrived, cached, a_base,
+    load_bytes: gl.constexpr, A_BLOCKS: gl.constexpr,
+):  # fmt: skip
+    """Fused: the loads of a tile's first K step (k_lo) into ring step `step`'s slot. The
+    rows' chunks placed (arithmetic) before the slot's wait; then B's first block [MAIN_N,
+    BLOCK_K] (FP8: K-major) in flight while the chunk table is read and the chunks waited on
+    (at a program's start that chain is a few global reads long), then A's A_BLOCKS row
+    blocks [A_ROWS, BLOCK_K]. (Reading the table one unit ahead ran slower: 0.964 of the
+    plain launch against 0.977, one H200 (profiles/h200/NOTES_gemm.md).) (A's rows of the
+    tile's blocks, and the chunk state `_a_rows` carries.)"""
+    a_desc = descs[A_DESC]
+    a_bufs = ring[A_BUFS]
+    STAGES: gl.constexpr = bars[READY].type.shape[0]
+    A_ROWS: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    places = _a_places(off_m, scales, A_ROWS, A_BLOCKS)
+    slot, bar = _free_slot(bars, step, STAGES, load_bytes)
+    tma.async_copy_global_to_shared(
+        descs[B_DESC], [off_n, k_lo * BLOCK_K], bar, ring[B_BUFS].index(slot)
+    )
+    a_rows, arrived, cached, a_base = _a_rows(
+        off_m, places, rows, scales, arrived, cached, a_base, A_ROWS, A_BLOCKS
+    )
+    for r in gl.static_range(A_BLOCKS):
+        _copy_a(a_desc, scales, a_rows[r], k_lo * BLOCK_K, bar, a_bufs.index(slot * A_BLOCKS + r))
+    return a_rows, arrived, cached, a_base
+
+
+@gluon.jit
+def _load_step(descs, ring, scales, a_rows, off_n, k, bar, slot, A_BLOCKS: gl.constexpr):
+    """One K step's TMA loads at column k into ring slot `slot`, armed on `bar`: A's
+    A_BLOCKS row blocks [A_ROWS, BLOCK_K] from rows a_rows (`_a_rows`), B's block [BLOCK_K,
+    MAIN_N] (FP8: [MAIN_N, BLOCK_K], K-major) and a column tail's [BLOCK_K, TAIL_N]."""
+    a_desc = descs[A_DESC]
+    b_desc = descs[B_DESC]
+    a_bufs = ring[A_BUFS]
+    b_bufs = ring[B_BUFS]
+    B_K_MAJOR: gl.constexpr = a_desc.dtype.primitive_bitwidth == 8
+    for r in gl.static_range(A_BLOCKS):
+        _copy_a(a_desc, scales, a_rows[r], k, bar, a_bufs.index(slot * A_BLOCKS + r))
+    if B_K_MAJOR:
+        tma.async_copy_global_to_shared(b_desc, [off_n, k], bar, b_bufs.index(slot))
+    else:
+        tma.async_copy_global_to_shared(b_desc, [k, off_n], bar, b_bufs.index(slot))
+    if _column_tail(ring):
+        # the tail's columns follow the main part's (16-bit only: B [BLOCK_K, MAIN_N])
+        tma.async_copy_global_to_shared(
+            descs[B_TAIL_DESC], [k, off_n + b_desc.block_type.shape[1]], bar,
+            ring[B_TAIL_BUFS].index(slot),
+        )  # fmt: skip
 
 
 # a split tail's bounds are loop bounds: one compile for every shape (as `persistent`'s kernel)
@@ -238,7 +270,7 @@ def ws_fused_kernel(
 def _tails(ws_ptr, lock_ptr, dp_tiles, split, k_per_split, SPLIT_TAIL: gl.constexpr):
     """A split tail's arguments as the partitions take them (`gluon_ring._units`): the fp32
     partials' workspace, the tail tiles' arrival counters, the whole tiles, K ranges a tail
-    tile, K steps a range; without a split tail, none (the partitions tell by the length)."""
+    tile, K steps a range; without a split tail, none (`gluon_ring._split_tail`)."""
     if SPLIT_TAIL:  # noqa: SIM108 - a constexpr branch
         tails = (ws_ptr, lock_ptr, dp_tiles, split, k_per_split)
     else:
@@ -283,8 +315,8 @@ def _ws_gemm(
         mbarrier.init(empty.index(i), count=readers)
     for i in gl.static_range(2):
         mbarrier.init(turns.index(i), count=1)
-    # TAIL: the tile's columns past the power-of-two main part (b_tail_desc, c_tail_desc);
-    # the partitions tell from the tuples' lengths (without, the tail descriptors are unused)
+    # TAIL: the tile's columns past the power-of-two main part (b_tail_desc, c_tail_desc;
+    # `gluon_ring._column_tail`; without, the tail descriptors are unused)
     if TAIL:
         bt_bufs = gl.allocate_shared_memory(
             b_tail_desc.dtype, [STAGES] + b_tail_desc.block_type.shape, b_tail_desc.layout
@@ -295,9 +327,8 @@ def _ws_gemm(
         descs = (a_desc, b_desc, c_desc)
         ring = (a_bufs, b_bufs)
     bars = (ready, empty, turns)
-    # (constexprs passed to partitions arrive as tensors in Triton 3.6: each partition takes
-    # only values and derives its constants from their types, and each role and accumulation
-    # is its own consumer function, picked here at compile time)
+    # each partition takes only values, each consumer role and accumulation its own function
+    # picked here at compile time (`gluon_consumer`'s note on its role functions says why)
     args = (descs, ring, bars, scales, tails)
     if SWAP_AB:
         gl.warp_specialize([(_swap_consumer, args), (_swap_producer, args)], [1], [PRODUCER_REGS])

@@ -71,8 +71,8 @@ def _landed_slot(bars, step, STAGES: gl.constexpr):
     return slot
 
 
-# The launch's arguments reach every partition as five tuples (constexprs reach partitions
-# as tensors in Triton 3.6, so the groups travel as values); each position has a name.
+# The launch's arguments reach every partition as five tuples of values (no constexprs:
+# `gluon_consumer`'s note on its role functions says why); each position has a name.
 # descs: the TMA descriptors of A, B and C, then a tail's (16-bit tiles no power of two
 # wide): its B columns and its store
 A_DESC = gl.constexpr(0)
@@ -117,10 +117,31 @@ SPLIT_STEPS = gl.constexpr(4)
 # count, the wait's budget in ns, the chunk divisor's multiplier (`gluon_fused.
 # chunk_multiplier`), chunk 0's first A row, flag and whether it waits (its table entry's,
 # as arguments: the wait at a program's start reads no table first) and the second A
-# buffer's descriptor: every partition tells the modes apart by that tuple's length
-# (constexprs reach partitions as tensors in Triton 3.6). A's first rows in the table (and
-# chunk 0's argument) are encoded: the row twice, plus 1 in the second A buffer (`_copy_a`)
+# buffer's descriptor (`_fused_launch`). A's first rows in the table (and chunk 0's
+# argument) are encoded: the row twice, plus 1 in the second A buffer (`_copy_a`)
 CHUNK_COLS = gl.constexpr(5)
+
+
+# The modes a launch's groups carry (a partition takes no constexprs, so a mode travels as a
+# group's length): one predicate a mode, called wherever it is asked.
+@gluon.constexpr_function
+def _fused_launch(scales):
+    """A fused launch (`ficco.kernels.gluon_fused`): the chunk table and the rest follow the
+    two scale pointers."""
+    return len(scales) > CHUNK_TABLE.value
+
+
+@gluon.constexpr_function
+def _column_tail(ring):
+    """A tile with a column tail (16-bit tiles no power of two wide): the ring holds the
+    tail's B columns, descs its B and C descriptors."""
+    return len(ring) > B_TAIL_BUFS.value
+
+
+@gluon.constexpr_function
+def _split_tail(tails):
+    """A split tail (`_units`): tails holds its workspace, counters and bounds."""
+    return len(tails) > 0
 
 
 @gluon.jit
@@ -130,7 +151,7 @@ def _grid(c_desc, K, scales, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_
     product's rows: no tile is padded at a chunk's end, and few-row chunks share each B
     column block in L2 (chunk after chunk, 2 x 128 rows of 28672x8192 read all of B twice:
     0.65 of `_scaled_mm` on one H100)."""
-    if len(scales) > CHUNK_TABLE:  # noqa: SIM108 - a constexpr branch, kept as the kernels' others
+    if _fused_launch(scales):  # noqa: SIM108 - a constexpr branch, kept as the kernels' others
         rows = scales[CHUNK_ROWS] * scales[CHUNKS]
     else:
         rows = c_desc.shape[0]
@@ -158,8 +179,9 @@ def _chunk_of(row, scales):
 def _entry_cached(chunk, entry, COL: gl.constexpr, cached, value):
     """Column COL of a chunk's table entry, read only when the chunk is not the one
     `cached` (whose column holds `value`): a program's tiles mostly stay in a chunk, and a
-    table read every tile cost ~1% of a fused launch against the plain kernel (H200 call
-    BF: the consumers' reads; the producer's, ~0.3%). (value, the chunk it is of.)"""
+    table read every tile cost ~1% of a fused launch against the plain kernel (one H200,
+    profiles/h200/NOTES_gemm.md: the consumers' reads; the producer's, ~0.3%). (value, the
+    chunk it is of.)"""
     if chunk != cached:
         value = gl.load(entry + COL)
         cached = chunk
@@ -209,7 +231,7 @@ def _a_rows(
     """A's row of each of a tile's A_BLOCKS row blocks (fused: each waited on, placed by
     `_a_places`, in the table's encoding that `_copy_a` reads), the chunks seen arrived, and
     the producer's cached table entry (`_a_block_row`)."""
-    if len(scales) > CHUNK_TABLE:
+    if _fused_launch(scales):
         row0, arrived, cached, a_base = _a_block_row(
             places[0], off_m, total, scales, arrived, cached, a_base
         )
@@ -237,7 +259,7 @@ def _copy_a(a_desc, scales, a_row, k, bar, dest):
     """One A block's TMA load at (a_row, k) (`_a_rows`). Fused, a_row is the table's
     encoding: the row twice, plus 1 where it lies in the second A buffer (scales[A2_DESC]: an
     all-gather's local shard, read in place beside the gathered rows)."""
-    if len(scales) > CHUNK_TABLE:
+    if _fused_launch(scales):
         if (a_row & 1) != 0:
             tma.async_copy_global_to_shared(scales[A2_DESC], [a_row >> 1, k], bar, dest)
         else:
@@ -251,7 +273,7 @@ def _units(tiles, tails):
     """The launch's work units: its tiles, or (split tail, `tails` = (workspace, counters,
     whole tiles, K ranges a tail tile, K steps a range)) the whole tiles and every tail
     tile's K ranges."""
-    if len(tails) > 0:  # noqa: SIM108 - a constexpr branch
+    if _split_tail(tails):  # noqa: SIM108 - a constexpr branch
         units = tails[WHOLE_TILES] + (tiles - tails[WHOLE_TILES]) * tails[SPLITS]
     else:
         units = tiles
@@ -266,7 +288,7 @@ def _unit_work(unit, k_steps, tails):
     tile = unit
     k_lo = unit * 0
     k_count = k_steps + unit * 0
-    if len(tails) > 0:  # noqa: SIM102 - a constexpr branch around a runtime one
+    if _split_tail(tails):  # noqa: SIM102 - a constexpr branch around a runtime one
         if unit >= tails[WHOLE_TILES]:
             tail = unit - tails[WHOLE_TILES]
             tile = tails[WHOLE_TILES] + tail // tails[SPLITS]
