@@ -389,13 +389,22 @@ def _two_shot_rms_norm_kernel(
         for i in range(pid, per, nprog):
             for s in tl.static_range(WORLD):
                 if s != rank:
-                    row = s * per + i
-                    mask = cmask & (cols < (rows - row) * n)  # none past the last row
+                    # names of this block's own: a name assigned in phase 2's loop and again
+                    # under this runtime `if` is yielded from it, and Triton 3.6 then reads
+                    # phase 2's value where it does not dominate (FP8: a compile error at
+                    # W >= 4, NaN rows at W = 2 on an H200)
+                    peer_row = s * per + i
+                    peer_mask = cmask & (cols < (rows - peer_row) * n)  # none past the last row
                     got = mine + _row(slot, 1, s, WORLD) * cap
-                    y = tl.load(got + i * n + cols, mask=mask)
-                    r = tl.load(got + (per + i) * n + cols, mask=mask)
-                    if FP8:  # the owner's e4m3 values back to e4m3: exact
-                        y = y.to(tl.float32).to(normed_ptr.dtype.element_ty)
-                    tl.store(normed_ptr + row * n + cols, y, mask=mask)
-                    tl.store(new_residual_ptr + row * n + cols, r, mask=mask)
+                    got_normed = tl.load(got + i * n + cols, mask=peer_mask)
+                    got_residual = tl.load(got + (per + i) * n + cols, mask=peer_mask)
+                    # FP8: the owner's e4m3 values back to e4m3 (exact)
+                    tl.store(
+                        normed_ptr + peer_row * n + cols,
+                        got_normed.to(tl.float32).to(normed_ptr.dtype.element_ty)
+                        if FP8
+                        else got_normed,
+                        mask=peer_mask,
+                    )
+                    tl.store(new_residual_ptr + peer_row * n + cols, got_residual, mask=peer_mask)
         tl.store(epochs_ptr + pid, epoch)
