@@ -205,7 +205,9 @@ def failing_rank(rank, world, init_file, conn, *args):
 def test_a_job_that_raises_fails_with_the_exception_kind():
     from ficco.execute.pool import RankPool
 
-    with RankPool(2, failing_rank, (), timeout_s=60, startup_s=60) as pool:
+    with RankPool(
+        2, failing_rank, (), timeout_s=60, startup_s=60, preload=backend_spec("cpu").preload
+    ) as pool:
         got = run_module.measure_in(pool, BF16, [CUBLAS], None)
     assert got == PoolFailure(Verdict.OOM, "OutOfMemoryError: 2 GiB")
     assert str(got) == "oom: OutOfMemoryError: 2 GiB"

@@ -7,6 +7,7 @@ a backend whose "graphs" replay the eager call and which captures what
 import pytest
 from measuring_rank import CapturingCpuBackend, serve_measure_jobs
 
+from ficco.backends import backend_spec
 from ficco.execute import RunOptions, TimingOptions
 from ficco.execute.baselines import BASELINE_SERIAL_EAGER
 from ficco.execute.capture import (
@@ -74,7 +75,14 @@ def test_the_flow_times_refused_candidates_eagerly_and_captures_the_rest():
     nccl, ce = Schedule.parse("serial/nccl/cublas"), Schedule.parse("serial/ce/cublas")
     timing = TimingOptions(rounds=2, warmup=0, graphs="all")
     args = (RunOptions(timeout_s=60),)
-    with RankPool(2, rule_capturing_rank, args, timeout_s=120, startup_s=60) as pool:
+    with RankPool(
+        2,
+        rule_capturing_rank,
+        args,
+        timeout_s=120,
+        startup_s=60,
+        preload=backend_spec("cpu").preload,
+    ) as pool:
         a2a = measure_in(pool, A2A, [nccl, ce], timing)
         rs = measure_in(pool, RS, [nccl], timing)
     assert isinstance(a2a, list) and isinstance(rs, list), (a2a, rs)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from measuring_rank import serve_measure_jobs
 
+from ficco.backends import backend_spec
 from ficco.execute.buffers import view
 from ficco.execute.cpu import CpuBackend
 from ficco.execute.cuda import CudaPrimitives
@@ -80,7 +81,9 @@ def test_verification_only_runs_say_so_and_a_store_refuses_them():
     problem = Problem(pattern="ag_gemm", m=32, n=16, k=16, world=2, dtype="fp32")
     schedules = [Schedule.parse(s) for s in ("serial/nccl/cublas", "finer-c2-m/ce/cublas")]
     options = RunOptions(timeout_s=60)
-    with RankPool(2, noted_rank, (options,), timeout_s=120, startup_s=60) as pool:
+    with RankPool(
+        2, noted_rank, (options,), timeout_s=120, startup_s=60, preload=backend_spec("cpu").preload
+    ) as pool:
         measured = measure_in(pool, problem, schedules, TimingOptions(rounds=1, warmup=0))
     assert not isinstance(measured, str), measured
     assert {m.name for m in measured} >= {str(s) for s in schedules}

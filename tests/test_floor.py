@@ -7,6 +7,7 @@ import math
 import pytest
 from measuring_rank import CapturingCpuBackend, serve_measure_jobs
 
+from ficco.backends import backend_spec
 from ficco.execute import RunOptions, TimingOptions
 from ficco.execute.pool import RankPool
 from ficco.execute.run import measure_in
@@ -97,7 +98,9 @@ def test_a_fake_clock_with_an_impossible_time_makes_that_schedule_implausible():
     schedules = [Schedule.parse(s) for s in ("serial/nccl/cublas", "shard/ce/cublas")]
     timing = TimingOptions(rounds=2, warmup=0, graphs="all", machine="h200x2")
     options = RunOptions(timeout_s=60)
-    with RankPool(2, lying_rank, (options,), timeout_s=120, startup_s=60) as pool:
+    with RankPool(
+        2, lying_rank, (options,), timeout_s=120, startup_s=60, preload=backend_spec("cpu").preload
+    ) as pool:
         got = measure_in(pool, EMB, schedules, timing)
     assert isinstance(got, list), got
     by = {m.name: m for m in got}

@@ -4,6 +4,7 @@ serial baseline and the @graph twins of the isolated parts run without a GPU."""
 
 from measuring_rank import CapturingCpuBackend, serve_measure_jobs
 
+from ficco.backends import backend_spec
 from ficco.execute import RunOptions, TimingOptions
 from ficco.execute.pool import RankPool
 from ficco.execute.run import measure_in
@@ -36,7 +37,14 @@ def test_captured_candidates_are_verified_and_timed_beside_their_eager_twins():
     schedules = [Schedule.parse(s) for s in ("serial/nccl/cublas", "finer-c2-m/ce/cublas")]
     options = RunOptions(timeout_s=60)
     timing = TimingOptions(rounds=3, warmup=1, graphs="all")
-    with RankPool(2, capturing_rank, (options,), timeout_s=120, startup_s=60) as pool:
+    with RankPool(
+        2,
+        capturing_rank,
+        (options,),
+        timeout_s=120,
+        startup_s=60,
+        preload=backend_spec("cpu").preload,
+    ) as pool:
         got = measure_in(pool, problem, schedules, timing)
     assert isinstance(got, list), got
     names = [m.name for m in got]
@@ -63,7 +71,9 @@ def test_a_replay_that_computes_wrong_is_incorrect_and_keeps_the_eager_error():
     schedule = Schedule.parse("shard/ce/cublas")
     timing = TimingOptions(rounds=2, warmup=0, graphs="ce")
     args = (RunOptions(timeout_s=60), True)
-    with RankPool(2, capturing_rank, args, timeout_s=120, startup_s=60) as pool:
+    with RankPool(
+        2, capturing_rank, args, timeout_s=120, startup_s=60, preload=backend_spec("cpu").preload
+    ) as pool:
         (m, *baselines) = measure_in(pool, problem, [schedule], timing)
     assert m.verdict == "incorrect" and "incorrect graph replay" in m.detail
     assert m.max_abs_err < m.tolerance  # the eager run was right: its error is reported
