@@ -3,6 +3,13 @@ import sys
 
 import pytest
 
+# Bytecode files are written even where the environment asks for none (PYTHONDONTWRITEBYTECODE):
+# the suite starts hundreds of Python processes (ranks, CLI calls, scripts), and without them
+# each compiles ficco again and each worker re-rewrites every test module's asserts (about
+# 8 s of CPU a worker). They go to __pycache__ (ignored by git); the processes started later
+# read them whatever the variable says.
+sys.dont_write_bytecode = False
+
 # Kernels run under Triton's interpreter on machines without a GPU. It must be chosen before
 # Triton is first imported, so it is set here, before any test module loads.
 try:
